@@ -1,0 +1,316 @@
+/*
+ * hvprof_format.h -- the on-disk raw format of horovod-profiler, defined once.
+ *
+ * Every profiled process (one per MPI rank, or per launcher rank for NCCL-only
+ * jobs) writes one raw file, <profile dir>/raw/rank-<RRRRR>.hvprof, while it
+ * runs.  The file is memory-mapped (MAP_SHARED): a record is in the kernel's
+ * page cache the moment it is stored, so a rank killed with SIGKILL loses
+ * nothing it recorded.  Python reads it with profiler/_format.py, which is
+ * checked against this header by tests/test_format.py (through the layout the
+ * library itself reports with hvprof_layout_json()).
+ *
+ * File layout (all integers little-endian, native x86-64 / aarch64 layout):
+ *
+ *   [0, 4096)                       hvprof_file_header
+ *   [comm_table_offset, +64*N)      hvprof_comm_entry  x comm_table_capacity
+ *   [track_table_offset, +64*N)     hvprof_track_entry x track_table_capacity
+ *   [first_chunk_offset, ...)       chunks of chunk_bytes each
+ *
+ * A chunk belongs to one track (one thread): its first 64 bytes are an
+ * hvprof_chunk_header, the rest are hvprof_record slots.  The writer stores a
+ * record, then publishes it by a release-store of chunk.nrec; a reader trusts
+ * only the first nrec slots.  Chunks are allocated with an atomic counter in
+ * the file header and posix_fallocate, so a full disk turns into counted drops
+ * (header.dropped_records), never into SIGBUS.
+ *
+ * Version history:
+ *   1  first version.
+ */
+#ifndef HVPROF_FORMAT_H
+#define HVPROF_FORMAT_H
+
+#include <stdint.h>
+
+#define HVPROF_MAGIC "HVPROF\0\0"          /* 8 bytes, NULs included */
+#define HVPROF_CHUNK_MAGIC 0x4b434f52u      /* "ROCK" little-endian: a chunk */
+#define HVPROF_FORMAT_VERSION 1u
+#define HVPROF_HEADER_BYTES 4096u
+#define HVPROF_RECORD_BYTES 64u
+#define HVPROF_COMM_TABLE_CAPACITY 1024u
+#define HVPROF_TRACK_TABLE_CAPACITY 1024u
+#define HVPROF_DEFAULT_CHUNK_BYTES (1u << 20) /* 16383 records per chunk */
+
+/* ---------------------------------------------------------------------------
+ * Collectives.  X(value, NAME, "name", "backend")
+ * Values are part of the format: append only, never renumber.
+ * ------------------------------------------------------------------------- */
+#define HVPROF_OPS(X)                                                      \
+    X(0,  NONE,                 "none",                 "none")            \
+    X(1,  MPI_ALLREDUCE,        "allreduce",            "mpi")             \
+    X(2,  MPI_IALLREDUCE,       "iallreduce",           "mpi")             \
+    X(3,  MPI_REDUCE,           "reduce",               "mpi")             \
+    X(4,  MPI_BCAST,            "bcast",                "mpi")             \
+    X(5,  MPI_ALLGATHER,        "allgather",            "mpi")             \
+    X(6,  MPI_ALLGATHERV,       "allgatherv",           "mpi")             \
+    X(7,  MPI_GATHER,           "gather",               "mpi")             \
+    X(8,  MPI_GATHERV,          "gatherv",              "mpi")             \
+    X(9,  MPI_ALLTOALL,         "alltoall",             "mpi")             \
+    X(10, MPI_ALLTOALLV,        "alltoallv",            "mpi")             \
+    X(11, MPI_REDUCE_SCATTER,   "reduce_scatter",       "mpi")             \
+    X(12, MPI_REDUCE_SCATTER_BLOCK, "reduce_scatter_block", "mpi")         \
+    X(13, MPI_BARRIER,          "barrier",              "mpi")             \
+    X(14, MPI_INIT,             "init",                 "mpi")             \
+    X(15, MPI_FINALIZE,         "finalize",             "mpi")             \
+    X(32, APP_STEP,             "step",                 "app")             \
+    X(33, APP_MARK,             "mark",                 "app")             \
+    X(64, NCCL_ALLREDUCE,       "nccl_allreduce",       "nccl")            \
+    X(65, NCCL_REDUCESCATTER,   "nccl_reducescatter",   "nccl")            \
+    X(66, NCCL_ALLGATHER,       "nccl_allgather",       "nccl")            \
+    X(67, NCCL_BROADCAST,       "nccl_broadcast",       "nccl")            \
+    X(68, NCCL_BCAST,           "nccl_bcast",           "nccl")            \
+    X(69, NCCL_REDUCE,          "nccl_reduce",          "nccl")            \
+    X(70, NCCL_SEND,            "nccl_send",            "nccl")            \
+    X(71, NCCL_RECV,            "nccl_recv",            "nccl")            \
+    X(72, NCCL_GROUP,           "nccl_group",           "nccl")
+
+enum hvprof_op {
+#define HVPROF_X(v, N, s, b) HVPROF_OP_##N = v,
+    HVPROF_OPS(HVPROF_X)
+#undef HVPROF_X
+};
+
+/* ---------------------------------------------------------------------------
+ * Datatypes.  X(value, NAME, "name")  -- MPI predefined types and NCCL types.
+ * Bytes always come from MPI_Type_size / the NCCL type size, stored per record
+ * (dtype_size), never from this table.  DERIVED: a user-defined MPI type
+ * (Horovod's float16 is one).
+ * ------------------------------------------------------------------------- */
+#define HVPROF_DTYPES(X)                                                   \
+    X(0,  UNKNOWN,            "unknown")                                   \
+    X(1,  DERIVED,            "derived")                                   \
+    X(2,  MPI_BYTE,           "MPI_BYTE")                                  \
+    X(3,  MPI_CHAR,           "MPI_CHAR")                                  \
+    X(4,  MPI_SIGNED_CHAR,    "MPI_SIGNED_CHAR")                           \
+    X(5,  MPI_UNSIGNED_CHAR,  "MPI_UNSIGNED_CHAR")                         \
+    X(6,  MPI_SHORT,          "MPI_SHORT")                                 \
+    X(7,  MPI_UNSIGNED_SHORT, "MPI_UNSIGNED_SHORT")                        \
+    X(8,  MPI_INT,            "MPI_INT")                                   \
+    X(9,  MPI_UNSIGNED,       "MPI_UNSIGNED")                              \
+    X(10, MPI_LONG,           "MPI_LONG")                                  \
+    X(11, MPI_UNSIGNED_LONG,  "MPI_UNSIGNED_LONG")                         \
+    X(12, MPI_LONG_LONG_INT,  "MPI_LONG_LONG_INT")                         \
+    X(13, MPI_UNSIGNED_LONG_LONG, "MPI_UNSIGNED_LONG_LONG")                \
+    X(14, MPI_FLOAT,          "MPI_FLOAT")                                 \
+    X(15, MPI_DOUBLE,         "MPI_DOUBLE")                                \
+    X(16, MPI_LONG_DOUBLE,    "MPI_LONG_DOUBLE")                           \
+    X(17, MPI_C_BOOL,         "MPI_C_BOOL")                                \
+    X(18, MPI_INT8_T,         "MPI_INT8_T")                                \
+    X(19, MPI_INT16_T,        "MPI_INT16_T")                               \
+    X(20, MPI_INT32_T,        "MPI_INT32_T")                               \
+    X(21, MPI_INT64_T,        "MPI_INT64_T")                               \
+    X(22, MPI_UINT8_T,        "MPI_UINT8_T")                               \
+    X(23, MPI_UINT16_T,       "MPI_UINT16_T")                              \
+    X(24, MPI_UINT32_T,       "MPI_UINT32_T")                              \
+    X(25, MPI_UINT64_T,       "MPI_UINT64_T")                              \
+    X(26, MPI_C_FLOAT_COMPLEX,  "MPI_C_FLOAT_COMPLEX")                     \
+    X(27, MPI_C_DOUBLE_COMPLEX, "MPI_C_DOUBLE_COMPLEX")                    \
+    X(28, MPI_FLOAT_INT,      "MPI_FLOAT_INT")                             \
+    X(29, MPI_DOUBLE_INT,     "MPI_DOUBLE_INT")                            \
+    X(30, MPI_LONG_INT,       "MPI_LONG_INT")                              \
+    X(31, MPI_2INT,           "MPI_2INT")                                  \
+    X(32, MPI_WCHAR,          "MPI_WCHAR")                                 \
+    X(33, MPI_PACKED,         "MPI_PACKED")                                \
+    X(64, NCCL_INT8,          "ncclInt8")                                  \
+    X(65, NCCL_UINT8,         "ncclUint8")                                 \
+    X(66, NCCL_INT32,         "ncclInt32")                                 \
+    X(67, NCCL_UINT32,        "ncclUint32")                                \
+    X(68, NCCL_INT64,         "ncclInt64")                                 \
+    X(69, NCCL_UINT64,        "ncclUint64")                                \
+    X(70, NCCL_FLOAT16,       "ncclFloat16")                               \
+    X(71, NCCL_FLOAT32,       "ncclFloat32")                               \
+    X(72, NCCL_FLOAT64,       "ncclFloat64")                               \
+    X(73, NCCL_BFLOAT16,      "ncclBfloat16")                              \
+    X(74, NCCL_FLOAT8E4M3,    "ncclFloat8e4m3")                            \
+    X(75, NCCL_FLOAT8E5M2,    "ncclFloat8e5m2")
+
+enum hvprof_dtype {
+#define HVPROF_X(v, N, s) HVPROF_DT_##N = v,
+    HVPROF_DTYPES(HVPROF_X)
+#undef HVPROF_X
+};
+
+/* Reduction operators.  X(value, NAME, "name"). USER: a user-defined op
+ * (Horovod's float16 sum is one). */
+#define HVPROF_REDOPS(X)                                                   \
+    X(0,  NONE,      "none")                                               \
+    X(1,  SUM,       "sum")                                                \
+    X(2,  PROD,      "prod")                                               \
+    X(3,  MIN,       "min")                                                \
+    X(4,  MAX,       "max")                                                \
+    X(5,  LAND,      "land")                                               \
+    X(6,  BAND,      "band")                                               \
+    X(7,  LOR,       "lor")                                                \
+    X(8,  BOR,       "bor")                                                \
+    X(9,  LXOR,      "lxor")                                               \
+    X(10, BXOR,      "bxor")                                               \
+    X(11, MINLOC,    "minloc")                                             \
+    X(12, MAXLOC,    "maxloc")                                             \
+    X(13, REPLACE,   "replace")                                            \
+    X(14, NO_OP,     "no_op")                                              \
+    X(15, AVG,       "avg")                                                \
+    X(16, PREMULSUM, "premulsum")                                          \
+    X(255, USER,     "user")
+
+enum hvprof_redop {
+#define HVPROF_X(v, N, s) HVPROF_REDOP_##N = v,
+    HVPROF_REDOPS(HVPROF_X)
+#undef HVPROF_X
+};
+
+/* Record flags.  X(bit value, NAME, "name") */
+#define HVPROF_FLAGS(X)                                                    \
+    X(0x0001, IN_PLACE,      "in_place")     /* MPI_IN_PLACE send buffer */  \
+    X(0x0002, ERROR,         "error")        /* rc != success */             \
+    X(0x0004, NONBLOCKING,   "nonblocking")  /* t_end = completion seen */   \
+    X(0x0008, DEVICE,        "device")       /* interval on a device stream*/\
+    X(0x0010, GROUPED,       "grouped")      /* issued inside ncclGroup */   \
+    X(0x0020, DERIVED_TYPE,  "derived_type") /* non-predefined datatype */   \
+    X(0x0040, NO_COMPLETION, "no_completion")/* request never completed */   \
+    X(0x0080, DEVICE_PENDING,"device_pending")/* device time not collected */
+
+enum hvprof_flag {
+#define HVPROF_X(v, N, s) HVPROF_FLAG_##N = v,
+    HVPROF_FLAGS(HVPROF_X)
+#undef HVPROF_X
+};
+
+/* ---------------------------------------------------------------------------
+ * One call = one record, 64 bytes.  Times are raw clock ticks of this rank
+ * (see hvprof_file_header.clock_*): the reader converts them to nanoseconds
+ * and applies the rank's offset so that all ranks share rank 0's time axis.
+ * ------------------------------------------------------------------------- */
+typedef struct hvprof_record {
+    uint64_t t_start;    /*  0 ticks at entry (DEVICE: event before the op)  */
+    uint64_t t_end;      /*  8 ticks at return / completion / device end     */
+    uint64_t bytes;      /* 16 payload bytes this rank sends: count*type size;
+                                v-variants: sum of counts * type size;
+                                in-place: the same bytes as the buffer       */
+    uint64_t count;      /* 24 elements (v-variants: sum of counts)          */
+    uint32_t seq;        /* 32 per-communicator call number, from 0; equal on
+                                every rank for the same collective call      */
+    uint32_t comm;       /* 36 index into this file's communicator table     */
+    uint32_t track;      /* 40 index into this file's track table (thread or
+                                device stream)                               */
+    int32_t  root;       /* 44 root rank in comm (NCCL send/recv: peer), -1  */
+    uint16_t op;         /* 48 enum hvprof_op                                */
+    uint8_t  dtype;      /* 50 enum hvprof_dtype                             */
+    uint8_t  redop;      /* 51 enum hvprof_redop                             */
+    uint16_t flags;      /* 52 enum hvprof_flag bits                         */
+    int16_t  rc;         /* 54 return code, saturated to int16               */
+    uint32_t dtype_size; /* 56 bytes per element (MPI_Type_size)             */
+    uint32_t aux;        /* 60 NCCL: group number (0 = none); DEVICE records:
+                                track of the host thread that issued it.
+                                APP_STEP: count = images in the step, seq =
+                                step number; APP_MARK: seq = user mark id    */
+} hvprof_record;
+
+/* First 64 bytes of every chunk. */
+typedef struct hvprof_chunk_header {
+    uint32_t magic;      /*  0 HVPROF_CHUNK_MAGIC                            */
+    uint32_t track;      /*  4 track (thread) that owns this chunk           */
+    uint64_t nrec;       /*  8 records published (release-stored per record) */
+    uint64_t index;      /* 16 chunk number in the file (0, 1, ...)          */
+    uint64_t reserved[5];/* 24 zero                                          */
+} hvprof_chunk_header;
+
+/* Communicator table entry: written once when a communicator is first seen
+ * (creation wrappers or first use); valid when `valid` is 1. */
+typedef struct hvprof_comm_entry {
+    uint64_t handle;     /*  0 the handle value in this process (for debug)  */
+    uint64_t id;         /*  8 stable id: equal on every member rank         */
+    int32_t  size;       /* 16 number of ranks                               */
+    int32_t  rank;       /* 20 this process's rank in it                     */
+    int32_t  world_rank0;/* 24 world rank of the comm's rank 0               */
+    uint16_t backend;    /* 28 0 = MPI, 1 = NCCL                             */
+    uint16_t valid;      /* 30 1 once the entry is complete                  */
+    char     name[32];   /* 32 MPI_Comm_get_name or "nccl", NUL-terminated   */
+} hvprof_comm_entry;
+
+/* Track table entry: one per thread that recorded, or per device stream. */
+typedef struct hvprof_track_entry {
+    uint64_t handle;     /*  0 pthread_self() or cudaStream_t                */
+    int32_t  tid;        /*  8 OS thread id (gettid), -1 for a stream        */
+    uint16_t kind;       /* 12 1 = thread, 2 = device stream                 */
+    uint16_t valid;      /* 14 1 once complete                               */
+    int32_t  is_main;    /* 16 1 if tid == pid                               */
+    int32_t  device;     /* 20 CUDA device for a stream, -1 otherwise        */
+    char     name[16];   /* 24 thread name (/proc comm) at first record      */
+    char     caller[24]; /* 40 basename of the shared object whose code made
+                                this thread's first call (e.g. "mpi_lib...") */
+} hvprof_track_entry;
+
+/* The file header: the first 4096 bytes.  Fields written at open are
+ * final; fields marked (live) are updated while the job runs. */
+typedef struct hvprof_file_header {
+    char     magic[8];             /*    0 HVPROF_MAGIC                      */
+    uint32_t version;              /*    8 HVPROF_FORMAT_VERSION             */
+    uint32_t header_bytes;         /*   12 4096                              */
+    uint32_t record_bytes;         /*   16 64                                */
+    uint32_t chunk_bytes;          /*   20 bytes per chunk (header incl.)    */
+    uint32_t comm_table_offset;    /*   24                                   */
+    uint32_t comm_table_capacity;  /*   28                                   */
+    uint32_t track_table_offset;   /*   32                                   */
+    uint32_t track_table_capacity; /*   36                                   */
+    uint64_t first_chunk_offset;   /*   40                                   */
+    int32_t  rank;                 /*   48 world rank                        */
+    int32_t  world_size;           /*   52                                   */
+    int32_t  local_rank;           /*   56 -1 if unknown                     */
+    int32_t  pid;                  /*   60                                   */
+    uint32_t state;                /*   64 (live) HVPROF_STATE_* bits        */
+    uint32_t n_comms;              /*   68 (live) comm entries used          */
+    uint32_t n_tracks;             /*   72 (live) track entries used         */
+    int32_t  thread_level;         /*   76 MPI thread level provided, -1     */
+    uint64_t n_chunks;             /*   80 (live) chunks allocated           */
+    uint64_t dropped_records;      /*   88 (live) records lost (no chunk)    */
+    uint32_t clock_kind;           /*   96 1 = TSC ticks, 2 = CLOCK_MONOTONIC
+                                           nanoseconds (ticks == ns)         */
+    uint32_t offset_method;        /*  100 0 none, 1 ping-pong with rank 0   */
+    double   ticks_per_ns;         /*  104 start-up calibration              */
+    int64_t  cal0_ticks;           /*  112 calibration pair at start         */
+    int64_t  cal0_mono_ns;         /*  120 CLOCK_MONOTONIC at cal0_ticks     */
+    int64_t  cal1_ticks;           /*  128 (live) latest calibration pair    */
+    int64_t  cal1_mono_ns;         /*  136 (live)                            */
+    int64_t  cal0_realtime_ns;     /*  144 CLOCK_REALTIME at cal0 (wall time)*/
+    int64_t  offset_ns;            /*  152 this rank's CLOCK_MONOTONIC minus
+                                           rank 0's at the same instant      */
+    int64_t  offset_err_ns;        /*  160 bound on |error| (half best RTT)  */
+    int64_t  init_start_ticks;     /*  168 MPI_Init entry                    */
+    int64_t  init_end_ticks;       /*  176 MPI_Init return                   */
+    int64_t  finalize_ticks;       /*  184 (live) MPI_Finalize entry, 0      */
+    uint64_t job_id;               /*  192 same on every rank of one job     */
+    char     hostname[64];         /*  200                                   */
+    char     mpi_version[256];     /*  264 MPI_Get_library_version, cut      */
+    int64_t  job_t0_ns;            /*  520 rank 0's CLOCK_MONOTONIC when its
+                                           MPI_Init returned (rank 0's axis):
+                                           time zero of the job              */
+    char     reserved[HVPROF_HEADER_BYTES - 528]; /* 528 zero               */
+} hvprof_file_header;
+
+#define HVPROF_STATE_OPEN       0x1u  /* file created, header written        */
+#define HVPROF_STATE_MPI_INIT   0x2u  /* MPI_Init done, rank fields final     */
+#define HVPROF_STATE_FINALIZED  0x4u  /* MPI_Finalize reached, all flushed    */
+#define HVPROF_STATE_CLOSED     0x8u  /* process exited cleanly               */
+#define HVPROF_STATE_TRUNCATED  0x10u /* drops happened (disk full / error)   */
+
+#ifdef __cplusplus
+#define HVPROF_STATIC_ASSERT static_assert
+#else
+#define HVPROF_STATIC_ASSERT _Static_assert
+#endif
+HVPROF_STATIC_ASSERT(sizeof(hvprof_record) == HVPROF_RECORD_BYTES, "record size");
+HVPROF_STATIC_ASSERT(sizeof(hvprof_chunk_header) == HVPROF_RECORD_BYTES, "chunk header");
+HVPROF_STATIC_ASSERT(sizeof(hvprof_comm_entry) == 64, "comm entry");
+HVPROF_STATIC_ASSERT(sizeof(hvprof_track_entry) == 64, "track entry");
+HVPROF_STATIC_ASSERT(sizeof(hvprof_file_header) == HVPROF_HEADER_BYTES, "header");
+
+#endif /* HVPROF_FORMAT_H */

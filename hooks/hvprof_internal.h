@@ -1,0 +1,102 @@
+/*
+ * hvprof_internal.h -- what the backend files (mpi.c, nccl.c) share with the
+ * core (core.c: buffers, files, tables; clock.h: the clock).  Not installed.
+ */
+#ifndef HVPROF_INTERNAL_H
+#define HVPROF_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hvprof_format.h"
+#include "clock.h"
+
+#define HVPROF_EXPORT __attribute__((visibility("default")))
+#define HVPROF_HIDDEN __attribute__((visibility("hidden")))
+#define HVPROF_LIKELY(x) __builtin_expect(!!(x), 1)
+#define HVPROF_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* Per-thread writing state.  initial-exec TLS: no __tls_get_addr per call. */
+typedef struct hvprof_tls {
+    hvprof_record *slots;        /* first record slot of the current chunk */
+    _Atomic uint64_t *nrec;      /* the chunk header's published count */
+    uint32_t used;               /* == *nrec, kept here to avoid a reload */
+    uint32_t capacity;           /* slots per chunk; 0 = no chunk yet */
+    uint32_t track;              /* this thread's track index, UINT32_MAX = none */
+    uint32_t generation;         /* == hvprof_generation when chunk valid */
+    int32_t  in_hook;            /* >0 while inside the profiler's own MPI use */
+} hvprof_tls;
+
+extern __thread hvprof_tls hvprof_t __attribute__((tls_model("initial-exec")));
+
+/* 1 while records are being written (file open, not finalized). Read with a
+ * relaxed load on every call: the only global the hot path touches. */
+extern _Atomic int hvprof_active;
+/* Bumped when the file is (re)opened or closed: stale TLS chunks are dropped. */
+extern _Atomic uint32_t hvprof_generation;
+
+/* Slow path: give the calling thread a fresh chunk.  Returns 0 on success,
+ * -1 when no chunk can be had (the record is then counted as dropped). */
+HVPROF_HIDDEN int hvprof_refill(void);
+
+/* Reserve the next record slot of the calling thread, or NULL when the
+ * profiler is inactive or out of space (the drop is counted).  The caller
+ * fills every field of the slot, then calls hvprof_commit(). */
+static inline hvprof_record *hvprof_slot(void)
+{
+    hvprof_tls *t = &hvprof_t;
+    if (HVPROF_UNLIKELY(t->in_hook)) return NULL;
+    if (HVPROF_UNLIKELY(!atomic_load_explicit(&hvprof_active, memory_order_relaxed)))
+        return NULL;
+    if (HVPROF_UNLIKELY(t->used >= t->capacity ||
+                        t->generation != atomic_load_explicit(&hvprof_generation,
+                                                              memory_order_relaxed))) {
+        if (hvprof_refill() != 0) return NULL;
+    }
+    return &t->slots[t->used];
+}
+
+/* Publish the slot returned by hvprof_slot(). */
+static inline void hvprof_commit(void)
+{
+    hvprof_tls *t = &hvprof_t;
+    t->used++;
+    atomic_store_explicit(t->nrec, t->used, memory_order_release);
+}
+
+/* Track of the calling thread (registers it on first use). */
+HVPROF_HIDDEN uint32_t hvprof_track_self(void);
+/* Track for a device stream (registers it on first use; lock-free lookup). */
+HVPROF_HIDDEN uint32_t hvprof_track_stream(uint64_t stream, int device);
+
+/* Communicator table.  lookup: index of a handle seen before, or UINT32_MAX.
+ * register: adds (or returns the existing) entry; thread-safe, lock-free. */
+HVPROF_HIDDEN uint32_t hvprof_comm_lookup(uint64_t handle);
+HVPROF_HIDDEN uint32_t hvprof_comm_register(uint64_t handle, uint64_t id, int size,
+                                            int rank, int world_rank0, int backend,
+                                            const char *name);
+HVPROF_HIDDEN void hvprof_comm_forget(uint64_t handle);
+/* Sequence counter of a comm entry (per-communicator call number). */
+HVPROF_HIDDEN uint32_t hvprof_comm_next_seq(uint32_t comm);
+
+/* Open the raw file for this process if not open yet.  rank/world/local may
+ * be -1 (then taken from the launcher's environment where it has them).
+ * dir: the profile directory, or NULL for the default. Returns 0 or -1. */
+HVPROF_HIDDEN int hvprof_open(int rank, int world_size, int local_rank, const char *dir);
+/* Flush calibration, mark FINALIZED, stop recording. Idempotent. */
+HVPROF_HIDDEN void hvprof_close(uint32_t state_bits);
+HVPROF_HIDDEN hvprof_file_header *hvprof_header(void);
+
+/* 64-bit mixing used for stable communicator ids. */
+static inline uint64_t hvprof_mix(uint64_t h, uint64_t v)
+{
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h ^= h >> 33; h *= 0xff51afd7ed558ccdull; h ^= h >> 33;
+    return h;
+}
+
+/* Diagnostics go to stderr, one line, prefixed; never from the hot path. */
+HVPROF_HIDDEN void hvprof_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif
