@@ -1,0 +1,38 @@
+"""horovod-profiler: communication profiler for Horovod jobs.
+
+Public API (kept light: this module is imported at interpreter start-up when
+HOROVOD_PROFILE is set, so heavy imports stay lazy):
+
+    profiler.step(images=N)        mark the end of a training step
+    with profiler.step_context(images=N): ...   time a step explicitly
+    profiler.load(path)            trace -> pandas DataFrame (profiler.analysis)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from profiler._version import __version__
+
+__all__ = ["__version__", "step", "step_context", "load"]
+
+
+def step(images: int = 0) -> None:
+    """Mark the end of a training step that processed `images` samples on this rank."""
+    from profiler.steps import step as _step
+
+    _step(images=images)
+
+
+def step_context(images: int = 0) -> Any:
+    """Context manager timing one step: `with profiler.step_context(images=64): ...`."""
+    from profiler.steps import step_context as _ctx
+
+    return _ctx(images=images)
+
+
+def load(*paths: Any, **kwargs: Any) -> Any:
+    """Load one or more traces into a DataFrame (see profiler.analysis.load)."""
+    from profiler.analysis import load as _load
+
+    return _load(*paths, **kwargs)

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Rebuild and reinstall the package (C library included) into .venv.
+# Serialized with a lock so that concurrent developers don't clash.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exec flock /tmp/hvprof-dev-install.lock \
+  .venv/bin/pip install --no-build-isolation --no-deps --force-reinstall -q .

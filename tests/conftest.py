@@ -1,0 +1,73 @@
+"""Shared test helpers: real mpirun (Open MPI), the installed package, the venv."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+# Open MPI settings for tests in one place: root allowed (CI runs as root),
+# oversubscription (2 ranks on a 2-core machine, more when needed), no
+# hwloc binding, loopback only.
+MPI_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OMPI_MCA_rmaps_base_oversubscribe": "1",
+    "OMPI_MCA_hwloc_base_binding_policy": "none",
+    "OMPI_MCA_btl_tcp_if_include": "lo",
+    "OMPI_MCA_oob_tcp_if_include": "lo",
+    "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+}
+
+
+def mpirun_available() -> bool:
+    return shutil.which("mpirun") is not None
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_PROFILE")}
+    env.update(MPI_ENV)
+    env.update(extra)
+    return env
+
+
+def mpirun(
+    np: int,
+    argv: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 240,
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """Run `mpirun -n np argv...` with the test MPI settings; env vars are passed to ranks."""
+    full_env = base_env(**(env or {}))
+    cmd = ["mpirun", "-n", str(np), *argv]
+    proc = subprocess.run(
+        cmd, env=full_env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"mpirun failed ({proc.returncode}): {' '.join(cmd)}\n"
+            f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+        )
+    return proc
+
+
+def profiler_cli(*args: str, cwd: Path | None = None, timeout: float = 120,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the `profiler` CLI as a subprocess of this interpreter."""
+    return subprocess.run(
+        [PYTHON, "-m", "profiler.cli", *args], capture_output=True, text=True,
+        cwd=cwd, timeout=timeout, env=base_env(**(env or {})),
+    )
+
+
+requires_mpi = pytest.mark.skipif(not mpirun_available(), reason="mpirun not installed")
