@@ -88,6 +88,11 @@ HVPROF_HIDDEN int hvprof_open(int rank, int world_size, int local_rank, const ch
 HVPROF_HIDDEN void hvprof_close(uint32_t state_bits);
 HVPROF_HIDDEN hvprof_file_header *hvprof_header(void);
 
+/* Exported to Python (see docs/ARCHITECTURE.md section 6), used here too. */
+HVPROF_EXPORT const char *hvprof_dir(void);
+HVPROF_EXPORT const char *hvprof_raw_path(void);
+HVPROF_HIDDEN int hvprof_python_attached(void);
+
 /* 64-bit mixing used for stable communicator ids. */
 static inline uint64_t hvprof_mix(uint64_t h, uint64_t v)
 {

@@ -1,0 +1,730 @@
+/*
+ * core.c -- the raw file, per-thread chunks, communicator and track tables,
+ * the clock, and the functions Python calls through ctypes.
+ *
+ * Hot path (hvprof_slot/hvprof_commit in hvprof_internal.h): a relaxed load
+ * of hvprof_active, a TLS bounds check, stores into a MAP_SHARED chunk and a
+ * release store of the chunk's record count.  No lock, no allocation, no
+ * system call.  Everything else here runs once per thread, per communicator
+ * or per chunk (16383 records by default).
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <execinfo.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include "hvprof_internal.h"
+
+/* ------------------------------------------------------------------------ */
+/* Globals shared with the hot path.                                         */
+
+__thread hvprof_tls hvprof_t __attribute__((tls_model("initial-exec"))) = {
+    .track = UINT32_MAX,
+};
+_Atomic int hvprof_active = 0;
+_Atomic uint32_t hvprof_generation = 1;
+int hvprof_clock_kind = HVPROF_CLOCK_MONOTONIC;
+
+/* Process state: written under the open/close paths only. */
+static struct {
+    int fd;
+    int open;                 /* raw file open (for this process, not a child) */
+    int broken;               /* chunk allocation failed: drop from now on */
+    int python;               /* a Python runtime is attached (atexit merges) */
+    pid_t pid;
+    uint32_t chunk_bytes;
+    uint64_t first_chunk_offset;
+    hvprof_file_header *hdr;  /* mmapped header + tables */
+    size_t meta_bytes;
+    char dir[1024];
+    char raw_path[PATH_MAX];
+    pthread_mutex_t lock;     /* open/close only */
+} g = {.fd = -1, .lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Communicator lookup: open addressing, handle -> table index + 1. */
+#define COMM_HASH_SLOTS 4096u
+#define COMM_TOMBSTONE UINT64_MAX
+static _Atomic uint64_t comm_keys[COMM_HASH_SLOTS];
+static _Atomic uint32_t comm_vals[COMM_HASH_SLOTS];
+static _Atomic uint32_t comm_seq[HVPROF_COMM_TABLE_CAPACITY];
+
+/* Stream tracks: the same scheme, stream handle -> track index + 1. */
+#define STREAM_HASH_SLOTS 1024u
+static _Atomic uint64_t stream_keys[STREAM_HASH_SLOTS];
+static _Atomic uint32_t stream_vals[STREAM_HASH_SLOTS];
+
+void hvprof_warn(const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "horovod-profiler: %s\n", buf);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Clock.                                                                     */
+
+void hvprof_clock_pair(int64_t *ticks, int64_t *mono)
+{
+    /* Take the pair whose two tick reads are closest: bounds the skew. */
+    int64_t best = INT64_MAX;
+    for (int i = 0; i < 5; i++) {
+        uint64_t a = hvprof_ticks();
+        int64_t m = hvprof_mono_ns();
+        uint64_t b = hvprof_ticks();
+        if ((int64_t)(b - a) < best) {
+            best = (int64_t)(b - a);
+            *ticks = (int64_t)(a + (b - a) / 2);
+            *mono = m;
+        }
+    }
+}
+
+static int tsc_invariant(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0x80000000u, &a, &b, &c, &d) || a < 0x80000007u) return 0;
+    __get_cpuid(0x80000007u, &a, &b, &c, &d);
+    return (d >> 8) & 1;
+#else
+    return 0;
+#endif
+}
+
+static void clock_select(void)
+{
+    const char *want = getenv("HOROVOD_PROFILE_CLOCK");
+    int tsc = tsc_invariant() && !(want && strcmp(want, "monotonic") == 0);
+    hvprof_clock_kind = tsc ? HVPROF_CLOCK_TSC : HVPROF_CLOCK_MONOTONIC;
+}
+
+double hvprof_clock_init(int64_t *ticks0, int64_t *mono0, int64_t *realtime0)
+{
+    int tsc = hvprof_clock_kind == HVPROF_CLOCK_TSC;
+    struct timespec rt;
+    clock_gettime(CLOCK_REALTIME, &rt);
+    hvprof_clock_pair(ticks0, mono0);
+    *realtime0 = (int64_t)rt.tv_sec * 1000000000LL + rt.tv_nsec;
+    if (!tsc) return 1.0;
+    int64_t t1, m1;
+    do {
+        hvprof_clock_pair(&t1, &m1);
+    } while (m1 - *mono0 < 2000000); /* 2 ms */
+    return (double)(t1 - *ticks0) / (double)(m1 - *mono0);
+}
+
+static void calibrate_now(void)
+{
+    if (!g.hdr) return;
+    int64_t t, m;
+    hvprof_clock_pair(&t, &m);
+    /* Two 8-byte stores; a reader racing with them sees a pair from a
+     * previous calibration at worst -- both pairs are valid. */
+    g.hdr->cal1_ticks = t;
+    g.hdr->cal1_mono_ns = m;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tracks (threads and device streams).                                       */
+
+static void caller_object(char *out, size_t n)
+{
+    /* The first frame outside this library names the code that called MPI
+     * (Horovod's mpi_lib, mpi4py's MPI module, the application...). Once per
+     * thread. */
+    void *frames[16];
+    int depth = backtrace(frames, 16);
+    Dl_info self, info;
+    out[0] = 0;
+    if (!dladdr((void *)&caller_object, &self)) return;
+    for (int i = 1; i < depth; i++) {
+        if (!dladdr(frames[i], &info) || !info.dli_fname) continue;
+        if (info.dli_fbase == self.dli_fbase) continue;
+        const char *base = strrchr(info.dli_fname, '/');
+        base = base ? base + 1 : info.dli_fname;
+        /* skip the MPI library itself when called through a PMPI layer */
+        if (strncmp(base, "libmpi", 6) == 0 || strncmp(base, "libnccl", 7) == 0) continue;
+        snprintf(out, n, "%s", base[0] ? base : "(main)");
+        return;
+    }
+}
+
+static uint32_t track_alloc(void)
+{
+    uint32_t idx = __atomic_fetch_add(&g.hdr->n_tracks, 1, __ATOMIC_RELAXED);
+    if (idx >= HVPROF_TRACK_TABLE_CAPACITY - 1) {
+        /* The last entry collects every track past capacity. */
+        hvprof_track_entry *e = (hvprof_track_entry *)((char *)g.hdr + g.hdr->track_table_offset) +
+                                (HVPROF_TRACK_TABLE_CAPACITY - 1);
+        if (!e->valid) {
+            snprintf(e->name, sizeof e->name, "(overflow)");
+            e->tid = -1;
+            e->kind = 1;
+            __atomic_store_n(&e->valid, 1, __ATOMIC_RELEASE);
+        }
+        return HVPROF_TRACK_TABLE_CAPACITY - 1;
+    }
+    return idx;
+}
+
+static hvprof_track_entry *track_entry(uint32_t idx)
+{
+    return (hvprof_track_entry *)((char *)g.hdr + g.hdr->track_table_offset) + idx;
+}
+
+uint32_t hvprof_track_self(void)
+{
+    hvprof_tls *t = &hvprof_t;
+    uint32_t gen = atomic_load_explicit(&hvprof_generation, memory_order_acquire);
+    if (t->generation != gen) {
+        /* State of a previous file (or of the parent before fork). */
+        t->slots = NULL;
+        t->nrec = NULL;
+        t->used = t->capacity = 0;
+        t->track = UINT32_MAX;
+        t->generation = gen;
+    }
+    if (t->track != UINT32_MAX) return t->track;
+    if (!g.hdr) return UINT32_MAX;
+    uint32_t idx = track_alloc();
+    if (idx < HVPROF_TRACK_TABLE_CAPACITY - 1) {
+        hvprof_track_entry *e = track_entry(idx);
+        e->handle = (uint64_t)pthread_self();
+        e->tid = (int32_t)syscall(SYS_gettid);
+        e->kind = 1;
+        e->is_main = e->tid == (int32_t)getpid();
+        e->device = -1;
+        pthread_getname_np(pthread_self(), e->name, sizeof e->name);
+        caller_object(e->caller, sizeof e->caller);
+        __atomic_store_n(&e->valid, 1, __ATOMIC_RELEASE);
+    }
+    t->track = idx;
+    return idx;
+}
+
+uint32_t hvprof_track_stream(uint64_t stream, int device)
+{
+    if (!g.hdr) return UINT32_MAX;
+    uint64_t key = stream + 1; /* the default stream is 0 */
+    uint32_t h = (uint32_t)(hvprof_mix(0, key) & (STREAM_HASH_SLOTS - 1));
+    for (uint32_t probe = 0; probe < STREAM_HASH_SLOTS; probe++, h = (h + 1) & (STREAM_HASH_SLOTS - 1)) {
+        uint64_t k = atomic_load_explicit(&stream_keys[h], memory_order_acquire);
+        if (k == key) {
+            uint32_t v;
+            while ((v = atomic_load_explicit(&stream_vals[h], memory_order_acquire)) == 0) {
+            }
+            return v - 1;
+        }
+        if (k == 0) {
+            uint64_t expect = 0;
+            if (!atomic_compare_exchange_strong(&stream_keys[h], &expect, key)) {
+                if (expect != key) continue; /* another key took the slot */
+                uint32_t v; /* another thread is registering this stream */
+                while ((v = atomic_load_explicit(&stream_vals[h], memory_order_acquire)) == 0) {
+                }
+                return v - 1;
+            }
+            uint32_t idx = track_alloc();
+            if (idx < HVPROF_TRACK_TABLE_CAPACITY - 1) {
+                hvprof_track_entry *e = track_entry(idx);
+                e->handle = stream;
+                e->tid = -1;
+                e->kind = 2;
+                e->is_main = 0;
+                e->device = device;
+                snprintf(e->name, sizeof e->name, "stream %d", device);
+                __atomic_store_n(&e->valid, 1, __ATOMIC_RELEASE);
+            }
+            atomic_store_explicit(&stream_vals[h], idx + 1, memory_order_release);
+            return idx;
+        }
+    }
+    return HVPROF_TRACK_TABLE_CAPACITY - 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Communicators.                                                             */
+
+static hvprof_comm_entry *comm_entry(uint32_t idx)
+{
+    return (hvprof_comm_entry *)((char *)g.hdr + g.hdr->comm_table_offset) + idx;
+}
+
+static inline uint32_t comm_slot0(uint64_t handle)
+{
+    return (uint32_t)(hvprof_mix(0, handle) & (COMM_HASH_SLOTS - 1));
+}
+
+uint32_t hvprof_comm_lookup(uint64_t handle)
+{
+    uint32_t h = comm_slot0(handle);
+    for (uint32_t probe = 0; probe < COMM_HASH_SLOTS; probe++, h = (h + 1) & (COMM_HASH_SLOTS - 1)) {
+        uint64_t k = atomic_load_explicit(&comm_keys[h], memory_order_acquire);
+        if (k == handle) {
+            uint32_t v = atomic_load_explicit(&comm_vals[h], memory_order_acquire);
+            if (v) return v - 1;
+        } else if (k == 0) {
+            return UINT32_MAX;
+        }
+    }
+    return UINT32_MAX;
+}
+
+uint32_t hvprof_comm_register(uint64_t handle, uint64_t id, int size, int rank,
+                              int world_rank0, int backend, const char *name)
+{
+    if (!g.hdr) return UINT32_MAX;
+    uint32_t h = comm_slot0(handle);
+    for (uint32_t probe = 0; probe < COMM_HASH_SLOTS; probe++, h = (h + 1) & (COMM_HASH_SLOTS - 1)) {
+        uint64_t k = atomic_load_explicit(&comm_keys[h], memory_order_acquire);
+        if (k == handle) {
+            uint32_t v;
+            while ((v = atomic_load_explicit(&comm_vals[h], memory_order_acquire)) == 0) {
+            }
+            return v - 1;
+        }
+        if (k != 0) continue;
+        uint64_t expect = 0;
+        if (!atomic_compare_exchange_strong(&comm_keys[h], &expect, handle)) {
+            if (expect != handle) continue; /* another handle took the slot */
+            uint32_t v; /* another thread is registering this handle */
+            while ((v = atomic_load_explicit(&comm_vals[h], memory_order_acquire)) == 0) {
+            }
+            return v - 1;
+        }
+        uint32_t idx = __atomic_fetch_add(&g.hdr->n_comms, 1, __ATOMIC_RELAXED);
+        if (idx >= HVPROF_COMM_TABLE_CAPACITY - 1) {
+            idx = HVPROF_COMM_TABLE_CAPACITY - 1; /* overflow entry */
+            hvprof_comm_entry *e = comm_entry(idx);
+            if (!e->valid) {
+                snprintf(e->name, sizeof e->name, "(overflow)");
+                e->size = -1;
+                e->rank = -1;
+                e->world_rank0 = -1;
+                __atomic_store_n(&e->valid, 1, __ATOMIC_RELEASE);
+            }
+        } else {
+            hvprof_comm_entry *e = comm_entry(idx);
+            e->handle = handle;
+            e->id = id;
+            e->size = size;
+            e->rank = rank;
+            e->world_rank0 = world_rank0;
+            e->backend = (uint16_t)backend;
+            snprintf(e->name, sizeof e->name, "%s", name ? name : "");
+            atomic_store_explicit(&comm_seq[idx], 0, memory_order_relaxed);
+            __atomic_store_n(&e->valid, 1, __ATOMIC_RELEASE);
+        }
+        atomic_store_explicit(&comm_vals[h], idx + 1, memory_order_release);
+        return idx;
+    }
+    return HVPROF_COMM_TABLE_CAPACITY - 1;
+}
+
+void hvprof_comm_forget(uint64_t handle)
+{
+    uint32_t h = comm_slot0(handle);
+    for (uint32_t probe = 0; probe < COMM_HASH_SLOTS; probe++, h = (h + 1) & (COMM_HASH_SLOTS - 1)) {
+        uint64_t k = atomic_load_explicit(&comm_keys[h], memory_order_acquire);
+        if (k == 0) return;
+        if (k == handle) {
+            atomic_store_explicit(&comm_keys[h], COMM_TOMBSTONE, memory_order_release);
+            return;
+        }
+    }
+}
+
+uint32_t hvprof_comm_next_seq(uint32_t comm)
+{
+    if (comm >= HVPROF_COMM_TABLE_CAPACITY) return 0;
+    /* Collectives on one communicator are serialized by the MPI standard's
+     * rules, so a plain load+store (no locked instruction) is exact. */
+    uint32_t s = atomic_load_explicit(&comm_seq[comm], memory_order_relaxed);
+    atomic_store_explicit(&comm_seq[comm], s + 1, memory_order_relaxed);
+    return s;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Raw file.                                                                  */
+
+static int mkdir_p(const char *path, mode_t mode)
+{
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, mode) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    if (mkdir(tmp, mode) != 0 && errno != EEXIST) return -1;
+    return 0;
+}
+
+static int env_int(const char *const *names, int fallback)
+{
+    for (; *names; names++) {
+        const char *v = getenv(*names);
+        if (v && *v) return atoi(v);
+    }
+    return fallback;
+}
+
+static const char *const RANK_VARS[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK",
+                                        "RANK", "SLURM_PROCID", NULL};
+static const char *const SIZE_VARS[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE",
+                                        "SLURM_NTASKS", NULL};
+static const char *const LOCAL_VARS[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                         "LOCAL_RANK", "SLURM_LOCALID", NULL};
+
+/* The default directory name for a job that has no MPI to agree on one. */
+static void default_dir_from_env(char *out, size_t n)
+{
+    static const char *const ids[] = {"TORCHELASTIC_RUN_ID", "PMIX_NAMESPACE", "PMI_KVSNAME",
+                                      "OMPI_MCA_orte_hnp_uri", "SLURM_JOB_ID", "MASTER_PORT", NULL};
+    uint64_t h = 0;
+    int found = 0;
+    for (const char *const *v = ids; *v; v++) {
+        const char *s = getenv(*v);
+        if (!s) continue;
+        found = 1;
+        for (; *s; s++) h = hvprof_mix(h, (unsigned char)*s);
+    }
+    if (!found) h = hvprof_mix((uint64_t)getppid(), (uint64_t)time(NULL) / 3600);
+    snprintf(out, n, "horovod-profile-%012llx", (unsigned long long)(h & 0xffffffffffffull));
+}
+
+static size_t meta_region_bytes(void)
+{
+    return HVPROF_HEADER_BYTES + (size_t)64 * HVPROF_COMM_TABLE_CAPACITY +
+           (size_t)64 * HVPROF_TRACK_TABLE_CAPACITY;
+}
+
+int hvprof_open(int rank, int world_size, int local_rank, const char *dir)
+{
+    pthread_mutex_lock(&g.lock);
+    if (g.open && g.pid == getpid()) {
+        /* Already open (NCCL first, MPI later): fill in what is now known. */
+        if (rank >= 0) g.hdr->rank = rank;
+        if (world_size > 0) g.hdr->world_size = world_size;
+        if (local_rank >= 0) g.hdr->local_rank = local_rank;
+        pthread_mutex_unlock(&g.lock);
+        return 0;
+    }
+    if (rank < 0) rank = env_int(RANK_VARS, -1);
+    if (world_size < 0) world_size = env_int(SIZE_VARS, -1);
+    if (local_rank < 0) local_rank = env_int(LOCAL_VARS, -1);
+    if (rank < 0) rank = 0;
+
+    if (dir && *dir) {
+        snprintf(g.dir, sizeof g.dir, "%s", dir);
+    } else {
+        const char *d = getenv("HOROVOD_PROFILE_DIR");
+        if (d && *d) snprintf(g.dir, sizeof g.dir, "%s", d);
+        else default_dir_from_env(g.dir, sizeof g.dir);
+    }
+    char rawdir[1100];
+    snprintf(rawdir, sizeof rawdir, "%s/raw", g.dir);
+    mode_t old = umask(022);
+    if (mkdir_p(rawdir, 0755) != 0) {
+        umask(old);
+        hvprof_warn("cannot create %s (%s): profiling is off for rank %d", rawdir,
+                    strerror(errno), rank);
+        g.dir[0] = 0;
+        pthread_mutex_unlock(&g.lock);
+        return -1;
+    }
+    snprintf(g.raw_path, sizeof g.raw_path, "%s/rank-%05d.hvprof", rawdir, rank);
+    int fd = open(g.raw_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    umask(old);
+    size_t meta = meta_region_bytes();
+    if (fd < 0 || posix_fallocate(fd, 0, (off_t)meta) != 0) {
+        hvprof_warn("cannot write %s (%s): profiling is off for rank %d", g.raw_path,
+                    strerror(errno), rank);
+        if (fd >= 0) close(fd);
+        g.dir[0] = 0;
+        g.raw_path[0] = 0;
+        pthread_mutex_unlock(&g.lock);
+        return -1;
+    }
+    void *m = mmap(NULL, meta, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        hvprof_warn("cannot map %s (%s): profiling is off", g.raw_path, strerror(errno));
+        close(fd);
+        g.dir[0] = 0;
+        pthread_mutex_unlock(&g.lock);
+        return -1;
+    }
+    hvprof_file_header *h = (hvprof_file_header *)m;
+    memset(h, 0, HVPROF_HEADER_BYTES);
+
+    uint32_t chunk = HVPROF_DEFAULT_CHUNK_BYTES;
+    const char *ck = getenv("HOROVOD_PROFILE_CHUNK_KB");
+    if (ck && atoi(ck) >= 4) chunk = (uint32_t)atoi(ck) * 1024u;
+    long page = sysconf(_SC_PAGESIZE);
+    chunk = (uint32_t)((chunk + page - 1) / page * page);
+
+    h->version = HVPROF_FORMAT_VERSION;
+    h->header_bytes = HVPROF_HEADER_BYTES;
+    h->record_bytes = HVPROF_RECORD_BYTES;
+    h->chunk_bytes = chunk;
+    h->comm_table_offset = HVPROF_HEADER_BYTES;
+    h->comm_table_capacity = HVPROF_COMM_TABLE_CAPACITY;
+    h->track_table_offset = HVPROF_HEADER_BYTES + 64 * HVPROF_COMM_TABLE_CAPACITY;
+    h->track_table_capacity = HVPROF_TRACK_TABLE_CAPACITY;
+    h->first_chunk_offset = meta;
+    h->rank = rank;
+    h->world_size = world_size;
+    h->local_rank = local_rank;
+    h->pid = (int32_t)getpid();
+    h->thread_level = -1;
+    h->clock_kind = (uint32_t)hvprof_clock_kind;
+    h->ticks_per_ns = hvprof_clock_init(&h->cal0_ticks, &h->cal0_mono_ns, &h->cal0_realtime_ns);
+    h->clock_kind = (uint32_t)hvprof_clock_kind;
+    h->cal1_ticks = h->cal0_ticks;
+    h->cal1_mono_ns = h->cal0_mono_ns;
+    gethostname(h->hostname, sizeof h->hostname - 1);
+    memcpy(h->magic, HVPROF_MAGIC, 8); /* last: a reader sees a whole header */
+    __atomic_store_n(&h->state, HVPROF_STATE_OPEN, __ATOMIC_RELEASE);
+
+    g.fd = fd;
+    g.hdr = h;
+    g.meta_bytes = meta;
+    g.chunk_bytes = chunk;
+    g.first_chunk_offset = meta;
+    g.broken = 0;
+    g.pid = getpid();
+    g.open = 1;
+    memset(comm_keys, 0, sizeof comm_keys);
+    memset(comm_vals, 0, sizeof comm_vals);
+    memset(stream_keys, 0, sizeof stream_keys);
+    memset(stream_vals, 0, sizeof stream_vals);
+    atomic_fetch_add(&hvprof_generation, 1);
+    atomic_store(&hvprof_active, 1);
+    pthread_mutex_unlock(&g.lock);
+    return 0;
+}
+
+hvprof_file_header *hvprof_header(void) { return g.open ? g.hdr : NULL; }
+
+int hvprof_refill(void)
+{
+    hvprof_tls *t = &hvprof_t;
+    if (!atomic_load_explicit(&hvprof_active, memory_order_acquire) || !g.hdr) return -1;
+    uint32_t gen = atomic_load_explicit(&hvprof_generation, memory_order_acquire);
+    if (t->generation == gen && t->slots) {
+        munmap((char *)t->slots - HVPROF_RECORD_BYTES, g.chunk_bytes);
+        t->slots = NULL;
+        t->nrec = NULL;
+        t->used = t->capacity = 0;
+    }
+    uint32_t track = hvprof_track_self();
+    if (g.broken) goto drop;
+    uint64_t idx = __atomic_fetch_add(&g.hdr->n_chunks, 1, __ATOMIC_RELAXED);
+    off_t off = (off_t)(g.first_chunk_offset + idx * g.chunk_bytes);
+    int err = posix_fallocate(g.fd, off, g.chunk_bytes);
+    if (err != 0) {
+        g.broken = 1;
+        __atomic_or_fetch(&g.hdr->state, HVPROF_STATE_TRUNCATED, __ATOMIC_RELAXED);
+        hvprof_warn("rank %d: cannot extend %s (%s): further records are dropped and counted",
+                    g.hdr->rank, g.raw_path, strerror(err));
+        goto drop;
+    }
+    void *m = mmap(NULL, g.chunk_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, g.fd, off);
+    if (m == MAP_FAILED) {
+        g.broken = 1;
+        goto drop;
+    }
+    hvprof_chunk_header *ch = (hvprof_chunk_header *)m;
+    ch->track = track;
+    ch->index = idx;
+    __atomic_store_n(&ch->nrec, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&ch->magic, HVPROF_CHUNK_MAGIC, __ATOMIC_RELEASE);
+    t->slots = (hvprof_record *)((char *)m + HVPROF_RECORD_BYTES);
+    t->nrec = (_Atomic uint64_t *)&ch->nrec;
+    t->used = 0;
+    t->capacity = g.chunk_bytes / HVPROF_RECORD_BYTES - 1;
+    calibrate_now();
+    return 0;
+drop:
+    __atomic_fetch_add(&g.hdr->dropped_records, 1, __ATOMIC_RELAXED);
+    return -1;
+}
+
+void hvprof_close(uint32_t state_bits)
+{
+    pthread_mutex_lock(&g.lock);
+    if (g.open && g.pid == getpid()) {
+        atomic_store(&hvprof_active, 0);
+        calibrate_now();
+        __atomic_or_fetch(&g.hdr->state, state_bits, __ATOMIC_RELEASE);
+        /* Chunks stay mapped: a thread that passed the active check a moment
+         * ago may still be storing its last record. MAP_SHARED pages reach
+         * the file without msync; the kernel writes them back. */
+    }
+    pthread_mutex_unlock(&g.lock);
+}
+
+/* A forked child inherits the mappings and this thread's TLS: it must never
+ * write into the parent's file.  It starts closed; if it calls MPI_Init
+ * itself it opens its own file. */
+static void atfork_child(void)
+{
+    atomic_store(&hvprof_active, 0);
+    atomic_fetch_add(&hvprof_generation, 1);
+    if (g.fd >= 0) close(g.fd);
+    g.fd = -1;
+    g.open = 0;
+    g.hdr = NULL;
+    g.dir[0] = 0;
+    g.raw_path[0] = 0;
+    pthread_mutex_init(&g.lock, NULL);
+}
+
+__attribute__((constructor)) static void hvprof_ctor(void)
+{
+    clock_select(); /* before any tick is read: MPI_Init's entry time */
+    pthread_atfork(NULL, NULL, atfork_child);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Exports for Python (ctypes) and for tools.                                 */
+
+HVPROF_EXPORT int hvprof_is_active(void) { return atomic_load(&hvprof_active); }
+HVPROF_EXPORT const char *hvprof_dir(void) { return g.open ? g.dir : ""; }
+HVPROF_EXPORT const char *hvprof_raw_path(void) { return g.open ? g.raw_path : ""; }
+HVPROF_EXPORT int hvprof_rank(void) { return g.open ? g.hdr->rank : -1; }
+HVPROF_EXPORT int hvprof_world_size(void) { return g.open ? g.hdr->world_size : -1; }
+HVPROF_EXPORT uint64_t hvprof_now(void) { return hvprof_ticks(); }
+HVPROF_EXPORT void hvprof_set_python(int on) { g.python = on; }
+HVPROF_HIDDEN int hvprof_python_attached(void) { return g.python; }
+
+HVPROF_EXPORT void hvprof_set_enabled(int on)
+{
+    if (!g.open || g.pid != getpid()) return;
+    if (g.hdr->state & HVPROF_STATE_FINALIZED) return;
+    atomic_store(&hvprof_active, on ? 1 : 0);
+}
+
+HVPROF_EXPORT int hvprof_record_app(int op, uint64_t t_start, uint64_t t_end, uint64_t count,
+                                    uint32_t seq)
+{
+    if (op != HVPROF_OP_APP_STEP && op != HVPROF_OP_APP_MARK) return -1;
+    hvprof_record *r = hvprof_slot();
+    if (!r) return -1;
+    r->t_start = t_start;
+    r->t_end = t_end;
+    r->bytes = 0;
+    r->count = count;
+    r->seq = seq;
+    r->comm = UINT32_MAX;
+    r->track = hvprof_t.track;
+    r->root = -1;
+    r->op = (uint16_t)op;
+    r->dtype = HVPROF_DT_UNKNOWN;
+    r->redop = HVPROF_REDOP_NONE;
+    r->flags = 0;
+    r->rc = 0;
+    r->dtype_size = 0;
+    r->aux = 0;
+    hvprof_commit();
+    return 0;
+}
+
+HVPROF_EXPORT void hvprof_process_exit(void)
+{
+    hvprof_close(HVPROF_STATE_CLOSED);
+}
+
+/* The layout of every on-disk struct and every enum table, generated from
+ * the same definitions the writer uses, for the Python view's tests. */
+HVPROF_EXPORT const char *hvprof_layout_json(void)
+{
+    static char buf[32768];
+    static int done;
+    if (done) return buf;
+    size_t n = 0;
+#define OUT(...) n += (size_t)snprintf(buf + n, sizeof buf - n, __VA_ARGS__)
+#define FIELD(T, f) OUT("\"%s\": [%zu, %zu], ", #f, offsetof(T, f), sizeof(((T *)0)->f))
+#define STRUCT_BEGIN(T, name) OUT("\"%s\": {\"size\": %zu, \"fields\": {", name, sizeof(T))
+#define STRUCT_END() n -= 2, OUT("}}, ")
+    OUT("{\"version\": %u, \"magic\": \"HVPROF\", \"chunk_magic\": %u, ", HVPROF_FORMAT_VERSION,
+        HVPROF_CHUNK_MAGIC);
+    STRUCT_BEGIN(hvprof_record, "record");
+    FIELD(hvprof_record, t_start); FIELD(hvprof_record, t_end); FIELD(hvprof_record, bytes);
+    FIELD(hvprof_record, count); FIELD(hvprof_record, seq); FIELD(hvprof_record, comm);
+    FIELD(hvprof_record, track); FIELD(hvprof_record, root); FIELD(hvprof_record, op);
+    FIELD(hvprof_record, dtype); FIELD(hvprof_record, redop); FIELD(hvprof_record, flags);
+    FIELD(hvprof_record, rc); FIELD(hvprof_record, dtype_size); FIELD(hvprof_record, aux);
+    STRUCT_END();
+    STRUCT_BEGIN(hvprof_chunk_header, "chunk_header");
+    FIELD(hvprof_chunk_header, magic); FIELD(hvprof_chunk_header, track);
+    FIELD(hvprof_chunk_header, nrec); FIELD(hvprof_chunk_header, index);
+    FIELD(hvprof_chunk_header, reserved);
+    STRUCT_END();
+    STRUCT_BEGIN(hvprof_comm_entry, "comm_entry");
+    FIELD(hvprof_comm_entry, handle); FIELD(hvprof_comm_entry, id); FIELD(hvprof_comm_entry, size);
+    FIELD(hvprof_comm_entry, rank); FIELD(hvprof_comm_entry, world_rank0);
+    FIELD(hvprof_comm_entry, backend); FIELD(hvprof_comm_entry, valid);
+    FIELD(hvprof_comm_entry, name);
+    STRUCT_END();
+    STRUCT_BEGIN(hvprof_track_entry, "track_entry");
+    FIELD(hvprof_track_entry, handle); FIELD(hvprof_track_entry, tid);
+    FIELD(hvprof_track_entry, kind); FIELD(hvprof_track_entry, valid);
+    FIELD(hvprof_track_entry, is_main); FIELD(hvprof_track_entry, device);
+    FIELD(hvprof_track_entry, name); FIELD(hvprof_track_entry, caller);
+    STRUCT_END();
+    STRUCT_BEGIN(hvprof_file_header, "file_header");
+    FIELD(hvprof_file_header, magic); FIELD(hvprof_file_header, version);
+    FIELD(hvprof_file_header, header_bytes); FIELD(hvprof_file_header, record_bytes);
+    FIELD(hvprof_file_header, chunk_bytes); FIELD(hvprof_file_header, comm_table_offset);
+    FIELD(hvprof_file_header, comm_table_capacity); FIELD(hvprof_file_header, track_table_offset);
+    FIELD(hvprof_file_header, track_table_capacity); FIELD(hvprof_file_header, first_chunk_offset);
+    FIELD(hvprof_file_header, rank); FIELD(hvprof_file_header, world_size);
+    FIELD(hvprof_file_header, local_rank); FIELD(hvprof_file_header, pid);
+    FIELD(hvprof_file_header, state); FIELD(hvprof_file_header, n_comms);
+    FIELD(hvprof_file_header, n_tracks); FIELD(hvprof_file_header, thread_level);
+    FIELD(hvprof_file_header, n_chunks); FIELD(hvprof_file_header, dropped_records);
+    FIELD(hvprof_file_header, clock_kind); FIELD(hvprof_file_header, offset_method);
+    FIELD(hvprof_file_header, ticks_per_ns); FIELD(hvprof_file_header, cal0_ticks);
+    FIELD(hvprof_file_header, cal0_mono_ns); FIELD(hvprof_file_header, cal1_ticks);
+    FIELD(hvprof_file_header, cal1_mono_ns); FIELD(hvprof_file_header, cal0_realtime_ns);
+    FIELD(hvprof_file_header, offset_ns); FIELD(hvprof_file_header, offset_err_ns);
+    FIELD(hvprof_file_header, init_start_ticks); FIELD(hvprof_file_header, init_end_ticks);
+    FIELD(hvprof_file_header, finalize_ticks); FIELD(hvprof_file_header, job_id);
+    FIELD(hvprof_file_header, hostname); FIELD(hvprof_file_header, mpi_version);
+    FIELD(hvprof_file_header, job_t0_ns); FIELD(hvprof_file_header, reserved);
+    STRUCT_END();
+#define ENUM3(v, N, s, b) OUT("\"%d\": [\"%s\", \"%s\"], ", v, s, b);
+#define ENUM2(v, N, s) OUT("\"%d\": \"%s\", ", (int)(v), s);
+    OUT("\"ops\": {"); HVPROF_OPS(ENUM3) n -= 2; OUT("}, ");
+    OUT("\"dtypes\": {"); HVPROF_DTYPES(ENUM2) n -= 2; OUT("}, ");
+    OUT("\"redops\": {"); HVPROF_REDOPS(ENUM2) n -= 2; OUT("}, ");
+    OUT("\"flags\": {"); HVPROF_FLAGS(ENUM2) n -= 2; OUT("}, ");
+    OUT("\"states\": {\"open\": %u, \"mpi_init\": %u, \"finalized\": %u, \"closed\": %u, "
+        "\"truncated\": %u}}",
+        HVPROF_STATE_OPEN, HVPROF_STATE_MPI_INIT, HVPROF_STATE_FINALIZED, HVPROF_STATE_CLOSED,
+        HVPROF_STATE_TRUNCATED);
+#undef OUT
+    done = 1;
+    return buf;
+}

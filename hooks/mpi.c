@@ -1,0 +1,835 @@
+/*
+ * mpi.c -- PMPI wrappers: the collectives Horovod and mpi4py applications
+ * call, MPI_Init/Init_thread/Finalize, communicator creation (for stable
+ * communicator ids) and request completion (for MPI_Iallreduce).
+ *
+ * What a record's `bytes` means, per collective (the collective's data volume
+ * in nccl-tests' sense, computed from what this rank can see locally):
+ *   allreduce, iallreduce, reduce, bcast      count x type size
+ *   allgather, alltoall                       per-rank count x type size x comm size
+ *                                             (the receive side when MPI_IN_PLACE)
+ *   gather                                    per-rank count x type size x comm size
+ *   allgatherv, reduce_scatter                sum(recvcounts) x type size
+ *   gatherv                                   root: sum(recvcounts) x type size;
+ *                                             other ranks: their own sendcount x size
+ *   alltoallv                                 sum(sendcounts) x send type size
+ *                                             (recvcounts when MPI_IN_PLACE)
+ *   reduce_scatter_block                      recvcount x type size x comm size
+ *   barrier                                   0
+ * `count` is the element count of the same volume.
+ */
+#define _GNU_SOURCE
+#include <limits.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hvprof_internal.h"
+
+#define H(x) ((uint64_t)(uintptr_t)(x))
+
+/* ------------------------------------------------------------------------ */
+/* Predefined datatypes and ops: read-only hash tables built at MPI_Init.    */
+
+typedef struct { uint64_t key; uint32_t size; uint8_t code; uint8_t used; } dt_slot;
+typedef struct { uint64_t key; uint8_t code; uint8_t used; } op_slot;
+#define DT_SLOTS 256u
+#define OP_SLOTS 64u
+static dt_slot dt_table[DT_SLOTS];
+static op_slot op_table[OP_SLOTS];
+
+static inline uint32_t hslot(uint64_t k, uint32_t mask) { return (uint32_t)(hvprof_mix(0, k) & mask); }
+
+static void dt_add(MPI_Datatype dt, uint8_t code)
+{
+    if (dt == MPI_DATATYPE_NULL) return;
+    int size = 0;
+    if (PMPI_Type_size(dt, &size) != MPI_SUCCESS) return;
+    uint32_t h = hslot(H(dt), DT_SLOTS - 1);
+    while (dt_table[h].used) {
+        if (dt_table[h].key == H(dt)) return; /* an alias (MPI_LONG_LONG) */
+        h = (h + 1) & (DT_SLOTS - 1);
+    }
+    dt_table[h] = (dt_slot){H(dt), (uint32_t)size, code, 1};
+}
+
+static void op_add(MPI_Op op, uint8_t code)
+{
+    if (op == MPI_OP_NULL) return;
+    uint32_t h = hslot(H(op), OP_SLOTS - 1);
+    while (op_table[h].used) {
+        if (op_table[h].key == H(op)) return;
+        h = (h + 1) & (OP_SLOTS - 1);
+    }
+    op_table[h] = (op_slot){H(op), code, 1};
+}
+
+static void build_tables(void)
+{
+    memset(dt_table, 0, sizeof dt_table);
+    memset(op_table, 0, sizeof op_table);
+#define D(name) dt_add(name, HVPROF_DT_##name)
+    D(MPI_BYTE); D(MPI_CHAR); D(MPI_SIGNED_CHAR); D(MPI_UNSIGNED_CHAR); D(MPI_SHORT);
+    D(MPI_UNSIGNED_SHORT); D(MPI_INT); D(MPI_UNSIGNED); D(MPI_LONG); D(MPI_UNSIGNED_LONG);
+    D(MPI_LONG_LONG_INT); D(MPI_UNSIGNED_LONG_LONG); D(MPI_FLOAT); D(MPI_DOUBLE);
+    D(MPI_LONG_DOUBLE); D(MPI_C_BOOL); D(MPI_INT8_T); D(MPI_INT16_T); D(MPI_INT32_T);
+    D(MPI_INT64_T); D(MPI_UINT8_T); D(MPI_UINT16_T); D(MPI_UINT32_T); D(MPI_UINT64_T);
+    D(MPI_C_FLOAT_COMPLEX); D(MPI_C_DOUBLE_COMPLEX); D(MPI_FLOAT_INT); D(MPI_DOUBLE_INT);
+    D(MPI_LONG_INT); D(MPI_2INT); D(MPI_WCHAR); D(MPI_PACKED);
+#undef D
+#define O(name, code) op_add(name, HVPROF_REDOP_##code)
+    O(MPI_SUM, SUM); O(MPI_PROD, PROD); O(MPI_MIN, MIN); O(MPI_MAX, MAX); O(MPI_LAND, LAND);
+    O(MPI_BAND, BAND); O(MPI_LOR, LOR); O(MPI_BOR, BOR); O(MPI_LXOR, LXOR); O(MPI_BXOR, BXOR);
+    O(MPI_MINLOC, MINLOC); O(MPI_MAXLOC, MAXLOC); O(MPI_REPLACE, REPLACE); O(MPI_NO_OP, NO_OP);
+#undef O
+}
+
+typedef struct { uint32_t size; uint8_t code; uint8_t derived; } dtinfo;
+
+static inline dtinfo dt_info(MPI_Datatype dt)
+{
+    uint64_t k = H(dt);
+    uint32_t h = hslot(k, DT_SLOTS - 1);
+    while (dt_table[h].used) {
+        if (dt_table[h].key == k) return (dtinfo){dt_table[h].size, dt_table[h].code, 0};
+        h = (h + 1) & (DT_SLOTS - 1);
+    }
+    /* A derived type (Horovod's float16 is one): its size from MPI. */
+    int size = 0;
+    if (dt == MPI_DATATYPE_NULL || PMPI_Type_size(dt, &size) != MPI_SUCCESS) size = 0;
+    return (dtinfo){(uint32_t)size, HVPROF_DT_DERIVED, 1};
+}
+
+static inline uint8_t op_code(MPI_Op op)
+{
+    uint64_t k = H(op);
+    uint32_t h = hslot(k, OP_SLOTS - 1);
+    while (op_table[h].used) {
+        if (op_table[h].key == k) return op_table[h].code;
+        h = (h + 1) & (OP_SLOTS - 1);
+    }
+    return HVPROF_REDOP_USER;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Communicators: stable ids.                                                 */
+
+#define ID_WORLD 0x574f524c44ull /* "WORLD" */
+#define ID_SELF 0x53454c46ull    /* "SELF" */
+#define ID_ANON 0x414e4f4eull    /* "ANON" */
+
+static int world_rank_of(MPI_Comm comm, int r)
+{
+    MPI_Group g, wg;
+    int out = -1, inter = 0;
+    PMPI_Comm_test_inter(comm, &inter);
+    if (inter) {
+        if (PMPI_Comm_group(comm, &g) != MPI_SUCCESS) return -1;
+    } else if (PMPI_Comm_group(comm, &g) != MPI_SUCCESS) {
+        return -1;
+    }
+    PMPI_Comm_group(MPI_COMM_WORLD, &wg);
+    PMPI_Group_translate_ranks(g, 1, &r, wg, &out);
+    PMPI_Group_free(&g);
+    PMPI_Group_free(&wg);
+    return out;
+}
+
+/* Per comm-table index: how many communicators were created from it so far
+ * (the same on every member, since creation is collective over the parent). */
+static uint32_t children[HVPROF_COMM_TABLE_CAPACITY];
+static uint64_t comm_ids[HVPROF_COMM_TABLE_CAPACITY];
+
+static uint32_t comm_register_mpi(MPI_Comm comm, uint64_t id)
+{
+    int size = 0, rank = 0;
+    PMPI_Comm_size(comm, &size);
+    PMPI_Comm_rank(comm, &rank);
+    char name[MPI_MAX_OBJECT_NAME] = "";
+    int len = 0;
+    PMPI_Comm_get_name(comm, name, &len);
+    int r0 = world_rank_of(comm, 0);
+    if (id == 0) {
+        /* First seen in a collective, not created under the profiler: hash
+         * its members, so that every member computes the same id. */
+        id = hvprof_mix(ID_ANON, (uint64_t)size);
+        for (int i = 0; i < size && i < 4096; i++) id = hvprof_mix(id, (uint64_t)world_rank_of(comm, i));
+    }
+    uint32_t idx = hvprof_comm_register(H(comm), id, size, rank, r0, 0, name);
+    if (idx < HVPROF_COMM_TABLE_CAPACITY) comm_ids[idx] = id;
+    return idx;
+}
+
+static inline uint32_t comm_index(MPI_Comm comm)
+{
+    uint32_t idx = hvprof_comm_lookup(H(comm));
+    if (HVPROF_LIKELY(idx != UINT32_MAX)) return idx;
+    uint64_t id = 0;
+    if (comm == MPI_COMM_WORLD) id = ID_WORLD;
+    else if (comm == MPI_COMM_SELF) {
+        int wr = 0;
+        PMPI_Comm_rank(MPI_COMM_WORLD, &wr);
+        id = hvprof_mix(ID_SELF, (uint64_t)wr);
+    }
+    return comm_register_mpi(comm, id);
+}
+
+static inline int comm_size_of(uint32_t idx)
+{
+    hvprof_file_header *h = hvprof_header();
+    if (!h || idx >= HVPROF_COMM_TABLE_CAPACITY) return 1;
+    const hvprof_comm_entry *e = (const hvprof_comm_entry *)((const char *)h + h->comm_table_offset) + idx;
+    return e->size > 0 ? e->size : 1;
+}
+
+/* A communicator was created from `parent`: give it an id derived from the
+ * parent's id, the creation number on the parent, and a discriminator (the
+ * world rank of the new communicator's rank 0 separates split colours). */
+static void comm_created(MPI_Comm parent, MPI_Comm *newcomm, uint64_t kind)
+{
+    if (!atomic_load_explicit(&hvprof_active, memory_order_relaxed)) return;
+    uint32_t p = comm_index(parent);
+    uint64_t pid = p < HVPROF_COMM_TABLE_CAPACITY ? comm_ids[p] : 0;
+    uint32_t n = p < HVPROF_COMM_TABLE_CAPACITY ? children[p]++ : 0;
+    if (!newcomm || *newcomm == MPI_COMM_NULL) return;
+    int r0 = world_rank_of(*newcomm, 0);
+    uint64_t id = hvprof_mix(hvprof_mix(hvprof_mix(pid, n), kind), (uint64_t)(int64_t)r0);
+    hvprof_comm_forget(H(*newcomm)); /* the handle of a freed communicator */
+    comm_register_mpi(*newcomm, id);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Writing a record.                                                          */
+
+static inline int16_t sat16(int rc) { return (int16_t)(rc > 32767 ? 32767 : rc < -32768 ? -32768 : rc); }
+
+/* count_mult: multiply the element count by the communicator size. */
+static inline void emit(uint16_t op, uint64_t t0, uint64_t t1, MPI_Comm comm, MPI_Datatype dt,
+                        uint64_t count, int count_mult, MPI_Op mop, int root, int rc,
+                        uint16_t flags)
+{
+    uint32_t ci = comm_index(comm);
+    uint32_t seq = hvprof_comm_next_seq(ci); /* advance even when the record is dropped */
+    hvprof_record *r = hvprof_slot();
+    if (HVPROF_UNLIKELY(!r)) return;
+    dtinfo d = dt == MPI_DATATYPE_NULL ? (dtinfo){0, HVPROF_DT_UNKNOWN, 0} : dt_info(dt);
+    if (count_mult) count *= (uint64_t)comm_size_of(ci);
+    r->t_start = t0;
+    r->t_end = t1;
+    r->bytes = count * d.size;
+    r->count = count;
+    r->seq = seq;
+    r->comm = ci;
+    r->track = hvprof_t.track;
+    r->root = root;
+    r->op = op;
+    r->dtype = d.code;
+    r->redop = mop == MPI_OP_NULL ? HVPROF_REDOP_NONE : op_code(mop);
+    r->flags = (uint16_t)(flags | (rc != MPI_SUCCESS ? HVPROF_FLAG_ERROR : 0) |
+                          (d.derived ? HVPROF_FLAG_DERIVED_TYPE : 0));
+    r->rc = sat16(rc);
+    r->dtype_size = d.size;
+    r->aux = 0;
+    hvprof_commit();
+}
+
+#define ACTIVE() atomic_load_explicit(&hvprof_active, memory_order_relaxed)
+#define INPLACE(buf) ((buf) == MPI_IN_PLACE ? HVPROF_FLAG_IN_PLACE : 0)
+
+static inline uint64_t sum_counts(const int *counts, MPI_Comm comm)
+{
+    if (!counts) return 0;
+    int n = comm_size_of(comm_index(comm));
+    uint64_t s = 0;
+    for (int i = 0; i < n; i++) s += (uint64_t)(counts[i] > 0 ? counts[i] : 0);
+    return s;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Collectives.                                                               */
+
+int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype,
+                  MPI_Op op, MPI_Comm comm)
+{
+    if (!ACTIVE()) return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+    uint64_t t0 = hvprof_ticks();
+    int rc = PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+    uint64_t t1 = hvprof_ticks();
+    emit(HVPROF_OP_MPI_ALLREDUCE, t0, t1, comm, datatype, (uint64_t)count, 0, op, -1, rc,
+         INPLACE(sendbuf));
+    return rc;
+}
+
+int MPI_Reduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
+               int root, MPI_Comm comm)
+{
+    if (!ACTIVE()) return PMPI_Reduce(sendbuf, recvbuf, count, datatype, op, root, comm);
+    uint64_t t0 = hvprof_ticks();
+    int rc = PMPI_Reduce(sendbuf, recvbuf, count, datatype, op, root, comm);
+    uint64_t t1 = hvprof_ticks();
+    emit(HVPROF_OP_MPI_REDUCE, t0, t1, comm, datatype, (uint64_t)count, 0, op, root, rc,
+         INPLACE(sendbuf));
+    return rc;
+}
+
+int MPI_Bcast(void *buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm)
+{
+    if (!ACTIVE()) return PMPI_Bcast(buffer, count, datatype, root, comm);
+    uint64_t t0 = hvprof_ticks();
+    int rc = PMPI_Bcast(buffer, count, datatype, root, comm);
+    uint64_t t1 = hvprof_ticks();
+    emit(HVPROF_OP_MPI_BCAST, t0, t1, comm, datatype, (uint64_t)count, 0, MPI_OP_NULL, root, rc, 0);
+    return rc;
+}
+
+int MPI_Allgather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
+                  int recvcount, MPI_Datatype recvtype, MPI_Comm comm)
+{
+    if (!ACTIVE())
+        return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
+    uint64_t t0 = hvprof_ticks();
+    int rc = PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
+    uint64_t t1 = hvprof_ticks();
+    int ip = sendbuf == MPI_IN_PLACE;
+    emit(HVPROF_OP_MPI_ALLGATHER, t0, t1, comm, ip ? recvtype : sendtype,
+         (uint64_t)(ip ? recvcount : sendcount), 1, MPI_OP_NULL, -1, rc, INPLACE(sendbuf));
+    return rc;
+}
+
+int MPI_Allgatherv(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
+                   const int recvcounts[], const int displs[], MPI_Datatype recvtype,
+                   MPI_Comm comm)
+{
+    if (!ACTIVE())
+        return PMPI_Allgatherv(sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs,
+                               recvtype, comm);
+    uint64_t t0 = hvprof_ticks();
+    int rc = PMPI_Allgatherv(sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype,
+                             comm);
+    uint64_t t1 = hvprof_ticks();
+    emit(HVPROF_OP_MPI_ALLGATHERV, t0, t1, comm, recvtype, sum_counts(recvcounts, comm), 0,
+         MPI_OP_NULL, -1, rc, INPLACE(sendbuf));
+    return rc;
+}
+
+int MPI_Gather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
+               int recvcount, MPI_Datatype recvtype, int root, MPI_Comm comm)
+{
+    if (!ACTIVE())
+        return PMPI_Gather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm);
+    uint64_t t0 = hvprof_ticks();
+    int rc = PMPI_Gather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm);
+    uint64_t t1 = hvprof_ticks();
+    int ip = sendbuf == MPI_IN_PLACE;
+    emit(HVPROF_OP_MPI_GATHER, t0, t1, comm, ip ? recvtype : sendtype,
+         (uint64_t)(ip ? recvcount : sendcount), 1, MPI_OP_NULL, root, rc, INPLACE(sendbuf));
+    return rc;
+}
+
+int MPI_Gatherv(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
+                const int recvcounts[], const int displs[], MPI_Datatype recvtype, int root,
+                MPI_Comm comm)
+{
+    if (!ACTIVE())
+        return PMPI_Gatherv(sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype,
+                            root, comm);
+    uint64_t t0 = hvprof_ticks();
+    int rc = PMPI_Gatherv(sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype,
+                          root, comm);
+    uint64_t t1 = hvprof_ticks();
+    int me = -1;
+    PMPI_Comm_rank(comm, &me);
+    if (me == root)
+        emit(HVPROF_OP_MPI_GATHERV, t0, t1, comm, recvtype, sum_counts(recvcounts, comm), 0,
+             MPI_OP_NULL, root, rc, INPLACE(sendbuf));
+    else
+        emit(HVPROF_OP_MPI_GATHERV, t0, t1, comm, sendtype, (uint64_t)sendcount, 0, MPI_OP_NULL,
+             root, rc, 0);
+    return rc;
+}
+
+int MPI_Alltoall(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
+                 int recvcount, MPI_Datatype recvtype, MPI_Comm comm)
+{
+    if (!ACTIVE())
+        return PMPI_Alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
+    uint64_t t0 = hvprof_ticks();
+    int rc = PMPI_Alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
+    uint64_t t1 = hvprof_ticks();
+    int ip = sendbuf == MPI_IN_PLACE;
+    emit(HVPROF_OP_MPI_ALLTOALL, t0, t1, comm, ip ? recvtype : sendtype,
+         (uint64_t)(ip ? recvcount : sendcount), 1, MPI_OP_NULL, -1, rc, INPLACE(sendbuf));
+    return rc;
+}
+
+int MPI_Alltoallv(const void *sendbuf, const int sendcounts[], const int sdispls[],
+                  MPI_Datatype sendtype, void *recvbuf, const int recvcounts[],
+                  const int rdispls[], MPI_Datatype recvtype, MPI_Comm comm)
+{
+    if (!ACTIVE())
+        return PMPI_Alltoallv(sendbuf, sendcounts, sdispls, sendtype, recvbuf, recvcounts,
+                              rdispls, recvtype, comm);
+    uint64_t t0 = hvprof_ticks();
+    int rc = PMPI_Alltoallv(sendbuf, sendcounts, sdispls, sendtype, recvbuf, recvcounts, rdispls,
+                            recvtype, comm);
+    uint64_t t1 = hvprof_ticks();
+    int ip = sendbuf == MPI_IN_PLACE;
+    emit(HVPROF_OP_MPI_ALLTOALLV, t0, t1, comm, ip ? recvtype : sendtype,
+         sum_counts(ip ? recvcounts : sendcounts, comm), 0, MPI_OP_NULL, -1, rc,
+         INPLACE(sendbuf));
+    return rc;
+}
+
+int MPI_Reduce_scatter(const void *sendbuf, void *recvbuf, const int recvcounts[],
+                       MPI_Datatype datatype, MPI_Op op, MPI_Comm comm)
+{
+    if (!ACTIVE()) return PMPI_Reduce_scatter(sendbuf, recvbuf, recvcounts, datatype, op, comm);
+    uint64_t t0 = hvprof_ticks();
+    int rc = PMPI_Reduce_scatter(sendbuf, recvbuf, recvcounts, datatype, op, comm);
+    uint64_t t1 = hvprof_ticks();
+    emit(HVPROF_OP_MPI_REDUCE_SCATTER, t0, t1, comm, datatype, sum_counts(recvcounts, comm), 0, op,
+         -1, rc, INPLACE(sendbuf));
+    return rc;
+}
+
+int MPI_Reduce_scatter_block(const void *sendbuf, void *recvbuf, int recvcount,
+                             MPI_Datatype datatype, MPI_Op op, MPI_Comm comm)
+{
+    if (!ACTIVE())
+        return PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm);
+    uint64_t t0 = hvprof_ticks();
+    int rc = PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm);
+    uint64_t t1 = hvprof_ticks();
+    emit(HVPROF_OP_MPI_REDUCE_SCATTER_BLOCK, t0, t1, comm, datatype, (uint64_t)recvcount, 1, op,
+         -1, rc, INPLACE(sendbuf));
+    return rc;
+}
+
+int MPI_Barrier(MPI_Comm comm)
+{
+    if (!ACTIVE()) return PMPI_Barrier(comm);
+    uint64_t t0 = hvprof_ticks();
+    int rc = PMPI_Barrier(comm);
+    uint64_t t1 = hvprof_ticks();
+    emit(HVPROF_OP_MPI_BARRIER, t0, t1, comm, MPI_DATATYPE_NULL, 0, 0, MPI_OP_NULL, -1, rc, 0);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* MPI_Iallreduce: timed from the call to the completion that MPI_Wait/Test*
+ * reports.  Pending requests sit in a small lock-free table; Wait/Test pay
+ * one relaxed load when nothing is pending.                                  */
+
+#define PENDING_SLOTS 256u
+typedef struct {
+    _Atomic uint64_t req;  /* request handle, 0 = free, 1 = being filled */
+    uint64_t t0, count;
+    uint32_t comm, seq, track;
+    uint8_t dtype, redop;
+    uint16_t flags;
+    uint32_t dtype_size;
+    int rc;
+} pending_t;
+static pending_t pending[PENDING_SLOTS];
+static _Atomic int n_pending;
+
+static void pending_add(MPI_Request req, uint64_t t0, MPI_Comm comm, MPI_Datatype dt, int count,
+                        MPI_Op op, uint16_t flags, int rc)
+{
+    uint32_t ci = comm_index(comm);
+    uint32_t seq = hvprof_comm_next_seq(ci);
+    dtinfo d = dt_info(dt);
+    if (rc != MPI_SUCCESS || req == MPI_REQUEST_NULL) {
+        /* Nothing to wait for: record the failed start now. */
+        hvprof_record *r = hvprof_slot();
+        if (!r) return;
+        *r = (hvprof_record){t0, hvprof_ticks(), (uint64_t)count * d.size, (uint64_t)count, seq, ci,
+                             hvprof_t.track, -1, HVPROF_OP_MPI_IALLREDUCE, d.code, op_code(op),
+                             (uint16_t)(flags | HVPROF_FLAG_NONBLOCKING |
+                                        (rc != MPI_SUCCESS ? HVPROF_FLAG_ERROR : 0)),
+                             sat16(rc), d.size, 0};
+        hvprof_commit();
+        return;
+    }
+    uint32_t start = (uint32_t)(hvprof_mix(0, H(req)) & (PENDING_SLOTS - 1));
+    for (uint32_t i = 0; i < PENDING_SLOTS; i++) {
+        pending_t *p = &pending[(start + i) & (PENDING_SLOTS - 1)];
+        uint64_t expect = 0;
+        if (!atomic_compare_exchange_strong(&p->req, &expect, 1)) continue;
+        p->t0 = t0;
+        p->count = (uint64_t)count;
+        p->comm = ci;
+        p->seq = seq;
+        p->track = hvprof_track_self();
+        p->dtype = d.code;
+        p->redop = op_code(op);
+        p->flags = (uint16_t)(flags | HVPROF_FLAG_NONBLOCKING | (d.derived ? HVPROF_FLAG_DERIVED_TYPE : 0));
+        p->dtype_size = d.size;
+        p->rc = rc;
+        atomic_store_explicit(&p->req, H(req), memory_order_release);
+        atomic_fetch_add(&n_pending, 1);
+        return;
+    }
+    __atomic_fetch_add(&hvprof_header()->dropped_records, 1, __ATOMIC_RELAXED);
+}
+
+/* Completed (or freed) request: write its record. */
+static void pending_done(uint64_t key, uint64_t t1, uint16_t extra_flags)
+{
+    uint32_t start = (uint32_t)(hvprof_mix(0, key) & (PENDING_SLOTS - 1));
+    for (uint32_t i = 0; i < PENDING_SLOTS; i++) {
+        pending_t *p = &pending[(start + i) & (PENDING_SLOTS - 1)];
+        if (atomic_load_explicit(&p->req, memory_order_acquire) != key) continue;
+        hvprof_record *r = hvprof_slot();
+        if (r) {
+            *r = (hvprof_record){p->t0, t1, p->count * p->dtype_size, p->count, p->seq, p->comm,
+                                 p->track, -1, HVPROF_OP_MPI_IALLREDUCE, p->dtype, p->redop,
+                                 (uint16_t)(p->flags | extra_flags), sat16(p->rc), p->dtype_size, 0};
+            hvprof_commit();
+        }
+        atomic_store_explicit(&p->req, 0, memory_order_release);
+        atomic_fetch_sub(&n_pending, 1);
+        return;
+    }
+}
+
+int MPI_Iallreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype,
+                   MPI_Op op, MPI_Comm comm, MPI_Request *request)
+{
+    if (!ACTIVE()) return PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request);
+    uint64_t t0 = hvprof_ticks();
+    int rc = PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request);
+    pending_add(rc == MPI_SUCCESS ? *request : MPI_REQUEST_NULL, t0, comm, datatype, count, op,
+                INPLACE(sendbuf), rc);
+    return rc;
+}
+
+#define ANY_PENDING() atomic_load_explicit(&n_pending, memory_order_relaxed)
+
+int MPI_Wait(MPI_Request *request, MPI_Status *status)
+{
+    if (!ANY_PENDING()) return PMPI_Wait(request, status);
+    uint64_t key = H(*request);
+    int rc = PMPI_Wait(request, status);
+    pending_done(key, hvprof_ticks(), 0);
+    return rc;
+}
+
+int MPI_Test(MPI_Request *request, int *flag, MPI_Status *status)
+{
+    if (!ANY_PENDING()) return PMPI_Test(request, flag, status);
+    uint64_t key = H(*request);
+    int rc = PMPI_Test(request, flag, status);
+    if (*flag) pending_done(key, hvprof_ticks(), 0);
+    return rc;
+}
+
+/* Copies of up to this many request handles live on the stack. */
+#define MAX_TRACKED 64
+
+int MPI_Waitall(int count, MPI_Request requests[], MPI_Status statuses[])
+{
+    if (!ANY_PENDING() || count > MAX_TRACKED) return PMPI_Waitall(count, requests, statuses);
+    uint64_t keys[MAX_TRACKED];
+    for (int i = 0; i < count; i++) keys[i] = H(requests[i]);
+    int rc = PMPI_Waitall(count, requests, statuses);
+    uint64_t t1 = hvprof_ticks();
+    for (int i = 0; i < count; i++) pending_done(keys[i], t1, 0);
+    return rc;
+}
+
+int MPI_Testall(int count, MPI_Request requests[], int *flag, MPI_Status statuses[])
+{
+    if (!ANY_PENDING() || count > MAX_TRACKED) return PMPI_Testall(count, requests, flag, statuses);
+    uint64_t keys[MAX_TRACKED];
+    for (int i = 0; i < count; i++) keys[i] = H(requests[i]);
+    int rc = PMPI_Testall(count, requests, flag, statuses);
+    if (*flag) {
+        uint64_t t1 = hvprof_ticks();
+        for (int i = 0; i < count; i++) pending_done(keys[i], t1, 0);
+    }
+    return rc;
+}
+
+int MPI_Waitany(int count, MPI_Request requests[], int *index, MPI_Status *status)
+{
+    if (!ANY_PENDING() || count > MAX_TRACKED) return PMPI_Waitany(count, requests, index, status);
+    uint64_t keys[MAX_TRACKED];
+    for (int i = 0; i < count; i++) keys[i] = H(requests[i]);
+    int rc = PMPI_Waitany(count, requests, index, status);
+    if (*index >= 0 && *index < count) pending_done(keys[*index], hvprof_ticks(), 0);
+    return rc;
+}
+
+int MPI_Testany(int count, MPI_Request requests[], int *index, int *flag, MPI_Status *status)
+{
+    if (!ANY_PENDING() || count > MAX_TRACKED)
+        return PMPI_Testany(count, requests, index, flag, status);
+    uint64_t keys[MAX_TRACKED];
+    for (int i = 0; i < count; i++) keys[i] = H(requests[i]);
+    int rc = PMPI_Testany(count, requests, index, flag, status);
+    if (*flag && *index >= 0 && *index < count) pending_done(keys[*index], hvprof_ticks(), 0);
+    return rc;
+}
+
+int MPI_Waitsome(int incount, MPI_Request requests[], int *outcount, int indices[],
+                 MPI_Status statuses[])
+{
+    if (!ANY_PENDING() || incount > MAX_TRACKED)
+        return PMPI_Waitsome(incount, requests, outcount, indices, statuses);
+    uint64_t keys[MAX_TRACKED];
+    for (int i = 0; i < incount; i++) keys[i] = H(requests[i]);
+    int rc = PMPI_Waitsome(incount, requests, outcount, indices, statuses);
+    uint64_t t1 = hvprof_ticks();
+    for (int i = 0; i < *outcount && *outcount != MPI_UNDEFINED; i++)
+        if (indices[i] >= 0 && indices[i] < incount) pending_done(keys[indices[i]], t1, 0);
+    return rc;
+}
+
+int MPI_Testsome(int incount, MPI_Request requests[], int *outcount, int indices[],
+                 MPI_Status statuses[])
+{
+    if (!ANY_PENDING() || incount > MAX_TRACKED)
+        return PMPI_Testsome(incount, requests, outcount, indices, statuses);
+    uint64_t keys[MAX_TRACKED];
+    for (int i = 0; i < incount; i++) keys[i] = H(requests[i]);
+    int rc = PMPI_Testsome(incount, requests, outcount, indices, statuses);
+    uint64_t t1 = hvprof_ticks();
+    for (int i = 0; i < *outcount && *outcount != MPI_UNDEFINED; i++)
+        if (indices[i] >= 0 && indices[i] < incount) pending_done(keys[indices[i]], t1, 0);
+    return rc;
+}
+
+int MPI_Request_free(MPI_Request *request)
+{
+    if (!ANY_PENDING()) return PMPI_Request_free(request);
+    uint64_t key = H(*request);
+    int rc = PMPI_Request_free(request);
+    pending_done(key, hvprof_ticks(), HVPROF_FLAG_NO_COMPLETION);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Communicator creation and destruction.                                     */
+
+#define KIND_DUP 1
+#define KIND_SPLIT 2
+#define KIND_SPLIT_TYPE 3
+#define KIND_CREATE 4
+
+int MPI_Comm_dup(MPI_Comm comm, MPI_Comm *newcomm)
+{
+    int rc = PMPI_Comm_dup(comm, newcomm);
+    if (rc == MPI_SUCCESS) comm_created(comm, newcomm, KIND_DUP);
+    return rc;
+}
+
+int MPI_Comm_dup_with_info(MPI_Comm comm, MPI_Info info, MPI_Comm *newcomm)
+{
+    int rc = PMPI_Comm_dup_with_info(comm, info, newcomm);
+    if (rc == MPI_SUCCESS) comm_created(comm, newcomm, KIND_DUP);
+    return rc;
+}
+
+int MPI_Comm_split(MPI_Comm comm, int color, int key, MPI_Comm *newcomm)
+{
+    int rc = PMPI_Comm_split(comm, color, key, newcomm);
+    if (rc == MPI_SUCCESS) comm_created(comm, newcomm, KIND_SPLIT);
+    return rc;
+}
+
+int MPI_Comm_split_type(MPI_Comm comm, int split_type, int key, MPI_Info info, MPI_Comm *newcomm)
+{
+    int rc = PMPI_Comm_split_type(comm, split_type, key, info, newcomm);
+    if (rc == MPI_SUCCESS) comm_created(comm, newcomm, KIND_SPLIT_TYPE);
+    return rc;
+}
+
+int MPI_Comm_create(MPI_Comm comm, MPI_Group group, MPI_Comm *newcomm)
+{
+    int rc = PMPI_Comm_create(comm, group, newcomm);
+    if (rc == MPI_SUCCESS) comm_created(comm, newcomm, KIND_CREATE);
+    return rc;
+}
+
+int MPI_Comm_free(MPI_Comm *comm)
+{
+    uint64_t key = comm ? H(*comm) : 0;
+    int rc = PMPI_Comm_free(comm);
+    if (rc == MPI_SUCCESS && key) hvprof_comm_forget(key);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Set-up and tear-down.                                                      */
+
+static MPI_Comm prof_comm = MPI_COMM_NULL; /* private: never the application's */
+
+static int profiling_wanted(void)
+{
+    /* Loaded by the start-up hook: HOROVOD_PROFILE is set.  Loaded with
+     * LD_PRELOAD: on unless HOROVOD_PROFILE says off. */
+    const char *v = getenv("HOROVOD_PROFILE");
+    if (!v) return 1;
+    return !(v[0] == 0 || strcmp(v, "0") == 0 || strcmp(v, "off") == 0 || strcmp(v, "false") == 0);
+}
+
+/* Offset of this rank's CLOCK_MONOTONIC to rank 0's, by ping-pong with rank
+ * 0 (Cristian's method, best of K round trips): offset = b - (a + c) / 2,
+ * |error| <= (c - a) / 2 for the round trip with the smallest c - a. */
+static void estimate_offsets(int rank, int size, int64_t *offset, int64_t *err)
+{
+    enum { K = 8, TAG = 7717 };
+    *offset = 0;
+    *err = 0;
+    if (rank == 0) {
+        for (int r = 1; r < size; r++) {
+            int64_t best_rtt = INT64_MAX, best_off = 0;
+            for (int k = 0; k < K; k++) {
+                int64_t a = hvprof_mono_ns(), b = 0;
+                PMPI_Send(&a, 1, MPI_INT64_T, r, TAG, prof_comm);
+                PMPI_Recv(&b, 1, MPI_INT64_T, r, TAG, prof_comm, MPI_STATUS_IGNORE);
+                int64_t c = hvprof_mono_ns();
+                if (c - a < best_rtt) {
+                    best_rtt = c - a;
+                    best_off = b - (a + c) / 2;
+                }
+            }
+            int64_t res[2] = {best_off, best_rtt / 2};
+            PMPI_Send(res, 2, MPI_INT64_T, r, TAG, prof_comm);
+        }
+    } else {
+        for (int k = 0; k < K; k++) {
+            int64_t a = 0;
+            PMPI_Recv(&a, 1, MPI_INT64_T, 0, TAG, prof_comm, MPI_STATUS_IGNORE);
+            int64_t b = hvprof_mono_ns();
+            PMPI_Send(&b, 1, MPI_INT64_T, 0, TAG, prof_comm);
+        }
+        int64_t res[2];
+        PMPI_Recv(res, 2, MPI_INT64_T, 0, TAG, prof_comm, MPI_STATUS_IGNORE);
+        *offset = res[0];
+        *err = res[1];
+    }
+}
+
+static void mpi_started(uint64_t t0, int provided)
+{
+    if (!profiling_wanted()) return;
+    int rank = 0, size = 1;
+    PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    PMPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (PMPI_Comm_dup(MPI_COMM_WORLD, &prof_comm) != MPI_SUCCESS) return;
+
+    /* Rank 0 names the job's directory; every rank opens its file there. */
+    struct { char dir[1024]; uint64_t job_id; } job;
+    memset(&job, 0, sizeof job);
+    if (rank == 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        job.job_id = hvprof_mix(hvprof_mix((uint64_t)ts.tv_sec, (uint64_t)ts.tv_nsec), (uint64_t)getpid());
+        const char *d = getenv("HOROVOD_PROFILE_DIR");
+        if (d && *d) {
+            snprintf(job.dir, sizeof job.dir, "%s", d);
+        } else {
+            struct tm tm;
+            localtime_r(&ts.tv_sec, &tm);
+            char stamp[32];
+            strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+            snprintf(job.dir, sizeof job.dir, "horovod-profile-%s-%06llx", stamp,
+                     (unsigned long long)(job.job_id & 0xffffff));
+        }
+    }
+    PMPI_Bcast(&job, (int)sizeof job, MPI_BYTE, 0, prof_comm);
+
+    int ok = hvprof_open(rank, size, -1, job.dir) == 0;
+    /* Every rank must take part in the offset exchange, even one whose file
+     * could not be opened, or rank 0 would wait for it. */
+    int64_t offset = 0, err = 0;
+    estimate_offsets(rank, size, &offset, &err);
+    int64_t t0_job = hvprof_mono_ns();
+    PMPI_Bcast(&t0_job, 1, MPI_INT64_T, 0, prof_comm);
+    if (!ok) return;
+
+    hvprof_file_header *h = hvprof_header();
+    build_tables();
+    h->job_id = job.job_id;
+    h->offset_ns = offset;
+    h->offset_err_ns = err;
+    h->offset_method = size > 1 ? 1 : 0;
+    h->job_t0_ns = t0_job; /* rank 0's clock: the job's time zero */
+    h->thread_level = provided;
+    h->init_start_ticks = (int64_t)t0;
+    char ver[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    if (PMPI_Get_library_version(ver, &len) == MPI_SUCCESS) {
+        snprintf(h->mpi_version, sizeof h->mpi_version, "%s", ver);
+        char *nl = strchr(h->mpi_version, '\n');
+        if (nl) *nl = 0;
+    }
+    comm_index(MPI_COMM_WORLD); /* table entry 0: the world */
+
+    /* Horovod's own timeline, into the profile directory (rank 0 writes it;
+     * Horovod reads the variable after MPI is initialized). */
+    const char *tl = getenv("HOROVOD_PROFILE_TIMELINE");
+    if (!getenv("HOROVOD_TIMELINE") && !(tl && (strcmp(tl, "0") == 0 || strcmp(tl, "off") == 0))) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/timeline.json", job.dir);
+        setenv("HOROVOD_TIMELINE", path, 0);
+    }
+    uint64_t t1 = hvprof_ticks();
+    h->init_end_ticks = (int64_t)t1;
+    __atomic_or_fetch(&h->state, HVPROF_STATE_MPI_INIT, __ATOMIC_RELEASE);
+    emit(HVPROF_OP_MPI_INIT, t0, t1, MPI_COMM_WORLD, MPI_DATATYPE_NULL, 0, 0, MPI_OP_NULL, -1,
+         MPI_SUCCESS, 0);
+}
+
+int MPI_Init(int *argc, char ***argv)
+{
+    uint64_t t0 = hvprof_ticks();
+    int rc = PMPI_Init(argc, argv);
+    if (rc == MPI_SUCCESS) mpi_started(t0, -1);
+    return rc;
+}
+
+int MPI_Init_thread(int *argc, char ***argv, int required, int *provided)
+{
+    uint64_t t0 = hvprof_ticks();
+    int rc = PMPI_Init_thread(argc, argv, required, provided);
+    if (rc == MPI_SUCCESS) mpi_started(t0, provided ? *provided : -1);
+    return rc;
+}
+
+int MPI_Finalize(void)
+{
+    hvprof_file_header *h = hvprof_header();
+    if (h && ACTIVE() && prof_comm != MPI_COMM_NULL) {
+        uint64_t t0 = hvprof_ticks();
+        /* Requests never completed: record them as such. */
+        if (ANY_PENDING())
+            for (uint32_t i = 0; i < PENDING_SLOTS; i++) {
+                uint64_t k = atomic_load(&pending[i].req);
+                if (k > 2) pending_done(k, t0, HVPROF_FLAG_NO_COMPLETION);
+            }
+        emit(HVPROF_OP_MPI_FINALIZE, t0, hvprof_ticks(), MPI_COMM_WORLD, MPI_DATATYPE_NULL, 0, 0,
+             MPI_OP_NULL, -1, MPI_SUCCESS, 0);
+        h->finalize_ticks = (int64_t)t0;
+        /* Rank 0 says once what the job lost, if anything. */
+        unsigned long long dropped = h->dropped_records, total = 0;
+        PMPI_Reduce(&dropped, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, prof_comm);
+        hvprof_close(HVPROF_STATE_FINALIZED);
+        if (h->rank == 0) {
+            if (total)
+                hvprof_warn("%llu records were dropped (disk full or unwritable); see %s", total,
+                            hvprof_dir());
+            if (!hvprof_python_attached())
+                hvprof_warn("raw records in %s/raw; build the trace with: profiler merge %s",
+                            hvprof_dir(), hvprof_dir());
+        }
+        PMPI_Comm_free(&prof_comm);
+        prof_comm = MPI_COMM_NULL;
+    }
+    return PMPI_Finalize();
+}
