@@ -1,0 +1,169 @@
+"""Step detection without code change for ``hvd.DistributedOptimizer`` (PyTorch).
+
+``horovod.torch.DistributedOptimizer(opt)`` builds a new class each time it
+is called, from a copy of the namespace of ``horovod.torch.optimizer.
+_DistributedOptimizer`` (or ``_DistributedAdasumOptimizer``).  Wrapping the
+``step`` function of those two template classes as soon as their module is
+imported therefore reaches every DistributedOptimizer the job creates.  The
+wrapper calls the original ``step`` and then :func:`profiler.steps.hook_step`.
+
+:func:`install` adds a ``sys.meta_path`` finder that notices the import of
+``horovod.torch.optimizer`` and patches the module right after it executes.
+It imports neither torch nor Horovod (start-up cost: a list insert).  If the
+module is already imported, it is patched at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
+
+__all__ = ["TARGET", "install", "uninstall", "installed", "patch_module"]
+
+TARGET = "horovod.torch.optimizer"
+TEMPLATE_CLASSES = ("_DistributedOptimizer", "_DistributedAdasumOptimizer")
+_WRAPPED = "__hvprof_wrapped__"
+
+
+def _wrap_step(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = orig(self, *args, **kwargs)
+        try:
+            from profiler.steps import hook_step
+
+            hook_step()
+        except Exception as exc:  # never break the training loop
+            _warn_once(f"step hook failed: {exc}")
+        return result
+
+    setattr(step, _WRAPPED, orig)
+    return step
+
+
+_warned = False
+
+
+def _warn_once(message: str) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        print(f"profiler: warning: {message}", file=sys.stderr)
+
+
+def patch_module(module: ModuleType) -> int:
+    """Wrap ``step`` of the DistributedOptimizer template classes in `module`.
+
+    Idempotent.  Returns the number of classes newly wrapped.
+    """
+    n = 0
+    for name in TEMPLATE_CLASSES:
+        cls = getattr(module, name, None)
+        if cls is None:
+            continue
+        orig = cls.__dict__.get("step")
+        if orig is None or getattr(orig, _WRAPPED, None) is not None:
+            continue
+        cls.step = _wrap_step(orig)
+        n += 1
+    return n
+
+
+def unpatch_module(module: ModuleType) -> None:
+    """Undo :func:`patch_module` (for tests)."""
+    for name in TEMPLATE_CLASSES:
+        cls = getattr(module, name, None)
+        if cls is None:
+            continue
+        wrapped = cls.__dict__.get("step")
+        orig = getattr(wrapped, _WRAPPED, None)
+        if orig is not None:
+            cls.step = orig
+
+
+# Plain classes, not importlib.abc subclasses: importing importlib.abc costs
+# ~15 ms at start-up; the import system only needs the methods.
+class _PatchingLoader:
+    """Delegates to the real loader, then patches the executed module."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        create = getattr(self._inner, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._inner.exec_module(module)
+        try:
+            patch_module(module)
+        except Exception as exc:  # a Horovod whose layout we do not know
+            _warn_once(f"could not wrap DistributedOptimizer.step: {exc}")
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ...
+        return getattr(self._inner, name)
+
+
+class _HorovodFinder:
+    """Finds ``horovod.torch.optimizer`` with the other finders, wraps its loader."""
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: ModuleType | None = None,
+    ) -> ModuleSpec | None:
+        if fullname != TARGET:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or isinstance(finder, _HorovodFinder):
+                continue
+            find = getattr(finder, "find_spec", None)
+            if find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is None:
+                continue
+            if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                spec.loader = _PatchingLoader(spec.loader)
+            return spec
+        return None
+
+
+_finder: _HorovodFinder | None = None
+
+
+def install() -> None:
+    """Register the import hook (idempotent); patch at once if already imported."""
+    global _finder
+    if _finder is None:
+        _finder = _HorovodFinder()
+        sys.meta_path.insert(0, _finder)
+    module = sys.modules.get(TARGET)
+    if module is not None:
+        patch_module(module)
+
+
+def uninstall() -> None:
+    """Remove the import hook and unwrap an imported optimizer module (for tests)."""
+    global _finder
+    if _finder is not None:
+        try:
+            sys.meta_path.remove(_finder)
+        except ValueError:
+            pass
+        _finder = None
+    module = sys.modules.get(TARGET)
+    if module is not None:
+        unpatch_module(module)
+
+
+def installed() -> bool:
+    """Whether the import hook is registered."""
+    return _finder is not None

@@ -1,0 +1,235 @@
+"""Training-step boundaries: the records that turn communication into images/sec.
+
+A step record (op ``step``, backend ``app``) is written through the
+interposition library: ``count`` = images the step processed on this rank
+(0 = unknown), ``seq`` = step number (0, 1, ...), times = the step's interval.
+
+Two ways to mark steps:
+
+* by hand, in any loop::
+
+      for batch in loader:
+          train(batch)
+          profiler.step(images=len(batch))    # closes the step begun at the previous call
+
+      with profiler.step_context(images=64):  # times exactly the body
+          train(batch)
+
+  ``step()`` closes the interval that began at the previous ``step()`` (the
+  first call only opens the first interval, so N calls make N - 1 records).
+
+* without code change, for jobs using ``hvd.DistributedOptimizer``: while
+  profiling, :mod:`profiler.horovod.hooks` wraps the optimizer's ``step`` and
+  calls :func:`hook_step` after each one.  Images per step then come from
+  :func:`set_batch_size` if called, else from ``HOROVOD_PROFILE_BATCH_SIZE``,
+  else 0 (images/sec unknown).  As soon as the application marks steps itself
+  the hook falls silent, so nothing is counted twice.
+
+Steps whose image count is 0 (warm-up, or unknown) are recorded but carry no
+images: images/sec is computed over the steps that have images.
+
+When profiling is off (the library was not loaded at start-up) every function
+here returns at once, after one cached check.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from profiler.errors import UsageError
+
+__all__ = [
+    "APP_STEP",
+    "step",
+    "step_context",
+    "set_batch_size",
+    "batch_size",
+    "hook_step",
+    "steps_recorded",
+    "mode",
+]
+
+APP_STEP = 32  # hvprof_format.h: X(32, APP_STEP, "step", "app")
+BATCH_SIZE_ENV = "HOROVOD_PROFILE_BATCH_SIZE"
+
+_UNRESOLVED: Any = object()
+_lib: Any = _UNRESOLVED  # the ctypes library, or None when profiling is off
+
+_lock = threading.Lock()
+_last: int | None = None  # ticks of the last boundary (start of the open step)
+_next_seq = 0  # number of the next step record
+_explicit = False  # the application marks steps itself
+_hooked = False  # the optimizer hook has marked a boundary
+_batch_size: int | None = None  # set_batch_size()
+_env_batch: int | None = None
+_env_read = False
+
+
+def _library() -> Any:
+    """The loaded interposition library, or None when profiling is off."""
+    global _lib
+    if _lib is _UNRESOLVED:
+        mod = sys.modules.get("profiler._lib")
+        lib = mod.loaded() if mod is not None else None  # type: ignore[attr-defined]
+        _lib = lib if lib is not None and hasattr(lib, "hvprof_record_app") else None
+    return _lib
+
+
+def _reset_for_tests() -> None:
+    """Forget all state (the library lookup included).  For tests only."""
+    global _lib, _last, _next_seq, _explicit, _hooked, _batch_size, _env_batch, _env_read
+    with _lock:
+        _lib = _UNRESOLVED
+        _last = None
+        _next_seq = 0
+        _explicit = False
+        _hooked = False
+        _batch_size = None
+        _env_batch = None
+        _env_read = False
+
+
+def _check_images(images: int) -> int:
+    try:
+        n = int(images)
+    except (TypeError, ValueError):
+        raise UsageError(None, f"images must be an integer, not {images!r}") from None
+    if n < 0:
+        raise UsageError(None, f"images must be >= 0, not {n}")
+    return n
+
+
+def _record(lib: Any, t_start: int, t_end: int, images: int) -> None:
+    """Write one step record (caller holds the lock)."""
+    global _next_seq
+    lib.hvprof_record_app(APP_STEP, t_start, t_end, images, _next_seq & 0xFFFFFFFF)
+    _next_seq += 1
+
+
+def _boundary(lib: Any, images: int) -> None:
+    """Close the open step (if any) at now and open the next (caller holds the lock)."""
+    global _last
+    now = int(lib.hvprof_now())
+    if _last is not None:
+        _record(lib, _last, now, images)
+    _last = now
+
+
+def step(images: int = 0) -> None:
+    """Mark the end of a training step that processed `images` samples on this rank.
+
+    Closes the interval that began at the previous call (the first call opens
+    the first interval and records nothing).  A no-op when profiling is off.
+    """
+    global _explicit, _last
+    lib = _lib if _lib is not _UNRESOLVED else _library()
+    if lib is None:
+        return
+    n = _check_images(images)
+    with _lock:
+        if not _explicit:
+            _explicit = True
+            if _hooked:
+                # The optimizer hook opened (or recorded) steps before the
+                # application started marking its own: restart the open
+                # interval here so that no step is counted twice.
+                _last = int(lib.hvprof_now())
+                return
+        _boundary(lib, n)
+
+
+@contextmanager
+def _step_context(lib: Any, images: int) -> Iterator[None]:
+    global _explicit, _last
+    t0 = int(lib.hvprof_now())
+    try:
+        yield
+    finally:
+        with _lock:
+            _explicit = True
+            t1 = int(lib.hvprof_now())
+            _record(lib, t0, t1, images)
+            _last = t1
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def step_context(images: int = 0) -> Any:
+    """Context manager recording its body as one step: ``with step_context(images=64): ...``.
+
+    A following :func:`step` call closes the interval that began when the
+    body ended.  A no-op context when profiling is off.
+    """
+    lib = _lib if _lib is not _UNRESOLVED else _library()
+    if lib is None:
+        return _nothing()
+    return _step_context(lib, _check_images(images))
+
+
+def set_batch_size(n: int | None) -> None:
+    """Images per step for steps marked by the optimizer hook (None: back to the
+    environment's HOROVOD_PROFILE_BATCH_SIZE, else 0).  Overrides the variable."""
+    global _batch_size
+    _batch_size = None if n is None else _check_images(n)
+
+
+def _env_batch_size() -> int:
+    global _env_batch, _env_read
+    if not _env_read:
+        _env_read = True
+        raw = os.environ.get(BATCH_SIZE_ENV, "").strip()
+        if raw:
+            try:
+                _env_batch = _check_images(int(raw))
+            except (ValueError, UsageError):
+                print(
+                    f"profiler: warning: ignoring {BATCH_SIZE_ENV}={raw!r} "
+                    "(not a non-negative integer); images per step unknown",
+                    file=sys.stderr,
+                )
+                _env_batch = None
+    return _env_batch or 0
+
+
+def batch_size() -> int:
+    """Images per step the optimizer hook records (0 = unknown)."""
+    return _batch_size if _batch_size is not None else _env_batch_size()
+
+
+def hook_step() -> None:
+    """Called by the DistributedOptimizer hook after each optimizer step.
+
+    Quiet once the application marks steps itself (:func:`step` or
+    :func:`step_context`).  Never raises into the training loop.
+    """
+    global _hooked
+    lib = _lib if _lib is not _UNRESOLVED else _library()
+    if lib is None or _explicit:
+        return
+    with _lock:
+        if _explicit:
+            return
+        _hooked = True
+        _boundary(lib, batch_size())
+
+
+def steps_recorded() -> int:
+    """Step records written by this process so far."""
+    return _next_seq
+
+
+def mode() -> str:
+    """How steps are being marked: "off" (profiling off), "none" yet, "hook" or "explicit"."""
+    if (_lib if _lib is not _UNRESOLVED else _library()) is None:
+        return "off"
+    if _explicit:
+        return "explicit"
+    return "hook" if _hooked else "none"

@@ -1,0 +1,260 @@
+#!/usr/bin/env bash
+# Set up horovod-profiler for development, tests and the main job.
+#
+# Idempotent and safe to run twice (or concurrently: a lock serializes runs).
+# Every step first checks whether its result is already present and says so;
+# a second run on a set-up machine does nothing heavy and takes seconds.
+#
+#   1. Open MPI (Debian packages openmpi-bin, libopenmpi-dev) when mpicc or
+#      mpirun is missing.
+#   2. A Python virtual environment at .venv in the checkout.
+#   3. The Python dependencies of requirements-dev.txt (torch==2.13.0 CPU,
+#      cmake<4, the analysis stack, test tools).
+#   4. Horovod, built from its source package into a wheel cache outside the
+#      checkout (once: it takes minutes), then installed from that cache.
+#   5. horovod-profiler itself (compiles hooks/*.c through setup.py).
+#
+# Environment knobs:
+#   HVPROF_HOROVOD_VERSION  Horovod release to build (default 0.28.1)
+#   HVPROF_WHEEL_CACHE      wheel cache (default ~/.cache/horovod-profiler/wheels)
+#   HVPROF_PYTHON           interpreter for a new venv (default python3.11, python3)
+#   HVPROF_BUILD_JOBS       parallel compile jobs for the Horovod build (default 2)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+HOROVOD_VERSION=${HVPROF_HOROVOD_VERSION:-0.28.1}
+CACHE_ROOT=${HOME}/.cache/horovod-profiler
+WHEEL_CACHE=${HVPROF_WHEEL_CACHE:-$CACHE_ROOT/wheels}
+VENV=$ROOT/.venv
+PY=$VENV/bin/python
+REQS=$ROOT/requirements-dev.txt
+T0=$(date +%s)
+
+say() { printf 'setup: %s\n' "$*"; }
+die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+
+# One set-up at a time on this machine (the wheel cache and apt are shared).
+mkdir -p "$CACHE_ROOT"
+exec 9>"$CACHE_ROOT/setup.lock"
+if ! flock -n 9; then
+    say "another set-up is running; waiting for it"
+    flock 9
+fi
+
+as_root() {
+    if [ "$(id -u)" = 0 ]; then "$@"
+    elif command -v sudo >/dev/null 2>&1; then sudo "$@"
+    else die "need root to run: $*"
+    fi
+}
+
+apt_install() {
+    say "  apt-get update"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
+    say "  apt-get install $*"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@"
+}
+
+# --------------------------------------------------------------------------
+say "[1/5] Open MPI (mpicc, mpirun)"
+if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
+    say "  present: $(mpirun --version 2>/dev/null | head -n 1)"
+else
+    say "  missing: installing Debian's Open MPI"
+    apt_install openmpi-bin libopenmpi-dev
+    command -v mpicc >/dev/null 2>&1 || die "mpicc still missing after apt-get install"
+    command -v mpirun >/dev/null 2>&1 || die "mpirun still missing after apt-get install"
+    say "  installed: $(mpirun --version 2>/dev/null | head -n 1)"
+fi
+
+# --------------------------------------------------------------------------
+say "[2/5] Python virtual environment ($VENV)"
+if [ -x "$PY" ] && "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 9))' 2>/dev/null; then
+    say "  present: $("$PY" --version 2>&1)"
+else
+    [ -e "$VENV" ] && die "$VENV exists but its python does not run; remove it and rerun"
+    BASE=${HVPROF_PYTHON:-}
+    if [ -z "$BASE" ]; then
+        for cand in python3.11 python3; do
+            if command -v "$cand" >/dev/null 2>&1; then BASE=$cand; break; fi
+        done
+    fi
+    [ -n "$BASE" ] || die "no python3 found; install python3 (>= 3.9) with venv support"
+    say "  creating with $BASE ($("$BASE" --version 2>&1))"
+    if ! "$BASE" -m venv "$VENV"; then
+        rm -rf "$VENV"
+        say "  venv module unusable: installing python3-venv"
+        apt_install python3-venv
+        "$BASE" -m venv "$VENV" || die "could not create $VENV"
+    fi
+    "$PY" -m pip install -q --upgrade pip
+fi
+
+# --------------------------------------------------------------------------
+say "[3/5] Python dependencies ($(basename "$REQS"))"
+# Are all requirements installed at versions that satisfy them?  (~0.2 s)
+missing=$("$PY" - "$REQS" <<'PYEOF' 2>/dev/null || echo "(check failed)"
+import importlib.metadata as md
+import sys
+try:
+    from packaging.requirements import Requirement
+except ImportError:
+    print("packaging"); sys.exit(0)
+bad = []
+for line in open(sys.argv[1]):
+    line = line.split("#", 1)[0].strip()
+    if not line:
+        continue
+    req = Requirement(line)
+    if req.marker is not None and not req.marker.evaluate():
+        continue
+    try:
+        have = md.version(req.name)
+    except md.PackageNotFoundError:
+        bad.append(req.name); continue
+    if req.specifier and not req.specifier.contains(have, prereleases=True):
+        bad.append(f"{req.name}=={have} (want {req.specifier})")
+print(" ".join(bad))
+PYEOF
+)
+if [ -z "$missing" ]; then
+    say "  present: every requirement is satisfied"
+else
+    say "  installing: $missing"
+    "$PY" -m pip install -q -r "$REQS"
+fi
+
+# --------------------------------------------------------------------------
+say "[4/5] Horovod $HOROVOD_VERSION (MPI + PyTorch, wheel cache $WHEEL_CACHE)"
+ABI=$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+TORCH=$("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))')
+# Cache key: Horovod version, Python ABI, torch version (the extension links
+# against torch's C++ ABI, so a wheel is only good for the torch it was built on).
+KEY="horovod-$HOROVOD_VERSION-$ABI-torch-$TORCH"
+KEYDIR=$WHEEL_CACHE/$KEY
+STAMP=$VENV/.hvprof-horovod
+have_hvd=$("$PY" -c 'import importlib.metadata as m; print(m.version("horovod"))' 2>/dev/null || true)
+
+find_wheel() { ls "$KEYDIR"/horovod-"$HOROVOD_VERSION"-"$ABI"-*.whl 2>/dev/null | head -n 1 || true; }
+
+check_import() {
+    # Importing the extension resolves its symbols against libmpi and torch:
+    # a wheel built for another torch fails here.
+    "$PY" -c 'import horovod.torch as hvd; assert hvd.mpi_built(), "Horovod built without MPI"'
+}
+
+install_wheel() {
+    say "  installing $(basename "$1")"
+    "$PY" -m pip install -q --no-deps --force-reinstall "$1"
+}
+
+build_wheel() {
+    local tmp src cm
+    tmp=$(mktemp -d "${TMPDIR:-/tmp}/hvprof-horovod-build.XXXXXX")
+    # shellcheck disable=SC2064
+    trap "rm -rf '$tmp'" EXIT
+    say "  building from source (once per cache key; about 4-5 minutes on 2 cores)"
+    say "  downloading the source package horovod==$HOROVOD_VERSION"
+    "$PY" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$tmp/sdist"
+    tar -xzf "$tmp"/sdist/horovod-"$HOROVOD_VERSION".tar.gz -C "$tmp"
+    src=$tmp/horovod-$HOROVOD_VERSION
+    cm=$src/horovod/torch/CMakeLists.txt
+    # Horovod 0.28.1 forces C++14 for its torch extension; torch >= 2.1 headers
+    # need C++17 (fixed upstream after the release).  Change that one statement.
+    say "  patching $(basename "$(dirname "$(dirname "$cm")")")/torch/CMakeLists.txt: CMAKE_CXX_STANDARD 14 -> 17"
+    grep -Eq '^[[:space:]]*set\(CMAKE_CXX_STANDARD 14\)' "$cm" \
+        || die "pattern 'set(CMAKE_CXX_STANDARD 14)' not found in $cm: the C++17 fix needs review for Horovod $HOROVOD_VERSION"
+    sed -i -E 's/^([[:space:]]*)set\(CMAKE_CXX_STANDARD 14\)/\1set(CMAKE_CXX_STANDARD 17)/' "$cm"
+    if grep -Eq 'set\(CMAKE_CXX_STANDARD 14\)' "$cm" || ! grep -Eq 'set\(CMAKE_CXX_STANDARD 17\)' "$cm"; then
+        die "the C++17 patch did not apply to $cm"
+    fi
+    say "  compiling (HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1, no Gloo/TensorFlow/MXNet; log: $tmp/build.log)"
+    if ! (cd "$src" && env PATH="$VENV/bin:$PATH" \
+            HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_GLOO=1 \
+            HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+            HOROVOD_CPU_OPERATIONS=MPI MAKEFLAGS="-j${HVPROF_BUILD_JOBS:-2}" \
+            "$PY" -m pip wheel --no-build-isolation --no-deps -w "$tmp/wheel" . \
+            >"$tmp/build.log" 2>&1); then
+        tail -n 40 "$tmp/build.log" >&2
+        die "Horovod build failed (last lines above)"
+    fi
+    mkdir -p "$KEYDIR"
+    local whl
+    whl=$(ls "$tmp"/wheel/horovod-*.whl | head -n 1)
+    # Publish atomically: a half-copied wheel is never seen under its name.
+    cp "$whl" "$KEYDIR/.partial.$$"
+    mv "$KEYDIR/.partial.$$" "$KEYDIR/$(basename "$whl")"
+    rm -rf "$tmp"
+    trap - EXIT
+    say "  cached $KEYDIR/$(basename "$whl")"
+}
+
+if [ "$have_hvd" = "$HOROVOD_VERSION" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$KEY" ]; then
+    say "  present: horovod $have_hvd installed from cache key $KEY"
+else
+    WHEEL=$(find_wheel)
+    adopted=
+    if [ -z "$WHEEL" ]; then
+        # A wheel cached flat in $WHEEL_CACHE by an earlier hand build: adopt it
+        # under the key if it imports against this venv's torch.
+        legacy=$(ls "$WHEEL_CACHE"/horovod-"$HOROVOD_VERSION"-"$ABI"-*.whl 2>/dev/null | head -n 1 || true)
+        if [ -n "$legacy" ]; then
+            say "  found an unkeyed cached wheel $(basename "$legacy"); checking it against torch $TORCH"
+            install_wheel "$legacy"
+            if check_import 2>/dev/null; then
+                mkdir -p "$KEYDIR"
+                cp "$legacy" "$KEYDIR/.partial.$$"
+                mv "$KEYDIR/.partial.$$" "$KEYDIR/$(basename "$legacy")"
+                say "  adopted into $KEYDIR"
+                adopted=1
+            else
+                say "  it does not import against torch $TORCH; building a fresh one"
+            fi
+        fi
+        WHEEL=$(find_wheel)
+    else
+        say "  cached wheel found: $WHEEL"
+    fi
+    [ -n "$WHEEL" ] || { build_wheel; WHEEL=$(find_wheel); }
+    [ -n "$WHEEL" ] || die "no Horovod wheel in $KEYDIR after the build"
+    [ -n "$adopted" ] || install_wheel "$WHEEL"
+    check_import || die "horovod.torch does not import after installing $WHEEL"
+    echo "$KEY" >"$STAMP"
+    say "  installed: horovod $HOROVOD_VERSION (import horovod.torch works)"
+fi
+
+# --------------------------------------------------------------------------
+say "[5/5] horovod-profiler (C library + package)"
+# Up to date when the sources' hash equals the one recorded at the last install
+# by this script and nothing reinstalled the library since.
+PKG_STAMP=$VENV/.hvprof-package
+src_hash=$("$PY" - "$ROOT" <<'PYEOF'
+import hashlib, sys
+from pathlib import Path
+root = Path(sys.argv[1])
+h = hashlib.sha256()
+pats = ["setup.py", "pyproject.toml", "hooks/*.c", "hooks/*.h", "profiler/**/*.py",
+        "profiler/*.pth", "profiler/py.typed", "analysis/**/*.py", "analysis/**/*.js"]
+files = sorted({p for pat in pats for p in root.glob(pat) if p.is_file()})
+for p in files:
+    h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+print(h.hexdigest())
+PYEOF
+)
+lib=$("$PY" -c 'import importlib.util as u, os; s = u.find_spec("profiler"); print(os.path.join(os.path.dirname(s.origin), "_lib", "libhvprof.so") if s and s.origin else "")' 2>/dev/null || true)
+if [ -f "$PKG_STAMP" ] && [ "$(cat "$PKG_STAMP")" = "$src_hash" ] && [ -n "$lib" ] && [ -f "$lib" ] \
+        && [ ! "$lib" -nt "$PKG_STAMP" ] \
+        && "$PY" -c 'import importlib.metadata as m; m.version("horovod-profiler")' 2>/dev/null; then
+    say "  present: installed package matches the checkout"
+else
+    say "  installing from $ROOT (pip install --no-build-isolation --no-deps --force-reinstall .)"
+    # Same lock as scripts/dev-install.sh: never two installs at once.
+    flock /tmp/hvprof-dev-install.lock \
+        "$PY" -m pip install -q --no-build-isolation --no-deps --force-reinstall "$ROOT"
+    echo "$src_hash" >"$PKG_STAMP"
+    say "  installed: horovod-profiler $("$PY" -c 'import importlib.metadata as m; print(m.version("horovod-profiler"))')"
+fi
+
+say "set-up complete in $(( $(date +%s) - T0 )) s (python: $PY)"
