@@ -1,0 +1,159 @@
+"""Helpers shared by the analysis modules (sizes, model, imbalance, throughput,
+compare, figures, report): column checks, call selection, size arithmetic.
+
+Selection conventions used throughout:
+
+* a *communication call* is a row whose backend is not ``app`` and whose op is
+  not ``init``/``finalize``;
+* NCCL rows with ``device`` set are device-time twins of a host row: they are
+  left out of call counts (one call = one host row) but are the better latency
+  source (see :func:`timed_calls`);
+* ``kind`` (data/control/app) is optional; when absent every call is data;
+* ``label`` (several traces loaded at once) is optional; when absent the frame
+  is one trace and results carry no label column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from profiler.errors import UsageError
+
+NON_CALL_OPS = ("init", "finalize")
+KIB = 1024
+
+
+def require(df: pd.DataFrame, columns: Iterable[str], what: str) -> None:
+    """Raise UsageError when `df` lacks a column `what` needs."""
+    if not isinstance(df, pd.DataFrame):
+        raise UsageError(None, f"{what}: expected a pandas DataFrame, got {type(df).__name__}")
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise UsageError(None, f"{what}: the frame lacks column(s) {', '.join(missing)}")
+
+
+def label_keys(df: pd.DataFrame) -> list[str]:
+    """["label"] when the frame holds several labelled traces, else []."""
+    return ["label"] if "label" in df.columns else []
+
+
+def as_list(value: str | Sequence[str] | None) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value]
+    return list(value)
+
+
+def calls(
+    df: pd.DataFrame,
+    *,
+    kinds: str | Sequence[str] | None = ("data",),
+    ops: str | Sequence[str] | None = None,
+    device: bool = False,
+) -> pd.DataFrame:
+    """Communication calls, one row per call per rank.
+
+    kinds: keep these kinds (None = all); ignored when the frame has no kind column.
+    ops: keep these ops (None = all communication ops).  device: keep NCCL
+    device-time rows instead of host rows.
+    """
+    require(df, ["backend", "op", "bytes", "dur_ns"], "calls")
+    mask = (df["backend"].astype(str) != "app").to_numpy()
+    opcol = df["op"].astype(str)
+    mask = mask & (~opcol.isin(NON_CALL_OPS).to_numpy())
+    if "device" in df.columns:
+        dev = df["device"].to_numpy(dtype=bool)
+        mask = mask & (dev if device else ~dev)
+    elif device:
+        mask = mask & (False)
+    kinds_l = as_list(kinds)
+    if kinds_l is not None and "kind" in df.columns:
+        mask = mask & (df["kind"].astype(str).isin(kinds_l).to_numpy())
+    ops_l = as_list(ops)
+    if ops_l is not None:
+        mask = mask & (opcol.isin(ops_l).to_numpy())
+    return df.loc[mask]
+
+
+def timed_calls(
+    df: pd.DataFrame,
+    *,
+    kinds: str | Sequence[str] | None = ("data",),
+    ops: str | Sequence[str] | None = None,
+) -> pd.DataFrame:
+    """Calls whose dur_ns is the best latency estimate: NCCL device-time rows for ops
+    that have them (ncclAllReduce returns after enqueueing), host rows otherwise."""
+    host = calls(df, kinds=kinds, ops=ops, device=False)
+    if "device" not in df.columns or not df["device"].any():
+        return host
+    dev = calls(df, kinds=kinds, ops=ops, device=True)
+    dev_ops = set(dev["op"].astype(str).unique())
+    return pd.concat(
+        [host.loc[~host["op"].astype(str).isin(dev_ops)], dev], ignore_index=False
+    )
+
+
+def lowest_rank_view(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows of the lowest rank present in each label (the paper's one-rank view)."""
+    if df.empty:
+        return df
+    keys = label_keys(df)
+    if not keys:
+        return df.loc[df["rank"] == df["rank"].min()]
+    first = df.groupby(keys, observed=True)["rank"].transform("min")
+    return df.loc[df["rank"] == first]
+
+
+def is_pow2(n: np.ndarray | pd.Series | int) -> np.ndarray:
+    a = np.asarray(n, dtype=np.int64)
+    return (a > 0) & ((a & (a - 1)) == 0)
+
+
+def next_pow2(n: np.ndarray | pd.Series | int) -> np.ndarray:
+    """Smallest power of two >= n (0 stays 0); exact for every int64."""
+    a = np.asarray(n, dtype=np.int64)
+    uniq, inverse = np.unique(a, return_inverse=True)  # few distinct sizes in practice
+    out = np.zeros(uniq.shape, dtype=np.int64)
+    for i, v in enumerate(uniq.tolist()):
+        out[i] = 0 if v <= 0 else 1 << (v - 1).bit_length()
+    return out[inverse].reshape(a.shape)
+
+
+def pow2_bucket(n: np.ndarray | pd.Series | int) -> np.ndarray:
+    """Power-of-two bucket of a size: the bucket 2^k holds sizes in (2^(k-1), 2^k];
+    0 bytes is its own bucket 0."""
+    return next_pow2(n)
+
+
+def round_up(n: np.ndarray | pd.Series | int, multiple: int) -> np.ndarray:
+    """n rounded up to a multiple of `multiple` (> 0)."""
+    if multiple <= 0:
+        raise UsageError(None, f"padding multiple must be positive, got {multiple}")
+    a = np.asarray(n, dtype=np.int64)
+    return ((a + multiple - 1) // multiple) * multiple
+
+
+def fmt_bytes(n: float) -> str:
+    """Human size: 0 B, 8 B, 4 KiB, 1.5 MiB."""
+    n = float(n)
+    if n < KIB:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= KIB
+        if n < KIB or unit == "TiB":
+            return f"{n:.0f} {unit}" if n == int(n) else f"{n:.1f} {unit}"
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def group_iter(df: pd.DataFrame, keys: Sequence[str]) -> Iterable[tuple[tuple[object, ...],
+                                                                       pd.DataFrame]]:
+    """groupby over keys that always yields tuple keys (and one group for no keys)."""
+    if not keys:
+        yield (), df
+        return
+    for key, sub in df.groupby(list(keys), observed=True, sort=True):
+        yield (key if isinstance(key, tuple) else (key,)), sub

@@ -1,0 +1,204 @@
+"""Per-rank communication time, cross-rank matching of collective calls, stragglers.
+
+Matching.  A collective call is the same call on every member rank when it has
+the same communicator id and the same per-communicator sequence number
+(``(comm, seq)``, docs/ARCHITECTURE.md section 3).  For each matched call:
+
+* arrival spread = latest t_start - earliest t_start over the ranks that have it;
+* the straggler is the rank that arrived last (ties: no straggler when the
+  spread is <= ``min_spread_ns``; pass the clock-offset error bound there to
+  ignore differences the clocks cannot resolve);
+* wait = sum over ranks of (latest t_start - this rank's t_start): the time the
+  others spent inside the collective waiting for the last arrival (a lower
+  bound on the imbalance cost: a blocking collective cannot complete before
+  every rank has entered it).
+
+Only rows with seq >= 0 on communicators of more than one rank are matched;
+NCCL device-time rows are left out (their host twins are matched).  A call is
+``complete`` when every member rank (comm_size) has a row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from ._frame import calls, label_keys, require
+
+__all__ = ["match_calls", "rank_times", "stragglers"]
+
+
+def _matchable(df: pd.DataFrame, kinds: str | Sequence[str] | None,
+               ops: str | Sequence[str] | None) -> pd.DataFrame:
+    require(df, ["rank", "comm", "seq", "comm_size", "t_start_ns", "t_end_ns"], "matching")
+    sel = calls(df, kinds=kinds, ops=ops)
+    return sel.loc[(sel["seq"].to_numpy() >= 0) & (sel["comm_size"].to_numpy() > 1)]
+
+
+def match_calls(
+    df: pd.DataFrame,
+    *,
+    kinds: str | Sequence[str] | None = None,
+    ops: str | Sequence[str] | None = None,
+    min_spread_ns: int = 0,
+) -> pd.DataFrame:
+    """One row per matched collective call.
+
+    Columns: [label], comm, seq, op, kind (when present), bytes (max over ranks),
+    n_ranks, comm_size, complete, first_start_ns, last_start_ns, spread_ns,
+    last_rank (-1 when spread <= min_spread_ns), wait_ns, end_spread_ns,
+    duration_ns (last end - first start)."""
+    sel = _matchable(df, kinds, ops)
+    keys = [*label_keys(sel), "comm", "seq"]
+    extra = ["kind"] if "kind" in sel.columns else []
+    cols = [*keys, "op", *extra, "bytes", "n_ranks", "comm_size", "complete",
+            "first_start_ns", "last_start_ns", "spread_ns", "last_rank", "wait_ns",
+            "end_spread_ns", "duration_ns"]
+    if sel.empty:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
+    work = pd.DataFrame({
+        **{k: sel[k].to_numpy() for k in keys},
+        "op": sel["op"].astype(str).to_numpy(),
+        **{k: sel[k].astype(str).to_numpy() for k in extra},
+        "bytes": sel["bytes"].to_numpy(dtype=np.int64),
+        "rank": sel["rank"].to_numpy(dtype=np.int64),
+        "comm_size": sel["comm_size"].to_numpy(dtype=np.int64),
+        "t0": sel["t_start_ns"].to_numpy(dtype=np.int64),
+        "t1": sel["t_end_ns"].to_numpy(dtype=np.int64),
+    })
+    work = work.sort_values([*keys, "t0"], kind="stable")
+    g = work.groupby(keys, sort=True, observed=True)
+    out = g.agg(
+        op=("op", "first"), **{k: (k, "first") for k in extra},
+        bytes=("bytes", "max"), n_ranks=("rank", "size"), comm_size=("comm_size", "max"),
+        first_start_ns=("t0", "min"), last_start_ns=("t0", "max"), sum_start=("t0", "sum"),
+        last_rank=("rank", "last"), first_end=("t1", "min"), last_end=("t1", "max"),
+    ).reset_index()
+    out["n_ranks"] = out["n_ranks"].astype(np.int64)
+    out["complete"] = out["n_ranks"] >= out["comm_size"]
+    out["spread_ns"] = out["last_start_ns"] - out["first_start_ns"]
+    out["last_rank"] = np.where(out["spread_ns"] > min_spread_ns, out["last_rank"], -1)
+    out["wait_ns"] = out["n_ranks"] * out["last_start_ns"] - out["sum_start"]
+    out["end_spread_ns"] = out["last_end"] - out["first_end"]
+    out["duration_ns"] = out["last_end"] - out["first_start_ns"]
+    return out[cols]
+
+
+def rank_times(
+    df: pd.DataFrame,
+    *,
+    kinds: str | Sequence[str] | None = None,
+    ops: str | Sequence[str] | None = None,
+) -> pd.DataFrame:
+    """Per rank: calls, communication time (total and by kind), bytes, the span from
+    the rank's first to last call, the communication share of that span, and the time
+    the rank spent waiting for later arrivals in matched calls.
+
+    Columns: [label], rank, calls, comm_s, data_s, control_s, bytes, span_s,
+    comm_share, waited_s, waited_share (waited / comm)."""
+    sel = calls(df, kinds=kinds, ops=ops)
+    keys = label_keys(sel)
+    cols = [*keys, "rank", "calls", "comm_s", "data_s", "control_s", "bytes", "span_s",
+            "comm_share", "waited_s", "waited_share"]
+    if sel.empty:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
+    kind = (sel["kind"].astype(str).to_numpy() if "kind" in sel.columns
+            else np.full(len(sel), "data"))
+    dur = sel["dur_ns"].to_numpy(dtype=np.float64) / 1e9
+    work = pd.DataFrame({
+        **{k: sel[k].astype(str).to_numpy() for k in keys},
+        "rank": sel["rank"].to_numpy(dtype=np.int64),
+        "dur": dur,
+        "data": np.where(kind == "data", dur, 0.0),
+        "control": np.where(kind == "control", dur, 0.0),
+        "bytes": np.where(kind != "control", sel["bytes"].to_numpy(dtype=np.int64), 0),
+        "t0": sel["t_start_ns"].to_numpy(dtype=np.int64),
+        "t1": sel["t_end_ns"].to_numpy(dtype=np.int64),
+    })
+    out = work.groupby([*keys, "rank"], sort=True).agg(
+        calls=("dur", "size"), comm_s=("dur", "sum"), data_s=("data", "sum"),
+        control_s=("control", "sum"), bytes=("bytes", "sum"), t0=("t0", "min"),
+        t1=("t1", "max")).reset_index()
+    out["calls"] = out["calls"].astype(np.int64)
+    out["span_s"] = (out["t1"] - out["t0"]) / 1e9
+    out["comm_share"] = np.where(out["span_s"] > 0, out["comm_s"] / out["span_s"].where(
+        out["span_s"] > 0, 1.0), 0.0)
+    # waiting: latest arrival of the matched call minus this rank's arrival
+    m = _matchable(df, kinds, ops)
+    if m.empty:
+        waited = pd.Series(0.0, index=pd.MultiIndex.from_frame(out[[*keys, "rank"]]))
+    else:
+        mk = [*label_keys(m), "comm", "seq"]
+        w = pd.DataFrame({**{k: m[k].to_numpy() for k in mk},
+                          "rank": m["rank"].to_numpy(dtype=np.int64),
+                          "t0": m["t_start_ns"].to_numpy(dtype=np.int64)})
+        w["wait"] = (w.groupby(mk, sort=False)["t0"].transform("max") - w["t0"]) / 1e9
+        if keys:
+            w["label"] = w["label"].astype(str)
+        waited = w.groupby([*keys, "rank"])["wait"].sum()
+    idx = pd.MultiIndex.from_frame(out[[*keys, "rank"]]) if keys else out["rank"]
+    out["waited_s"] = waited.reindex(idx).fillna(0.0).to_numpy()
+    out["waited_share"] = np.where(out["comm_s"] > 0, out["waited_s"] / out["comm_s"].where(
+        out["comm_s"] > 0, 1.0), 0.0)
+    return out[cols]
+
+
+def stragglers(
+    df: pd.DataFrame | None = None,
+    *,
+    matched: pd.DataFrame | None = None,
+    kinds: str | Sequence[str] | None = None,
+    ops: str | Sequence[str] | None = None,
+    min_spread_ns: int = 0,
+) -> pd.DataFrame:
+    """Ranking of ranks by how often they arrived last and how much waiting that
+    caused (from :func:`match_calls`; pass ``matched`` to reuse one).
+
+    Columns: [label], rank, last_count, last_share (of matched calls with a
+    straggler), caused_wait_s, mean_lateness_us (mean spread when last), rank_order
+    (1 = worst straggler).  Every rank seen in the matched calls is listed."""
+    if matched is None:
+        if df is None:
+            from profiler.errors import UsageError
+
+            raise UsageError(None, "stragglers: pass a trace frame or matched calls")
+        matched = match_calls(df, kinds=kinds, ops=ops, min_spread_ns=min_spread_ns)
+    keys = label_keys(matched)
+    cols = [*keys, "rank", "last_count", "last_share", "caused_wait_s", "mean_lateness_us",
+            "rank_order"]
+    if matched.empty:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
+    m = matched.copy()
+    if keys:
+        m["label"] = m["label"].astype(str)
+    has = m.loc[m["last_rank"] >= 0]
+    per = has.groupby([*keys, "last_rank"]).agg(
+        last_count=("seq", "size"), caused_wait_s=("wait_ns", "sum"),
+        mean_lateness_us=("spread_ns", "mean")).reset_index().rename(
+        columns={"last_rank": "rank"})
+    per["caused_wait_s"] = per["caused_wait_s"] / 1e9
+    per["mean_lateness_us"] = per["mean_lateness_us"] / 1e3
+    # every rank that took part, also those never last
+    if df is not None:
+        ranks_src = calls(df, kinds=kinds, ops=ops)
+        all_ranks = pd.DataFrame({**{k: ranks_src[k].astype(str).to_numpy() for k in keys},
+                                  "rank": ranks_src["rank"].to_numpy(dtype=np.int64)})
+        all_ranks = all_ranks.drop_duplicates()
+    else:
+        all_ranks = per[[*keys, "rank"]].drop_duplicates()
+    out = all_ranks.merge(per, on=[*keys, "rank"], how="left")
+    out["last_count"] = out["last_count"].fillna(0).astype(np.int64)
+    out["caused_wait_s"] = out["caused_wait_s"].fillna(0.0)
+    out["mean_lateness_us"] = out["mean_lateness_us"].fillna(0.0)
+    totals = (has.groupby(keys).size() if keys else pd.Series({(): len(has)}))
+    if keys:
+        out["last_share"] = out["last_count"] / out["label"].map(totals).clip(lower=1)
+    else:
+        out["last_share"] = out["last_count"] / max(len(has), 1)
+    out = out.sort_values([*keys, "caused_wait_s", "last_count", "rank"],
+                          ascending=[*([True] * len(keys)), False, False, True])
+    out["rank_order"] = (out.groupby(keys).cumcount() + 1 if keys
+                         else np.arange(1, len(out) + 1))
+    return out[cols].reset_index(drop=True)
