@@ -1,0 +1,18 @@
+"""profiler.analysis: pure functions, DataFrame in, DataFrame or figure out.
+
+The facade: one line per public name; analysis modules add theirs here.
+"""
+
+from __future__ import annotations
+
+from .load import load, load_meta
+from .summary import bucket_label, bus_factor, comm_time_imbalance, summarize
+
+__all__ = [
+    "load",
+    "load_meta",
+    "summarize",
+    "bucket_label",
+    "bus_factor",
+    "comm_time_imbalance",
+]

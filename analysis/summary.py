@@ -1,0 +1,247 @@
+"""Per-collective, per-size summary of communication calls (`profiler summarize`).
+
+`summarize(df, by=["op", "bucket"])` groups the communication calls (host
+rows; application rows and MPI_Init/Finalize left out) and reports calls,
+bytes, latency statistics and bandwidth per group:
+
+* latency: total / mean / p50 / p95 / p99 / max, in microseconds (percentiles
+  with linear interpolation, as numpy);
+* algbw_gbps: total bytes / total time (per call algbw = bytes / duration,
+  aggregated as a ratio of sums), GB/s = bytes per nanosecond;
+* busbw_gbps: algbw x the nccl-tests factor of the op at the call's
+  communicator size n: allreduce 2(n-1)/n; reduce_scatter, allgather, alltoall
+  (and their v/block variants, gather) (n-1)/n; bcast, reduce 1;
+* time_share: the group's share of the summarized communication time;
+* pow2: False when the group holds a size that is not a power of two (0 B
+  counts as regular).
+
+Grouping keys (`by`): op, bytes (exact size), bucket (power-of-two bucket,
+"2 KiB-4 KiB" holds sizes in (2048, 4096], as analysis.sizes), rank, thread
+(main / horovod / other / stream), comm ("<name> (<id>)"), kind (data /
+control), and also track, dtype, backend, step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profiler.errors import UsageError
+
+from ._frame import calls, fmt_bytes, is_pow2, pow2_bucket
+
+__all__ = ["BY_KEYS", "METRICS", "summarize", "bucket_label", "bus_factor",
+           "comm_time_imbalance"]
+
+BY_KEYS: dict[str, str] = {
+    "op": "op",
+    "bytes": "bytes",
+    "bucket": "bytes",
+    "rank": "rank",
+    "thread": "thread_kind",
+    "comm": "comm",
+    "kind": "kind",
+    "track": "track",
+    "dtype": "dtype",
+    "backend": "backend",
+    "step": "step",
+}
+METRICS = ["calls", "total_bytes", "total_us", "mean_us", "p50_us", "p95_us", "p99_us",
+           "max_us", "algbw_gbps", "busbw_gbps"]
+
+_TWO = {"allreduce", "iallreduce", "nccl_allreduce"}
+_ONE_MINUS = {"reduce_scatter", "reduce_scatter_block", "nccl_reducescatter", "allgather",
+              "allgatherv", "nccl_allgather", "alltoall", "alltoallv", "gather", "gatherv"}
+_ONE = {"bcast", "reduce", "nccl_broadcast", "nccl_bcast", "nccl_reduce", "nccl_send",
+        "nccl_recv"}
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests bus-bandwidth factor for `op` on `n` ranks (NaN: no data moved)."""
+    if n <= 0:
+        return float("nan")
+    if op in _TWO:
+        return 2.0 * (n - 1) / n
+    if op in _ONE_MINUS:
+        return (n - 1) / n
+    if op in _ONE:
+        return 1.0
+    return float("nan")
+
+
+def _bus_factors(op: pd.Series, n: np.ndarray) -> np.ndarray:
+    opc = op.astype("category") if not isinstance(op.dtype, pd.CategoricalDtype) else op
+    codes = opc.cat.codes.to_numpy()
+    names = [str(c) for c in opc.cat.categories]
+    out = np.full(len(op), np.nan)
+    sizes = np.asarray(n, dtype=np.int64)
+    for i, name in enumerate(names):
+        sel = codes == i
+        if not sel.any():
+            continue
+        for size in np.unique(sizes[sel]):
+            out[sel & (sizes == size)] = bus_factor(name, int(size))
+    return out
+
+
+def bucket_label(upper: int) -> str:
+    """Label of the power-of-two bucket whose upper bound is `upper`."""
+    upper = int(upper)
+    if upper <= 0:
+        return "0 B"
+    if upper == 1:
+        return "1 B"
+    return f"{fmt_bytes(upper // 2)}-{fmt_bytes(upper)}"
+
+
+def _comm_labels(df: pd.DataFrame) -> pd.Series:
+    ids = df["comm"].to_numpy()
+    if "comm_name" in df.columns:
+        names = df.groupby("comm", observed=True, sort=False)["comm_name"].first()
+        name_of = {int(k): str(v) for k, v in names.items()}
+    else:
+        name_of = {}
+    uniq, inv = np.unique(ids, return_inverse=True)
+    labels = [f"{name_of[int(u)]} ({int(u):#x})" if name_of.get(int(u)) else f"{int(u):#x}"
+              for u in uniq]  # unique: each holds its id
+    return pd.Series(pd.Categorical.from_codes(inv.astype(np.int32), categories=labels),
+                     index=df.index)
+
+
+def _key_frame(df: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
+    keys: dict[str, Any] = {}
+    for key in by:
+        if key not in BY_KEYS:
+            raise UsageError(None, f"unknown --by key {key!r} (choose from "
+                                   f"{', '.join(BY_KEYS)})")
+        col = BY_KEYS[key]
+        if key == "kind" and col not in df.columns:
+            keys[key] = pd.Series("data", index=df.index, dtype="category")
+            continue
+        if col not in df.columns:
+            raise UsageError(None, f"--by {key}: the trace has no {col} column")
+        if key == "bucket":
+            keys[key] = pd.Series(pow2_bucket(df["bytes"].to_numpy()), index=df.index)
+        elif key == "comm":
+            keys[key] = _comm_labels(df)
+        else:
+            keys[key] = df[col]
+    return pd.DataFrame(keys, index=df.index)
+
+
+def _quantiles(values: np.ndarray, codes: np.ndarray, ngroups: int,
+               qs: Sequence[float]) -> list[np.ndarray]:
+    """Per-group quantiles (linear interpolation) of values, groups given by codes."""
+    order = np.lexsort((values, codes))
+    v = values[order].astype(np.float64)
+    counts = np.bincount(codes, minlength=ngroups)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    out = []
+    for q in qs:
+        pos = starts + q * np.maximum(counts - 1, 0)
+        lo = np.floor(pos).astype(np.int64)
+        hi = np.ceil(pos).astype(np.int64)
+        frac = pos - lo
+        out.append(v[lo] + (v[hi] - v[lo]) * frac)
+    return out
+
+
+def summarize(df: pd.DataFrame, by: Sequence[str] | str = ("op", "bucket"),
+              rank: int | Sequence[int] | None = None, *,
+              kinds: str | Sequence[str] | None = None) -> pd.DataFrame:
+    """Group communication calls by `by` and compute the metrics (see module doc).
+
+    rank: keep only these ranks.  kinds: keep only these kinds (None = all).
+    Returns keys + METRICS + time_share + pow2, one row per group, sorted by keys
+    (bucket and bytes numerically), bucket as its label.
+    """
+    by_l = [by] if isinstance(by, str) else list(by)
+    if len(set(by_l)) != len(by_l):
+        raise UsageError(None, f"--by lists a key twice: {', '.join(by_l)}")
+    sel = calls(df, kinds=kinds)
+    if rank is not None:
+        ranks = [rank] if isinstance(rank, (int, np.integer)) else list(rank)
+        sel = sel.loc[sel["rank"].isin([int(r) for r in ranks]).to_numpy()]
+    keys = _key_frame(sel, by_l)
+    out_cols = by_l + METRICS + ["time_share", "pow2"]
+    if sel.empty:
+        empty = pd.DataFrame({c: pd.Series(dtype="object") for c in by_l})
+        for m in METRICS + ["time_share"]:
+            empty[m] = pd.Series(dtype="int64" if m in ("calls", "total_bytes") else "float64")
+        empty["pow2"] = pd.Series(dtype="bool")
+        return empty[out_cols]
+
+    nbytes = sel["bytes"].to_numpy(dtype=np.int64)
+    dur = sel["dur_ns"].to_numpy(dtype=np.int64)
+    n = sel["comm_size"].to_numpy() if "comm_size" in sel.columns else np.ones(len(sel))
+    bus = nbytes * _bus_factors(sel["op"], n)
+    work = keys.copy()
+    work["_bytes"] = nbytes
+    work["_dur"] = dur
+    work["_bus"] = np.where(np.isnan(bus), 0.0, bus)
+    work["_busok"] = ~np.isnan(bus)
+    work["_regular"] = is_pow2(nbytes) | (nbytes == 0)
+    if by_l:
+        g = work.groupby(by_l, observed=True, sort=True)
+        agg = g.agg(calls=("_dur", "size"), total_bytes=("_bytes", "sum"),
+                    total_ns=("_dur", "sum"), max_ns=("_dur", "max"), bus=("_bus", "sum"),
+                    busok=("_busok", "any"), pow2=("_regular", "all"))
+        codes = g.ngroup().to_numpy()
+        agg = agg.reset_index()
+    else:
+        agg = pd.DataFrame({"calls": [len(work)], "total_bytes": [int(nbytes.sum())],
+                            "total_ns": [int(dur.sum())], "max_ns": [int(dur.max())],
+                            "bus": [float(work["_bus"].sum())],
+                            "busok": [bool(work["_busok"].any())],
+                            "pow2": [bool(work["_regular"].all())]})
+        codes = np.zeros(len(work), dtype=np.int64)
+    p50, p95, p99 = _quantiles(dur, codes, len(agg), (0.5, 0.95, 0.99))
+    total_ns = agg["total_ns"].to_numpy(dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        algbw = np.where(total_ns > 0, agg["total_bytes"].to_numpy() / total_ns, np.nan)
+        busbw = np.where((total_ns > 0) & agg["busok"].to_numpy(),
+                         agg["bus"].to_numpy() / total_ns, np.nan)
+    all_ns = float(dur.sum())
+    res = agg[by_l].copy()
+    res["calls"] = agg["calls"].astype(np.int64)
+    res["total_bytes"] = agg["total_bytes"].astype(np.int64)
+    res["total_us"] = total_ns / 1e3
+    res["mean_us"] = total_ns / agg["calls"].to_numpy() / 1e3
+    res["p50_us"] = p50 / 1e3
+    res["p95_us"] = p95 / 1e3
+    res["p99_us"] = p99 / 1e3
+    res["max_us"] = agg["max_ns"].to_numpy(dtype=np.float64) / 1e3
+    res["algbw_gbps"] = algbw
+    res["busbw_gbps"] = busbw
+    res["time_share"] = total_ns / all_ns if all_ns > 0 else np.nan
+    res["pow2"] = agg["pow2"].astype(bool)
+    if "bucket" in by_l:
+        res["bucket"] = [bucket_label(b) for b in res["bucket"]]
+    for k in by_l:
+        if isinstance(res[k].dtype, pd.CategoricalDtype):
+            res[k] = res[k].astype(str)
+    return res[out_cols].reset_index(drop=True)
+
+
+def comm_time_imbalance(df: pd.DataFrame, rank: int | Sequence[int] | None = None, *,
+                        kinds: str | Sequence[str] | None = None) -> dict[str, Any] | None:
+    """Per-rank total communication time: slowest vs fastest rank.
+
+    Returns {"ranks", "slowest_rank", "slowest_us", "fastest_rank", "fastest_us",
+    "ratio", "spread_us"}, or None when there are no calls.
+    """
+    sel = calls(df, kinds=kinds)
+    if rank is not None:
+        ranks = [rank] if isinstance(rank, (int, np.integer)) else list(rank)
+        sel = sel.loc[sel["rank"].isin([int(r) for r in ranks]).to_numpy()]
+    if sel.empty:
+        return None
+    per = sel.groupby("rank", observed=True)["dur_ns"].sum()
+    slow, fast = int(per.idxmax()), int(per.idxmin())
+    s_us, f_us = float(per.max()) / 1e3, float(per.min()) / 1e3
+    return {"ranks": int(len(per)), "slowest_rank": slow, "slowest_us": s_us,
+            "fastest_rank": fast, "fastest_us": f_us,
+            "ratio": s_us / f_us if f_us > 0 else float("inf"), "spread_us": s_us - f_us}

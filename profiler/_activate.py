@@ -1,0 +1,125 @@
+"""Zero-code activation, imported at interpreter start by horovod_profiler.pth
+when HOROVOD_PROFILE is set (and not 0/off).
+
+At import: load libhvprof.so with RTLD_GLOBAL, before mpi4py or Horovod load
+MPI, so that its MPI_* wrappers interpose; install the Horovod hooks if that
+module exists; register the exit handler.  Nothing heavy is imported here
+(no pandas, no pyarrow): those are imported by the exit handler, and only in a
+process that actually profiled.
+
+At exit (atexit; registered first, so it runs after Horovod's shutdown and
+mpi4py's finalization handlers registered later):
+
+* a process whose library never opened a raw file (pip, a launcher, any
+  non-MPI Python) returns silently;
+* hvprof_process_exit() marks the raw file CLOSED;
+* this rank's raw file becomes ranks/rank-R.parquet + .json;
+* rank 0 waits, bounded by HOROVOD_PROFILE_MERGE_TIMEOUT (default 60 s), for
+  the other ranks' datasets, converts those of ranks that died, writes
+  trace.json and prints one line to stderr.
+
+Any failure is reported in one line; the application's exit status never changes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+
+DEFAULT_MERGE_TIMEOUT_S = 60.0
+_PID = os.getpid()
+_registered = False
+
+
+def _say(message: str) -> None:
+    try:
+        sys.stderr.write("horovod-profiler: " + " ".join(message.split()) + "\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def merge_timeout() -> float:
+    raw = os.environ.get("HOROVOD_PROFILE_MERGE_TIMEOUT", "")
+    try:
+        return max(0.0, float(raw)) if raw else DEFAULT_MERGE_TIMEOUT_S
+    except ValueError:
+        return DEFAULT_MERGE_TIMEOUT_S
+
+
+def finish() -> str | None:
+    """The exit work; returns the line printed by rank 0 (None elsewhere)."""
+    if os.getpid() != _PID:
+        return None  # a forked child (data-loader worker): the parent reports
+    from profiler import _lib
+
+    if _lib.loaded() is None:
+        return None
+    directory = _lib.profile_dir()
+    if not directory:
+        return None  # this process never profiled anything: say nothing
+    rank = _lib.rank()
+    world = _lib.world_size()
+    raw = _lib.raw_path()
+    _lib.process_exit()
+
+    from profiler.dataset import convert_raw
+
+    try:
+        convert_raw(raw, directory, own_process=True)
+    except Exception as exc:  # rank 0 still merges what is there
+        _say(f"error: rank {rank}: cannot convert {raw}: {_one_line(exc)}")
+    if rank != 0:
+        return None
+    from profiler.merge import wait_and_merge
+
+    result = wait_and_merge(directory, world_size=max(world, 1), own_rank=0,
+                            timeout=merge_timeout())
+    line = f"trace written to {result.summary_line()}"
+    _say(line)
+    return line
+
+
+def _one_line(exc: BaseException) -> str:
+    from profiler.errors import ProfilerError
+
+    if isinstance(exc, ProfilerError):
+        return exc.line()
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _at_exit() -> None:
+    try:
+        finish()
+    except BaseException as exc:  # noqa: BLE001 - never change the exit status
+        _say(f"error: {_one_line(exc)}")
+
+
+def activate() -> None:
+    """Load the library, install the Horovod hooks, register the exit handler."""
+    global _registered
+    if _registered:
+        return
+    from profiler import _lib
+
+    try:
+        _lib.load()
+    except Exception as exc:
+        _say(f"error: profiling disabled: {_one_line(exc)}")
+        return
+    try:
+        from profiler.horovod import hooks
+    except ImportError:
+        pass
+    else:
+        try:
+            hooks.install()
+        except Exception as exc:
+            _say(f"warning: Horovod hooks not installed: {_one_line(exc)}")
+    atexit.register(_at_exit)
+    _registered = True
+
+
+activate()

@@ -1,0 +1,215 @@
+"""`profiler summarize TRACE`: calls, sizes, latency and bandwidth per collective.
+
+    profiler summarize trace.json [--by op,bucket] [--format table|csv|json] [--rank R]
+
+TRACE is a trace.json, a profile directory or a parquet file.  The table shows
+data traffic; when the trace classifies calls (kind column), Horovod's control
+traffic gets its own line (calls, calls/s per rank, time share).  Sizes that
+are not powers of two are marked with *.  A last line compares the slowest
+and fastest rank's total communication time.  csv and json hold every
+communication call (data and control), one row per group; json is a list of
+objects with the grouping keys plus calls, total_bytes, total_us, mean_us,
+p50_us, p95_us, p99_us, max_us, algbw_gbps, busbw_gbps, time_share, pow2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+DEFAULT_BY = "op,bucket"
+_BASE_COLUMNS = ["rank", "backend", "op", "bytes", "dur_ns", "comm_size", "kind", "device",
+                 "t_start_ns", "t_end_ns"]
+_KEY_COLUMNS = {"thread": ["thread_kind"], "comm": ["comm", "comm_name"], "track": ["track"],
+                "dtype": ["dtype"], "step": ["step"]}
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "summarize", help="per-collective, per-size table of calls, latency and bandwidth",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("trace", help="trace.json, profile directory or parquet file")
+    p.add_argument("--by", action="append", metavar="KEYS",
+                   help="grouping keys, comma-separated or repeated: op, bytes, bucket, "
+                        f"rank, thread, comm, kind, track, dtype, backend, step "
+                        f"(default {DEFAULT_BY})")
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.add_argument("--rank", action="append", type=int, metavar="R",
+                   help="only rank R (repeatable)")
+    return p
+
+
+def _by_keys(values: list[str] | None) -> list[str]:
+    raw = values or [DEFAULT_BY]
+    keys = [k.strip() for v in raw for k in v.split(",") if k.strip()]
+    return keys
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from profiler.analysis import comm_time_imbalance, load, summarize
+    from profiler.analysis.summary import BY_KEYS
+    from profiler.errors import UsageError
+
+    by = _by_keys(args.by)
+    for k in by:
+        if k not in BY_KEYS:
+            raise UsageError(None, f"--by: unknown key {k!r} (choose from "
+                                   f"{', '.join(BY_KEYS)})")
+    columns = list(_BASE_COLUMNS)
+    for k in by:
+        columns += _KEY_COLUMNS.get(k, [])
+    meta = _meta(args.trace)
+    df = load(args.trace, columns=columns)
+    ranks = None
+    if args.rank:
+        present = set(np.unique(df["rank"].to_numpy()).tolist())
+        absent = [r for r in args.rank if r not in present]
+        if absent:
+            raise UsageError(args.trace, f"rank {absent[0]} is not in this trace (ranks: "
+                                         f"{_ranks_text(sorted(present))})")
+        ranks = list(args.rank)
+    if args.format == "json":
+        import orjson
+
+        table = summarize(df, by=by, rank=ranks)
+        rows = table.to_dict(orient="records")
+        sys.stdout.buffer.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2
+                                             | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+        return 0
+    if args.format == "csv":
+        summarize(df, by=by, rank=ranks).to_csv(sys.stdout, index=False)
+        return 0
+    _print_table(args.trace, meta, df, by, ranks)
+    _ = comm_time_imbalance
+    return 0
+
+
+def _meta(path: str) -> dict[str, Any] | None:
+    from pathlib import Path
+
+    from profiler.analysis import load_meta
+
+    p = Path(path)
+    if p.suffix in (".parquet", ".hvprof") or (p.is_dir() and not (p / "trace.json").exists()):
+        return None
+    return load_meta(p)
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    from profiler.merge import _ranges
+
+    return _ranges(ranks) or "none"
+
+
+def _fmt_us(v: float) -> str:
+    if v != v:  # NaN
+        return "-"
+    if v >= 1e6:
+        return f"{v / 1e6:.2f} s"
+    if v >= 1e3:
+        return f"{v / 1e3:.2f} ms"
+    return f"{v:.2f} us" if v < 100 else f"{v:.1f} us"
+
+
+def _fmt_bw(v: float) -> str:
+    return "-" if v != v else f"{v:.3f}" if v < 10 else f"{v:.1f}"
+
+
+def _print_table(path: str, meta: dict[str, Any] | None, df: Any, by: list[str],
+                 ranks: list[int] | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from profiler.analysis import comm_time_imbalance, summarize
+    from profiler.analysis._frame import calls, fmt_bytes
+
+    # A pipe or a file gets the full table, not an 80-column squeeze.
+    # A pipe or a file gets the full table, not an 80-column squeeze.
+    console = Console(highlight=False, soft_wrap=False,
+                      width=None if sys.stdout.isatty() else 200)
+    all_calls = calls(df, kinds=None)
+    if ranks is not None:
+        all_calls = all_calls.loc[all_calls["rank"].isin(ranks).to_numpy()]
+    has_kind = "kind" in df.columns and "kind" not in by
+    is_control = None
+    data_kinds = None
+    if has_kind:
+        is_control = (all_calls["kind"].astype(str) == "control").to_numpy()
+        if is_control.any():
+            data_kinds = [k for k in all_calls["kind"].astype(str).unique() if k != "control"]
+    table_df = summarize(df, by=by, rank=ranks, kinds=data_kinds)
+
+    n_ranks = len(set(df["rank"].unique().tolist())) if len(df) else 0
+    world = (meta or {}).get("world_size", n_ranks)
+    title = f"{path}: {n_ranks} rank(s)" + (f" of {world}" if world != n_ranks else "")
+    if data_kinds is not None:
+        title += " - data traffic"
+    t = Table(title=title, title_justify="left")
+    for k in by:
+        t.add_column(k, justify="right" if k in ("bytes", "rank", "track", "step") else "left",
+                     no_wrap=True)
+    for name in ("calls", "bytes", "total", "mean", "p50", "p95", "p99", "max",
+                 "algbw GB/s", "busbw GB/s", "share"):
+        t.add_column("total bytes" if name == "bytes" and "bytes" in by else name,
+                     justify="right", no_wrap=True)
+    irregular = False
+    for row in table_df.itertuples(index=False):
+        r = row._asdict()
+        cells = []
+        for k in by:
+            v = r[k]
+            if k == "bytes":
+                text = f"{int(v)}"
+                if not r["pow2"] and int(v) > 0:
+                    text += " *"
+                    irregular = True
+            elif k == "bucket":
+                text = str(v) + (" *" if not r["pow2"] else "")
+                irregular |= not r["pow2"]
+            else:
+                text = str(v)
+            cells.append(text)
+        cells += [f"{r['calls']}", fmt_bytes(r["total_bytes"]), _fmt_us(r["total_us"]),
+                  _fmt_us(r["mean_us"]), _fmt_us(r["p50_us"]), _fmt_us(r["p95_us"]),
+                  _fmt_us(r["p99_us"]), _fmt_us(r["max_us"]), _fmt_bw(r["algbw_gbps"]),
+                  _fmt_bw(r["busbw_gbps"]), f"{100 * r['time_share']:.1f}%"]
+        t.add_row(*cells)
+    console.print(t)
+    if irregular:
+        console.print("* sizes that are not powers of two")
+
+    total_ns = float(all_calls["dur_ns"].sum()) if len(all_calls) else 0.0
+    if is_control is not None and is_control.any():
+        ctrl = all_calls.loc[is_control]
+        span_ns = float(all_calls["t_end_ns"].max() - all_calls["t_start_ns"].min())
+        nr = max(1, all_calls["rank"].nunique())
+        rate = len(ctrl) / (span_ns / 1e9) / nr if span_ns > 0 else float("nan")
+        share = float(ctrl["dur_ns"].sum()) / total_ns if total_ns else 0.0
+        console.print(f"control traffic: {len(ctrl)} calls ({rate:.1f} calls/s per rank), "
+                      f"{_fmt_us(float(ctrl['dur_ns'].sum()) / 1e3)}, {100 * share:.1f}% of "
+                      "communication time")
+    imb = comm_time_imbalance(df, rank=ranks)
+    if imb is not None and imb["ranks"] > 1 and imb["slowest_us"] == imb["fastest_us"]:
+        console.print(f"per-rank communication time: {_fmt_us(imb['slowest_us'])} on each "
+                      f"of {imb['ranks']} ranks")
+    elif imb is not None and imb["ranks"] > 1:
+        console.print(f"per-rank communication time: slowest rank {imb['slowest_rank']} "
+                      f"{_fmt_us(imb['slowest_us'])}, fastest rank {imb['fastest_rank']} "
+                      f"{_fmt_us(imb['fastest_us'])} ({imb['ratio']:.2f}x)")
+    elif imb is not None:
+        console.print(f"communication time: {_fmt_us(imb['slowest_us'])} on rank "
+                      f"{imb['slowest_rank']}")
+    if meta:
+        if meta.get("missing_ranks"):
+            console.print(f"missing ranks: {_ranks_text(meta['missing_ranks'])}")
+        if meta.get("partial_ranks"):
+            console.print(f"partial ranks (killed before the end): "
+                          f"{_ranks_text(meta['partial_ranks'])}")
+        ev = meta.get("events") or {}
+        if ev.get("selection", "all") != "all":
+            console.print(f"note: trace.json holds {ev.get('included')} of "
+                          f"{ev.get('total')} calls; this summary reads the full dataset")

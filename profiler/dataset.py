@@ -1,0 +1,474 @@
+"""Raw file -> per-rank DataFrame (row schema of docs/ARCHITECTURE.md section 3).
+
+`raw_to_frame` converts one rank's records: ticks -> nanoseconds on the job axis,
+enum codes -> categories, communicator and track indices -> their table
+entries, thread kind, call kind (Horovod classification hook) and step number.
+`convert_raw` writes `ranks/rank-RRRRR.parquet` and `ranks/rank-RRRRR.json`
+(parquet first, then the json, each by an atomic rename: a json file means the
+rank's dataset is complete).  `read_dataset` reads parquet files back with
+pyarrow.dataset, pushing a rank filter down.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+
+from profiler import _format as F
+from profiler._version import __version__
+from profiler.errors import CorruptError, NotATraceError, NotFoundError
+from profiler.raw import RawFile, read_header, read_raw, writer_state
+
+ENV_PREFIXES = ("HOROVOD_", "NCCL_", "OMPI_MCA_", "MPICH_", "UCX_")
+# Set by mpirun for its own plumbing (daemon URIs, job ids, session dirs,
+# transport keys): not communication knobs, and not worth leaking.
+ENV_LAUNCHER_INTERNAL = ("OMPI_MCA_orte_", "OMPI_MCA_ess", "OMPI_MCA_pmix",
+                         "OMPI_MCA_initial_wdir", "OMPI_MCA_shmem_RUNTIME_QUERY_hint")
+HOROVOD_CALLERS = ("mpi_lib", "horovod")
+
+COLUMNS = [
+    "rank", "backend", "op", "t_start_ns", "t_end_ns", "dur_ns", "bytes", "count",
+    "dtype", "dtype_size", "redop", "flags", "in_place", "device", "rc", "comm",
+    "comm_size", "comm_rank", "comm_name", "root", "seq", "track", "tid",
+    "thread_kind", "thread_name", "group", "kind", "step",
+]
+CATEGORY_COLUMNS = ("backend", "op", "dtype", "redop", "comm_name", "thread_kind",
+                    "thread_name", "kind")
+_DICT_TYPE = pa.dictionary(pa.int32(), pa.string())
+
+
+# ---------------------------------------------------------------------------
+# paths
+# ---------------------------------------------------------------------------
+def rank_stem(rank: int) -> str:
+    return f"rank-{rank:05d}"
+
+
+def raw_path(profile_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(profile_dir) / "raw" / f"{rank_stem(rank)}.hvprof"
+
+
+def parquet_path(profile_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(profile_dir) / "ranks" / f"{rank_stem(rank)}.parquet"
+
+
+def meta_path(profile_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(profile_dir) / "ranks" / f"{rank_stem(rank)}.json"
+
+
+def env_whitelist(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Only the variables that shape communication; nothing else ever leaves."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in sorted(env.items())
+            if k.startswith(ENV_PREFIXES) and not k.startswith(ENV_LAUNCHER_INTERNAL)}
+
+
+# ---------------------------------------------------------------------------
+# time conversion
+# ---------------------------------------------------------------------------
+def ticks_to_mono_ns(ticks: np.ndarray, header: Mapping[str, Any]) -> np.ndarray:
+    """Raw ticks -> this rank's CLOCK_MONOTONIC nanoseconds (int64).
+
+    With two calibration pairs (cal1 later than cal0) the slope comes from
+    them; otherwise from ticks_per_ns.  CLOCK_MONOTONIC ticks are already ns.
+    """
+    t = np.asarray(ticks).astype(np.int64, copy=False)
+    if int(header.get("clock_kind", 0)) == 2:
+        return t.copy()
+    c0t, c0n = int(header["cal0_ticks"]), int(header["cal0_mono_ns"])
+    c1t, c1n = int(header["cal1_ticks"]), int(header["cal1_mono_ns"])
+    if c1t > c0t and c1n > c0n:
+        ns_per_tick = (c1n - c0n) / (c1t - c0t)
+    else:
+        tpn = float(header.get("ticks_per_ns") or 0.0)
+        ns_per_tick = 1.0 / tpn if tpn > 0 else 1.0
+    return c0n + np.rint((t - c0t) * ns_per_tick).astype(np.int64)
+
+
+def ticks_to_job_ns(ticks: np.ndarray, header: Mapping[str, Any]) -> np.ndarray:
+    """Raw ticks -> job axis: rank 0's monotonic clock minus job_t0_ns."""
+    return ticks_to_mono_ns(ticks, header) - (int(header["offset_ns"])
+                                              + int(header["job_t0_ns"]))
+
+
+# ---------------------------------------------------------------------------
+# raw -> DataFrame
+# ---------------------------------------------------------------------------
+def _categorical(values: np.ndarray, namer: Callable[[int], str]) -> pd.Categorical:
+    """Codes -> Categorical through a naming function applied to the unique codes."""
+    uniq, inv = np.unique(values, return_inverse=True)
+    names = [namer(int(u)) for u in uniq]
+    cats = list(dict.fromkeys(names))
+    pos = {name: i for i, name in enumerate(cats)}
+    mapping = np.array([pos[n] for n in names], dtype=np.int32)
+    codes = mapping[inv] if len(values) else np.zeros(0, dtype=np.int32)
+    return pd.Categorical.from_codes(codes, categories=cats)
+
+
+def _lookup(table_values: Sequence[Any] | np.ndarray, idx: np.ndarray, default: Any,
+            dtype: Any) -> np.ndarray:
+    """table_values[idx] with `default` for out-of-range indices."""
+    ext = np.empty(len(table_values) + 1, dtype=dtype)
+    if len(table_values):
+        ext[:-1] = table_values
+    ext[-1] = default
+    safe = np.where(idx < len(table_values), idx, len(table_values))
+    return ext[safe]
+
+
+def _decode(b: bytes) -> str:
+    return b.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def thread_kind_of(kind: int, is_main: int, caller: str) -> str:
+    if kind == F.TRACK_KIND_STREAM:
+        return "stream"
+    low = caller.lower()
+    if any(c in low for c in HOROVOD_CALLERS):
+        return "horovod"
+    if is_main:
+        return "main"
+    return "other"
+
+
+def assign_steps(rank: np.ndarray, t_start: np.ndarray, is_step: np.ndarray,
+                 step_start: np.ndarray, step_end: np.ndarray,
+                 step_no: np.ndarray) -> np.ndarray:
+    """Step number of each row: the APP_STEP interval [start, end) on its rank
+    that contains its t_start, else -1.  Step rows get their own number."""
+    out = np.full(len(t_start), -1, dtype=np.int32)
+    step_rank = rank[is_step]
+    for r in np.unique(step_rank):
+        sel = step_rank == r
+        s, e, n = step_start[sel], step_end[sel], step_no[sel]
+        order = np.argsort(s, kind="stable")
+        s, e, n = s[order], e[order], n[order]
+        rows = np.flatnonzero(rank == r)
+        t = t_start[rows]
+        i = np.searchsorted(s, t, side="right") - 1
+        ok = i >= 0
+        ii = np.where(ok, i, 0)
+        ok &= t < e[ii]
+        out[rows[ok]] = n[ii[ok]]
+    out[np.flatnonzero(is_step)] = step_no.astype(np.int32)
+    return out
+
+
+def _classify(df: pd.DataFrame) -> pd.Categorical:
+    """kind column: profiler.horovod.classify.classify(df) when it exists."""
+    try:
+        from profiler.horovod.classify import classify  # type: ignore[import-not-found]
+    except ImportError:
+        kind = np.where(df["backend"].to_numpy(dtype=object) == "app", "app", "data")
+        return pd.Categorical(kind, categories=["data", "control", "app"])
+    result = classify(df)
+    if isinstance(result, pd.DataFrame):
+        result = result["kind"]
+    if isinstance(result, pd.Series) and isinstance(result.dtype, pd.CategoricalDtype):
+        if len(result) != len(df):
+            raise CorruptError(None, f"classify() returned {len(result)} kinds for "
+                                     f"{len(df)} rows")
+        return pd.Categorical(result.array)
+    values = np.asarray(result, dtype=object)
+    if len(values) != len(df):
+        raise CorruptError(None, f"classify() returned {len(values)} kinds for {len(df)} rows")
+    return pd.Categorical(values)
+
+
+def raw_to_frame(raw: RawFile) -> pd.DataFrame:
+    """One rank's records as a DataFrame with the row schema, sorted by t_start_ns."""
+    rec = raw.records
+    h = raw.header
+    n = len(rec)
+    t_start = ticks_to_job_ns(rec["t_start"], h)
+    t_end = ticks_to_job_ns(rec["t_end"], h)
+    t_end = np.where(rec["t_end"] < rec["t_start"], t_start, t_end)
+    flags = rec["flags"].astype(np.int32)
+
+    comm_idx = rec["comm"].astype(np.int64)
+    comms = raw.comms
+    comm_id = _lookup(comms["id"], comm_idx, 0, np.uint64)
+    comm_size = _lookup(comms["size"], comm_idx, -1, np.int32)
+    comm_rank = _lookup(comms["rank"], comm_idx, -1, np.int32)
+    comm_names = [_decode(b) for b in comms["name"]]
+
+    track_idx = rec["track"].astype(np.int64)
+    tracks = raw.tracks
+    tid = _lookup(tracks["tid"], track_idx, -1, np.int32)
+    tkinds = [thread_kind_of(int(k), int(m), _decode(c))
+              for k, m, c in zip(tracks["kind"], tracks["is_main"], tracks["caller"])]
+    tnames = [_decode(b) for b in tracks["name"]]
+
+    def comm_name_of(i: int) -> str:
+        return comm_names[i] if 0 <= i < len(comm_names) else ""
+
+    def tkind_of(i: int) -> str:
+        return tkinds[i] if 0 <= i < len(tkinds) else "other"
+
+    def tname_of(i: int) -> str:
+        return tnames[i] if 0 <= i < len(tnames) else ""
+
+    op_vals = rec["op"]
+    backend = _categorical(op_vals, F.op_backend)
+    backend_arr = np.asarray(backend, dtype=object) if n else np.zeros(0, dtype=object)
+    is_nccl = backend_arr == "nccl"
+    group = np.where(is_nccl & ((flags & F.FLAG_DEVICE) == 0), rec["aux"], 0).astype(np.int32)
+
+    rank = np.full(n, int(h["rank"]), dtype=np.int32)
+    df = pd.DataFrame(
+        {
+            "rank": rank,
+            "backend": backend,
+            "op": _categorical(op_vals, F.op_name),
+            "t_start_ns": t_start,
+            "t_end_ns": t_end,
+            "dur_ns": t_end - t_start,
+            "bytes": rec["bytes"].astype(np.int64),
+            "count": rec["count"].astype(np.int64),
+            "dtype": _categorical(rec["dtype"], F.dtype_name),
+            "dtype_size": rec["dtype_size"].astype(np.int32),
+            "redop": _categorical(rec["redop"], F.redop_name),
+            "flags": flags,
+            "in_place": (flags & F.FLAG_IN_PLACE) != 0,
+            "device": (flags & F.FLAG_DEVICE) != 0,
+            "rc": rec["rc"].astype(np.int16),
+            "comm": comm_id,
+            "comm_size": comm_size,
+            "comm_rank": comm_rank,
+            "comm_name": _categorical(comm_idx, comm_name_of),
+            "root": rec["root"].astype(np.int32),
+            "seq": rec["seq"].astype(np.int64),
+            "track": track_idx.astype(np.int32),
+            "tid": tid,
+            "thread_kind": _categorical(track_idx, tkind_of),
+            "thread_name": _categorical(track_idx, tname_of),
+            "group": group,
+        }
+    )
+    order = np.argsort(t_start, kind="stable")
+    if n and not (order == np.arange(n)).all():
+        df = df.iloc[order].reset_index(drop=True)
+    is_step = (df["op"] == "step").to_numpy()
+    ts = df["t_start_ns"].to_numpy()
+    df["step"] = assign_steps(
+        df["rank"].to_numpy(), ts, is_step, ts[is_step],
+        df["t_end_ns"].to_numpy()[is_step], df["seq"].to_numpy()[is_step],
+    )
+    df.insert(len(df.columns) - 1, "kind", _classify(df))
+    return df[[c for c in COLUMNS if c in df.columns]
+              + [c for c in df.columns if c not in COLUMNS]]
+
+
+# ---------------------------------------------------------------------------
+# metadata
+# ---------------------------------------------------------------------------
+def _comm_table(raw: RawFile) -> list[dict[str, Any]]:
+    return [
+        {
+            "index": i,
+            "id": int(c["id"]),
+            "size": int(c["size"]),
+            "rank": int(c["rank"]),
+            "world_rank0": int(c["world_rank0"]),
+            "backend": F.COMM_BACKENDS.get(int(c["backend"]), str(int(c["backend"]))),
+            "valid": bool(c["valid"]),
+            "name": _decode(c["name"]),
+            "handle": int(c["handle"]),
+        }
+        for i, c in enumerate(raw.comms)
+    ]
+
+
+def _track_table(raw: RawFile) -> list[dict[str, Any]]:
+    return [
+        {
+            "index": i,
+            "tid": int(t["tid"]),
+            "kind": "stream" if int(t["kind"]) == F.TRACK_KIND_STREAM else "thread",
+            "thread_kind": thread_kind_of(int(t["kind"]), int(t["is_main"]),
+                                          _decode(t["caller"])),
+            "valid": bool(t["valid"]),
+            "is_main": bool(t["is_main"]),
+            "device": int(t["device"]),
+            "name": _decode(t["name"]),
+            "caller": _decode(t["caller"]),
+            "handle": int(t["handle"]),
+        }
+        for i, t in enumerate(raw.tracks)
+    ]
+
+
+def rank_metadata(raw: RawFile, df: pd.DataFrame, *, own_process: bool) -> dict[str, Any]:
+    """The ranks/rank-R.json document.  env/argv only when this process is the rank."""
+    st = raw.path.stat()
+    calls = int((df["backend"] != "app").sum()) if len(df) else 0
+    return {
+        "rank": raw.rank,
+        "profiler_version": __version__,
+        "format_version": F.FORMAT_VERSION,
+        "header": raw.header,
+        "host": raw.header["hostname"],
+        "comms": _comm_table(raw),
+        "tracks": _track_table(raw),
+        "calls": calls,
+        "rows": len(df),
+        "problems": raw.problems,
+        "env": env_whitelist() if own_process else None,
+        "argv": list(sys.argv) if own_process else None,
+        "executable": sys.executable if own_process else None,
+        "parquet": parquet_path(".", raw.rank).name,
+        "source": {
+            "raw": f"raw/{raw.path.name}",
+            "raw_size": st.st_size,
+            "raw_mtime_ns": st.st_mtime_ns,
+            "state": raw.state,
+            "n_chunks": int(raw.header["n_chunks"]),
+            "converted_by": "self" if own_process else f"pid {os.getpid()} on "
+            f"{socket.gethostname()}",
+            "converted_at": time.time(),
+        },
+    }
+
+
+# ---------------------------------------------------------------------------
+# write / read
+# ---------------------------------------------------------------------------
+def frame_to_table(df: pd.DataFrame) -> pa.Table:
+    """DataFrame -> arrow table with int32-indexed string dictionaries everywhere."""
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    fields = []
+    for f in table.schema:
+        fields.append(pa.field(f.name, _DICT_TYPE) if pa.types.is_dictionary(f.type) else f)
+    return table.cast(pa.schema(fields, metadata=table.schema.metadata))
+
+
+def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+@dataclass
+class Converted:
+    rank: int
+    parquet: Path
+    meta: Path
+    calls: int
+    rows: int
+    complete: bool
+    problems: list[str]
+
+
+def convert_raw(path: str | os.PathLike[str], profile_dir: str | os.PathLike[str] | None = None,
+                *, own_process: bool = False) -> Converted:
+    """raw/rank-R.hvprof -> ranks/rank-R.parquet + ranks/rank-R.json."""
+    raw = read_raw(path)
+    base = Path(profile_dir) if profile_dir is not None else Path(path).resolve().parent.parent
+    df = raw_to_frame(raw)
+    meta = rank_metadata(raw, df, own_process=own_process)
+    pq_out = parquet_path(base, raw.rank)
+    js_out = meta_path(base, raw.rank)
+    pq_out.parent.mkdir(parents=True, exist_ok=True)
+    table = frame_to_table(df)
+    _atomic_write(pq_out, lambda p: pq.write_table(table, p, compression="zstd"))
+    _atomic_write(js_out, lambda p: p.write_bytes(
+        orjson.dumps(meta, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)))
+    return Converted(rank=raw.rank, parquet=pq_out, meta=js_out, calls=meta["calls"],
+                     rows=len(df), complete=raw.complete, problems=raw.problems)
+
+
+def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A ranks/rank-R.json document."""
+    p = Path(path)
+    try:
+        data = orjson.loads(p.read_bytes())
+    except FileNotFoundError:
+        raise NotFoundError(p, "no such file") from None
+    except orjson.JSONDecodeError:
+        raise NotATraceError(p, "not a rank metadata file (not JSON)") from None
+    if not isinstance(data, dict) or "header" not in data or "rank" not in data:
+        raise NotATraceError(p, "not a horovod-profiler rank metadata file")
+    return data
+
+
+def is_up_to_date(raw: str | os.PathLike[str],
+                  profile_dir: str | os.PathLike[str] | None = None) -> bool:
+    """True when the raw file's parquet + json exist and describe its current state."""
+    rp = Path(raw)
+    base = Path(profile_dir) if profile_dir is not None else rp.resolve().parent.parent
+    try:
+        header = read_header(rp)
+        rank = int(header["rank"])
+        if not parquet_path(base, rank).is_file():
+            return False
+        src = read_meta(meta_path(base, rank)).get("source", {})
+        st = rp.stat()
+    except Exception:
+        return False
+    if writer_state(header) == "running":
+        return False  # still being written: any conversion is a snapshot
+    return (src.get("raw_size") == st.st_size and src.get("state") == header["state"]
+            and src.get("n_chunks") == header["n_chunks"]
+            and src.get("raw_mtime_ns") == st.st_mtime_ns)
+
+
+def read_dataset(files: Iterable[str | os.PathLike[str]], *,
+                 ranks: Iterable[int] | None = None,
+                 columns: Sequence[str] | None = None) -> pd.DataFrame:
+    """Parquet files of the row schema -> one DataFrame (rank filter pushed down)."""
+    paths = [str(p) for p in files]
+    for p in paths:
+        if not os.path.isfile(p):
+            raise NotFoundError(p, "dataset file missing")
+    if not paths:
+        return empty_frame(columns)
+    try:
+        dataset = pads.dataset(paths, format="parquet")
+        cols = None
+        if columns is not None:
+            have = set(dataset.schema.names)
+            cols = [c for c in columns if c in have]
+        flt = None
+        if ranks is not None:
+            flt = pads.field("rank").isin([int(r) for r in ranks])
+        table = dataset.to_table(columns=cols, filter=flt)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise CorruptError(paths[0] if len(paths) == 1 else os.path.dirname(paths[0]),
+                           f"unreadable parquet dataset: {exc}") from None
+    return table_to_frame(table)
+
+
+def table_to_frame(table: pa.Table) -> pd.DataFrame:
+    # Categories for every string dictionary, even across files with different
+    # dictionaries (to_pandas unifies them).
+    df = table.to_pandas()
+    for c in CATEGORY_COLUMNS:
+        if c in df.columns and not isinstance(df[c].dtype, pd.CategoricalDtype):
+            df[c] = df[c].astype("category")
+    return df
+
+
+def empty_frame(columns: Sequence[str] | None = None) -> pd.DataFrame:
+    """An empty DataFrame with the row schema's dtypes."""
+    w = RawFile(path=Path("."), header={"rank": 0, "clock_kind": 2, "offset_ns": 0,
+                                         "job_t0_ns": 0}, comms=np.zeros(0, F.COMM_ENTRY_DTYPE),
+                tracks=np.zeros(0, F.TRACK_ENTRY_DTYPE), records=np.zeros(0, F.RECORD_DTYPE))
+    df = raw_to_frame(w)
+    return df[list(columns)] if columns is not None else df

@@ -1,0 +1,64 @@
+"""Typed errors for bad input.
+
+Every error the profiler raises for input it cannot use is a `ProfilerError`
+carrying the offending path and a one-line message.  The CLI turns it into
+`profiler: error: <path>: <message>` and exit status 2 (docs/ARCHITECTURE.md
+section 5); library users can catch the subclasses.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Union
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class ProfilerError(Exception):
+    """Bad input for the profiler: a path and a one-line message."""
+
+    def __init__(self, path: PathLike | None, message: str) -> None:
+        self.path = os.fspath(path) if path is not None else None
+        # One line, always: newlines in a message would break the CLI convention.
+        self.message = " ".join(str(message).split())
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        """`<path>: <message>`, or just the message when there is no path."""
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class NotFoundError(ProfilerError):
+    """The path does not exist (or is not the kind of file expected)."""
+
+
+class NotATraceError(ProfilerError):
+    """The file exists but is not a horovod-profiler trace / raw file / dataset."""
+
+
+class TruncatedError(ProfilerError):
+    """The file ends before its own header says it should."""
+
+
+class CorruptError(ProfilerError):
+    """The file has the right magic but inconsistent contents."""
+
+
+class VersionError(ProfilerError):
+    """The file was written by a different (usually newer) format version."""
+
+
+class LayoutError(ProfilerError):
+    """The record/header layout of the file differs from this reader's."""
+
+
+class EmptyProfileError(ProfilerError):
+    """A profile directory holds no raw file, parquet file or trace."""
+
+
+class LibraryError(ProfilerError):
+    """The interposition library cannot be found or loaded."""
+
+
+class UsageError(ProfilerError):
+    """An argument value the command cannot use (unknown column, bad rank...)."""

@@ -1,0 +1,264 @@
+"""Merge a profile directory into trace.json (+ the parquet dataset it names).
+
+Used by `profiler merge DIR` (after the fact, e.g. for a crashed job) and by
+rank 0 at exit (profiler._activate).  Steps:
+
+1. every raw file lacking an up-to-date parquet is converted;
+2. the world size comes from the raw headers (or the rank metadata); ranks
+   with no file are *missing*; ranks whose raw header is neither FINALIZED nor
+   CLOSED (killed mid-run) are *partial*: their records up to the kill are kept;
+3. trace.json is written from the per-rank parquet files and metadata.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from profiler import _format as F
+from profiler.errors import EmptyProfileError, NotATraceError, NotFoundError, ProfilerError
+
+NO_FILE_GRACE_S = 5.0
+_RANK_RE = re.compile(r"^rank-(\d+)\.(hvprof|parquet|json)$")
+
+
+@dataclass
+class MergeResult:
+    trace: Path
+    ranks: list[int]
+    world_size: int
+    calls: int
+    missing_ranks: list[int]
+    partial_ranks: list[int]
+    converted: list[int] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def summary_line(self) -> str:
+        """`<dir>/trace.json (N ranks, M calls[; missing ranks: ...][; partial ranks: ...])`."""
+        extra = ""
+        if self.missing_ranks:
+            extra += f"; missing ranks: {_ranges(self.missing_ranks)}"
+        if self.partial_ranks:
+            extra += f"; partial ranks (killed): {_ranges(self.partial_ranks)}"
+        return f"{self.trace} ({len(self.ranks)} ranks, {self.calls} calls{extra})"
+
+
+def _ranges(ranks: Iterable[int]) -> str:
+    rs = sorted(set(ranks))
+    out: list[str] = []
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def rank_files(profile_dir: Path, sub: str, ext: str) -> dict[int, Path]:
+    d = profile_dir / sub
+    out: dict[int, Path] = {}
+    if not d.is_dir():
+        return out
+    for p in d.iterdir():
+        m = _RANK_RE.match(p.name)
+        if m and m.group(2) == ext:
+            out[int(m.group(1))] = p
+    return out
+
+
+def check_profile_dir(path: str | os.PathLike[str]) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise NotFoundError(p, "no such directory")
+    if not p.is_dir():
+        raise NotATraceError(p, "not a profile directory (expected the directory holding "
+                                "raw/ and ranks/)")
+    if not (p / "raw").is_dir() and not (p / "ranks").is_dir():
+        raise EmptyProfileError(p, "not a profile directory: no raw/ or ranks/ inside")
+    return p
+
+
+def convert_pending(profile_dir: Path, *, ranks: Iterable[int] | None = None,
+                    own_rank: int | None = None) -> tuple[list[int], list[str]]:
+    """Convert raw files lacking an up-to-date parquet. Returns (converted, problems)."""
+    from profiler.dataset import convert_raw, is_up_to_date
+
+    raws = rank_files(profile_dir, "raw", "hvprof")
+    wanted = set(raws) if ranks is None else set(ranks) & set(raws)
+    converted: list[int] = []
+    problems: list[str] = []
+    for r in sorted(wanted):
+        if is_up_to_date(raws[r], profile_dir):
+            continue
+        try:
+            c = convert_raw(raws[r], profile_dir, own_process=(r == own_rank))
+        except ProfilerError as exc:
+            problems.append(f"rank {r}: {exc.line()}")
+            continue
+        converted.append(r)
+        problems.extend(f"rank {r}: {p}" for p in c.problems)
+    return converted, problems
+
+
+def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | None = None,
+          own_rank: int | None = None, world_size: int | None = None,
+          limit: int | None = None) -> MergeResult:
+    """Convert what needs converting, then write trace.json.  See module doc."""
+    from profiler.dataset import read_dataset, read_meta
+    from profiler.raw import read_header
+    from profiler.tracejson import now_iso, write_trace
+
+    d = check_profile_dir(profile_dir)
+    converted, problems = convert_pending(d, own_rank=own_rank)
+
+    raws = rank_files(d, "raw", "hvprof")
+    metas = rank_files(d, "ranks", "json")
+    parquets = rank_files(d, "ranks", "parquet")
+    present = sorted(r for r in metas if r in parquets)
+    if not present:
+        if raws:
+            raise EmptyProfileError(d, "no raw file could be read: " + "; ".join(problems[:3]))
+        raise EmptyProfileError(d, "empty profile directory: no raw or parquet files")
+
+    rank_meta: list[dict[str, Any]] = []
+    for r in present:
+        try:
+            rank_meta.append(read_meta(metas[r]))
+        except ProfilerError as exc:
+            problems.append(f"rank {r}: {exc.line()}")
+    rank_meta.sort(key=lambda m: int(m["rank"]))
+    present = [int(m["rank"]) for m in rank_meta]
+
+    world = world_size or 0
+    partial: list[int] = []
+    for m in rank_meta:
+        h = m["header"]
+        world = max(world, int(h.get("world_size", 0)))
+        r = int(m["rank"])
+        state = int(h.get("state", 0))
+        if r in raws:  # the raw header is the authority on how the rank ended
+            try:
+                state = int(read_header(raws[r])["state"])
+            except ProfilerError:
+                pass
+        if not state & (F.STATE_FINALIZED | F.STATE_CLOSED):
+            partial.append(r)
+    world = max(world, max(present) + 1)
+    missing = [r for r in range(world) if r not in present]
+
+    frames = [read_dataset([parquets[r]]) for r in present]
+    calls = sum(int(m.get("calls", 0)) for m in rank_meta)
+    trace_path = Path(out) if out is not None else d / "trace.json"
+    meta = job_metadata(d, trace_path, rank_meta, world, missing, partial, calls)
+    meta["created"] = now_iso()
+    meta["problems"] = problems
+    write_trace(trace_path, meta, frames, rank_meta, limit=limit)
+    return MergeResult(trace=trace_path, ranks=present, world_size=world, calls=calls,
+                       missing_ranks=missing, partial_ranks=partial, converted=converted,
+                       problems=problems)
+
+
+def job_metadata(d: Path, trace_path: Path, rank_meta: list[dict[str, Any]], world: int,
+                 missing: list[int], partial: list[int], calls: int) -> dict[str, Any]:
+    from profiler._version import __version__
+    from profiler.dataset import parquet_path
+    from profiler.tracejson import TRACE_FORMAT_VERSION
+
+    first = rank_meta[0]
+    r0 = next((m for m in rank_meta if int(m["rank"]) == 0), first)
+    hosts = sorted({str(m.get("host", "")) for m in rank_meta})
+    env = r0.get("env")
+    if env is None:
+        env = next((m["env"] for m in rank_meta if m.get("env") is not None), {})
+    argv = r0.get("argv") or next((m["argv"] for m in rank_meta if m.get("argv")), None)
+    base = trace_path.resolve().parent
+    files = [os.path.relpath(parquet_path(d, int(m["rank"])).resolve(), base)
+             for m in rank_meta]
+    ranks = []
+    for m in rank_meta:
+        h = m["header"]
+        ranks.append({
+            "rank": int(m["rank"]),
+            "host": m.get("host", ""),
+            "pid": h.get("pid"),
+            "clock": h.get("clock"),
+            "ticks_per_ns": h.get("ticks_per_ns"),
+            "offset_ns": h.get("offset_ns"),
+            "offset_err_ns": h.get("offset_err_ns"),
+            "offset_method": h.get("offset_method"),
+            "calls": m.get("calls", 0),
+            "dropped": h.get("dropped_records", 0),
+            "state": h.get("state_names", []),
+            "thread_level": h.get("thread_level"),
+            "local_rank": h.get("local_rank"),
+            "problems": m.get("problems", []),
+        })
+    return {
+        "format_version": TRACE_FORMAT_VERSION,
+        "profiler_version": __version__,
+        "command": argv,
+        "executable": r0.get("executable"),
+        "job_id": f"{int(r0['header'].get('job_id', 0)):#x}",
+        "hosts": hosts,
+        "world_size": world,
+        "ranks": ranks,
+        "missing_ranks": missing,
+        "partial_ranks": partial,
+        "mpi_version": r0["header"].get("mpi_version", ""),
+        "clock": {"job_t0_ns": r0["header"].get("job_t0_ns"),
+                  "cal0_realtime_ns": r0["header"].get("cal0_realtime_ns"),
+                  "axis": "ns since rank 0's MPI_Init return"},
+        "env": env,
+        "dataset": {"format": "parquet", "files": files, "calls": calls,
+                    "rows": sum(int(m.get("rows", m.get("calls", 0))) for m in rank_meta)},
+    }
+
+
+def wait_and_merge(profile_dir: str | os.PathLike[str], *, world_size: int, own_rank: int,
+                   timeout: float, poll: float = 0.05,
+                   sleep: Callable[[float], None] = time.sleep) -> MergeResult:
+    """Rank 0 at exit: wait (bounded) for the other ranks' datasets, converting
+    those whose raw header shows they died, then merge."""
+    from profiler.dataset import is_up_to_date
+    from profiler.raw import read_header, writer_state
+
+    d = Path(profile_dir)
+    start = time.monotonic()
+    deadline = start + max(0.0, timeout)
+    # Every rank creates its raw file at MPI_Init, long before anyone exits: a
+    # rank whose file is still absent after a short grace is not on this
+    # (shared) file system, or never started; waiting longer would not help.
+    grace = min(max(0.0, timeout), NO_FILE_GRACE_S)
+    pending = set(range(world_size)) - {own_rank}
+    while pending:
+        raws = rank_files(d, "raw", "hvprof")
+        for r in sorted(pending):
+            if r not in raws:
+                if time.monotonic() - start >= grace:
+                    pending.discard(r)
+                continue
+            try:
+                header = read_header(raws[r])
+            except ProfilerError:
+                continue
+            st = writer_state(header)
+            if st == "closed" and is_up_to_date(raws[r], d):
+                pending.discard(r)
+            elif st == "dead":
+                convert_pending(d, ranks=[r])  # it will never convert itself
+                pending.discard(r)
+        if not pending or time.monotonic() >= deadline:
+            break
+        sleep(poll)
+    if pending and time.monotonic() >= deadline:
+        print(f"horovod-profiler: gave up waiting for rank(s) {_ranges(pending)} after "
+              f"{timeout:g} s; merging what is there", file=sys.stderr)
+    return merge(d, own_rank=own_rank, world_size=world_size)

@@ -1,0 +1,294 @@
+"""Read one raw file (hooks/hvprof_format.h) into numpy arrays.
+
+`read_raw(path)` validates the file header (magic, version, header and record
+size: mismatches are refused with a typed ProfilerError), then takes every
+record that is valid and reports, in `RawFile.problems`, what was not:
+chunks whose nrec exceeds their capacity (capped), chunks with a bad magic
+(skipped), a file that ends inside a chunk (a killed writer, a copy cut short:
+the complete slots are kept), chunks counted in the header but not yet on disk.
+A file still being written by a live process is read as a snapshot.
+
+Records are gathered with strided numpy views over a read-only mmap: one
+boolean mask selects the published slots of every chunk at once.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from profiler import _format as F
+from profiler.errors import (
+    CorruptError,
+    LayoutError,
+    NotATraceError,
+    NotFoundError,
+    TruncatedError,
+    VersionError,
+)
+
+_MAX_CHUNK_BYTES = 1 << 34
+
+
+@dataclass
+class RawFile:
+    """One rank's raw file, read."""
+
+    path: Path
+    header: dict[str, Any]
+    comms: np.ndarray  # COMM_ENTRY_DTYPE, the n_comms used entries
+    tracks: np.ndarray  # TRACK_ENTRY_DTYPE, the n_tracks used entries
+    records: np.ndarray  # RECORD_DTYPE, chunk order (per track: call order)
+    problems: list[str] = field(default_factory=list)
+    file_size: int = 0
+
+    @property
+    def rank(self) -> int:
+        return int(self.header["rank"])
+
+    @property
+    def state(self) -> int:
+        return int(self.header["state"])
+
+    @property
+    def complete(self) -> bool:
+        """True when the writer reached MPI_Finalize or exited cleanly."""
+        return bool(self.state & (F.STATE_FINALIZED | F.STATE_CLOSED))
+
+
+def _decode(value: bytes) -> str:
+    return value.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def header_to_dict(h: np.void) -> dict[str, Any]:
+    """A header record as plain Python values (strings decoded, reserved dropped)."""
+    out: dict[str, Any] = {}
+    names = h.dtype.names or ()
+    for name in names:
+        if name == "reserved":
+            continue
+        v = h[name]
+        if isinstance(v, bytes):
+            out[name] = _decode(v) if name != "magic" else v.decode("latin-1")
+        elif isinstance(v, np.floating):
+            out[name] = float(v)
+        else:
+            out[name] = int(v)
+    out["state_names"] = F.state_names(out["state"])
+    out["clock"] = F.CLOCK_KINDS.get(out["clock_kind"], f"clock_{out['clock_kind']}")
+    return out
+
+
+def _check_header(path: Path, buf: bytes | mmap.mmap, size: int) -> np.void:
+    if size == 0:
+        raise NotATraceError(path, "empty file, not a horovod-profiler raw file")
+    if size < len(F.MAGIC) or bytes(buf[: len(F.MAGIC)]) != F.MAGIC:
+        raise NotATraceError(path, "not a horovod-profiler raw file (bad magic)")
+    if size < 24:
+        raise TruncatedError(path, f"truncated raw file: {size} bytes, header is "
+                             f"{F.HEADER_BYTES}")
+    version, header_bytes, record_bytes = np.frombuffer(bytes(buf[8:20]), dtype="<u4")
+    if version != F.FORMAT_VERSION:
+        newer = "newer than" if version > F.FORMAT_VERSION else "older than"
+        raise VersionError(
+            path,
+            f"raw format version {int(version)} is {newer} this reader's version "
+            f"{F.FORMAT_VERSION}: read it with the horovod-profiler that wrote it",
+        )
+    if header_bytes != F.HEADER_BYTES or record_bytes != F.RECORD_BYTES:
+        raise LayoutError(
+            path,
+            f"layout mismatch: header {int(header_bytes)} B / record {int(record_bytes)} B, "
+            f"this reader expects {F.HEADER_BYTES} B / {F.RECORD_BYTES} B",
+        )
+    if size < F.HEADER_BYTES:
+        raise TruncatedError(path, f"truncated raw file: {size} bytes, header is "
+                             f"{F.HEADER_BYTES}")
+    return np.frombuffer(bytes(buf[: F.HEADER_BYTES]), dtype=F.HEADER_DTYPE)[0]
+
+
+def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Only the validated header of a raw file (4 KiB read), as a dict."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            head = f.read(F.HEADER_BYTES)
+            size = os.fstat(f.fileno()).st_size
+    except FileNotFoundError:
+        raise NotFoundError(p, "no such file") from None
+    except IsADirectoryError:
+        raise NotATraceError(p, "is a directory, not a raw file") from None
+    except OSError as exc:
+        raise NotFoundError(p, f"cannot read: {exc.strerror or exc}") from None
+    h = header_to_dict(_check_header(p, head, len(head)))
+    h["file_size"] = size
+    return h
+
+
+def _table(path: Path, buf: mmap.mmap, size: int, offset: int, capacity: int, used: int,
+           dtype: np.dtype, what: str, problems: list[str]) -> np.ndarray:
+    if used > capacity:
+        problems.append(f"{what} table: {used} entries used, capacity {capacity} (capped)")
+        used = capacity
+    end = offset + used * dtype.itemsize
+    if offset < F.HEADER_BYTES or end > size:
+        raise TruncatedError(path, f"{what} table at [{offset}, {end}) lies outside the "
+                             f"file ({size} bytes)")
+    return np.frombuffer(buf, dtype=dtype, count=used, offset=offset).copy()
+
+
+def read_raw(path: str | os.PathLike[str]) -> RawFile:
+    """Read a raw file: validated header, tables and every published record."""
+    p = Path(path)
+    try:
+        f = open(p, "rb")
+    except FileNotFoundError:
+        raise NotFoundError(p, "no such file") from None
+    except IsADirectoryError:
+        raise NotATraceError(p, "is a directory, not a raw file") from None
+    except OSError as exc:
+        raise NotFoundError(p, f"cannot read: {exc.strerror or exc}") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise NotATraceError(p, "empty file, not a horovod-profiler raw file")
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            return _read_mapped(p, buf, size)
+        finally:
+            buf.close()
+
+
+def _read_mapped(p: Path, buf: mmap.mmap, size: int) -> RawFile:
+    hv = _check_header(p, buf, size)
+    header = header_to_dict(hv)
+    problems: list[str] = []
+
+    comms = _table(p, buf, size, header["comm_table_offset"], header["comm_table_capacity"],
+                   header["n_comms"], F.COMM_ENTRY_DTYPE, "communicator", problems)
+    tracks = _table(p, buf, size, header["track_table_offset"],
+                    header["track_table_capacity"], header["n_tracks"],
+                    F.TRACK_ENTRY_DTYPE, "track", problems)
+
+    chunk_bytes = header["chunk_bytes"]
+    first = header["first_chunk_offset"]
+    if (chunk_bytes < F.CHUNK_HEADER_BYTES + F.RECORD_BYTES or chunk_bytes % F.RECORD_BYTES
+            or chunk_bytes > _MAX_CHUNK_BYTES):
+        raise CorruptError(p, f"corrupt header: chunk size {chunk_bytes} bytes")
+    if first < F.HEADER_BYTES:
+        raise CorruptError(p, f"corrupt header: first chunk at offset {first}")
+    cap = (chunk_bytes - F.CHUNK_HEADER_BYTES) // F.RECORD_BYTES
+    n_claimed = header["n_chunks"]
+    on_disk = max(0, (size - first) // chunk_bytes)  # chunks wholly in the file
+    partial_tail = size > first + on_disk * chunk_bytes and (
+        size - first - on_disk * chunk_bytes >= F.CHUNK_HEADER_BYTES)
+    n_full = min(n_claimed, on_disk)
+    if n_claimed > on_disk + (1 if partial_tail else 0):
+        missing = n_claimed - on_disk - (1 if partial_tail else 0)
+        problems.append(f"{missing} chunk(s) counted in the header are not in the file "
+                        f"(file ends at {size} bytes)")
+
+    pieces: list[np.ndarray] = []
+    if n_full:
+        ch = np.ndarray((n_full,), dtype=F.CHUNK_HEADER_DTYPE, buffer=buf, offset=first,
+                        strides=(chunk_bytes,))
+        magic = ch["magic"]
+        nrec = ch["nrec"].astype(np.int64)
+        good = magic == F.CHUNK_MAGIC
+        empty = magic == 0
+        bad = ~good & ~empty
+        if bad.any():
+            idx = np.flatnonzero(bad)
+            problems.append(f"{len(idx)} chunk(s) with a bad magic skipped (first: chunk "
+                            f"{int(idx[0])})")
+        if empty.any():
+            # allocated, header not yet written: a writer caught mid-refill
+            if int((nrec[empty] != 0).sum()):
+                problems.append("chunk(s) without magic but with records skipped")
+        over = good & ((nrec > cap) | (nrec < 0))
+        if over.any():
+            idx = np.flatnonzero(over)
+            problems.append(f"{len(idx)} chunk(s) claim more records than their capacity "
+                            f"{cap} (capped; first: chunk {int(idx[0])}, nrec "
+                            f"{int(ch['nrec'][idx[0]])})")
+        n_valid = np.where(good, np.clip(nrec, 0, cap), 0)
+        if n_valid.any():
+            slots = np.ndarray((n_full, cap), dtype=F.RECORD_DTYPE, buffer=buf,
+                               offset=first + F.CHUNK_HEADER_BYTES,
+                               strides=(chunk_bytes, F.RECORD_BYTES))
+            mask = np.arange(cap)[None, :] < n_valid[:, None]
+            pieces.append(slots[mask])
+    if partial_tail and n_claimed > on_disk:
+        index = on_disk
+        base = first + index * chunk_bytes
+        ch1 = np.frombuffer(buf, dtype=F.CHUNK_HEADER_DTYPE, count=1, offset=base)[0]
+        avail = (size - base - F.CHUNK_HEADER_BYTES) // F.RECORD_BYTES
+        if int(ch1["magic"]) == F.CHUNK_MAGIC:
+            nrec1 = int(ch1["nrec"])
+            take = max(0, min(nrec1, cap, avail))
+            if nrec1 > take:
+                problems.append(f"file ends inside chunk {index}: {nrec1 - take} of its "
+                                f"{nrec1} records lost")
+            if take:
+                pieces.append(np.frombuffer(buf, dtype=F.RECORD_DTYPE, count=take,
+                                            offset=base + F.CHUNK_HEADER_BYTES).copy())
+        elif int(ch1["magic"]) != 0:
+            problems.append(f"chunk {index} (cut short by the end of the file) has a bad "
+                            "magic: skipped")
+    elif size > first + on_disk * chunk_bytes and n_claimed > on_disk:
+        problems.append(f"file ends inside the header of chunk {on_disk}")
+
+    records = np.concatenate(pieces) if pieces else np.zeros(0, dtype=F.RECORD_DTYPE)
+    if header["dropped_records"]:
+        problems.append(f"{header['dropped_records']} record(s) dropped by the writer "
+                        "(no chunk could be allocated)")
+    return RawFile(path=p, header=header, comms=comms, tracks=tracks, records=records,
+                   problems=problems, file_size=size)
+
+
+def writer_state(header: dict[str, Any]) -> str:
+    """What became of the process that wrote this header.
+
+    "closed" (exited cleanly), "finalized" (reached MPI_Finalize), "running"
+    (same host, its pid is alive), "dead" (same host, pid gone without
+    finishing), "unknown" (another host: cannot tell).
+    """
+    state = int(header.get("state", 0))
+    if state & F.STATE_CLOSED:
+        return "closed"
+    alive = _pid_alive(header)
+    if state & F.STATE_FINALIZED:
+        return "dead" if alive is False else "finalized"
+    if alive is None:
+        return "unknown"
+    return "running" if alive else "dead"
+
+
+def _pid_alive(header: dict[str, Any]) -> bool | None:
+    host = str(header.get("hostname", ""))
+    if host and host != socket.gethostname():
+        return None
+    pid = int(header.get("pid", 0))
+    if pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (killed child not yet reaped) counts as dead.
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[-1].split()
+        if fields and fields[0] == b"Z":
+            return False
+    except OSError:
+        pass
+    return True

@@ -1,0 +1,335 @@
+"""trace.json: Chrome Trace Event format (object form) + the profiler's metadata.
+
+Layout (docs/ARCHITECTURE.md section 4).  The metadata block is written
+first, so that readers get it from the head of the file without parsing the
+events:
+
+    {"horovod_profiler": {...}, "displayTimeUnit": "ns", "traceEvents": [...]}
+
+Events: per rank a process (pid = rank, "rank R (host)"), per track a thread
+(tid = track index; Horovod's background thread is named so), complete
+events ("ph": "X", ts/dur in microseconds) named by op.
+
+Event selection: all calls when the job has at most HOROVOD_PROFILE_TRACE_EVENTS
+(default 500000) rows; otherwise a window: the N consecutive rows (by start time,
+all ranks together) centred on the middle of the job, so that the trace shows
+steady state rather than start-up.  The metadata says which ("events":
+{"included", "total", "selection"}); the parquet dataset always holds every row.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from profiler._version import __version__
+from profiler.errors import (
+    CorruptError,
+    NotATraceError,
+    NotFoundError,
+    TruncatedError,
+    VersionError,
+)
+
+TRACE_FORMAT_VERSION = 1
+META_KEY = "horovod_profiler"
+DEFAULT_MAX_EVENTS = 500_000
+_PREFIX = b'{"' + META_KEY.encode() + b'":'
+
+
+def max_events() -> int:
+    try:
+        return max(0, int(os.environ.get("HOROVOD_PROFILE_TRACE_EVENTS", DEFAULT_MAX_EVENTS)))
+    except ValueError:
+        return DEFAULT_MAX_EVENTS
+
+
+def select_window(t_start: np.ndarray, limit: int) -> tuple[np.ndarray, str]:
+    """Indices of the rows to include and a description of the selection."""
+    n = len(t_start)
+    if n <= limit:
+        return np.arange(n), "all"
+    order = np.argsort(t_start, kind="stable")
+    lo = max(0, (n - limit) // 2)
+    idx = np.sort(order[lo:lo + limit])
+    a, b = int(t_start[order[lo]]), int(t_start[order[lo + limit - 1]])
+    desc = (f"window: the {limit} calls starting in [{a / 1e3:.3f}, {b / 1e3:.3f}] us, "
+            f"the middle of the job ({n} calls in all; the dataset holds every one; "
+            "HOROVOD_PROFILE_TRACE_EVENTS sets the limit)")
+    return idx, desc
+
+
+def _thread_label(row: Mapping[str, Any]) -> str:
+    kind = row.get("thread_kind", "other")
+    name = row.get("name") or ""
+    tid = row.get("tid", -1)
+    if kind == "horovod":
+        return f"Horovod background thread ({name}, tid {tid})"
+    if kind == "stream":
+        return f"device stream {row.get('index')} (device {row.get('device', -1)})"
+    if kind == "main":
+        return f"main thread ({name}, tid {tid})"
+    return f"thread {name} (tid {tid})"
+
+
+def metadata_events(rank_meta: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """process_name / thread_name / sort-index metadata events."""
+    out: list[dict[str, Any]] = []
+    for m in rank_meta:
+        r = int(m["rank"])
+        out.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0,
+                    "args": {"name": f"rank {r} ({m.get('host', '')})"}})
+        out.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0,
+                    "args": {"sort_index": r}})
+        for t in m.get("tracks", []):
+            out.append({"ph": "M", "name": "thread_name", "pid": r, "tid": int(t["index"]),
+                        "args": {"name": _thread_label(t)}})
+    return out
+
+
+def _hex(values: np.ndarray) -> list[str]:
+    return [f"{int(v):#x}" for v in values]
+
+
+def call_events(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """Complete ("X") events for the rows of df."""
+    if df.empty:
+        return []
+    n = len(df)
+
+    def col(name: str, default: Any) -> list[Any]:
+        if name in df.columns:
+            s = df[name]
+            if isinstance(s.dtype, pd.CategoricalDtype):
+                return s.astype(object).tolist()
+            return s.tolist()
+        return [default] * n
+
+    ts = (df["t_start_ns"].to_numpy() / 1e3).tolist()
+    dur = (df["dur_ns"].to_numpy() / 1e3).tolist()
+    comm = _hex(df["comm"].to_numpy()) if "comm" in df.columns else ["0x0"] * n
+    rows = zip(
+        col("op", ""), col("backend", ""), col("rank", 0), col("track", 0), ts, dur,
+        col("bytes", 0), col("count", 0), col("dtype", ""), col("redop", ""), comm,
+        col("comm_size", -1), col("seq", -1), col("root", -1), col("kind", "data"),
+        col("step", -1), col("flags", 0), col("rc", 0), col("dtype_size", 0),
+        col("comm_rank", -1),
+    )
+    out = []
+    for (op, be, rank, track, t, d, nb, cnt, dt, ro, cm, cs, seq, root, kind, step, flags,
+         rc, dts, crank) in rows:
+        out.append({
+            "name": op, "cat": be, "ph": "X", "pid": rank, "tid": track, "ts": t, "dur": d,
+            "args": {"bytes": nb, "count": cnt, "dtype": dt, "dtype_size": dts, "redop": ro,
+                     "comm": cm, "comm_size": cs, "comm_rank": crank, "seq": seq,
+                     "root": root, "kind": kind, "step": step, "flags": flags, "rc": rc},
+        })
+    return out
+
+
+def write_trace(path: str | os.PathLike[str], meta: dict[str, Any],
+                frames: Sequence[pd.DataFrame], rank_meta: Sequence[Mapping[str, Any]],
+                *, limit: int | None = None) -> dict[str, Any]:
+    """Write trace.json; returns the metadata block written (with "events")."""
+    p = Path(path)
+    limit = max_events() if limit is None else limit
+    df = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(
+        len(f) for f in frames) else None
+    total = 0 if df is None else len(df)
+    if df is not None and total:
+        idx, selection = select_window(df["t_start_ns"].to_numpy(), limit)
+        chosen = df.iloc[idx] if len(idx) != total else df
+    else:
+        chosen, selection = None, "all"
+    meta = dict(meta)
+    meta.setdefault("format_version", TRACE_FORMAT_VERSION)
+    meta.setdefault("profiler_version", __version__)
+    meta["events"] = {"included": 0 if chosen is None else len(chosen), "total": total,
+                      "selection": selection}
+    events = metadata_events(rank_meta)
+    if chosen is not None:
+        events.extend(call_events(chosen))
+    opts = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(_PREFIX)
+            f.write(orjson.dumps(meta, option=opts))
+            f.write(b',"displayTimeUnit":"ns","traceEvents":')
+            f.write(orjson.dumps(events, option=opts))
+            f.write(b"}\n")
+        os.replace(tmp, p)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return meta
+
+
+# ---------------------------------------------------------------------------
+# reading
+# ---------------------------------------------------------------------------
+def _check_meta(p: Path, meta: Any) -> dict[str, Any]:
+    if not isinstance(meta, dict):
+        raise NotATraceError(p, f"'{META_KEY}' metadata is not an object")
+    version = meta.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise CorruptError(p, "metadata lacks an integer format_version")
+    if version > TRACE_FORMAT_VERSION:
+        raise VersionError(p, f"trace format version {version} is newer than this "
+                              f"profiler understands ({TRACE_FORMAT_VERSION}): upgrade "
+                              "horovod-profiler")
+    if version < 1:
+        raise CorruptError(p, f"invalid trace format version {version}")
+    ds = meta.get("dataset")
+    if ds is not None and (not isinstance(ds, dict) or not isinstance(ds.get("files", []), list)):
+        raise CorruptError(p, "metadata 'dataset' entry is malformed")
+    return meta
+
+
+def _open_checked(p: Path) -> tuple[int, bytes]:
+    try:
+        size = p.stat().st_size
+    except FileNotFoundError:
+        raise NotFoundError(p, "no such file") from None
+    except OSError as exc:
+        raise NotFoundError(p, f"cannot read: {exc.strerror or exc}") from None
+    if p.is_dir():
+        raise NotATraceError(p, "is a directory, not a trace.json (did you mean "
+                                f"{p / 'trace.json'}?)")
+    if size == 0:
+        raise NotATraceError(p, "empty file, not a trace")
+    try:
+        with open(p, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError as exc:
+        raise NotFoundError(p, f"cannot read: {exc.strerror or exc}") from None
+    return size, head
+
+
+def _tail_ok(p: Path, size: int) -> bool:
+    with open(p, "rb") as f:
+        f.seek(max(0, size - 64))
+        tail = f.read().rstrip()
+    return tail.endswith(b"]}")
+
+
+def read_trace_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The validated metadata block of a trace.json, without parsing its events
+    when the file has the layout this module writes."""
+    p = Path(path)
+    size, head = _open_checked(p)
+    stripped = head.lstrip()
+    if stripped.startswith(_PREFIX):
+        start = head.index(_PREFIX) + len(_PREFIX)
+        meta = _decode_prefix_object(p, start, size)
+        if not _tail_ok(p, size):
+            raise TruncatedError(p, "truncated trace: the file ends before its events do")
+        return _check_meta(p, meta)
+    # Another layout (re-saved by a tool, another program's JSON): parse it all.
+    doc = _load_json(p, head, size)
+    if not isinstance(doc, dict) or META_KEY not in doc:
+        what = "a JSON array" if isinstance(doc, list) else "JSON"
+        hint = " (a Horovod timeline?)" if isinstance(doc, list) else ""
+        raise NotATraceError(p, f"{what} but not a horovod-profiler trace{hint}: no "
+                                f"'{META_KEY}' metadata")
+    return _check_meta(p, doc[META_KEY])
+
+
+def _load_json(p: Path, head: bytes, size: int) -> Any:
+    first = head.lstrip()[:1]
+    if first not in (b"{", b"["):
+        raise NotATraceError(p, "not a trace: not JSON")
+    try:
+        return orjson.loads(p.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        if not _tail_ok(p, size) and first == b"{":
+            raise TruncatedError(p, "truncated or corrupt JSON: "
+                                    f"{str(exc).splitlines()[0]}") from None
+        raise NotATraceError(p, f"not a trace: invalid JSON ({str(exc).splitlines()[0]})"
+                             ) from None
+
+
+def _decode_prefix_object(p: Path, start: int, size: int) -> Any:
+    """Decode the JSON object that starts at byte `start`, reading only as much
+    of the file as the object needs."""
+    import json
+
+    want = 1 << 16
+    while True:
+        with open(p, "rb") as f:
+            f.seek(start)
+            data = f.read(want)
+        text = data.decode("utf-8", "replace")
+        try:
+            obj, _end = json.JSONDecoder().raw_decode(text)
+            return obj
+        except json.JSONDecodeError as exc:
+            if start + len(data) >= size:
+                raise TruncatedError(p, "truncated or corrupt trace metadata: "
+                                        f"{exc.msg}") from None
+            want *= 4
+
+
+def read_trace(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Metadata and every event (the whole file parsed; for the fallback path)."""
+    p = Path(path)
+    meta = read_trace_meta(p)
+    size, head = _open_checked(p)
+    doc = _load_json(p, head, size)
+    events = doc.get("traceEvents") if isinstance(doc, dict) else None
+    if not isinstance(events, list):
+        raise CorruptError(p, "trace has no traceEvents list")
+    return meta, events
+
+
+def events_to_frame(events: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """The X events of a trace as a DataFrame (the columns the events carry)."""
+    xs = [e for e in events if e.get("ph") == "X"]
+    n = len(xs)
+    args = [e.get("args") or {} for e in xs]
+
+    def a(key: str, default: Any) -> list[Any]:
+        return [x.get(key, default) for x in args]
+
+    ts = np.array([e.get("ts", 0.0) for e in xs], dtype=np.float64)
+    dur = np.array([e.get("dur", 0.0) for e in xs], dtype=np.float64)
+    t_start = np.rint(ts * 1e3).astype(np.int64)
+    dur_ns = np.rint(dur * 1e3).astype(np.int64)
+    flags = np.array(a("flags", 0), dtype=np.int32) if n else np.zeros(0, np.int32)
+    df = pd.DataFrame({
+        "rank": np.array([e.get("pid", 0) for e in xs], dtype=np.int32),
+        "backend": pd.Categorical([e.get("cat", "") for e in xs]),
+        "op": pd.Categorical([e.get("name", "") for e in xs]),
+        "t_start_ns": t_start,
+        "t_end_ns": t_start + dur_ns,
+        "dur_ns": dur_ns,
+        "bytes": np.array(a("bytes", 0), dtype=np.int64),
+        "count": np.array(a("count", 0), dtype=np.int64),
+        "dtype": pd.Categorical(a("dtype", "")),
+        "dtype_size": np.array(a("dtype_size", 0), dtype=np.int32),
+        "redop": pd.Categorical(a("redop", "")),
+        "flags": flags,
+        "in_place": (flags & 0x1) != 0,
+        "device": (flags & 0x8) != 0,
+        "rc": np.array(a("rc", 0), dtype=np.int16),
+        "comm": np.array([int(str(c), 0) for c in a("comm", "0x0")], dtype=np.uint64),
+        "comm_size": np.array(a("comm_size", -1), dtype=np.int32),
+        "comm_rank": np.array(a("comm_rank", -1), dtype=np.int32),
+        "root": np.array(a("root", -1), dtype=np.int32),
+        "seq": np.array(a("seq", -1), dtype=np.int64),
+        "track": np.array([e.get("tid", 0) for e in xs], dtype=np.int32),
+        "kind": pd.Categorical(a("kind", "data")),
+        "step": np.array(a("step", -1), dtype=np.int32),
+    })
+    return df
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
