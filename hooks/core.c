@@ -13,6 +13,8 @@
 #include <errno.h>
 #include <execinfo.h>
 #include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -39,6 +41,7 @@ __thread hvprof_tls hvprof_t __attribute__((tls_model("initial-exec"))) = {
 };
 _Atomic int hvprof_active = 0;
 _Atomic uint32_t hvprof_generation = 1;
+_Atomic uint32_t hvprof_comm_epoch = 1;
 int hvprof_clock_kind = HVPROF_CLOCK_MONOTONIC;
 
 /* Process state: written under the open/close paths only. */
@@ -57,12 +60,17 @@ static struct {
     pthread_mutex_t lock;     /* open/close only */
 } g = {.fd = -1, .lock = PTHREAD_MUTEX_INITIALIZER};
 
+static void helper_start(void);
+static void helper_stop(void);
+static pthread_key_t exit_key; /* its destructor hands an exiting thread's buffer over */
+static void helper_forget(void);
+
 /* Communicator lookup: open addressing, handle -> table index + 1. */
 #define COMM_HASH_SLOTS 4096u
 #define COMM_TOMBSTONE UINT64_MAX
 static _Atomic uint64_t comm_keys[COMM_HASH_SLOTS];
 static _Atomic uint32_t comm_vals[COMM_HASH_SLOTS];
-static _Atomic uint32_t comm_seq[HVPROF_COMM_TABLE_CAPACITY];
+_Atomic uint32_t hvprof_comm_seq[HVPROF_COMM_TABLE_CAPACITY];
 
 /* Stream tracks: the same scheme, stream handle -> track index + 1. */
 #define STREAM_HASH_SLOTS 1024u
@@ -215,6 +223,7 @@ uint32_t hvprof_track_self(void)
         e->device = -1;
         pthread_getname_np(pthread_self(), e->name, sizeof e->name);
         caller_object(e->caller, sizeof e->caller);
+        pthread_setspecific(exit_key, (void *)1); /* thread_exit() hands over its buffer */
         __atomic_store_n(&e->valid, 1, __ATOMIC_RELEASE);
     }
     t->track = idx;
@@ -331,10 +340,11 @@ uint32_t hvprof_comm_register(uint64_t handle, uint64_t id, int size, int rank,
             e->world_rank0 = world_rank0;
             e->backend = (uint16_t)backend;
             snprintf(e->name, sizeof e->name, "%s", name ? name : "");
-            atomic_store_explicit(&comm_seq[idx], 0, memory_order_relaxed);
+            atomic_store_explicit(&hvprof_comm_seq[idx], 0, memory_order_relaxed);
             __atomic_store_n(&e->valid, 1, __ATOMIC_RELEASE);
         }
         atomic_store_explicit(&comm_vals[h], idx + 1, memory_order_release);
+        atomic_fetch_add(&hvprof_comm_epoch, 1);
         return idx;
     }
     return HVPROF_COMM_TABLE_CAPACITY - 1;
@@ -348,20 +358,12 @@ void hvprof_comm_forget(uint64_t handle)
         if (k == 0) return;
         if (k == handle) {
             atomic_store_explicit(&comm_keys[h], COMM_TOMBSTONE, memory_order_release);
+            atomic_fetch_add(&hvprof_comm_epoch, 1);
             return;
         }
     }
 }
 
-uint32_t hvprof_comm_next_seq(uint32_t comm)
-{
-    if (comm >= HVPROF_COMM_TABLE_CAPACITY) return 0;
-    /* Collectives on one communicator are serialized by the MPI standard's
-     * rules, so a plain load+store (no locked instruction) is exact. */
-    uint32_t s = atomic_load_explicit(&comm_seq[comm], memory_order_relaxed);
-    atomic_store_explicit(&comm_seq[comm], s + 1, memory_order_relaxed);
-    return s;
-}
 
 /* ------------------------------------------------------------------------ */
 /* Raw file.                                                                  */
@@ -518,13 +520,242 @@ int hvprof_open(int rank, int world_size, int local_rank, const char *dir)
     memset(comm_vals, 0, sizeof comm_vals);
     memset(stream_keys, 0, sizeof stream_keys);
     memset(stream_vals, 0, sizeof stream_vals);
+    atomic_fetch_add(&hvprof_comm_epoch, 1);
     atomic_fetch_add(&hvprof_generation, 1);
     atomic_store(&hvprof_active, 1);
+    helper_start();
     pthread_mutex_unlock(&g.lock);
     return 0;
 }
 
 hvprof_file_header *hvprof_header(void) { return g.open ? g.hdr : NULL; }
+
+/* ------------------------------------------------------------------------ */
+/* Chunk supply.  A thread writes its records into an anonymous, cache-warm
+ * buffer laid out exactly like a file chunk (64-byte header + slots).  A
+ * helper thread ("hvprof-io") copies what is new in every live buffer into
+ * the buffer's chunk of the raw file with pwrite every few milliseconds
+ * (HOROVOD_PROFILE_FLUSH_MS, default 2), recycles full buffers, and keeps a
+ * few fresh ones ready.  The calling thread never makes a system call for a
+ * record, and the kernel's page-cache work runs on the helper.  A rank
+ * killed with SIGKILL loses at most the records of the last flush interval.
+ * Without the helper (HOROVOD_PROFILE_HELPER=0, or it failed to start), a
+ * thread flushes its own buffer when it is full.                           */
+
+#define FREE_SLOTS 8u
+#define FULL_SLOTS 256u
+#define MAX_BUFFERS 512u /* x chunk_bytes: the profiler's memory bound */
+static _Atomic uintptr_t freeq[FREE_SLOTS];
+static _Atomic uintptr_t fullq[FULL_SLOTS];
+static _Atomic uintptr_t live[HVPROF_TRACK_TABLE_CAPACITY];
+static _Atomic int n_buffers;
+static _Atomic int helper_run;
+static _Atomic uint32_t helper_futex;
+static pthread_t helper_thread;
+static int helper_started;
+static int flush_ms = 2;
+
+/* Flusher-private progress of a buffer: records already in the file. */
+#define FLUSHED(ch) ((ch)->reserved[0])
+
+static void helper_wake(void)
+{
+    atomic_fetch_add(&helper_futex, 1);
+    syscall(SYS_futex, &helper_futex, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+static hvprof_chunk_header *buffer_new(void)
+{
+    if (atomic_fetch_add(&n_buffers, 1) >= (int)MAX_BUFFERS) {
+        atomic_fetch_sub(&n_buffers, 1);
+        return NULL;
+    }
+    void *m = mmap(NULL, g.chunk_bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (m == MAP_FAILED) {
+        atomic_fetch_sub(&n_buffers, 1);
+        return NULL;
+    }
+    return (hvprof_chunk_header *)m;
+}
+
+static hvprof_chunk_header *free_take(void)
+{
+    for (uint32_t i = 0; i < FREE_SLOTS; i++) {
+        uintptr_t c = atomic_load_explicit(&freeq[i], memory_order_acquire);
+        if (c && atomic_compare_exchange_strong(&freeq[i], &c, 0)) return (hvprof_chunk_header *)c;
+    }
+    return NULL;
+}
+
+static int free_put(hvprof_chunk_header *ch)
+{
+    for (uint32_t i = 0; i < FREE_SLOTS; i++) {
+        uintptr_t expect = 0;
+        if (atomic_compare_exchange_strong(&freeq[i], &expect, (uintptr_t)ch)) return 0;
+    }
+    return -1;
+}
+
+/* Write what is new in one buffer to its chunk of the file: the records,
+ * then the chunk header with the new count, so the file is consistent at
+ * every moment.  Called by the helper, or by the owner without a helper. */
+static void buffer_flush(hvprof_chunk_header *ch)
+{
+    uint64_t n = __atomic_load_n(&ch->nrec, __ATOMIC_ACQUIRE);
+    uint64_t done = FLUSHED(ch);
+    if (n <= done) return;
+    if (g.broken) {
+        __atomic_fetch_add(&g.hdr->dropped_records, n - done, __ATOMIC_RELAXED);
+        FLUSHED(ch) = n;
+        return;
+    }
+    off_t base = (off_t)(g.first_chunk_offset + ch->index * g.chunk_bytes);
+    const char *recs = (const char *)ch + HVPROF_RECORD_BYTES;
+    size_t len = (size_t)(n - done) * HVPROF_RECORD_BYTES;
+    off_t off = base + (off_t)HVPROF_RECORD_BYTES * (off_t)(done + 1);
+    hvprof_chunk_header h = {HVPROF_CHUNK_MAGIC, ch->track, n, ch->index, {0}};
+    ssize_t w = pwrite(g.fd, recs + done * HVPROF_RECORD_BYTES, len, off);
+    if (w == (ssize_t)len) w = pwrite(g.fd, &h, sizeof h, base) == (ssize_t)sizeof h ? w : -1;
+    if (w != (ssize_t)len) {
+        int err = w < 0 ? errno : ENOSPC;
+        g.broken = 1;
+        __atomic_or_fetch(&g.hdr->state, HVPROF_STATE_TRUNCATED, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&g.hdr->dropped_records, n - done, __ATOMIC_RELAXED);
+        hvprof_warn("rank %d: cannot write %s (%s): further records are dropped and counted",
+                    g.hdr->rank, g.raw_path, strerror(err));
+    }
+    FLUSHED(ch) = n;
+}
+
+static void flush_all(void)
+{
+    for (uint32_t i = 0; i < FULL_SLOTS; i++) {
+        uintptr_t c = atomic_exchange(&fullq[i], 0);
+        if (!c) continue;
+        hvprof_chunk_header *ch = (hvprof_chunk_header *)c;
+        buffer_flush(ch);
+        if (free_put(ch) != 0) {
+            munmap(ch, g.chunk_bytes);
+            atomic_fetch_sub(&n_buffers, 1);
+        }
+    }
+    uint32_t n = g.hdr->n_tracks < HVPROF_TRACK_TABLE_CAPACITY ? g.hdr->n_tracks
+                                                               : HVPROF_TRACK_TABLE_CAPACITY;
+    for (uint32_t i = 0; i < n; i++) {
+        uintptr_t c = atomic_load_explicit(&live[i], memory_order_acquire);
+        if (c) buffer_flush((hvprof_chunk_header *)c);
+    }
+}
+
+/* A full buffer (or the buffer of a thread that exits) goes to the helper. */
+static void retire(hvprof_chunk_header *ch, uint32_t track)
+{
+    if (track < HVPROF_TRACK_TABLE_CAPACITY) {
+        uintptr_t expect = (uintptr_t)ch;
+        atomic_compare_exchange_strong(&live[track], &expect, 0);
+    }
+    for (uint32_t i = 0; helper_started && i < FULL_SLOTS; i++) {
+        uintptr_t expect = 0;
+        if (atomic_compare_exchange_strong(&fullq[i], &expect, (uintptr_t)ch)) {
+            helper_wake();
+            return;
+        }
+    }
+    buffer_flush(ch); /* no helper, or its queue is full: do it here */
+    if (free_put(ch) != 0) {
+        munmap(ch, g.chunk_bytes);
+        atomic_fetch_sub(&n_buffers, 1);
+    }
+}
+
+static void *helper_main(void *arg)
+{
+    (void)arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL); /* the application's signals are not ours */
+    int64_t last_cal = hvprof_mono_ns();
+    for (;;) {
+        int run = atomic_load(&helper_run);
+        uint32_t seen = atomic_load(&helper_futex);
+        flush_all();
+        for (uint32_t i = 0; run && i < FREE_SLOTS; i++) {
+            if (atomic_load(&freeq[i])) continue;
+            hvprof_chunk_header *c = buffer_new();
+            if (!c) break;
+            if (free_put(c) != 0) {
+                munmap(c, g.chunk_bytes);
+                atomic_fetch_sub(&n_buffers, 1);
+                break;
+            }
+        }
+        int64_t now = hvprof_mono_ns();
+        if (now - last_cal > 1000000000LL) {
+            calibrate_now();
+            last_cal = now;
+        }
+        if (!run) break; /* drained once more after the stop request */
+        struct timespec ts = {flush_ms / 1000, (long)(flush_ms % 1000) * 1000000L};
+        syscall(SYS_futex, &helper_futex, FUTEX_WAIT_PRIVATE, seen, &ts, NULL, 0);
+    }
+    return NULL;
+}
+
+static void thread_exit(void *arg)
+{
+    /* The thread's buffer stays readable: hand it to the helper. */
+    hvprof_tls *t = &hvprof_t;
+    (void)arg;
+    if (t->slots && t->generation == atomic_load(&hvprof_generation) && g.hdr) {
+        retire((hvprof_chunk_header *)((char *)t->slots - HVPROF_RECORD_BYTES), t->track);
+        t->slots = NULL;
+        t->capacity = t->used = 0;
+    }
+}
+
+static void helper_start(void)
+{
+    const char *ms = getenv("HOROVOD_PROFILE_FLUSH_MS");
+    if (ms && atoi(ms) > 0) flush_ms = atoi(ms);
+    if (helper_started) return;
+    const char *v = getenv("HOROVOD_PROFILE_HELPER");
+    if (v && strcmp(v, "0") == 0) return; /* everything on the calling threads */
+    atomic_store(&helper_run, 1);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 64 * 1024);
+    if (pthread_create(&helper_thread, &attr, helper_main, NULL) == 0) {
+        pthread_setname_np(helper_thread, "hvprof-io");
+        helper_started = 1;
+    }
+    pthread_attr_destroy(&attr);
+}
+
+/* In a forked child: the helper thread was not copied, and the parent's
+ * buffers are not the child's to flush. */
+static void helper_forget(void)
+{
+    helper_started = 0;
+    atomic_store(&helper_run, 0);
+    for (uint32_t i = 0; i < FREE_SLOTS; i++) atomic_store(&freeq[i], 0);
+    for (uint32_t i = 0; i < FULL_SLOTS; i++) atomic_store(&fullq[i], 0);
+    for (uint32_t i = 0; i < HVPROF_TRACK_TABLE_CAPACITY; i++) atomic_store(&live[i], 0);
+    atomic_store(&n_buffers, 0);
+}
+
+/* Stop the helper after a last drain; without one, drain here. */
+static void helper_stop(void)
+{
+    if (helper_started) {
+        atomic_store(&helper_run, 0);
+        helper_wake();
+        pthread_join(helper_thread, NULL);
+        helper_started = 0;
+    } else if (g.hdr) {
+        flush_all();
+    }
+}
 
 int hvprof_refill(void)
 {
@@ -532,42 +763,31 @@ int hvprof_refill(void)
     if (!atomic_load_explicit(&hvprof_active, memory_order_acquire) || !g.hdr) return -1;
     uint32_t gen = atomic_load_explicit(&hvprof_generation, memory_order_acquire);
     if (t->generation == gen && t->slots) {
-        munmap((char *)t->slots - HVPROF_RECORD_BYTES, g.chunk_bytes);
+        retire((hvprof_chunk_header *)((char *)t->slots - HVPROF_RECORD_BYTES), t->track);
         t->slots = NULL;
         t->nrec = NULL;
         t->used = t->capacity = 0;
     }
     uint32_t track = hvprof_track_self();
-    if (g.broken) goto drop;
-    uint64_t idx = __atomic_fetch_add(&g.hdr->n_chunks, 1, __ATOMIC_RELAXED);
-    off_t off = (off_t)(g.first_chunk_offset + idx * g.chunk_bytes);
-    int err = posix_fallocate(g.fd, off, g.chunk_bytes);
-    if (err != 0) {
-        g.broken = 1;
-        __atomic_or_fetch(&g.hdr->state, HVPROF_STATE_TRUNCATED, __ATOMIC_RELAXED);
-        hvprof_warn("rank %d: cannot extend %s (%s): further records are dropped and counted",
-                    g.hdr->rank, g.raw_path, strerror(err));
-        goto drop;
+    hvprof_chunk_header *ch = free_take();
+    if (!ch) ch = buffer_new();
+    if (!ch || g.broken) {
+        if (ch) free_put(ch);
+        __atomic_fetch_add(&g.hdr->dropped_records, 1, __ATOMIC_RELAXED);
+        return -1;
     }
-    void *m = mmap(NULL, g.chunk_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, g.fd, off);
-    if (m == MAP_FAILED) {
-        g.broken = 1;
-        goto drop;
-    }
-    hvprof_chunk_header *ch = (hvprof_chunk_header *)m;
+    ch->magic = HVPROF_CHUNK_MAGIC;
     ch->track = track;
-    ch->index = idx;
-    __atomic_store_n(&ch->nrec, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&ch->magic, HVPROF_CHUNK_MAGIC, __ATOMIC_RELEASE);
-    t->slots = (hvprof_record *)((char *)m + HVPROF_RECORD_BYTES);
+    ch->index = __atomic_fetch_add(&g.hdr->n_chunks, 1, __ATOMIC_RELAXED);
+    FLUSHED(ch) = 0;
+    __atomic_store_n(&ch->nrec, 0, __ATOMIC_RELEASE);
+    if (track < HVPROF_TRACK_TABLE_CAPACITY)
+        atomic_store_explicit(&live[track], (uintptr_t)ch, memory_order_release);
+    t->slots = (hvprof_record *)((char *)ch + HVPROF_RECORD_BYTES);
     t->nrec = (_Atomic uint64_t *)&ch->nrec;
     t->used = 0;
     t->capacity = g.chunk_bytes / HVPROF_RECORD_BYTES - 1;
-    calibrate_now();
     return 0;
-drop:
-    __atomic_fetch_add(&g.hdr->dropped_records, 1, __ATOMIC_RELAXED);
-    return -1;
 }
 
 void hvprof_close(uint32_t state_bits)
@@ -575,6 +795,7 @@ void hvprof_close(uint32_t state_bits)
     pthread_mutex_lock(&g.lock);
     if (g.open && g.pid == getpid()) {
         atomic_store(&hvprof_active, 0);
+        helper_stop();
         calibrate_now();
         __atomic_or_fetch(&g.hdr->state, state_bits, __ATOMIC_RELEASE);
         /* Chunks stay mapped: a thread that passed the active check a moment
@@ -595,6 +816,7 @@ static void atfork_child(void)
     g.fd = -1;
     g.open = 0;
     g.hdr = NULL;
+    helper_forget();
     g.dir[0] = 0;
     g.raw_path[0] = 0;
     pthread_mutex_init(&g.lock, NULL);
@@ -603,7 +825,14 @@ static void atfork_child(void)
 __attribute__((constructor)) static void hvprof_ctor(void)
 {
     clock_select(); /* before any tick is read: MPI_Init's entry time */
+    pthread_key_create(&exit_key, thread_exit);
     pthread_atfork(NULL, NULL, atfork_child);
+}
+
+/* exit() without MPI_Finalize (an NCCL-only job, a C program): drain. */
+__attribute__((destructor)) static void hvprof_dtor(void)
+{
+    if (g.open && g.pid == getpid()) hvprof_close(HVPROF_STATE_CLOSED);
 }
 
 /* ------------------------------------------------------------------------ */

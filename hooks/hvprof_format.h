@@ -17,11 +17,12 @@
  *   [first_chunk_offset, ...)       chunks of chunk_bytes each
  *
  * A chunk belongs to one track (one thread): its first 64 bytes are an
- * hvprof_chunk_header, the rest are hvprof_record slots.  The writer stores a
- * record, then publishes it by a release-store of chunk.nrec; a reader trusts
- * only the first nrec slots.  Chunks are allocated with an atomic counter in
- * the file header and posix_fallocate, so a full disk turns into counted drops
- * (header.dropped_records), never into SIGBUS.
+ * hvprof_chunk_header, the rest are hvprof_record slots.  The records of a
+ * chunk are written before its header's nrec, so a reader trusts the first
+ * nrec slots; a chunk whose magic is 0 was never written (a hole).  Chunk
+ * numbers come from an atomic counter in the file header.  A write that
+ * fails (disk full, file gone) turns into counted drops
+ * (header.dropped_records), never into an error for the application.
  *
  * Version history:
  *   1  first version.
@@ -38,7 +39,7 @@
 #define HVPROF_RECORD_BYTES 64u
 #define HVPROF_COMM_TABLE_CAPACITY 1024u
 #define HVPROF_TRACK_TABLE_CAPACITY 1024u
-#define HVPROF_DEFAULT_CHUNK_BYTES (1u << 20) /* 16383 records per chunk */
+#define HVPROF_DEFAULT_CHUNK_BYTES (1u << 18) /* 4095 records per chunk */
 
 /* ---------------------------------------------------------------------------
  * Collectives.  X(value, NAME, "name", "backend")

@@ -26,7 +26,22 @@ typedef struct hvprof_tls {
     uint32_t track;              /* this thread's track index, UINT32_MAX = none */
     uint32_t generation;         /* == hvprof_generation when chunk valid */
     int32_t  in_hook;            /* >0 while inside the profiler's own MPI use */
+    /* One-entry caches of the last handles seen by this thread: the common
+     * case (the same communicator, datatype and op as the previous call)
+     * costs a compare each instead of a hash-table probe. */
+    uint64_t last_comm;          /* communicator handle ... */
+    uint32_t last_comm_idx;      /* ... its table index ... */
+    uint32_t last_comm_epoch;    /* ... valid while hvprof_comm_epoch equals this */
+    uint64_t last_dt;            /* predefined datatype handle ... */
+    uint32_t last_dt_size;       /* ... its size ... */
+    uint32_t last_dt_code;       /* ... its enum */
+    uint64_t last_op;            /* predefined op handle ... */
+    uint32_t last_op_code;       /* ... its enum */
 } hvprof_tls;
+
+/* Bumped whenever a communicator handle is registered or forgotten: a
+ * thread's cached (handle -> index) is valid only within one epoch. */
+extern _Atomic uint32_t hvprof_comm_epoch;
 
 extern __thread hvprof_tls hvprof_t __attribute__((tls_model("initial-exec")));
 
@@ -77,8 +92,17 @@ HVPROF_HIDDEN uint32_t hvprof_comm_register(uint64_t handle, uint64_t id, int si
                                             int rank, int world_rank0, int backend,
                                             const char *name);
 HVPROF_HIDDEN void hvprof_comm_forget(uint64_t handle);
-/* Sequence counter of a comm entry (per-communicator call number). */
-HVPROF_HIDDEN uint32_t hvprof_comm_next_seq(uint32_t comm);
+/* Per-communicator call numbers.  Collectives on one communicator are
+ * serialized by the MPI standard's rules (and NCCL's), so a plain load+store
+ * (no locked instruction) is exact. */
+extern _Atomic uint32_t hvprof_comm_seq[HVPROF_COMM_TABLE_CAPACITY];
+static inline uint32_t hvprof_comm_next_seq(uint32_t comm)
+{
+    if (HVPROF_UNLIKELY(comm >= HVPROF_COMM_TABLE_CAPACITY)) return 0;
+    uint32_t s = atomic_load_explicit(&hvprof_comm_seq[comm], memory_order_relaxed);
+    atomic_store_explicit(&hvprof_comm_seq[comm], s + 1, memory_order_relaxed);
+    return s;
+}
 
 /* Open the raw file for this process if not open yet.  rank/world/local may
  * be -1 (then taken from the launcher's environment where it has them).

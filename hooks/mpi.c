@@ -92,9 +92,18 @@ typedef struct { uint32_t size; uint8_t code; uint8_t derived; } dtinfo;
 static inline dtinfo dt_info(MPI_Datatype dt)
 {
     uint64_t k = H(dt);
+    hvprof_tls *t = &hvprof_t;
+    if (HVPROF_LIKELY(t->last_dt == k && k))
+        return (dtinfo){t->last_dt_size, (uint8_t)t->last_dt_code, 0};
     uint32_t h = hslot(k, DT_SLOTS - 1);
     while (dt_table[h].used) {
-        if (dt_table[h].key == k) return (dtinfo){dt_table[h].size, dt_table[h].code, 0};
+        if (dt_table[h].key == k) {
+            /* predefined types live as long as MPI: safe to cache */
+            t->last_dt = k;
+            t->last_dt_size = dt_table[h].size;
+            t->last_dt_code = dt_table[h].code;
+            return (dtinfo){dt_table[h].size, dt_table[h].code, 0};
+        }
         h = (h + 1) & (DT_SLOTS - 1);
     }
     /* A derived type (Horovod's float16 is one): its size from MPI. */
@@ -106,9 +115,15 @@ static inline dtinfo dt_info(MPI_Datatype dt)
 static inline uint8_t op_code(MPI_Op op)
 {
     uint64_t k = H(op);
+    hvprof_tls *t = &hvprof_t;
+    if (HVPROF_LIKELY(t->last_op == k && k)) return (uint8_t)t->last_op_code;
     uint32_t h = hslot(k, OP_SLOTS - 1);
     while (op_table[h].used) {
-        if (op_table[h].key == k) return op_table[h].code;
+        if (op_table[h].key == k) {
+            t->last_op = k;
+            t->last_op_code = op_table[h].code;
+            return op_table[h].code;
+        }
         h = (h + 1) & (OP_SLOTS - 1);
     }
     return HVPROF_REDOP_USER;
@@ -163,7 +178,22 @@ static uint32_t comm_register_mpi(MPI_Comm comm, uint64_t id)
     return idx;
 }
 
+static uint32_t comm_index_slow(MPI_Comm comm);
+
 static inline uint32_t comm_index(MPI_Comm comm)
+{
+    hvprof_tls *t = &hvprof_t;
+    uint32_t epoch = atomic_load_explicit(&hvprof_comm_epoch, memory_order_relaxed);
+    if (HVPROF_LIKELY(t->last_comm == H(comm) && t->last_comm_epoch == epoch))
+        return t->last_comm_idx;
+    uint32_t idx = comm_index_slow(comm);
+    t->last_comm = H(comm);
+    t->last_comm_idx = idx;
+    t->last_comm_epoch = epoch; /* read before the lookup: a change since then invalidates */
+    return idx;
+}
+
+static uint32_t comm_index_slow(MPI_Comm comm)
 {
     uint32_t idx = hvprof_comm_lookup(H(comm));
     if (HVPROF_LIKELY(idx != UINT32_MAX)) return idx;
@@ -207,7 +237,7 @@ static void comm_created(MPI_Comm parent, MPI_Comm *newcomm, uint64_t kind)
 static inline int16_t sat16(int rc) { return (int16_t)(rc > 32767 ? 32767 : rc < -32768 ? -32768 : rc); }
 
 /* count_mult: multiply the element count by the communicator size. */
-static inline void emit(uint16_t op, uint64_t t0, uint64_t t1, MPI_Comm comm, MPI_Datatype dt,
+static inline __attribute__((always_inline)) void emit(uint16_t op, uint64_t t0, uint64_t t1, MPI_Comm comm, MPI_Datatype dt,
                         uint64_t count, int count_mult, MPI_Op mop, int root, int rc,
                         uint16_t flags)
 {

@@ -1,0 +1,846 @@
+/*
+ * nccl.c -- NCCL interposition.
+ *
+ * Every wrapper finds the real function lazily: dlsym(RTLD_NEXT), else (a
+ * libnccl loaded RTLD_LOCAL, invisible to RTLD_NEXT) dlsym on the handle of a
+ * libnccl found with dl_iterate_phdr.  No nccl.h: the types below are NCCL's
+ * documented ABI (opaque communicator, 128-byte unique id, int-sized enums).
+ * Where no NCCL exists the library loads and works; a wrapper called without
+ * a real function behind it returns ncclSystemError.
+ *
+ * Records (hooks/hvprof_format.h):
+ *   - one host record per call on the calling thread: t_start/t_end bracket
+ *     the real call (the enqueue: NCCL returns before the GPU runs it),
+ *     bytes = count x type size (ncclReduceScatter: recvcount x nranks, the
+ *     send buffer; ncclRecv: the bytes received), dtype, redop, root or peer,
+ *     comm, seq (per-communicator call number), aux = group number (0 = not
+ *     in a group);
+ *   - one DEVICE record per call outside groups, on the stream's track, from
+ *     CUDA events before and after the call (cuda_rt.c); aux = the host
+ *     record's track.  Its comm/seq/op equal the host record's.  When no
+ *     device record will come (no CUDA, event pool exhausted, stream being
+ *     captured, ncclInProgress), the host record carries DEVICE_PENDING;
+ *   - groups: the calls between the outermost ncclGroupStart/ncclGroupEnd
+ *     are recorded individually with GROUPED and aux = group number, without
+ *     device records of their own (NCCL launches a group's work in
+ *     ncclGroupEnd); the group is one NCCL_GROUP record (t_start = outermost
+ *     ncclGroupStart, t_end = ncclGroupEnd's return, count = calls, bytes =
+ *     their sum, seq = aux = group number, comm = first call's) plus one
+ *     DEVICE record from events around ncclGroupEnd on the stream of the
+ *     group's first call.  Empty groups (NCCL's own, e.g. inside
+ *     ncclCommInitAll) are counted, not recorded.
+ * NCCL calls made by NCCL itself (ncclBcast calls ncclBroadcast through its
+ * exported symbol) pass through unrecorded: a per-thread nesting count.
+ *
+ * Communicators: id = hash of the ncclUniqueId bytes (ncclCommInitRank,
+ * ncclCommInitRankConfig, ncclCommInitRankScalable: equal on every member);
+ * ncclCommSplit: hash of (parent id, split number on the parent, color);
+ * ncclCommInitAll: hash of (pid, call number) -- all members live in this
+ * process.  A communicator first seen in a collective gets a per-process id.
+ * Size and rank come from the init arguments or ncclCommCount /
+ * ncclCommUserRank; the device from ncclCommCuDevice.
+ *
+ * A process that never calls MPI_Init (torchrun) opens its raw file at its
+ * first NCCL call when HOROVOD_PROFILE is on (rank, world size and local rank
+ * from the launcher's environment: hvprof_open).
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cuda_rt.h"
+#include "hvprof_internal.h"
+
+/* ------------------------------------------------------------------------ */
+/* NCCL's ABI, declared here.                                                */
+
+typedef struct hvprof_ncclComm *ncclComm_t;
+typedef struct {
+    char internal[128]; /* NCCL_UNIQUE_ID_BYTES */
+} ncclUniqueId;
+typedef struct hvprof_ncclConfig ncclConfig_t; /* only passed through */
+typedef int ncclResult_t;
+typedef int ncclDataType_t;
+typedef int ncclRedOp_t;
+typedef void *cudaStream_t;
+
+enum {
+    NCCL_SUCCESS = 0,
+    NCCL_SYSTEM_ERROR = 2,
+    NCCL_IN_PROGRESS = 7,
+    NCCL_SPLIT_NOCOLOR = -1,
+};
+
+/* ncclDataType_t values 0..11 (ncclInt8 .. ncclFloat8e5m2). */
+static const struct {
+    uint8_t code;
+    uint8_t size;
+} DTYPES[] = {
+    {HVPROF_DT_NCCL_INT8, 1},     {HVPROF_DT_NCCL_UINT8, 1},   {HVPROF_DT_NCCL_INT32, 4},
+    {HVPROF_DT_NCCL_UINT32, 4},   {HVPROF_DT_NCCL_INT64, 8},   {HVPROF_DT_NCCL_UINT64, 8},
+    {HVPROF_DT_NCCL_FLOAT16, 2},  {HVPROF_DT_NCCL_FLOAT32, 4}, {HVPROF_DT_NCCL_FLOAT64, 8},
+    {HVPROF_DT_NCCL_BFLOAT16, 2}, {HVPROF_DT_NCCL_FLOAT8E4M3, 1}, {HVPROF_DT_NCCL_FLOAT8E5M2, 1},
+};
+#define N_DTYPES ((int)(sizeof DTYPES / sizeof *DTYPES))
+
+/* ncclRedOp_t: ncclSum 0, ncclProd 1, ncclMax 2, ncclMin 3, ncclAvg 4; values
+ * from ncclNumOps (5) up are ops made by ncclRedOpCreatePreMulSum. */
+static inline uint8_t map_redop(ncclRedOp_t op)
+{
+    switch (op) {
+    case 0: return HVPROF_REDOP_SUM;
+    case 1: return HVPROF_REDOP_PROD;
+    case 2: return HVPROF_REDOP_MAX;
+    case 3: return HVPROF_REDOP_MIN;
+    case 4: return HVPROF_REDOP_AVG;
+    default: return op >= 5 ? HVPROF_REDOP_PREMULSUM : HVPROF_REDOP_USER;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* State.                                                                    */
+
+typedef struct nccl_tls {
+    int nest;              /* >0 inside one of these wrappers */
+    int depth;             /* ncclGroupStart depth seen on this thread */
+    uint32_t group;        /* number of the current outermost group, 0 none */
+    uint32_t g_calls;
+    uint32_t g_comm;
+    int g_device;
+    int g_have_stream;
+    uint64_t g_t0;
+    uint64_t g_bytes;
+    cudaStream_t g_stream;
+} nccl_tls;
+
+static __thread nccl_tls nt __attribute__((tls_model("initial-exec")));
+
+static _Atomic int open_tried;
+static _Atomic uint32_t group_counter;
+static _Atomic uint32_t initall_counter;
+static _Atomic int16_t comm_dev[HVPROF_COMM_TABLE_CAPACITY];   /* device + 1 */
+static _Atomic uint32_t comm_splits[HVPROF_COMM_TABLE_CAPACITY];
+
+#define N_OPS (HVPROF_OP_NCCL_GROUP - HVPROF_OP_NCCL_ALLREDUCE + 1)
+static _Atomic uint64_t c_calls[N_OPS];
+static _Atomic uint64_t c_empty_groups, c_comms, c_comms_late, c_nested, c_missing_real;
+
+int hvprof_rank(void); /* core.c export */
+
+/* ------------------------------------------------------------------------ */
+/* Finding the real NCCL.                                                    */
+
+struct find_arg {
+    const char *prefix;
+    char path[256];
+};
+
+static int find_loaded(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    struct find_arg *a = data;
+    const char *name = info->dlpi_name;
+    if (!name || !*name) return 0;
+    const char *base = strrchr(name, '/');
+    base = base ? base + 1 : name;
+    size_t n = strlen(a->prefix);
+    if (strncmp(base, a->prefix, n) != 0 || !strstr(base + n, ".so")) return 0;
+    snprintf(a->path, sizeof a->path, "%s", name);
+    return 1;
+}
+
+/* Path of a loaded object whose file name starts with prefix ("libnccl",
+ * "libcuda."), or "" -- written into out. */
+static int loaded_object(const char *prefix, char *out, size_t n)
+{
+    struct find_arg a = {prefix, ""};
+    dl_iterate_phdr(find_loaded, &a);
+    snprintf(out, n, "%s", a.path);
+    return a.path[0] != 0;
+}
+
+static void *real_sym(const char *name, void *self)
+{
+    void *p = dlsym(RTLD_NEXT, name);
+    if (p && p != self) return p;
+    char path[256];
+    if (loaded_object("libnccl", path, sizeof path)) {
+        void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD | RTLD_LOCAL);
+        if (h) {
+            p = dlsym(h, name);
+            dlclose(h); /* only drops the reference NOLOAD took */
+            if (p && p != self) return p;
+        }
+    }
+    return NULL;
+}
+
+/* Resolve `fn`'s real pointer into the local `real` (cached per wrapper). */
+#define REAL(T, fn)                                                          \
+    static T cached_##fn;                                                    \
+    T real = __atomic_load_n(&cached_##fn, __ATOMIC_ACQUIRE);                \
+    if (HVPROF_UNLIKELY(!real)) {                                            \
+        void *p_ = real_sym(#fn, (void *)&fn);                               \
+        memcpy(&real, &p_, sizeof real);                                     \
+        if (real) __atomic_store_n(&cached_##fn, real, __ATOMIC_RELEASE);    \
+        else return missing_real(#fn);                                       \
+    }
+
+static ncclResult_t missing_real(const char *name)
+{
+    if (atomic_fetch_add(&c_missing_real, 1) == 0)
+        hvprof_warn("%s called but no NCCL library provides it", name);
+    return NCCL_SYSTEM_ERROR;
+}
+
+/* Optional NCCL queries, resolved on first use. */
+typedef ncclResult_t (*comm_int_fn)(ncclComm_t, int *);
+static comm_int_fn q_count, q_rank, q_device;
+static _Atomic int q_done;
+
+static void resolve_queries(void)
+{
+    if (atomic_load_explicit(&q_done, memory_order_acquire)) return;
+    void *p;
+    p = real_sym("ncclCommCount", NULL);
+    memcpy(&q_count, &p, sizeof p);
+    p = real_sym("ncclCommUserRank", NULL);
+    memcpy(&q_rank, &p, sizeof p);
+    p = real_sym("ncclCommCuDevice", NULL);
+    memcpy(&q_device, &p, sizeof p);
+    atomic_store_explicit(&q_done, 1, memory_order_release);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Activation.                                                               */
+
+static int profile_requested(void)
+{
+    const char *v = getenv("HOROVOD_PROFILE");
+    return v && *v && strcmp(v, "0") != 0 && strcmp(v, "off") != 0;
+}
+
+/* Is recording on?  Opens the raw file at the first NCCL call of a process
+ * that has none yet (no MPI_Init: torchrun and other launchers). */
+static inline int recording(void)
+{
+    if (HVPROF_LIKELY(atomic_load_explicit(&hvprof_active, memory_order_relaxed)))
+        return !hvprof_t.in_hook;
+    if (atomic_load_explicit(&open_tried, memory_order_relaxed)) return 0;
+    if (atomic_exchange(&open_tried, 1)) return 0;
+    /* Once per process.  A file opened earlier (MPI) and since closed or
+     * switched off stays so. */
+    if (!hvprof_header() && profile_requested()) hvprof_open(-1, -1, -1, NULL);
+    return atomic_load(&hvprof_active) && !hvprof_t.in_hook;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Communicators.                                                            */
+
+static const hvprof_comm_entry *comm_entry_of(uint32_t idx)
+{
+    hvprof_file_header *h = hvprof_header();
+    if (!h || idx >= h->comm_table_capacity) return NULL;
+    return (const hvprof_comm_entry *)((const char *)h + h->comm_table_offset) + idx;
+}
+
+static uint32_t comm_register(ncclComm_t c, uint64_t id, int size, int rank, int device)
+{
+    if (!c) return UINT32_MAX;
+    resolve_queries();
+    if (size <= 0 && q_count && q_count(c, &size) != NCCL_SUCCESS) size = -1;
+    if (rank < 0 && q_rank && q_rank(c, &rank) != NCCL_SUCCESS) rank = -1;
+    if (device < 0 && q_device && q_device(c, &device) != NCCL_SUCCESS) device = -1;
+    if (device < 0) device = hvprof_cuda_current_device();
+    uint32_t idx = hvprof_comm_register((uint64_t)(uintptr_t)c, id, size, rank,
+                                        rank == 0 ? hvprof_rank() : -1, 1, "nccl");
+    if (idx < HVPROF_COMM_TABLE_CAPACITY) {
+        atomic_store_explicit(&comm_dev[idx], (int16_t)(device + 1), memory_order_relaxed);
+        atomic_store_explicit(&comm_splits[idx], 0, memory_order_relaxed);
+        atomic_fetch_add(&c_comms, 1);
+    }
+    return idx;
+}
+
+static inline uint32_t comm_index(ncclComm_t c)
+{
+    uint32_t idx = hvprof_comm_lookup((uint64_t)(uintptr_t)c);
+    if (HVPROF_LIKELY(idx != UINT32_MAX)) return idx;
+    /* Created before the file was open, or by an unwrapped call: an id
+     * unique to this process (not matchable across ranks). */
+    atomic_fetch_add(&c_comms_late, 1);
+    uint64_t id = hvprof_mix(hvprof_mix(0x6e63636c6c617465ull, (uint64_t)getpid()),
+                             (uint64_t)(uintptr_t)c);
+    return comm_register(c, id, -1, -1, -1);
+}
+
+static inline int comm_device(uint32_t idx)
+{
+    if (idx >= HVPROF_COMM_TABLE_CAPACITY) return -1;
+    return (int)atomic_load_explicit(&comm_dev[idx], memory_order_relaxed) - 1;
+}
+
+static inline int comm_rank(uint32_t idx)
+{
+    const hvprof_comm_entry *e = comm_entry_of(idx);
+    return e ? e->rank : -1;
+}
+
+static inline int comm_size(uint32_t idx)
+{
+    const hvprof_comm_entry *e = comm_entry_of(idx);
+    return e ? e->size : -1;
+}
+
+static uint64_t uid_hash(const ncclUniqueId *u, uint64_t h)
+{
+    for (size_t i = 0; i < sizeof u->internal; i += 8) {
+        uint64_t w;
+        memcpy(&w, u->internal + i, 8);
+        h = hvprof_mix(h, w);
+    }
+    return h;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The recording path.                                                       */
+
+typedef struct call {
+    uint16_t op;
+    uint8_t dtype;
+    uint8_t redop;
+    uint32_t dtype_size;
+    int32_t root;
+    uint16_t flags;
+    uint64_t count;
+    uint64_t bytes;
+    ncclComm_t comm;
+    cudaStream_t stream;
+    uint32_t comm_idx;
+    int device;
+    int miss;
+    uint64_t t0;
+    hvprof_devpair *pair;
+} call;
+
+static inline void call_init(call *c, uint16_t op, uint64_t count, ncclDataType_t dt,
+                             ncclRedOp_t redop, int has_redop, int root, ncclComm_t comm,
+                             cudaStream_t stream)
+{
+    c->op = op;
+    if (dt >= 0 && dt < N_DTYPES) {
+        c->dtype = DTYPES[dt].code;
+        c->dtype_size = DTYPES[dt].size;
+    } else {
+        c->dtype = HVPROF_DT_UNKNOWN;
+        c->dtype_size = 0;
+    }
+    c->redop = has_redop ? map_redop(redop) : HVPROF_REDOP_NONE;
+    c->root = root;
+    c->flags = 0;
+    c->count = count;
+    c->bytes = count * c->dtype_size;
+    c->comm = comm;
+    c->stream = stream;
+    c->comm_idx = comm_index(comm);
+    c->device = comm_device(c->comm_idx);
+    c->miss = HVPROF_DEV_MISS_NONE;
+    c->pair = NULL;
+}
+
+/* Just before the real call. */
+static inline void call_begin(call *c)
+{
+    if (nt.depth > 0) {
+        c->flags |= HVPROF_FLAG_GROUPED;
+        if (!nt.g_have_stream) {
+            nt.g_have_stream = 1;
+            nt.g_stream = c->stream;
+            nt.g_device = c->device;
+            nt.g_comm = c->comm_idx;
+        }
+        nt.g_calls++;
+        nt.g_bytes += c->bytes;
+    } else {
+        c->pair = hvprof_dev_begin(c->stream, &c->device, &c->miss);
+    }
+    c->t0 = hvprof_ticks();
+}
+
+static inline void write_host(hvprof_record *rec)
+{
+    hvprof_record *r = hvprof_slot();
+    if (!r) return;
+    rec->track = hvprof_t.track;
+    *r = *rec;
+    hvprof_commit();
+}
+
+/* Just after the real call. */
+static inline void call_end(call *c, ncclResult_t rc)
+{
+    uint64_t t1 = hvprof_ticks();
+    if (c->pair) {
+        if (rc == NCCL_IN_PROGRESS) {
+            hvprof_dev_cancel(c->pair, HVPROF_DEV_MISS_IN_PROGRESS);
+            c->pair = NULL;
+            c->miss = HVPROF_DEV_MISS_IN_PROGRESS;
+        } else if (rc != NCCL_SUCCESS) {
+            hvprof_dev_cancel(c->pair, HVPROF_DEV_MISS_NONE); /* no work: no miss */
+            c->pair = NULL;
+        } else if (hvprof_dev_end(c->pair, c->stream) != 0) {
+            c->pair = NULL;
+            c->miss = HVPROF_DEV_MISS_RECORD_ERROR;
+        }
+    }
+    uint16_t flags = c->flags;
+    if (rc != NCCL_SUCCESS && rc != NCCL_IN_PROGRESS) flags |= HVPROF_FLAG_ERROR;
+    if (c->miss != HVPROF_DEV_MISS_NONE) flags |= HVPROF_FLAG_DEVICE_PENDING;
+    hvprof_record rec = {
+        .t_start = c->t0,
+        .t_end = t1,
+        .bytes = c->bytes,
+        .count = c->count,
+        .seq = hvprof_comm_next_seq(c->comm_idx),
+        .comm = c->comm_idx,
+        .track = UINT32_MAX,
+        .root = c->root,
+        .op = c->op,
+        .dtype = c->dtype,
+        .redop = c->redop,
+        .flags = flags,
+        .rc = (int16_t)(rc > INT16_MAX ? INT16_MAX : rc < INT16_MIN ? INT16_MIN : rc),
+        .dtype_size = c->dtype_size,
+        .aux = (flags & HVPROF_FLAG_GROUPED) ? nt.group : 0,
+    };
+    write_host(&rec);
+    atomic_fetch_add_explicit(&c_calls[c->op - HVPROF_OP_NCCL_ALLREDUCE], 1,
+                              memory_order_relaxed);
+    if (c->pair) hvprof_dev_submit(c->pair, &rec, c->stream);
+    if (c->device >= 0 && !(flags & HVPROF_FLAG_GROUPED)) hvprof_dev_poll(c->device);
+}
+
+/* Wrapper bodies: pass through when not recording or nested. */
+#define PASS_IF_OFF(expr)                                                    \
+    if (HVPROF_UNLIKELY(nt.nest > 0)) {                                      \
+        atomic_fetch_add_explicit(&c_nested, 1, memory_order_relaxed);       \
+        return expr;                                                         \
+    }                                                                        \
+    if (!recording()) return expr;
+
+#define RECORD_CALL(c, expr)                                                 \
+    do {                                                                     \
+        nt.nest++;                                                           \
+        call_begin(c);                                                       \
+        ncclResult_t rc_ = expr;                                             \
+        call_end(c, rc_);                                                    \
+        nt.nest--;                                                           \
+        return rc_;                                                          \
+    } while (0)
+
+/* ------------------------------------------------------------------------ */
+/* Collectives and point-to-point.                                           */
+
+typedef ncclResult_t (*allreduce_fn)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t,
+                                     ncclComm_t, cudaStream_t);
+HVPROF_EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
+                                         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                         cudaStream_t stream)
+{
+    REAL(allreduce_fn, ncclAllReduce);
+    PASS_IF_OFF(real(sendbuff, recvbuff, count, datatype, op, comm, stream));
+    call c;
+    call_init(&c, HVPROF_OP_NCCL_ALLREDUCE, count, datatype, op, 1, -1, comm, stream);
+    if (sendbuff == recvbuff) c.flags |= HVPROF_FLAG_IN_PLACE;
+    RECORD_CALL(&c, real(sendbuff, recvbuff, count, datatype, op, comm, stream));
+}
+
+typedef ncclResult_t (*reducescatter_fn)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t,
+                                         ncclComm_t, cudaStream_t);
+HVPROF_EXPORT ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
+                                             ncclDataType_t datatype, ncclRedOp_t op,
+                                             ncclComm_t comm, cudaStream_t stream)
+{
+    REAL(reducescatter_fn, ncclReduceScatter);
+    PASS_IF_OFF(real(sendbuff, recvbuff, recvcount, datatype, op, comm, stream));
+    call c;
+    call_init(&c, HVPROF_OP_NCCL_REDUCESCATTER, recvcount, datatype, op, 1, -1, comm, stream);
+    int n = comm_size(c.comm_idx), r = comm_rank(c.comm_idx);
+    if (n > 0) { /* the send buffer: recvcount per rank */
+        c.count = (uint64_t)recvcount * (uint64_t)n;
+        c.bytes = c.count * c.dtype_size;
+    }
+    if (r >= 0 && (const char *)recvbuff == (const char *)sendbuff +
+                                                (size_t)r * recvcount * c.dtype_size)
+        c.flags |= HVPROF_FLAG_IN_PLACE;
+    RECORD_CALL(&c, real(sendbuff, recvbuff, recvcount, datatype, op, comm, stream));
+}
+
+typedef ncclResult_t (*allgather_fn)(const void *, void *, size_t, ncclDataType_t, ncclComm_t,
+                                     cudaStream_t);
+HVPROF_EXPORT ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
+                                         ncclDataType_t datatype, ncclComm_t comm,
+                                         cudaStream_t stream)
+{
+    REAL(allgather_fn, ncclAllGather);
+    PASS_IF_OFF(real(sendbuff, recvbuff, sendcount, datatype, comm, stream));
+    call c;
+    call_init(&c, HVPROF_OP_NCCL_ALLGATHER, sendcount, datatype, 0, 0, -1, comm, stream);
+    int r = comm_rank(c.comm_idx);
+    if (r >= 0 && (const char *)sendbuff == (const char *)recvbuff +
+                                                (size_t)r * sendcount * c.dtype_size)
+        c.flags |= HVPROF_FLAG_IN_PLACE;
+    RECORD_CALL(&c, real(sendbuff, recvbuff, sendcount, datatype, comm, stream));
+}
+
+typedef ncclResult_t (*broadcast_fn)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t,
+                                     cudaStream_t);
+HVPROF_EXPORT ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
+                                         ncclDataType_t datatype, int root, ncclComm_t comm,
+                                         cudaStream_t stream)
+{
+    REAL(broadcast_fn, ncclBroadcast);
+    PASS_IF_OFF(real(sendbuff, recvbuff, count, datatype, root, comm, stream));
+    call c;
+    call_init(&c, HVPROF_OP_NCCL_BROADCAST, count, datatype, 0, 0, root, comm, stream);
+    if (sendbuff == recvbuff) c.flags |= HVPROF_FLAG_IN_PLACE;
+    RECORD_CALL(&c, real(sendbuff, recvbuff, count, datatype, root, comm, stream));
+}
+
+typedef ncclResult_t (*bcast_fn)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+HVPROF_EXPORT ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root,
+                                     ncclComm_t comm, cudaStream_t stream)
+{
+    REAL(bcast_fn, ncclBcast);
+    PASS_IF_OFF(real(buff, count, datatype, root, comm, stream));
+    call c;
+    call_init(&c, HVPROF_OP_NCCL_BCAST, count, datatype, 0, 0, root, comm, stream);
+    c.flags |= HVPROF_FLAG_IN_PLACE;
+    RECORD_CALL(&c, real(buff, count, datatype, root, comm, stream));
+}
+
+typedef ncclResult_t (*reduce_fn)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, int,
+                                  ncclComm_t, cudaStream_t);
+HVPROF_EXPORT ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count,
+                                      ncclDataType_t datatype, ncclRedOp_t op, int root,
+                                      ncclComm_t comm, cudaStream_t stream)
+{
+    REAL(reduce_fn, ncclReduce);
+    PASS_IF_OFF(real(sendbuff, recvbuff, count, datatype, op, root, comm, stream));
+    call c;
+    call_init(&c, HVPROF_OP_NCCL_REDUCE, count, datatype, op, 1, root, comm, stream);
+    if (sendbuff == recvbuff) c.flags |= HVPROF_FLAG_IN_PLACE;
+    RECORD_CALL(&c, real(sendbuff, recvbuff, count, datatype, op, root, comm, stream));
+}
+
+typedef ncclResult_t (*send_fn)(const void *, size_t, ncclDataType_t, int, ncclComm_t,
+                                cudaStream_t);
+HVPROF_EXPORT ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype,
+                                    int peer, ncclComm_t comm, cudaStream_t stream)
+{
+    REAL(send_fn, ncclSend);
+    PASS_IF_OFF(real(sendbuff, count, datatype, peer, comm, stream));
+    call c;
+    call_init(&c, HVPROF_OP_NCCL_SEND, count, datatype, 0, 0, peer, comm, stream);
+    RECORD_CALL(&c, real(sendbuff, count, datatype, peer, comm, stream));
+}
+
+typedef ncclResult_t (*recv_fn)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+HVPROF_EXPORT ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                                    ncclComm_t comm, cudaStream_t stream)
+{
+    REAL(recv_fn, ncclRecv);
+    PASS_IF_OFF(real(recvbuff, count, datatype, peer, comm, stream));
+    call c;
+    call_init(&c, HVPROF_OP_NCCL_RECV, count, datatype, 0, 0, peer, comm, stream);
+    RECORD_CALL(&c, real(recvbuff, count, datatype, peer, comm, stream));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Groups.                                                                   */
+
+typedef ncclResult_t (*void_fn)(void);
+
+HVPROF_EXPORT ncclResult_t ncclGroupStart(void)
+{
+    REAL(void_fn, ncclGroupStart);
+    if (nt.nest > 0) return real();
+    uint64_t t = hvprof_ticks();
+    nt.nest++;
+    ncclResult_t rc = real();
+    nt.nest--;
+    if (rc != NCCL_SUCCESS) return rc;
+    if (nt.depth++ == 0) {
+        nt.group = recording() ? atomic_fetch_add(&group_counter, 1) + 1 : 0;
+        nt.g_t0 = t;
+        nt.g_calls = 0;
+        nt.g_bytes = 0;
+        nt.g_have_stream = 0;
+        nt.g_stream = NULL;
+        nt.g_device = -1;
+        nt.g_comm = UINT32_MAX;
+    }
+    return rc;
+}
+
+HVPROF_EXPORT ncclResult_t ncclGroupEnd(void)
+{
+    REAL(void_fn, ncclGroupEnd);
+    if (nt.nest > 0 || nt.depth <= 0) return real(); /* NCCL's own, or unbalanced */
+    if (nt.depth > 1) {
+        nt.nest++;
+        ncclResult_t rc = real();
+        nt.nest--;
+        nt.depth--;
+        return rc;
+    }
+    int rec = nt.group != 0 && nt.g_calls > 0 && recording();
+    hvprof_devpair *pair = NULL;
+    int miss = HVPROF_DEV_MISS_NONE, device = nt.g_device;
+    if (rec && nt.g_have_stream) pair = hvprof_dev_begin(nt.g_stream, &device, &miss);
+    nt.nest++;
+    ncclResult_t rc = real();
+    nt.nest--;
+    uint64_t t1 = hvprof_ticks();
+    nt.depth = 0;
+    if (pair) {
+        if (rc == NCCL_IN_PROGRESS) {
+            hvprof_dev_cancel(pair, HVPROF_DEV_MISS_IN_PROGRESS);
+            pair = NULL;
+            miss = HVPROF_DEV_MISS_IN_PROGRESS;
+        } else if (rc != NCCL_SUCCESS) {
+            hvprof_dev_cancel(pair, HVPROF_DEV_MISS_NONE);
+            pair = NULL;
+        } else if (hvprof_dev_end(pair, nt.g_stream) != 0) {
+            pair = NULL;
+            miss = HVPROF_DEV_MISS_RECORD_ERROR;
+        }
+    }
+    if (rec) {
+        uint16_t flags = 0;
+        if (rc != NCCL_SUCCESS && rc != NCCL_IN_PROGRESS) flags |= HVPROF_FLAG_ERROR;
+        if (miss != HVPROF_DEV_MISS_NONE) flags |= HVPROF_FLAG_DEVICE_PENDING;
+        hvprof_record r = {
+            .t_start = nt.g_t0,
+            .t_end = t1,
+            .bytes = nt.g_bytes,
+            .count = nt.g_calls,
+            .seq = nt.group,
+            .comm = nt.g_comm,
+            .track = UINT32_MAX,
+            .root = -1,
+            .op = HVPROF_OP_NCCL_GROUP,
+            .dtype = HVPROF_DT_UNKNOWN,
+            .redop = HVPROF_REDOP_NONE,
+            .flags = flags,
+            .rc = (int16_t)(rc > INT16_MAX ? INT16_MAX : rc),
+            .dtype_size = 0,
+            .aux = nt.group,
+        };
+        write_host(&r);
+        atomic_fetch_add_explicit(&c_calls[N_OPS - 1], 1, memory_order_relaxed);
+        if (pair) hvprof_dev_submit(pair, &r, nt.g_stream);
+        if (device >= 0) hvprof_dev_poll(device);
+    } else if (nt.group != 0 && nt.g_calls == 0) {
+        atomic_fetch_add(&c_empty_groups, 1);
+    }
+    nt.group = 0;
+    nt.g_calls = 0;
+    nt.g_have_stream = 0;
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Communicator creation and destruction (no records; the comm table).       */
+
+typedef ncclResult_t (*initrank_fn)(ncclComm_t *, int, ncclUniqueId, int);
+HVPROF_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId,
+                                            int rank)
+{
+    REAL(initrank_fn, ncclCommInitRank);
+    if (nt.nest > 0) return real(comm, nranks, commId, rank);
+    int on = recording();
+    nt.nest++;
+    ncclResult_t rc = real(comm, nranks, commId, rank);
+    nt.nest--;
+    if (on && (rc == NCCL_SUCCESS || rc == NCCL_IN_PROGRESS) && comm && *comm)
+        comm_register(*comm, uid_hash(&commId, 0x6e63636c2d756964ull), nranks, rank, -1);
+    return rc;
+}
+
+typedef ncclResult_t (*initrankconfig_fn)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *);
+HVPROF_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks,
+                                                  ncclUniqueId commId, int rank,
+                                                  ncclConfig_t *config)
+{
+    REAL(initrankconfig_fn, ncclCommInitRankConfig);
+    if (nt.nest > 0) return real(comm, nranks, commId, rank, config);
+    int on = recording();
+    nt.nest++;
+    ncclResult_t rc = real(comm, nranks, commId, rank, config);
+    nt.nest--;
+    if (on && (rc == NCCL_SUCCESS || rc == NCCL_IN_PROGRESS) && comm && *comm)
+        comm_register(*comm, uid_hash(&commId, 0x6e63636c2d756964ull), nranks, rank, -1);
+    return rc;
+}
+
+typedef ncclResult_t (*initscalable_fn)(ncclComm_t *, int, int, int, ncclUniqueId *,
+                                        ncclConfig_t *);
+HVPROF_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *comm, int nranks, int rank,
+                                                    int nId, ncclUniqueId *commIds,
+                                                    ncclConfig_t *config)
+{
+    REAL(initscalable_fn, ncclCommInitRankScalable);
+    if (nt.nest > 0) return real(comm, nranks, rank, nId, commIds, config);
+    int on = recording();
+    nt.nest++;
+    ncclResult_t rc = real(comm, nranks, rank, nId, commIds, config);
+    nt.nest--;
+    if (on && (rc == NCCL_SUCCESS || rc == NCCL_IN_PROGRESS) && comm && *comm) {
+        uint64_t h = 0x6e63636c2d756964ull;
+        for (int i = 0; commIds && i < nId; i++) h = uid_hash(&commIds[i], h);
+        comm_register(*comm, h, nranks, rank, -1);
+    }
+    return rc;
+}
+
+typedef ncclResult_t (*initall_fn)(ncclComm_t *, int, const int *);
+HVPROF_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
+{
+    REAL(initall_fn, ncclCommInitAll);
+    if (nt.nest > 0) return real(comms, ndev, devlist);
+    int on = recording();
+    nt.nest++;
+    ncclResult_t rc = real(comms, ndev, devlist);
+    nt.nest--;
+    if (on && rc == NCCL_SUCCESS && comms) {
+        uint64_t id = hvprof_mix(hvprof_mix(0x6e63636c2d616c6cull, (uint64_t)getpid()),
+                                 atomic_fetch_add(&initall_counter, 1));
+        for (int i = 0; i < ndev; i++)
+            comm_register(comms[i], id, ndev, i, devlist ? devlist[i] : i);
+    }
+    return rc;
+}
+
+typedef ncclResult_t (*split_fn)(ncclComm_t, int, int, ncclComm_t *, ncclConfig_t *);
+HVPROF_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+                                         ncclConfig_t *config)
+{
+    REAL(split_fn, ncclCommSplit);
+    if (nt.nest > 0) return real(comm, color, key, newcomm, config);
+    int on = recording();
+    nt.nest++;
+    ncclResult_t rc = real(comm, color, key, newcomm, config);
+    nt.nest--;
+    if (on && (rc == NCCL_SUCCESS || rc == NCCL_IN_PROGRESS)) {
+        uint32_t parent = comm_index(comm);
+        const hvprof_comm_entry *pe = comm_entry_of(parent);
+        uint32_t n = parent < HVPROF_COMM_TABLE_CAPACITY
+                         ? atomic_fetch_add(&comm_splits[parent], 1) : 0;
+        if (color != NCCL_SPLIT_NOCOLOR && newcomm && *newcomm) {
+            uint64_t id = hvprof_mix(hvprof_mix(pe ? pe->id : 0, n), (uint64_t)(int64_t)color);
+            comm_register(*newcomm, id, -1, -1, comm_device(parent));
+        }
+    }
+    return rc;
+}
+
+typedef ncclResult_t (*comm_fn)(ncclComm_t);
+HVPROF_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm)
+{
+    REAL(comm_fn, ncclCommDestroy);
+    if (nt.nest == 0 && comm) hvprof_comm_forget((uint64_t)(uintptr_t)comm);
+    nt.nest++;
+    ncclResult_t rc = real(comm);
+    nt.nest--;
+    return rc;
+}
+
+HVPROF_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm)
+{
+    REAL(comm_fn, ncclCommAbort);
+    if (nt.nest == 0 && comm) hvprof_comm_forget((uint64_t)(uintptr_t)comm);
+    nt.nest++;
+    ncclResult_t rc = real(comm);
+    nt.nest--;
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Visibility and counters, for the Python side (profiler/gpu.py).           */
+
+/* Bits: 1 = an interposable ncclAllReduce exists behind this library (NCCL
+ * calls reach the wrappers); 2 = a libnccl shared object is loaded; 4 = at
+ * least one NCCL call was recorded.  Evaluated at each call (cheap: a dlsym
+ * and a walk of the loaded objects). */
+HVPROF_EXPORT int hvprof_nccl_visible(void)
+{
+    char path[256];
+    int v = 0;
+    if (real_sym("ncclAllReduce", (void *)&ncclAllReduce)) v |= 1;
+    if (loaded_object("libnccl", path, sizeof path)) v |= 2;
+    for (int i = 0; i < N_OPS; i++)
+        if (atomic_load(&c_calls[i])) v |= 4;
+    return v;
+}
+
+static const char *const OP_NAMES[N_OPS] = {
+    "nccl_allreduce", "nccl_reducescatter", "nccl_allgather", "nccl_broadcast", "nccl_bcast",
+    "nccl_reduce",    "nccl_send",          "nccl_recv",      "nccl_group",
+};
+
+/* Everything the Python side puts in the rank metadata ("nccl"), as one JSON
+ * object.  The buffer is overwritten by the next call. */
+HVPROF_EXPORT const char *hvprof_nccl_json(void)
+{
+    static char buf[8192];
+    static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&m);
+    size_t n = sizeof buf, k = 0;
+#define OUT(...) k += (size_t)snprintf(buf + (k < n ? k : n), k < n ? n - k : 0, __VA_ARGS__)
+    char nccl_path[256], driver[256];
+    int vis = hvprof_nccl_visible();
+    loaded_object("libnccl", nccl_path, sizeof nccl_path);
+    int version = 0;
+    void *gv = real_sym("ncclGetVersion", NULL);
+    if (gv) {
+        ncclResult_t (*fn)(int *);
+        memcpy(&fn, &gv, sizeof fn);
+        if (fn(&version) != NCCL_SUCCESS) version = 0;
+    }
+    OUT("{\"visible\": %d, \"interposable\": %s, \"nccl_loaded\": %s, \"nccl_library\": \"%s\", "
+        "\"nccl_version\": %d, \"cuda_driver_loaded\": %s, \"calls\": {",
+        vis, vis & 1 ? "true" : "false", vis & 2 ? "true" : "false", nccl_path, version,
+        loaded_object("libcuda.so", driver, sizeof driver) ? "true" : "false");
+    for (int i = 0; i < N_OPS; i++)
+        OUT("%s\"%s\": %llu", i ? ", " : "", OP_NAMES[i], (unsigned long long)atomic_load(&c_calls[i]));
+    OUT("}, \"empty_groups\": %llu, \"comms\": %llu, \"comms_first_seen_in_call\": %llu, "
+        "\"nested_calls\": %llu, \"missing_real\": %llu, ",
+        (unsigned long long)atomic_load(&c_empty_groups), (unsigned long long)atomic_load(&c_comms),
+        (unsigned long long)atomic_load(&c_comms_late), (unsigned long long)atomic_load(&c_nested),
+        (unsigned long long)atomic_load(&c_missing_real));
+    if (k < n) k += hvprof_dev_json(buf + k, n - k);
+    OUT("}");
+#undef OUT
+    if (k >= n) snprintf(buf, n, "{\"error\": \"nccl json too long\"}");
+    pthread_mutex_unlock(&m);
+    return buf;
+}
+
+static void nccl_atfork_child(void)
+{
+    atomic_store(&open_tried, 0);
+    nt.depth = 0;
+    nt.nest = 0;
+    nt.group = 0;
+}
+
+__attribute__((constructor)) static void nccl_ctor(void)
+{
+    pthread_atfork(NULL, NULL, nccl_atfork_child);
+}
