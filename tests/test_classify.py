@@ -8,10 +8,14 @@ with the profiler on and check the classified records.
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
+from conftest import mpirun, requires_mpi
 
 from profiler.horovod.classify import classify, horovod_comms, horovod_tracks
 
@@ -192,3 +196,176 @@ def test_index_is_preserved(n: int) -> None:
     df = frame(rows[:n])
     df.index = pd.Index(range(100, 100 + n))
     assert list(classify(df).index) == list(df.index)
+
+
+# ---------------------------------------------------------------------------
+# End to end: real Horovod 0.28.1 under mpirun with the profiler on
+# ---------------------------------------------------------------------------
+
+JOB = Path(__file__).parent / "hvd_model_job.py"
+STEPS = 6
+
+try:
+    import horovod.torch  # noqa: F401
+    HAVE_HOROVOD = True
+except Exception:  # pragma: no cover - depends on the machine
+    HAVE_HOROVOD = False
+
+requires_horovod = pytest.mark.skipif(not HAVE_HOROVOD, reason="Horovod not installed")
+
+
+def run_job(tmp: Path, np_: int, **env: str) -> tuple[Path, dict[str, Any], list[pd.DataFrame]]:
+    """Run the model job profiled; return (profile dir, job info, per-rank frames)."""
+    prof = tmp / "prof"
+    full_env = {"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof),
+                "STEPS": str(STEPS), **env}
+    proc = mpirun(np_, [sys.executable, str(JOB)], env=full_env, cwd=tmp, timeout=240)
+    info = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+    frames = [pd.read_parquet(prof / "ranks" / f"rank-{r:05d}.parquet") for r in range(np_)]
+    return prof, info, frames
+
+
+@pytest.fixture(scope="module")
+def unfused_np2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any],
+                                                                    list[pd.DataFrame]]:
+    return run_job(tmp_path_factory.mktemp("unfused"), 2, HOROVOD_FUSION_THRESHOLD="0",
+                   HOROVOD_PROFILE_TIMELINE="0")
+
+
+@pytest.fixture(scope="module")
+def fused_np2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any],
+                                                                  list[pd.DataFrame]]:
+    # A 20 ms cycle: every gradient of a step is ready within one cycle.
+    return run_job(tmp_path_factory.mktemp("fused"), 2, HOROVOD_CYCLE_TIME="20",
+                   HOROVOD_PROFILE_TIMELINE="0")
+
+
+def data_allreduces(df: pd.DataFrame) -> pd.DataFrame:
+    return df[(df["kind"] == "data") & (df["op"] == "allreduce")]
+
+
+@pytest.mark.mpi
+@pytest.mark.horovod
+@requires_mpi
+@requires_horovod
+def test_real_unfused_data_calls_equal_gradient_tensors(
+        unfused_np2: tuple[Path, dict[str, Any], list[pd.DataFrame]]) -> None:
+    prof, info, frames = unfused_np2
+    params: dict[str, int] = info["params"]
+    assert len(params) == 6 and sum(params.values()) == 484
+    assert not (prof / "timeline.json").exists()  # HOROVOD_PROFILE_TIMELINE=0
+    for rank, df in enumerate(frames):
+        # The kind column came from classify() when the rank built its table.
+        assert list(classify(df).astype(str)) == list(df["kind"].astype(str))
+        ar = data_allreduces(df)
+        assert len(ar) == STEPS * len(params), rank
+        assert (ar["dtype"] == "MPI_FLOAT").all() and (ar["redop"] == "sum").all()
+        assert sorted(ar["count"].tolist()) == sorted(list(params.values()) * STEPS)
+        # Steps found by the DistributedOptimizer hook: steps 0..STEPS-2 are
+        # recorded (the first call only opens the first interval).
+        per_step = ar[ar["step"] >= 0].groupby("step")
+        assert sorted(per_step.groups) == list(range(STEPS - 1))
+        assert (per_step.size() == len(params)).all()
+        assert (per_step["bytes"].sum() == 4 * sum(params.values())).all()
+        # Parameter broadcast: one typed bcast per tensor of the state dict.
+        bc = df[(df["kind"] == "data") & (df["op"] == "bcast")]
+        assert sorted(bc["count"].tolist()) == sorted(params.values())
+        assert (bc["dtype"] == "MPI_FLOAT").all()
+        # Nothing else is data.
+        assert set(df.loc[df["kind"] == "data", "op"].astype(str)) == {"allreduce", "bcast"}
+
+
+@pytest.mark.mpi
+@pytest.mark.horovod
+@requires_mpi
+@requires_horovod
+def test_real_control_traffic_is_control(
+        unfused_np2: tuple[Path, dict[str, Any], list[pd.DataFrame]]) -> None:
+    _, info, frames = unfused_np2
+    for df in frames:
+        ctl = df[df["kind"] == "control"]
+        bitvec = df[(df["op"] == "allreduce") & df["redop"].isin(["band", "bor"])]
+        assert len(bitvec) > 0 and (bitvec["kind"] == "control").all()
+        assert (bitvec["dtype"] == "MPI_LONG_LONG_INT").all()
+        # Timeline off: one 64-bit word (status bits + 12 cache bits).
+        assert (bitvec["count"] == 1).all()
+        neg = df[df["op"].isin(["gather", "gatherv"])]
+        assert len(neg) > 0 and (neg["kind"] == "control").all()
+        # Each uncached negotiation: gather + gatherv + 2 bcasts, all on one comm.
+        assert (df["op"] == "gather").sum() == (df["op"] == "gatherv").sum()
+        n_neg = int((df["op"] == "gather").sum())
+        ctl_bcast = ctl[ctl["op"] == "bcast"]
+        assert len(ctl_bcast) == 2 * n_neg
+        assert set(ctl_bcast["dtype"].astype(str)) == {"MPI_INT", "MPI_BYTE"}
+        assert ctl["comm"].isin(set(df.loc[df["kind"] == "data", "comm"])).any()
+        assert set(df.loc[df["op"].isin(["init", "finalize"]), "kind"].astype(str)) == {"control"}
+        assert set(ctl["op"].astype(str)) <= {"allreduce", "gather", "gatherv", "bcast",
+                                              "allgather", "init", "finalize", "barrier"}
+        # The data and control counts partition the MPI calls.
+        mpi = df[df["backend"] == "mpi"]
+        assert len(mpi) == len(ctl) + int((df["kind"] == "data").sum())
+
+
+@pytest.mark.mpi
+@pytest.mark.horovod
+@requires_mpi
+@requires_horovod
+def test_real_records_from_horovod_are_on_its_background_thread(
+        unfused_np2: tuple[Path, dict[str, Any], list[pd.DataFrame]]) -> None:
+    prof, _, frames = unfused_np2
+    for rank, df in enumerate(frames):
+        meta = json.loads((prof / "ranks" / f"rank-{rank:05d}.json").read_text())
+        tracks = {t["index"]: t for t in meta["tracks"]}
+        mpi = df[df["backend"] == "mpi"]
+        assert (mpi["thread_kind"] == "horovod").all()
+        (hvd_track,) = set(mpi["track"].tolist())
+        t = tracks[hvd_track]
+        assert t["thread_kind"] == "horovod" and not t["is_main"]
+        assert t["tid"] != meta["header"]["pid"]
+        assert "mpi_lib" in t["caller"]
+        # The application's main thread made the step records only.
+        app = df[df["backend"] == "app"]
+        assert len(app) == STEPS - 1
+        assert (app["thread_kind"] == "main").all() and (app["kind"] == "app").all()
+        assert horovod_tracks(df) == {hvd_track}
+
+
+@pytest.mark.mpi
+@pytest.mark.horovod
+@requires_mpi
+@requires_horovod
+def test_real_fusion_on_fewer_calls_same_bytes(
+        unfused_np2: tuple[Path, dict[str, Any], list[pd.DataFrame]],
+        fused_np2: tuple[Path, dict[str, Any], list[pd.DataFrame]]) -> None:
+    _, info, unfused = unfused_np2
+    _, _, fused = fused_np2
+    total = 4 * sum(info["params"].values())
+    for u, f in zip(unfused, fused):
+        au, af = data_allreduces(u), data_allreduces(f)
+        assert len(af) < len(au)
+        assert int(af["bytes"].sum()) == int(au["bytes"].sum()) == STEPS * total
+        per_step = af[af["step"] >= 0].groupby("step")
+        assert (per_step["bytes"].sum() == total).all()
+        # One fused, in-place call per step carrying every gradient.
+        assert (per_step.size() == 1).all()
+        assert af["in_place"].all() and (af["count"] == total // 4).all()
+
+
+@pytest.mark.mpi
+@pytest.mark.horovod
+@requires_mpi
+@requires_horovod
+def test_real_np1(tmp_path: Path) -> None:
+    _, info, (df,) = run_job(tmp_path, 1, HOROVOD_FUSION_THRESHOLD="0",
+                             HOROVOD_PROFILE_TIMELINE="0")
+    assert info["size"] == 1
+    # At size 1 hvd.DistributedOptimizer registers no allreduce hooks
+    # (horovod/torch/optimizer.py: size() > 1): the data calls are the
+    # parameter broadcasts only, yet Horovod's cycle still runs its control.
+    data = df[df["kind"] == "data"]
+    assert sorted(data["op"].astype(str).unique()) == ["bcast"]
+    assert sorted(data["count"].tolist()) == sorted(info["params"].values())
+    bitvec = df[df["redop"].isin(["band", "bor"])]
+    assert len(bitvec) > 0 and (bitvec["kind"] == "control").all()
+    assert (df.loc[df["op"].isin(["gather", "gatherv"]), "kind"] == "control").all()
+    assert (df.loc[df["backend"] == "mpi", "thread_kind"] == "horovod").all()

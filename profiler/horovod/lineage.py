@@ -1,0 +1,574 @@
+"""Fusion lineage: Horovod's timeline joined with rank 0's MPI data records.
+
+`build(profile_dir)` writes ``<dir>/lineage.parquet``: one row per tensor
+operation of the timeline (one tensor through one Horovod response), with the
+collective call that carried it.  From it:
+
+* each data call (rank 0's record, identified on every rank by (comm, seq))
+  gets the tensors it carried, their count, their total bytes and the fill
+  ratio against HOROVOD_FUSION_THRESHOLD (`calls()`);
+* each tensor gets its negotiation time and wait-for-data time;
+* per-rank readiness gives the rank that made the others wait (`stragglers()`).
+
+Alignment method (the timeline and the records use different time bases):
+
+1. Coarse offset from wall-clock anchors.  Horovod writes
+   ``start_time_since_epoch_in_micros`` (CLOCK_REALTIME at timeline ts 0, from
+   steady_clock = CLOCK_MONOTONIC) in the timeline header; rank 0's raw header
+   holds a (CLOCK_REALTIME, CLOCK_MONOTONIC) pair taken at start-up
+   (cal0_realtime_ns, cal0_mono_ns) and the job's time zero (job_t0_ns).  So
+   job_ns = epoch_us*1000 + ts_us*1000 - cal0_realtime_ns + cal0_mono_ns
+   - offset_ns - job_t0_ns.  Measured here: within ~1-2 us of the records.
+2. Without anchors (or when they disagree with the records), order: for each
+   collective family (MPI_ALLREDUCE <-> allreduce, MPI_BCAST <-> bcast, ...),
+   the timeline's operation instances and rank 0's data records on Horovod's
+   thread are both in call order; the sequence shift k (instance i <-> record
+   i + k) that maximises agreeing byte counts, then minimises the spread of
+   time differences, is taken, searched near k = 0 (timeline from the start,
+   maybe cut at the end) and near k = records - instances (timeline started
+   late), and the offset is the median time difference of the agreeing pairs.
+3. With that offset, instances and records are matched in order: each
+   instance takes the first unused record after the previous match whose
+   start lies within `tolerance_ns` of the instance's predicted start and
+   whose bytes agree (allreduce/broadcast: record bytes = sum of the tensors'
+   bytes) when both are known.
+
+The reason lineage is absent (no timeline, unreadable timeline, no rank-0
+dataset) is returned by `build_lineage` and recorded in the metadata dict
+passed to `build` (``metadata["lineage"]``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from profiler.errors import NotFoundError, PathLike, ProfilerError
+from profiler.horovod import timeline as T
+from profiler.horovod.classify import classify, is_horovod_row
+
+__all__ = [
+    "DEFAULT_FUSION_THRESHOLD",
+    "LINEAGE_FILE",
+    "LineageOutcome",
+    "build",
+    "build_lineage",
+    "join",
+    "calls",
+    "stragglers",
+    "call_columns",
+    "fusion_threshold",
+    "load",
+]
+
+LINEAGE_FILE = "lineage.parquet"
+TIMELINE_FILE = "timeline.json"
+DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
+DEFAULT_TOLERANCE_NS = 2_000_000
+SHIFT_WINDOW = 64
+
+#: Timeline collective activity -> record ops that can carry it.
+ACTIVITY_OPS: dict[str, tuple[str, ...]] = {
+    "MPI_ALLREDUCE": ("allreduce",),
+    "MPI_BCAST": ("bcast",),
+    "MPI_ALLGATHER": ("allgatherv", "allgather"),
+    "MPI_CROSS_ALLGATHER": ("allgatherv",),
+    "MPI_ALLTOALL": ("alltoallv", "alltoall"),
+    "MPI_REDUCESCATTER": ("reduce_scatter", "reduce_scatter_block"),
+    "NCCL_ALLREDUCE": ("nccl_allreduce",),
+    "NCCL_BCAST": ("nccl_broadcast", "nccl_bcast"),
+    "NCCL_ALLGATHER": ("nccl_allgather",),
+    "NCCL_REDUCESCATTER": ("nccl_reducescatter",),
+    "NCCL_REDUCE": ("nccl_reduce",),
+}
+#: Families whose record bytes equal the sum of the tensors' bytes.
+BYTES_COMPARABLE = frozenset({"MPI_ALLREDUCE", "MPI_BCAST", "NCCL_ALLREDUCE", "NCCL_BCAST"})
+#: Horovod responses that are never fused (no fill ratio).
+UNFUSED_OPS = frozenset({"BROADCAST", "ALLTOALL", "BARRIER", "JOIN"})
+
+LINEAGE_COLUMNS = [
+    "step", "occurrence", "tensor", "op", "comm_activity", "fused_id", "n_tensors",
+    "tensor_bytes", "call_tensor_bytes", "fill_ratio", "dtype", "shape",
+    "t_start_ns", "t_end_ns", "negotiation_ns", "neg_start_ns", "neg_end_ns",
+    "wait_for_data_ns", "ready_ranks", "last_ready_rank", "ready_spread_ns",
+    "matched", "call_op", "call_comm", "call_seq", "call_t_start_ns", "call_t_end_ns",
+    "call_dur_ns", "call_bytes", "bytes_agree", "complete",
+]
+
+
+@dataclass
+class LineageOutcome:
+    """What `build_lineage` did: the file written (or None) and why."""
+
+    path: Path | None
+    reason: str
+    table: pd.DataFrame | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def metadata(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": "ok" if self.path is not None else "absent",
+                               "reason": self.reason}
+        if self.path is not None:
+            out["file"] = self.path.name
+        out.update(self.info)
+        return out
+
+
+# --------------------------------------------------------------------------
+# inputs
+# --------------------------------------------------------------------------
+
+def fusion_threshold(env: Mapping[str, Any] | None) -> int:
+    """HOROVOD_FUSION_THRESHOLD in bytes from a rank's env (default 128 MiB; 0 = off)."""
+    raw = (env or {}).get("HOROVOD_FUSION_THRESHOLD")
+    if raw is None or str(raw).strip() == "":
+        return DEFAULT_FUSION_THRESHOLD
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        return DEFAULT_FUSION_THRESHOLD
+    return max(0, value)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        obj = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise NotFoundError(path, "no such file") from None
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise NotFoundError(path, f"cannot read rank metadata: {exc}") from None
+    if not isinstance(obj, dict):
+        raise NotFoundError(path, "rank metadata is not a JSON object")
+    return obj
+
+
+def find_timeline(profile_dir: Path, env: Mapping[str, Any] | None) -> Path | None:
+    """<dir>/timeline.json, else the user's HOROVOD_TIMELINE if it is a file."""
+    own = profile_dir / TIMELINE_FILE
+    if own.is_file():
+        return own
+    user = (env or {}).get("HOROVOD_TIMELINE")
+    if isinstance(user, str) and user and user != "DYNAMIC":
+        p = Path(user)
+        for cand in ([p] if p.is_absolute() else [profile_dir.parent / p, profile_dir / p]):
+            if cand.is_file():
+                return cand
+    return None
+
+
+def _anchor_base_ns(tl: T.Timeline, header: Mapping[str, Any] | None) -> float | None:
+    """job_ns - ts_us*1000 for this timeline, from the wall-clock anchors."""
+    if tl.start_epoch_us is None or not header:
+        return None
+    try:
+        rt = int(header["cal0_realtime_ns"])
+        mono = int(header["cal0_mono_ns"])
+        t0 = int(header["job_t0_ns"])
+        off = int(header.get("offset_ns", 0) or 0)
+    except (KeyError, TypeError, ValueError):
+        return None
+    if rt <= 0 or mono <= 0:
+        return None
+    return float(tl.start_epoch_us) * 1000.0 - rt + mono - off - t0
+
+
+# --------------------------------------------------------------------------
+# alignment
+# --------------------------------------------------------------------------
+
+def _bytes_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.isfinite(a) & (a == b)
+
+
+def _best_shift(a_t: np.ndarray, a_b: np.ndarray, r_t: np.ndarray, r_b: np.ndarray,
+                comparable: bool) -> tuple[int, float] | None:
+    """Order alignment: (shift k, offset ns) with instance i <-> record i + k."""
+    na, nr = len(a_t), len(r_t)
+    if na == 0 or nr == 0:
+        return None
+    cands = set(range(-SHIFT_WINDOW, SHIFT_WINDOW + 1))
+    cands |= set(range(nr - na - SHIFT_WINDOW, nr - na + SHIFT_WINDOW + 1))
+    best: tuple[int, int, float, int, float] | None = None  # (agree, overlap, -spread, k, off)
+    for k in sorted(cands):
+        i0, i1 = max(0, -k), min(na, nr - k)
+        if i1 - i0 <= 0:
+            continue
+        ai = np.arange(i0, i1)
+        rj = ai + k
+        diff = r_t[rj] - a_t[ai]
+        if comparable:
+            ok = _bytes_equal(a_b[ai], r_b[rj])
+            agree = int(ok.sum())
+            use = diff[ok] if agree else diff
+        else:
+            agree = 0
+            use = diff
+        spread = float(np.percentile(use, 90) - np.percentile(use, 10)) if len(use) > 1 else 0.0
+        key = (agree, i1 - i0, -spread, -abs(k), float(np.median(use)))
+        if best is None or key[:4] > best[:4]:
+            best = key
+    if best is None:
+        return None
+    return -best[3], best[4]
+
+
+def _match(a_t: np.ndarray, a_b: np.ndarray, r_t: np.ndarray, r_b: np.ndarray,
+           offset: float, tol: float, comparable: bool) -> np.ndarray:
+    """Monotone match: out[i] = record index for instance i, or -1."""
+    out = np.full(len(a_t), -1, dtype=np.int64)
+    j = 0
+    nr = len(r_t)
+    for i in range(len(a_t)):
+        p = a_t[i] + offset
+        # first record that could match: r_t >= p - tol, after the previous match
+        j = max(j, int(np.searchsorted(r_t, p - tol, side="left")))
+        k = j
+        while k < nr and r_t[k] <= p + tol:
+            if not comparable or not math.isfinite(a_b[i]) or a_b[i] == r_b[k]:
+                out[i] = k
+                j = k + 1
+                break
+            k += 1
+    return out
+
+
+def _align_family(
+    inst: pd.DataFrame, recs: pd.DataFrame, base: float | None, tol: float, comparable: bool,
+) -> tuple[np.ndarray, dict[str, Any]]:
+    a_t = inst["t_start_us"].to_numpy(dtype=np.float64) * 1000.0
+    a_b = inst["tensor_bytes"].to_numpy(dtype=np.float64)
+    r_t = recs["t_start_ns"].to_numpy(dtype=np.float64)
+    r_b = recs["bytes"].to_numpy(dtype=np.float64)
+    info: dict[str, Any] = {"instances": int(len(inst)), "records": int(len(recs))}
+    matched = np.full(len(inst), -1, dtype=np.int64)
+    if len(inst) == 0 or len(recs) == 0:
+        info.update(method="none", matched=0)
+        return matched, info
+    method = "none"
+    if base is not None:
+        matched = _match(a_t, a_b, r_t, r_b, base, tol, comparable)
+        method = "wall-clock anchor"
+    if (matched >= 0).sum() < min(len(inst), len(recs)) * 0.9:
+        shift = _best_shift(a_t, a_b, r_t, r_b, comparable)
+        if shift is not None:
+            alt = _match(a_t, a_b, r_t, r_b, shift[1], tol, comparable)
+            if (alt >= 0).sum() > (matched >= 0).sum():
+                matched, method = alt, "call order"
+    ok = matched >= 0
+    if ok.any():
+        resid = r_t[matched[ok]] - a_t[ok]
+        offset = float(np.median(resid))
+        dev = np.abs(resid - offset)
+        info.update(offset_ns=offset, residual_p50_ns=float(np.percentile(dev, 50)),
+                    residual_max_ns=float(dev.max()))
+    info.update(method=method, matched=int(ok.sum()))
+    return matched, info
+
+
+# --------------------------------------------------------------------------
+# the join
+# --------------------------------------------------------------------------
+
+def _data_records(df: pd.DataFrame) -> pd.DataFrame:
+    """Rank 0's data calls made by Horovod's thread, in start order."""
+    if len(df) == 0:
+        return df
+    kind = df["kind"] if "kind" in df.columns else classify(df)
+    mask = (np.asarray(kind.astype(str)) == "data") & is_horovod_row(df)
+    out = df.loc[mask].sort_values("t_start_ns", kind="stable")
+    return out.reset_index(drop=True)
+
+
+def join(
+    tl: T.Timeline,
+    frame: pd.DataFrame,
+    *,
+    header: Mapping[str, Any] | None = None,
+    env: Mapping[str, Any] | None = None,
+    tolerance_ns: float = DEFAULT_TOLERANCE_NS,
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The lineage table (LINEAGE_COLUMNS) and alignment info for one timeline
+    and rank 0's frame (row schema)."""
+    ops = T.tensor_ops(tl)
+    threshold = fusion_threshold(env)
+    base = _anchor_base_ns(tl, header)
+    info: dict[str, Any] = {
+        "fusion_threshold": threshold,
+        "anchor": base is not None,
+        "timeline": tl.summary(),
+        "families": {},
+    }
+    if ops.empty:
+        return pd.DataFrame({c: [] for c in LINEAGE_COLUMNS}), info
+    inst = T.fused_ops(tl, ops)
+    recs = _data_records(frame)
+    rec_op = np.asarray(recs["op"].astype(str)) if len(recs) else np.zeros(0, dtype=object)
+
+    # instance op_group -> record row
+    inst_rec = np.full(len(inst), -1, dtype=np.int64)
+    for act, rops in ACTIVITY_OPS.items():
+        isel = np.flatnonzero(inst["comm_activity"].to_numpy() == act)
+        if len(isel) == 0:
+            continue
+        rsel = np.flatnonzero(np.isin(rec_op, np.asarray(rops, dtype=object)))
+        m, finfo = _align_family(inst.iloc[isel], recs.iloc[rsel], base,
+                                 tolerance_ns, act in BYTES_COMPARABLE)
+        inst_rec[isel[m >= 0]] = rsel[m[m >= 0]]
+        info["families"][act] = finfo
+    info["matched_calls"] = int((inst_rec >= 0).sum())
+    info["instances"] = int(len(inst))
+    info["data_records"] = int(len(recs))
+
+    # Offset for the timeline's own spans: the best family's median, else the anchor.
+    offsets = [f["offset_ns"] for f in info["families"].values() if "offset_ns" in f]
+    offset = float(np.median(offsets)) if offsets else (base if base is not None else math.nan)
+    info["offset_ns"] = offset
+
+    g2row = dict(zip(inst["op_group"].to_numpy().tolist(), inst_rec.tolist()))
+    g2bytes = dict(zip(inst["op_group"].to_numpy().tolist(),
+                       inst["tensor_bytes"].to_numpy().tolist()))
+    rows = np.asarray([g2row.get(g, -1) for g in ops["op_group"].to_numpy().tolist()],
+                      dtype=np.int64)
+    matched = rows >= 0
+    safe = np.where(matched, rows, 0)
+
+    def rec_col(name: str, default: Any, dtype: Any) -> np.ndarray:
+        if len(recs) == 0 or name not in recs.columns:
+            return np.full(len(ops), default, dtype=dtype)
+        vals = recs[name].to_numpy()[safe]
+        return np.where(matched, vals, default).astype(dtype)
+
+    call_bytes = rec_col("bytes", -1, np.int64)
+    call_tb = np.asarray([g2bytes.get(g, math.nan) for g in ops["op_group"].tolist()],
+                         dtype=np.float64)
+    comparable = ops["comm_activity"].isin(list(BYTES_COMPARABLE)).to_numpy()
+    tensor_bytes = ops["tensor_bytes"].to_numpy(dtype=np.float64).copy()
+    # Horovod writes no dtype/shape when it ends a broadcast: a call carrying
+    # one tensor of a byte-comparable family gives that tensor's bytes.
+    fill_in = matched & comparable & ~np.isfinite(tensor_bytes) & (ops["n_fused"].to_numpy() == 1)
+    tensor_bytes[fill_in] = call_bytes[fill_in]
+    call_tb[fill_in] = call_bytes[fill_in]
+    fill = call_tb / threshold if threshold > 0 else np.full(len(ops), math.nan)
+    # Broadcasts and alltoalls never go through the fusion buffer.
+    fill = np.where(ops["op"].isin(list(UNFUSED_OPS)).to_numpy(), math.nan, fill)
+    step = rec_col("step", -1, np.int64) if "step" in recs.columns else np.full(len(ops), -1)
+    agree = matched & comparable & np.isfinite(call_tb) & (call_tb == call_bytes) & ~fill_in
+
+    def ns(col: str) -> np.ndarray:
+        v = ops[col].to_numpy(dtype=np.float64) * 1000.0 + offset
+        return np.where(np.isfinite(v), np.round(v), np.nan)
+
+    out = pd.DataFrame({
+        "step": step.astype(np.int32),
+        "occurrence": ops["occurrence"].astype(np.int32),
+        "tensor": ops["tensor"].astype(str),
+        "op": ops["op"].astype(str),
+        "comm_activity": ops["comm_activity"].astype(str),
+        "fused_id": ops["op_group"].astype(np.int64),
+        "n_tensors": ops["n_fused"].astype(np.int32),
+        "tensor_bytes": tensor_bytes,
+        "call_tensor_bytes": call_tb,
+        "fill_ratio": fill,
+        "dtype": ops["dtype"].astype(str),
+        "shape": ops["shape"].astype(str),
+        "t_start_ns": ns("t_start_us"),
+        "t_end_ns": ns("t_end_us"),
+        "negotiation_ns": ops["negotiation_us"].to_numpy(dtype=np.float64) * 1000.0,
+        "neg_start_ns": ns("neg_start_us"),
+        "neg_end_ns": ns("neg_end_us"),
+        "wait_for_data_ns": ops["wait_for_data_us"].to_numpy(dtype=np.float64) * 1000.0,
+        "ready_ranks": ops["ready_ranks"].astype(np.int32),
+        "last_ready_rank": ops["last_ready_rank"].astype(np.int32),
+        "ready_spread_ns": ops["ready_spread_us"].to_numpy(dtype=np.float64) * 1000.0,
+        "matched": matched,
+        "call_op": np.where(matched, rec_col("op", "", object), ""),
+        "call_comm": rec_col("comm", 0, np.uint64),
+        "call_seq": rec_col("seq", -1, np.int64),
+        "call_t_start_ns": rec_col("t_start_ns", -1, np.int64),
+        "call_t_end_ns": rec_col("t_end_ns", -1, np.int64),
+        "call_dur_ns": rec_col("dur_ns", -1, np.int64),
+        "call_bytes": call_bytes,
+        "bytes_agree": agree,
+        "complete": ops["complete"].astype(bool),
+    })
+    out["call_op"] = out["call_op"].astype(str)
+    info["rows"] = int(len(out))
+    info["tensors"] = int(out["tensor"].nunique())
+    info["bytes_disagree"] = int((matched & comparable & np.isfinite(call_tb) & ~agree).sum())
+    return out[LINEAGE_COLUMNS], info
+
+
+# --------------------------------------------------------------------------
+# views on a lineage table
+# --------------------------------------------------------------------------
+
+def calls(lineage: pd.DataFrame) -> pd.DataFrame:
+    """One row per data call that carried tensors (matched rows only).
+
+    Columns: call_comm, call_seq, step, call_op, comm_activity, call_t_start_ns,
+    call_dur_ns, call_bytes, n_tensors, tensor_bytes, fill_ratio, tensors
+    (list of names), negotiation_ns_max, wait_for_data_ns_max.
+    """
+    m = lineage[lineage["matched"]]
+    cols = ["call_comm", "call_seq", "step", "call_op", "comm_activity", "call_t_start_ns",
+            "call_dur_ns", "call_bytes", "n_tensors", "tensor_bytes", "fill_ratio", "tensors",
+            "negotiation_ns_max", "wait_for_data_ns_max"]
+    if m.empty:
+        return pd.DataFrame({c: [] for c in cols})
+    g = m.groupby(["call_comm", "call_seq"], sort=False)
+    out = g.agg(
+        step=("step", "first"), call_op=("call_op", "first"),
+        comm_activity=("comm_activity", "first"), call_t_start_ns=("call_t_start_ns", "first"),
+        call_dur_ns=("call_dur_ns", "first"), call_bytes=("call_bytes", "first"),
+        n_tensors=("tensor", "size"),
+        tensor_bytes=("tensor_bytes", lambda s: s.sum(min_count=len(s))),
+        fill_ratio=("fill_ratio", "first"), tensors=("tensor", list),
+        negotiation_ns_max=("negotiation_ns", "max"),
+        wait_for_data_ns_max=("wait_for_data_ns", "max"),
+    ).reset_index()
+    return out.sort_values("call_t_start_ns", kind="stable").reset_index(drop=True)[cols]
+
+
+def call_columns(lineage: pd.DataFrame) -> pd.DataFrame:
+    """Columns to add to every rank's rows, keyed by (comm, seq): tensors (names
+    joined with ";"), n_tensors, fill_ratio.  The same collective has the same
+    (comm, seq) on every rank, so rank 0's lineage applies to all ranks."""
+    c = calls(lineage)
+    return pd.DataFrame({
+        "comm": c["call_comm"].astype(np.uint64),
+        "seq": c["call_seq"].astype(np.int64),
+        "tensors": [";".join(t) for t in c["tensors"]],
+        "n_tensors": c["n_tensors"].astype(np.int32),
+        "fill_ratio": c["fill_ratio"].astype(np.float64),
+    })
+
+
+def stragglers(lineage: pd.DataFrame, *, min_spread_ns: float = 0.0) -> pd.DataFrame:
+    """Per step: the rank that was ready last (made the others wait) and how long.
+
+    From the per-rank readiness marks of uncached negotiations (each tensor's
+    first time; every time with HOROVOD_CACHE_CAPACITY=0).  A tensor's wait is
+    its readiness spread; the step's straggler is the last-ready rank of the
+    tensor with the longest spread.  Columns: step, straggler_rank, wait_ns,
+    tensors (with readiness), tensors_waited (spread > min_spread_ns).
+    """
+    cols = ["step", "straggler_rank", "wait_ns", "tensors", "tensors_waited"]
+    r = lineage[(lineage["ready_ranks"] > 1) & lineage["ready_spread_ns"].notna()]
+    if r.empty:
+        return pd.DataFrame({c: [] for c in cols})
+    rows = []
+    for step, part in r.groupby("step", sort=True):
+        worst = part.loc[part["ready_spread_ns"].idxmax()]
+        rows.append({
+            "step": int(step),
+            "straggler_rank": int(worst["last_ready_rank"]),
+            "wait_ns": float(worst["ready_spread_ns"]),
+            "tensors": int(len(part)),
+            "tensors_waited": int((part["ready_spread_ns"] > min_spread_ns).sum()),
+        })
+    return pd.DataFrame(rows, columns=cols)
+
+
+# --------------------------------------------------------------------------
+# the profile directory
+# --------------------------------------------------------------------------
+
+def _read_rank0(profile_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
+    pq_path = profile_dir / "ranks" / "rank-00000.parquet"
+    js_path = profile_dir / "ranks" / "rank-00000.json"
+    if not pq_path.is_file():
+        raise NotFoundError(
+            pq_path, "no rank-0 dataset (the timeline is joined with rank 0's records)")
+    meta = _read_json(js_path) if js_path.is_file() else {}
+    try:
+        frame = pq.read_table(pq_path).to_pandas()
+    except (OSError, pa.ArrowException) as exc:
+        raise NotFoundError(pq_path, f"cannot read rank-0 dataset: {exc}") from None
+    return frame, meta
+
+
+def build_lineage(
+    profile_dir: PathLike,
+    *,
+    frame: pd.DataFrame | None = None,
+    rank_meta: Mapping[str, Any] | None = None,
+    tolerance_ns: float = DEFAULT_TOLERANCE_NS,
+) -> LineageOutcome:
+    """Write <dir>/lineage.parquet; the outcome says what was written or why not.
+
+    Never raises for what the profile directory holds (no timeline, a bad
+    timeline, no rank-0 dataset): those give path None and a reason.
+    """
+    d = Path(os.fspath(profile_dir))
+    try:
+        if frame is None or rank_meta is None:
+            f0, m0 = _read_rank0(d)
+            frame = f0 if frame is None else frame
+            rank_meta = m0 if rank_meta is None else rank_meta
+    except ProfilerError as exc:
+        return LineageOutcome(None, exc.line())
+    env = rank_meta.get("env") or {}
+    header = rank_meta.get("header") or {}
+    tl_path = find_timeline(d, env)
+    if tl_path is None:
+        return LineageOutcome(
+            None,
+            "no Horovod timeline in the profile directory (HOROVOD_PROFILE_TIMELINE=0, "
+            "HOROVOD_TIMELINE set elsewhere, or not a Horovod job)",
+        )
+    try:
+        tl = T.parse(tl_path)
+    except ProfilerError as exc:
+        return LineageOutcome(None, f"Horovod timeline unusable: {exc.line()}")
+    table, info = join(tl, frame, header=header, env=env, tolerance_ns=tolerance_ns)
+    info["timeline_file"] = os.path.relpath(tl_path, d) if tl_path.is_relative_to(d) \
+        else str(tl_path)
+    if table.empty:
+        return LineageOutcome(None, "the Horovod timeline holds no tensor operations", None, info)
+    out = d / LINEAGE_FILE
+    tmp = d / (LINEAGE_FILE + f".tmp{os.getpid()}")
+    try:
+        pq.write_table(pa.Table.from_pandas(table, preserve_index=False), tmp)
+        os.replace(tmp, out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        return LineageOutcome(None, f"cannot write {out}: {exc.strerror or exc}", table, info)
+    matched = info.get("matched_calls", 0)
+    reason = (f"{info['rows']} tensor operations, {info['tensors']} tensors, "
+              f"{matched} of {info.get('instances', 0)} calls matched")
+    return LineageOutcome(out, reason, table, info)
+
+
+def build(profile_dir: PathLike, *, metadata: dict[str, Any] | None = None) -> Path | None:
+    """Write <dir>/lineage.parquet and return its path, or None when lineage is
+    absent.  When `metadata` (the trace metadata dict) is given, the outcome is
+    recorded in metadata["lineage"] (status, reason, file, alignment)."""
+    outcome = build_lineage(profile_dir)
+    if metadata is not None:
+        metadata["lineage"] = outcome.metadata()
+    return outcome.path
+
+
+def load(path: PathLike) -> pd.DataFrame:
+    """Read a lineage.parquet (or the one in a profile directory / next to a trace)."""
+    p = Path(os.fspath(path))
+    if p.is_dir():
+        p = p / LINEAGE_FILE
+    elif p.suffix == ".json":
+        p = p.parent / LINEAGE_FILE
+    if not p.is_file():
+        raise NotFoundError(p, "no lineage (run with Horovod's timeline on; see trace metadata)")
+    try:
+        return pq.read_table(p).to_pandas()
+    except (OSError, pa.ArrowException) as exc:
+        raise NotFoundError(p, f"cannot read lineage: {exc}") from None

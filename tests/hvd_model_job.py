@@ -1,0 +1,55 @@
+"""A Horovod (PyTorch) training job with known parameter tensors, for tests.
+
+Run under mpirun.  Rank 0 prints one JSON line: {"params": {name: elements},
+"steps": N, "size": world size}.  Steps are found by the profiler's
+hvd.DistributedOptimizer hook (no code change).  Environment: STEPS (default
+6), SLOW_STEP (rank 1 sleeps 50 ms before its backward pass in that step).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import horovod.torch as hvd
+import torch
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.ReLU(),
+        torch.nn.Linear(16, 16), torch.nn.ReLU(),
+        torch.nn.Linear(16, 4),
+    )
+
+
+def main() -> None:
+    hvd.init()
+    net = model()
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(net.parameters(), lr=0.01), named_parameters=net.named_parameters()
+    )
+    hvd.broadcast_parameters(net.state_dict(), root_rank=0)
+    x = torch.randn(32, 8)
+    y = torch.randn(32, 4)
+    steps = int(os.environ.get("STEPS", "6"))
+    slow = int(os.environ.get("SLOW_STEP", "-1"))
+    for step in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        if step == slow and hvd.rank() == 1:
+            time.sleep(0.05)
+        loss.backward()
+        opt.step()
+    # Horovod's timeline writer stops without draining at shutdown: let it drain.
+    time.sleep(0.2)
+    if hvd.rank() == 0:
+        params = {n: p.numel() for n, p in net.named_parameters()}
+        print(json.dumps({"params": params, "steps": steps, "size": hvd.size()}), flush=True)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
