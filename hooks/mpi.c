@@ -266,6 +266,8 @@ static inline __attribute__((always_inline)) void emit(uint16_t op, uint64_t t0,
     hvprof_commit();
 }
 
+/* A negative count (an erroneous call) is recorded as 0 elements. */
+#define UCOUNT(c) ((uint64_t)((c) > 0 ? (c) : 0))
 #define ACTIVE() atomic_load_explicit(&hvprof_active, memory_order_relaxed)
 #define INPLACE(buf) ((buf) == MPI_IN_PLACE ? HVPROF_FLAG_IN_PLACE : 0)
 
@@ -288,7 +290,7 @@ int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype da
     uint64_t t0 = hvprof_ticks();
     int rc = PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
     uint64_t t1 = hvprof_ticks();
-    emit(HVPROF_OP_MPI_ALLREDUCE, t0, t1, comm, datatype, (uint64_t)count, 0, op, -1, rc,
+    emit(HVPROF_OP_MPI_ALLREDUCE, t0, t1, comm, datatype, UCOUNT(count), 0, op, -1, rc,
          INPLACE(sendbuf));
     return rc;
 }
@@ -300,7 +302,7 @@ int MPI_Reduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype datat
     uint64_t t0 = hvprof_ticks();
     int rc = PMPI_Reduce(sendbuf, recvbuf, count, datatype, op, root, comm);
     uint64_t t1 = hvprof_ticks();
-    emit(HVPROF_OP_MPI_REDUCE, t0, t1, comm, datatype, (uint64_t)count, 0, op, root, rc,
+    emit(HVPROF_OP_MPI_REDUCE, t0, t1, comm, datatype, UCOUNT(count), 0, op, root, rc,
          INPLACE(sendbuf));
     return rc;
 }
@@ -311,7 +313,7 @@ int MPI_Bcast(void *buffer, int count, MPI_Datatype datatype, int root, MPI_Comm
     uint64_t t0 = hvprof_ticks();
     int rc = PMPI_Bcast(buffer, count, datatype, root, comm);
     uint64_t t1 = hvprof_ticks();
-    emit(HVPROF_OP_MPI_BCAST, t0, t1, comm, datatype, (uint64_t)count, 0, MPI_OP_NULL, root, rc, 0);
+    emit(HVPROF_OP_MPI_BCAST, t0, t1, comm, datatype, UCOUNT(count), 0, MPI_OP_NULL, root, rc, 0);
     return rc;
 }
 
@@ -325,7 +327,7 @@ int MPI_Allgather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, voi
     uint64_t t1 = hvprof_ticks();
     int ip = sendbuf == MPI_IN_PLACE;
     emit(HVPROF_OP_MPI_ALLGATHER, t0, t1, comm, ip ? recvtype : sendtype,
-         (uint64_t)(ip ? recvcount : sendcount), 1, MPI_OP_NULL, -1, rc, INPLACE(sendbuf));
+         UCOUNT(ip ? recvcount : sendcount), 1, MPI_OP_NULL, -1, rc, INPLACE(sendbuf));
     return rc;
 }
 
@@ -355,7 +357,7 @@ int MPI_Gather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *
     uint64_t t1 = hvprof_ticks();
     int ip = sendbuf == MPI_IN_PLACE;
     emit(HVPROF_OP_MPI_GATHER, t0, t1, comm, ip ? recvtype : sendtype,
-         (uint64_t)(ip ? recvcount : sendcount), 1, MPI_OP_NULL, root, rc, INPLACE(sendbuf));
+         UCOUNT(ip ? recvcount : sendcount), 1, MPI_OP_NULL, root, rc, INPLACE(sendbuf));
     return rc;
 }
 
@@ -376,7 +378,7 @@ int MPI_Gatherv(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void 
         emit(HVPROF_OP_MPI_GATHERV, t0, t1, comm, recvtype, sum_counts(recvcounts, comm), 0,
              MPI_OP_NULL, root, rc, INPLACE(sendbuf));
     else
-        emit(HVPROF_OP_MPI_GATHERV, t0, t1, comm, sendtype, (uint64_t)sendcount, 0, MPI_OP_NULL,
+        emit(HVPROF_OP_MPI_GATHERV, t0, t1, comm, sendtype, UCOUNT(sendcount), 0, MPI_OP_NULL,
              root, rc, 0);
     return rc;
 }
@@ -391,7 +393,7 @@ int MPI_Alltoall(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void
     uint64_t t1 = hvprof_ticks();
     int ip = sendbuf == MPI_IN_PLACE;
     emit(HVPROF_OP_MPI_ALLTOALL, t0, t1, comm, ip ? recvtype : sendtype,
-         (uint64_t)(ip ? recvcount : sendcount), 1, MPI_OP_NULL, -1, rc, INPLACE(sendbuf));
+         UCOUNT(ip ? recvcount : sendcount), 1, MPI_OP_NULL, -1, rc, INPLACE(sendbuf));
     return rc;
 }
 
@@ -433,7 +435,7 @@ int MPI_Reduce_scatter_block(const void *sendbuf, void *recvbuf, int recvcount,
     uint64_t t0 = hvprof_ticks();
     int rc = PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm);
     uint64_t t1 = hvprof_ticks();
-    emit(HVPROF_OP_MPI_REDUCE_SCATTER_BLOCK, t0, t1, comm, datatype, (uint64_t)recvcount, 1, op,
+    emit(HVPROF_OP_MPI_REDUCE_SCATTER_BLOCK, t0, t1, comm, datatype, UCOUNT(recvcount), 1, op,
          -1, rc, INPLACE(sendbuf));
     return rc;
 }
@@ -476,7 +478,7 @@ static void pending_add(MPI_Request req, uint64_t t0, MPI_Comm comm, MPI_Datatyp
         /* Nothing to wait for: record the failed start now. */
         hvprof_record *r = hvprof_slot();
         if (!r) return;
-        *r = (hvprof_record){t0, hvprof_ticks(), (uint64_t)count * d.size, (uint64_t)count, seq, ci,
+        *r = (hvprof_record){t0, hvprof_ticks(), UCOUNT(count) * d.size, UCOUNT(count), seq, ci,
                              hvprof_t.track, -1, HVPROF_OP_MPI_IALLREDUCE, d.code, op_code(op),
                              (uint16_t)(flags | HVPROF_FLAG_NONBLOCKING |
                                         (rc != MPI_SUCCESS ? HVPROF_FLAG_ERROR : 0)),
@@ -490,7 +492,7 @@ static void pending_add(MPI_Request req, uint64_t t0, MPI_Comm comm, MPI_Datatyp
         uint64_t expect = 0;
         if (!atomic_compare_exchange_strong(&p->req, &expect, 1)) continue;
         p->t0 = t0;
-        p->count = (uint64_t)count;
+        p->count = UCOUNT(count);
         p->comm = ci;
         p->seq = seq;
         p->track = hvprof_track_self();

@@ -1,0 +1,207 @@
+"""Capture from C programs under LD_PRELOAD and real mpirun: exact counts and
+bytes per collective, MPI_THREAD_MULTIPLE, a rank killed with SIGKILL, and the
+per-call overhead path (the PMPI layer passes results and errors through)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, base_env, mpirun, profiler_cli, requires_mpi
+from profiler import _format as F
+from profiler import _lib
+from profiler.raw import read_raw
+
+pytestmark = [requires_mpi, pytest.mark.mpi]
+
+C_DIR = ROOT / "tests" / "c"
+
+
+@pytest.fixture(scope="module")
+def cbin(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The C test programs, compiled with mpicc."""
+    out = tmp_path_factory.mktemp("cbin")
+    bins = {}
+    for name in ("collectives", "threads", "killed"):
+        exe = out / name
+        subprocess.run(
+            ["mpicc", "-O1", "-Wall", "-Werror", "-pthread", str(C_DIR / f"{name}.c"), "-o", str(exe)],
+            check=True,
+        )
+        bins[name] = exe
+    return bins
+
+
+def preload_env(profile_dir: Path) -> dict[str, str]:
+    return {"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(profile_dir)}
+
+
+def preload_args() -> list[str]:
+    return ["-x", f"LD_PRELOAD={_lib.library_path()}", "-x", "HOROVOD_PROFILE", "-x",
+            "HOROVOD_PROFILE_DIR"]
+
+
+def expected_collectives(n: int, size: int, rank: int) -> collections.Counter[tuple[str, int]]:
+    """(op, bytes) -> calls, for tests/c/collectives.c run with N iterations."""
+    tri = size * (size + 1) // 2
+    per_iter = [
+        ("allreduce", 3000), ("allreduce", 64), ("iallreduce", 64), ("reduce", 800),
+        ("bcast", 3000), ("bcast", 120), ("allgather", 40 * size), ("allgatherv", 4 * tri),
+        ("gather", 40 * size), ("gatherv", 4 * tri if rank == 0 else 4 * (rank + 1)),
+        ("alltoall", 8 * size), ("alltoallv", 12 * size), ("reduce_scatter", 16 * size),
+        ("reduce_scatter_block", 16 * size), ("barrier", 0),
+    ]
+    c: collections.Counter[tuple[str, int]] = collections.Counter()
+    for key in per_iter:
+        c[key] += n
+    c[("bcast", 0)] += 1  # the erroneous call (count -1)
+    c[("init", 0)] += 1
+    c[("finalize", 0)] += 1
+    return c
+
+
+def op_bytes(records: np.ndarray) -> collections.Counter[tuple[str, int]]:
+    return collections.Counter(
+        (F.op_name(int(o)), int(b)) for o, b in zip(records["op"], records["bytes"])
+    )
+
+
+@pytest.mark.parametrize("np_", [1, 2])
+def test_every_collective_counted_exactly(cbin: dict[str, Path], tmp_path: Path, np_: int) -> None:
+    n = 7
+    prof = tmp_path / "prof"
+    proc = mpirun(np_, [*preload_args(), str(cbin["collectives"]), str(n)],
+                  env=preload_env(prof), cwd=tmp_path)
+    assert proc.stdout.count("RESULT OK") == np_, proc.stdout + proc.stderr
+    for rank in range(np_):
+        raw = read_raw(prof / "raw" / f"rank-{rank:05d}.hvprof")
+        assert raw.problems == []
+        assert raw.header["world_size"] == np_
+        assert raw.header["dropped_records"] == 0
+        assert raw.state & F.STATE_FINALIZED
+        got = op_bytes(raw.records)
+        assert got == expected_collectives(n, np_, rank)
+        recs = raw.records
+        names = np.array([F.op_name(int(o)) for o in recs["op"]])
+        # flags: in-place, nonblocking, derived type, the error code
+        inplace = recs[(names == "allreduce") & (recs["bytes"] == 64)]
+        assert np.all(inplace["flags"] & F.FLAG_IN_PLACE)
+        assert np.all(recs[names == "iallreduce"]["flags"] & F.FLAG_NONBLOCKING)
+        derived = recs[(names == "bcast") & (recs["bytes"] == 120)]
+        assert np.all(derived["flags"] & F.FLAG_DERIVED_TYPE)
+        assert np.all(derived["dtype_size"] == 24) and np.all(derived["count"] == 5)
+        err = recs[(names == "bcast") & (recs["bytes"] == 0)]
+        assert len(err) == 1 and err["rc"][0] != 0 and err["flags"][0] & F.FLAG_ERROR
+        ok = recs[~((names == "bcast") & (recs["bytes"] == 0))]
+        assert np.all(ok["rc"] == 0)
+        # one sequence per communicator, no gaps: the same call has the same
+        # (comm, seq) on every rank
+        world = recs[recs["comm"] == 0]
+        assert sorted(world["seq"].tolist()) == list(range(len(world)))
+        assert np.all(recs["t_end"] >= recs["t_start"])
+    # the merged trace and summarize agree with the raw counts
+    m = profiler_cli("merge", str(prof), cwd=tmp_path)
+    assert m.returncode == 0, m.stderr
+    s = profiler_cli("summarize", str(prof / "trace.json"), "--by", "op,bytes",
+                     "--format", "json", cwd=tmp_path)
+    assert s.returncode == 0, s.stderr
+    rows = json.loads(s.stdout)
+    total = collections.Counter()
+    for r in rows:
+        total[(r["op"], int(r["bytes"]))] += int(r["calls"])
+    expect: collections.Counter[tuple[str, int]] = collections.Counter()
+    for rank in range(np_):
+        expect.update(expected_collectives(n, np_, rank))
+    for key, calls in expect.items():
+        if key[0] in ("init", "finalize"):
+            continue
+        assert total[key] == calls, (key, total[key], calls)
+
+
+def test_thread_multiple_counts_exact(cbin: dict[str, Path], tmp_path: Path) -> None:
+    threads, calls = 4, 3000
+    prof = tmp_path / "prof"
+    proc = mpirun(2, [*preload_args(), str(cbin["threads"]), str(threads), str(calls)],
+                  env=preload_env(prof), cwd=tmp_path)
+    if "NO_THREAD_MULTIPLE" in proc.stdout:
+        pytest.skip("this MPI build does not provide MPI_THREAD_MULTIPLE")
+    for rank in range(2):
+        raw = read_raw(prof / "raw" / f"rank-{rank:05d}.hvprof")
+        assert raw.problems == []
+        recs = raw.records
+        ar = recs[recs["op"] == F.OP_BY_CNAME["MPI_ALLREDUCE"]]
+        assert len(ar) == threads * calls
+        assert np.all(ar["bytes"] == 8) and np.all(ar["count"] == 1)
+        # one communicator per thread, one track per thread, no torn record
+        by_comm = collections.defaultdict(list)
+        for c, s, t in zip(ar["comm"], ar["seq"], ar["track"]):
+            by_comm[int(c)].append((int(s), int(t)))
+        assert len(by_comm) == threads
+        for entries in by_comm.values():
+            assert sorted(s for s, _ in entries) == list(range(calls))
+            assert len({t for _, t in entries}) == 1
+        assert len({tuple(v)[0][1] for v in by_comm.values()}) == threads
+        ids = {int(c["id"]) for c in raw.comms}
+        assert len(ids) == len(raw.comms)  # world, its duplicates: distinct ids
+
+
+def test_comm_ids_match_across_ranks(cbin: dict[str, Path], tmp_path: Path) -> None:
+    prof = tmp_path / "prof"
+    mpirun(2, [*preload_args(), str(cbin["threads"]), "3", "10"], env=preload_env(prof),
+           cwd=tmp_path)
+    tables = [read_raw(prof / "raw" / f"rank-{r:05d}.hvprof").comms for r in range(2)]
+    ids = [sorted(int(x) for x in t["id"]) for t in tables]
+    assert ids[0] == ids[1] and len(ids[0]) == 4
+
+
+def test_sigkill_keeps_records_up_to_the_kill(cbin: dict[str, Path], tmp_path: Path) -> None:
+    k = 20000
+    prof = tmp_path / "prof"
+    env = base_env(**preload_env(prof))
+    p = subprocess.Popen(
+        ["mpirun", "-n", "2", *preload_args(), str(cbin["killed"]), str(k)],
+        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )
+    pids = []
+    deadline = time.time() + 120
+    assert p.stdout is not None
+    while len(pids) < 2 and time.time() < deadline:
+        line = p.stdout.readline()
+        if line.startswith("DONE"):
+            pids.append(int(line.split()[3]))
+    assert len(pids) == 2
+    time.sleep(0.3)  # far longer than the flush interval (2 ms)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    try:
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    for rank in range(2):
+        raw = read_raw(prof / "raw" / f"rank-{rank:05d}.hvprof")
+        ar = raw.records[raw.records["op"] == F.OP_BY_CNAME["MPI_ALLREDUCE"]]
+        assert len(ar) == k
+        assert not raw.state & F.STATE_FINALIZED
+    m = profiler_cli("merge", str(prof), cwd=tmp_path)
+    assert m.returncode == 0, m.stderr
+    meta = json.loads((prof / "trace.json").read_bytes())["horovod_profiler"]
+    assert sorted(meta.get("partial_ranks", [])) == [0, 1]
+
+
+def test_profiling_off_with_horovod_profile_0(cbin: dict[str, Path], tmp_path: Path) -> None:
+    prof = tmp_path / "prof"
+    env = {"HOROVOD_PROFILE": "0", "HOROVOD_PROFILE_DIR": str(prof)}
+    proc = mpirun(2, [*preload_args(), str(cbin["collectives"]), "2"], env=env, cwd=tmp_path)
+    assert proc.stdout.count("RESULT OK") == 2
+    assert not prof.exists()
+
