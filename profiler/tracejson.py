@@ -266,7 +266,7 @@ def _decode_prefix_object(p: Path, start: int, size: int) -> Any:
         with open(p, "rb") as f:
             f.seek(start)
             data = f.read(want)
-        text = data.decode("utf-8", "replace")
+        text = data.decode("utf-8", "replace").lstrip()
         try:
             obj, _end = json.JSONDecoder().raw_decode(text)
             return obj
