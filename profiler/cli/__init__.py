@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "summarize": "profiler.cli.summarize",
     "merge": "profiler.cli.merge",
     "preload": "profiler.cli.preload",
+    "bench": "profiler.cli.bench",
 }
 
 EXIT_OK = 0
