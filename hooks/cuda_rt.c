@@ -24,12 +24,14 @@
  *     call or when under a quarter of the pool is free, at most 4 pairs;
  *   - a helper thread ("hvprof-devtime"), every HOROVOD_PROFILE_NCCL_POLL_MS
  *     (default 5 ms; 0 = no thread), all completed pairs;
- *   - hvprof_nccl_flush(timeout): at exit (atexit handler registered after
- *     the runtime initialised, so it runs before the runtime's own teardown),
- *     and from hvprof_close / the Python runtime before the raw file is read.
- *     It polls with cudaEventQuery (sleeping 100 us between rounds) up to the
- *     timeout (HOROVOD_PROFILE_NCCL_FLUSH_MS at exit, default 1000); pairs
- *     still pending after it are counted as `unfinished`.
+ *   - hvprof_nccl_flush(timeout), through hvprof_nccl_finish (nccl.c) at
+ *     exit: from an atexit handler registered at the first NCCL
+ *     communicator (after the CUDA runtime initialised, so it runs before the
+ *     runtime's own teardown), and from the Python runtime / hvprof_close
+ *     before the raw file is read.  It stops the helper thread, then polls
+ *     with cudaEventQuery (sleeping 100 us between rounds) up to the timeout
+ *     (default HOROVOD_PROFILE_NCCL_FLUSH_MS, 1000); pairs still pending
+ *     after it are counted as `unfinished`.
  * A collected pair becomes one DEVICE record on the stream's track, written
  * on the collecting thread.  Threads that query events set their stream
  * capture mode to relaxed around it, so a CUDA graph captured by another
@@ -149,7 +151,6 @@ static int flush_ms = 1000;
 /* helper thread */
 static _Atomic int helper_started;
 static _Atomic int helper_stop;
-static _Atomic int atexit_done;
 
 /* counters */
 static _Atomic uint64_t c_miss[HVPROF_DEV_MISS_N];
@@ -471,6 +472,12 @@ static void *helper_main(void *arg)
             devpool *dp = atomic_load_explicit(&pools[d], memory_order_acquire);
             if (!dp || pending_of(dp) == 0) continue;
             pthread_mutex_lock(&collect_lock);
+            /* Checked under the lock: once hvprof_dev_shutdown() has taken
+             * the lock, this thread makes no further CUDA call. */
+            if (atomic_load(&helper_stop)) {
+                pthread_mutex_unlock(&collect_lock);
+                break;
+            }
             if (cur != d && cu.SetDevice && cu.SetDevice(d) == CU_SUCCESS) cur = d;
             collect(dp, UINT32_MAX, &c_by_helper);
             pthread_mutex_unlock(&collect_lock);
@@ -479,20 +486,10 @@ static void *helper_main(void *arg)
     return NULL;
 }
 
-static void dev_atexit(void)
-{
-    if (atomic_exchange(&atexit_done, 1)) return;
-    atomic_store(&helper_stop, 1);
-    if (atomic_load(&forked)) return;
-    int left = hvprof_nccl_flush(flush_ms);
-    if (left > 0) atomic_fetch_add(&c_unfinished, (uint64_t)left);
-}
-
 static void start_helper(int device)
 {
     if (atomic_exchange(&helper_started, 1)) return;
-    atexit(dev_atexit);
-    if (poll_ms <= 0) return;
+    if (poll_ms <= 0 || atomic_load(&helper_stop)) return;
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old); /* the thread inherits: no signals */
@@ -726,7 +723,8 @@ int hvprof_nccl_flush(int timeout_ms)
     if (atomic_load(&cuda_state) != 1 || atomic_load(&forked)) return 0;
     double tpn = ticks_per_ns();
     uint64_t t0 = hvprof_ticks();
-    uint64_t limit = (uint64_t)((double)(timeout_ms < 0 ? 0 : timeout_ms) * 1e6 * tpn);
+    if (timeout_ms < 0) timeout_ms = flush_ms;
+    uint64_t limit = (uint64_t)((double)timeout_ms * 1e6 * tpn);
     int saved_dev = -1;
     if (cu.GetDevice(&saved_dev) != CU_SUCCESS) {
         clear_cuda_error();
@@ -753,6 +751,17 @@ int hvprof_nccl_flush(int timeout_ms)
     if (cur != saved_dev && saved_dev >= 0 && cu.SetDevice) cu.SetDevice(saved_dev);
     return left;
 }
+
+void hvprof_dev_shutdown(void)
+{
+    atomic_store(&helper_stop, 1);
+    /* The helper checks the flag under the collector lock: after this
+     * lock/unlock it makes no further CUDA call. */
+    pthread_mutex_lock(&collect_lock);
+    pthread_mutex_unlock(&collect_lock);
+}
+
+void hvprof_dev_set_unfinished(uint64_t n) { atomic_store(&c_unfinished, n); }
 
 size_t hvprof_dev_json(char *buf, size_t n)
 {

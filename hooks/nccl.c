@@ -130,7 +130,13 @@ static _Atomic uint32_t comm_splits[HVPROF_COMM_TABLE_CAPACITY];
 static _Atomic uint64_t c_calls[N_OPS];
 static _Atomic uint64_t c_empty_groups, c_comms, c_comms_late, c_nested, c_missing_real;
 
-int hvprof_rank(void); /* core.c export */
+/* core.c exports */
+int hvprof_rank(void);
+const char *hvprof_raw_path(void);
+
+static void nccl_exit(void);
+static _Atomic int exit_registered;
+static _Atomic int finished;
 
 /* ------------------------------------------------------------------------ */
 /* Finding the real NCCL.                                                    */
@@ -252,6 +258,11 @@ static const hvprof_comm_entry *comm_entry_of(uint32_t idx)
 static uint32_t comm_register(ncclComm_t c, uint64_t id, int size, int rank, int device)
 {
     if (!c) return UINT32_MAX;
+    /* The first communicator: CUDA is initialised by now, so this handler
+     * runs before the CUDA runtime's own exit-time teardown. */
+    if (!atomic_load_explicit(&exit_registered, memory_order_relaxed) &&
+        !atomic_exchange(&exit_registered, 1))
+        atexit(nccl_exit);
     resolve_queries();
     if (size <= 0 && q_count && q_count(c, &size) != NCCL_SUCCESS) size = -1;
     if (rank < 0 && q_rank && q_rank(c, &rank) != NCCL_SUCCESS) rank = -1;
@@ -820,10 +831,10 @@ HVPROF_EXPORT const char *hvprof_nccl_json(void)
     for (int i = 0; i < N_OPS; i++)
         OUT("%s\"%s\": %llu", i ? ", " : "", OP_NAMES[i], (unsigned long long)atomic_load(&c_calls[i]));
     OUT("}, \"empty_groups\": %llu, \"comms\": %llu, \"comms_first_seen_in_call\": %llu, "
-        "\"nested_calls\": %llu, \"missing_real\": %llu, ",
+        "\"nested_calls\": %llu, \"missing_real\": %llu, \"finished\": %s, ",
         (unsigned long long)atomic_load(&c_empty_groups), (unsigned long long)atomic_load(&c_comms),
         (unsigned long long)atomic_load(&c_comms_late), (unsigned long long)atomic_load(&c_nested),
-        (unsigned long long)atomic_load(&c_missing_real));
+        (unsigned long long)atomic_load(&c_missing_real), atomic_load(&finished) ? "true" : "false");
     if (k < n) k += hvprof_dev_json(buf + k, n - k);
     OUT("}");
 #undef OUT
@@ -832,9 +843,58 @@ HVPROF_EXPORT const char *hvprof_nccl_json(void)
     return buf;
 }
 
+/* Write the JSON document next to the raw file (rank-R.nccl.json), through a
+ * temporary file and rename: a reader never sees half of it. */
+static void write_sidecar(void)
+{
+    const char *raw = hvprof_raw_path();
+    if (!raw || !*raw) return;
+    char path[4096], tmp[4200];
+    size_t n = strlen(raw);
+    const char *ext = ".hvprof";
+    size_t e = strlen(ext);
+    if (n <= e || n - e + 16 >= sizeof path || strcmp(raw + n - e, ext) != 0) return;
+    snprintf(path, sizeof path, "%.*s.nccl.json", (int)(n - e), raw);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    const char *js = hvprof_nccl_json();
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;
+    int ok = fputs(js, f) >= 0 && fputc('\n', f) != EOF;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        hvprof_warn("cannot write %s: NCCL visibility is not recorded", path);
+    }
+}
+
+/* The end of NCCL profiling in this process: stop the device-time helper,
+ * collect pending device times (polling, up to timeout_ms; negative: the
+ * default), and write raw/rank-R.nccl.json (this process's hvprof_nccl_json)
+ * when the process used NCCL or CUDA.  Returns the pairs left unfinished.
+ * Called at exit (atexit), by the Python runtime before it converts the raw
+ * file, and meant for hvprof_close (MPI_Finalize).  Safe to call again. */
+HVPROF_EXPORT int hvprof_nccl_finish(int timeout_ms)
+{
+    hvprof_dev_shutdown();
+    int left = hvprof_nccl_flush(timeout_ms);
+    hvprof_dev_set_unfinished(left > 0 ? (uint64_t)left : 0);
+    atomic_store(&finished, 1);
+    char p1[256], p2[256], p3[256];
+    int used = hvprof_nccl_visible() != 0 || loaded_object("libcuda.so", p1, sizeof p1) ||
+               loaded_object("libcudart", p2, sizeof p2) || loaded_object("libnccl", p3, sizeof p3);
+    if (used) write_sidecar();
+    return left;
+}
+
+static void nccl_exit(void)
+{
+    if (!atomic_load(&finished)) hvprof_nccl_finish(-1);
+}
+
 static void nccl_atfork_child(void)
 {
     atomic_store(&open_tried, 0);
+    atomic_store(&finished, 1); /* a child writes no device times, no sidecar */
     nt.depth = 0;
     nt.nest = 0;
     nt.group = 0;
