@@ -29,7 +29,9 @@
 
 #include "hvprof_internal.h"
 
-#define H(x) ((uint64_t)(uintptr_t)(x))
+/* A handle as a 64-bit key: Open MPI's are pointers, MPICH's are ints
+ * (kept unsigned, not sign-extended). */
+#define H(x) ((uint64_t)(uintptr_t)(x) & (sizeof(x) == 4 ? 0xffffffffull : ~0ull))
 
 /* ------------------------------------------------------------------------ */
 /* Predefined datatypes and ops: read-only hash tables built at MPI_Init.    */
@@ -283,7 +285,7 @@ static inline uint64_t sum_counts(const int *counts, MPI_Comm comm)
 /* ------------------------------------------------------------------------ */
 /* Collectives.                                                               */
 
-int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype,
+HVPROF_EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype,
                   MPI_Op op, MPI_Comm comm)
 {
     if (!ACTIVE()) return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
@@ -295,7 +297,7 @@ int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype da
     return rc;
 }
 
-int MPI_Reduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
+HVPROF_EXPORT int MPI_Reduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
                int root, MPI_Comm comm)
 {
     if (!ACTIVE()) return PMPI_Reduce(sendbuf, recvbuf, count, datatype, op, root, comm);
@@ -307,7 +309,7 @@ int MPI_Reduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype datat
     return rc;
 }
 
-int MPI_Bcast(void *buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm)
+HVPROF_EXPORT int MPI_Bcast(void *buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm)
 {
     if (!ACTIVE()) return PMPI_Bcast(buffer, count, datatype, root, comm);
     uint64_t t0 = hvprof_ticks();
@@ -317,7 +319,7 @@ int MPI_Bcast(void *buffer, int count, MPI_Datatype datatype, int root, MPI_Comm
     return rc;
 }
 
-int MPI_Allgather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
+HVPROF_EXPORT int MPI_Allgather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
                   int recvcount, MPI_Datatype recvtype, MPI_Comm comm)
 {
     if (!ACTIVE())
@@ -331,7 +333,7 @@ int MPI_Allgather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, voi
     return rc;
 }
 
-int MPI_Allgatherv(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
+HVPROF_EXPORT int MPI_Allgatherv(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
                    const int recvcounts[], const int displs[], MPI_Datatype recvtype,
                    MPI_Comm comm)
 {
@@ -347,7 +349,7 @@ int MPI_Allgatherv(const void *sendbuf, int sendcount, MPI_Datatype sendtype, vo
     return rc;
 }
 
-int MPI_Gather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
+HVPROF_EXPORT int MPI_Gather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
                int recvcount, MPI_Datatype recvtype, int root, MPI_Comm comm)
 {
     if (!ACTIVE())
@@ -361,7 +363,7 @@ int MPI_Gather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *
     return rc;
 }
 
-int MPI_Gatherv(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
+HVPROF_EXPORT int MPI_Gatherv(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
                 const int recvcounts[], const int displs[], MPI_Datatype recvtype, int root,
                 MPI_Comm comm)
 {
@@ -383,7 +385,7 @@ int MPI_Gatherv(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void 
     return rc;
 }
 
-int MPI_Alltoall(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
+HVPROF_EXPORT int MPI_Alltoall(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
                  int recvcount, MPI_Datatype recvtype, MPI_Comm comm)
 {
     if (!ACTIVE())
@@ -397,7 +399,7 @@ int MPI_Alltoall(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void
     return rc;
 }
 
-int MPI_Alltoallv(const void *sendbuf, const int sendcounts[], const int sdispls[],
+HVPROF_EXPORT int MPI_Alltoallv(const void *sendbuf, const int sendcounts[], const int sdispls[],
                   MPI_Datatype sendtype, void *recvbuf, const int recvcounts[],
                   const int rdispls[], MPI_Datatype recvtype, MPI_Comm comm)
 {
@@ -415,7 +417,7 @@ int MPI_Alltoallv(const void *sendbuf, const int sendcounts[], const int sdispls
     return rc;
 }
 
-int MPI_Reduce_scatter(const void *sendbuf, void *recvbuf, const int recvcounts[],
+HVPROF_EXPORT int MPI_Reduce_scatter(const void *sendbuf, void *recvbuf, const int recvcounts[],
                        MPI_Datatype datatype, MPI_Op op, MPI_Comm comm)
 {
     if (!ACTIVE()) return PMPI_Reduce_scatter(sendbuf, recvbuf, recvcounts, datatype, op, comm);
@@ -427,7 +429,7 @@ int MPI_Reduce_scatter(const void *sendbuf, void *recvbuf, const int recvcounts[
     return rc;
 }
 
-int MPI_Reduce_scatter_block(const void *sendbuf, void *recvbuf, int recvcount,
+HVPROF_EXPORT int MPI_Reduce_scatter_block(const void *sendbuf, void *recvbuf, int recvcount,
                              MPI_Datatype datatype, MPI_Op op, MPI_Comm comm)
 {
     if (!ACTIVE())
@@ -440,7 +442,7 @@ int MPI_Reduce_scatter_block(const void *sendbuf, void *recvbuf, int recvcount,
     return rc;
 }
 
-int MPI_Barrier(MPI_Comm comm)
+HVPROF_EXPORT int MPI_Barrier(MPI_Comm comm)
 {
     if (!ACTIVE()) return PMPI_Barrier(comm);
     uint64_t t0 = hvprof_ticks();
@@ -528,7 +530,7 @@ static void pending_done(uint64_t key, uint64_t t1, uint16_t extra_flags)
     }
 }
 
-int MPI_Iallreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype,
+HVPROF_EXPORT int MPI_Iallreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype,
                    MPI_Op op, MPI_Comm comm, MPI_Request *request)
 {
     if (!ACTIVE()) return PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request);
@@ -541,7 +543,7 @@ int MPI_Iallreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype d
 
 #define ANY_PENDING() atomic_load_explicit(&n_pending, memory_order_relaxed)
 
-int MPI_Wait(MPI_Request *request, MPI_Status *status)
+HVPROF_EXPORT int MPI_Wait(MPI_Request *request, MPI_Status *status)
 {
     if (!ANY_PENDING()) return PMPI_Wait(request, status);
     uint64_t key = H(*request);
@@ -550,7 +552,7 @@ int MPI_Wait(MPI_Request *request, MPI_Status *status)
     return rc;
 }
 
-int MPI_Test(MPI_Request *request, int *flag, MPI_Status *status)
+HVPROF_EXPORT int MPI_Test(MPI_Request *request, int *flag, MPI_Status *status)
 {
     if (!ANY_PENDING()) return PMPI_Test(request, flag, status);
     uint64_t key = H(*request);
@@ -562,7 +564,7 @@ int MPI_Test(MPI_Request *request, int *flag, MPI_Status *status)
 /* Copies of up to this many request handles live on the stack. */
 #define MAX_TRACKED 64
 
-int MPI_Waitall(int count, MPI_Request requests[], MPI_Status statuses[])
+HVPROF_EXPORT int MPI_Waitall(int count, MPI_Request requests[], MPI_Status statuses[])
 {
     if (!ANY_PENDING() || count > MAX_TRACKED) return PMPI_Waitall(count, requests, statuses);
     uint64_t keys[MAX_TRACKED];
@@ -573,7 +575,7 @@ int MPI_Waitall(int count, MPI_Request requests[], MPI_Status statuses[])
     return rc;
 }
 
-int MPI_Testall(int count, MPI_Request requests[], int *flag, MPI_Status statuses[])
+HVPROF_EXPORT int MPI_Testall(int count, MPI_Request requests[], int *flag, MPI_Status statuses[])
 {
     if (!ANY_PENDING() || count > MAX_TRACKED) return PMPI_Testall(count, requests, flag, statuses);
     uint64_t keys[MAX_TRACKED];
@@ -586,7 +588,7 @@ int MPI_Testall(int count, MPI_Request requests[], int *flag, MPI_Status statuse
     return rc;
 }
 
-int MPI_Waitany(int count, MPI_Request requests[], int *index, MPI_Status *status)
+HVPROF_EXPORT int MPI_Waitany(int count, MPI_Request requests[], int *index, MPI_Status *status)
 {
     if (!ANY_PENDING() || count > MAX_TRACKED) return PMPI_Waitany(count, requests, index, status);
     uint64_t keys[MAX_TRACKED];
@@ -596,7 +598,7 @@ int MPI_Waitany(int count, MPI_Request requests[], int *index, MPI_Status *statu
     return rc;
 }
 
-int MPI_Testany(int count, MPI_Request requests[], int *index, int *flag, MPI_Status *status)
+HVPROF_EXPORT int MPI_Testany(int count, MPI_Request requests[], int *index, int *flag, MPI_Status *status)
 {
     if (!ANY_PENDING() || count > MAX_TRACKED)
         return PMPI_Testany(count, requests, index, flag, status);
@@ -607,7 +609,7 @@ int MPI_Testany(int count, MPI_Request requests[], int *index, int *flag, MPI_St
     return rc;
 }
 
-int MPI_Waitsome(int incount, MPI_Request requests[], int *outcount, int indices[],
+HVPROF_EXPORT int MPI_Waitsome(int incount, MPI_Request requests[], int *outcount, int indices[],
                  MPI_Status statuses[])
 {
     if (!ANY_PENDING() || incount > MAX_TRACKED)
@@ -621,7 +623,7 @@ int MPI_Waitsome(int incount, MPI_Request requests[], int *outcount, int indices
     return rc;
 }
 
-int MPI_Testsome(int incount, MPI_Request requests[], int *outcount, int indices[],
+HVPROF_EXPORT int MPI_Testsome(int incount, MPI_Request requests[], int *outcount, int indices[],
                  MPI_Status statuses[])
 {
     if (!ANY_PENDING() || incount > MAX_TRACKED)
@@ -635,7 +637,7 @@ int MPI_Testsome(int incount, MPI_Request requests[], int *outcount, int indices
     return rc;
 }
 
-int MPI_Request_free(MPI_Request *request)
+HVPROF_EXPORT int MPI_Request_free(MPI_Request *request)
 {
     if (!ANY_PENDING()) return PMPI_Request_free(request);
     uint64_t key = H(*request);
@@ -652,42 +654,42 @@ int MPI_Request_free(MPI_Request *request)
 #define KIND_SPLIT_TYPE 3
 #define KIND_CREATE 4
 
-int MPI_Comm_dup(MPI_Comm comm, MPI_Comm *newcomm)
+HVPROF_EXPORT int MPI_Comm_dup(MPI_Comm comm, MPI_Comm *newcomm)
 {
     int rc = PMPI_Comm_dup(comm, newcomm);
     if (rc == MPI_SUCCESS) comm_created(comm, newcomm, KIND_DUP);
     return rc;
 }
 
-int MPI_Comm_dup_with_info(MPI_Comm comm, MPI_Info info, MPI_Comm *newcomm)
+HVPROF_EXPORT int MPI_Comm_dup_with_info(MPI_Comm comm, MPI_Info info, MPI_Comm *newcomm)
 {
     int rc = PMPI_Comm_dup_with_info(comm, info, newcomm);
     if (rc == MPI_SUCCESS) comm_created(comm, newcomm, KIND_DUP);
     return rc;
 }
 
-int MPI_Comm_split(MPI_Comm comm, int color, int key, MPI_Comm *newcomm)
+HVPROF_EXPORT int MPI_Comm_split(MPI_Comm comm, int color, int key, MPI_Comm *newcomm)
 {
     int rc = PMPI_Comm_split(comm, color, key, newcomm);
     if (rc == MPI_SUCCESS) comm_created(comm, newcomm, KIND_SPLIT);
     return rc;
 }
 
-int MPI_Comm_split_type(MPI_Comm comm, int split_type, int key, MPI_Info info, MPI_Comm *newcomm)
+HVPROF_EXPORT int MPI_Comm_split_type(MPI_Comm comm, int split_type, int key, MPI_Info info, MPI_Comm *newcomm)
 {
     int rc = PMPI_Comm_split_type(comm, split_type, key, info, newcomm);
     if (rc == MPI_SUCCESS) comm_created(comm, newcomm, KIND_SPLIT_TYPE);
     return rc;
 }
 
-int MPI_Comm_create(MPI_Comm comm, MPI_Group group, MPI_Comm *newcomm)
+HVPROF_EXPORT int MPI_Comm_create(MPI_Comm comm, MPI_Group group, MPI_Comm *newcomm)
 {
     int rc = PMPI_Comm_create(comm, group, newcomm);
     if (rc == MPI_SUCCESS) comm_created(comm, newcomm, KIND_CREATE);
     return rc;
 }
 
-int MPI_Comm_free(MPI_Comm *comm)
+HVPROF_EXPORT int MPI_Comm_free(MPI_Comm *comm)
 {
     uint64_t key = comm ? H(*comm) : 0;
     int rc = PMPI_Comm_free(comm);
@@ -797,9 +799,13 @@ static void mpi_started(uint64_t t0, int provided)
     char ver[MPI_MAX_LIBRARY_VERSION_STRING];
     int len = 0;
     if (PMPI_Get_library_version(ver, &len) == MPI_SUCCESS) {
-        snprintf(h->mpi_version, sizeof h->mpi_version, "%s", ver);
-        char *nl = strchr(h->mpi_version, '\n');
-        if (nl) *nl = 0;
+        /* first line only, cut to the field */
+        size_t k = 0;
+        while (k + 1 < sizeof h->mpi_version && ver[k] && ver[k] != '\n') {
+            h->mpi_version[k] = ver[k];
+            k++;
+        }
+        h->mpi_version[k] = 0;
     }
     comm_index(MPI_COMM_WORLD); /* table entry 0: the world */
 
@@ -818,7 +824,7 @@ static void mpi_started(uint64_t t0, int provided)
          MPI_SUCCESS, 0);
 }
 
-int MPI_Init(int *argc, char ***argv)
+HVPROF_EXPORT int MPI_Init(int *argc, char ***argv)
 {
     uint64_t t0 = hvprof_ticks();
     int rc = PMPI_Init(argc, argv);
@@ -826,7 +832,7 @@ int MPI_Init(int *argc, char ***argv)
     return rc;
 }
 
-int MPI_Init_thread(int *argc, char ***argv, int required, int *provided)
+HVPROF_EXPORT int MPI_Init_thread(int *argc, char ***argv, int required, int *provided)
 {
     uint64_t t0 = hvprof_ticks();
     int rc = PMPI_Init_thread(argc, argv, required, provided);
@@ -834,7 +840,7 @@ int MPI_Init_thread(int *argc, char ***argv, int required, int *provided)
     return rc;
 }
 
-int MPI_Finalize(void)
+HVPROF_EXPORT int MPI_Finalize(void)
 {
     hvprof_file_header *h = hvprof_header();
     if (h && ACTIVE() && prof_comm != MPI_COMM_NULL) {

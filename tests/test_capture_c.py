@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, base_env, mpirun, profiler_cli, requires_mpi
+from conftest import ROOT, base_env, profiler_cli, requires_mpi
 from profiler import _format as F
 from profiler import _lib
 from profiler.raw import read_raw
@@ -25,28 +26,67 @@ pytestmark = [requires_mpi, pytest.mark.mpi]
 C_DIR = ROOT / "tests" / "c"
 
 
-@pytest.fixture(scope="module")
-def cbin(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The C test programs, compiled with mpicc."""
-    out = tmp_path_factory.mktemp("cbin")
-    bins = {}
-    for name in ("collectives", "threads", "killed"):
-        exe = out / name
-        subprocess.run(
-            ["mpicc", "-O1", "-Wall", "-Werror", "-pthread", str(C_DIR / f"{name}.c"), "-o", str(exe)],
-            check=True,
-        )
-        bins[name] = exe
-    return bins
+MPI_IMPLS = {
+    # name: (compiler wrapper, launcher, how the launcher passes a variable)
+    "openmpi": ("mpicc.openmpi", "mpirun.openmpi", "-x"),
+    "mpich": ("mpicc.mpich", "mpirun.mpich", "-genvlist"),
+}
 
 
-def preload_env(profile_dir: Path) -> dict[str, str]:
-    return {"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(profile_dir)}
+def impl_available(name: str) -> bool:
+    cc, run, _ = MPI_IMPLS[name]
+    return shutil.which(cc) is not None and shutil.which(run) is not None
 
 
-def preload_args() -> list[str]:
-    return ["-x", f"LD_PRELOAD={_lib.library_path()}", "-x", "HOROVOD_PROFILE", "-x",
-            "HOROVOD_PROFILE_DIR"]
+@pytest.fixture(scope="module", params=["openmpi", "mpich"])
+def impl(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """An MPI implementation: its test programs and a profiler library built with it.
+    Open MPI uses the packaged library; MPICH (Debian's, side by side) gets its own."""
+    name = request.param
+    if name == "openmpi" and shutil.which("mpicc.openmpi") is None:
+        MPI_IMPLS["openmpi"] = ("mpicc", "mpirun", "-x")
+    elif not impl_available(name):
+        pytest.skip(f"{name} is not installed")
+    cc, run, xflag = MPI_IMPLS[name]
+    out = tmp_path_factory.mktemp(name)
+    bins: dict[str, Path] = {}
+    for prog in ("collectives", "threads", "killed"):
+        exe = out / prog
+        subprocess.run([cc, "-O1", "-Wall", "-Werror", "-pthread", str(C_DIR / f"{prog}.c"),
+                        "-o", str(exe)], check=True)
+        bins[prog] = exe
+    if name == "openmpi":
+        lib = _lib.library_path()
+    else:
+        lib = str(out / "libhvprof.so")
+        hooks = ROOT / "hooks"
+        subprocess.run([cc, "-std=gnu11", "-O2", "-fPIC", "-shared", "-pthread",
+                        "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
+                        "-Wno-unused-parameter", "-Wno-missing-field-initializers", "-I",
+                        str(hooks), *map(str, sorted(hooks.glob("*.c"))), "-o", lib, "-ldl"],
+                       check=True)
+    return {"name": name, "bins": bins, "lib": lib, "run": run, "xflag": xflag}
+
+
+def launch(impl: dict, np_: int, prog: str, args: list[str], prof: Path, cwd: Path,
+           extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof), "LD_PRELOAD": impl["lib"]}
+    env.update(extra_env or {})
+    if impl["xflag"] == "-x":
+        fwd = [a for k in env for a in ("-x", k)]
+    else:
+        fwd = ["-genvlist", ",".join(env)]
+    full = base_env(**env)
+    if impl["name"] == "openmpi":
+        full.pop("LD_PRELOAD")  # only the ranks, not the launcher
+        fwd = ["-x", f"LD_PRELOAD={impl['lib']}"] + [a for k in env if k != "LD_PRELOAD"
+                                                     for a in ("-x", k)]
+    cmd = [impl["run"], "-n", str(np_), *fwd, str(impl["bins"][prog]), *args]
+    proc = subprocess.run(cmd, env=full, cwd=cwd, capture_output=True, text=True, timeout=240)
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode})\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
 
 
 def expected_collectives(n: int, size: int, rank: int) -> collections.Counter[tuple[str, int]]:
@@ -75,11 +115,10 @@ def op_bytes(records: np.ndarray) -> collections.Counter[tuple[str, int]]:
 
 
 @pytest.mark.parametrize("np_", [1, 2])
-def test_every_collective_counted_exactly(cbin: dict[str, Path], tmp_path: Path, np_: int) -> None:
+def test_every_collective_counted_exactly(impl: dict, tmp_path: Path, np_: int) -> None:
     n = 7
     prof = tmp_path / "prof"
-    proc = mpirun(np_, [*preload_args(), str(cbin["collectives"]), str(n)],
-                  env=preload_env(prof), cwd=tmp_path)
+    proc = launch(impl, np_, "collectives", [str(n)], prof, tmp_path)
     assert proc.stdout.count("RESULT OK") == np_, proc.stdout + proc.stderr
     for rank in range(np_):
         raw = read_raw(prof / "raw" / f"rank-{rank:05d}.hvprof")
@@ -126,11 +165,10 @@ def test_every_collective_counted_exactly(cbin: dict[str, Path], tmp_path: Path,
         assert total[key] == calls, (key, total[key], calls)
 
 
-def test_thread_multiple_counts_exact(cbin: dict[str, Path], tmp_path: Path) -> None:
+def test_thread_multiple_counts_exact(impl: dict, tmp_path: Path) -> None:
     threads, calls = 4, 3000
     prof = tmp_path / "prof"
-    proc = mpirun(2, [*preload_args(), str(cbin["threads"]), str(threads), str(calls)],
-                  env=preload_env(prof), cwd=tmp_path)
+    proc = launch(impl, 2, "threads", [str(threads), str(calls)], prof, tmp_path)
     if "NO_THREAD_MULTIPLE" in proc.stdout:
         pytest.skip("this MPI build does not provide MPI_THREAD_MULTIPLE")
     for rank in range(2):
@@ -153,21 +191,23 @@ def test_thread_multiple_counts_exact(cbin: dict[str, Path], tmp_path: Path) -> 
         assert len(ids) == len(raw.comms)  # world, its duplicates: distinct ids
 
 
-def test_comm_ids_match_across_ranks(cbin: dict[str, Path], tmp_path: Path) -> None:
+def test_comm_ids_match_across_ranks(impl: dict, tmp_path: Path) -> None:
     prof = tmp_path / "prof"
-    mpirun(2, [*preload_args(), str(cbin["threads"]), "3", "10"], env=preload_env(prof),
-           cwd=tmp_path)
+    launch(impl, 2, "threads", ["3", "10"], prof, tmp_path)
     tables = [read_raw(prof / "raw" / f"rank-{r:05d}.hvprof").comms for r in range(2)]
     ids = [sorted(int(x) for x in t["id"]) for t in tables]
     assert ids[0] == ids[1] and len(ids[0]) == 4
 
 
-def test_sigkill_keeps_records_up_to_the_kill(cbin: dict[str, Path], tmp_path: Path) -> None:
+def test_sigkill_keeps_records_up_to_the_kill(impl: dict, tmp_path: Path) -> None:
+    if impl["name"] != "openmpi":
+        pytest.skip("the kill test drives Open MPI's mpirun")
     k = 20000
     prof = tmp_path / "prof"
-    env = base_env(**preload_env(prof))
+    env = base_env(HOROVOD_PROFILE="1", HOROVOD_PROFILE_DIR=str(prof))
     p = subprocess.Popen(
-        ["mpirun", "-n", "2", *preload_args(), str(cbin["killed"]), str(k)],
+        [impl["run"], "-n", "2", "-x", f"LD_PRELOAD={impl['lib']}", "-x", "HOROVOD_PROFILE",
+         "-x", "HOROVOD_PROFILE_DIR", str(impl["bins"]["killed"]), str(k)],
         env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
     )
@@ -198,10 +238,9 @@ def test_sigkill_keeps_records_up_to_the_kill(cbin: dict[str, Path], tmp_path: P
     assert sorted(meta.get("partial_ranks", [])) == [0, 1]
 
 
-def test_profiling_off_with_horovod_profile_0(cbin: dict[str, Path], tmp_path: Path) -> None:
+def test_profiling_off_with_horovod_profile_0(impl: dict, tmp_path: Path) -> None:
     prof = tmp_path / "prof"
-    env = {"HOROVOD_PROFILE": "0", "HOROVOD_PROFILE_DIR": str(prof)}
-    proc = mpirun(2, [*preload_args(), str(cbin["collectives"]), "2"], env=env, cwd=tmp_path)
+    proc = launch(impl, 2, "collectives", ["2"], prof, tmp_path, {"HOROVOD_PROFILE": "0"})
     assert proc.stdout.count("RESULT OK") == 2
     assert not prof.exists()
 
