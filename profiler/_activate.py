@@ -12,6 +12,10 @@ mpi4py's finalization handlers registered later):
 
 * a process whose library never opened a raw file (pip, a launcher, any
   non-MPI Python) returns silently;
+* MPI is finalized first when mpi4py initialized it and would finalize it
+  anyway (its own finalizer runs after every Python exit handler, so this only
+  brings it forward): MPI_Finalize is then recorded and the file marked
+  FINALIZED, the same on every rank;
 * hvprof_process_exit() marks the raw file CLOSED;
 * this rank's raw file becomes ranks/rank-R.parquet + .json;
 * rank 0 waits, bounded by HOROVOD_PROFILE_MERGE_TIMEOUT (default 60 s), for
@@ -62,6 +66,10 @@ def finish() -> str | None:
     rank = _lib.rank()
     world = _lib.world_size()
     raw = _lib.raw_path()
+    try:
+        _finalize_mpi4py()
+    except Exception as exc:
+        _say(f"warning: rank {rank}: MPI_Finalize failed: {_one_line(exc)}")
     _lib.process_exit()
 
     from profiler.dataset import convert_raw
@@ -79,6 +87,18 @@ def finish() -> str | None:
     line = f"trace written to {result.summary_line()}"
     _say(line)
     return line
+
+
+def _finalize_mpi4py() -> None:
+    """Finalize MPI now if mpi4py is about to do it at interpreter exit."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None:
+        return
+    rc = getattr(sys.modules.get("mpi4py"), "rc", None)
+    if getattr(rc, "finalize", None) is False or getattr(rc, "initialize", True) is False:
+        return  # the application keeps MPI's lifetime to itself
+    if mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
 
 
 def _one_line(exc: BaseException) -> str:
@@ -105,10 +125,13 @@ def activate() -> None:
     from profiler import _lib
 
     try:
-        _lib.load()
+        lib = _lib.load()
     except Exception as exc:
         _say(f"error: profiling disabled: {_one_line(exc)}")
         return
+    set_python = getattr(lib, "hvprof_set_python", None)
+    if set_python is not None:
+        set_python(1)  # rank 0's exit handler merges: the library need not say how
     try:
         from profiler.horovod import hooks
     except ImportError:
