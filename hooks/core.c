@@ -42,6 +42,10 @@ __thread hvprof_tls hvprof_t __attribute__((tls_model("initial-exec"))) = {
 _Atomic int hvprof_active = 0;
 _Atomic uint32_t hvprof_generation = 1;
 _Atomic uint32_t hvprof_comm_epoch = 1;
+_Atomic int hvprof_divert = 0;
+static void agg_snapshot(void);
+static void window_init(void);
+static void window_tick(int64_t now_mono);
 int hvprof_clock_kind = HVPROF_CLOCK_MONOTONIC;
 
 /* Process state: written under the open/close paths only. */
@@ -485,6 +489,9 @@ int hvprof_open(int rank, int world_size, int local_rank, const char *dir)
     long page = sysconf(_SC_PAGESIZE);
     chunk = (uint32_t)((chunk + page - 1) / page * page);
 
+    const char *mode = getenv("HOROVOD_PROFILE");
+    h->mode = (mode && strcmp(mode, "summary") == 0) ? HVPROF_MODE_SUMMARY : HVPROF_MODE_FULL;
+    h->sampling = 1;
     h->version = HVPROF_FORMAT_VERSION;
     h->header_bytes = HVPROF_HEADER_BYTES;
     h->record_bytes = HVPROF_RECORD_BYTES;
@@ -522,6 +529,8 @@ int hvprof_open(int rank, int world_size, int local_rank, const char *dir)
     memset(stream_vals, 0, sizeof stream_vals);
     atomic_fetch_add(&hvprof_comm_epoch, 1);
     atomic_fetch_add(&hvprof_generation, 1);
+    window_init();
+    atomic_store(&hvprof_divert, h->mode == HVPROF_MODE_SUMMARY || !h->sampling);
     atomic_store(&hvprof_active, 1);
     helper_start();
     pthread_mutex_unlock(&g.lock);
@@ -691,8 +700,10 @@ static void *helper_main(void *arg)
             }
         }
         int64_t now = hvprof_mono_ns();
+        window_tick(now);
         if (now - last_cal > 1000000000LL) {
             calibrate_now();
+            agg_snapshot();
             last_cal = now;
         }
         if (!run) break; /* drained once more after the stop request */
@@ -757,6 +768,146 @@ static void helper_stop(void)
     }
 }
 
+/* ------------------------------------------------------------------------ */
+/* Summary mode and sampling.                                                 */
+
+#define AGG_SLOTS 2048u
+#define AGG_PROBES 32u
+static _Atomic uintptr_t agg_tables[HVPROF_TRACK_TABLE_CAPACITY];
+static _Atomic uint64_t agg_overflow;
+static int64_t window_start_ns = -1, window_end_ns = -1; /* CLOCK_MONOTONIC */
+
+static void set_sampling(int on)
+{
+    if (!g.hdr) return;
+    g.hdr->sampling = on ? 1u : 0u;
+    atomic_store(&hvprof_divert, g.hdr->mode == HVPROF_MODE_SUMMARY || !on);
+}
+
+/* HOROVOD_PROFILE_WINDOW="A:B": record from A to B seconds after the file
+ * was opened (B empty: to the end).  The helper thread switches. */
+static void window_init(void)
+{
+    const char *w = getenv("HOROVOD_PROFILE_WINDOW");
+    window_start_ns = window_end_ns = -1;
+    if (!w || !*w) return;
+    char *end = NULL;
+    double a = strtod(w, &end), b = -1;
+    if (end && *end == ':' && end[1]) b = strtod(end + 1, NULL);
+    int64_t t0 = g.hdr->cal0_mono_ns;
+    window_start_ns = t0 + (int64_t)(a * 1e9);
+    window_end_ns = b >= 0 ? t0 + (int64_t)(b * 1e9) : -1;
+    g.hdr->sampling = a <= 0 ? 1u : 0u;
+}
+
+static void window_tick(int64_t now)
+{
+    if (window_start_ns < 0 || !g.hdr) return;
+    int on = now >= window_start_ns && (window_end_ns < 0 || now < window_end_ns);
+    if ((uint32_t)on != g.hdr->sampling) set_sampling(on);
+}
+
+void hvprof_divert_call(uint16_t op, uint32_t comm, uint64_t bytes, uint8_t dtype, uint8_t redop,
+                        uint16_t flags, int rc, uint64_t t0, uint64_t t1)
+{
+    hvprof_file_header *h = g.hdr;
+    if (!h) return;
+    if (!h->sampling) {
+        __atomic_fetch_add(&h->unsampled_calls, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    hvprof_tls *t = &hvprof_t;
+    uint32_t gen = atomic_load_explicit(&hvprof_generation, memory_order_relaxed);
+    if (HVPROF_UNLIKELY(!t->agg || t->agg_generation != gen)) {
+        uint32_t track = hvprof_track_self();
+        void *m = mmap(NULL, AGG_SLOTS * sizeof(hvprof_agg_entry), PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED || track >= HVPROF_TRACK_TABLE_CAPACITY) {
+            __atomic_fetch_add(&h->dropped_records, 1, __ATOMIC_RELAXED);
+            return;
+        }
+        t->agg = m;
+        t->agg_generation = gen;
+        atomic_store_explicit(&agg_tables[track], (uintptr_t)m, memory_order_release);
+    }
+    hvprof_agg_entry *tab = (hvprof_agg_entry *)t->agg;
+    uint64_t key = hvprof_mix(hvprof_mix(hvprof_mix(op, comm), bytes), (uint64_t)dtype << 8 | redop);
+    uint64_t d = t1 - t0;
+    for (uint32_t i = 0; i < AGG_PROBES; i++) {
+        hvprof_agg_entry *e = &tab[(key + i) & (AGG_SLOTS - 1)];
+        uint64_t calls = __atomic_load_n(&e->calls, __ATOMIC_RELAXED);
+        if (calls == 0) {
+            e->bytes = bytes;
+            e->comm = comm;
+            e->track = t->track;
+            e->op = op;
+            e->dtype = dtype;
+            e->redop = redop;
+            e->min_ticks = d;
+            e->first_ticks = t0;
+        } else if (e->bytes != bytes || e->op != op || e->comm != comm || e->dtype != dtype ||
+                   e->redop != redop) {
+            continue;
+        }
+        e->sum_ticks += d;
+        if (d < e->min_ticks) e->min_ticks = d;
+        if (d > e->max_ticks) e->max_ticks = d;
+        e->hist[hvprof_agg_bucket(d)]++;
+        e->flags_or |= flags;
+        if (rc != 0 && e->errors < UINT16_MAX) e->errors++;
+        __atomic_store_n(&e->calls, calls + 1, __ATOMIC_RELEASE); /* last: readers trust it */
+        return;
+    }
+    atomic_fetch_add(&agg_overflow, 1);
+}
+
+/* Rewrite rank-R.agg from every thread's table (helper thread, and close). */
+static void agg_snapshot(void)
+{
+    if (!g.hdr || g.hdr->mode != HVPROF_MODE_SUMMARY) return;
+    uint64_t n = 0, total = 0;
+    for (uint32_t k = 0; k < HVPROF_TRACK_TABLE_CAPACITY; k++) {
+        hvprof_agg_entry *tab = (hvprof_agg_entry *)atomic_load(&agg_tables[k]);
+        for (uint32_t i = 0; tab && i < AGG_SLOTS; i++) n += __atomic_load_n(&tab[i].calls, __ATOMIC_ACQUIRE) != 0;
+    }
+    size_t bytes = sizeof(hvprof_agg_header) + n * sizeof(hvprof_agg_entry);
+    char *buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buf == MAP_FAILED) return;
+    hvprof_agg_header *ah = (hvprof_agg_header *)buf;
+    uint64_t m = 0;
+    for (uint32_t k = 0; k < HVPROF_TRACK_TABLE_CAPACITY && m < n; k++) {
+        hvprof_agg_entry *tab = (hvprof_agg_entry *)atomic_load(&agg_tables[k]);
+        for (uint32_t i = 0; tab && i < AGG_SLOTS && m < n; i++) {
+            if (!__atomic_load_n(&tab[i].calls, __ATOMIC_ACQUIRE)) continue;
+            hvprof_agg_entry *e = (hvprof_agg_entry *)(buf + sizeof *ah) + m++;
+            memcpy(e, &tab[i], sizeof *e);
+            total += e->calls;
+        }
+    }
+    memcpy(ah->magic, HVPROF_AGG_MAGIC, 8);
+    ah->version = HVPROF_FORMAT_VERSION;
+    ah->entry_bytes = sizeof(hvprof_agg_entry);
+    ah->n_entries = m;
+    ah->rank = g.hdr->rank;
+    ah->buckets = HVPROF_AGG_BUCKETS;
+    ah->snapshot_ticks = hvprof_ticks();
+    ah->overflow_calls = atomic_load(&agg_overflow);
+    g.hdr->aggregated_calls = total;
+    char path[PATH_MAX + 16], tmp[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%.*s", (int)(strlen(g.raw_path) - 7), g.raw_path); /* drop .hvprof */
+    strncat(path, ".agg", sizeof path - strlen(path) - 1);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+        size_t len = sizeof *ah + m * sizeof(hvprof_agg_entry);
+        int ok = write(fd, buf, len) == (ssize_t)len;
+        close(fd);
+        if (ok) rename(tmp, path);
+        else unlink(tmp);
+    }
+    munmap(buf, bytes);
+}
+
 int hvprof_refill(void)
 {
     hvprof_tls *t = &hvprof_t;
@@ -797,6 +948,7 @@ void hvprof_close(uint32_t state_bits)
         atomic_store(&hvprof_active, 0);
         helper_stop();
         calibrate_now();
+        agg_snapshot();
         __atomic_or_fetch(&g.hdr->state, state_bits, __ATOMIC_RELEASE);
         /* Chunks stay mapped: a thread that passed the active check a moment
          * ago may still be storing its last record. MAP_SHARED pages reach
@@ -846,6 +998,14 @@ HVPROF_EXPORT int hvprof_world_size(void) { return g.open ? g.hdr->world_size : 
 HVPROF_EXPORT uint64_t hvprof_now(void) { return hvprof_ticks(); }
 HVPROF_EXPORT void hvprof_set_python(int on) { g.python = on; }
 HVPROF_HIDDEN int hvprof_python_attached(void) { return g.python; }
+
+/* Sampling switch for the application (profiler.sampling(on) in Python):
+ * while off, calls keep their sequence numbers and are counted as unsampled,
+ * not recorded. */
+HVPROF_EXPORT void hvprof_set_sampling(int on)
+{
+    if (g.open && g.pid == getpid()) set_sampling(on);
+}
 
 HVPROF_EXPORT void hvprof_set_enabled(int on)
 {
@@ -941,7 +1101,23 @@ HVPROF_EXPORT const char *hvprof_layout_json(void)
     FIELD(hvprof_file_header, init_start_ticks); FIELD(hvprof_file_header, init_end_ticks);
     FIELD(hvprof_file_header, finalize_ticks); FIELD(hvprof_file_header, job_id);
     FIELD(hvprof_file_header, hostname); FIELD(hvprof_file_header, mpi_version);
-    FIELD(hvprof_file_header, job_t0_ns); FIELD(hvprof_file_header, reserved);
+    FIELD(hvprof_file_header, job_t0_ns); FIELD(hvprof_file_header, mode);
+    FIELD(hvprof_file_header, sampling); FIELD(hvprof_file_header, unsampled_calls);
+    FIELD(hvprof_file_header, aggregated_calls); FIELD(hvprof_file_header, reserved);
+    STRUCT_END();
+    STRUCT_BEGIN(hvprof_agg_header, "agg_header");
+    FIELD(hvprof_agg_header, magic); FIELD(hvprof_agg_header, version);
+    FIELD(hvprof_agg_header, entry_bytes); FIELD(hvprof_agg_header, n_entries);
+    FIELD(hvprof_agg_header, rank); FIELD(hvprof_agg_header, buckets);
+    FIELD(hvprof_agg_header, snapshot_ticks); FIELD(hvprof_agg_header, overflow_calls);
+    FIELD(hvprof_agg_header, reserved);
+    STRUCT_END();
+    STRUCT_BEGIN(hvprof_agg_entry, "agg_entry");
+    FIELD(hvprof_agg_entry, bytes); FIELD(hvprof_agg_entry, calls); FIELD(hvprof_agg_entry, sum_ticks);
+    FIELD(hvprof_agg_entry, min_ticks); FIELD(hvprof_agg_entry, max_ticks);
+    FIELD(hvprof_agg_entry, first_ticks); FIELD(hvprof_agg_entry, comm); FIELD(hvprof_agg_entry, track);
+    FIELD(hvprof_agg_entry, op); FIELD(hvprof_agg_entry, dtype); FIELD(hvprof_agg_entry, redop);
+    FIELD(hvprof_agg_entry, flags_or); FIELD(hvprof_agg_entry, errors); FIELD(hvprof_agg_entry, hist);
     STRUCT_END();
 #define ENUM3(v, N, s, b) OUT("\"%d\": [\"%s\", \"%s\"], ", v, s, b);
 #define ENUM2(v, N, s) OUT("\"%d\": \"%s\", ", (int)(v), s);
@@ -949,6 +1125,7 @@ HVPROF_EXPORT const char *hvprof_layout_json(void)
     OUT("\"dtypes\": {"); HVPROF_DTYPES(ENUM2) n -= 2; OUT("}, ");
     OUT("\"redops\": {"); HVPROF_REDOPS(ENUM2) n -= 2; OUT("}, ");
     OUT("\"flags\": {"); HVPROF_FLAGS(ENUM2) n -= 2; OUT("}, ");
+    OUT("\"modes\": {\"full\": %u, \"summary\": %u}, ", HVPROF_MODE_FULL, HVPROF_MODE_SUMMARY);
     OUT("\"states\": {\"open\": %u, \"mpi_init\": %u, \"finalized\": %u, \"closed\": %u, "
         "\"truncated\": %u}}",
         HVPROF_STATE_OPEN, HVPROF_STATE_MPI_INIT, HVPROF_STATE_FINALIZED, HVPROF_STATE_CLOSED,

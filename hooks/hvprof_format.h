@@ -294,8 +294,71 @@ typedef struct hvprof_file_header {
     int64_t  job_t0_ns;            /*  520 rank 0's CLOCK_MONOTONIC when its
                                            MPI_Init returned (rank 0's axis):
                                            time zero of the job              */
-    char     reserved[HVPROF_HEADER_BYTES - 528]; /* 528 zero               */
+    uint32_t mode;                 /*  528 HVPROF_MODE_*                     */
+    uint32_t sampling;             /*  532 (live) 1 recording, 0 paused by
+                                           sampling (HOROVOD_PROFILE_WINDOW,
+                                           hvprof_set_sampling)              */
+    uint64_t unsampled_calls;      /*  536 (live) calls seen while paused:
+                                           neither recorded nor lost         */
+    uint64_t aggregated_calls;     /*  544 (live) calls folded into the
+                                           summary-mode aggregates           */
+    char     reserved[HVPROF_HEADER_BYTES - 552]; /* 552 zero               */
 } hvprof_file_header;
+
+#define HVPROF_MODE_FULL    0u  /* one record per call                     */
+#define HVPROF_MODE_SUMMARY 1u  /* HOROVOD_PROFILE=summary: per-(op, comm,
+                                   size, ...) aggregates in rank-R.agg;
+                                   app records (steps) still per call      */
+
+/* ---------------------------------------------------------------------------
+ * Summary mode: <profile dir>/raw/rank-<RRRRR>.agg, rewritten whole (a
+ * snapshot) about once a second and at exit: an hvprof_agg_header, then
+ * n_entries hvprof_agg_entry.  One entry per (thread, op, communicator,
+ * message bytes, datatype, reduction op).  Latency histogram: bucket b
+ * counts durations d (ticks) with HVPROF_AGG_BUCKET(d) == b: 4 buckets per
+ * power of two, i.e. for d >= 4, b = 4 * (floor(log2 d) - 1) + the two bits
+ * after the leading one; d < 4 goes to bucket d.
+ * ------------------------------------------------------------------------- */
+#define HVPROF_AGG_MAGIC "HVPAGG\0\0"
+#define HVPROF_AGG_BUCKETS 160u
+
+typedef struct hvprof_agg_header {
+    char     magic[8];       /*  0 HVPROF_AGG_MAGIC                          */
+    uint32_t version;        /*  8 HVPROF_FORMAT_VERSION                     */
+    uint32_t entry_bytes;    /* 12 sizeof(hvprof_agg_entry)                  */
+    uint64_t n_entries;      /* 16                                           */
+    int32_t  rank;           /* 24                                           */
+    uint32_t buckets;        /* 28 HVPROF_AGG_BUCKETS                        */
+    uint64_t snapshot_ticks; /* 32 when this snapshot was taken              */
+    uint64_t overflow_calls; /* 40 calls with no free table entry (counted
+                                   only here)                               */
+    uint64_t reserved[2];    /* 48                                           */
+} hvprof_agg_header;
+
+typedef struct hvprof_agg_entry {
+    uint64_t bytes;          /*  0 message bytes (as in hvprof_record)       */
+    uint64_t calls;          /*  8                                           */
+    uint64_t sum_ticks;      /* 16 total duration                            */
+    uint64_t min_ticks;      /* 24                                           */
+    uint64_t max_ticks;      /* 32                                           */
+    uint64_t first_ticks;    /* 40 start of the first call                   */
+    uint32_t comm;           /* 48 comm table index                          */
+    uint32_t track;          /* 52 track table index                         */
+    uint16_t op;             /* 56                                           */
+    uint8_t  dtype;          /* 58                                           */
+    uint8_t  redop;          /* 59                                           */
+    uint16_t flags_or;       /* 60 OR of the calls' flags                    */
+    uint16_t errors;         /* 62 calls with rc != 0 (saturating)           */
+    uint32_t hist[HVPROF_AGG_BUCKETS]; /* 64 duration histogram (ticks)      */
+} hvprof_agg_entry;
+
+static inline uint32_t hvprof_agg_bucket(uint64_t d)
+{
+    if (d < 4) return (uint32_t)d;
+    uint32_t lg = 63u - (uint32_t)__builtin_clzll(d); /* >= 2 */
+    uint32_t b = 4u * (lg - 1u) + (uint32_t)((d >> (lg - 2u)) & 3u);
+    return b < HVPROF_AGG_BUCKETS ? b : HVPROF_AGG_BUCKETS - 1u;
+}
 
 #define HVPROF_STATE_OPEN       0x1u  /* file created, header written        */
 #define HVPROF_STATE_MPI_INIT   0x2u  /* MPI_Init done, rank fields final     */
@@ -313,5 +376,7 @@ HVPROF_STATIC_ASSERT(sizeof(hvprof_chunk_header) == HVPROF_RECORD_BYTES, "chunk 
 HVPROF_STATIC_ASSERT(sizeof(hvprof_comm_entry) == 64, "comm entry");
 HVPROF_STATIC_ASSERT(sizeof(hvprof_track_entry) == 64, "track entry");
 HVPROF_STATIC_ASSERT(sizeof(hvprof_file_header) == HVPROF_HEADER_BYTES, "header");
+HVPROF_STATIC_ASSERT(sizeof(hvprof_agg_header) == 64, "agg header");
+HVPROF_STATIC_ASSERT(sizeof(hvprof_agg_entry) == 64 + 4 * HVPROF_AGG_BUCKETS, "agg entry");
 
 #endif /* HVPROF_FORMAT_H */

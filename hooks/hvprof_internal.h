@@ -37,6 +37,8 @@ typedef struct hvprof_tls {
     uint32_t last_dt_code;       /* ... its enum */
     uint64_t last_op;            /* predefined op handle ... */
     uint32_t last_op_code;       /* ... its enum */
+    void    *agg;                /* summary mode: this thread's aggregate table */
+    uint32_t agg_generation;     /* ... valid while equal to hvprof_generation */
 } hvprof_tls;
 
 /* Bumped whenever a communicator handle is registered or forgotten: a
@@ -50,6 +52,17 @@ extern __thread hvprof_tls hvprof_t __attribute__((tls_model("initial-exec")));
 extern _Atomic int hvprof_active;
 /* Bumped when the file is (re)opened or closed: stale TLS chunks are dropped. */
 extern _Atomic uint32_t hvprof_generation;
+
+/* Non-zero when calls are not written one record each: summary mode
+ * (HOROVOD_PROFILE=summary) or sampling paused.  One relaxed load per call. */
+extern _Atomic int hvprof_divert;
+
+/* A call while hvprof_divert is set: fold it into this thread's aggregates
+ * (summary mode) or count it as unsampled.  The caller has already taken
+ * the call's sequence number. */
+HVPROF_HIDDEN void hvprof_divert_call(uint16_t op, uint32_t comm, uint64_t bytes, uint8_t dtype,
+                                      uint8_t redop, uint16_t flags, int rc, uint64_t t0,
+                                      uint64_t t1);
 
 /* Slow path: give the calling thread a fresh chunk.  Returns 0 on success,
  * -1 when no chunk can be had (the record is then counted as dropped). */

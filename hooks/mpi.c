@@ -244,7 +244,15 @@ static inline __attribute__((always_inline)) void emit(uint16_t op, uint64_t t0,
                         uint16_t flags)
 {
     uint32_t ci = comm_index(comm);
-    uint32_t seq = hvprof_comm_next_seq(ci); /* advance even when the record is dropped */
+    uint32_t seq = hvprof_comm_next_seq(ci); /* advance even when not recorded */
+    if (HVPROF_UNLIKELY(atomic_load_explicit(&hvprof_divert, memory_order_relaxed))) {
+        dtinfo d = dt == MPI_DATATYPE_NULL ? (dtinfo){0, HVPROF_DT_UNKNOWN, 0} : dt_info(dt);
+        if (count_mult) count *= (uint64_t)comm_size_of(ci);
+        hvprof_divert_call(op, ci, count * d.size, d.code,
+                           mop == MPI_OP_NULL ? HVPROF_REDOP_NONE : op_code(mop),
+                           (uint16_t)(flags | (d.derived ? HVPROF_FLAG_DERIVED_TYPE : 0)), rc, t0, t1);
+        return;
+    }
     hvprof_record *r = hvprof_slot();
     if (HVPROF_UNLIKELY(!r)) return;
     dtinfo d = dt == MPI_DATATYPE_NULL ? (dtinfo){0, HVPROF_DT_UNKNOWN, 0} : dt_info(dt);
@@ -517,7 +525,12 @@ static void pending_done(uint64_t key, uint64_t t1, uint16_t extra_flags)
     for (uint32_t i = 0; i < PENDING_SLOTS; i++) {
         pending_t *p = &pending[(start + i) & (PENDING_SLOTS - 1)];
         if (atomic_load_explicit(&p->req, memory_order_acquire) != key) continue;
-        hvprof_record *r = hvprof_slot();
+        hvprof_record *r = NULL;
+        if (atomic_load_explicit(&hvprof_divert, memory_order_relaxed))
+            hvprof_divert_call(HVPROF_OP_MPI_IALLREDUCE, p->comm, p->count * p->dtype_size, p->dtype,
+                               p->redop, (uint16_t)(p->flags | extra_flags), p->rc, p->t0, t1);
+        else
+            r = hvprof_slot();
         if (r) {
             *r = (hvprof_record){p->t0, t1, p->count * p->dtype_size, p->count, p->seq, p->comm,
                                  p->track, -1, HVPROF_OP_MPI_IALLREDUCE, p->dtype, p->redop,

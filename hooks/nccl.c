@@ -155,7 +155,7 @@ static int find_loaded(struct dl_phdr_info *info, size_t size, void *data)
     const char *base = strrchr(name, '/');
     base = base ? base + 1 : name;
     size_t n = strlen(a->prefix);
-    if (strncmp(base, a->prefix, n) != 0 || !strstr(base + n, ".so")) return 0;
+    if (strncmp(base, a->prefix, n) != 0 || !strstr(base, ".so")) return 0;
     snprintf(a->path, sizeof a->path, "%s", name);
     return 1;
 }
