@@ -1,0 +1,304 @@
+"""Plotly figures, one function per figure; each takes a trace frame (several traces
+with a ``label`` column where it compares them) and returns a ``go.Figure``.
+
+Every string that comes from a trace (labels, op names, tensor or host names) is
+HTML-escaped before it reaches a figure: plotly.js renders a subset of HTML in
+text, so a name like ``<b>`` or ``<script>`` must arrive as text, not markup.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ._frame import fmt_bytes, label_keys
+from .imbalance import rank_times, stragglers
+from .model import AlphaBetaModel, anomalies, fit_models, latency_by_size, predict
+from .sizes import size_distribution
+from .throughput import step_table
+
+__all__ = [
+    "size_histogram", "calls_per_size", "latency_vs_size", "rank_imbalance",
+    "step_timeline", "control_vs_data", "bench_overlay", "esc",
+]
+
+TEMPLATE = "plotly_white"
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf")
+
+
+def esc(text: object) -> str:
+    """A trace string made safe for plotly text (and HTML)."""
+    return html.escape(str(text), quote=True)
+
+
+def _color(i: int) -> str:
+    return PALETTE[i % len(PALETTE)]
+
+
+def _rgba(hex_color: str, alpha: float) -> str:
+    h = hex_color.lstrip("#")
+    r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def _labels(df: pd.DataFrame) -> list[str]:
+    return list(pd.unique(df["label"].astype(str))) if "label" in df.columns else [""]
+
+
+def _sub(df: pd.DataFrame, label: str) -> pd.DataFrame:
+    return df.loc[df["label"].astype(str) == label] if "label" in df.columns else df
+
+
+def _empty(title: str, note: str) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=title, template=TEMPLATE, height=300,
+                      annotations=[{"text": esc(note), "showarrow": False, "x": 0.5, "y": 0.5,
+                                    "xref": "paper", "yref": "paper"}])
+    return fig
+
+
+def _log_size_axis(fig: go.Figure, **kw: object) -> None:
+    ticks = [2 ** k for k in range(0, 41, 2)]
+    fig.update_xaxes(type="log", tickvals=ticks, ticktext=[fmt_bytes(t) for t in ticks],
+                     title_text="message size", **kw)
+
+
+def size_histogram(df: pd.DataFrame, *, value: str = "calls", bucket: str = "pow2",
+                   kinds: str | Sequence[str] | None = ("data",),
+                   ops: str | Sequence[str] | None = None) -> go.Figure:
+    """Calls (or bytes) per power-of-two size bucket, one bar series per label
+    (fused vs unfused): the seed paper's central figure."""
+    if value not in ("calls", "bytes"):
+        from profiler.errors import UsageError
+
+        raise UsageError(None, f"value must be 'calls' or 'bytes', got {value!r}")
+    d = size_distribution(df, bucket=bucket, kinds=kinds, ops=ops)  # type: ignore[arg-type]
+    title = f"Message sizes: {value} per size bucket (one rank)"
+    if d.empty:
+        return _empty(title, "no data calls")
+    fig = go.Figure()
+    order = sorted(d["size"].unique())
+    xlabels = {s: lb for s, lb in zip(d["size"], d["size_label"])}
+    for i, lb in enumerate(_labels(d)):
+        part = _sub(d, lb).set_index("size").reindex(order)
+        fig.add_trace(go.Bar(
+            x=[xlabels[s] for s in order], y=part[value].fillna(0).to_numpy(),
+            name=esc(lb) or value, marker_color=_color(i),
+            customdata=np.stack([part["calls"].fillna(0), part["bytes"].fillna(0)], axis=1),
+            hovertemplate="%{x}<br>calls %{customdata[0]:,}<br>bytes %{customdata[1]:,}"
+                          "<extra>" + (esc(lb) or "") + "</extra>"))
+    fig.update_layout(title=title, barmode="group", template=TEMPLATE,
+                      xaxis_title="size bucket", yaxis_title=value,
+                      yaxis_type="log" if value == "bytes" else "linear",
+                      legend_title_text="trace")
+    return fig
+
+
+def calls_per_size(df: pd.DataFrame, *, kinds: str | Sequence[str] | None = ("data",),
+                   ops: str | Sequence[str] | None = None) -> go.Figure:
+    """Calls per exact message size (one rank), powers of two in one marker style and
+    other sizes in another, on a log size axis."""
+    d = size_distribution(df, bucket="exact", kinds=kinds, ops=ops)
+    title = "Calls per message size (exact sizes)"
+    if d.empty:
+        return _empty(title, "no data calls")
+    fig = go.Figure()
+    for i, lb in enumerate(_labels(d)):
+        part = _sub(d, lb)
+        for pow2, symbol, suffix in ((True, "circle", "power of two"),
+                                     (False, "diamond-open", "other sizes")):
+            p = part.loc[part["is_pow2"] == pow2]
+            if p.empty:
+                continue
+            name = f"{esc(lb)} ({suffix})" if lb else suffix
+            fig.add_trace(go.Scatter(
+                x=p["size"].clip(lower=1), y=p["calls"], mode="markers", name=name,
+                marker={"symbol": symbol, "size": 9, "color": _color(i)},
+                hovertemplate="%{x:,} B<br>%{y:,} calls<extra>" + esc(lb) + "</extra>"))
+    _log_size_axis(fig)
+    fig.update_layout(title=title, template=TEMPLATE, yaxis_title="calls", yaxis_type="log")
+    return fig
+
+
+def latency_vs_size(df: pd.DataFrame, *, kinds: str | Sequence[str] | None = ("data",),
+                    ops: str | Sequence[str] | None = None,
+                    models: dict[tuple[str, ...], AlphaBetaModel] | None = None,
+                    mark_anomalies: bool = True) -> go.Figure:
+    """Median latency per exact size with a p5-p95 band, the fitted piecewise
+    alpha-beta model (dashed) and anomalous sizes marked, per label and op."""
+    st = latency_by_size(df, kinds=kinds, ops=ops)
+    title = "Latency vs message size (median, p5-p95 band, alpha-beta fit)"
+    if st.empty:
+        return _empty(title, "no timed calls")
+    keys = [*label_keys(st), "op"]
+    if models is None:
+        models = fit_models(df, kinds=kinds, ops=ops, stats=st)
+    an = anomalies(df, kinds=kinds, ops=ops, models=models) if mark_anomalies else None
+    fig = go.Figure()
+    for i, (key, part) in enumerate(st.groupby(keys, sort=True)):
+        k = tuple(str(v) for v in (key if isinstance(key, tuple) else (key,)))
+        name = esc(" / ".join(x for x in k if x))
+        c = _color(i)
+        x = part["bytes"].clip(lower=1).to_numpy()
+        fig.add_trace(go.Scatter(x=np.concatenate([x, x[::-1]]),
+                                 y=np.concatenate([part["p95_us"], part["p5_us"][::-1]]),
+                                 fill="toself", fillcolor=_rgba(c, 0.15),
+                                 line={"width": 0}, hoverinfo="skip", name=f"{name} p5-p95",
+                                 legendgroup=name, showlegend=False))
+        fig.add_trace(go.Scatter(
+            x=x, y=part["median_us"], mode="lines+markers", name=f"{name} median",
+            legendgroup=name, line={"color": c}, marker={"size": 5},
+            customdata=np.stack([part["calls"], part["p5_us"], part["p95_us"]], axis=1),
+            hovertemplate="%{x:,} B<br>median %{y:.2f} us<br>p5 %{customdata[1]:.2f} / "
+                          "p95 %{customdata[2]:.2f} us<br>%{customdata[0]} calls<extra></extra>"))
+        m = models.get(k)
+        if m is not None:
+            grid = np.unique(np.geomspace(max(x.min(), 1), x.max(), 200))
+            fig.add_trace(go.Scatter(x=grid, y=predict(m, grid), mode="lines",
+                                     name=f"{name} fit", legendgroup=name,
+                                     line={"color": c, "dash": "dash", "width": 1.5},
+                                     hovertemplate="fit %{y:.2f} us<extra></extra>"))
+        if an is not None:
+            mask = np.ones(len(an), dtype=bool)
+            for col, v in zip(keys, k):
+                mask &= an[col].astype(str).to_numpy() == v
+            flagged = an.loc[mask & an["anomalous"].to_numpy(dtype=bool)]
+            if len(flagged):
+                fig.add_trace(go.Scatter(
+                    x=flagged["bytes"].clip(lower=1), y=flagged["median_us"], mode="markers",
+                    name=f"{name} anomalies", legendgroup=name,
+                    marker={"symbol": "x", "size": 12, "color": "#d62728"},
+                    customdata=np.stack([flagged["ratio"], flagged["is_pow2"]], axis=1),
+                    hovertemplate="%{x:,} B: %{customdata[0]:.2f}x the fit<br>power of two: "
+                                  "%{customdata[1]}<extra>anomaly</extra>"))
+    _log_size_axis(fig)
+    fig.update_layout(title=title, template=TEMPLATE, yaxis_type="log",
+                      yaxis_title="latency (us)")
+    return fig
+
+
+def rank_imbalance(df: pd.DataFrame) -> go.Figure:
+    """Per rank: data and control communication time (stacked) and the time the
+    rank waited in matched calls for later arrivals; the worst straggler is named
+    in the title."""
+    rt = rank_times(df)
+    title = "Per-rank communication time"
+    if rt.empty:
+        return _empty(title, "no communication calls")
+    fig = go.Figure()
+    labels = _labels(rt)
+    multi = len(labels) > 1 or labels != [""]
+    for i, lb in enumerate(labels):
+        part = _sub(rt, lb)
+        x = [f"{esc(lb)} r{r}" if multi else f"rank {r}" for r in part["rank"]]
+        fig.add_trace(go.Bar(x=x, y=part["data_s"] * 1e3, name="data", marker_color=_color(0),
+                             legendgroup="data", showlegend=i == 0))
+        fig.add_trace(go.Bar(x=x, y=part["control_s"] * 1e3, name="control",
+                             marker_color=_color(1), legendgroup="control", showlegend=i == 0))
+        fig.add_trace(go.Scatter(x=x, y=part["waited_s"] * 1e3, mode="markers",
+                                 name="waited for later ranks", legendgroup="wait",
+                                 marker={"symbol": "line-ew-open", "size": 28,
+                                         "color": "#000", "line": {"width": 3}},
+                                 showlegend=i == 0))
+    st = stragglers(df)
+    if len(st) and int(st["last_count"].max()) > 0:
+        top = st.loc[st["rank_order"] == 1].iloc[0]
+        where = f" ({esc(top['label'])})" if "label" in st.columns else ""
+        title += (f" - most often last: rank {int(top['rank'])}{where}, "
+                  f"{top['last_share']:.0%} of calls")
+    fig.update_layout(title=title, barmode="stack", template=TEMPLATE,
+                      yaxis_title="time (ms)")
+    return fig
+
+
+def step_timeline(df: pd.DataFrame) -> go.Figure:
+    """Per step: step time, communication and exposed communication (ms, left axis)
+    and images/sec (right axis), per label."""
+    t = step_table(df)
+    title = "Per-step time, communication and images/sec"
+    if t.empty:
+        return _empty(title, "no step records (profiler.step / DistributedOptimizer hook)")
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    for i, lb in enumerate(_labels(t)):
+        part = _sub(t, lb)
+        name = esc(lb)
+        pre = f"{name} " if name else ""
+        c = _color(i)
+        fig.add_trace(go.Bar(x=part["step"], y=part["wall_ms"], name=f"{pre}step time",
+                             marker_color=_rgba(c, 0.35), legendgroup=name), secondary_y=False)
+        fig.add_trace(go.Scatter(x=part["step"], y=part["comm_ms"], mode="lines",
+                                 name=f"{pre}communication", line={"color": c},
+                                 legendgroup=name), secondary_y=False)
+        fig.add_trace(go.Scatter(x=part["step"], y=part["exposed_ms"], mode="lines",
+                                 name=f"{pre}exposed comm.", line={"color": c, "dash": "dot"},
+                                 legendgroup=name), secondary_y=False)
+        fig.add_trace(go.Scatter(x=part["step"], y=part["images_per_s"], mode="lines+markers",
+                                 name=f"{pre}images/sec", line={"color": c, "width": 3},
+                                 legendgroup=name), secondary_y=True)
+    fig.update_layout(title=title, template=TEMPLATE, barmode="group", xaxis_title="step")
+    fig.update_yaxes(title_text="ms (mean over ranks)", secondary_y=False)
+    fig.update_yaxes(title_text="images/sec", secondary_y=True, rangemode="tozero")
+    return fig
+
+
+def control_vs_data(df: pd.DataFrame) -> go.Figure:
+    """Share of calls and of communication time by kind (data, control), per label."""
+    from ._frame import calls
+
+    c = calls(df, kinds=None)
+    title = "Control vs data: share of calls and of time"
+    if c.empty:
+        return _empty(title, "no communication calls")
+    kind = c["kind"].astype(str) if "kind" in c.columns else pd.Series("data", index=c.index)
+    work = pd.DataFrame({"label": (c["label"].astype(str).to_numpy() if "label" in c.columns
+                                   else np.full(len(c), "")),
+                         "kind": kind.to_numpy(),
+                         "dur": c["dur_ns"].to_numpy(dtype=float)})
+    agg = work.groupby(["label", "kind"]).agg(calls=("dur", "size"), time=("dur", "sum"))
+    agg = agg.reset_index()
+    tot = agg.groupby("label")[["calls", "time"]].transform("sum")
+    agg["calls_share"] = agg["calls"] / tot["calls"]
+    agg["time_share"] = agg["time"] / tot["time"].where(tot["time"] > 0, 1)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("calls", "time"))
+    for i, kd in enumerate(sorted(agg["kind"].unique())):
+        part = agg.loc[agg["kind"] == kd]
+        x = [esc(v) or "trace" for v in part["label"]]
+        for col, share in ((1, "calls_share"), (2, "time_share")):
+            fig.add_trace(go.Bar(x=x, y=part[share], name=esc(kd), marker_color=_color(i),
+                                 legendgroup=kd, showlegend=col == 1,
+                                 hovertemplate="%{y:.1%}<extra>" + esc(kd) + "</extra>"),
+                          row=1, col=col)
+    fig.update_layout(title=title, barmode="stack", template=TEMPLATE)
+    fig.update_yaxes(tickformat=".0%", range=[0, 1])
+    return fig
+
+
+def bench_overlay(app: pd.DataFrame, bench: pd.DataFrame, *,
+                  ops: str | Sequence[str] | None = None) -> go.Figure:
+    """The application's data calls (median latency per exact size, marker area by
+    number of calls) over the benchmark's latency curve (median, p5-p95 band, fit).
+    Both frames may hold several labels (e.g. one bench per interconnect)."""
+    fig = latency_vs_size(bench, ops=ops, mark_anomalies=False)
+    fig.update_layout(title="Application calls over the benchmark curve")
+    st = latency_by_size(app, ops=ops)
+    if st.empty:
+        return fig
+    keys = [*label_keys(st), "op"]
+    cmax = float(st["calls"].max())
+    for i, (key, part) in enumerate(st.groupby(keys, sort=True)):
+        k = key if isinstance(key, tuple) else (key,)
+        name = "application " + esc(" / ".join(str(x) for x in k if str(x)))
+        fig.add_trace(go.Scatter(
+            x=part["bytes"].clip(lower=1), y=part["median_us"], mode="markers", name=name,
+            marker={"size": 6 + 24 * np.sqrt(part["calls"] / cmax), "color": _color(i + 5),
+                    "line": {"width": 1, "color": "#333"}, "opacity": 0.75},
+            customdata=part["calls"],
+            hovertemplate="%{x:,} B<br>median %{y:.2f} us<br>%{customdata} calls"
+                          "<extra>application</extra>"))
+    return fig

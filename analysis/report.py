@@ -1,0 +1,339 @@
+"""One standalone, offline HTML report from one or more traces.
+
+    from profiler.analysis.report import write_report
+    write_report(["fused/trace.json", "unfused/trace.json"], "report.html")
+
+Sections: the traces (command, hosts, ranks, transport, environment), summary
+tables per collective and size bucket, message sizes (fused vs unfused when
+several traces), latency vs size with the fitted model and anomalies, padding
+what-if, per-rank imbalance and stragglers, per-step timeline and images/sec,
+control vs data share, fusion lineage (tensor names) when the profile has it,
+and a comparison when there are several traces.
+
+Offline: plotly.js is inlined once, with the first figure; every other figure
+reuses it.  Safety: every string that comes from a trace (tensor, host and
+label names, the command line, environment values) is HTML-escaped --
+``html.escape`` for text, ``DataFrame.to_html(escape=True)`` for tables, and
+escaped text inside figures (see figures.esc); plotly's JSON additionally
+encodes ``<``, ``>`` and ``/`` inside the script blocks.  Each figure sits in
+``<section class="figure" data-figure="NAME">`` so the report can be read back
+(tests/test_report.py decodes the figures' data from the HTML).
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+
+from profiler._version import __version__
+from profiler.errors import UsageError
+
+from . import figures as F
+from ._frame import fmt_bytes
+from .imbalance import stragglers
+from .model import (
+    anomalies,
+    fit_alpha_beta,
+    fit_models,
+    latency_by_size,
+    padding_summary,
+    padding_whatif,
+)
+from .sizes import size_summary
+from .throughput import correlation, step_table, throughput_summary
+
+__all__ = ["render_report", "write_report"]
+
+MAX_TABLE_ROWS = 80
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;
+max-width:1200px;padding:1em 2em;color:#222}
+h1{font-size:1.6em} h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
+table.data{border-collapse:collapse;font-size:.85em;margin:.5em 0}
+table.data th,table.data td{border:1px solid #ddd;padding:2px 8px;text-align:right}
+table.data th{background:#f4f4f4} table.data td:first-child{text-align:left}
+.note{color:#8a6d3b;background:#fcf8e3;padding:.4em .8em;border-radius:4px}
+.muted{color:#777;font-size:.85em} code{background:#f4f4f4;padding:0 .3em}
+nav a{margin-right:1em} details{margin:.5em 0}
+"""
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _table(df: pd.DataFrame, *, max_rows: int = MAX_TABLE_ROWS, floatfmt: str = "{:.4g}"
+           ) -> str:
+    if df is None or df.empty:
+        return '<p class="muted">(nothing to show)</p>'
+    more = len(df) - max_rows
+    shown = df.head(max_rows) if more > 0 else df
+    out = shown.to_html(index=False, escape=True, classes="data", border=0,
+                        float_format=lambda v: floatfmt.format(v), na_rep="-")
+    if more > 0:
+        out += f'<p class="muted">{more} more row(s) not shown</p>'
+    return out
+
+
+class _Figures:
+    """Renders figures; plotly.js goes inline with the first one only."""
+
+    def __init__(self) -> None:
+        self.first = True
+        self.names: list[str] = []
+
+    def __call__(self, name: str, fig: go.Figure) -> str:
+        div = pio.to_html(fig, full_html=False, include_plotlyjs=self.first,
+                          div_id=f"fig-{name}", config={"displaylogo": False})
+        self.first = False
+        self.names.append(name)
+        return f'<section class="figure" data-figure="{_e(name)}">{div}</section>'
+
+
+def _trace_table(metas: Mapping[str, Mapping[str, Any]], df: pd.DataFrame) -> str:
+    from profiler.bench import interconnect
+
+    rows = []
+    for label, m in metas.items():
+        sub = df.loc[df["label"].astype(str) == label] if "label" in df.columns else df
+        cmd = m.get("command")
+        cmd_s = " ".join(map(str, cmd)) if isinstance(cmd, (list, tuple)) else (cmd or "")
+        hosts = m.get("hosts") or sorted({str(r.get("host", "")) for r in
+                                          (m.get("ranks") or {}).values()}
+                                         if isinstance(m.get("ranks"), dict) else [])
+        rows.append({
+            "trace": label, "command": cmd_s,
+            "hosts": ", ".join(map(str, hosts)) if isinstance(hosts, (list, tuple))
+            else str(hosts),
+            "ranks": m.get("world_size", sub["rank"].nunique() if len(sub) else 0),
+            "calls": len(sub), "interconnect": interconnect(m) or "-",
+            "missing ranks": ", ".join(map(str, m.get("missing_ranks") or [])) or "-",
+            "MPI": str(m.get("mpi_version", ""))[:60],
+            "created": m.get("created", ""),
+        })
+    out = _table(pd.DataFrame(rows))
+    for label, m in metas.items():
+        env = m.get("env") or {}
+        if env:
+            items = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>"
+                            for k, v in sorted(env.items()))
+            out += (f"<details><summary>environment of {_e(label)} ({len(env)} variables)"
+                    f"</summary><table class=\"data\">{items}</table></details>")
+    return out
+
+
+def _per_label(df: pd.DataFrame, fn: Callable[[pd.DataFrame], pd.DataFrame]) -> pd.DataFrame:
+    if "label" not in df.columns:
+        return fn(df)
+    parts = []
+    for lb in pd.unique(df["label"].astype(str)):
+        t = fn(df.loc[df["label"].astype(str) == lb])
+        t.insert(0, "trace", lb)
+        parts.append(t)
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def _summary(df: pd.DataFrame) -> pd.DataFrame:
+    from .summary import summarize
+
+    by = ["op", "bucket", "kind"] if "kind" in df.columns else ["op", "bucket"]
+    t = summarize(df, by=by)
+    if "total_bytes" in t.columns:
+        t["total_bytes"] = [fmt_bytes(v) for v in t["total_bytes"]]
+    return t
+
+
+def _lineage_section(paths: Mapping[str, str | None]) -> str:
+    """Tensors and fused calls from lineage.parquet next to each trace, if any."""
+    from profiler.errors import ProfilerError
+
+    parts = []
+    for label, path in paths.items():
+        if not path:
+            continue
+        try:
+            from profiler.horovod import lineage as L
+
+            lin = L.load(path)
+        except (ProfilerError, ImportError):
+            continue
+        calls = L.calls(lin)
+        if lin.empty:
+            continue
+        tensors = (lin.groupby("tensor", sort=False)
+                   .agg(ops=("tensor", "size"), bytes=("tensor_bytes", "sum"))
+                   .reset_index().sort_values("bytes", ascending=False))
+        fused = calls.assign(tensors=[", ".join(map(str, t)) for t in calls["tensors"]])
+        fused = fused.sort_values("n_tensors", ascending=False)[
+            ["call_op", "call_bytes", "n_tensors", "fill_ratio", "tensors"]]
+        parts.append(f"<h3>{_e(label) or 'trace'}</h3>"
+                     f"<p>{len(tensors)} tensor(s), {len(calls)} data call(s) with lineage; "
+                     f"mean {calls['n_tensors'].mean():.2f} tensor(s) per call.</p>"
+                     + _table(tensors, max_rows=30) + _table(fused, max_rows=30))
+    return "".join(parts)
+
+
+def render_report(
+    df: pd.DataFrame,
+    *,
+    metas: Mapping[str, Mapping[str, Any]] | None = None,
+    paths: Mapping[str, str | None] | None = None,
+    title: str | None = None,
+    progress: bool = True,
+) -> str:
+    """The report as one HTML string, from a loaded frame (labels for several traces)
+    and the traces' metadata blocks (label -> metadata; "" for a single trace)."""
+    if not isinstance(df, pd.DataFrame):
+        raise UsageError(None, "render_report needs a DataFrame")
+    metas = dict(metas or {})
+    labels = [str(x) for x in pd.unique(df["label"].astype(str))] if "label" in df.columns \
+        else [""]
+    for lb in labels:
+        metas.setdefault(lb, {})
+    fig = _Figures()
+    sections: list[tuple[str, str, Callable[[], str]]] = []
+    multi = "label" in df.columns
+
+    def sec_traces() -> str:
+        return _trace_table(metas, df)
+
+    def sec_summary() -> str:
+        return _table(_per_label(df, _summary), max_rows=200)
+
+    def sec_sizes() -> str:
+        out = _table(size_summary(df))
+        out += fig("size-histogram", F.size_histogram(df))
+        out += fig("size-bytes", F.size_histogram(df, value="bytes"))
+        out += fig("calls-per-size", F.calls_per_size(df))
+        return out
+
+    def sec_latency() -> str:
+        st = latency_by_size(df)
+        if st.empty:
+            return '<p class="muted">no timed data calls</p>'
+        models = fit_models(df, stats=st)
+        out = fig("latency-vs-size", F.latency_vs_size(df, models=models))
+        out += "<h3>Alpha-beta fit</h3>" + _table(fit_alpha_beta(df))
+        an = anomalies(df, models=models)
+        flagged = an.loc[an["anomalous"].astype(bool)]
+        out += (f"<h3>Anomalous sizes</h3><p>{len(flagged)} of {len(an)} measured sizes sit "
+                f"far above the fit ({int((~flagged['is_pow2'].astype(bool)).sum())} of "
+                "them not powers of two).</p>" + _table(flagged))
+        w = padding_whatif(df, models=models)
+        out += ("<h3>Padding what-if</h3><p>Estimated time saved if every message were "
+                "padded to the next power of two (measured medians where the padded size "
+                "occurs, the fit elsewhere).</p>" + _table(padding_summary(w)))
+        return out
+
+    def sec_imbalance() -> str:
+        out = fig("rank-imbalance", F.rank_imbalance(df))
+        return out + "<h3>Stragglers (arrived last in matched calls)</h3>" + _table(
+            stragglers(df))
+
+    def sec_steps() -> str:
+        t = step_table(df)
+        if t.empty:
+            return ('<p class="muted">no step records: mark steps with profiler.step() or '
+                    "use hvd.DistributedOptimizer</p>")
+        out = fig("step-timeline", F.step_timeline(df))
+        out += _table(throughput_summary(table=t))
+        c = correlation(table=t, warn=False)
+        out += "<h3>Communication time vs step time</h3>" + _table(c.drop(columns=["note"]))
+        for note in c["note"]:
+            if note:
+                out += f'<p class="note">{_e(note)}</p>'
+        return out
+
+    def sec_kinds() -> str:
+        return fig("control-vs-data", F.control_vs_data(df))
+
+    def sec_lineage() -> str:
+        return _lineage_section(paths or {}) or '<p class="muted">no fusion lineage</p>'
+
+    def sec_compare() -> str:
+        from .compare import compare
+
+        t = compare(df)
+        t["bucket"] = [f"\u2264 {fmt_bytes(int(b))}" if b else "" for b in t["bucket"]]
+        return _table(t, max_rows=200)
+
+    sections = [
+        ("traces", "Traces", sec_traces),
+        ("summary", "Summary per collective and size", sec_summary),
+        ("sizes", "Message sizes", sec_sizes),
+        ("latency", "Latency vs size", sec_latency),
+        ("imbalance", "Per-rank imbalance", sec_imbalance),
+        ("steps", "Steps and throughput", sec_steps),
+        ("kinds", "Control vs data", sec_kinds),
+        ("lineage", "Fusion lineage", sec_lineage),
+    ]
+    if multi and len(labels) > 1:
+        sections.append(("compare", "Comparison", sec_compare))
+    body: list[str] = []
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("report: {task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True,
+                  disable=not progress) as bar:
+        task = bar.add_task("", total=len(sections))
+        for anchor, heading, make in sections:
+            bar.update(task, description=heading)
+            body.append(f'<h2 id="{anchor}">{_e(heading)}</h2>{make()}')
+            bar.advance(task)
+    heading = title or ("horovod-profiler report: " + ", ".join(x for x in labels if x)
+                        if multi else "horovod-profiler report")
+    nav = "".join(f'<a href="#{a}">{_e(h)}</a>' for a, h, _ in sections)
+    created = time.strftime("%Y-%m-%d %H:%M:%S")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{_e(heading)}</title><style>{CSS}</style></head><body>"
+            f"<h1>{_e(heading)}</h1><p class=\"muted\">generated {created} by horovod-profiler "
+            f"{_e(__version__)}; {len(df):,} rows</p><nav>{nav}</nav>"
+            + "".join(body) + "</body></html>\n")
+
+
+def write_report(
+    traces: Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    *,
+    labels: Sequence[str] | None = None,
+    title: str | None = None,
+    progress: bool = True,
+) -> Path:
+    """Load the traces, render the report and write it to `out` (atomically)."""
+    from .load import load, load_meta
+
+    if not traces:
+        raise UsageError(None, "report needs at least one trace")
+    df = load(*traces, label=list(labels) if labels else None)
+    if "label" in df.columns:
+        names = [str(x) for x in df["label"].cat.categories] if isinstance(
+            df["label"].dtype, pd.CategoricalDtype) else list(pd.unique(df["label"].astype(str)))
+    else:
+        names = [""]
+    metas = {}
+    paths = {}
+    for name, path in zip(names, traces):
+        try:
+            metas[name] = load_meta(path)
+        except Exception:  # a parquet file or raw file has no trace metadata
+            metas[name] = {}
+        paths[name] = os.fspath(path)
+    text = render_report(df, metas=metas, paths=paths, title=title, progress=progress)
+    dest = Path(out)
+    if dest.is_dir():
+        raise UsageError(dest, "is a directory; give the report's file name")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(dest)
+    return dest
+

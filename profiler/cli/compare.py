@@ -1,0 +1,107 @@
+"""`profiler compare A B [C ...]`: differences between traces, and whether they exceed
+run-to-run noise.
+
+    profiler compare fused/trace.json unfused/trace.json [--labels fused,unfused]
+                     [--baseline fused] [--format table|json]
+
+Each trace is compared with the baseline (the first unless --baseline names
+one) on per-step metrics (step time, images/sec, communication and exposed
+communication per step, calls and bytes per step; when the traces mark steps)
+and per power-of-two size bucket (calls, mean and p99 latency of data calls).
+A difference is significant (*) when its 95% bootstrap interval excludes 0
+(steps, or calls, are the resampled units; Welch's p for per-step means).
+Labels default to the traces' directory names.  json: a list of objects with
+label, baseline, metric, bucket, value, baseline_value, diff, rel_diff, ci_low,
+ci_high, p_value, significant, n, n_baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Any
+
+_COLUMNS = ["rank", "backend", "op", "t_start_ns", "t_end_ns", "dur_ns", "bytes", "count",
+            "kind", "device", "seq", "step"]
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "compare", help="compare traces (per step and per size bucket) against noise",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("traces", nargs="+", help="trace.json files or profile directories")
+    p.add_argument("--labels", default=None, help="comma-separated, one per trace")
+    p.add_argument("--baseline", default=None, help="label to compare against (default: first)")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--warmup", type=int, default=1, help="steps left out at the start (1)")
+    return p
+
+
+def _fmt(v: Any, metric: str = "") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if metric.endswith("bytes_per_step"):
+        from profiler.analysis._frame import fmt_bytes
+
+        return fmt_bytes(float(v))
+    av = abs(float(v))
+    if av >= 1e4:
+        return f"{v:,.0f}"
+    if av >= 100:
+        return f"{v:.1f}"
+    return f"{v:.3g}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from profiler.analysis import load
+    from profiler.analysis._frame import fmt_bytes
+    from profiler.analysis.compare import compare
+    from profiler.errors import UsageError
+
+    if len(args.traces) < 2:
+        raise UsageError(None, "compare needs at least two traces")
+    labels = None
+    if args.labels:
+        labels = [x.strip() for x in args.labels.split(",")]
+        if len(labels) != len(args.traces) or len(set(labels)) != len(labels):
+            raise UsageError(None, f"--labels: give {len(args.traces)} distinct labels")
+    df = load(*args.traces, label=labels, columns=_COLUMNS)
+    table = compare(df, baseline=args.baseline, warmup=args.warmup)
+    if args.format == "json":
+        import orjson
+
+        rows = table.to_dict(orient="records")
+        sys.stdout.buffer.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2 |
+                                             orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(120, Console().width))
+    for label, part in table.groupby("label", sort=False):
+        base = str(part["baseline"].iloc[0])
+        t = Table(title=f"{label} vs {base}", title_justify="left")
+        for col, just in (("metric", "left"), ("bucket", "right"), (str(label), "right"),
+                          (base, "right"), ("diff", "right"), ("rel", "right"),
+                          ("95% CI of diff", "right"), ("p", "right"), ("", "left")):
+            t.add_column(col, justify=just)  # type: ignore[arg-type]
+        for r in part.itertuples(index=False):
+            bucket = f"\u2264 {fmt_bytes(int(r.bucket))}" if r.bucket else ""
+            ci = (f"[{_fmt(r.ci_low)}, {_fmt(r.ci_high)}]"
+                  if not (isinstance(r.ci_low, float) and math.isnan(r.ci_low)) else "-")
+            rel = ("-" if isinstance(r.rel_diff, float) and math.isnan(r.rel_diff)
+                   else f"{r.rel_diff:+.1%}")
+            sig = "*" if r.significant is True else ""
+            t.add_row(str(r.metric), bucket, _fmt(r.value, r.metric),
+                      _fmt(r.baseline_value, r.metric), _fmt(r.diff, r.metric), rel, ci,
+                      _fmt(r.p_value), sig)
+        console.print(t)
+        steps = part.loc[part["bucket"] == "", "n"]
+        if len(steps) and int(steps.min()) < 10:
+            console.print(f"note: run-to-run noise estimated from only {int(steps.min())} "
+                          "step(s); intervals are rough below 10 steps", style="yellow")
+    if table.empty:
+        console.print("no comparable calls or steps")
+    return 0
