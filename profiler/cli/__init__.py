@@ -27,6 +27,8 @@ COMMANDS: dict[str, str] = {
     "merge": "profiler.cli.merge",
     "preload": "profiler.cli.preload",
     "bench": "profiler.cli.bench",
+    "report": "profiler.cli.report",
+    "compare": "profiler.cli.compare",
 }
 
 EXIT_OK = 0
