@@ -35,6 +35,28 @@ T0=$(date +%s)
 say() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 
+# Horovod 0.28.1 forces C++14 for its torch extension; torch >= 2.1 headers
+# need C++17 (fixed upstream after the release).  Change that one statement,
+# and fail loudly when it is not there (another Horovod: review the fix).
+patch_cxx17() {
+    local cm=$1
+    [ -f "$cm" ] || die "$cm: no such file"
+    grep -Eq '^[[:space:]]*set\(CMAKE_CXX_STANDARD 14\)' "$cm" \
+        || die "$cm: pattern 'set(CMAKE_CXX_STANDARD 14)' not found: the C++17 fix needs review for Horovod $HOROVOD_VERSION"
+    sed -i -E 's/^([[:space:]]*)set\(CMAKE_CXX_STANDARD 14\)/\1set(CMAKE_CXX_STANDARD 17)/' "$cm"
+    if grep -Eq 'set\(CMAKE_CXX_STANDARD 14\)' "$cm" || ! grep -Eq 'set\(CMAKE_CXX_STANDARD 17\)' "$cm"; then
+        die "$cm: the C++17 patch did not apply"
+    fi
+}
+
+# `setup.sh --patch-cxx17 FILE`: apply only that fix (used by the tests).
+if [ "${1:-}" = "--patch-cxx17" ]; then
+    [ $# -eq 2 ] || die "usage: setup.sh --patch-cxx17 CMakeLists.txt"
+    patch_cxx17 "$2"
+    say "patched $2"
+    exit 0
+fi
+
 # One set-up at a time on this machine (the wheel cache and apt are shared).
 mkdir -p "$CACHE_ROOT"
 exec 9>"$CACHE_ROOT/setup.lock"
@@ -42,6 +64,11 @@ if ! flock -n 9; then
     say "another set-up is running; waiting for it"
     flock 9
 fi
+
+# pip, minus the machine-config noise about missing local index directories.
+pip_q() {
+    "$PY" -m pip "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
 
 as_root() {
     if [ "$(id -u)" = 0 ]; then "$@"
@@ -89,7 +116,7 @@ else
         apt_install python3-venv
         "$BASE" -m venv "$VENV" || die "could not create $VENV"
     fi
-    "$PY" -m pip install -q --upgrade pip
+    pip_q install -q --upgrade pip
 fi
 
 # --------------------------------------------------------------------------
@@ -122,8 +149,8 @@ PYEOF
 if [ -z "$missing" ]; then
     say "  present: every requirement is satisfied"
 else
-    say "  installing: $missing"
-    "$PY" -m pip install -q -r "$REQS"
+    say "  installing (missing or wrong version: $missing)"
+    pip_q install -q -r "$REQS"
 fi
 
 # --------------------------------------------------------------------------
@@ -147,7 +174,7 @@ check_import() {
 
 install_wheel() {
     say "  installing $(basename "$1")"
-    "$PY" -m pip install -q --no-deps --force-reinstall "$1"
+    pip_q install -q --no-deps --force-reinstall "$1"
 }
 
 build_wheel() {
@@ -157,19 +184,11 @@ build_wheel() {
     trap "rm -rf '$tmp'" EXIT
     say "  building from source (once per cache key; about 4-5 minutes on 2 cores)"
     say "  downloading the source package horovod==$HOROVOD_VERSION"
-    "$PY" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$tmp/sdist"
+    pip_q download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$tmp/sdist"
     tar -xzf "$tmp"/sdist/horovod-"$HOROVOD_VERSION".tar.gz -C "$tmp"
     src=$tmp/horovod-$HOROVOD_VERSION
-    cm=$src/horovod/torch/CMakeLists.txt
-    # Horovod 0.28.1 forces C++14 for its torch extension; torch >= 2.1 headers
-    # need C++17 (fixed upstream after the release).  Change that one statement.
-    say "  patching $(basename "$(dirname "$(dirname "$cm")")")/torch/CMakeLists.txt: CMAKE_CXX_STANDARD 14 -> 17"
-    grep -Eq '^[[:space:]]*set\(CMAKE_CXX_STANDARD 14\)' "$cm" \
-        || die "pattern 'set(CMAKE_CXX_STANDARD 14)' not found in $cm: the C++17 fix needs review for Horovod $HOROVOD_VERSION"
-    sed -i -E 's/^([[:space:]]*)set\(CMAKE_CXX_STANDARD 14\)/\1set(CMAKE_CXX_STANDARD 17)/' "$cm"
-    if grep -Eq 'set\(CMAKE_CXX_STANDARD 14\)' "$cm" || ! grep -Eq 'set\(CMAKE_CXX_STANDARD 17\)' "$cm"; then
-        die "the C++17 patch did not apply to $cm"
-    fi
+    say "  patching horovod/torch/CMakeLists.txt: CMAKE_CXX_STANDARD 14 -> 17"
+    patch_cxx17 "$src/horovod/torch/CMakeLists.txt"
     say "  compiling (HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1, no Gloo/TensorFlow/MXNet; log: $tmp/build.log)"
     if ! (cd "$src" && env PATH="$VENV/bin:$PATH" \
             HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_GLOO=1 \
@@ -243,7 +262,9 @@ for p in files:
 print(h.hexdigest())
 PYEOF
 )
-lib=$("$PY" -c 'import importlib.util as u, os; s = u.find_spec("profiler"); print(os.path.join(os.path.dirname(s.origin), "_lib", "libhvprof.so") if s and s.origin else "")' 2>/dev/null || true)
+# -I: isolated mode, so the checkout's own profiler/ (the current directory)
+# does not shadow the installed package.
+lib=$("$PY" -I -c 'import importlib.util as u, os; s = u.find_spec("profiler"); print(os.path.join(os.path.dirname(s.origin), "_lib", "libhvprof.so") if s and s.origin else "")' 2>/dev/null || true)
 if [ -f "$PKG_STAMP" ] && [ "$(cat "$PKG_STAMP")" = "$src_hash" ] && [ -n "$lib" ] && [ -f "$lib" ] \
         && [ ! "$lib" -nt "$PKG_STAMP" ] \
         && "$PY" -c 'import importlib.metadata as m; m.version("horovod-profiler")' 2>/dev/null; then
@@ -252,7 +273,8 @@ else
     say "  installing from $ROOT (pip install --no-build-isolation --no-deps --force-reinstall .)"
     # Same lock as scripts/dev-install.sh: never two installs at once.
     flock /tmp/hvprof-dev-install.lock \
-        "$PY" -m pip install -q --no-build-isolation --no-deps --force-reinstall "$ROOT"
+        "$PY" -m pip install -q --no-build-isolation --no-deps --force-reinstall "$ROOT" \
+        2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
     echo "$src_hash" >"$PKG_STAMP"
     say "  installed: horovod-profiler $("$PY" -c 'import importlib.metadata as m; print(m.version("horovod-profiler"))')"
 fi

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The one test command: set up (idempotent, seconds when everything is present),
+# then the whole test suite under the installed package.
+#
+#   bash scripts/test.sh                 # full run
+#   bash scripts/test.sh -k horovod      # extra arguments go to pytest
+#
+# Exit status: pytest's (0 all passed, 1 failures, 5 no tests collected, ...).
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+bash scripts/setup.sh || { echo "test: error: set-up failed" >&2; exit 1; }
+
+echo "test: running pytest over tests/ ($(date -u +%H:%M:%SZ))"
+# -q: one character per test; -ra: reasons for every non-pass at the end;
+# per-test timeout from pyproject.toml (pytest-timeout), overridable here.
+"$ROOT/.venv/bin/python" -m pytest -q -ra -p pytest_timeout tests/ "$@"
+rc=$?
+case $rc in
+    0) echo "test: all tests passed" ;;
+    5) echo "test: error: pytest collected no tests (exit 5)" >&2 ;;
+    *) echo "test: pytest exited with status $rc" >&2 ;;
+esac
+exit $rc

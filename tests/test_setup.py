@@ -1,0 +1,112 @@
+"""scripts/setup.sh is idempotent and cheap once everything is present; the
+pieces it promises (Open MPI, venv, requirements, cached Horovod wheel, the
+package) are really there.  The heavy path (a fresh venv, the Horovod build)
+is exercised by running the script on a fresh machine, not here."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+SETUP = ROOT / "scripts" / "setup.sh"
+Run = tuple[subprocess.CompletedProcess[str], float]
+REQS = ROOT / "requirements-dev.txt"
+
+
+def run_setup(**env: str) -> Run:
+    t0 = time.monotonic()
+    proc = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True,
+                          timeout=900, env={**os.environ, **env})
+    return proc, time.monotonic() - t0
+
+
+@pytest.fixture(scope="module")
+def second_run() -> Run:
+    """Run set-up once (it may have work to do if the checkout changed since
+    the last install), then again: the second run must find everything."""
+    first, _ = run_setup()
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    proc, elapsed = run_setup()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, elapsed
+
+
+def test_second_run_does_nothing_heavy(second_run: Run) -> None:
+    proc, elapsed = second_run
+    out = proc.stdout
+    steps = re.findall(r"^setup: \[(\d)/5\]", out, flags=re.M)
+    assert steps == ["1", "2", "3", "4", "5"]
+    present = re.findall(r"^setup:   present: ", out, flags=re.M)
+    assert len(present) == 5, out
+    for heavy in ("installing", "building", "apt-get", "creating"):
+        assert heavy not in out, f"second run did {heavy!r}:\n{out}"
+    assert elapsed < 30, f"second run took {elapsed:.1f} s"
+
+
+def test_horovod_wheel_is_cached_under_its_key(second_run: Run) -> None:
+    cache = Path(os.environ.get("HVPROF_WHEEL_CACHE",
+                                Path.home() / ".cache" / "horovod-profiler" / "wheels"))
+    abi = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    key = f"horovod-{md.version('horovod')}-{abi}-torch-{md.version('torch')}"
+    wheels = list((cache / key).glob(f"horovod-{md.version('horovod')}-{abi}-*.whl"))
+    assert len(wheels) == 1, f"no cached wheel under {cache / key}"
+    assert (ROOT / ".venv" / ".hvprof-horovod").read_text().strip() == key
+    assert f"horovod {md.version('horovod')} installed from cache key {key}" in second_run[0].stdout
+
+
+def test_requirements_pin_what_the_build_needs() -> None:
+    reqs = {ln.split("#")[0].strip() for ln in REQS.read_text().splitlines()}
+    for needed in ("torch==2.13.0", "cmake<4", "mpi4py", "pytest-timeout", "hypothesis",
+                   "dask[dataframe]", "nvidia-ml-py", "orjson", "pyarrow>=14"):
+        assert needed in reqs, needed
+    assert md.version("torch").startswith("2.13.0")
+    assert int(md.version("cmake").split(".")[0]) < 4
+
+
+def test_installed_pieces_work(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c",
+         "import horovod.torch as hvd, profiler, profiler._lib as L; "
+         "assert hvd.mpi_built(); L.library_path(); print(profiler.__version__)"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == md.version("horovod-profiler")
+
+
+def test_cxx17_patch_changes_exactly_that_statement(tmp_path: Path) -> None:
+    cm = tmp_path / "CMakeLists.txt"
+    before = ("cmake_minimum_required(VERSION 3.13)\n"
+              "  set(CMAKE_CXX_STANDARD 14)\n"
+              "set(CMAKE_CXX_STANDARD_REQUIRED ON)\n")
+    cm.write_text(before)
+    proc = subprocess.run(["bash", str(SETUP), "--patch-cxx17", str(cm)],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert cm.read_text() == before.replace("STANDARD 14)", "STANDARD 17)")
+
+
+def test_cxx17_patch_fails_loudly_when_the_pattern_is_missing(tmp_path: Path) -> None:
+    cm = tmp_path / "CMakeLists.txt"
+    cm.write_text("set(CMAKE_CXX_STANDARD 17)\n")
+    proc = subprocess.run(["bash", str(SETUP), "--patch-cxx17", str(cm)],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode != 0
+    assert "pattern 'set(CMAKE_CXX_STANDARD 14)' not found" in proc.stderr
+    assert proc.stderr.startswith("setup: error: ")
+
+
+def test_scripts_are_valid_bash() -> None:
+    for script in ("setup.sh", "test.sh", "main-job.sh"):
+        proc = subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, (script, proc.stderr)
+    proc = subprocess.run(["bash", "-n", str(ROOT / ".ci" / "run")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
