@@ -4,8 +4,8 @@
 Input: one frame holding several traces told apart by ``label`` (``load(a, b)``).
 Each label is compared with a baseline (the first label unless named) on:
 
-* per-step metrics (when the traces mark steps; steps after the warm-up, see
-  throughput): step time, images/sec, communication time, exposed
+* per-step metrics (when the traces mark steps; the steady steps, see
+  throughput.steady_steps): step time, images/sec, communication time, exposed
   communication, data and control calls per step, data bytes per step;
 * per power-of-two size bucket (data calls): calls as the lowest rank makes
   them (divided by the number of steps when steps exist, else in total), mean
@@ -31,7 +31,7 @@ import pandas as pd
 from profiler.errors import UsageError
 
 from ._frame import pow2_bucket, timed_calls
-from .throughput import step_table
+from .throughput import steady_steps, step_table
 
 __all__ = ["compare", "welch", "bootstrap_diff", "STEP_METRICS"]
 
@@ -208,11 +208,7 @@ def compare(
     for lb in chosen:
         sub = st.loc[st["label"].astype(str) == lb].sort_values("step") if len(st) else st
         n_steps[lb] = len(sub)
-        if len(sub) > warmup:
-            sub = sub.iloc[warmup:]
-        if len(sub) and (sub["images"] > 0).any():
-            sub = sub.loc[sub["images"] > 0] if "images" in sub else sub
-        per_step[lb] = sub
+        per_step[lb] = steady_steps(sub, warmup) if len(sub) else sub
     has_steps = all(len(per_step[lb]) > 0 for lb in chosen)
     if has_steps:
         for lb in chosen:

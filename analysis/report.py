@@ -181,6 +181,26 @@ def _lineage_section(paths: Mapping[str, str | None]) -> str:
     return "".join(parts)
 
 
+def _tensor_column_section(df: pd.DataFrame) -> str:
+    """Fused calls from the frame's own ``tensors`` column (names joined by ";")."""
+    from ._frame import calls, lowest_rank_view
+
+    c = lowest_rank_view(calls(df))
+    c = c.loc[c["tensors"].notna() & (c["tensors"].astype(str) != "")]
+    if c.empty:
+        return ""
+    cols = [x for x in ("label", "op", "bytes", "n_tensors", "fill_ratio", "tensors")
+            if x in c.columns]
+    t = c[cols].copy()
+    t["tensors"] = t["tensors"].astype(str).str.replace(";", ", ", regex=False)
+    if "n_tensors" in t.columns:
+        t = t.sort_values("n_tensors", ascending=False, kind="stable")
+    names = pd.Series([n for v in c["tensors"].astype(str) for n in v.split(";") if n])
+    per = names.value_counts().rename_axis("tensor").reset_index(name="calls")
+    return (f"<p>{len(per)} tensor(s) in {len(c)} data call(s) (lowest rank).</p>"
+            + _table(per, max_rows=30) + _table(t, max_rows=30))
+
+
 def render_report(
     df: pd.DataFrame,
     *,
@@ -256,7 +276,10 @@ def render_report(
         return fig("control-vs-data", F.control_vs_data(df))
 
     def sec_lineage() -> str:
-        return _lineage_section(paths or {}) or '<p class="muted">no fusion lineage</p>'
+        out = _lineage_section(paths or {})
+        if not out and "tensors" in df.columns:
+            out = _tensor_column_section(df)
+        return out or '<p class="muted">no fusion lineage</p>'
 
     def sec_compare() -> str:
         from .compare import compare

@@ -39,8 +39,8 @@ import pandas as pd
 
 from ._frame import calls, label_keys, require
 
-__all__ = ["steps", "rank_steps", "step_table", "throughput_summary", "correlation",
-           "MIN_STEPS_FOR_CORRELATION"]
+__all__ = ["steps", "rank_steps", "step_table", "steady_steps", "throughput_summary",
+           "correlation", "MIN_STEPS_FOR_CORRELATION"]
 
 MIN_STEPS_FOR_CORRELATION = 10
 DEFAULT_GAP_NS = 500_000
@@ -234,12 +234,25 @@ def step_table(df: pd.DataFrame, *, gap_ns: int = DEFAULT_GAP_NS,
     return out[cols]
 
 
+def steady_steps(table: pd.DataFrame, warmup: int = 1) -> pd.DataFrame:
+    """The steps that count for throughput, of one label's step table: when some
+    steps carry images and others none, the application marked its warm-up with 0
+    images, so exactly the steps with images are kept; otherwise the first
+    ``warmup`` steps are left out (all steps kept when there are no more)."""
+    sub = table.sort_values("step")
+    images = sub["images"].to_numpy()
+    if (images > 0).any() and (images == 0).any():
+        return sub.loc[images > 0]
+    if len(sub) > warmup:
+        return sub.iloc[warmup:]
+    return sub
+
+
 def throughput_summary(df: pd.DataFrame | None = None, *, table: pd.DataFrame | None = None,
                        warmup: int = 1, gap_ns: int = DEFAULT_GAP_NS) -> pd.DataFrame:
-    """Per label, over the steps after the first ``warmup`` ones (all steps when
-    there are no more than ``warmup``): steps, ranks, median and mean step time,
-    images/sec (images / total wall), communication, exposed communication and
-    their share of the step.
+    """Per label, over the steady steps (:func:`steady_steps`): steps, ranks,
+    median and mean step time, images/sec (images / total wall), communication,
+    exposed communication and their share of the step.
 
     Columns: [label], steps, ranks, step_ms_median, step_ms_mean, step_ms_std,
     images_per_s, comm_ms, exposed_ms, comm_union_ms, comm_share, exposed_share,
@@ -258,9 +271,7 @@ def throughput_summary(df: pd.DataFrame | None = None, *, table: pd.DataFrame | 
     rows = []
     groups = table.groupby(keys, sort=True) if keys else [((), table)]
     for key, sub in groups:
-        sub = sub.sort_values("step")
-        if len(sub) > warmup:
-            sub = sub.iloc[warmup:]
+        sub = steady_steps(sub, warmup)
         wall = float(sub["wall_ms"].sum())
         row: dict[str, object] = {}
         if keys:
@@ -307,7 +318,7 @@ def correlation(
     """Correlation of per-step communication time (x) with step time (y), per label:
     Pearson and Spearman coefficients, the slope (ms of y per ms of x) and a caveat
     in ``note`` (also emitted as a warning) when there are fewer than ``min_steps``
-    steps after the warm-up.
+    steady steps (:func:`steady_steps`).
 
     Columns: [label], steps, x, y, pearson, spearman, slope, note."""
     if table is None:
@@ -320,9 +331,7 @@ def correlation(
     rows = []
     groups = table.groupby(keys, sort=True) if keys else [((), table)]
     for key, sub in groups:
-        sub = sub.sort_values("step")
-        if len(sub) > warmup:
-            sub = sub.iloc[warmup:]
+        sub = steady_steps(sub, warmup)
         a = sub[x].to_numpy(dtype=float)
         b = sub[y].to_numpy(dtype=float)
         n = int(a.size)

@@ -1,0 +1,128 @@
+"""Trace comparison: differences against run-to-run noise on synthesised traces with
+known effects, Welch's test against an independent computation, and the golden
+fused/unfused Horovod traces of tests/data/analysis through `profiler compare`."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from analysis_fixtures import concat, training
+from conftest import profiler_cli
+from profiler.analysis import load
+from profiler.analysis.compare import bootstrap_diff, compare, welch
+
+from profiler.errors import ProfilerError
+
+GOLDEN = Path(__file__).resolve().parent / "data" / "analysis"
+
+
+def _jitter(seed: int, n: int, sigma_ns: float, shift_ns: int = 0) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(x) + shift_ns for x in np.abs(rng.normal(0, sigma_ns, n))]
+
+
+def test_real_effect_is_significant_and_noise_is_not() -> None:
+    n = 20
+    base = training(steps=n, label="a", step_jitter_ns=_jitter(1, n, 300_000))
+    slower = training(steps=n, label="b", step_jitter_ns=_jitter(2, n, 300_000, 2_000_000))
+    same = training(steps=n, label="c", step_jitter_ns=_jitter(3, n, 300_000))
+    t = compare(concat(base, slower, same))
+    steps = t.loc[t["metric"] == "step_ms"].set_index("label")
+    assert steps.loc["b", "diff"] == pytest.approx(2.0, abs=0.3)
+    assert steps.loc["b", "significant"] is True
+    assert steps.loc["b", "ci_low"] > 0
+    assert steps.loc["b", "p_value"] < 1e-6
+    assert steps.loc["c", "significant"] is False
+    assert steps.loc["c", "ci_low"] < 0 < steps.loc["c", "ci_high"]
+    assert set(steps["baseline"]) == {"a"}
+    assert int(steps.loc["b", "n"]) == n - 1  # warm-up step left out
+
+
+def test_fusion_like_change_in_calls_and_sizes() -> None:
+    fused = training(steps=12, label="fused", sizes=(16384,), call_ns=(300_000,))
+    unfused = training(steps=12, label="unfused", sizes=(4096, 4096, 8192),
+                       call_ns=(100_000, 100_000, 200_000))
+    t = compare(concat(fused, unfused), baseline="fused")
+    m = {(r.metric, r.bucket): r for r in t.itertuples()}
+    calls = m[("data_calls_per_step", "")]
+    assert (calls.value, calls.baseline_value) == (3.0, 1.0)
+    nbytes = m[("data_bytes_per_step", "")]
+    assert nbytes.diff == 0 and nbytes.significant is False
+    assert m[("calls_per_step", "4096")].value == 2.0
+    assert m[("calls_per_step", "4096")].baseline_value == 0.0
+    assert m[("calls_per_step", "16384")].baseline_value == 1.0
+    lat = m[("mean_us", "8192")] if ("mean_us", "8192") in m else None
+    assert lat is None  # no baseline calls of that size: no latency comparison
+
+
+def test_welch_matches_an_independent_t_integration() -> None:
+    a = np.array([1.0, 2.0, 3.0, 4.0])
+    b = np.array([2.0, 3.0, 4.0, 5.0, 6.0])
+    t, df, p = welch(a, b)
+    va, vb = a.var(ddof=1) / 4, b.var(ddof=1) / 5
+    assert t == pytest.approx((2.5 - 4.0) / math.sqrt(va + vb))
+    assert df == pytest.approx((va + vb) ** 2 / (va**2 / 3 + vb**2 / 4))
+    # two-sided tail of Student's t by direct numerical integration of the density
+    x = np.linspace(abs(t), 200.0, 2_000_001)
+    dens = (math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+            * (1 + x * x / df) ** (-(df + 1) / 2))
+    tail = float(np.sum((dens[1:] + dens[:-1]) / 2 * np.diff(x)))
+    assert p == pytest.approx(2 * tail, rel=1e-4)
+    lo, hi = bootstrap_diff(a, b, lambda s: s.mean(axis=1))
+    assert lo < -1.5 < hi
+
+
+def test_compare_needs_labels() -> None:
+    with pytest.raises(ProfilerError):
+        compare(training(steps=2))
+    with pytest.raises(ProfilerError):
+        compare(concat(training(steps=2, label="x"), training(steps=2, label="y")),
+                baseline="z")
+
+
+def test_golden_fused_vs_unfused() -> None:
+    expected = json.loads((GOLDEN / "expected.json").read_text())
+    df = load(GOLDEN / "fused" / "trace.json", GOLDEN / "unfused" / "trace.json",
+              label=["fused", "unfused"])
+    t = compare(df, baseline="fused")
+    steps = t.loc[t["bucket"] == ""].set_index("metric")
+    for metric, want in expected["compare"].items():
+        assert steps.loc[metric, "value"] == pytest.approx(want["value"], rel=1e-6), metric
+        assert steps.loc[metric, "baseline_value"] == pytest.approx(
+            want["baseline_value"], rel=1e-6), metric
+    # invariants of the workload: same gradient bytes every step, 6 tensors unfused
+    assert steps.loc["data_bytes_per_step", "value"] == 21672.0
+    assert steps.loc["data_bytes_per_step", "baseline_value"] == 21672.0
+    assert steps.loc["data_bytes_per_step", "significant"] is False
+    assert steps.loc["data_calls_per_step", "value"] == 6.0
+    assert steps.loc["data_calls_per_step", "baseline_value"] < 6.0
+
+
+def test_cli_compare_json_and_table(tmp_path: Path) -> None:
+    a, b = str(GOLDEN / "fused" / "trace.json"), str(GOLDEN / "unfused" / "trace.json")
+    p = profiler_cli("compare", a, b, "--labels", "fused,unfused", "--format", "json",
+                     cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)
+    byte_row = next(r for r in rows if r["metric"] == "data_bytes_per_step")
+    assert byte_row["label"] == "unfused" and byte_row["baseline"] == "fused"
+    assert byte_row["diff"] == 0 and byte_row["significant"] is False
+    p = profiler_cli("compare", a, b, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "data_calls_per_step" in p.stdout and "95% CI" in p.stdout
+
+
+@pytest.mark.parametrize("args", [["only-one.json"], ["a.json", "b.json"],
+                                  ["{a}", "{b}", "--labels", "x"],
+                                  ["{a}", "{b}", "--baseline", "nope"]])
+def test_cli_compare_bad_input(tmp_path: Path, args: list[str]) -> None:
+    a, b = str(GOLDEN / "fused" / "trace.json"), str(GOLDEN / "unfused" / "trace.json")
+    argv = [x.format(a=a, b=b) for x in args]
+    p = profiler_cli("compare", *argv, cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("profiler: error: ")
+    assert len(p.stderr.strip().splitlines()) == 1
