@@ -31,10 +31,10 @@ import pandas as pd
 
 from profiler.errors import UsageError
 
-from ._frame import calls, fmt_bytes, is_pow2, pow2_bucket
+from ._frame import NON_CALL_OPS, fmt_bytes, is_pow2, pow2_bucket
 
 __all__ = ["BY_KEYS", "METRICS", "summarize", "bucket_label", "bus_factor",
-           "comm_time_imbalance"]
+           "comm_time_imbalance", "comm_calls"]
 
 BY_KEYS: dict[str, str] = {
     "op": "op",
@@ -57,6 +57,26 @@ _ONE_MINUS = {"reduce_scatter", "reduce_scatter_block", "nccl_reducescatter", "a
               "allgatherv", "nccl_allgather", "alltoall", "alltoallv", "gather", "gatherv"}
 _ONE = {"bcast", "reduce", "nccl_broadcast", "nccl_bcast", "nccl_reduce", "nccl_send",
         "nccl_recv"}
+
+
+def comm_calls(df: pd.DataFrame, kinds: str | Sequence[str] | None = None,
+               rank: int | Sequence[int] | None = None) -> pd.DataFrame:
+    """Communication calls (as analysis._frame.calls: host rows, no app rows, no
+    init/finalize), optionally of some kinds and ranks.  Compares categorical
+    columns through their categories, never converting a million strings."""
+    mask = np.ones(len(df), dtype=bool)
+    if "backend" in df.columns:
+        mask &= (df["backend"] != "app").to_numpy(dtype=bool)
+    mask &= ~df["op"].isin(NON_CALL_OPS).to_numpy(dtype=bool)
+    if "device" in df.columns:
+        mask &= ~df["device"].to_numpy(dtype=bool)
+    if kinds is not None and "kind" in df.columns:
+        kl = [kinds] if isinstance(kinds, str) else list(kinds)
+        mask &= df["kind"].isin(kl).to_numpy(dtype=bool)
+    if rank is not None:
+        ranks = [rank] if isinstance(rank, (int, np.integer)) else list(rank)
+        mask &= df["rank"].isin([int(r) for r in ranks]).to_numpy(dtype=bool)
+    return df.loc[mask]
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -161,10 +181,7 @@ def summarize(df: pd.DataFrame, by: Sequence[str] | str = ("op", "bucket"),
     by_l = [by] if isinstance(by, str) else list(by)
     if len(set(by_l)) != len(by_l):
         raise UsageError(None, f"--by lists a key twice: {', '.join(by_l)}")
-    sel = calls(df, kinds=kinds)
-    if rank is not None:
-        ranks = [rank] if isinstance(rank, (int, np.integer)) else list(rank)
-        sel = sel.loc[sel["rank"].isin([int(r) for r in ranks]).to_numpy()]
+    sel = comm_calls(df, kinds=kinds, rank=rank)
     keys = _key_frame(sel, by_l)
     out_cols = by_l + METRICS + ["time_share", "pow2"]
     if sel.empty:
@@ -233,10 +250,7 @@ def comm_time_imbalance(df: pd.DataFrame, rank: int | Sequence[int] | None = Non
     Returns {"ranks", "slowest_rank", "slowest_us", "fastest_rank", "fastest_us",
     "ratio", "spread_us"}, or None when there are no calls.
     """
-    sel = calls(df, kinds=kinds)
-    if rank is not None:
-        ranks = [rank] if isinstance(rank, (int, np.integer)) else list(rank)
-        sel = sel.loc[sel["rank"].isin([int(r) for r in ranks]).to_numpy()]
+    sel = comm_calls(df, kinds=kinds, rank=rank)
     if sel.empty:
         return None
     per = sel.groupby("rank", observed=True)["dur_ns"].sum()

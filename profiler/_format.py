@@ -22,7 +22,7 @@ COMM_ENTRY_BYTES = 64
 TRACK_ENTRY_BYTES = 64
 COMM_TABLE_CAPACITY = 1024
 TRACK_TABLE_CAPACITY = 1024
-DEFAULT_CHUNK_BYTES = 1 << 20
+DEFAULT_CHUNK_BYTES = 1 << 18  # 4095 records per chunk
 
 # State bits of hvprof_file_header.state
 STATE_OPEN = 0x1
@@ -155,10 +155,80 @@ HEADER_DTYPE = _struct(
         ("hostname", "S64", 200),
         ("mpi_version", "S256", 264),
         ("job_t0_ns", "<i8", 520),
-        ("reserved", f"S{HEADER_BYTES - 528}", 528),
+        ("mode", "<u4", 528),
+        ("sampling", "<u4", 532),
+        ("unsampled_calls", "<u8", 536),
+        ("aggregated_calls", "<u8", 544),
+        ("reserved", f"S{HEADER_BYTES - 552}", 552),
     ],
     HEADER_BYTES,
 )
+
+# Summary mode (HOROVOD_PROFILE=summary): raw/rank-R.agg = header + entries.
+AGG_MAGIC = b"HVPAGG\0\0"
+AGG_BUCKETS = 160
+AGG_HEADER_BYTES = 64
+AGG_ENTRY_BYTES = 64 + 4 * AGG_BUCKETS
+
+AGG_HEADER_DTYPE = _struct(
+    [
+        ("magic", "S8", 0),
+        ("version", "<u4", 8),
+        ("entry_bytes", "<u4", 12),
+        ("n_entries", "<u8", 16),
+        ("rank", "<i4", 24),
+        ("buckets", "<u4", 28),
+        ("snapshot_ticks", "<u8", 32),
+        ("overflow_calls", "<u8", 40),
+        ("reserved", "(2,)<u8", 48),
+    ],
+    AGG_HEADER_BYTES,
+)
+
+AGG_ENTRY_DTYPE = _struct(
+    [
+        ("bytes", "<u8", 0),
+        ("calls", "<u8", 8),
+        ("sum_ticks", "<u8", 16),
+        ("min_ticks", "<u8", 24),
+        ("max_ticks", "<u8", 32),
+        ("first_ticks", "<u8", 40),
+        ("comm", "<u4", 48),
+        ("track", "<u4", 52),
+        ("op", "<u2", 56),
+        ("dtype", "u1", 58),
+        ("redop", "u1", 59),
+        ("flags_or", "<u2", 60),
+        ("errors", "<u2", 62),
+        ("hist", f"({AGG_BUCKETS},)<u4", 64),
+    ],
+    AGG_ENTRY_BYTES,
+)
+
+MODE_FULL = 0
+MODE_SUMMARY = 1
+MODES: dict[int, str] = {MODE_FULL: "full", MODE_SUMMARY: "summary"}
+
+
+def agg_bucket(d: int) -> int:
+    """Histogram bucket of a duration in ticks (hvprof_agg_bucket): 4 per power of two."""
+    d = int(d)
+    if d < 4:
+        return d
+    lg = d.bit_length() - 1
+    b = 4 * (lg - 1) + ((d >> (lg - 2)) & 3)
+    return min(b, AGG_BUCKETS - 1)
+
+
+def agg_bucket_bounds(b: int) -> tuple[int, int]:
+    """[lo, hi) ticks of histogram bucket b (the last bucket is open-ended)."""
+    if b < 4:
+        return b, b + 1
+    lg = b // 4 + 1
+    frac = b % 4
+    lo = (1 << lg) + frac * (1 << (lg - 2))
+    return lo, lo + (1 << (lg - 2))
+
 
 STRUCTS: Mapping[str, np.dtype] = {
     "hvprof_record": RECORD_DTYPE,
@@ -166,6 +236,8 @@ STRUCTS: Mapping[str, np.dtype] = {
     "hvprof_comm_entry": COMM_ENTRY_DTYPE,
     "hvprof_track_entry": TRACK_ENTRY_DTYPE,
     "hvprof_file_header": HEADER_DTYPE,
+    "hvprof_agg_header": AGG_HEADER_DTYPE,
+    "hvprof_agg_entry": AGG_ENTRY_DTYPE,
 }
 
 # ---------------------------------------------------------------------------

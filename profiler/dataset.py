@@ -170,7 +170,7 @@ def assign_steps(rank: np.ndarray, t_start: np.ndarray, is_step: np.ndarray,
 def _classify(df: pd.DataFrame) -> pd.Categorical:
     """kind column: profiler.horovod.classify.classify(df) when it exists."""
     try:
-        from profiler.horovod.classify import classify  # type: ignore[import-not-found]
+        from profiler.horovod.classify import classify
     except ImportError:
         kind = np.where(df["backend"].to_numpy(dtype=object) == "app", "app", "data")
         return pd.Categorical(kind, categories=["data", "control", "app"])
@@ -355,7 +355,7 @@ def frame_to_table(df: pd.DataFrame) -> pa.Table:
     return table.cast(pa.schema(fields, metadata=table.schema.metadata))
 
 
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         write(tmp)

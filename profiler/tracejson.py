@@ -94,44 +94,64 @@ def metadata_events(rank_meta: Sequence[Mapping[str, Any]]) -> list[dict[str, An
     return out
 
 
-def _hex(values: np.ndarray) -> list[str]:
-    return [f"{int(v):#x}" for v in values]
+_EVENT = ('{"name":%s,"cat":%s,"ph":"X","pid":%d,"tid":%d,"ts":%r,"dur":%r,"args":{'
+          '"bytes":%d,"count":%d,"dtype":%s,"dtype_size":%d,"redop":%s,"comm":"%s",'
+          '"comm_size":%d,"comm_rank":%d,"seq":%d,"root":%d,"kind":%s,"step":%d,"flags":%d,'
+          '"rc":%d}}')
+
+
+def _json_strings(df: pd.DataFrame, name: str, default: str) -> list[str]:
+    """A (categorical) string column as JSON-encoded strings, one per row, encoding
+    each distinct value once."""
+    n = len(df)
+    if name not in df.columns:
+        return [orjson.dumps(default).decode()] * n
+    s = df[name]
+    cat = s if isinstance(s.dtype, pd.CategoricalDtype) else s.astype("category")
+    enc = np.array([orjson.dumps(str(c)).decode() for c in cat.cat.categories]
+                   + [orjson.dumps(default).decode()], dtype=object)
+    codes = cat.cat.codes.to_numpy()
+    return list(enc[np.where(codes < 0, len(enc) - 1, codes)])
+
+
+def _ints(df: pd.DataFrame, name: str, default: int) -> list[int]:
+    if name not in df.columns:
+        return [default] * len(df)
+    return list(df[name].to_numpy().tolist())
+
+
+def call_events_json(df: pd.DataFrame) -> bytes:
+    """Complete ("X") events for the rows of df, as comma-separated JSON objects.
+
+    Formatted from column lists with one template (no per-event dicts): a
+    500k-event trace costs well under a second instead of several."""
+    if df.empty:
+        return b""
+    n = len(df)
+    ts = (df["t_start_ns"].to_numpy() / 1e3).tolist()
+    dur = (df["dur_ns"].to_numpy() / 1e3).tolist()
+    if "comm" in df.columns:
+        uniq, inv = np.unique(df["comm"].to_numpy(), return_inverse=True)
+        comm = list(np.array([f"{int(u):#x}" for u in uniq], dtype=object)[inv])
+    else:
+        comm = ["0x0"] * n
+    rows = zip(
+        _json_strings(df, "op", ""), _json_strings(df, "backend", ""), _ints(df, "rank", 0),
+        _ints(df, "track", 0), ts, dur, _ints(df, "bytes", 0), _ints(df, "count", 0),
+        _json_strings(df, "dtype", ""), _ints(df, "dtype_size", 0),
+        _json_strings(df, "redop", ""), comm, _ints(df, "comm_size", -1),
+        _ints(df, "comm_rank", -1), _ints(df, "seq", -1), _ints(df, "root", -1),
+        _json_strings(df, "kind", "data"), _ints(df, "step", -1), _ints(df, "flags", 0),
+        _ints(df, "rc", 0),
+    )
+    tmpl = _EVENT
+    return ",".join([tmpl % row for row in rows]).encode()
 
 
 def call_events(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """Complete ("X") events for the rows of df."""
-    if df.empty:
-        return []
-    n = len(df)
-
-    def col(name: str, default: Any) -> list[Any]:
-        if name in df.columns:
-            s = df[name]
-            if isinstance(s.dtype, pd.CategoricalDtype):
-                return s.astype(object).tolist()
-            return s.tolist()
-        return [default] * n
-
-    ts = (df["t_start_ns"].to_numpy() / 1e3).tolist()
-    dur = (df["dur_ns"].to_numpy() / 1e3).tolist()
-    comm = _hex(df["comm"].to_numpy()) if "comm" in df.columns else ["0x0"] * n
-    rows = zip(
-        col("op", ""), col("backend", ""), col("rank", 0), col("track", 0), ts, dur,
-        col("bytes", 0), col("count", 0), col("dtype", ""), col("redop", ""), comm,
-        col("comm_size", -1), col("seq", -1), col("root", -1), col("kind", "data"),
-        col("step", -1), col("flags", 0), col("rc", 0), col("dtype_size", 0),
-        col("comm_rank", -1),
-    )
-    out = []
-    for (op, be, rank, track, t, d, nb, cnt, dt, ro, cm, cs, seq, root, kind, step, flags,
-         rc, dts, crank) in rows:
-        out.append({
-            "name": op, "cat": be, "ph": "X", "pid": rank, "tid": track, "ts": t, "dur": d,
-            "args": {"bytes": nb, "count": cnt, "dtype": dt, "dtype_size": dts, "redop": ro,
-                     "comm": cm, "comm_size": cs, "comm_rank": crank, "seq": seq,
-                     "root": root, "kind": kind, "step": step, "flags": flags, "rc": rc},
-        })
-    return out
+    """The same events as Python objects (small traces, tests)."""
+    body = call_events_json(df)
+    return list(orjson.loads(b"[" + body + b"]")) if body else []
 
 
 def write_trace(path: str | os.PathLike[str], meta: dict[str, Any],
@@ -153,9 +173,8 @@ def write_trace(path: str | os.PathLike[str], meta: dict[str, Any],
     meta.setdefault("profiler_version", __version__)
     meta["events"] = {"included": 0 if chosen is None else len(chosen), "total": total,
                       "selection": selection}
-    events = metadata_events(rank_meta)
-    if chosen is not None:
-        events.extend(call_events(chosen))
+    head = orjson.dumps(metadata_events(rank_meta))
+    body = call_events_json(chosen) if chosen is not None else b""
     opts = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:
@@ -163,7 +182,13 @@ def write_trace(path: str | os.PathLike[str], meta: dict[str, Any],
             f.write(_PREFIX)
             f.write(orjson.dumps(meta, option=opts))
             f.write(b',"displayTimeUnit":"ns","traceEvents":')
-            f.write(orjson.dumps(events, option=opts))
+            if body:
+                f.write(head[:-1])
+                f.write(b"," if len(head) > 2 else b"")
+                f.write(body)
+                f.write(b"]")
+            else:
+                f.write(head)
             f.write(b"}\n")
         os.replace(tmp, p)
     finally:

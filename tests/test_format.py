@@ -23,6 +23,8 @@ LIB_NAMES = {
     "comm_entry": "hvprof_comm_entry",
     "track_entry": "hvprof_track_entry",
     "file_header": "hvprof_file_header",
+    "agg_header": "hvprof_agg_header",
+    "agg_entry": "hvprof_agg_entry",
 }
 
 
@@ -73,6 +75,7 @@ def test_library_layout_enums(library_layout: dict) -> None:
     assert {int(k): v for k, v in library_layout["flags"].items()} == {
         k: v[1] for k, v in F.FLAGS.items()}
     assert library_layout["states"] == {v: k for k, v in F.STATES.items()}
+    assert library_layout["modes"] == {v: k for k, v in F.MODES.items()}
 
 
 C_TEMPLATE = r"""
@@ -99,6 +102,12 @@ int main(void) {
     printf("const state_finalized %u\n", HVPROF_STATE_FINALIZED);
     printf("const state_closed %u\n", HVPROF_STATE_CLOSED);
     printf("const state_truncated %u\n", HVPROF_STATE_TRUNCATED);
+    printf("const mode_full %u\n", HVPROF_MODE_FULL);
+    printf("const mode_summary %u\n", HVPROF_MODE_SUMMARY);
+    printf("const agg_buckets %u\n", HVPROF_AGG_BUCKETS);
+    for (unsigned long long d = 0; d < 100000; d = d * 3 / 2 + 1)
+        printf("bucket %llu %u\n", d, hvprof_agg_bucket(d));
+    printf("bucket %llu %u\n", ~0ull, hvprof_agg_bucket(~0ull));
     return 0;
 }
 """
@@ -150,7 +159,16 @@ def test_c_program_enums_and_constants(c_layout: list[list[str]]) -> None:
         "track_cap": F.TRACK_TABLE_CAPACITY, "state_open": F.STATE_OPEN,
         "state_mpi_init": F.STATE_MPI_INIT, "state_finalized": F.STATE_FINALIZED,
         "state_closed": F.STATE_CLOSED, "state_truncated": F.STATE_TRUNCATED,
+        "mode_full": F.MODE_FULL, "mode_summary": F.MODE_SUMMARY,
+        "agg_buckets": F.AGG_BUCKETS,
     }
+    buckets = [(int(r[1]), int(r[2])) for r in c_layout if r[0] == "bucket"]
+    assert len(buckets) > 20
+    for d, b in buckets:
+        assert F.agg_bucket(d) == b, d
+        if b < F.AGG_BUCKETS - 1:
+            lo, hi = F.agg_bucket_bounds(b)
+            assert lo <= d < hi, (d, b)
 
 
 def test_c_field_count_matches_header_text() -> None:
@@ -159,6 +177,7 @@ def test_c_field_count_matches_header_text() -> None:
     import re
 
     text = HEADER.read_text()
+    assert set(re.findall(r"typedef struct (\w+) \{", text)) == set(F.STRUCTS)
     for struct, dt in F.STRUCTS.items():
         m = re.search(r"typedef struct " + struct + r" \{(.*?)\} " + struct + ";", text, re.S)
         assert m, struct

@@ -125,23 +125,22 @@ def _print_table(path: str, meta: dict[str, Any] | None, df: Any, by: list[str],
     from rich.table import Table
 
     from profiler.analysis import comm_time_imbalance, summarize
-    from profiler.analysis._frame import calls, fmt_bytes
+    from profiler.analysis._frame import fmt_bytes
+    from profiler.analysis.summary import comm_calls
 
     # A pipe or a file gets the full table, not an 80-column squeeze.
     # A pipe or a file gets the full table, not an 80-column squeeze.
     console = Console(highlight=False, soft_wrap=False,
                       width=None if sys.stdout.isatty() else 200)
-    all_calls = calls(df, kinds=None)
-    if ranks is not None:
-        all_calls = all_calls.loc[all_calls["rank"].isin(ranks).to_numpy()]
+    all_calls = comm_calls(df, rank=ranks)
     has_kind = "kind" in df.columns and "kind" not in by
     is_control = None
     data_kinds = None
     if has_kind:
-        is_control = (all_calls["kind"].astype(str) == "control").to_numpy()
+        is_control = (all_calls["kind"] == "control").to_numpy(dtype=bool)
         if is_control.any():
-            data_kinds = [k for k in all_calls["kind"].astype(str).unique() if k != "control"]
-    table_df = summarize(df, by=by, rank=ranks, kinds=data_kinds)
+            data_kinds = [str(k) for k in all_calls["kind"].unique() if str(k) != "control"]
+    table_df = summarize(all_calls, by=by, kinds=data_kinds)
 
     n_ranks = len(set(df["rank"].unique().tolist())) if len(df) else 0
     world = (meta or {}).get("world_size", n_ranks)
@@ -192,7 +191,7 @@ def _print_table(path: str, meta: dict[str, Any] | None, df: Any, by: list[str],
         console.print(f"control traffic: {len(ctrl)} calls ({rate:.1f} calls/s per rank), "
                       f"{_fmt_us(float(ctrl['dur_ns'].sum()) / 1e3)}, {100 * share:.1f}% of "
                       "communication time")
-    imb = comm_time_imbalance(df, rank=ranks)
+    imb = comm_time_imbalance(all_calls)
     if imb is not None and imb["ranks"] > 1 and imb["slowest_us"] == imb["fastest_us"]:
         console.print(f"per-rank communication time: {_fmt_us(imb['slowest_us'])} on each "
                       f"of {imb['ranks']} ranks")
