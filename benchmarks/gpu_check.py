@@ -1,0 +1,596 @@
+"""The GPU check of issue 5: NCCL interposition with device timing on a real GPU.
+
+Run by benchmarks/gpu_check.sh (which builds the library and lays out the
+package); by hand:
+
+    python benchmarks/gpu_check.py --out OUT --lib path/to/libhvprof.so [--dry-run]
+
+For each backend (cupy's NCCL with one rank, torch.distributed NCCL with one
+process; --dry-run: the project's NCCL/CUDA stand-ins on the CPU) it runs a
+worker process under LD_PRELOAD of the library with HOROVOD_PROFILE=1 and no
+MPI.  The worker sweeps NCCL calls over message sizes, timing each call with
+its own CUDA events on the call's stream.  Then `profiler merge` builds the
+trace, and the check compares, exactly, the recorded calls and bytes with what
+the worker issued, and the recorded device durations with the worker's own
+event timings (per size, medians; pass within --tolerance where the call takes
+at least --min-us, below which event resolution dominates).  Three more
+worker runs measure the host time per NCCL call without the profiler, with
+host records only (HOROVOD_PROFILE_NCCL_DEVICE=0) and with device timing.
+
+Writes to OUT: summary.txt, summary.json, <backend>-trace.json, topology.json.
+Exit status 0 when every check passed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+STANDIN = ROOT / "tests" / "standin"
+
+GPU_SIZES = [8 * 4**k for k in range(14)] + [1 << 30]        # 8 B .. 512 MiB, 1 GiB
+DRY_SIZES = [8 * 4**k for k in range(11)]                     # 8 B .. 8 MiB
+NCCL_FLOAT32 = 7
+NCCL_SUM = 0
+
+
+# ---------------------------------------------------------------------------
+# Workers: one backend each, run under LD_PRELOAD in a fresh process
+# ---------------------------------------------------------------------------
+class Backend:
+    name = "?"
+
+    def setup(self, max_bytes: int) -> None:
+        raise NotImplementedError
+
+    def issue(self, op: str, nbytes: int) -> None:
+        """Enqueue one NCCL call of nbytes on the stream (no synchronization)."""
+        raise NotImplementedError
+
+    def event_pair(self) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def record(self, ev: Any) -> None:
+        raise NotImplementedError
+
+    def elapsed_us(self, a: Any, b: Any) -> float:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+    def last_error(self) -> int:
+        return 0
+
+    def syncs(self) -> int | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+    def versions(self) -> dict[str, str]:
+        return {}
+
+
+class CupyBackend(Backend):
+    name = "cupy"
+    ops = ("allreduce",)
+
+    def setup(self, max_bytes: int) -> None:
+        import cupy as cp
+        from cupy.cuda import nccl
+
+        self.cp, self.nccl = cp, nccl
+        cp.cuda.Device(0).use()
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.send = cp.ones(max_bytes // 4, dtype=cp.float32)
+        self.recv = cp.zeros(max_bytes // 4, dtype=cp.float32)
+        self.comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+
+    def issue(self, op: str, nbytes: int) -> None:
+        self.comm.allReduce(self.send.data.ptr, self.recv.data.ptr, nbytes // 4,
+                            self.nccl.NCCL_FLOAT32, self.nccl.NCCL_SUM, self.stream.ptr)
+
+    def event_pair(self) -> tuple[Any, Any]:
+        return self.cp.cuda.Event(), self.cp.cuda.Event()
+
+    def record(self, ev: Any) -> None:
+        ev.record(self.stream)
+
+    def elapsed_us(self, a: Any, b: Any) -> float:
+        return float(self.cp.cuda.get_elapsed_time(a, b)) * 1e3
+
+    def sync(self) -> None:
+        self.stream.synchronize()
+
+    def last_error(self) -> int:
+        return _cudart_last_error()
+
+    def versions(self) -> dict[str, str]:
+        return {"cupy": self.cp.__version__, "nccl": str(self.nccl.get_version())}
+
+
+class TorchBackend(Backend):
+    name = "torch"
+    ops = ("allreduce", "allgather")
+
+    def setup(self, max_bytes: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist = torch, dist
+        torch.cuda.set_device(0)
+        port = _free_port()
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                                world_size=1, device_id=torch.device("cuda:0"))
+        self.buf = torch.ones(max_bytes // 4, dtype=torch.float32, device="cuda")
+        self.out = torch.zeros(max_bytes // 4, dtype=torch.float32, device="cuda")
+        self.stream = torch.cuda.current_stream()
+
+    def issue(self, op: str, nbytes: int) -> None:
+        n = nbytes // 4
+        if op == "allreduce":
+            self.dist.all_reduce(self.buf[:n])
+        else:
+            self.dist.all_gather_into_tensor(self.out[:n], self.buf[:n])
+
+    def event_pair(self) -> tuple[Any, Any]:
+        e = self.torch.cuda.Event
+        return e(enable_timing=True), e(enable_timing=True)
+
+    def record(self, ev: Any) -> None:
+        ev.record(self.stream)
+
+    def elapsed_us(self, a: Any, b: Any) -> float:
+        return float(a.elapsed_time(b)) * 1e3
+
+    def sync(self) -> None:
+        self.torch.cuda.synchronize()
+
+    def last_error(self) -> int:
+        return _cudart_last_error()
+
+    def close(self) -> None:
+        self.dist.destroy_process_group()
+
+    def versions(self) -> dict[str, str]:
+        v = self.torch.cuda.nccl.version()
+        return {"torch": self.torch.__version__, "cuda": str(self.torch.version.cuda),
+                "nccl": ".".join(map(str, v)) if isinstance(v, tuple) else str(v)}
+
+
+class StandinBackend(Backend):
+    """The project's NCCL and CUDA stand-ins (tests/standin), for --dry-run."""
+
+    name = "standin"
+    ops = ("allreduce",)
+
+    def setup(self, max_bytes: int) -> None:
+        import ctypes
+
+        c = ctypes
+        d = Path(os.environ["GPU_CHECK_STANDIN_DIR"])
+        self.cudart = c.CDLL(str(d / "libcudart.so.12"), mode=c.RTLD_GLOBAL)
+        self.ncclso = c.CDLL(str(d / "libnccl.so.2"), mode=c.RTLD_LOCAL)
+        g = c.CDLL(None)  # the profiler's wrappers (LD_PRELOAD), else the stand-in
+        self.g = g
+        self.stream, self.comm = c.c_void_p(), c.c_void_p()
+        assert self.cudart.cudaStreamCreate(c.byref(self.stream)) == 0
+
+        class UniqueId(c.Structure):
+            _fields_ = [("internal", c.c_char * 128)]
+
+        uid = UniqueId()
+        self.ncclso.ncclGetUniqueId(c.byref(uid))
+        init = (g.ncclCommInitRank if hasattr(g, "ncclCommInitRank")
+                else self.ncclso.ncclCommInitRank)
+        init.argtypes = [c.POINTER(c.c_void_p), c.c_int, UniqueId, c.c_int]
+        assert init(c.byref(self.comm), 1, uid, 0) == 0
+        self.allreduce = (g.ncclAllReduce if hasattr(g, "ncclAllReduce")
+                          else self.ncclso.ncclAllReduce)
+        self.allreduce.argtypes = [c.c_void_p, c.c_void_p, c.c_size_t, c.c_int, c.c_int,
+                                   c.c_void_p, c.c_void_p]
+        self.bufs = (c.c_char * 16)(), (c.c_char * 16)()  # the stand-in copies count*4 bytes
+        self.set_delay = self.ncclso.standin_nccl_set_delay_us
+        self.elapsed = self.cudart.cudaEventElapsedTime
+        self.elapsed.argtypes = [c.POINTER(c.c_float), c.c_void_p, c.c_void_p]
+        self.c = c
+
+    def issue(self, op: str, nbytes: int) -> None:
+        # virtual device time: 10 us + 1 us per 4 KiB ("4 GB/s")
+        self.set_delay(10 + nbytes // 4096)
+        # a 16-byte buffer stands for the payload: the count is what is recorded
+        assert self.allreduce(None, None, nbytes // 4, NCCL_FLOAT32, NCCL_SUM, self.comm,
+                              self.stream) == 0
+
+    def event_pair(self) -> tuple[Any, Any]:
+        a, b = self.c.c_void_p(), self.c.c_void_p()
+        self.cudart.cudaEventCreate(self.c.byref(a))
+        self.cudart.cudaEventCreate(self.c.byref(b))
+        return a, b
+
+    def record(self, ev: Any) -> None:
+        self.cudart.cudaEventRecord(ev, self.stream)
+
+    def elapsed_us(self, a: Any, b: Any) -> float:
+        ms = self.c.c_float()
+        assert self.elapsed(self.c.byref(ms), a, b) == 0
+        return float(ms.value) * 1e3
+
+    def sync(self) -> None:
+        self.cudart.cudaStreamSynchronize(self.stream)
+
+    def last_error(self) -> int:
+        return int(self.cudart.cudaGetLastError())
+
+    def syncs(self) -> int | None:
+        return int(self.cudart.standin_total_syncs())
+
+    def versions(self) -> dict[str, str]:
+        return {"nccl": "stand-in"}
+
+
+BACKENDS: dict[str, type[Backend]] = {"cupy": CupyBackend, "torch": TorchBackend,
+                                      "standin": StandinBackend}
+
+
+def _cudart_last_error() -> int:
+    """cudaGetLastError of the runtime the profiler uses (the process's own)."""
+    import ctypes
+
+    try:
+        from profiler import gpu
+
+        st = gpu.native_state() or {}
+        path = st.get("cuda_runtime") or ""
+        if not path:
+            return 0
+        return int(ctypes.CDLL(path).cudaGetLastError())
+    except Exception:
+        return -1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def worker(args: argparse.Namespace) -> int:
+    be = BACKENDS[args.worker]()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    t0 = time.perf_counter()
+    be.setup(max(sizes))
+    out: dict[str, Any] = {"backend": be.name, "versions": be.versions(), "sweep": [],
+                           "setup_s": time.perf_counter() - t0}
+    if args.mode == "sweep":
+        n = args.warmup + args.iters
+        events = [be.event_pair() for _ in range(n)]
+        sync_before = be.syncs()
+        for op in getattr(be, "ops", ("allreduce",)):
+            for size in sizes:
+                for e0, e1 in events:
+                    be.record(e0)
+                    be.issue(op, size)
+                    be.record(e1)
+                be.sync()  # the application's own synchronization, once per size
+                durs = [be.elapsed_us(e0, e1) for e0, e1 in events]
+                out["sweep"].append({"op": op, "bytes": size, "count": size // 4, "calls": n,
+                                     "warmup": args.warmup, "app_us": durs})
+        out["app_syncs"] = len(sizes) * len(getattr(be, "ops", ("allreduce",)))
+        if sync_before is not None:
+            out["standin_syncs"] = be.syncs() - sync_before  # type: ignore[operator]
+    else:  # overhead: host time per call, small messages, no device timing of our own
+        size = 8
+        rounds = []
+        for _ in range(args.rounds):
+            be.sync()
+            t = time.perf_counter_ns()
+            for _ in range(args.calls):
+                be.issue("allreduce", size)
+            rounds.append((time.perf_counter_ns() - t) / args.calls / 1e3)
+        be.sync()
+        out["host_us_per_call"] = rounds
+    be.sync()
+    out["last_error"] = be.last_error()
+    try:
+        from profiler import gpu
+
+        out["unfinished"] = gpu.finish_native(5000)
+        out["profiler"] = gpu.native_state()
+    except Exception as exc:  # not profiled (overhead baseline)
+        out["profiler_error"] = str(exc)
+    be.close()
+    Path(args.result).write_text(json.dumps(out))
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# The orchestrator
+# ---------------------------------------------------------------------------
+class Report:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.checks: list[dict[str, Any]] = []
+
+    def say(self, text: str = "") -> None:
+        print(text, flush=True)
+        self.lines.append(text)
+
+    def check(self, name: str, ok: bool, detail: str) -> None:
+        self.checks.append({"check": name, "ok": bool(ok), "detail": detail})
+        self.say(f"  [{'PASS' if ok else 'FAIL'}] {name}: {detail}")
+
+
+def build_standins(work: Path) -> Path:
+    d = work / "standin-build"
+    d.mkdir(parents=True, exist_ok=True)
+    cc = os.environ.get("CC", "gcc")
+    for src, name, extra in (("cudart_standin.c", "libcudart.so.12", []),
+                             ("nccl_standin.c", "libnccl.so.2", ["-ldl"])):
+        subprocess.run([cc, "-O1", "-fPIC", "-shared", "-pthread", f"-Wl,-soname,{name}",
+                        str(STANDIN / src), "-o", str(d / name), *extra], check=True)
+    return d
+
+
+def run_worker(rep: Report, backend: str, mode: str, work: Path, lib: Path | None,
+               args: argparse.Namespace, extra_env: dict[str, str], tag: str) -> dict[str, Any]:
+    result = work / f"{tag}.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_PROFILE")}
+    env.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "PYTHONUNBUFFERED": "1"})
+    if lib is not None:
+        env.update({"LD_PRELOAD": str(lib), "HOROVOD_PROFILE": "1",
+                    "HOROVOD_PROFILE_DIR": str(work / f"{tag}-profile")})
+    else:
+        env.pop("LD_PRELOAD", None)
+    env.update(extra_env)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", backend, "--mode", mode,
+           "--sizes", ",".join(map(str, args.sizes)), "--iters", str(args.iters),
+           "--warmup", str(args.warmup), "--calls", str(args.calls), "--rounds",
+           str(args.rounds), "--result", str(result)]
+    t = time.time()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    if proc.returncode != 0:
+        rep.say(f"worker {tag} failed ({proc.returncode}):\n{proc.stdout[-3000:]}"
+                f"\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"worker {tag} failed")
+    res: dict[str, Any] = json.loads(result.read_text())
+    res["wall_s"] = time.time() - t
+    res["stderr"] = proc.stderr[-2000:]
+    return res
+
+
+def host_calls_with_device(df: Any) -> tuple[Any, Any]:
+    """The host nccl rows and, per row, the device duration (us) of the call or
+    of its group (NaN when it has none)."""
+    import numpy as np
+
+    nccl = df[df["backend"].astype(str) == "nccl"].sort_values("t_start_ns", kind="stable")
+    host = nccl[~nccl["device"].astype(bool)].copy()
+    dev = nccl[nccl["device"].astype(bool)]
+    dmap = {(int(c), int(s), str(o)): float(d) / 1e3 for c, s, o, d in zip(
+        dev["comm"], dev["seq"], dev["op"].astype(str), dev["dur_ns"])}
+    out = []
+    for c, s, o, g in zip(host["comm"], host["seq"], host["op"].astype(str), host["group"]):
+        if int(g):
+            gk = [k for k in dmap if k[2] == "nccl_group" and k[1] == int(g)]
+            out.append(dmap[gk[0]] if gk else np.nan)
+        else:
+            out.append(dmap.get((int(c), int(s), o), np.nan))
+    host["device_us"] = out
+    return host, dev
+
+
+def check_sweep(rep: Report, backend: str, res: dict[str, Any], work: Path, tag: str,
+                args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
+    import numpy as np
+    from profiler.analysis import load
+
+    prof = work / f"{tag}-profile"
+    m = subprocess.run([sys.executable, "-m", "profiler.cli", "merge", str(prof)],
+                       capture_output=True, text=True, timeout=300)
+    rep.check(f"{backend}: profiler merge", m.returncode == 0,
+              (m.stderr or m.stdout).strip().splitlines()[-1] if (m.stderr or m.stdout) else "")
+    trace = prof / "trace.json"
+    if trace.is_file():
+        shutil.copy(trace, out_dir / f"{backend}-trace.json")
+    df = load(prof)
+    host, dev = host_calls_with_device(df)
+    st = res.get("profiler") or {}
+    summary: dict[str, Any] = {"backend": backend, "versions": res.get("versions"),
+                               "profiler": st, "sizes": []}
+    # every issued call recorded exactly once, with its bytes
+    opname = {"allreduce": "nccl_allreduce", "allgather": "nccl_allgather"}
+    ok_counts = True
+    rows = []
+    for s in res["sweep"]:
+        op = opname[s["op"]]
+        got = host[(host["op"].astype(str) == op) & (host["bytes"] == s["bytes"])]
+        # torch may issue extra calls (none expected for these ops): count per (op, bytes)
+        n_ok = len(got) == s["calls"]
+        ok_counts &= n_ok
+        app = np.asarray(s["app_us"][s["warmup"]:])
+        prof_us = got["device_us"].to_numpy()[s["warmup"]:] if n_ok else np.array([np.nan])
+        host_us = got["dur_ns"].to_numpy()[s["warmup"]:] / 1e3 if n_ok else np.array([np.nan])
+        app_med = float(np.median(app))
+        prof_med = float(np.nanmedian(prof_us)) if np.isfinite(prof_us).any() else float("nan")
+        rel = prof_med / app_med - 1 if app_med > 0 else float("nan")
+        rows.append({"op": s["op"], "bytes": s["bytes"], "calls_issued": s["calls"],
+                     "calls_recorded": int(len(got)), "app_median_us": app_med,
+                     "device_median_us": prof_med, "rel_diff": rel,
+                     "host_enqueue_median_us": float(np.nanmedian(host_us)),
+                     "device_missing": int(np.isnan(prof_us).sum())})
+    summary["sizes"] = rows
+    issued = sum(s["calls"] for s in res["sweep"])
+    expect_bytes = sum(s["calls"] * s["bytes"] for s in res["sweep"])
+    sweep_ops = {opname[s["op"]] for s in res["sweep"]}
+    rec = host[host["op"].astype(str).isin(sweep_ops)]
+    rep.check(f"{backend}: calls recorded", ok_counts and len(rec) == issued,
+              f"{len(rec)} host records for {issued} calls issued "
+              f"({len(res['sweep'])} (op, size) points)")
+    rep.check(f"{backend}: bytes", int(rec["bytes"].sum()) == expect_bytes,
+              f"{int(rec['bytes'].sum())} recorded, {expect_bytes} issued")
+    missing = int(np.isnan(rec["device_us"].to_numpy()).sum()) if len(rec) else -1
+    rep.check(f"{backend}: device time for every call", missing == 0,
+              f"{missing} calls without a device interval; misses {st.get('miss')}, "
+              f"unfinished {res.get('unfinished')}")
+    judged = [r for r in rows if r["app_median_us"] >= args.min_us]
+    worst = max((abs(r["rel_diff"]) for r in judged), default=float("nan"))
+    ok = bool(judged) and all(abs(r["rel_diff"]) <= args.tolerance for r in judged)
+    rep.check(f"{backend}: device time vs the workload's CUDA events", ok,
+              f"{len(judged)} sizes >= {args.min_us:g} us judged, worst |diff| "
+              f"{100 * worst:.2f}% (tolerance {100 * args.tolerance:g}%)")
+    rep.check(f"{backend}: no CUDA error left to the application", res.get("last_error") == 0,
+              f"cudaGetLastError = {res.get('last_error')}")
+    if "standin_syncs" in res:
+        rep.check(f"{backend}: no synchronization by the profiler",
+                  res["standin_syncs"] == res["app_syncs"],
+                  f"{res['standin_syncs']} synchronizations, all {res['app_syncs']} the "
+                  "application's own")
+    rep.say(f"  {'op':9} {'bytes':>11} {'calls':>6} {'app us':>10} {'device us':>10} "
+            f"{'diff':>7} {'enqueue us':>10}")
+    for r in rows:
+        rep.say(f"  {r['op']:9} {r['bytes']:>11} {r['calls_recorded']:>6} "
+                f"{r['app_median_us']:>10.2f} {r['device_median_us']:>10.2f} "
+                f"{100 * r['rel_diff']:>6.2f}% {r['host_enqueue_median_us']:>10.2f}")
+    if st:
+        rep.say(f"  anchor error <= {st.get('anchor_err_ns_max', 0) / 1e3:.2f} us, "
+                f"{st.get('anchors')} anchors, collected {st.get('collected')}, "
+                f"helper thread {st.get('helper_thread')}, runtime {st.get('cuda_runtime')}")
+    return summary
+
+
+def overhead(rep: Report, backend: str, work: Path, lib: Path,
+             args: argparse.Namespace) -> dict[str, Any]:
+    runs = {
+        "none": run_worker(rep, backend, "overhead", work, None, args, {}, f"{backend}-ovh-none"),
+        "host": run_worker(rep, backend, "overhead", work, lib, args,
+                           {"HOROVOD_PROFILE_NCCL_DEVICE": "0"}, f"{backend}-ovh-host"),
+        "device": run_worker(rep, backend, "overhead", work, lib, args, {},
+                             f"{backend}-ovh-device"),
+    }
+    med = {k: statistics.median(v["host_us_per_call"]) for k, v in runs.items()}
+    rep.say(f"  host time per NCCL call ({args.calls} x {args.rounds} calls of 8 bytes, "
+            f"median of rounds): no profiler {med['none']:.2f} us, host records "
+            f"{med['host']:.2f} us (+{med['host'] - med['none']:.2f}), with device timing "
+            f"{med['device']:.2f} us (+{med['device'] - med['none']:.2f})")
+    return {"us_per_call": med, "rounds": {k: v["host_us_per_call"] for k, v in runs.items()},
+            "added_host_only_us": med["host"] - med["none"],
+            "added_with_device_us": med["device"] - med["none"]}
+
+
+def available(name: str) -> str | None:
+    """None when the backend can run here, else why not."""
+    probe = {"cupy": "import cupy, cupy.cuda.nccl as n; assert n.available; "
+                     "assert cupy.cuda.runtime.getDeviceCount() > 0",
+             "torch": "import torch, torch.distributed as d; assert torch.cuda.is_available(); "
+                      "assert d.is_nccl_available()"}[name]
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                       timeout=300)
+    return None if p.returncode == 0 else (p.stderr.strip().splitlines() or ["?"])[-1]
+
+
+def orchestrate(args: argparse.Namespace) -> int:
+    out_dir = Path(args.out).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work).resolve() if args.work else out_dir.parent / "gpu-check-work"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    lib = Path(args.lib).resolve()
+    rep = Report()
+    t0 = time.time()
+    from profiler import gpu
+
+    topo = gpu.topology()
+    (out_dir / "topology.json").write_text(json.dumps(topo, indent=1))
+    rep.say(f"GPU check ({'dry run: stand-ins on the CPU' if args.dry_run else 'real GPU'}), "
+            f"library {lib}")
+    for line in gpu.topology_lines(topo, socket.gethostname()) or ["no GPU visible to NVML"]:
+        rep.say(line)
+    if args.dry_run:
+        os.environ["GPU_CHECK_STANDIN_DIR"] = str(build_standins(work))
+        backends = ["standin"]
+    else:
+        backends = []
+        for b in args.backends.split(","):
+            why = available(b)
+            if why:
+                rep.check(f"{b}: available", False, why)
+            else:
+                backends.append(b)
+    results: dict[str, Any] = {"dry_run": args.dry_run, "sizes": args.sizes,
+                               "iters": args.iters, "warmup": args.warmup, "backends": {},
+                               "topology": topo}
+    for b in backends:
+        rep.say(f"\n== {b}")
+        try:
+            res = run_worker(rep, b, "sweep", work, lib, args, {}, f"{b}-sweep")
+            rep.say(f"  worker: {res['wall_s']:.1f} s, versions {res.get('versions')}")
+            summ = check_sweep(rep, b, res, work, f"{b}-sweep", args, out_dir)
+            summ["overhead"] = overhead(rep, b, work, lib, args)
+            summ["profile_dir"] = str(work / f"{b}-sweep-profile")
+            results["backends"][b] = summ
+        except Exception as exc:  # report and go on with the next backend
+            rep.check(f"{b}: ran", False, f"{type(exc).__name__}: {exc}")
+    ok = bool(rep.checks) and all(c["ok"] for c in rep.checks) and bool(results["backends"])
+    rep.say(f"\n{'ALL CHECKS PASSED' if ok else 'SOME CHECKS FAILED'} "
+            f"({sum(c['ok'] for c in rep.checks)}/{len(rep.checks)}) in {time.time() - t0:.0f} s")
+    for b, summ in results["backends"].items():
+        prof = Path(summ["profile_dir"])
+        if (prof / "trace.json").is_file():
+            s = subprocess.run([sys.executable, "-m", "profiler.cli", "summarize", str(prof)],
+                               capture_output=True, text=True, timeout=300)
+            rep.say(f"\n$ profiler summarize {b}-sweep-profile\n{s.stdout}{s.stderr}")
+    results["checks"] = rep.checks
+    results["ok"] = ok
+    (out_dir / "summary.json").write_text(json.dumps(results, indent=1, default=str))
+    (out_dir / "summary.txt").write_text("\n".join(rep.lines) + "\n")
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--out", default=os.environ.get("OUT", "gpu-check-out"))
+    ap.add_argument("--work", default=None, help="scratch directory (default: beside --out)")
+    ap.add_argument("--lib", default=os.environ.get("HVPROF_LIB", ""))
+    ap.add_argument("--dry-run", action="store_true", help="stand-ins on the CPU, no GPU")
+    ap.add_argument("--backends", default="cupy,torch")
+    ap.add_argument("--sizes", default=None, help="comma-separated bytes")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=2000, help="calls per overhead round")
+    ap.add_argument("--rounds", type=int, default=7, help="overhead rounds")
+    ap.add_argument("--tolerance", type=float, default=0.05)
+    ap.add_argument("--min-us", type=float, default=20.0,
+                    help="judge device-time agreement for calls at least this long")
+    ap.add_argument("--timeout", type=float, default=240.0, help="per worker, seconds")
+    ap.add_argument("--worker", choices=sorted(BACKENDS), help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=("sweep", "overhead"), default="sweep",
+                    help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return worker(args)
+    if args.sizes is None:
+        args.sizes = DRY_SIZES if args.dry_run else GPU_SIZES
+    elif isinstance(args.sizes, str):
+        args.sizes = [int(s) for s in args.sizes.split(",")]
+    if not args.lib:
+        ap.error("--lib (or HVPROF_LIB) is required")
+    return orchestrate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
