@@ -492,3 +492,24 @@ def test_warning_when_gpus_used_but_no_nccl_call_seen(built: Built, tmp_path: Pa
     pytest.skip("trace metadata does not carry the ranks' NCCL state yet "
                 "(dataset/merge/summarize integration pending)")
 
+
+
+def test_gpu_check_dry_run(tmp_path: Path) -> None:
+    """benchmarks/gpu_check.sh, as the GPU machine runs it, on the stand-ins."""
+    out = tmp_path / "out"
+    env = base_env(OUT=str(out), PYTHON=PYTHON, TMPDIR=str(tmp_path))
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run", "--",
+                           "--calls", "200", "--rounds", "3", "--iters", "10"],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    assert summary["ok"] and summary["dry_run"]
+    names = {c["check"] for c in summary["checks"]}
+    assert {"standin: calls recorded", "standin: bytes", "standin: device time for every call",
+            "standin: device time vs the workload's CUDA events",
+            "standin: no synchronization by the profiler"} <= names
+    sizes = summary["backends"]["standin"]["sizes"]
+    assert [s["calls_recorded"] for s in sizes] == [15] * 11
+    ovh = summary["backends"]["standin"]["overhead"]["us_per_call"]
+    assert set(ovh) == {"none", "host", "device"}
+    assert (out / "standin-trace.json").is_file() and (out / "summary.txt").is_file()
