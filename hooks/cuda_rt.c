@@ -151,6 +151,7 @@ static int flush_ms = 1000;
 /* helper thread */
 static _Atomic int helper_started;
 static _Atomic int helper_stop;
+static _Atomic int helper_alive;   /* the thread runs and collects */
 
 /* counters */
 static _Atomic uint64_t c_miss[HVPROF_DEV_MISS_N];
@@ -202,6 +203,8 @@ static long env_long(const char *name, long dflt, long lo, long hi)
     if (*end) return dflt;
     return x < lo ? lo : x > hi ? hi : x;
 }
+
+static int helper_running(void);
 
 static void sleep_us(long us)
 {
@@ -400,13 +403,16 @@ static void relaxed_mode_leave(int *saved)
 }
 
 /* Turn one completed pair into its DEVICE record (collector lock held). */
-static void write_device_record(devpool *dp, hvprof_devpair *p)
+static void write_device_record(devpool *dp, hvprof_devpair *p, int app_thread)
 {
     float dur_ms = 0, off_ms = 0;
     if (cu.EventElapsedTime(&dur_ms, p->ev0, p->ev1) != CU_SUCCESS) goto error;
     double tpn = ticks_per_ns();
-    if (dp->anchor_cur < 0 ||
-        hvprof_ticks() - dp->anchor_taken > (uint64_t)((double)anchor_ms * 1e6 * tpn))
+    /* A stale anchor is re-taken by the helper thread or the final flush; an
+     * application thread takes one only when there is none, or no helper. */
+    int stale = dp->anchor_cur < 0 ||
+                hvprof_ticks() - dp->anchor_taken > (uint64_t)((double)anchor_ms * 1e6 * tpn);
+    if (stale && (dp->anchor_cur < 0 || !app_thread || !helper_running()))
         take_anchor(dp); /* on failure the previous anchor (if any) stays */
     if (dp->anchor_cur < 0) goto error;
     if (cu.EventElapsedTime(&off_ms, dp->anchor[dp->anchor_cur], p->ev0) != CU_SUCCESS)
@@ -434,6 +440,7 @@ error:
  * held).  Returns the number collected. */
 static uint32_t collect(devpool *dp, uint32_t max, _Atomic uint64_t *who)
 {
+    int app_thread = who == &c_by_app;
     uint32_t n = 0;
     uint64_t head = atomic_load_explicit(&dp->head, memory_order_relaxed);
     uint64_t tail = atomic_load_explicit(&dp->tail, memory_order_acquire);
@@ -442,7 +449,7 @@ static uint32_t collect(devpool *dp, uint32_t max, _Atomic uint64_t *who)
         cudaError_t r = cu.EventQuery(p->ev1);
         if (r == CU_NOT_READY) break;
         if (r == CU_SUCCESS) {
-            write_device_record(dp, p);
+            write_device_record(dp, p, app_thread);
         } else {
             clear_cuda_error();
             atomic_fetch_add(&c_query_errors, 1);
@@ -483,8 +490,11 @@ static void *helper_main(void *arg)
             pthread_mutex_unlock(&collect_lock);
         }
     }
+    atomic_store(&helper_alive, 0);
     return NULL;
 }
+
+static int helper_running(void) { return atomic_load(&helper_alive); }
 
 static void start_helper(int device)
 {
@@ -497,9 +507,12 @@ static void start_helper(int device)
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&t, &attr, helper_main, (void *)(intptr_t)device) != 0)
+    atomic_store(&helper_alive, 1);
+    if (pthread_create(&t, &attr, helper_main, (void *)(intptr_t)device) != 0) {
+        atomic_store(&helper_alive, 0);
         hvprof_warn("cannot start the device-time helper thread: NCCL device times are "
                     "collected by later NCCL calls and at exit only");
+    }
     pthread_attr_destroy(&attr);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
@@ -755,6 +768,7 @@ int hvprof_nccl_flush(int timeout_ms)
 void hvprof_dev_shutdown(void)
 {
     atomic_store(&helper_stop, 1);
+    atomic_store(&helper_alive, 0);
     /* The helper checks the flag under the collector lock: after this
      * lock/unlock it makes no further CUDA call. */
     pthread_mutex_lock(&collect_lock);
@@ -801,7 +815,7 @@ size_t hvprof_dev_json(char *buf, size_t n)
         "\"anchor_err_ns_last\": %.0f, \"helper_thread\": %s",
         (unsigned long long)atomic_load(&c_anchors), (unsigned long long)atomic_load(&c_anchor_fail),
         (double)atomic_load(&c_anchor_err_max) / tpn, (double)atomic_load(&c_anchor_err_last) / tpn,
-        atomic_load(&helper_started) && poll_ms > 0 && !atomic_load(&helper_stop) ? "true" : "false");
+        atomic_load(&helper_alive) ? "true" : "false");
 #undef OUT
     return k;
 }

@@ -513,3 +513,19 @@ def test_gpu_check_dry_run(tmp_path: Path) -> None:
     ovh = summary["backends"]["standin"]["overhead"]["us_per_call"]
     assert set(ovh) == {"none", "host", "device"}
     assert (out / "standin-trace.json").is_file() and (out / "summary.txt").is_file()
+
+
+def test_reanchoring_keeps_device_times_on_the_host_axis(built: Built, tmp_path: Path) -> None:
+    """A 1 ms anchor period: the anchor is re-taken many times while pairs are
+    pending (some mapped through an anchor later than their events)."""
+    run = run_app(built, tmp_path, "all", APP_DELAY_US="3000", APP_DELAY_N="10",
+                  HOROVOD_PROFILE_NCCL_ANCHOR_MS="1")
+    assert run.sidecar is not None and run.sidecar["anchors"] >= 2
+    dev = run.device()
+    slow = dev[(dev["comm"] == 0) & (dev["op"] == OP["NCCL_ALLREDUCE"]) & (dev["seq"] >= 25)
+               & (dev["seq"] <= 34)]
+    slow = slow[np.argsort(slow["seq"])]
+    dur = run.us(slow["t_end"].astype(np.int64) - slow["t_start"].astype(np.int64))
+    assert np.allclose(dur, 3000.0, rtol=0.01), dur
+    gaps = run.us(slow["t_start"][1:].astype(np.int64) - slow["t_end"][:-1].astype(np.int64))
+    assert np.all(np.abs(gaps) < 50), gaps
