@@ -734,6 +734,12 @@ void hvprof_dev_poll(int device)
 int hvprof_nccl_flush(int timeout_ms)
 {
     if (atomic_load(&cuda_state) != 1 || atomic_load(&forked)) return 0;
+    uint64_t any = 0;
+    for (int d = 0; d < MAX_DEVICES; d++) {
+        devpool *dp = atomic_load_explicit(&pools[d], memory_order_acquire);
+        if (dp) any += pending_of(dp);
+    }
+    if (!any) return 0; /* nothing to collect: no CUDA call at all */
     double tpn = ticks_per_ns();
     uint64_t t0 = hvprof_ticks();
     if (timeout_ms < 0) timeout_ms = flush_ms;

@@ -872,13 +872,14 @@ static void write_sidecar(void)
  * default), and write raw/rank-R.nccl.json (this process's hvprof_nccl_json)
  * when the process used NCCL or CUDA.  Returns the pairs left unfinished.
  * Called at exit (atexit), by the Python runtime before it converts the raw
- * file, and meant for hvprof_close (MPI_Finalize).  Safe to call again. */
+ * file, and meant for hvprof_close (MPI_Finalize).  Runs once per process:
+ * later calls return 0 at once. */
 HVPROF_EXPORT int hvprof_nccl_finish(int timeout_ms)
 {
+    if (atomic_exchange(&finished, 1)) return 0; /* once: the first caller wins */
     hvprof_dev_shutdown();
     int left = hvprof_nccl_flush(timeout_ms);
     hvprof_dev_set_unfinished(left > 0 ? (uint64_t)left : 0);
-    atomic_store(&finished, 1);
     char p1[256], p2[256], p3[256];
     int used = hvprof_nccl_visible() != 0 || loaded_object("libcuda.so", p1, sizeof p1) ||
                loaded_object("libcudart", p2, sizeof p2) || loaded_object("libnccl", p3, sizeof p3);
@@ -886,10 +887,7 @@ HVPROF_EXPORT int hvprof_nccl_finish(int timeout_ms)
     return left;
 }
 
-static void nccl_exit(void)
-{
-    if (!atomic_load(&finished)) hvprof_nccl_finish(-1);
-}
+static void nccl_exit(void) { hvprof_nccl_finish(-1); }
 
 static void nccl_atfork_child(void)
 {
