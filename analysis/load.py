@@ -20,7 +20,7 @@ import pandas as pd
 
 from profiler.errors import EmptyProfileError, NotATraceError, NotFoundError, UsageError
 
-__all__ = ["load", "load_meta", "resolve_trace"]
+__all__ = ["load", "load_aggregates", "load_meta", "resolve_trace"]
 
 
 def resolve_trace(path: str | os.PathLike[str]) -> Path:
@@ -168,3 +168,48 @@ def load(*paths: str | os.PathLike[str], label: str | Sequence[str] | None = Non
             df["label"] = pd.Categorical([labels[i]] * len(df), categories=labels)
         frames.append(df)
     return _concat(frames)
+
+
+def _aggregate_files(path: str | os.PathLike[str]) -> list[Path]:
+    p = Path(path)
+    if not p.exists():
+        raise NotFoundError(p, "no such file or directory")
+    if p.is_file() and p.name.endswith(".agg.parquet"):
+        return [p]
+    if p.is_dir() and not (p / "trace.json").is_file():
+        return sorted((p / "ranks").glob("rank-*.agg.parquet"))
+    t = resolve_trace(p)
+    meta = load_meta(t)
+    return [t.parent / f for f in (meta.get("dataset") or {}).get("aggregates", [])]
+
+
+def load_aggregates(*paths: str | os.PathLike[str], label: str | Sequence[str] | None = None,
+                    ranks: Iterable[int] | None = None) -> pd.DataFrame:
+    """Summary-mode aggregates (HOROVOD_PROFILE=summary) of one or more traces.
+
+    One row per (rank, thread, op, communicator, size, dtype, redop) with calls,
+    total/min/max ns and a latency histogram (profiler.dataset.AGG_COLUMNS).
+    Empty for a trace recorded call by call."""
+    from profiler.dataset import AGG_COLUMNS, read_dataset
+
+    if not paths:
+        raise UsageError(None, "load_aggregates() needs at least one path")
+    labels = None
+    if label is not None:
+        labels = [label] if isinstance(label, str) else [str(x) for x in label]
+        if len(labels) != len(paths):
+            raise UsageError(None, f"{len(labels)} label(s) for {len(paths)} path(s)")
+    elif len(paths) > 1:
+        labels = [_default_label(p) for p in paths]
+    frames = []
+    for i, p in enumerate(paths):
+        files = _aggregate_files(p)
+        if files:
+            df = read_dataset(files, ranks=ranks)
+        else:
+            df = pd.DataFrame({c: pd.Series(dtype="object") for c in AGG_COLUMNS})
+        if labels is not None:
+            df = df.copy()
+            df["label"] = pd.Categorical([labels[i]] * len(df), categories=labels)
+        frames.append(df)
+    return frames[0] if len(frames) == 1 else _concat(frames)

@@ -33,8 +33,8 @@ from profiler.errors import UsageError
 
 from ._frame import NON_CALL_OPS, fmt_bytes, is_pow2, pow2_bucket
 
-__all__ = ["BY_KEYS", "METRICS", "summarize", "bucket_label", "bus_factor",
-           "comm_time_imbalance", "comm_calls"]
+__all__ = ["BY_KEYS", "METRICS", "summarize", "summarize_aggregates", "bucket_label",
+           "bus_factor", "comm_time_imbalance", "comm_calls"]
 
 BY_KEYS: dict[str, str] = {
     "op": "op",
@@ -259,3 +259,104 @@ def comm_time_imbalance(df: pd.DataFrame, rank: int | Sequence[int] | None = Non
     return {"ranks": int(len(per)), "slowest_rank": slow, "slowest_us": s_us,
             "fastest_rank": fast, "fastest_us": f_us,
             "ratio": s_us / f_us if f_us > 0 else float("inf"), "spread_us": s_us - f_us}
+
+
+def _hist_midpoints() -> np.ndarray:
+    """Midpoint (ticks) of every histogram bucket of the summary-mode aggregates."""
+    from profiler._format import AGG_BUCKETS, agg_bucket_bounds
+
+    mids = []
+    for b in range(AGG_BUCKETS):
+        lo, hi = agg_bucket_bounds(b)
+        mids.append(lo if hi - lo <= 1 else (lo + hi) / 2)
+    return np.array(mids, dtype=np.float64)
+
+
+def _hist_quantiles(hist: np.ndarray, scale: np.ndarray, lo: float, hi: float,
+                    qs: Sequence[float]) -> list[float]:
+    """Quantiles of pooled histograms (rows: entries; scale: ns per tick per entry),
+    each estimate clamped to the group's exact [min, max]."""
+    values = (_hist_midpoints()[None, :] * scale[:, None]).ravel()
+    weights = hist.ravel().astype(np.float64)
+    keep = weights > 0
+    values, weights = values[keep], weights[keep]
+    if not len(values):
+        return [float("nan")] * len(qs)
+    order = np.argsort(values, kind="stable")
+    values, cum = values[order], np.cumsum(weights[order])
+    out = []
+    for q in qs:
+        i = int(np.searchsorted(cum, q * cum[-1], side="left"))
+        out.append(float(min(max(values[min(i, len(values) - 1)], lo), hi)))
+    return out
+
+
+def summarize_aggregates(agg: pd.DataFrame, by: Sequence[str] | str = ("op", "bucket"),
+                         rank: int | Sequence[int] | None = None, *,
+                         kinds: str | Sequence[str] | None = None) -> pd.DataFrame:
+    """summarize() for summary-mode aggregates (profiler.analysis.load_aggregates).
+
+    calls, bytes, total, mean and max are exact; p50/p95/p99 come from the
+    log-scale histograms (4 buckets per power of two: within about 12 %)."""
+    by_l = [by] if isinstance(by, str) else list(by)
+    if "step" in by_l:
+        raise UsageError(None, "--by step: summary-mode aggregates have no steps")
+    sel = comm_calls(agg.assign(device=False) if "device" not in agg.columns else agg,
+                     kinds=kinds, rank=rank)
+    out_cols = by_l + METRICS + ["time_share", "pow2"]
+    if sel.empty:
+        return summarize(sel.assign(dur_ns=pd.Series(dtype="int64")), by=by_l)
+    keys = _key_frame(sel, by_l)
+    calls_n = sel["calls"].to_numpy(dtype=np.int64)
+    nbytes = sel["bytes"].to_numpy(dtype=np.int64)
+    n = sel["comm_size"].to_numpy() if "comm_size" in sel.columns else np.ones(len(sel))
+    bus = nbytes * calls_n * _bus_factors(sel["op"], n)
+    work = keys.copy()
+    work["_calls"] = calls_n
+    work["_bytes"] = nbytes * calls_n
+    work["_total"] = sel["total_ns"].to_numpy(dtype=np.int64)
+    work["_max"] = sel["max_ns"].to_numpy(dtype=np.int64)
+    work["_min"] = sel["min_ns"].to_numpy(dtype=np.int64)
+    work["_bus"] = np.where(np.isnan(bus), 0.0, bus)
+    work["_busok"] = ~np.isnan(bus)
+    work["_regular"] = is_pow2(nbytes) | (nbytes == 0)
+    hist = np.stack([np.asarray(h, dtype=np.int64) for h in sel["hist"]])
+    scale = sel["ns_per_tick"].to_numpy(dtype=np.float64)
+    if by_l:
+        g = work.groupby(by_l, observed=True, sort=True)
+        codes = g.ngroup().to_numpy()
+        order = np.argsort(codes, kind="stable")
+        bounds = np.searchsorted(codes[order], np.arange(g.ngroups + 1))
+        groups = [(key, order[bounds[i]:bounds[i + 1]])
+                  for i, key in enumerate(g.size().index)]
+    else:
+        groups = [((), np.arange(len(work)))]
+    rows = []
+    for key, idx in groups:
+        w = work.iloc[idx]
+        total = float(w["_total"].sum())
+        ncalls = int(w["_calls"].sum())
+        p50, p95, p99 = _hist_quantiles(hist[idx], scale[idx], float(w["_min"].min()),
+                                        float(w["_max"].max()), (0.5, 0.95, 0.99))
+        keyt = key if isinstance(key, tuple) else (key,)
+        row: dict[str, Any] = dict(zip(by_l, keyt))
+        row.update({
+            "calls": ncalls, "total_bytes": int(w["_bytes"].sum()), "total_us": total / 1e3,
+            "mean_us": total / ncalls / 1e3 if ncalls else float("nan"),
+            "p50_us": p50 / 1e3, "p95_us": p95 / 1e3, "p99_us": p99 / 1e3,
+            "max_us": float(w["_max"].max()) / 1e3,
+            "algbw_gbps": float(w["_bytes"].sum()) / total if total > 0 else float("nan"),
+            "busbw_gbps": (float(w["_bus"].sum()) / total
+                           if total > 0 and bool(w["_busok"].any()) else float("nan")),
+            "pow2": bool(w["_regular"].all()),
+        })
+        rows.append(row)
+    res = pd.DataFrame(rows)
+    all_ns = float(work["_total"].sum())
+    res["time_share"] = res["total_us"] * 1e3 / all_ns if all_ns > 0 else np.nan
+    if "bucket" in by_l:
+        res["bucket"] = [bucket_label(b) for b in res["bucket"]]
+    for k in by_l:
+        if isinstance(res[k].dtype, pd.CategoricalDtype):
+            res[k] = res[k].astype(str)
+    return res[out_cols].reset_index(drop=True)

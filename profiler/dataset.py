@@ -30,7 +30,15 @@ import pyarrow.parquet as pq
 from profiler import _format as F
 from profiler._version import __version__
 from profiler.errors import CorruptError, NotATraceError, NotFoundError
-from profiler.raw import RawFile, read_header, read_raw, writer_state
+from profiler.raw import (
+    AggFile,
+    RawFile,
+    agg_path_for,
+    read_agg,
+    read_header,
+    read_raw,
+    writer_state,
+)
 
 ENV_PREFIXES = ("HOROVOD_", "NCCL_", "OMPI_MCA_", "MPICH_", "UCX_")
 # Set by mpirun for its own plumbing (daemon URIs, job ids, session dirs,
@@ -79,6 +87,19 @@ def env_whitelist(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 # ---------------------------------------------------------------------------
 # time conversion
 # ---------------------------------------------------------------------------
+def ns_per_tick(header: Mapping[str, Any]) -> float:
+    """Nanoseconds per raw tick: 1 for CLOCK_MONOTONIC, else from the calibration
+    pairs (cal1 later than cal0), else 1 / ticks_per_ns."""
+    if int(header.get("clock_kind", 0)) == 2:
+        return 1.0
+    c0t, c0n = int(header["cal0_ticks"]), int(header["cal0_mono_ns"])
+    c1t, c1n = int(header["cal1_ticks"]), int(header["cal1_mono_ns"])
+    if c1t > c0t and c1n > c0n:
+        return (c1n - c0n) / (c1t - c0t)
+    tpn = float(header.get("ticks_per_ns") or 0.0)
+    return 1.0 / tpn if tpn > 0 else 1.0
+
+
 def ticks_to_mono_ns(ticks: np.ndarray, header: Mapping[str, Any]) -> np.ndarray:
     """Raw ticks -> this rank's CLOCK_MONOTONIC nanoseconds (int64).
 
@@ -89,13 +110,7 @@ def ticks_to_mono_ns(ticks: np.ndarray, header: Mapping[str, Any]) -> np.ndarray
     if int(header.get("clock_kind", 0)) == 2:
         return t.copy()
     c0t, c0n = int(header["cal0_ticks"]), int(header["cal0_mono_ns"])
-    c1t, c1n = int(header["cal1_ticks"]), int(header["cal1_mono_ns"])
-    if c1t > c0t and c1n > c0n:
-        ns_per_tick = (c1n - c0n) / (c1t - c0t)
-    else:
-        tpn = float(header.get("ticks_per_ns") or 0.0)
-        ns_per_tick = 1.0 / tpn if tpn > 0 else 1.0
-    return c0n + np.rint((t - c0t) * ns_per_tick).astype(np.int64)
+    return c0n + np.rint((t - c0t) * ns_per_tick(header)).astype(np.int64)
 
 
 def ticks_to_job_ns(ticks: np.ndarray, header: Mapping[str, Any]) -> np.ndarray:
@@ -188,26 +203,12 @@ def _classify(df: pd.DataFrame) -> pd.Categorical:
     return pd.Categorical(values)
 
 
-def raw_to_frame(raw: RawFile) -> pd.DataFrame:
-    """One rank's records as a DataFrame with the row schema, sorted by t_start_ns."""
-    rec = raw.records
-    h = raw.header
-    n = len(rec)
-    t_start = ticks_to_job_ns(rec["t_start"], h)
-    t_end = ticks_to_job_ns(rec["t_end"], h)
-    t_end = np.where(rec["t_end"] < rec["t_start"], t_start, t_end)
-    flags = rec["flags"].astype(np.int32)
-
-    comm_idx = rec["comm"].astype(np.int64)
+def _table_columns(raw: RawFile, comm_idx: np.ndarray,
+                   track_idx: np.ndarray) -> dict[str, Any]:
+    """Columns looked up in the communicator and track tables."""
     comms = raw.comms
-    comm_id = _lookup(comms["id"], comm_idx, 0, np.uint64)
-    comm_size = _lookup(comms["size"], comm_idx, -1, np.int32)
-    comm_rank = _lookup(comms["rank"], comm_idx, -1, np.int32)
     comm_names = [_decode(b) for b in comms["name"]]
-
-    track_idx = rec["track"].astype(np.int64)
     tracks = raw.tracks
-    tid = _lookup(tracks["tid"], track_idx, -1, np.int32)
     tkinds = [thread_kind_of(int(k), int(m), _decode(c))
               for k, m, c in zip(tracks["kind"], tracks["is_main"], tracks["caller"])]
     tnames = [_decode(b) for b in tracks["name"]]
@@ -220,6 +221,31 @@ def raw_to_frame(raw: RawFile) -> pd.DataFrame:
 
     def tname_of(i: int) -> str:
         return tnames[i] if 0 <= i < len(tnames) else ""
+
+    return {
+        "comm": _lookup(comms["id"], comm_idx, 0, np.uint64),
+        "comm_size": _lookup(comms["size"], comm_idx, -1, np.int32),
+        "comm_rank": _lookup(comms["rank"], comm_idx, -1, np.int32),
+        "comm_name": _categorical(comm_idx, comm_name_of),
+        "tid": _lookup(tracks["tid"], track_idx, -1, np.int32),
+        "thread_kind": _categorical(track_idx, tkind_of),
+        "thread_name": _categorical(track_idx, tname_of),
+    }
+
+
+def raw_to_frame(raw: RawFile) -> pd.DataFrame:
+    """One rank's records as a DataFrame with the row schema, sorted by t_start_ns."""
+    rec = raw.records
+    h = raw.header
+    n = len(rec)
+    t_start = ticks_to_job_ns(rec["t_start"], h)
+    t_end = ticks_to_job_ns(rec["t_end"], h)
+    t_end = np.where(rec["t_end"] < rec["t_start"], t_start, t_end)
+    flags = rec["flags"].astype(np.int32)
+
+    comm_idx = rec["comm"].astype(np.int64)
+    track_idx = rec["track"].astype(np.int64)
+    ctx = _table_columns(raw, comm_idx, track_idx)
 
     op_vals = rec["op"]
     backend = _categorical(op_vals, F.op_backend)
@@ -245,16 +271,16 @@ def raw_to_frame(raw: RawFile) -> pd.DataFrame:
             "in_place": (flags & F.FLAG_IN_PLACE) != 0,
             "device": (flags & F.FLAG_DEVICE) != 0,
             "rc": rec["rc"].astype(np.int16),
-            "comm": comm_id,
-            "comm_size": comm_size,
-            "comm_rank": comm_rank,
-            "comm_name": _categorical(comm_idx, comm_name_of),
+            "comm": ctx["comm"],
+            "comm_size": ctx["comm_size"],
+            "comm_rank": ctx["comm_rank"],
+            "comm_name": ctx["comm_name"],
             "root": rec["root"].astype(np.int32),
             "seq": rec["seq"].astype(np.int64),
             "track": track_idx.astype(np.int32),
-            "tid": tid,
-            "thread_kind": _categorical(track_idx, tkind_of),
-            "thread_name": _categorical(track_idx, tname_of),
+            "tid": ctx["tid"],
+            "thread_kind": ctx["thread_kind"],
+            "thread_name": ctx["thread_name"],
             "group": group,
         }
     )
@@ -270,6 +296,54 @@ def raw_to_frame(raw: RawFile) -> pd.DataFrame:
     df.insert(len(df.columns) - 1, "kind", _classify(df))
     return df[[c for c in COLUMNS if c in df.columns]
               + [c for c in df.columns if c not in COLUMNS]]
+
+
+AGG_COLUMNS = [
+    "rank", "backend", "op", "bytes", "dtype", "redop", "flags", "comm", "comm_size",
+    "comm_rank", "comm_name", "track", "tid", "thread_kind", "thread_name", "kind", "calls",
+    "errors", "total_ns", "min_ns", "max_ns", "first_ns", "ns_per_tick", "hist",
+]
+
+
+def agg_to_frame(agg: AggFile, raw: RawFile) -> pd.DataFrame:
+    """Summary-mode aggregates (one row per thread x op x comm x size x dtype x redop).
+
+    total/min/max in ns; first_ns = start of the first call on the job axis;
+    hist = the latency histogram in ticks (bucket b: profiler._format.agg_bucket),
+    ns_per_tick converts its bounds."""
+    e = agg.entries
+    h = raw.header
+    n = len(e)
+    scale = ns_per_tick(h)
+    comm_idx = e["comm"].astype(np.int64)
+    track_idx = e["track"].astype(np.int64)
+    ctx = _table_columns(raw, comm_idx, track_idx)
+    df = pd.DataFrame({
+        "rank": np.full(n, int(h["rank"]), dtype=np.int32),
+        "backend": _categorical(e["op"], F.op_backend),
+        "op": _categorical(e["op"], F.op_name),
+        "bytes": e["bytes"].astype(np.int64),
+        "dtype": _categorical(e["dtype"], F.dtype_name),
+        "redop": _categorical(e["redop"], F.redop_name),
+        "flags": e["flags_or"].astype(np.int32),
+        **{k: ctx[k] for k in ("comm", "comm_size", "comm_rank", "comm_name")},
+        "track": track_idx.astype(np.int32),
+        **{k: ctx[k] for k in ("tid", "thread_kind", "thread_name")},
+        "calls": e["calls"].astype(np.int64),
+        "errors": e["errors"].astype(np.int32),
+        "total_ns": np.rint(e["sum_ticks"] * scale).astype(np.int64),
+        "min_ns": np.rint(e["min_ticks"] * scale).astype(np.int64),
+        "max_ns": np.rint(e["max_ticks"] * scale).astype(np.int64),
+        "first_ns": ticks_to_job_ns(e["first_ticks"], h),
+        "ns_per_tick": np.full(n, scale, dtype=np.float64),
+        "hist": list(e["hist"].astype(np.int64)),
+    })
+    df.insert(AGG_COLUMNS.index("kind"), "kind", _classify(df))
+    return df.sort_values(["op", "bytes"], kind="stable").reset_index(drop=True)
+
+
+def agg_parquet_path(profile_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(profile_dir) / "ranks" / f"{rank_stem(rank)}.agg.parquet"
 
 
 # ---------------------------------------------------------------------------
@@ -311,10 +385,18 @@ def _track_table(raw: RawFile) -> list[dict[str, Any]]:
     ]
 
 
-def rank_metadata(raw: RawFile, df: pd.DataFrame, *, own_process: bool) -> dict[str, Any]:
-    """The ranks/rank-R.json document.  env/argv only when this process is the rank."""
+def rank_metadata(raw: RawFile, df: pd.DataFrame, *, own_process: bool,
+                  agg: pd.DataFrame | None = None,
+                  problems: Sequence[str] = ()) -> dict[str, Any]:
+    """The ranks/rank-R.json document.  env/argv only when this process is the rank.
+
+    calls = per-call rows (application rows excluded) + summary-mode aggregated calls."""
     st = raw.path.stat()
-    calls = int((df["backend"] != "app").sum()) if len(df) else 0
+    ap = agg_path_for(raw.path)
+    ast = ap.stat() if ap.is_file() else None
+    per_call = int((df["backend"] != "app").sum()) if len(df) else 0
+    aggregated = int(agg["calls"].sum()) if agg is not None and len(agg) else 0
+    mode = F.MODES.get(int(raw.header.get("mode", 0)), "unknown")
     return {
         "rank": raw.rank,
         "profiler_version": __version__,
@@ -323,9 +405,13 @@ def rank_metadata(raw: RawFile, df: pd.DataFrame, *, own_process: bool) -> dict[
         "host": raw.header["hostname"],
         "comms": _comm_table(raw),
         "tracks": _track_table(raw),
-        "calls": calls,
+        "calls": per_call + aggregated,
         "rows": len(df),
-        "problems": raw.problems,
+        "mode": mode,
+        "aggregated_calls": aggregated,
+        "unsampled_calls": int(raw.header.get("unsampled_calls", 0)),
+        "aggregates": (agg_parquet_path(".", raw.rank).name if agg is not None else None),
+        "problems": [*raw.problems, *problems],
         "env": env_whitelist() if own_process else None,
         "argv": list(sys.argv) if own_process else None,
         "executable": sys.executable if own_process else None,
@@ -336,6 +422,8 @@ def rank_metadata(raw: RawFile, df: pd.DataFrame, *, own_process: bool) -> dict[
             "raw_mtime_ns": st.st_mtime_ns,
             "state": raw.state,
             "n_chunks": int(raw.header["n_chunks"]),
+            "agg_size": ast.st_size if ast else None,
+            "agg_mtime_ns": ast.st_mtime_ns if ast else None,
             "converted_by": "self" if own_process else f"pid {os.getpid()} on "
             f"{socket.gethostname()}",
             "converted_at": time.time(),
@@ -382,16 +470,30 @@ def convert_raw(path: str | os.PathLike[str], profile_dir: str | os.PathLike[str
     raw = read_raw(path)
     base = Path(profile_dir) if profile_dir is not None else Path(path).resolve().parent.parent
     df = raw_to_frame(raw)
-    meta = rank_metadata(raw, df, own_process=own_process)
+    agg_df, problems = None, []
+    if int(raw.header.get("mode", 0)) == F.MODE_SUMMARY:
+        ap = agg_path_for(path)
+        if ap.is_file():
+            agg = read_agg(ap)
+            agg_df = agg_to_frame(agg, raw)
+            problems = list(agg.problems)
+        else:
+            problems = ["summary mode, but no aggregate file (killed before its first "
+                        "snapshot?)"]
+    meta = rank_metadata(raw, df, own_process=own_process, agg=agg_df, problems=problems)
     pq_out = parquet_path(base, raw.rank)
     js_out = meta_path(base, raw.rank)
     pq_out.parent.mkdir(parents=True, exist_ok=True)
     table = frame_to_table(df)
+    if agg_df is not None:
+        agg_table = frame_to_table(agg_df)
+        _atomic_write(agg_parquet_path(base, raw.rank),
+                      lambda p: pq.write_table(agg_table, p, compression="zstd"))
     _atomic_write(pq_out, lambda p: pq.write_table(table, p, compression="zstd"))
     _atomic_write(js_out, lambda p: p.write_bytes(
         orjson.dumps(meta, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)))
     return Converted(rank=raw.rank, parquet=pq_out, meta=js_out, calls=meta["calls"],
-                     rows=len(df), complete=raw.complete, problems=raw.problems)
+                     rows=len(df), complete=raw.complete, problems=meta["problems"])
 
 
 def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -420,7 +522,12 @@ def is_up_to_date(raw: str | os.PathLike[str],
             return False
         src = read_meta(meta_path(base, rank)).get("source", {})
         st = rp.stat()
+        ap = agg_path_for(rp)
+        ast = ap.stat() if ap.is_file() else None
     except Exception:
+        return False
+    if (src.get("agg_size"), src.get("agg_mtime_ns")) != (
+            (ast.st_size, ast.st_mtime_ns) if ast else (None, None)):
         return False
     if writer_state(header) == "running":
         return False  # still being written: any conversion is a snapshot

@@ -9,9 +9,16 @@ section 5); library users can catch the subclasses.
 from __future__ import annotations
 
 import os
-from typing import Union
+import sys
 
-PathLike = Union[str, "os.PathLike[str]"]
+# Path-like argument type (re-exported for other modules).  No `typing` import
+# on 3.10+: this module is imported at interpreter start when profiling.
+if sys.version_info >= (3, 10):
+    PathLike = str | os.PathLike[str]
+else:  # pragma: no cover
+    from typing import Union
+
+    PathLike = Union[str, "os.PathLike[str]"]
 
 
 class ProfilerError(Exception):

@@ -38,10 +38,16 @@ class MergeResult:
     partial_ranks: list[int]
     converted: list[int] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    mode: str = "full"
+    unsampled: int = 0
 
     def summary_line(self) -> str:
         """`<dir>/trace.json (N ranks, M calls[; missing ranks: ...][; partial ranks: ...])`."""
         extra = ""
+        if self.mode != "full":
+            extra += f"; {self.mode} mode: calls aggregated"
+        if self.unsampled:
+            extra += f"; {self.unsampled} calls outside the sampling window"
         if self.missing_ranks:
             extra += f"; missing ranks: {_ranges(self.missing_ranks)}"
         if self.partial_ranks:
@@ -156,6 +162,7 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
 
     frames = [read_dataset([parquets[r]]) for r in present]
     calls = sum(int(m.get("calls", 0)) for m in rank_meta)
+    unsampled = sum(int(m.get("unsampled_calls", 0)) for m in rank_meta)
     trace_path = Path(out) if out is not None else d / "trace.json"
     meta = job_metadata(d, trace_path, rank_meta, world, missing, partial, calls)
     meta["created"] = now_iso()
@@ -163,13 +170,13 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
     write_trace(trace_path, meta, frames, rank_meta, limit=limit)
     return MergeResult(trace=trace_path, ranks=present, world_size=world, calls=calls,
                        missing_ranks=missing, partial_ranks=partial, converted=converted,
-                       problems=problems)
+                       problems=problems, mode=meta["mode"], unsampled=unsampled)
 
 
 def job_metadata(d: Path, trace_path: Path, rank_meta: list[dict[str, Any]], world: int,
                  missing: list[int], partial: list[int], calls: int) -> dict[str, Any]:
     from profiler._version import __version__
-    from profiler.dataset import parquet_path
+    from profiler.dataset import agg_parquet_path, parquet_path
     from profiler.tracejson import TRACE_FORMAT_VERSION
 
     first = rank_meta[0]
@@ -182,6 +189,9 @@ def job_metadata(d: Path, trace_path: Path, rank_meta: list[dict[str, Any]], wor
     base = trace_path.resolve().parent
     files = [os.path.relpath(parquet_path(d, int(m["rank"])).resolve(), base)
              for m in rank_meta]
+    aggregates = [os.path.relpath(agg_parquet_path(d, int(m["rank"])).resolve(), base)
+                  for m in rank_meta if m.get("aggregates")]
+    modes = sorted({str(m.get("mode", "full")) for m in rank_meta})
     ranks = []
     for m in rank_meta:
         h = m["header"]
@@ -195,6 +205,9 @@ def job_metadata(d: Path, trace_path: Path, rank_meta: list[dict[str, Any]], wor
             "offset_err_ns": h.get("offset_err_ns"),
             "offset_method": h.get("offset_method"),
             "calls": m.get("calls", 0),
+            "mode": m.get("mode", "full"),
+            "aggregated_calls": m.get("aggregated_calls", 0),
+            "unsampled_calls": m.get("unsampled_calls", 0),
             "dropped": h.get("dropped_records", 0),
             "state": h.get("state_names", []),
             "thread_level": h.get("thread_level"),
@@ -217,8 +230,10 @@ def job_metadata(d: Path, trace_path: Path, rank_meta: list[dict[str, Any]], wor
                   "cal0_realtime_ns": r0["header"].get("cal0_realtime_ns"),
                   "axis": "ns since rank 0's MPI_Init return"},
         "env": env,
+        "mode": modes[0] if len(modes) == 1 else "mixed",
         "dataset": {"format": "parquet", "files": files, "calls": calls,
-                    "rows": sum(int(m.get("rows", m.get("calls", 0))) for m in rank_meta)},
+                    "rows": sum(int(m.get("rows", m.get("calls", 0))) for m in rank_meta),
+                    "aggregates": aggregates},
     }
 
 

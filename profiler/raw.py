@@ -292,3 +292,66 @@ def _pid_alive(header: dict[str, Any]) -> bool | None:
     except OSError:
         pass
     return True
+
+
+# ---------------------------------------------------------------------------
+# Summary mode: raw/rank-R.agg (a snapshot rewritten whole by the library)
+# ---------------------------------------------------------------------------
+@dataclass
+class AggFile:
+    """One rank's summary-mode aggregates, read."""
+
+    path: Path
+    header: dict[str, Any]
+    entries: np.ndarray  # AGG_ENTRY_DTYPE
+    problems: list[str] = field(default_factory=list)
+
+
+def agg_path_for(raw: str | os.PathLike[str]) -> Path:
+    """raw/rank-R.hvprof -> raw/rank-R.agg."""
+    p = Path(raw)
+    return p.with_name(p.name[: -len(".hvprof")] + ".agg") if p.name.endswith(".hvprof") \
+        else p.with_suffix(".agg")
+
+
+def read_agg(path: str | os.PathLike[str]) -> AggFile:
+    """Read a summary-mode aggregate file (validated like a raw file)."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise NotFoundError(p, "no such file") from None
+    except IsADirectoryError:
+        raise NotATraceError(p, "is a directory, not an aggregate file") from None
+    except OSError as exc:
+        raise NotFoundError(p, f"cannot read: {exc.strerror or exc}") from None
+    if not data:
+        raise NotATraceError(p, "empty file, not a horovod-profiler aggregate file")
+    if data[: len(F.AGG_MAGIC)] != F.AGG_MAGIC:
+        raise NotATraceError(p, "not a horovod-profiler aggregate file (bad magic)")
+    if len(data) < F.AGG_HEADER_BYTES:
+        raise TruncatedError(p, f"truncated aggregate file: {len(data)} bytes")
+    h = np.frombuffer(data, dtype=F.AGG_HEADER_DTYPE, count=1)[0]
+    version = int(h["version"])
+    if version != F.FORMAT_VERSION:
+        newer = "newer than" if version > F.FORMAT_VERSION else "older than"
+        raise VersionError(p, f"raw format version {version} is {newer} this reader's "
+                              f"version {F.FORMAT_VERSION}")
+    if int(h["entry_bytes"]) != F.AGG_ENTRY_BYTES or int(h["buckets"]) != F.AGG_BUCKETS:
+        raise LayoutError(p, f"layout mismatch: entry {int(h['entry_bytes'])} B / "
+                             f"{int(h['buckets'])} buckets, this reader expects "
+                             f"{F.AGG_ENTRY_BYTES} B / {F.AGG_BUCKETS}")
+    header = {"rank": int(h["rank"]), "n_entries": int(h["n_entries"]),
+              "snapshot_ticks": int(h["snapshot_ticks"]),
+              "overflow_calls": int(h["overflow_calls"])}
+    problems: list[str] = []
+    have = (len(data) - F.AGG_HEADER_BYTES) // F.AGG_ENTRY_BYTES
+    n = header["n_entries"]
+    if n > have:
+        problems.append(f"file ends after {have} of {n} aggregate entries")
+        n = have
+    entries = np.frombuffer(data, dtype=F.AGG_ENTRY_DTYPE, count=n,
+                            offset=F.AGG_HEADER_BYTES).copy()
+    if header["overflow_calls"]:
+        problems.append(f"{header['overflow_calls']} call(s) not aggregated (table full)")
+    return AggFile(path=p, header=header, entries=entries, problems=problems)

@@ -218,3 +218,37 @@ def simple_rank(rank: int = 0, world_size: int = 1, *, n: int = 10, op_name: str
                       count=nbytes // 4, seq=np.arange(n), op=op(op_name),
                       dtype=dtype("MPI_FLOAT"), redop=redop("sum"), dtype_size=4))
     return w
+
+
+def agg_entries(n: int, **fields: object) -> np.ndarray:
+    """n zeroed summary-mode aggregate entries; keyword arguments set fields."""
+    e = np.zeros(n, dtype=F.AGG_ENTRY_DTYPE)
+    for name, value in fields.items():
+        e[name] = value  # type: ignore[index]
+    return e
+
+
+def agg_from_durations(op_value: int, nbytes: int, durations: list[int], *, comm: int = 0,
+                       track: int = 0, t0: int = 0, dtype_value: int = 14,
+                       redop_value: int = 1) -> np.ndarray:
+    """One aggregate entry summarizing calls of the given durations (ticks)."""
+    e = agg_entries(1, bytes=nbytes, calls=len(durations), sum_ticks=sum(durations),
+                    min_ticks=min(durations), max_ticks=max(durations), first_ticks=t0,
+                    comm=comm, track=track, op=op_value, dtype=dtype_value, redop=redop_value)
+    for d in durations:
+        e["hist"][0, F.agg_bucket(d)] += 1
+    return e
+
+
+def agg_bytes(entries: np.ndarray, *, rank: int = 0, overflow: int = 0,
+              n_entries: int | None = None, version: int = F.FORMAT_VERSION) -> bytes:
+    """An rank-R.agg file image."""
+    h = np.zeros(1, dtype=F.AGG_HEADER_DTYPE)
+    h["magic"] = F.AGG_MAGIC
+    h["version"] = version
+    h["entry_bytes"] = F.AGG_ENTRY_BYTES
+    h["n_entries"] = len(entries) if n_entries is None else n_entries
+    h["rank"] = rank
+    h["buckets"] = F.AGG_BUCKETS
+    h["overflow_calls"] = overflow
+    return h.tobytes() + entries.tobytes()

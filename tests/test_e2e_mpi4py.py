@@ -245,3 +245,34 @@ def test_profile_dir_env_and_merge_again(script: Path, tmp_path: Path) -> None:
     assert r.stdout.startswith(f"profiler: trace written to {prof}/trace.json (2 ranks, ")
     after = load(prof)
     assert np.array_equal(before["t_start_ns"].to_numpy(), after["t_start_ns"].to_numpy())
+
+
+def test_summary_mode_counts_exact(runs: dict, script: Path, tmp_path: Path) -> None:
+    """HOROVOD_PROFILE=summary: no per-call records, exact aggregate counts and bytes."""
+    from profiler.analysis import load_aggregates
+
+    prof = tmp_path / "prof"
+    p = mpirun(2, [sys.executable, str(script), str(N), str(tmp_path)], cwd=tmp_path,
+               env={"HOROVOD_PROFILE": "summary", "HOROVOD_PROFILE_DIR": str(prof)})
+    total = sum(sum(expected(2, r).values()) for r in range(2))
+    assert (f"horovod-profiler: trace written to {prof}/trace.json (2 ranks, {total} calls; "
+            "summary mode: calls aggregated)") in p.stderr
+    assert load_meta(prof)["mode"] == "summary"
+    per_call = load(prof)
+    assert not per_call["backend"].isin(["mpi"]).any()  # nothing recorded call by call
+    agg = load_aggregates(prof)
+    for r in range(2):
+        mine = agg[agg["rank"] == r]
+        got: collections.Counter[tuple[str, int]] = collections.Counter()
+        for op, nbytes, calls in zip(mine["op"].astype(str), mine["bytes"], mine["calls"]):
+            got[(op, int(nbytes))] += int(calls)
+        assert got == expected(2, r), r
+        assert (mine["total_ns"] >= mine["max_ns"]).all() and (mine["min_ns"] > 0).all()
+        assert [sum(h) for h in mine["hist"]] == mine["calls"].tolist()
+    rows = orjson.loads(profiler_cli("summarize", str(prof), "--format", "json", "--by",
+                                     "rank,op,bytes", cwd=tmp_path).stdout)
+    got_cli = {(r["rank"], r["op"], r["bytes"]): r["calls"] for r in rows}
+    want = {(r, op, b): c for r in range(2) for (op, b), c in expected(2, r).items()
+            if op not in ("init", "finalize")}
+    assert got_cli == want
+    assert digests(tmp_path) == digests(runs[2][1])  # same results as the other runs

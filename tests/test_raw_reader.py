@@ -248,3 +248,26 @@ def test_large_file(tmp_path: Path) -> None:
     w.add(t, rawgen.records(n, seq=np.arange(n), t_start=np.arange(n), op=1))
     raw = read_raw(w.write(tmp_path / "big.hvprof"))
     assert len(raw.records) == n and (raw.records["seq"] == np.arange(n)).all()
+
+
+def test_aggregate_file(tmp_path: Path) -> None:
+    from profiler.raw import agg_path_for, read_agg
+
+    assert agg_path_for(tmp_path / "raw" / "rank-00003.hvprof").name == "rank-00003.agg"
+    e = np.concatenate([rawgen.agg_from_durations(1, 3000, [100, 200, 300]),
+                        rawgen.agg_from_durations(4, 64, [50] * 7)])
+    p = tmp_path / "rank-00000.agg"
+    p.write_bytes(rawgen.agg_bytes(e, overflow=2))
+    agg = read_agg(p)
+    assert agg.entries["calls"].tolist() == [3, 7]
+    assert agg.entries["hist"].sum(axis=1).tolist() == [3, 7]
+    assert any("2 call(s) not aggregated" in s for s in agg.problems)
+    p.write_bytes(rawgen.agg_bytes(e)[:-10])  # cut inside the second entry
+    agg = read_agg(p)
+    assert len(agg.entries) == 1 and any("1 of 2" in s for s in agg.problems)
+    for content, error in [(b"", NotATraceError), (b"HVPROF\0\0" + bytes(100), NotATraceError),
+                           (rawgen.agg_bytes(e)[:30], TruncatedError),
+                           (rawgen.agg_bytes(e, version=3), VersionError)]:
+        p.write_bytes(content)
+        with pytest.raises(error):
+            read_agg(p)

@@ -219,3 +219,62 @@ def test_cli_control_line(tmp_path: Path) -> None:
                                      "json", "--by", "op,kind").stdout)
     assert [(r["op"], r["kind"], r["calls"]) for r in rows] == [
         ("allreduce", "data", 12), ("allreduce", "control", 20), ("bcast", "data", 6)]
+
+
+def summary_job(d: Path) -> Path:
+    """Two ranks recorded in summary mode (TSC ticks at 2 per ns): aggregates only."""
+    from profiler import _format as F
+
+    rng = np.random.default_rng(5)
+    for r in range(2):
+        w = rawgen.RawWriter(rank=r, world_size=2, clock_kind=1, ticks_per_ns=2.0)
+        w.add_comm(0x77, 2, r, "MPI_COMM_WORLD")
+        w.add_track(100 + r, is_main=True)
+        data = w.to_bytes()
+        data = rawgen.patch_header(data, mode=F.MODE_SUMMARY)
+        (d / "raw").mkdir(parents=True, exist_ok=True)
+        (d / "raw" / f"rank-{r:05d}.hvprof").write_bytes(data)
+        durs = [int(x) for x in rng.lognormal(np.log(20_000), 0.5, 400)]  # ticks
+        e = np.concatenate([
+            rawgen.agg_from_durations(1, 3000, durs, t0=10),
+            rawgen.agg_from_durations(4, 64, [2_000 * (r + 1)] * 5, t0=20),
+            rawgen.agg_from_durations(15, 0, [100], t0=30),  # finalize: not a call
+        ])
+        (d / "raw" / f"rank-{r:05d}.agg").write_bytes(rawgen.agg_bytes(e, rank=r))
+    return d
+
+
+def test_summary_mode_aggregates(tmp_path: Path) -> None:
+    from profiler.analysis import load_aggregates, summarize_aggregates
+
+    d = summary_job(tmp_path / "job")
+    res = merge(d)
+    assert res.calls == 2 * (400 + 5 + 1) and res.mode == "summary"
+    assert "summary mode" in res.summary_line()
+    agg = load_aggregates(d / "trace.json")
+    assert set(agg.columns) >= {"rank", "op", "bytes", "calls", "total_ns", "hist", "kind"}
+    s = summarize_aggregates(agg, by=["op", "bytes"])
+    assert s[["op", "bytes", "calls", "total_bytes"]].values.tolist() == [
+        ["allreduce", 3000, 800, 2_400_000], ["bcast", 64, 10, 640]]
+    b = s.iloc[1]
+    assert b["total_us"] == pytest.approx((5 * 1_000 + 5 * 2_000) / 1e3)  # ticks / 2
+    assert b["max_us"] == pytest.approx(2.0)
+    # percentiles from the histograms: within the bucket resolution of the truth
+    rng = np.random.default_rng(5)
+    truth = np.concatenate([rng.lognormal(np.log(20_000), 0.5, 400).astype(int)
+                            for _ in range(2)]) / 2e3  # the same draws as summary_job
+    a = s.iloc[0]
+    for q in (50, 95):
+        assert a[f"p{q}_us"] == pytest.approx(np.percentile(truth, q), rel=0.15)
+    assert a["p50_us"] <= a["p95_us"] <= a["p99_us"] <= a["max_us"]
+    assert list(s.columns) == list(summarize(frame([{"op": "bcast", "bytes": 1,
+                                                      "dur_ns": 1}]), by=["op", "bytes"]).columns)
+    p = cli(tmp_path, "summarize", str(d / "trace.json"), "--format", "json", "--by", "rank,op")
+    rows = orjson.loads(p.stdout)
+    assert [(r["rank"], r["op"], r["calls"]) for r in rows] == [
+        (0, "allreduce", 400), (0, "bcast", 5), (1, "allreduce", 400), (1, "bcast", 5)]
+    table = cli(tmp_path, "summarize", str(d / "trace.json"))
+    assert "(summary mode)" in table.stdout and "log-scale latency histograms" in table.stdout
+    assert "per-rank communication time: slowest rank" in table.stdout
+    with pytest.raises(UsageError):
+        summarize_aggregates(agg, by=["step"])

@@ -68,7 +68,7 @@ def test_merge_writes_a_chrome_trace(tmp_path: Path) -> None:
     meta = doc["horovod_profiler"]
     assert meta["format_version"] == T.TRACE_FORMAT_VERSION
     assert meta["world_size"] == 2 and meta["hosts"] == ["testhost"]
-    assert meta["dataset"] == {"format": "parquet", "calls": 27, "rows": 27,
+    assert meta["dataset"] == {"format": "parquet", "calls": 27, "rows": 27, "aggregates": [],
                                "files": ["ranks/rank-00000.parquet", "ranks/rank-00001.parquet"]}
     assert meta["events"] == {"included": 27, "total": 27, "selection": "all"}
     assert [r["calls"] for r in meta["ranks"]] == [13, 14]

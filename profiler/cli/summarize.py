@@ -10,12 +10,15 @@ and fastest rank's total communication time.  csv and json hold every
 communication call (data and control), one row per group; json is a list of
 objects with the grouping keys plus calls, total_bytes, total_us, mean_us,
 p50_us, p95_us, p99_us, max_us, algbw_gbps, busbw_gbps, time_share, pow2.
+A trace recorded with HOROVOD_PROFILE=summary is summarized from its
+aggregates (percentiles then come from log-scale histograms).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_BY = "op,bucket"
@@ -43,14 +46,70 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def _by_keys(values: list[str] | None) -> list[str]:
     raw = values or [DEFAULT_BY]
-    keys = [k.strip() for v in raw for k in v.split(",") if k.strip()]
-    return keys
+    return [k.strip() for v in raw for k in v.split(",") if k.strip()]
+
+
+@dataclass
+class Calls:
+    """What the table needs, from per-call rows or from summary-mode aggregates."""
+
+    frame: Any  # the communication calls (rows or aggregates), rank-filtered
+    aggregated: bool
+    summarize: Any  # (frame, by, kinds) -> DataFrame
+
+    def ranks(self) -> list[int]:
+        return sorted(int(r) for r in self.frame["rank"].unique())
+
+    def kinds(self) -> list[str]:
+        return ([str(k) for k in self.frame["kind"].unique()]
+                if "kind" in self.frame.columns else [])
+
+    def time_ns(self, mask: Any = None) -> float:
+        col = "total_ns" if self.aggregated else "dur_ns"
+        f = self.frame if mask is None else self.frame.loc[mask]
+        return float(f[col].sum())
+
+    def count(self, mask: Any = None) -> int:
+        f = self.frame if mask is None else self.frame.loc[mask]
+        return int(f["calls"].sum()) if self.aggregated else len(f)
+
+    def per_rank_ns(self) -> Any:
+        col = "total_ns" if self.aggregated else "dur_ns"
+        return self.frame.groupby("rank", observed=True)[col].sum()
+
+
+def _gather(path: str, meta: dict[str, Any] | None, by: list[str],
+            ranks_arg: list[int] | None) -> Calls:
+    import numpy as np
+
+    from profiler.analysis import load, load_aggregates, summarize, summarize_aggregates
+    from profiler.analysis.summary import comm_calls
+    from profiler.errors import UsageError
+
+    aggregated = bool(meta and (meta.get("dataset") or {}).get("aggregates"))
+    fn: Any
+    if aggregated:
+        df = load_aggregates(path)
+        df = df.assign(device=False)
+        fn = summarize_aggregates
+    else:
+        columns = list(_BASE_COLUMNS)
+        for k in by:
+            columns += _KEY_COLUMNS.get(k, [])
+        df = load(path, columns=columns)
+        fn = summarize
+    if ranks_arg:
+        present = set(np.unique(df["rank"].to_numpy()).tolist())
+        absent = [r for r in ranks_arg if r not in present]
+        if absent:
+            raise UsageError(path, f"rank {absent[0]} is not in this trace (ranks: "
+                                   f"{_ranks_text(sorted(present))})")
+    frame = comm_calls(df, rank=ranks_arg)
+    return Calls(frame=frame, aggregated=aggregated,
+                 summarize=lambda f, b, kinds=None: fn(f, by=b, kinds=kinds))
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from profiler.analysis import comm_time_imbalance, load, summarize
     from profiler.analysis.summary import BY_KEYS
     from profiler.errors import UsageError
 
@@ -59,32 +118,19 @@ def run(args: argparse.Namespace) -> int:
         if k not in BY_KEYS:
             raise UsageError(None, f"--by: unknown key {k!r} (choose from "
                                    f"{', '.join(BY_KEYS)})")
-    columns = list(_BASE_COLUMNS)
-    for k in by:
-        columns += _KEY_COLUMNS.get(k, [])
     meta = _meta(args.trace)
-    df = load(args.trace, columns=columns)
-    ranks = None
-    if args.rank:
-        present = set(np.unique(df["rank"].to_numpy()).tolist())
-        absent = [r for r in args.rank if r not in present]
-        if absent:
-            raise UsageError(args.trace, f"rank {absent[0]} is not in this trace (ranks: "
-                                         f"{_ranks_text(sorted(present))})")
-        ranks = list(args.rank)
+    calls = _gather(args.trace, meta, by, args.rank)
     if args.format == "json":
         import orjson
 
-        table = summarize(df, by=by, rank=ranks)
-        rows = table.to_dict(orient="records")
+        rows = calls.summarize(calls.frame, by).to_dict(orient="records")
         sys.stdout.buffer.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2
                                              | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
         return 0
     if args.format == "csv":
-        summarize(df, by=by, rank=ranks).to_csv(sys.stdout, index=False)
+        calls.summarize(calls.frame, by).to_csv(sys.stdout, index=False)
         return 0
-    _print_table(args.trace, meta, df, by, ranks)
-    _ = comm_time_imbalance
+    _print_table(args.trace, meta, calls, by)
     return 0
 
 
@@ -119,34 +165,31 @@ def _fmt_bw(v: float) -> str:
     return "-" if v != v else f"{v:.3f}" if v < 10 else f"{v:.1f}"
 
 
-def _print_table(path: str, meta: dict[str, Any] | None, df: Any, by: list[str],
-                 ranks: list[int] | None) -> None:
+def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[str]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from profiler.analysis import comm_time_imbalance, summarize
     from profiler.analysis._frame import fmt_bytes
-    from profiler.analysis.summary import comm_calls
 
-    # A pipe or a file gets the full table, not an 80-column squeeze.
     # A pipe or a file gets the full table, not an 80-column squeeze.
     console = Console(highlight=False, soft_wrap=False,
                       width=None if sys.stdout.isatty() else 200)
-    all_calls = comm_calls(df, rank=ranks)
-    has_kind = "kind" in df.columns and "kind" not in by
+    frame = calls.frame
     is_control = None
     data_kinds = None
-    if has_kind:
-        is_control = (all_calls["kind"] == "control").to_numpy(dtype=bool)
+    if "kind" in frame.columns and "kind" not in by:
+        is_control = (frame["kind"] == "control").to_numpy(dtype=bool)
         if is_control.any():
-            data_kinds = [str(k) for k in all_calls["kind"].unique() if str(k) != "control"]
-    table_df = summarize(all_calls, by=by, kinds=data_kinds)
+            data_kinds = [k for k in calls.kinds() if k != "control"]
+    table_df = calls.summarize(frame, by, data_kinds)
 
-    n_ranks = len(set(df["rank"].unique().tolist())) if len(df) else 0
+    n_ranks = len(calls.ranks())
     world = (meta or {}).get("world_size", n_ranks)
     title = f"{path}: {n_ranks} rank(s)" + (f" of {world}" if world != n_ranks else "")
     if data_kinds is not None:
         title += " - data traffic"
+    if calls.aggregated:
+        title += " (summary mode)"
     t = Table(title=title, title_justify="left")
     for k in by:
         t.add_column(k, justify="right" if k in ("bytes", "rank", "track", "step") else "left",
@@ -180,28 +223,36 @@ def _print_table(path: str, meta: dict[str, Any] | None, df: Any, by: list[str],
     console.print(t)
     if irregular:
         console.print("* sizes that are not powers of two")
+    if calls.aggregated:
+        console.print("percentiles estimated from log-scale latency histograms "
+                      "(summary mode)")
 
-    total_ns = float(all_calls["dur_ns"].sum()) if len(all_calls) else 0.0
+    total_ns = calls.time_ns()
     if is_control is not None and is_control.any():
-        ctrl = all_calls.loc[is_control]
-        span_ns = float(all_calls["t_end_ns"].max() - all_calls["t_start_ns"].min())
-        nr = max(1, all_calls["rank"].nunique())
-        rate = len(ctrl) / (span_ns / 1e9) / nr if span_ns > 0 else float("nan")
-        share = float(ctrl["dur_ns"].sum()) / total_ns if total_ns else 0.0
-        console.print(f"control traffic: {len(ctrl)} calls ({rate:.1f} calls/s per rank), "
-                      f"{_fmt_us(float(ctrl['dur_ns'].sum()) / 1e3)}, {100 * share:.1f}% of "
-                      "communication time")
-    imb = comm_time_imbalance(all_calls)
-    if imb is not None and imb["ranks"] > 1 and imb["slowest_us"] == imb["fastest_us"]:
-        console.print(f"per-rank communication time: {_fmt_us(imb['slowest_us'])} on each "
-                      f"of {imb['ranks']} ranks")
-    elif imb is not None and imb["ranks"] > 1:
-        console.print(f"per-rank communication time: slowest rank {imb['slowest_rank']} "
-                      f"{_fmt_us(imb['slowest_us'])}, fastest rank {imb['fastest_rank']} "
-                      f"{_fmt_us(imb['fastest_us'])} ({imb['ratio']:.2f}x)")
-    elif imb is not None:
-        console.print(f"communication time: {_fmt_us(imb['slowest_us'])} on rank "
-                      f"{imb['slowest_rank']}")
+        n_ctrl = calls.count(is_control)
+        ctrl_ns = calls.time_ns(is_control)
+        share = ctrl_ns / total_ns if total_ns else 0.0
+        rate = ""
+        if not calls.aggregated:
+            span_ns = float(frame["t_end_ns"].max() - frame["t_start_ns"].min())
+            if span_ns > 0:
+                per_s = n_ctrl / (span_ns / 1e9) / max(1, n_ranks)
+                rate = f" ({per_s:.1f} calls/s per rank)"
+        console.print(f"control traffic: {n_ctrl} calls{rate}, {_fmt_us(ctrl_ns / 1e3)}, "
+                      f"{100 * share:.1f}% of communication time")
+    per = calls.per_rank_ns()
+    if len(per) > 1 and float(per.max()) == float(per.min()):
+        console.print(f"per-rank communication time: {_fmt_us(float(per.max()) / 1e3)} on "
+                      f"each of {len(per)} ranks")
+    elif len(per) > 1:
+        slow, fast = int(per.idxmax()), int(per.idxmin())
+        s_us, f_us = float(per.max()) / 1e3, float(per.min()) / 1e3
+        ratio = f"{s_us / f_us:.2f}x" if f_us > 0 else "inf"
+        console.print(f"per-rank communication time: slowest rank {slow} {_fmt_us(s_us)}, "
+                      f"fastest rank {fast} {_fmt_us(f_us)} ({ratio})")
+    elif len(per) == 1:
+        console.print(f"communication time: {_fmt_us(float(per.iloc[0]) / 1e3)} on rank "
+                      f"{int(per.index[0])}")
     if meta:
         if meta.get("missing_ranks"):
             console.print(f"missing ranks: {_ranks_text(meta['missing_ranks'])}")
