@@ -31,18 +31,24 @@ def find_mpicc() -> list[str]:
 
 
 def build_library(out_dir: Path) -> Path:
-    """Compile hooks/*.c into one shared library with strict flags."""
+    """Compile hooks/*.c into one shared library with strict flags.
+
+    HVPROF_NO_MPI=1 builds without MPI (a GPU machine with NCCL only): the
+    MPI wrappers are left out and the plain C compiler ($CC, else cc) is used.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / LIB_NAME
-    sources = sorted(str(p) for p in HOOKS.glob("*.c"))
+    no_mpi = os.environ.get("HVPROF_NO_MPI", "") not in ("", "0")
+    sources = sorted(str(p) for p in HOOKS.glob("*.c") if not (no_mpi and p.name == "mpi.c"))
+    compiler = shlex.split(os.environ.get("CC") or "cc") if no_mpi else find_mpicc()
     cflags = [
         "-std=gnu11", "-O2", "-g", "-fPIC", "-shared", "-pthread",
         "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
         "-Wno-unused-parameter", "-Wno-missing-field-initializers",
     ]
     extra = shlex.split(os.environ.get("HVPROF_CFLAGS", ""))
-    cmd = [*find_mpicc(), *cflags, *extra, "-I", str(HOOKS), *sources,
-           "-o", str(target), "-ldl"]
+    cmd = [*compiler, *cflags, *extra, "-I", str(HOOKS), *sources,
+           "-o", str(target), "-ldl", "-Wl,--no-undefined"]
     print("building", LIB_NAME, ":", " ".join(cmd))
     subprocess.run(cmd, check=True)
     return target

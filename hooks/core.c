@@ -237,7 +237,8 @@ uint32_t hvprof_track_self(void)
 uint32_t hvprof_track_stream(uint64_t stream, int device)
 {
     if (!g.hdr) return UINT32_MAX;
-    uint64_t key = stream + 1; /* the default stream is 0 */
+    /* the default stream (0) of each device is a track of its own */
+    uint64_t key = hvprof_mix(stream + 1, (uint64_t)(int64_t)device) | 1;
     uint32_t h = (uint32_t)(hvprof_mix(0, key) & (STREAM_HASH_SLOTS - 1));
     for (uint32_t probe = 0; probe < STREAM_HASH_SLOTS; probe++, h = (h + 1) & (STREAM_HASH_SLOTS - 1)) {
         uint64_t k = atomic_load_explicit(&stream_keys[h], memory_order_acquire);
@@ -945,6 +946,9 @@ void hvprof_close(uint32_t state_bits)
 {
     pthread_mutex_lock(&g.lock);
     if (g.open && g.pid == getpid()) {
+        /* NCCL device times still in flight: collect them (bounded wait,
+         * never a synchronization of the application's streams). */
+        hvprof_nccl_finish(-1);
         atomic_store(&hvprof_active, 0);
         helper_stop();
         calibrate_now();

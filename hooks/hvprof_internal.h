@@ -129,6 +129,8 @@ HVPROF_HIDDEN hvprof_file_header *hvprof_header(void);
 HVPROF_EXPORT const char *hvprof_dir(void);
 HVPROF_EXPORT const char *hvprof_raw_path(void);
 HVPROF_HIDDEN int hvprof_python_attached(void);
+/* nccl.c: collect pending device times and write the NCCL sidecar; once. */
+HVPROF_EXPORT int hvprof_nccl_finish(int timeout_ms);
 
 /* 64-bit mixing used for stable communicator ids. */
 static inline uint64_t hvprof_mix(uint64_t h, uint64_t v)
