@@ -15,7 +15,9 @@ bash scripts/setup.sh || { echo "test: error: set-up failed" >&2; exit 1; }
 echo "test: running pytest over tests/ ($(date -u +%H:%M:%SZ))"
 # -q: one character per test; -ra: reasons for every non-pass at the end;
 # per-test timeout from pyproject.toml (pytest-timeout), overridable here.
-"$ROOT/.venv/bin/python" -m pytest -q -ra -p pytest_timeout tests/ "$@"
+# The pytest script, not `python -m pytest`: that would put the checkout on
+# sys.path and import its profiler/ instead of the installed package.
+"$ROOT/.venv/bin/pytest" -q -ra -p pytest_timeout tests/ "$@"
 rc=$?
 case $rc in
     0) echo "test: all tests passed" ;;

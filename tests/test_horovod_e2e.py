@@ -167,6 +167,15 @@ def test_images_per_sec_in_trace_agrees_with_benchmark(
         assert trace_rate == pytest.approx(_printed_rate(res, r), rel=0.03)
     printed, ci = res["images_per_sec"], res["images_per_sec_ci95"] or 0.0
     assert abs(total - printed) <= max(ci, 0.05 * printed), (total, printed, ci)
+    # The analysis API (public: profiler.load + throughput summary) agrees too.
+    from profiler.analysis.throughput import throughput_summary
+
+    import profiler
+
+    summary = throughput_summary(profiler.load(prof / "trace.json"))
+    assert int(summary["steps"].iloc[0]) == TIMED
+    api_rate = float(summary["images_per_s"].iloc[0])
+    assert abs(api_rate - printed) <= max(ci, 0.05 * printed), (api_rate, printed, ci)
     meta = json.loads((prof / "trace.json").read_bytes())["horovod_profiler"]
     for key in ("images_per_sec", "batch_size"):  # written by the trace writer
         if key in meta and meta[key] is not None:
@@ -226,6 +235,38 @@ def test_import_hook_wraps_distributed_optimizer_without_importing_horovod(
                           text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "OK"
+
+
+def test_hook_finds_steps_of_any_distributed_optimizer_loop(tmp_path: Path) -> None:
+    """A user loop with no profiler code: 6 optimizer steps -> 5 step records
+    of HOROVOD_PROFILE_BATCH_SIZE images on every rank; a second optimizer
+    object (built after the first) is hooked too."""
+    script = (
+        "import torch, horovod.torch as hvd\n"
+        "hvd.init()\n"
+        "torch.manual_seed(0)\n"
+        "m = torch.nn.Linear(4, 2)\n"
+        "opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),\n"
+        "                               named_parameters=m.named_parameters())\n"
+        "x = torch.randn(8, 4)\n"
+        "for i in range(6):\n"
+        "    if i == 3:  # a new model and optimizer class mid-run\n"
+        "        m = torch.nn.Linear(4, 2)\n"
+        "        opt = hvd.DistributedOptimizer(torch.optim.Adam(m.parameters()),\n"
+        "            named_parameters=[('b.' + n, p) for n, p in m.named_parameters()])\n"
+        "    opt.zero_grad()\n"
+        "    m(x).sum().backward()\n"
+        "    opt.step()\n"
+    )
+    prof = tmp_path / "p"
+    mpirun(2, [PYTHON, "-c", script], cwd=tmp_path,
+           env={"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof),
+                "HOROVOD_PROFILE_BATCH_SIZE": "8"})
+    st = steps_of(prof)
+    for r in range(2):
+        mine = st[st["rank"] == r]
+        assert mine["seq"].tolist() == [0, 1, 2, 3, 4]
+        assert mine["count"].tolist() == [8] * 5
 
 
 def test_hook_unused_when_profiling_off(tmp_path: Path) -> None:
