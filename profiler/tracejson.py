@@ -42,6 +42,7 @@ TRACE_FORMAT_VERSION = 1
 META_KEY = "horovod_profiler"
 DEFAULT_MAX_EVENTS = 500_000
 _PREFIX = b'{"' + META_KEY.encode() + b'":'
+_SLICE = 65536  # events formatted per write
 
 
 def max_events() -> int:
@@ -160,21 +161,26 @@ def write_trace(path: str | os.PathLike[str], meta: dict[str, Any],
     """Write trace.json; returns the metadata block written (with "events")."""
     p = Path(path)
     limit = max_events() if limit is None else limit
-    df = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(
-        len(f) for f in frames) else None
-    total = 0 if df is None else len(df)
-    if df is not None and total:
-        idx, selection = select_window(df["t_start_ns"].to_numpy(), limit)
-        chosen = df.iloc[idx] if len(idx) != total else df
-    else:
-        chosen, selection = None, "all"
+    frames = [f for f in frames if len(f)]
+    sizes = [len(f) for f in frames]
+    total = sum(sizes)
+    # The selection is made on the start times of all ranks together; the rows
+    # are then taken frame by frame (no job-wide copy of the rows).
+    chosen: list[pd.DataFrame] = []
+    selection = "all"
+    if total:
+        idx, selection = select_window(
+            np.concatenate([f["t_start_ns"].to_numpy() for f in frames]), limit)
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        for f, lo, hi in zip(frames, bounds[:-1], bounds[1:]):
+            local = idx[(idx >= lo) & (idx < hi)] - lo
+            chosen.append(f if len(local) == len(f) else f.iloc[local])
     meta = dict(meta)
     meta.setdefault("format_version", TRACE_FORMAT_VERSION)
     meta.setdefault("profiler_version", __version__)
-    meta["events"] = {"included": 0 if chosen is None else len(chosen), "total": total,
+    meta["events"] = {"included": sum(len(c) for c in chosen), "total": total,
                       "selection": selection}
     head = orjson.dumps(metadata_events(rank_meta))
-    body = call_events_json(chosen) if chosen is not None else b""
     opts = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:
@@ -182,14 +188,17 @@ def write_trace(path: str | os.PathLike[str], meta: dict[str, Any],
             f.write(_PREFIX)
             f.write(orjson.dumps(meta, option=opts))
             f.write(b',"displayTimeUnit":"ns","traceEvents":')
-            if body:
-                f.write(head[:-1])
-                f.write(b"," if len(head) > 2 else b"")
-                f.write(body)
-                f.write(b"]")
-            else:
-                f.write(head)
-            f.write(b"}\n")
+            f.write(head[:-1])
+            sep = b"," if len(head) > 2 else b""
+            for part in chosen:
+                # in slices: memory stays bounded whatever the number of events
+                for lo in range(0, len(part), _SLICE):
+                    body = call_events_json(part.iloc[lo:lo + _SLICE])
+                    if body:
+                        f.write(sep)
+                        f.write(body)
+                        sep = b","
+            f.write(b"]}\n")
         os.replace(tmp, p)
     finally:
         if tmp.exists():
