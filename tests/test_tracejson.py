@@ -231,3 +231,46 @@ def test_write_is_atomic(tmp_path: Path) -> None:
     merge(d)
     leftovers = [p for p in os.listdir(d) if p.endswith(".tmp")]
     assert leftovers == []
+
+
+def test_rank0_wait_converts_dead_ranks_and_bounds_the_wait(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from profiler.dataset import convert_raw
+    from profiler.merge import wait_and_merge
+
+    d = tmp_path / "job"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for r, (pid, state) in enumerate([(os.getpid(), 0xF), (dead.pid, 0x3), (os.getpid(), 0x3)]):
+        w = rawgen.simple_rank(r, 4, n=5, hostname=socket.gethostname(), pid=pid, state=state)
+        w.write(d / "raw" / f"rank-{r:05d}.hvprof")
+    convert_raw(d / "raw" / "rank-00000.hvprof", own_process=True)
+    # rank 1 died (its pid is gone): converted by rank 0 at once; rank 2 still
+    # runs (this pid) and never converts: the wait ends at the timeout; rank 3
+    # has no file at all: missing
+    t0 = time.monotonic()
+    res = wait_and_merge(d, world_size=4, own_rank=0, timeout=1.0, poll=0.05)
+    waited = time.monotonic() - t0
+    assert 1.0 <= waited < 5.0
+    assert res.ranks == [0, 1, 2] and res.missing_ranks == [3]
+    assert res.partial_ranks == [1, 2]
+    assert "gave up waiting for rank(s) 2" in capsys.readouterr().err
+
+
+def test_rank0_wait_returns_as_soon_as_everyone_is_in(tmp_path: Path) -> None:
+    import time
+
+    from profiler.dataset import convert_raw
+    from profiler.merge import wait_and_merge
+
+    d = make_job(tmp_path / "job", world=3)
+    for r in range(3):
+        convert_raw(d / "raw" / f"rank-{r:05d}.hvprof")
+    t0 = time.monotonic()
+    res = wait_and_merge(d, world_size=3, own_rank=0, timeout=30)
+    assert time.monotonic() - t0 < 5 and res.ranks == [0, 1, 2] and res.converted == []
