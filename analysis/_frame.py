@@ -48,6 +48,30 @@ def as_list(value: str | Sequence[str] | None) -> list[str] | None:
     return list(value)
 
 
+def isin(col: pd.Series, values: Iterable[str]) -> np.ndarray:
+    """Boolean mask: the column's value (as text) is one of `values`.  Categorical
+    columns are tested through their categories, never converting every row."""
+    vals = [str(v) for v in values]
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        hit = np.isin(np.asarray(col.cat.categories.astype(str)), vals)
+        codes = col.cat.codes.to_numpy()
+        return np.where(codes >= 0, hit[np.maximum(codes, 0)], False)
+    return col.astype(str).isin(vals).to_numpy()
+
+
+def keys_of(col: pd.Series) -> pd.Categorical:
+    """The column as a Categorical grouping key (categoricals as they are, others
+    converted once): groupby on it never materializes a string per row."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        return col.array  # type: ignore[return-value]
+    return pd.Categorical(col.astype(str))
+
+
+def distinct(col: pd.Series) -> list[str]:
+    """Distinct values as text, in order of first appearance."""
+    return [str(v) for v in pd.unique(col)]
+
+
 def calls(
     df: pd.DataFrame,
     *,
@@ -62,20 +86,21 @@ def calls(
     device-time rows instead of host rows.
     """
     require(df, ["backend", "op", "bytes", "dur_ns"], "calls")
-    mask = (df["backend"].astype(str) != "app").to_numpy()
-    opcol = df["op"].astype(str)
-    mask = mask & (~opcol.isin(NON_CALL_OPS).to_numpy())
+    mask = ~isin(df["backend"], ["app"])
+    mask = mask & ~isin(df["op"], NON_CALL_OPS)
     if "device" in df.columns:
         dev = df["device"].to_numpy(dtype=bool)
         mask = mask & (dev if device else ~dev)
     elif device:
-        mask = mask & (False)
+        mask = mask & False
     kinds_l = as_list(kinds)
     if kinds_l is not None and "kind" in df.columns:
-        mask = mask & (df["kind"].astype(str).isin(kinds_l).to_numpy())
+        mask = mask & isin(df["kind"], kinds_l)
     ops_l = as_list(ops)
     if ops_l is not None:
-        mask = mask & (opcol.isin(ops_l).to_numpy())
+        mask = mask & isin(df["op"], ops_l)
+    if mask.all():
+        return df
     return df.loc[mask]
 
 
@@ -91,10 +116,8 @@ def timed_calls(
     if "device" not in df.columns or not df["device"].any():
         return host
     dev = calls(df, kinds=kinds, ops=ops, device=True)
-    dev_ops = set(dev["op"].astype(str).unique())
-    return pd.concat(
-        [host.loc[~host["op"].astype(str).isin(dev_ops)], dev], ignore_index=False
-    )
+    dev_ops = {str(o) for o in pd.unique(dev["op"])}
+    return pd.concat([host.loc[~isin(host["op"], dev_ops)], dev], ignore_index=False)
 
 
 def lowest_rank_view(df: pd.DataFrame) -> pd.DataFrame:

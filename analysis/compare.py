@@ -30,7 +30,7 @@ import pandas as pd
 
 from profiler.errors import UsageError
 
-from ._frame import pow2_bucket, timed_calls
+from ._frame import distinct, isin, keys_of, pow2_bucket, timed_calls
 from .throughput import steady_steps, step_table
 
 __all__ = ["compare", "welch", "bootstrap_diff", "STEP_METRICS"]
@@ -145,7 +145,7 @@ def _labels(df: pd.DataFrame, labels: Sequence[str] | None, baseline: str | None
     if "label" not in df.columns:
         raise UsageError(None, "compare needs several traces: load them together, "
                                "e.g. load(a, b) (a label column)")
-    present = list(pd.unique(df["label"].astype(str)))
+    present = distinct(df["label"])
     chosen = list(labels) if labels is not None else present
     unknown = [x for x in chosen + ([baseline] if baseline else []) if x not in present]
     if unknown:
@@ -202,7 +202,7 @@ def compare(
     rng = np.random.default_rng(seed)
     rows: list[dict[str, object]] = []
     # ---- per-step metrics
-    st = step_table(df.loc[df["label"].astype(str).isin(chosen)])
+    st = step_table(df.loc[isin(df["label"], chosen)])
     per_step: dict[str, pd.DataFrame] = {}
     n_steps: dict[str, int] = {}
     for lb in chosen:
@@ -221,16 +221,18 @@ def compare(
                 rows.append(_row(lb, base, metric, "", a, b, _mean, True, rng, n_boot))
     # ---- per size bucket: calls, mean and p99 latency
     tc = timed_calls(df, kinds=kinds, ops=ops)
-    tc = tc.loc[tc["label"].astype(str).isin(chosen)]
-    work = pd.DataFrame({"label": tc["label"].astype(str).to_numpy(),
+    tc = tc.loc[isin(tc["label"], chosen)]
+    work = pd.DataFrame({"label": keys_of(tc["label"]),
                          "bucket": pow2_bucket(tc["bytes"].to_numpy()),
                          "rank": tc["rank"].to_numpy(),
                          "us": tc["dur_ns"].to_numpy(dtype=float) / 1e3})
     if has_steps and "step" in tc.columns:
         work["step"] = tc["step"].to_numpy()
     buckets = sorted(set(work["bucket"].tolist()))
-    groups = {k: g for k, g in work.groupby(["label", "bucket"])}
-    lowest = work.groupby("label")["rank"].min().to_dict() if len(work) else {}
+    groups = {(str(k[0]), k[1]): g for k, g in work.groupby(["label", "bucket"],
+                                                            observed=True)}
+    lowest = ({str(k): v for k, v in work.groupby("label", observed=True)["rank"].min().items()}
+              if len(work) else {})
     for lb in chosen:
         if lb == base:
             continue

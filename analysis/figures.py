@@ -16,7 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ._frame import fmt_bytes, label_keys
+from ._frame import distinct, fmt_bytes, isin, keys_of, label_keys
 from .imbalance import rank_times, stragglers
 from .model import AlphaBetaModel, anomalies, fit_models, latency_by_size, predict
 from .sizes import size_distribution
@@ -48,11 +48,11 @@ def _rgba(hex_color: str, alpha: float) -> str:
 
 
 def _labels(df: pd.DataFrame) -> list[str]:
-    return list(pd.unique(df["label"].astype(str))) if "label" in df.columns else [""]
+    return distinct(df["label"]) if "label" in df.columns else [""]
 
 
 def _sub(df: pd.DataFrame, label: str) -> pd.DataFrame:
-    return df.loc[df["label"].astype(str) == label] if "label" in df.columns else df
+    return df.loc[isin(df["label"], [label])] if "label" in df.columns else df
 
 
 def _empty(title: str, note: str) -> go.Figure:
@@ -129,17 +129,20 @@ def calls_per_size(df: pd.DataFrame, *, kinds: str | Sequence[str] | None = ("da
 def latency_vs_size(df: pd.DataFrame, *, kinds: str | Sequence[str] | None = ("data",),
                     ops: str | Sequence[str] | None = None,
                     models: dict[tuple[str, ...], AlphaBetaModel] | None = None,
-                    mark_anomalies: bool = True) -> go.Figure:
+                    mark_anomalies: bool = True, stats: pd.DataFrame | None = None
+                    ) -> go.Figure:
     """Median latency per exact size with a p5-p95 band, the fitted piecewise
-    alpha-beta model (dashed) and anomalous sizes marked, per label and op."""
-    st = latency_by_size(df, kinds=kinds, ops=ops)
+    alpha-beta model (dashed) and anomalous sizes marked, per label and op.
+    ``stats``/``models``: latency_by_size / fit_models results to reuse."""
+    st = stats if stats is not None else latency_by_size(df, kinds=kinds, ops=ops)
     title = "Latency vs message size (median, p5-p95 band, alpha-beta fit)"
     if st.empty:
         return _empty(title, "no timed calls")
     keys = [*label_keys(st), "op"]
     if models is None:
         models = fit_models(df, kinds=kinds, ops=ops, stats=st)
-    an = anomalies(df, kinds=kinds, ops=ops, models=models) if mark_anomalies else None
+    an = (anomalies(df, kinds=kinds, ops=ops, models=models, stats=st) if mark_anomalies
+          else None)
     fig = go.Figure()
     for i, (key, part) in enumerate(st.groupby(keys, sort=True)):
         k = tuple(str(v) for v in (key if isinstance(key, tuple) else (key,)))
@@ -183,11 +186,12 @@ def latency_vs_size(df: pd.DataFrame, *, kinds: str | Sequence[str] | None = ("d
     return fig
 
 
-def rank_imbalance(df: pd.DataFrame) -> go.Figure:
+def rank_imbalance(df: pd.DataFrame, *, times: pd.DataFrame | None = None,
+                   ranking: pd.DataFrame | None = None) -> go.Figure:
     """Per rank: data and control communication time (stacked) and the time the
     rank waited in matched calls for later arrivals; the worst straggler is named
-    in the title."""
-    rt = rank_times(df)
+    in the title.  ``times``/``ranking``: rank_times / stragglers results to reuse."""
+    rt = times if times is not None else rank_times(df)
     title = "Per-rank communication time"
     if rt.empty:
         return _empty(title, "no communication calls")
@@ -206,7 +210,7 @@ def rank_imbalance(df: pd.DataFrame) -> go.Figure:
                                  marker={"symbol": "line-ew-open", "size": 28,
                                          "color": "#000", "line": {"width": 3}},
                                  showlegend=i == 0))
-    st = stragglers(df)
+    st = ranking if ranking is not None else stragglers(df)
     if len(st) and int(st["last_count"].max()) > 0:
         top = st.loc[st["rank_order"] == 1].iloc[0]
         where = f" ({esc(top['label'])})" if "label" in st.columns else ""
@@ -217,10 +221,10 @@ def rank_imbalance(df: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def step_timeline(df: pd.DataFrame) -> go.Figure:
+def step_timeline(df: pd.DataFrame, *, table: pd.DataFrame | None = None) -> go.Figure:
     """Per step: step time, communication and exposed communication (ms, left axis)
-    and images/sec (right axis), per label."""
-    t = step_table(df)
+    and images/sec (right axis), per label.  ``table``: a step_table to reuse."""
+    t = table if table is not None else step_table(df)
     title = "Per-step time, communication and images/sec"
     if t.empty:
         return _empty(title, "no step records (profiler.step / DistributedOptimizer hook)")
@@ -255,13 +259,15 @@ def control_vs_data(df: pd.DataFrame) -> go.Figure:
     title = "Control vs data: share of calls and of time"
     if c.empty:
         return _empty(title, "no communication calls")
-    kind = c["kind"].astype(str) if "kind" in c.columns else pd.Series("data", index=c.index)
-    work = pd.DataFrame({"label": (c["label"].astype(str).to_numpy() if "label" in c.columns
-                                   else np.full(len(c), "")),
-                         "kind": kind.to_numpy(),
-                         "dur": c["dur_ns"].to_numpy(dtype=float)})
-    agg = work.groupby(["label", "kind"]).agg(calls=("dur", "size"), time=("dur", "sum"))
+    work = pd.DataFrame({
+        "label": keys_of(c["label"]) if "label" in c.columns else pd.Categorical([""] * len(c)),
+        "kind": keys_of(c["kind"]) if "kind" in c.columns else pd.Categorical(["data"] * len(c)),
+        "dur": c["dur_ns"].to_numpy(dtype=float)})
+    agg = work.groupby(["label", "kind"], observed=True).agg(calls=("dur", "size"),
+                                                             time=("dur", "sum"))
     agg = agg.reset_index()
+    agg["label"] = agg["label"].astype(str)
+    agg["kind"] = agg["kind"].astype(str)
     tot = agg.groupby("label")[["calls", "time"]].transform("sum")
     agg["calls_share"] = agg["calls"] / tot["calls"]
     agg["time_share"] = agg["time"] / tot["time"].where(tot["time"] > 0, 1)

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from ._frame import calls, label_keys, require
+from ._frame import calls, isin, keys_of, label_keys, require
 
 __all__ = ["match_calls", "rank_times", "stragglers"]
 
@@ -35,6 +35,35 @@ def _matchable(df: pd.DataFrame, kinds: str | Sequence[str] | None,
     require(df, ["rank", "comm", "seq", "comm_size", "t_start_ns", "t_end_ns"], "matching")
     sel = calls(df, kinds=kinds, ops=ops)
     return sel.loc[(sel["seq"].to_numpy() >= 0) & (sel["comm_size"].to_numpy() > 1)]
+
+
+class _Matched:
+    """Rows of matchable calls sorted by (label, comm, seq, t_start), with group
+    boundaries: the numpy core shared by match_calls and rank_times."""
+
+    def __init__(self, sel: pd.DataFrame) -> None:
+        n = len(sel)
+        self.lab = (keys_of(sel["label"]).codes.astype(np.int64) if "label" in sel.columns
+                    else np.zeros(n, np.int64))
+        comm = sel["comm"].to_numpy().astype(np.uint64)
+        seq = sel["seq"].to_numpy(dtype=np.int64)
+        t0 = sel["t_start_ns"].to_numpy(dtype=np.int64)
+        order = np.lexsort((t0, seq, comm, self.lab))
+        self.order = order
+        self.comm, self.seq, self.t0 = comm[order], seq[order], t0[order]
+        self.lab = self.lab[order]
+        self.t1 = sel["t_end_ns"].to_numpy(dtype=np.int64)[order]
+        self.rank = sel["rank"].to_numpy(dtype=np.int64)[order]
+        flags = np.ones(n, dtype=bool)
+        if n:
+            flags[1:] = ((self.lab[1:] != self.lab[:-1]) | (self.comm[1:] != self.comm[:-1])
+                         | (self.seq[1:] != self.seq[:-1]))
+        self.starts = np.flatnonzero(flags)
+        self.ends = np.r_[self.starts[1:], n] if n else self.starts
+        self.group = np.cumsum(flags) - 1  # group index of every sorted row
+
+    def last_start(self) -> np.ndarray:
+        return self.t0[self.ends - 1] if len(self.starts) else np.zeros(0, np.int64)
 
 
 def match_calls(
@@ -58,31 +87,28 @@ def match_calls(
             "end_spread_ns", "duration_ns"]
     if sel.empty:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
-    work = pd.DataFrame({
-        **{k: sel[k].to_numpy() for k in keys},
-        "op": sel["op"].astype(str).to_numpy(),
-        **{k: sel[k].astype(str).to_numpy() for k in extra},
-        "bytes": sel["bytes"].to_numpy(dtype=np.int64),
-        "rank": sel["rank"].to_numpy(dtype=np.int64),
-        "comm_size": sel["comm_size"].to_numpy(dtype=np.int64),
-        "t0": sel["t_start_ns"].to_numpy(dtype=np.int64),
-        "t1": sel["t_end_ns"].to_numpy(dtype=np.int64),
-    })
-    work = work.sort_values([*keys, "t0"], kind="stable")
-    g = work.groupby(keys, sort=True, observed=True)
-    out = g.agg(
-        op=("op", "first"), **{k: (k, "first") for k in extra},
-        bytes=("bytes", "max"), n_ranks=("rank", "size"), comm_size=("comm_size", "max"),
-        first_start_ns=("t0", "min"), last_start_ns=("t0", "max"), sum_start=("t0", "sum"),
-        last_rank=("rank", "last"), first_end=("t1", "min"), last_end=("t1", "max"),
-    ).reset_index()
-    out["n_ranks"] = out["n_ranks"].astype(np.int64)
+    m = _Matched(sel)
+    st, en = m.starts, m.ends
+    first_rows = m.order[st]
+    out = pd.DataFrame({"comm": m.comm[st], "seq": m.seq[st]})
+    if "label" in keys:
+        out.insert(0, "label", np.asarray(sel["label"].to_numpy()[first_rows]).astype(str))
+    out["op"] = np.asarray(sel["op"].to_numpy()[first_rows]).astype(str)
+    for k in extra:
+        out[k] = np.asarray(sel[k].to_numpy()[first_rows]).astype(str)
+    nbytes = sel["bytes"].to_numpy(dtype=np.int64)[m.order]
+    csize = sel["comm_size"].to_numpy(dtype=np.int64)[m.order]
+    out["bytes"] = np.maximum.reduceat(nbytes, st)
+    out["n_ranks"] = (en - st).astype(np.int64)
+    out["comm_size"] = np.maximum.reduceat(csize, st)
     out["complete"] = out["n_ranks"] >= out["comm_size"]
+    out["first_start_ns"] = m.t0[st]
+    out["last_start_ns"] = m.last_start()
     out["spread_ns"] = out["last_start_ns"] - out["first_start_ns"]
-    out["last_rank"] = np.where(out["spread_ns"] > min_spread_ns, out["last_rank"], -1)
-    out["wait_ns"] = out["n_ranks"] * out["last_start_ns"] - out["sum_start"]
-    out["end_spread_ns"] = out["last_end"] - out["first_end"]
-    out["duration_ns"] = out["last_end"] - out["first_start_ns"]
+    out["last_rank"] = np.where(out["spread_ns"] > min_spread_ns, m.rank[en - 1], -1)
+    out["wait_ns"] = out["n_ranks"] * out["last_start_ns"] - np.add.reduceat(m.t0, st)
+    out["end_spread_ns"] = np.maximum.reduceat(m.t1, st) - np.minimum.reduceat(m.t1, st)
+    out["duration_ns"] = np.maximum.reduceat(m.t1, st) - out["first_start_ns"]
     return out[cols]
 
 
@@ -104,39 +130,40 @@ def rank_times(
             "comm_share", "waited_s", "waited_share"]
     if sel.empty:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
-    kind = (sel["kind"].astype(str).to_numpy() if "kind" in sel.columns
-            else np.full(len(sel), "data"))
+    is_data = isin(sel["kind"], ["data"]) if "kind" in sel.columns else np.ones(len(sel), bool)
+    is_ctrl = (isin(sel["kind"], ["control"]) if "kind" in sel.columns
+               else np.zeros(len(sel), bool))
     dur = sel["dur_ns"].to_numpy(dtype=np.float64) / 1e9
     work = pd.DataFrame({
-        **{k: sel[k].astype(str).to_numpy() for k in keys},
+        **{k: keys_of(sel[k]) for k in keys},
         "rank": sel["rank"].to_numpy(dtype=np.int64),
         "dur": dur,
-        "data": np.where(kind == "data", dur, 0.0),
-        "control": np.where(kind == "control", dur, 0.0),
-        "bytes": np.where(kind != "control", sel["bytes"].to_numpy(dtype=np.int64), 0),
+        "data": np.where(is_data, dur, 0.0),
+        "control": np.where(is_ctrl, dur, 0.0),
+        "bytes": np.where(~is_ctrl, sel["bytes"].to_numpy(dtype=np.int64), 0),
         "t0": sel["t_start_ns"].to_numpy(dtype=np.int64),
         "t1": sel["t_end_ns"].to_numpy(dtype=np.int64),
     })
-    out = work.groupby([*keys, "rank"], sort=True).agg(
+    out = work.groupby([*keys, "rank"], sort=True, observed=True).agg(
         calls=("dur", "size"), comm_s=("dur", "sum"), data_s=("data", "sum"),
         control_s=("control", "sum"), bytes=("bytes", "sum"), t0=("t0", "min"),
         t1=("t1", "max")).reset_index()
+    for k in keys:
+        out[k] = out[k].astype(str)
     out["calls"] = out["calls"].astype(np.int64)
     out["span_s"] = (out["t1"] - out["t0"]) / 1e9
     out["comm_share"] = np.where(out["span_s"] > 0, out["comm_s"] / out["span_s"].where(
         out["span_s"] > 0, 1.0), 0.0)
     # waiting: latest arrival of the matched call minus this rank's arrival
-    m = _matchable(df, kinds, ops)
-    if m.empty:
-        waited = pd.Series(0.0, index=pd.MultiIndex.from_frame(out[[*keys, "rank"]]))
-    else:
-        mk = [*label_keys(m), "comm", "seq"]
-        w = pd.DataFrame({**{k: m[k].to_numpy() for k in mk},
-                          "rank": m["rank"].to_numpy(dtype=np.int64),
-                          "t0": m["t_start_ns"].to_numpy(dtype=np.int64)})
-        w["wait"] = (w.groupby(mk, sort=False)["t0"].transform("max") - w["t0"]) / 1e9
+    mt = _matchable(df, kinds, ops)
+    waited = pd.Series(0.0, index=pd.MultiIndex.from_frame(out[[*keys, "rank"]])
+                       if keys else out["rank"])
+    if not mt.empty:
+        m = _Matched(mt)
+        wait = (m.last_start()[m.group] - m.t0) / 1e9
+        w = pd.DataFrame({"rank": m.rank, "wait": wait})
         if keys:
-            w["label"] = w["label"].astype(str)
+            w.insert(0, "label", np.asarray(keys_of(mt["label"]).astype(str))[m.order])
         waited = w.groupby([*keys, "rank"])["wait"].sum()
     idx = pd.MultiIndex.from_frame(out[[*keys, "rank"]]) if keys else out["rank"]
     out["waited_s"] = waited.reindex(idx).fillna(0.0).to_numpy()
@@ -183,9 +210,12 @@ def stragglers(
     # every rank that took part, also those never last
     if df is not None:
         ranks_src = calls(df, kinds=kinds, ops=ops)
-        all_ranks = pd.DataFrame({**{k: ranks_src[k].astype(str).to_numpy() for k in keys},
+        all_ranks = pd.DataFrame({**{k: keys_of(ranks_src[k]) for k in keys},
                                   "rank": ranks_src["rank"].to_numpy(dtype=np.int64)})
-        all_ranks = all_ranks.drop_duplicates()
+        all_ranks = all_ranks.groupby([*keys, "rank"], observed=True).size().reset_index()
+        all_ranks = all_ranks[[*keys, "rank"]]
+        for k in keys:
+            all_ranks[k] = all_ranks[k].astype(str)
     else:
         all_ranks = per[[*keys, "rank"]].drop_duplicates()
     out = all_ranks.merge(per, on=[*keys, "rank"], how="left")

@@ -53,12 +53,12 @@ import pandas as pd
 
 from profiler.errors import UsageError
 
-from ._frame import is_pow2, label_keys, next_pow2, round_up, timed_calls
+from ._frame import is_pow2, keys_of, label_keys, next_pow2, round_up, timed_calls
 from .sizes import RankSel, select_rank
 
 __all__ = [
     "Region", "AlphaBetaModel", "fit_curve", "latency_by_size", "fit_models",
-    "fit_alpha_beta", "predict", "anomalies", "padding_whatif", "padding_summary",
+    "fit_alpha_beta", "models_table", "predict", "anomalies", "padding_whatif", "padding_summary",
 ]
 
 REL_VAR_FLOOR = 1e-6  # (1e-3)^2: relative residual variance treated as noise-free
@@ -297,16 +297,18 @@ def latency_by_size(
             "min_us", "is_pow2"]
     if sel.empty:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
-    work = pd.DataFrame({k: sel[k].astype(str).to_numpy() for k in keys})
+    work = pd.DataFrame({k: keys_of(sel[k]) for k in keys})
     work["bytes"] = sel["bytes"].to_numpy(dtype=np.int64)
     work["us"] = sel["dur_ns"].to_numpy(dtype=np.float64) / 1e3
-    g = work.groupby([*keys, "bytes"], sort=True)["us"]
+    g = work.groupby([*keys, "bytes"], sort=True, observed=True)["us"]
     out = g.agg(calls="size", median_us="median", mean_us="mean", min_us="min")
     q = g.quantile([0.05, 0.95, 0.99]).unstack()
     out["p5_us"] = q[0.05]
     out["p95_us"] = q[0.95]
     out["p99_us"] = q[0.99]
     out = out.reset_index()
+    for k in keys:
+        out[k] = out[k].astype(str)
     out["calls"] = out["calls"].astype(np.int64)
     out["is_pow2"] = is_pow2(out["bytes"].to_numpy())
     return out[cols]
@@ -354,8 +356,13 @@ def fit_alpha_beta(
     """Fitted regions as a table: one row per group and region with lo_bytes,
     hi_bytes (measured ends), n_sizes, alpha_us, bandwidth_gbps, beta_ns_per_byte,
     rel_rms (relative residual RMS) and excluded (sizes left out as anomalies)."""
-    names = _key_names(df, by)
-    models = fit_models(df, by=by, kinds=kinds, ops=ops, **fit_kw)
+    return models_table(fit_models(df, by=by, kinds=kinds, ops=ops, **fit_kw),
+                        _key_names(df, by))
+
+
+def models_table(models: dict[ModelKey, AlphaBetaModel], names: Sequence[str]
+                 ) -> pd.DataFrame:
+    """The fit_alpha_beta table of already fitted models (group key column names)."""
     rows = []
     for key, model in models.items():
         for i, reg in enumerate(model.regions):
@@ -384,12 +391,15 @@ def anomalies(
     min_ratio: float = 1.5,
     models: dict[ModelKey, AlphaBetaModel] | None = None,
     only_flagged: bool = False,
+    stats: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Every measured size with its median, the fit, ratio, robust z-score and an
     ``anomalous`` flag (see the module docstring); ``is_pow2`` tells the size class.
 
-    Columns: *by, bytes, is_pow2, calls, median_us, model_us, ratio, z, anomalous."""
-    stats = latency_by_size(df, by=by, kinds=kinds, ops=ops)
+    Columns: *by, bytes, is_pow2, calls, median_us, model_us, ratio, z, anomalous.
+    ``stats``: a latency_by_size table already computed with the same arguments."""
+    if stats is None:
+        stats = latency_by_size(df, by=by, kinds=kinds, ops=ops)
     names = _key_names(df, by)
     if models is None:
         models = fit_models(df, by=by, stats=stats, z=z, min_ratio=min_ratio)
@@ -425,6 +435,7 @@ def padding_whatif(
     ops: str | Sequence[str] | None = None,
     rank: RankSel = "lowest",
     models: dict[ModelKey, AlphaBetaModel] | None = None,
+    stats: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Estimated time saved if each message were padded to the next power of two
     (``to="pow2"``) or to the next multiple of ``to`` bytes.
@@ -435,19 +446,23 @@ def padding_whatif(
     ("measured" | "model" | "same"), saved_us_per_call, saved_us (x calls)."""
     if not (to == "pow2" or (isinstance(to, (int, np.integer)) and not isinstance(to, bool))):
         raise UsageError(None, f"padding target must be 'pow2' or a byte multiple, got {to!r}")
-    stats = latency_by_size(df, by=by, kinds=kinds, ops=ops)
+    if stats is None:
+        stats = latency_by_size(df, by=by, kinds=kinds, ops=ops)
     names = _key_names(df, by)
     if models is None:
         models = fit_models(df, by=by, stats=stats)
     counted = select_rank(timed_calls(df, kinds=kinds, ops=ops), rank)
-    cnt = (pd.DataFrame({**{k: counted[k].astype(str).to_numpy() for k in names},
+    cnt = (pd.DataFrame({**{k: keys_of(counted[k]) for k in names},
                          "bytes": counted["bytes"].to_numpy(dtype=np.int64)})
-           .groupby([*names, "bytes"]).size().rename("calls"))
+           .groupby([*names, "bytes"], observed=True).size().rename("calls").reset_index())
+    for name in names:
+        cnt[name] = cnt[name].astype(str)
+    cnt = cnt.set_index([*names, "bytes"])["calls"]
     parts = []
     groups = stats.groupby(names, sort=True) if names else [((), stats)]
     for key, sub in groups:
-        k = tuple(str(v) for v in (key if isinstance(key, tuple) else (key,)))
-        m = models[k]
+        gk = tuple(str(v) for v in (key if isinstance(key, tuple) else (key,)))
+        m = models[gk]
         measured = dict(zip(sub["bytes"].to_numpy().tolist(), sub["median_us"].to_numpy()))
         b = sub["bytes"].to_numpy(dtype=np.int64)
         padded = next_pow2(b) if to == "pow2" else round_up(b, int(to))

@@ -37,13 +37,13 @@ from profiler._version import __version__
 from profiler.errors import UsageError
 
 from . import figures as F
-from ._frame import fmt_bytes
+from ._frame import distinct, fmt_bytes, isin
 from .imbalance import stragglers
 from .model import (
     anomalies,
-    fit_alpha_beta,
     fit_models,
     latency_by_size,
+    models_table,
     padding_summary,
     padding_whatif,
 )
@@ -53,6 +53,10 @@ from .throughput import correlation, step_table, throughput_summary
 __all__ = ["render_report", "write_report"]
 
 MAX_TABLE_ROWS = 80
+# what the sections read (loading only these keeps a 10M-call report in memory)
+REPORT_COLUMNS = ["rank", "backend", "op", "t_start_ns", "t_end_ns", "dur_ns", "bytes",
+                  "count", "dtype", "comm", "comm_size", "seq", "kind", "device", "step",
+                  "thread_kind", "tensors", "n_tensors", "fill_ratio"]
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;
 max-width:1200px;padding:1em 2em;color:#222}
@@ -103,7 +107,7 @@ def _trace_table(metas: Mapping[str, Mapping[str, Any]], df: pd.DataFrame) -> st
 
     rows = []
     for label, m in metas.items():
-        sub = df.loc[df["label"].astype(str) == label] if "label" in df.columns else df
+        sub = df.loc[isin(df["label"], [label])] if "label" in df.columns else df
         cmd = m.get("command")
         cmd_s = " ".join(map(str, cmd)) if isinstance(cmd, (list, tuple)) else (cmd or "")
         hosts = m.get("hosts") or sorted({str(r.get("host", "")) for r in
@@ -134,8 +138,8 @@ def _per_label(df: pd.DataFrame, fn: Callable[[pd.DataFrame], pd.DataFrame]) -> 
     if "label" not in df.columns:
         return fn(df)
     parts = []
-    for lb in pd.unique(df["label"].astype(str)):
-        t = fn(df.loc[df["label"].astype(str) == lb])
+    for lb in distinct(df["label"]):
+        t = fn(df.loc[isin(df["label"], [lb])])
         t.insert(0, "trace", lb)
         parts.append(t)
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
@@ -214,8 +218,7 @@ def render_report(
     if not isinstance(df, pd.DataFrame):
         raise UsageError(None, "render_report needs a DataFrame")
     metas = dict(metas or {})
-    labels = [str(x) for x in pd.unique(df["label"].astype(str))] if "label" in df.columns \
-        else [""]
+    labels = distinct(df["label"]) if "label" in df.columns else [""]
     for lb in labels:
         metas.setdefault(lb, {})
     fig = _Figures()
@@ -240,30 +243,31 @@ def render_report(
         if st.empty:
             return '<p class="muted">no timed data calls</p>'
         models = fit_models(df, stats=st)
-        out = fig("latency-vs-size", F.latency_vs_size(df, models=models))
-        out += "<h3>Alpha-beta fit</h3>" + _table(fit_alpha_beta(df))
-        an = anomalies(df, models=models)
+        an = anomalies(df, models=models, stats=st)
+        out = fig("latency-vs-size", F.latency_vs_size(df, models=models, stats=st))
+        names = [c for c in ("label", "op") if c in st.columns]
+        out += "<h3>Alpha-beta fit</h3>" + _table(models_table(models, names))
         flagged = an.loc[an["anomalous"].astype(bool)]
         out += (f"<h3>Anomalous sizes</h3><p>{len(flagged)} of {len(an)} measured sizes sit "
                 f"far above the fit ({int((~flagged['is_pow2'].astype(bool)).sum())} of "
                 "them not powers of two).</p>" + _table(flagged))
-        w = padding_whatif(df, models=models)
+        w = padding_whatif(df, models=models, stats=st)
         out += ("<h3>Padding what-if</h3><p>Estimated time saved if every message were "
                 "padded to the next power of two (measured medians where the padded size "
                 "occurs, the fit elsewhere).</p>" + _table(padding_summary(w)))
         return out
 
     def sec_imbalance() -> str:
-        out = fig("rank-imbalance", F.rank_imbalance(df))
-        return out + "<h3>Stragglers (arrived last in matched calls)</h3>" + _table(
-            stragglers(df))
+        ranking = stragglers(df)
+        out = fig("rank-imbalance", F.rank_imbalance(df, ranking=ranking))
+        return out + "<h3>Stragglers (arrived last in matched calls)</h3>" + _table(ranking)
 
     def sec_steps() -> str:
         t = step_table(df)
         if t.empty:
             return ('<p class="muted">no step records: mark steps with profiler.step() or '
                     "use hvd.DistributedOptimizer</p>")
-        out = fig("step-timeline", F.step_timeline(df))
+        out = fig("step-timeline", F.step_timeline(df, table=t))
         out += _table(throughput_summary(table=t))
         c = correlation(table=t, warn=False)
         out += "<h3>Communication time vs step time</h3>" + _table(c.drop(columns=["note"]))
@@ -336,10 +340,10 @@ def write_report(
 
     if not traces:
         raise UsageError(None, "report needs at least one trace")
-    df = load(*traces, label=list(labels) if labels else None)
+    df = load(*traces, label=list(labels) if labels else None, columns=REPORT_COLUMNS)
     if "label" in df.columns:
         names = [str(x) for x in df["label"].cat.categories] if isinstance(
-            df["label"].dtype, pd.CategoricalDtype) else list(pd.unique(df["label"].astype(str)))
+            df["label"].dtype, pd.CategoricalDtype) else distinct(df["label"])
     else:
         names = [""]
     metas = {}

@@ -23,7 +23,17 @@ import pandas as pd
 
 from profiler.errors import UsageError
 
-from ._frame import calls, fmt_bytes, is_pow2, label_keys, lowest_rank_view, pow2_bucket
+from ._frame import (
+    calls,
+    distinct,
+    fmt_bytes,
+    is_pow2,
+    isin,
+    keys_of,
+    label_keys,
+    lowest_rank_view,
+    pow2_bucket,
+)
 
 Bucket = Literal["pow2", "exact"]
 RankSel = int | Literal["lowest"] | None
@@ -74,13 +84,15 @@ def size_distribution(
     work = pd.DataFrame({"size": _size_key(sel["bytes"], bucket),
                          "bytes": sel["bytes"].to_numpy(dtype=np.int64)})
     for k in keys:
-        work[k] = sel[k].astype(str).to_numpy()
+        work[k] = keys_of(sel[k])
     cols = [*keys, "size", "size_lo", "size_label", "is_pow2", "calls", "bytes",
             "calls_share", "bytes_share"]
     if work.empty:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
-    out = (work.groupby([*keys, "size"], sort=True)
+    out = (work.groupby([*keys, "size"], sort=True, observed=True)
            .agg(calls=("bytes", "size"), bytes=("bytes", "sum")).reset_index())
+    for k in keys:
+        out[k] = out[k].astype(str)
     out["calls"] = out["calls"].astype(np.int64)
     out["bytes"] = out["bytes"].astype(np.int64)
     size = out["size"].to_numpy(dtype=np.int64)
@@ -154,13 +166,13 @@ def fusion_table(
     if "label" not in df.columns:
         raise UsageError(None, "fusion_table needs several traces: load them with labels, "
                                "e.g. load(fused, unfused, label=['fused', 'unfused'])")
-    present = list(pd.unique(df["label"].astype(str)))
+    present = distinct(df["label"])
     chosen = list(labels) if labels is not None else present
     unknown = [lb for lb in chosen if lb not in present]
     if unknown:
         raise UsageError(None, f"unknown label(s) {', '.join(unknown)}; the frame has "
                                f"{', '.join(present)}")
-    dist = size_distribution(df.loc[df["label"].astype(str).isin(chosen)], bucket=bucket,
+    dist = size_distribution(df.loc[isin(df["label"], chosen)], bucket=bucket,
                              kinds=kinds, ops=ops, rank=rank)
     base = dist[["size", "size_label", "is_pow2"]].drop_duplicates("size").sort_values("size")
     out = base.reset_index(drop=True)

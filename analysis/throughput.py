@@ -37,7 +37,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from ._frame import calls, label_keys, require
+from ._frame import calls, distinct, isin, label_keys, require
 
 __all__ = ["steps", "rank_steps", "step_table", "steady_steps", "throughput_summary",
            "correlation", "MIN_STEPS_FOR_CORRELATION"]
@@ -50,9 +50,9 @@ def steps(df: pd.DataFrame) -> pd.DataFrame:
     """The APP_STEP rows: [label], rank, step, t_start_ns, t_end_ns, images."""
     require(df, ["op", "rank", "t_start_ns", "t_end_ns", "count"], "steps")
     keys = label_keys(df)
-    mask = df["op"].astype(str).to_numpy() == "step"
+    mask = isin(df["op"], ["step"])
     if "backend" in df.columns:
-        mask = mask & (df["backend"].astype(str).to_numpy() == "app")
+        mask = mask & isin(df["backend"], ["app"])
     s = df.loc[mask]
     if "step" in s.columns and (s["step"].to_numpy() >= 0).all():
         num = s["step"].to_numpy(dtype=np.int64)
@@ -69,16 +69,30 @@ def steps(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values([*keys, "rank", "t_start_ns"]).reset_index(drop=True)
 
 
+def _label_codes(col: pd.Series, labels: list[str]) -> np.ndarray:
+    """Index of each row's label in `labels` (-1 when absent), without per-row strings."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        pos = {lb: i for i, lb in enumerate(labels)}
+        table = np.array([pos.get(str(c), -1) for c in col.cat.categories] + [-1],
+                         dtype=np.int64)
+        return table[col.cat.codes.to_numpy()]  # code -1 -> last entry (-1)
+    return pd.Categorical(col.astype(str), categories=labels).codes.astype(np.int64)
+
+
 def _assign(st: pd.DataFrame, cl: pd.DataFrame, keys: list[str]) -> np.ndarray:
     """Index into `st` of the step window (same label and rank) holding each call's
     start, -1 if none."""
     out = np.full(len(cl), -1, dtype=np.int64)
     if cl.empty or st.empty:
         return out
-    kcols = [*keys, "rank"]
-    both = pd.concat([st[kcols], cl[kcols]], ignore_index=True)
-    codes = both.groupby(kcols, sort=False).ngroup().to_numpy()
-    scode, ccode = codes[: len(st)], codes[len(st):]
+    # one integer per (label, rank): label index x (max rank + 1) + rank
+    width = int(max(st["rank"].max(), cl["rank"].max())) + 1
+    scode = st["rank"].to_numpy(dtype=np.int64)
+    ccode = cl["rank"].to_numpy(dtype=np.int64)
+    if keys:
+        labels = distinct(st["label"])
+        scode = scode + width * _label_codes(st["label"], labels)
+        ccode = ccode + width * _label_codes(cl["label"], labels)
     s_t0 = st["t_start_ns"].to_numpy(dtype=np.int64)
     s_t1 = st["t_end_ns"].to_numpy(dtype=np.int64)
     c_t0 = cl["t_start_ns"].to_numpy(dtype=np.int64)
@@ -152,21 +166,21 @@ def rank_steps(df: pd.DataFrame, *, gap_ns: int = DEFAULT_GAP_NS) -> pd.DataFram
     st = steps(df)
     keys = label_keys(df)
     cl = calls(df, kinds=None)
-    kind = (cl["kind"].astype(str).to_numpy() if "kind" in cl.columns
-            else np.full(len(cl), "data"))
-    cl = pd.DataFrame({**{k: cl[k].astype(str).to_numpy() for k in keys},
+    is_data_all = isin(cl["kind"], ["data"]) if "kind" in cl.columns else np.ones(len(cl), bool)
+    is_ctrl_all = (isin(cl["kind"], ["control"]) if "kind" in cl.columns
+                   else np.zeros(len(cl), bool))
+    cl = pd.DataFrame({**{k: cl[k].array for k in keys},
                        "rank": cl["rank"].to_numpy(dtype=np.int64),
                        "t_start_ns": cl["t_start_ns"].to_numpy(dtype=np.int64),
                        "t_end_ns": cl["t_end_ns"].to_numpy(dtype=np.int64),
                        "dur_ns": cl["dur_ns"].to_numpy(dtype=np.int64),
-                       "bytes": cl["bytes"].to_numpy(dtype=np.int64),
-                       "kind": kind})
+                       "bytes": cl["bytes"].to_numpy(dtype=np.int64)})
     sid = _assign(st, cl, keys)
     inside = sid >= 0
     c = cl.loc[inside]
     s_ix = sid[inside]
-    is_data = c["kind"].to_numpy() == "data"
-    is_ctrl = c["kind"].to_numpy() == "control"
+    is_data = is_data_all[inside]
+    is_ctrl = is_ctrl_all[inside]
     n = len(st)
     dur = c["dur_ns"].to_numpy()
 
