@@ -76,7 +76,35 @@ def comm_calls(df: pd.DataFrame, kinds: str | Sequence[str] | None = None,
     if rank is not None:
         ranks = [rank] if isinstance(rank, (int, np.integer)) else list(rank)
         mask &= df["rank"].isin([int(r) for r in ranks]).to_numpy(dtype=bool)
-    return df.loc[mask]
+    out = df.loc[mask]
+    if "device" in df.columns and bool(df["device"].any()):
+        out = _device_times(out, df.loc[df["device"].to_numpy(dtype=bool)])
+    return out
+
+
+_MATCH = ["rank", "comm", "seq", "op"]
+
+
+def _device_times(host: pd.DataFrame, dev: pd.DataFrame) -> pd.DataFrame:
+    """NCCL calls return after enqueueing: a host row's duration is the enqueue
+    time.  Where the hooks recorded the call's device interval (a `device` row
+    with the same rank, communicator, sequence number and op), the call is
+    timed by it; counts and bytes stay those of the host rows."""
+    dev = dev.loc[dev["op"] != "nccl_group", _MATCH + ["t_start_ns", "t_end_ns", "dur_ns"]]
+    if dev.empty or host.empty:
+        return host
+    keyed = host[_MATCH].reset_index(drop=True).astype(
+        {"op": str}).merge(dev.astype({"op": str}).drop_duplicates(_MATCH), on=_MATCH,
+                            how="left")
+    found = keyed["dur_ns"].notna().to_numpy()
+    if not found.any():
+        return host
+    host = host.copy()
+    for col in ("t_start_ns", "t_end_ns", "dur_ns"):
+        vals = host[col].to_numpy().copy()
+        vals[found] = keyed.loc[found, col].to_numpy(dtype=vals.dtype)
+        host[col] = vals
+    return host
 
 
 def bus_factor(op: str, n: int) -> float:

@@ -10,7 +10,10 @@ HOROVOD_PROFILE is set, so heavy imports stay lazy):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 from profiler._version import __version__
 
@@ -24,14 +27,14 @@ def step(images: int = 0) -> None:
     _step(images=images)
 
 
-def step_context(images: int = 0) -> Any:
+def step_context(images: int = 0) -> "Any":
     """Context manager timing one step: `with profiler.step_context(images=64): ...`."""
     from profiler.steps import step_context as _ctx
 
     return _ctx(images=images)
 
 
-def load(*paths: Any, **kwargs: Any) -> Any:
+def load(*paths: "Any", **kwargs: "Any") -> "Any":
     """Load one or more traces into a DataFrame (see profiler.analysis.load)."""
     from profiler.analysis import load as _load
 

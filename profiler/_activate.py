@@ -70,6 +70,9 @@ def finish() -> str | None:
         _finalize_mpi4py()
     except Exception as exc:
         _say(f"warning: rank {rank}: MPI_Finalize failed: {_one_line(exc)}")
+    from profiler import gpu
+
+    gpu.finish_native()  # NCCL device times in flight, the NCCL sidecar
     _lib.process_exit()
 
     from profiler.dataset import convert_raw

@@ -28,6 +28,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from profiler import _format as F
+from profiler import gpu
 from profiler._version import __version__
 from profiler.errors import CorruptError, NotATraceError, NotFoundError
 from profiler.raw import (
@@ -412,6 +413,7 @@ def rank_metadata(raw: RawFile, df: pd.DataFrame, *, own_process: bool,
         "unsampled_calls": int(raw.header.get("unsampled_calls", 0)),
         "aggregates": (agg_parquet_path(".", raw.rank).name if agg is not None else None),
         "problems": [*raw.problems, *problems],
+        **gpu.process_metadata(raw.path, own_process=own_process),
         "env": env_whitelist() if own_process else None,
         "argv": list(sys.argv) if own_process else None,
         "executable": sys.executable if own_process else None,

@@ -213,6 +213,8 @@ def job_metadata(d: Path, trace_path: Path, rank_meta: list[dict[str, Any]], wor
             "thread_level": h.get("thread_level"),
             "local_rank": h.get("local_rank"),
             "problems": m.get("problems", []),
+            "nccl": m.get("nccl"),
+            "gpus": m.get("gpus"),
         })
     return {
         "format_version": TRACE_FORMAT_VERSION,

@@ -63,9 +63,11 @@ def mpirun(
 
 def profiler_cli(*args: str, cwd: Path | None = None, timeout: float = 120,
                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the `profiler` CLI as a subprocess of this interpreter."""
+    """Run the `profiler` CLI as a subprocess of this interpreter (the installed
+    package: never from the checkout's root, where `python -m` would pick up
+    the source tree, which has no profiler.analysis)."""
     return subprocess.run(
-        [PYTHON, "-m", "profiler.cli", *args], capture_output=True, text=True,
+        [PYTHON, "-P", "-m", "profiler.cli", *args], capture_output=True, text=True,
         cwd=cwd, timeout=timeout, env=base_env(**(env or {})),
     )
 

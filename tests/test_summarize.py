@@ -278,3 +278,19 @@ def test_summary_mode_aggregates(tmp_path: Path) -> None:
     assert "per-rank communication time: slowest rank" in table.stdout
     with pytest.raises(UsageError):
         summarize_aggregates(agg, by=["step"])
+
+
+def test_nccl_calls_timed_by_their_device_rows() -> None:
+    """Counts and bytes from the host rows (the enqueue), time from the device rows."""
+    host = [{"op": "nccl_allreduce", "backend": "nccl", "bytes": 1 << 20, "dur_ns": 2_000,
+             "seq": i} for i in range(4)]
+    dev = [{"op": "nccl_allreduce", "backend": "nccl", "bytes": 1 << 20, "dur_ns": 100_000 * (i + 1),
+            "seq": i, "device": True, "track": 1, "thread_kind": "stream"} for i in range(3)]
+    group = [{"op": "nccl_group", "backend": "nccl", "bytes": 0, "dur_ns": 10**9, "seq": 0,
+              "device": True, "track": 1, "thread_kind": "stream"}]
+    s = summarize(frame(host + dev + group), by=["op"])
+    r = s.set_index("op").loc["nccl_allreduce"]
+    assert r["calls"] == 4 and r["total_bytes"] == 4 << 20
+    # three calls timed on the device (100, 200, 300 us), one by its enqueue (2 us)
+    assert r["total_us"] == pytest.approx(602.0)
+    assert r["max_us"] == pytest.approx(300.0)

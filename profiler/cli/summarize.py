@@ -263,3 +263,7 @@ def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[
         if ev.get("selection", "all") != "all":
             console.print(f"note: trace.json holds {ev.get('included')} of "
                           f"{ev.get('total')} calls; this summary reads the full dataset")
+    from profiler import gpu
+
+    for line in gpu.summary_lines(meta, frame):
+        console.print(line, markup=False)
