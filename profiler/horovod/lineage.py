@@ -128,9 +128,12 @@ class LineageOutcome:
 # inputs
 # --------------------------------------------------------------------------
 
-def fusion_threshold(env: Mapping[str, Any] | None) -> int:
-    """HOROVOD_FUSION_THRESHOLD in bytes from a rank's env (default 128 MiB; 0 = off)."""
-    raw = (env or {}).get("HOROVOD_FUSION_THRESHOLD")
+def fusion_threshold(env: Mapping[str, Any] | None) -> int | None:
+    """HOROVOD_FUSION_THRESHOLD in bytes from a rank's env (default 128 MiB;
+    0 = fusion off); None when the environment was not recorded."""
+    if env is None:
+        return None
+    raw = env.get("HOROVOD_FUSION_THRESHOLD")
     if raw is None or str(raw).strip() == "":
         return DEFAULT_FUSION_THRESHOLD
     try:
@@ -358,7 +361,10 @@ def join(
     fill_in = matched & comparable & ~np.isfinite(tensor_bytes) & (ops["n_fused"].to_numpy() == 1)
     tensor_bytes[fill_in] = call_bytes[fill_in]
     call_tb[fill_in] = call_bytes[fill_in]
-    fill = call_tb / threshold if threshold > 0 else np.full(len(ops), math.nan)
+    if threshold:
+        fill = call_tb / threshold
+    else:  # fusion off (0) or threshold unknown (None)
+        fill = np.full(len(ops), math.nan)
     # Broadcasts and alltoalls never go through the fusion buffer.
     fill = np.where(ops["op"].isin(list(UNFUSED_OPS)).to_numpy(), math.nan, fill)
     step = rec_col("step", -1, np.int64) if "step" in recs.columns else np.full(len(ops), -1)
@@ -497,17 +503,34 @@ def _read_rank0(profile_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
     return frame, meta
 
 
+def _env_from_other_ranks(profile_dir: Path) -> dict[str, Any] | None:
+    """The env whitelist of the first rank whose own process recorded it."""
+    ranks = profile_dir / "ranks"
+    if not ranks.is_dir():
+        return None
+    for js in sorted(ranks.glob("rank-*.json"))[:64]:
+        try:
+            env = _read_json(js).get("env")
+        except ProfilerError:
+            continue
+        if isinstance(env, dict):
+            return env
+    return None
+
+
 def build_lineage(
     profile_dir: PathLike,
     *,
     frame: pd.DataFrame | None = None,
     rank_meta: Mapping[str, Any] | None = None,
     tolerance_ns: float = DEFAULT_TOLERANCE_NS,
+    write: bool = True,
 ) -> LineageOutcome:
     """Write <dir>/lineage.parquet; the outcome says what was written or why not.
 
     Never raises for what the profile directory holds (no timeline, a bad
-    timeline, no rank-0 dataset): those give path None and a reason.
+    timeline, no rank-0 dataset): those give path None and a reason.  With
+    write=False nothing is written: the table is in the outcome (path None).
     """
     d = Path(os.fspath(profile_dir))
     try:
@@ -517,7 +540,9 @@ def build_lineage(
             rank_meta = m0 if rank_meta is None else rank_meta
     except ProfilerError as exc:
         return LineageOutcome(None, exc.line())
-    env = rank_meta.get("env") or {}
+    env = rank_meta.get("env")
+    if env is None:
+        env = _env_from_other_ranks(d)
     header = rank_meta.get("header") or {}
     tl_path = find_timeline(d, env)
     if tl_path is None:
@@ -535,17 +560,21 @@ def build_lineage(
         else str(tl_path)
     if table.empty:
         return LineageOutcome(None, "the Horovod timeline holds no tensor operations", None, info)
+    matched = info.get("matched_calls", 0)
+    reason = (f"{info['rows']} tensor operations, {info['tensors']} tensors, "
+              f"{matched} of {info.get('instances', 0)} calls matched")
+    if not write:
+        return LineageOutcome(None, reason, table, info)
     out = d / LINEAGE_FILE
     tmp = d / (LINEAGE_FILE + f".tmp{os.getpid()}")
     try:
-        pq.write_table(pa.Table.from_pandas(table, preserve_index=False), tmp)
+        # nthreads=1: pyarrow would use a ThreadPoolExecutor for large frames,
+        # which fails when this runs from an atexit handler.
+        pq.write_table(pa.Table.from_pandas(table, preserve_index=False, nthreads=1), tmp)
         os.replace(tmp, out)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         return LineageOutcome(None, f"cannot write {out}: {exc.strerror or exc}", table, info)
-    matched = info.get("matched_calls", 0)
-    reason = (f"{info['rows']} tensor operations, {info['tensors']} tensors, "
-              f"{matched} of {info.get('instances', 0)} calls matched")
     return LineageOutcome(out, reason, table, info)
 
 

@@ -1,0 +1,186 @@
+"""`profiler tensors TRACE`: per-tensor table from Horovod's fusion lineage.
+
+    profiler tensors trace.json [--sort bytes|calls|negotiation|wait|fused|name]
+                     [--top N] [--op ALLREDUCE] [--format table|csv|json]
+
+TRACE is a trace.json or a profile directory.  The lineage is the
+lineage.parquet the merge wrote next to the trace (from Horovod's timeline
+joined with rank 0's records); when it is missing but the profile directory
+still holds timeline.json and rank 0's dataset, it is computed on the fly
+(nothing is written).  One row per tensor and Horovod operation:
+calls (operations of that tensor), bytes (per operation), negotiation time
+(mean and max), wait-for-data time (mean; GPU tensors only), fused-with (mean
+number of other tensors in the same collective call), and the rank most often
+last ready (from per-rank readiness, when the timeline has it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+SORT_KEYS = {
+    "bytes": ("total_bytes", False),
+    "calls": ("calls", False),
+    "negotiation": ("negotiation_mean_us", False),
+    "wait": ("wait_mean_us", False),
+    "fused": ("fused_with_mean", False),
+    "name": ("tensor", True),
+}
+JSON_COLUMNS = ["tensor", "op", "calls", "bytes", "total_bytes", "negotiation_mean_us",
+                "negotiation_max_us", "wait_mean_us", "fused_with_mean", "calls_matched",
+                "last_ready_rank"]
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "tensors", help="per-tensor table: bytes, calls, negotiation, wait-for-data, fusion",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("trace", help="trace.json or profile directory")
+    p.add_argument("--sort", choices=sorted(SORT_KEYS), default="bytes")
+    p.add_argument("--top", type=int, metavar="N", help="only the first N rows")
+    p.add_argument("--op", metavar="OP", help="only this Horovod operation (ALLREDUCE, ...)")
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    return p
+
+
+def load_lineage(path: str) -> Any:
+    """The lineage table for a trace.json or profile directory (typed errors)."""
+    from profiler.errors import NotFoundError
+    from profiler.horovod import lineage as L
+
+    p = Path(path)
+    if not p.exists():
+        raise NotFoundError(p, "no such file or directory")
+    meta: dict[str, Any] = {}
+    if p.is_dir():
+        d = p
+        if (d / "trace.json").is_file():
+            from profiler.tracejson import read_trace_meta
+
+            meta = read_trace_meta(d / "trace.json")
+    else:
+        from profiler.tracejson import read_trace_meta
+
+        meta = read_trace_meta(p)
+        d = p.parent
+    info = meta.get("lineage") if isinstance(meta, dict) else None
+    name = info.get("file") if isinstance(info, dict) else None
+    candidates = [d / name] if isinstance(name, str) and "/" not in name else []
+    candidates.append(d / L.LINEAGE_FILE)
+    for c in candidates:
+        if c.is_file():
+            return L.load(c)
+    outcome = L.build_lineage(d, write=False)
+    if outcome.table is not None and len(outcome.table):
+        return outcome.table
+    reason = info.get("reason") if isinstance(info, dict) and info.get("reason") \
+        else outcome.reason
+    raise NotFoundError(p, f"no fusion lineage: {reason}")
+
+
+def per_tensor(lin: Any) -> Any:
+    """Lineage rows -> one row per (tensor, op)."""
+    import numpy as np
+    import pandas as pd
+
+    if len(lin) == 0:
+        return pd.DataFrame({c: [] for c in JSON_COLUMNS})
+    df = lin.copy()
+    df["fused_with"] = df["n_tensors"] - 1
+    g = df.groupby(["tensor", "op"], sort=False)
+    out = g.agg(
+        calls=("tensor", "size"),
+        bytes=("tensor_bytes", "max"),
+        total_bytes=("tensor_bytes", "sum"),
+        negotiation_mean_us=("negotiation_ns", "mean"),
+        negotiation_max_us=("negotiation_ns", "max"),
+        wait_mean_us=("wait_for_data_ns", "mean"),
+        fused_with_mean=("fused_with", "mean"),
+        calls_matched=("matched", "sum"),
+    ).reset_index()
+    for c in ("negotiation_mean_us", "negotiation_max_us", "wait_mean_us"):
+        out[c] = out[c] / 1000.0
+    ready = df[df["last_ready_rank"] >= 0]
+    if len(ready):
+        mode = ready.groupby(["tensor", "op"])["last_ready_rank"].agg(
+            lambda s: int(s.value_counts().idxmax()))
+        out = out.merge(mode.rename("last_ready_rank").reset_index(), on=["tensor", "op"],
+                        how="left")
+        out["last_ready_rank"] = out["last_ready_rank"].fillna(-1).astype(np.int64)
+    else:
+        out["last_ready_rank"] = -1
+    out["calls_matched"] = out["calls_matched"].astype(np.int64)
+    return out[JSON_COLUMNS]
+
+
+def run(args: argparse.Namespace) -> int:
+    from profiler.errors import UsageError
+
+    if args.top is not None and args.top < 1:
+        raise UsageError(None, f"--top must be >= 1, not {args.top}")
+    lin = load_lineage(args.trace)
+    table = per_tensor(lin)
+    if args.op:
+        known = sorted(set(table["op"]))
+        if args.op.upper() not in known:
+            raise UsageError(args.trace, f"no {args.op} operations (have: {', '.join(known)})")
+        table = table[table["op"] == args.op.upper()]
+    col, ascending = SORT_KEYS[args.sort]
+    table = table.sort_values([col, "tensor"], ascending=[ascending, True], kind="stable")
+    if args.top:
+        table = table.head(args.top)
+    table = table.reset_index(drop=True)
+    if args.format == "json":
+        import orjson
+
+        sys.stdout.write(orjson.dumps(table.to_dict(orient="records"),
+                                      option=orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
+    elif args.format == "csv":
+        table.to_csv(sys.stdout, index=False)
+    else:
+        _print_table(args.trace, table, lin)
+    return 0
+
+
+def _fmt_us(v: float) -> str:
+    if v != v:
+        return "-"
+    if v >= 1e6:
+        return f"{v / 1e6:.2f} s"
+    if v >= 1e3:
+        return f"{v / 1e3:.2f} ms"
+    return f"{v:.1f} us"
+
+
+def _fmt_bytes(v: float) -> str:
+    if v != v:
+        return "-"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if v >= scale:
+            return f"{v / scale:.1f} {unit}"
+    return f"{int(v)} B"
+
+
+def _print_table(path: str, table: Any, lin: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, soft_wrap=False,
+                      width=None if sys.stdout.isatty() else 200)
+    n_calls = int(lin.loc[lin["matched"], ["call_comm", "call_seq"]].drop_duplicates().shape[0])
+    t = Table(title=f"{path}: {lin['tensor'].nunique()} tensors, {len(lin)} tensor operations, "
+                    f"{n_calls} collective calls matched", title_justify="left")
+    for name in ("tensor", "op", "calls", "bytes", "negotiation", "neg max", "wait for data",
+                 "fused with", "last ready"):
+        t.add_column(name, justify="left" if name in ("tensor", "op") else "right",
+                     no_wrap=True)
+    for r in table.itertuples(index=False):
+        t.add_row(str(r.tensor), str(r.op), str(r.calls), _fmt_bytes(r.bytes),
+                  _fmt_us(r.negotiation_mean_us), _fmt_us(r.negotiation_max_us),
+                  _fmt_us(r.wait_mean_us), f"{r.fused_with_mean:.1f}",
+                  "-" if r.last_ready_rank < 0 else f"rank {r.last_ready_rank}")
+    console.print(t)
