@@ -123,11 +123,15 @@ def run(args: argparse.Namespace) -> int:
         sweep_args += ["--collectives", ",".join(ops), "--sizes", ",".join(map(str, sizes))]
     env = bench.transport_env(args.transport)
     if bench.under_mpi():
+        # already a rank of an MPI job (mpirun ... profiler bench): MPI is not initialized
+        # yet, so the transport and the profile directory still take effect here; the
+        # profiler records only if the job was started with HOROVOD_PROFILE=1
         import os
 
         from profiler.bench import sweep
 
         os.environ.update(env)
+        os.environ.setdefault("HOROVOD_PROFILE_DIR", str(out.resolve()))
         return sweep.main(sweep_args)
     cmd = bench.sweep_command(np=args.np, mpirun=args.mpirun,
                               mpirun_args=shlex.split(args.mpirun_args),
