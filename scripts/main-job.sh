@@ -60,7 +60,7 @@ say "summary, fusion off (HOROVOD_FUSION_THRESHOLD=0)"
 
 if "$PROFILER" compare --help >/dev/null 2>&1; then
     say "comparison: fusion on (A) vs fusion off (B)"
-    "$PROFILER" compare "$ON" "$OFF"
+    "$PROFILER" compare "$ON" "$OFF" --labels fusion-on,fusion-off
 else
     say "note: 'profiler compare' is not available in this version; comparison skipped"
 fi
@@ -68,8 +68,8 @@ fi
 REPORT=
 if "$PROFILER" report --help >/dev/null 2>&1; then
     REPORT=$OUT/report.html
-    say "report of the fusion-on run"
-    "$PROFILER" report "$ON" -o "$REPORT"
+    say "report: fusion on vs off"
+    "$PROFILER" report "$ON" "$OFF" --labels fusion-on,fusion-off --no-progress -o "$REPORT"
 else
     say "note: 'profiler report' is not available in this version; report skipped"
 fi
