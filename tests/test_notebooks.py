@@ -40,6 +40,7 @@ def test_notebook_executes(path: Path, tmp_path: Path, monkeypatch: pytest.Monke
 
     for k, v in MPI_ENV.items():
         monkeypatch.setenv(k, v)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the notebooks' generated traces land here
     for k in [k for k in os.environ if k.startswith("HOROVOD_PROFILE")]:
         monkeypatch.delenv(k)
     nb = nbformat.read(path, as_version=4)
