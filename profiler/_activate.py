@@ -75,21 +75,57 @@ def finish() -> str | None:
     gpu.finish_native()  # NCCL device times in flight, the NCCL sidecar
     _lib.process_exit()
 
+    if not os.path.exists(raw):
+        # The profile directory (or this raw file) was removed while the job
+        # ran: the records went into a file nobody can open any more.  Rank 0
+        # says so once; the other ranks' records went the same way.
+        if rank == 0:
+            _say(f"warning: the profile directory {directory} was removed while the job "
+                 "ran: the records of this job are lost (no dataset, no trace)")
+        return None
     from profiler.dataset import convert_raw
 
     try:
         convert_raw(raw, directory, own_process=True)
+    except OSError as exc:
+        if _no_space(exc):
+            # The other ranks' conversions fail the same way: rank 0 alone
+            # says what is kept, and merging would fail again.
+            if rank == 0:
+                _say(_no_space_line(directory, exc))
+            return None
+        _say(f"error: rank {rank}: cannot convert {raw}: {_one_line(exc)}")
     except Exception as exc:  # rank 0 still merges what is there
         _say(f"error: rank {rank}: cannot convert {raw}: {_one_line(exc)}")
     if rank != 0:
         return None
     from profiler.merge import wait_and_merge
 
-    result = wait_and_merge(directory, world_size=max(world, 1), own_rank=0,
-                            timeout=merge_timeout())
+    try:
+        result = wait_and_merge(directory, world_size=max(world, 1), own_rank=0,
+                                timeout=merge_timeout())
+    except OSError as exc:
+        if not _no_space(exc):
+            raise
+        line = _no_space_line(directory, exc)
+        _say(line)
+        return line
     line = f"trace written to {result.summary_line()}"
     _say(line)
     return line
+
+
+def _no_space(exc: OSError) -> bool:
+    import errno
+
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def _no_space_line(directory: str, exc: OSError) -> str:
+    what = os.strerror(exc.errno) if exc.errno else str(exc)
+    return (f"error: cannot write the dataset or trace in {directory} ({what}): the raw "
+            f"files are kept; build the trace where there is space with: profiler merge "
+            f"{directory}")
 
 
 def _finalize_mpi4py() -> None:
@@ -156,6 +192,10 @@ def activate() -> None:
     except Exception as exc:
         _say(f"error: profiling disabled: {_one_line(exc)}")
         return
+    # The exit work imports pyarrow, which imports concurrent.futures.thread,
+    # which registers an atexit hook of its own: too late once the interpreter
+    # is shutting down ("can't register atexit after shutdown").  Import it now.
+    import concurrent.futures.thread  # noqa: F401
     set_python = getattr(lib, "hvprof_set_python", None)
     if set_python is not None:
         set_python(1)  # rank 0's exit handler merges: the library need not say how

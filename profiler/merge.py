@@ -40,6 +40,8 @@ class MergeResult:
     problems: list[str] = field(default_factory=list)
     mode: str = "full"
     unsampled: int = 0
+    dropped: int = 0
+    dropped_ranks: list[int] = field(default_factory=list)
 
     def summary_line(self) -> str:
         """`<dir>/trace.json (N ranks, M calls[; missing ranks: ...][; partial ranks: ...])`."""
@@ -47,7 +49,10 @@ class MergeResult:
         if self.mode != "full":
             extra += f"; {self.mode} mode: calls aggregated"
         if self.unsampled:
-            extra += f"; {self.unsampled} calls outside the sampling window"
+            extra += f"; {self.unsampled} calls not sampled"
+        if self.dropped:
+            extra += (f"; {self.dropped} records dropped (disk full or write error) on "
+                      f"rank(s) {_ranges(self.dropped_ranks)}")
         if self.missing_ranks:
             extra += f"; missing ranks: {_ranges(self.missing_ranks)}"
         if self.partial_ranks:
@@ -163,6 +168,8 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
     frames = [read_dataset([parquets[r]]) for r in present]
     calls = sum(int(m.get("calls", 0)) for m in rank_meta)
     unsampled = sum(int(m.get("unsampled_calls", 0)) for m in rank_meta)
+    dropped_by = {int(m["rank"]): int(m["header"].get("dropped_records", 0) or 0)
+                  for m in rank_meta}
     trace_path = Path(out) if out is not None else d / "trace.json"
     meta = job_metadata(d, trace_path, rank_meta, world, missing, partial, calls)
     meta["created"] = now_iso()
@@ -170,7 +177,9 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
     write_trace(trace_path, meta, frames, rank_meta, limit=limit)
     return MergeResult(trace=trace_path, ranks=present, world_size=world, calls=calls,
                        missing_ranks=missing, partial_ranks=partial, converted=converted,
-                       problems=problems, mode=meta["mode"], unsampled=unsampled)
+                       problems=problems, mode=meta["mode"], unsampled=unsampled,
+                       dropped=sum(dropped_by.values()),
+                       dropped_ranks=sorted(r for r, n in dropped_by.items() if n))
 
 
 def job_metadata(d: Path, trace_path: Path, rank_meta: list[dict[str, Any]], world: int,
@@ -245,7 +254,7 @@ def wait_and_merge(profile_dir: str | os.PathLike[str], *, world_size: int, own_
     """Rank 0 at exit: wait (bounded) for the other ranks' datasets, converting
     those whose raw header shows they died, then merge."""
     from profiler.dataset import is_up_to_date
-    from profiler.raw import read_header, writer_state
+    from profiler.raw import _pid_alive, read_header, writer_state
 
     d = Path(profile_dir)
     start = time.monotonic()
@@ -269,8 +278,10 @@ def wait_and_merge(profile_dir: str | os.PathLike[str], *, world_size: int, own_
             st = writer_state(header)
             if st == "closed" and is_up_to_date(raws[r], d):
                 pending.discard(r)
-            elif st == "dead":
-                convert_pending(d, ranks=[r])  # it will never convert itself
+            elif st == "dead" or (st == "closed" and _pid_alive(header) is False):
+                # Killed, or exited without leaving its dataset (its own
+                # conversion failed: disk full...): it will never convert itself.
+                convert_pending(d, ranks=[r])
                 pending.discard(r)
         if not pending or time.monotonic() >= deadline:
             break

@@ -247,7 +247,7 @@ def _read_mapped(p: Path, buf: mmap.mmap, size: int) -> RawFile:
     records = np.concatenate(pieces) if pieces else np.zeros(0, dtype=F.RECORD_DTYPE)
     if header["dropped_records"]:
         problems.append(f"{header['dropped_records']} record(s) dropped by the writer "
-                        "(no chunk could be allocated)")
+                        "(disk full, write error or no free buffer)")
     return RawFile(path=p, header=header, comms=comms, tracks=tracks, records=records,
                    problems=problems, file_size=size)
 
