@@ -5,7 +5,13 @@ The facade: one line per public name; analysis modules add theirs here.
 
 from __future__ import annotations
 
+from . import figures
+from .compare import compare
+from .imbalance import match_calls, rank_times, stragglers
 from .load import load, load_aggregates, load_meta
+from .model import anomalies, fit_alpha_beta, latency_by_size, padding_summary, padding_whatif
+from .report import render_report, write_report
+from .sizes import fusion_table, size_distribution, size_summary
 from .summary import (
     bucket_label,
     bus_factor,
@@ -13,6 +19,7 @@ from .summary import (
     summarize,
     summarize_aggregates,
 )
+from .throughput import correlation, step_table, throughput_summary
 
 __all__ = [
     "load",
@@ -23,4 +30,22 @@ __all__ = [
     "bucket_label",
     "bus_factor",
     "comm_time_imbalance",
+    "size_distribution",
+    "size_summary",
+    "fusion_table",
+    "fit_alpha_beta",
+    "latency_by_size",
+    "anomalies",
+    "padding_whatif",
+    "padding_summary",
+    "match_calls",
+    "rank_times",
+    "stragglers",
+    "step_table",
+    "throughput_summary",
+    "correlation",
+    "compare",
+    "write_report",
+    "render_report",
+    "figures",
 ]
