@@ -6,6 +6,8 @@ HOROVOD_PROFILE is set, so heavy imports stay lazy):
     profiler.step(images=N)        mark the end of a training step
     with profiler.step_context(images=N): ...   time a step explicitly
     profiler.load(path)            trace -> pandas DataFrame (profiler.analysis)
+    profiler.sampling(False|True)  pause / resume recording at run time
+    with profiler.paused(): ...    pause recording for a block
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ if TYPE_CHECKING:
 
 from profiler._version import __version__
 
-__all__ = ["__version__", "step", "step_context", "load"]
+__all__ = ["__version__", "step", "step_context", "load", "sampling", "paused"]
 
 
 def step(images: int = 0) -> None:
@@ -27,14 +29,29 @@ def step(images: int = 0) -> None:
     _step(images=images)
 
 
-def step_context(images: int = 0) -> "Any":
+def step_context(images: int = 0) -> Any:
     """Context manager timing one step: `with profiler.step_context(images=64): ...`."""
     from profiler.steps import step_context as _ctx
 
     return _ctx(images=images)
 
 
-def load(*paths: "Any", **kwargs: "Any") -> "Any":
+def sampling(on: bool) -> None:
+    """Pause (False) or resume (True) recording; paused calls keep their sequence
+    numbers and are counted as unsampled.  A no-op when profiling is off."""
+    from profiler.steps import sampling as _sampling
+
+    _sampling(on)
+
+
+def paused() -> Any:
+    """Context manager pausing recording for its body: `with profiler.paused(): ...`."""
+    from profiler.steps import paused as _paused
+
+    return _paused()
+
+
+def load(*paths: Any, **kwargs: Any) -> Any:
     """Load one or more traces into a DataFrame (see profiler.analysis.load)."""
     from profiler.analysis import load as _load
 

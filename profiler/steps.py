@@ -28,6 +28,21 @@ Two ways to mark steps:
 Steps whose image count is 0 (warm-up, or unknown) are recorded but carry no
 images: images/sec is computed over the steps that have images.
 
+Sampling (the library's run-time switch, ``hvprof_set_sampling``): while
+recording is paused, calls are neither recorded nor lost: they keep their
+per-communicator sequence numbers (so the recorded calls still match across
+ranks) and are counted in the raw header's ``unsampled_calls``.  Step records
+are always written.
+
+* ``profiler.sampling(False)`` / ``profiler.sampling(True)`` pause and resume;
+  ``with profiler.paused(): ...`` pauses for a block;
+* ``HOROVOD_PROFILE_SAMPLE_STEPS=N`` records one step in N: steps 0, N, 2N, ...
+  are recorded, the others counted as unsampled (switched at step boundaries,
+  whichever way steps are marked).  The calls before the first step boundary
+  (start-up, parameter broadcast) are recorded.
+
+Both combine: a call is recorded when neither pauses it.
+
 When profiling is off (the library was not loaded at start-up) every function
 here returns at once, after one cached check.
 """
@@ -52,10 +67,14 @@ __all__ = [
     "hook_step",
     "steps_recorded",
     "mode",
+    "sampling",
+    "paused",
+    "sample_every",
 ]
 
 APP_STEP = 32  # hvprof_format.h: X(32, APP_STEP, "step", "app")
 BATCH_SIZE_ENV = "HOROVOD_PROFILE_BATCH_SIZE"
+SAMPLE_STEPS_ENV = "HOROVOD_PROFILE_SAMPLE_STEPS"
 
 _UNRESOLVED: Any = object()
 _lib: Any = _UNRESOLVED  # the ctypes library, or None when profiling is off
@@ -68,6 +87,9 @@ _hooked = False  # the optimizer hook has marked a boundary
 _batch_size: int | None = None  # set_batch_size()
 _env_batch: int | None = None
 _env_read = False
+_user_on = True  # profiler.sampling() / paused()
+_steps_on = True  # HOROVOD_PROFILE_SAMPLE_STEPS: the open step is one to record
+_every: int | None = None  # HOROVOD_PROFILE_SAMPLE_STEPS, read once (1 = every step)
 
 
 def _library() -> Any:
@@ -83,6 +105,7 @@ def _library() -> Any:
 def _reset_for_tests() -> None:
     """Forget all state (the library lookup included).  For tests only."""
     global _lib, _last, _next_seq, _explicit, _hooked, _batch_size, _env_batch, _env_read
+    global _user_on, _steps_on, _every
     with _lock:
         _lib = _UNRESOLVED
         _last = None
@@ -92,6 +115,9 @@ def _reset_for_tests() -> None:
         _batch_size = None
         _env_batch = None
         _env_read = False
+        _user_on = True
+        _steps_on = True
+        _every = None
 
 
 def _check_images(images: int) -> int:
@@ -102,6 +128,45 @@ def _check_images(images: int) -> int:
     if n < 0:
         raise UsageError(None, f"images must be >= 0, not {n}")
     return n
+
+
+def sample_every() -> int:
+    """N of HOROVOD_PROFILE_SAMPLE_STEPS (record one step in N); 1 = every step.
+
+    A value that is not a positive integer is ignored with one warning."""
+    global _every
+    if _every is None:
+        raw = os.environ.get(SAMPLE_STEPS_ENV, "").strip()
+        n = 1
+        if raw:
+            try:
+                n = int(raw)
+            except ValueError:
+                n = 0
+            if n < 1:
+                print(f"horovod-profiler: warning: ignoring {SAMPLE_STEPS_ENV}={raw!r} "
+                      "(not a positive integer); every step is recorded", file=sys.stderr)
+                n = 1
+        _every = n
+    return _every
+
+
+def _apply_sampling(lib: Any) -> None:
+    """Tell the library whether calls are recorded now (caller holds the lock)."""
+    fn = getattr(lib, "hvprof_set_sampling", None)
+    if fn is not None:
+        fn(1 if (_user_on and _steps_on) else 0)
+
+
+def _open_step(lib: Any) -> None:
+    """Step number _next_seq has just opened: sample it or not (caller holds the lock)."""
+    global _steps_on
+    every = sample_every()
+    if every > 1:
+        on = _next_seq % every == 0
+        if on != _steps_on:
+            _steps_on = on
+            _apply_sampling(lib)
 
 
 def _record(lib: Any, t_start: int, t_end: int, images: int) -> None:
@@ -118,6 +183,7 @@ def _boundary(lib: Any, images: int) -> None:
     if _last is not None:
         _record(lib, _last, now, images)
     _last = now
+    _open_step(lib)
 
 
 def step(images: int = 0) -> None:
@@ -139,6 +205,7 @@ def step(images: int = 0) -> None:
                 # application started marking its own: restart the open
                 # interval here so that no step is counted twice.
                 _last = int(lib.hvprof_now())
+                _open_step(lib)
                 return
         _boundary(lib, n)
 
@@ -146,6 +213,8 @@ def step(images: int = 0) -> None:
 @contextmanager
 def _step_context(lib: Any, images: int) -> Iterator[None]:
     global _explicit, _last
+    with _lock:
+        _open_step(lib)  # the body is step number _next_seq
     t0 = int(lib.hvprof_now())
     try:
         yield
@@ -155,6 +224,7 @@ def _step_context(lib: Any, images: int) -> Iterator[None]:
             t1 = int(lib.hvprof_now())
             _record(lib, t0, t1, images)
             _last = t1
+            _open_step(lib)
 
 
 @contextmanager
@@ -233,3 +303,44 @@ def mode() -> str:
     if _explicit:
         return "explicit"
     return "hook" if _hooked else "none"
+
+
+def sampling(on: bool) -> None:
+    """Resume (True) or pause (False) recording at run time.
+
+    While paused, calls keep their sequence numbers and are counted as
+    unsampled (raw header ``unsampled_calls``, trace metadata); step records
+    are still written.  Combines with HOROVOD_PROFILE_SAMPLE_STEPS: a call is
+    recorded when neither pauses it.  A no-op when profiling is off, and in a
+    forked child (the library ignores it there)."""
+    global _user_on
+    lib = _lib if _lib is not _UNRESOLVED else _library()
+    if lib is None:
+        return
+    with _lock:
+        _user_on = bool(on)
+        _apply_sampling(lib)
+
+
+@contextmanager
+def _paused(lib: Any) -> Iterator[None]:
+    global _user_on
+    with _lock:
+        before = _user_on
+        _user_on = False
+        _apply_sampling(lib)
+    try:
+        yield
+    finally:
+        with _lock:
+            _user_on = before
+            _apply_sampling(lib)
+
+
+def paused() -> Any:
+    """Context manager pausing recording for its body: ``with profiler.paused(): ...``
+    (restores the previous setting on exit; nests).  A no-op when profiling is off."""
+    lib = _lib if _lib is not _UNRESOLVED else _library()
+    if lib is None:
+        return _nothing()
+    return _paused(lib)
