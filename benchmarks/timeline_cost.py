@@ -50,6 +50,8 @@ def config_env(name: str, work: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("HOROVOD_PROFILE", "HOROVOD_TIMELINE"))}
     env.update(MPI_ENV)
+    # Bounds rank 0's wait for the others' datasets at exit (after the timed part).
+    env["HOROVOD_PROFILE_MERGE_TIMEOUT"] = "20"
     if name == "profiled":
         env.update(HOROVOD_PROFILE="1", HOROVOD_PROFILE_TIMELINE="0",
                    HOROVOD_PROFILE_DIR=str(work / "prof"))

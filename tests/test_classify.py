@@ -377,3 +377,40 @@ def test_real_np1(tmp_path: Path) -> None:
     assert len(bitvec) > 0 and (bitvec["kind"] == "control").all()
     assert (df.loc[df["op"].isin(["gather", "gatherv"]), "kind"] == "control").all()
     assert (df.loc[df["backend"] == "mpi", "thread_kind"] == "horovod").all()
+
+
+@pytest.mark.mpi
+@pytest.mark.horovod
+@requires_mpi
+@requires_horovod
+def test_real_every_horovod_collective(tmp_path: Path) -> None:
+    """allreduce (f32, f16, i64 max), broadcast (f32, i32, u8), allgather,
+    alltoall, reducescatter and barrier through real Horovod at np=2."""
+    prof = tmp_path / "prof"
+    mpirun(2, [sys.executable, str(Path(__file__).parent / "hvd_ops_job.py")],
+           env={"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof),
+                "HOROVOD_PROFILE_TIMELINE": "0"}, cwd=tmp_path, timeout=240)
+    for r in range(2):
+        df = pd.read_parquet(prof / "ranks" / f"rank-{r:05d}.parquet")
+        data = df[df["kind"] == "data"]
+        got = sorted(zip(data["op"].astype(str), data["dtype"].astype(str),
+                         data["redop"].astype(str)))
+        assert got == sorted([
+            ("allreduce", "MPI_FLOAT", "sum"), ("allreduce", "derived", "user"),
+            ("allreduce", "MPI_INT64_T", "max"),
+            ("bcast", "MPI_FLOAT", "none"), ("bcast", "MPI_INT32_T", "none"),
+            ("bcast", "MPI_UINT8_T", "none"),
+            ("allgatherv", "MPI_FLOAT", "none"), ("alltoallv", "MPI_FLOAT", "none"),
+            ("reduce_scatter", "MPI_FLOAT", "sum"),
+        ])
+        # float16 bytes come from the derived type's size, never a guess.
+        f16 = data[data["dtype"] == "derived"]
+        assert f16["bytes"].tolist() == [128] and f16["dtype_size"].tolist() == [2]
+        ctl = df[df["kind"] == "control"]
+        # Alltoall's splits exchange and hvd.barrier() are Horovod's control.
+        assert (ctl["op"] == "alltoall").sum() == 1 and (ctl["op"] == "barrier").sum() == 1
+        assert (ctl["dtype"].isin(["MPI_INT", "MPI_BYTE", "MPI_LONG_LONG_INT", "unknown"])).all()
+        # Every negotiation: gather + gatherv + bcast(int) + bcast(bytes).
+        n_gather = int((ctl["op"] == "gather").sum())
+        assert n_gather == int((ctl["op"] == "gatherv").sum()) > 0
+        assert int((ctl["op"] == "bcast").sum()) == 2 * n_gather

@@ -437,11 +437,13 @@ def calls(lineage: pd.DataFrame) -> pd.DataFrame:
         comm_activity=("comm_activity", "first"), call_t_start_ns=("call_t_start_ns", "first"),
         call_dur_ns=("call_dur_ns", "first"), call_bytes=("call_bytes", "first"),
         n_tensors=("tensor", "size"),
-        tensor_bytes=("tensor_bytes", lambda s: s.sum(min_count=len(s))),
+        tensor_bytes=("tensor_bytes", "sum"),
+        known_bytes=("tensor_bytes", "count"),
         fill_ratio=("fill_ratio", "first"), tensors=("tensor", list),
         negotiation_ns_max=("negotiation_ns", "max"),
         wait_for_data_ns_max=("wait_for_data_ns", "max"),
     ).reset_index()
+    out.loc[out["known_bytes"] < out["n_tensors"], "tensor_bytes"] = math.nan
     return out.sort_values("call_t_start_ns", kind="stable").reset_index(drop=True)[cols]
 
 

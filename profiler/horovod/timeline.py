@@ -540,9 +540,13 @@ def tensor_ops(tl: Timeline) -> pd.DataFrame:
     out: dict[str, list[Any]] = {c: [] for c in TENSOR_OP_COLUMNS}
     op_rows = np.flatnonzero(level == "op")
     group_sizes = pd.Series(groups[op_rows]).value_counts().to_dict() if len(op_rows) else {}
+    dtypes = sp["dtype"].tolist()
+    shapes = sp["shape"].tolist()
+    pid_list = pids.tolist()
+    level_list = level.tolist()
     for i in range(len(sp)):
-        lv = level[i]
-        pid = int(pids[i])
+        lv = level_list[i]
+        pid = pid_list[i]
         if lv == "negotiate":
             pending_neg[pid] = i
             continue
@@ -552,8 +556,8 @@ def tensor_ops(tl: Timeline) -> pd.DataFrame:
         occurrence[pid] = occ + 1
         neg = pending_neg.pop(pid, -1)
         c = comm_idx[i]
-        dtype = sp["dtype"].iat[i]
-        shape = sp["shape"].iat[i]
+        dtype = dtypes[i]
+        shape = shapes[i]
         elems = shape_elements(shape) if shape else None
         isz = DTYPE_BYTES.get(dtype)
         out["tensor"].append(tl.tensors.get(pid, f"pid{pid}"))
@@ -618,26 +622,38 @@ def fused_ops(tl: Timeline, ops: pd.DataFrame | None = None) -> pd.DataFrame:
             "n_tensors", "tensors", "tensor_bytes", "complete"]
     if t.empty:
         return pd.DataFrame({c: [] for c in cols})
-    rows: dict[str, list[Any]] = {c: [] for c in cols}
-    for gid, part in t.groupby("op_group", sort=True):
-        comm = part["comm_activity"].iat[0]
-        has_comm = bool(comm)
-        rows["op_group"].append(int(gid))
-        rows["op"].append(part["op"].iat[0])
-        rows["comm_activity"].append(comm)
-        rows["comm_group"].append(int(part["comm_group"].iat[0]))
-        start = part["comm_start_us"] if has_comm else part["t_start_us"]
-        end = part["comm_end_us"] if has_comm else part["t_end_us"]
-        rows["t_start_us"].append(float(start.min()))
-        rows["t_end_us"].append(float(end.max()) if end.notna().all() else math.nan)
-        rows["n_tensors"].append(len(part))
-        rows["tensors"].append(part["tensor"].tolist())
-        b = part["tensor_bytes"]
-        rows["tensor_bytes"].append(float(b.sum()) if b.notna().all() else math.nan)
-        rows["complete"].append(bool(part["complete"].all()))
-    out = pd.DataFrame(rows)
+    has_comm = t["comm_activity"].astype(str).to_numpy() != ""
+    work = pd.DataFrame({
+        "op_group": t["op_group"].to_numpy(),
+        "op": t["op"].to_numpy(),
+        "comm_activity": t["comm_activity"].to_numpy(),
+        "comm_group": t["comm_group"].to_numpy(),
+        "start": np.where(has_comm, t["comm_start_us"], t["t_start_us"]),
+        "end": np.where(has_comm, t["comm_end_us"], t["t_end_us"]),
+        "tensor": t["tensor"].to_numpy(),
+        "tensor_bytes": t["tensor_bytes"].to_numpy(dtype=np.float64),
+        "complete": t["complete"].to_numpy(dtype=bool),
+    })
+    g = work.groupby("op_group", sort=True)
+    out = g.agg(
+        op=("op", "first"),
+        comm_activity=("comm_activity", "first"),
+        comm_group=("comm_group", "first"),
+        t_start_us=("start", "min"),
+        t_end_us=("end", "max"),
+        n_tensors=("tensor", "size"),
+        tensors=("tensor", list),
+        tensor_bytes=("tensor_bytes", "sum"),
+        complete=("complete", "all"),
+    ).reset_index()
+    # Unknown if any member's end or size is unknown.
+    out.loc[g["end"].count().to_numpy() < out["n_tensors"].to_numpy(), "t_end_us"] = math.nan
+    out.loc[g["tensor_bytes"].count().to_numpy() < out["n_tensors"].to_numpy(),
+            "tensor_bytes"] = math.nan
     out["n_tensors"] = out["n_tensors"].astype(np.int64)
-    return out.sort_values("t_start_us", kind="stable").reset_index(drop=True)
+    out["comm_group"] = out["comm_group"].astype(np.int64)
+    out["complete"] = out["complete"].astype(bool)
+    return out[cols].sort_values("t_start_us", kind="stable").reset_index(drop=True)
 
 
 def readiness(tl: Timeline) -> pd.DataFrame:
