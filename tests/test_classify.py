@@ -248,6 +248,11 @@ def fused_np2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
                    HOROVOD_PROFILE_TIMELINE="0")
 
 
+def trace_meta_events(prof: Path) -> list[dict[str, Any]]:
+    doc = json.loads((prof / "trace.json").read_text())
+    return [e for e in doc["traceEvents"] if e.get("ph") == "M"]
+
+
 def data_allreduces(df: pd.DataFrame) -> pd.DataFrame:
     return df[(df["kind"] == "data") & (df["op"] == "allreduce")]
 
@@ -336,6 +341,12 @@ def test_real_records_from_horovod_are_on_its_background_thread(
         assert len(app) == STEPS - 1
         assert (app["thread_kind"] == "main").all() and (app["kind"] == "app").all()
         assert horovod_tracks(df) == {hvd_track}
+        (main_track,) = set(app["track"].tolist())
+        # The trace: one track per thread, Horovod's named as such.
+        names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace_meta_events(prof)
+                 if e.get("name") == "thread_name"}
+        assert "Horovod" in names[(rank, hvd_track)]
+        assert "Horovod" not in names[(rank, main_track)]
 
 
 @pytest.mark.mpi
