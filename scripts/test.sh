@@ -17,7 +17,7 @@ echo "test: running pytest over tests/ ($(date -u +%H:%M:%SZ))"
 # per-test timeout from pyproject.toml (pytest-timeout), overridable here.
 # The pytest script, not `python -m pytest`: that would put the checkout on
 # sys.path and import its profiler/ instead of the installed package.
-"$ROOT/.venv/bin/pytest" -q -ra -p pytest_timeout tests/ "$@"
+"$ROOT/.venv/bin/pytest" -q -ra tests/ "$@"
 rc=$?
 case $rc in
     0) echo "test: all tests passed" ;;
