@@ -165,15 +165,19 @@ def test_fused_lineage(fused: tuple[Path, dict[str, Any]]) -> None:
     check_every_parameter_once_per_step(lin, params)
     calls = L.calls(lin)
     car = calls[calls["call_op"] == "allreduce"]
-    # One fused call per step carrying every gradient.
-    assert len(car) == STEPS
-    assert (car["n_tensors"] == len(params)).all()
-    assert (car["call_bytes"] == total).all() and (car["tensor_bytes"] == total).all()
+    # Fused calls: usually one per step carrying every gradient (a Horovod
+    # cycle boundary inside a backward pass splits a step in two).
+    assert STEPS <= len(car) < STEPS * len(params)
+    assert (car.groupby("step")["n_tensors"].sum() == len(params)).all()
+    assert (car.groupby("step")["call_bytes"].sum() == total).all()
+    assert (car["call_bytes"] == car["tensor_bytes"]).all()
     if threshold:
-        assert np.allclose(car["fill_ratio"], total / threshold)
+        assert np.allclose(car["fill_ratio"], car["call_bytes"] / threshold)
     else:
         assert car["fill_ratio"].isna().all()
-    assert sorted(car["tensors"].iloc[0]) == sorted(f"allreduce.{p}" for p in params)
+    full = car[car["n_tensors"] == len(params)]
+    assert len(full) >= 1
+    assert sorted(full["tensors"].iloc[0]) == sorted(f"allreduce.{p}" for p in params)
     ar = lin[lin["op"] == "ALLREDUCE"]
     assert ar["bytes_agree"].all()
     assert (ar["wait_for_data_ns"] == 0).all()  # CPU tensors: no WAIT_FOR_DATA
@@ -348,7 +352,7 @@ def test_tensors_command(fused: tuple[Path, dict[str, Any]], tmp_path: Path,
         r = ar[f"allreduce.{name}"]
         assert r["calls"] == STEPS and r["calls_matched"] == STEPS
         assert r["bytes"] == 4 * n and r["total_bytes"] == 4 * n * STEPS
-        assert r["fused_with_mean"] == len(params) - 1
+        assert 0 < r["fused_with_mean"] <= len(params) - 1
         assert r["negotiation_mean_us"] >= 0 and r["wait_mean_us"] == 0
     bc = [r for r in rows if r["op"] == "BROADCAST"]
     assert len(bc) == len(params) and all(r["fused_with_mean"] == 0 for r in bc)
