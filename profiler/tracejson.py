@@ -10,11 +10,27 @@ Events: per rank a process (pid = rank, "rank R (host)"), per track a thread
 (tid = track index; Horovod's background thread is named so), complete
 events ("ph": "X", ts/dur in microseconds) named by op.
 
-Event selection: all calls when the job has at most HOROVOD_PROFILE_TRACE_EVENTS
-(default 500000) rows; otherwise a window: the N consecutive rows (by start time,
-all ranks together) centred on the middle of the job, so that the trace shows
-steady state rather than start-up.  The metadata says which ("events":
-{"included", "total", "selection"}); the parquet dataset always holds every row.
+Event selection (bounded whatever the size of the job; the parquet dataset
+always holds every row):
+
+* the whole job when it has at most HOROVOD_PROFILE_TRACE_EVENTS rows (default
+  500000): every rank's rows are read;
+* otherwise a window, read from a few ranks only:
+  - ranks: the first HOROVOD_PROFILE_TRACE_RANKS ranks (default 8), plus the
+    ranks with the least communication time when the rank metadata says it
+    (``totals.comm_ns``: a rank that arrives last at the collectives waits
+    least in them, so these are the likely stragglers), at most
+    TRACE_EXTRA_RANKS of them.  The number of rows per rank comes from the
+    rank metadata (or the parquet footer): no other rank's records are read;
+  - steps: when the rows carry step numbers, up to HOROVOD_PROFILE_TRACE_STEPS
+    (default 10) consecutive steps around the middle step that fit in the
+    limit, as a time window from the first start of the first step to the
+    first start of the step after the last one (calls between steps included);  with no steps, or when one step alone exceeds
+    the limit, the N consecutive rows (by start time) centred on the middle.
+
+The metadata says which: "events": {"included", "total", "selection" (text),
+and for a window "ranks", "steps" ([first, last] or null), "t_window_ns"}.
+`profiler export` writes any other window from the dataset.
 """
 
 from __future__ import annotations
@@ -22,8 +38,9 @@ from __future__ import annotations
 import datetime as _dt
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 import orjson
@@ -41,6 +58,9 @@ from profiler.errors import (
 TRACE_FORMAT_VERSION = 1
 META_KEY = "horovod_profiler"
 DEFAULT_MAX_EVENTS = 500_000
+DEFAULT_TRACE_RANKS = 8
+DEFAULT_TRACE_STEPS = 10
+TRACE_EXTRA_RANKS = 2
 _PREFIX = b'{"' + META_KEY.encode() + b'":'
 _SLICE = 65536  # events formatted per write
 
@@ -52,11 +72,30 @@ def max_events() -> int:
         return DEFAULT_MAX_EVENTS
 
 
+def trace_ranks() -> int:
+    """How many leading ranks a windowed trace.json shows (HOROVOD_PROFILE_TRACE_RANKS)."""
+    try:
+        return max(1, int(os.environ.get("HOROVOD_PROFILE_TRACE_RANKS", DEFAULT_TRACE_RANKS)))
+    except ValueError:
+        return DEFAULT_TRACE_RANKS
+
+
+def trace_steps() -> int:
+    """At most this many steps in a windowed trace.json (HOROVOD_PROFILE_TRACE_STEPS)."""
+    try:
+        return max(1, int(os.environ.get("HOROVOD_PROFILE_TRACE_STEPS", DEFAULT_TRACE_STEPS)))
+    except ValueError:
+        return DEFAULT_TRACE_STEPS
+
+
 def select_window(t_start: np.ndarray, limit: int) -> tuple[np.ndarray, str]:
     """Indices of the rows to include and a description of the selection."""
     n = len(t_start)
     if n <= limit:
         return np.arange(n), "all"
+    if limit <= 0:
+        return np.zeros(0, dtype=np.int64), ("none (the event limit is 0; the dataset holds "
+                                             f"all {n} calls)")
     order = np.argsort(t_start, kind="stable")
     lo = max(0, (n - limit) // 2)
     idx = np.sort(order[lo:lo + limit])
@@ -155,32 +194,221 @@ def call_events(df: pd.DataFrame) -> list[dict[str, Any]]:
     return list(orjson.loads(b"[" + body + b"]")) if body else []
 
 
+Source = Union[pd.DataFrame, str, "os.PathLike[str]"]
+
+
+def _ranges_text(ranks: Sequence[int]) -> str:
+    from profiler.merge import _ranges
+
+    return _ranges(ranks)
+
+
+def _source_rank(src: Source, m: Mapping[str, Any] | None, i: int) -> int:
+    if m is not None and "rank" in m:
+        return int(m["rank"])
+    if isinstance(src, pd.DataFrame):
+        return int(src["rank"].iloc[0]) if len(src) and "rank" in src.columns else i
+    name = Path(src).name
+    try:
+        return int(name.split("-", 1)[1].split(".", 1)[0])
+    except (IndexError, ValueError):
+        return i
+
+
+def _source_rows(src: Source, m: Mapping[str, Any] | None) -> int:
+    """Rows of one rank: the frame's length, else the rank metadata's count, else the
+    parquet footer (no row is read)."""
+    if isinstance(src, pd.DataFrame):
+        return len(src)
+    if m is not None and isinstance(m.get("rows"), int):
+        return int(m["rows"])
+    import pyarrow.parquet as pq
+
+    try:
+        return int(pq.ParquetFile(src).metadata.num_rows)
+    except (OSError, ValueError) as exc:
+        raise CorruptError(src, f"unreadable parquet footer: {exc}") from None
+
+
+def _read_source(src: Source, columns: Sequence[str] | None = None) -> pd.DataFrame:
+    if isinstance(src, pd.DataFrame):
+        return src if columns is None else src[[c for c in columns if c in src.columns]]
+    from profiler.dataset import read_dataset
+
+    return read_dataset([src], columns=columns)
+
+
+@dataclass
+class Selection:
+    """Which rows of which sources go into trace.json, and how to say so."""
+
+    picked: list[int]  # indices into the sources
+    rows: dict[int, np.ndarray | None]  # source index -> row indices (None: all rows)
+    included: int
+    total: int
+    description: str
+    ranks: list[int] | None = None  # for a window
+    steps: tuple[int, int] | None = None
+    t_window_ns: tuple[int, int] | None = None
+
+    def events_meta(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"included": self.included, "total": self.total,
+                               "selection": self.description}
+        if self.ranks is not None:
+            out["ranks"] = self.ranks
+            out["steps"] = list(self.steps) if self.steps is not None else None
+            out["t_window_ns"] = list(self.t_window_ns) if self.t_window_ns else None
+        return out
+
+
+def pick_ranks(ranks: Sequence[int], comm_ns: Sequence[int | None], first: int,
+               extra: int = TRACE_EXTRA_RANKS) -> tuple[list[int], list[int]]:
+    """Positions of the ranks a windowed trace shows: the `first` lowest ranks, then up
+    to `extra` ranks with the least communication time (likely stragglers) when every
+    rank's time is known.  Returns (positions, positions of the extra ranks)."""
+    order = sorted(range(len(ranks)), key=lambda i: ranks[i])
+    chosen = order[:first]
+    extras: list[int] = []
+    if len(order) > first and extra > 0 and all(c is not None for c in comm_ns):
+        rest = sorted(order[first:], key=lambda i: (int(comm_ns[i] or 0), ranks[i]))
+        extras = rest[:extra]
+    return sorted(chosen + extras, key=lambda i: ranks[i]), extras
+
+
+def _step_window(t: np.ndarray, step: np.ndarray, limit: int, max_steps: int
+                 ) -> tuple[int, int, tuple[int, int]] | None:
+    """[lo, hi) in ns covering at most `max_steps` consecutive steps around the middle
+    step that fit in `limit` rows (t: start times of the candidate rows, any order),
+    or None when there are no steps or one step alone is too big."""
+    has = step >= 0
+    if not has.any():
+        return None
+    s_vals, s_first = _first_start_per_step(step[has], t[has])
+    ts = np.sort(t)
+    t_max = int(ts[-1]) + 1
+
+    def window(a: int, b: int) -> tuple[int, int]:
+        lo = int(s_first[a])
+        hi = int(s_first[b + 1]) if b + 1 < len(s_vals) else t_max
+        return lo, max(hi, lo)
+
+    def count(a: int, b: int) -> int:
+        lo, hi = window(a, b)
+        return int(np.searchsorted(ts, hi, "left") - np.searchsorted(ts, lo, "left"))
+
+    mid = len(s_vals) // 2
+    a = b = mid
+    if count(a, b) > limit:
+        return None
+    grew = True
+    while grew and b - a + 1 < max_steps:
+        grew = False
+        if b + 1 < len(s_vals) and count(a, b + 1) <= limit:
+            b += 1
+            grew = True
+        if b - a + 1 < max_steps and a > 0 and count(a - 1, b) <= limit:
+            a -= 1
+            grew = True
+    lo, hi = window(a, b)
+    return lo, hi, (int(s_vals[a]), int(s_vals[b]))
+
+
+def _first_start_per_step(step: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct steps (sorted) and the earliest start of each, made non-decreasing."""
+    vals, inv = np.unique(step, return_inverse=True)
+    first = np.full(len(vals), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, inv, t.astype(np.int64))
+    return vals, np.maximum.accumulate(first)
+
+
+def select_events(sources: Sequence[Source], rank_meta: Sequence[Mapping[str, Any]],
+                  limit: int) -> Selection:
+    """The event selection of trace.json (module doc)."""
+    metas: list[Mapping[str, Any] | None] = (
+        list(rank_meta) if len(rank_meta) == len(sources) else [None] * len(sources))
+    ranks = [_source_rank(s, m, i) for i, (s, m) in enumerate(zip(sources, metas))]
+    rows = [_source_rows(s, m) for s, m in zip(sources, metas)]
+    total = sum(rows)
+    everything = list(range(len(sources)))
+    if total <= limit:
+        return Selection(everything, {i: None for i in everything}, total, total, "all")
+    if limit <= 0:
+        return Selection([], {}, 0, total, "none (the event limit is 0; the dataset holds "
+                                           f"all {total} calls)")
+    comm_ns = [((m or {}).get("totals") or {}).get("comm_ns") for m in metas]
+    picked, extras = pick_ranks(ranks, comm_ns, trace_ranks())
+    picked = [i for i in picked if rows[i] > 0]
+    cols = ["t_start_ns", "step"]
+    parts = [_read_source(sources[i], cols) for i in picked]
+    t = (np.concatenate([p["t_start_ns"].to_numpy(dtype=np.int64) for p in parts])
+         if parts else np.zeros(0, np.int64))
+    st = (np.concatenate([p["step"].to_numpy(dtype=np.int64) if "step" in p.columns
+                          else np.full(len(p), -1, np.int64) for p in parts])
+          if parts else np.zeros(0, np.int64))
+    bounds = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+    shown = [ranks[i] for i in picked]
+    sub = len(picked) < len(sources)
+    where = ""
+    if sub:
+        where = f" on ranks {_ranges_text(shown)} (the first {min(trace_ranks(), len(ranks))}"
+        if extras:
+            where += (f" of {len(ranks)}; {_ranges_text([ranks[i] for i in extras])}: least "
+                      "communication time, likely stragglers)")
+        else:
+            where += f" of {len(ranks)})"
+    tail = (f"; {total} calls in all, the dataset holds every one; `profiler export` writes "
+            "other windows; HOROVOD_PROFILE_TRACE_EVENTS, _RANKS and _STEPS set "
+            "the bounds")
+    sw = _step_window(t, st, limit, trace_steps()) if len(t) else None
+    if sw is not None:
+        lo, hi, steps = sw
+        idx = np.flatnonzero((t >= lo) & (t < hi))
+        desc = (f"window: the {len(idx)} calls of steps {steps[0]}-{steps[1]} (the middle of "
+                f"the job, starting in [{lo / 1e3:.3f}, {hi / 1e3:.3f}) us){where}{tail}")
+        t_win = (lo, hi)
+    else:
+        idx, desc0 = select_window(t, limit)
+        steps = None
+        if desc0 == "all":
+            desc = f"window: all {len(idx)} calls{where}{tail}"
+        else:
+            desc = desc0.split(" (", 1)[0] + where + tail
+        t_win = ((int(t[idx].min()), int(t[idx].max()) + 1) if len(idx) else (0, 0))
+    per: dict[int, np.ndarray | None] = {}
+    for k, i in enumerate(picked):
+        lo_b, hi_b = bounds[k], bounds[k + 1]
+        local = idx[(idx >= lo_b) & (idx < hi_b)] - lo_b
+        if len(local):
+            per[i] = None if len(local) == rows[i] else np.sort(local)
+    return Selection(picked=[i for i in picked if i in per], rows=per, included=len(idx),
+                     total=total, description=desc, ranks=shown, steps=steps,
+                     t_window_ns=t_win)
+
+
 def write_trace(path: str | os.PathLike[str], meta: dict[str, Any],
-                frames: Sequence[pd.DataFrame], rank_meta: Sequence[Mapping[str, Any]],
-                *, limit: int | None = None) -> dict[str, Any]:
-    """Write trace.json; returns the metadata block written (with "events")."""
+                frames: Sequence[Source], rank_meta: Sequence[Mapping[str, Any]],
+                *, limit: int | None = None, description: str | None = None
+                ) -> dict[str, Any]:
+    """Write trace.json; returns the metadata block written (with "events").
+
+    frames: per rank, its rows as a DataFrame or the path of its parquet file (then
+    only the selected ranks' files are read; see the module doc), in the order of
+    rank_meta when both are given.  description: the "events.selection" text to
+    write instead of the one the selection makes (`profiler export`)."""
     p = Path(path)
     limit = max_events() if limit is None else limit
-    frames = [f for f in frames if len(f)]
-    sizes = [len(f) for f in frames]
-    total = sum(sizes)
-    # The selection is made on the start times of all ranks together; the rows
-    # are then taken frame by frame (no job-wide copy of the rows).
-    chosen: list[pd.DataFrame] = []
-    selection = "all"
-    if total:
-        idx, selection = select_window(
-            np.concatenate([f["t_start_ns"].to_numpy() for f in frames]), limit)
-        bounds = np.concatenate([[0], np.cumsum(sizes)])
-        for f, lo, hi in zip(frames, bounds[:-1], bounds[1:]):
-            local = idx[(idx >= lo) & (idx < hi)] - lo
-            chosen.append(f if len(local) == len(f) else f.iloc[local])
+    sel = select_events(frames, rank_meta, limit)
     meta = dict(meta)
     meta.setdefault("format_version", TRACE_FORMAT_VERSION)
     meta.setdefault("profiler_version", __version__)
-    meta["events"] = {"included": sum(len(c) for c in chosen), "total": total,
-                      "selection": selection}
-    head = orjson.dumps(metadata_events(rank_meta))
+    meta["events"] = sel.events_meta()
+    if description is not None:
+        meta["events"]["selection"] = description
+    shown_meta = rank_meta
+    if sel.ranks is not None:
+        keep = set(sel.ranks)
+        shown_meta = [m for m in rank_meta if int(m["rank"]) in keep]
+    head = orjson.dumps(metadata_events(shown_meta))
     opts = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:
@@ -190,7 +418,11 @@ def write_trace(path: str | os.PathLike[str], meta: dict[str, Any],
             f.write(b',"displayTimeUnit":"ns","traceEvents":')
             f.write(head[:-1])
             sep = b"," if len(head) > 2 else b""
-            for part in chosen:
+            for i in sel.picked:
+                part = _read_source(frames[i])
+                local = sel.rows.get(i)
+                if local is not None:
+                    part = part.iloc[local]
                 # in slices: memory stays bounded whatever the number of events
                 for lo in range(0, len(part), _SLICE):
                     body = call_events_json(part.iloc[lo:lo + _SLICE])
@@ -198,6 +430,7 @@ def write_trace(path: str | os.PathLike[str], meta: dict[str, Any],
                         f.write(sep)
                         f.write(body)
                         sep = b","
+                del part
             f.write(b"]}\n")
         os.replace(tmp, p)
     finally:
