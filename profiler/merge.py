@@ -123,7 +123,7 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
           own_rank: int | None = None, world_size: int | None = None,
           limit: int | None = None) -> MergeResult:
     """Convert what needs converting, then write trace.json.  See module doc."""
-    from profiler.dataset import read_dataset, read_meta
+    from profiler.dataset import read_meta
     from profiler.raw import read_header
     from profiler.tracejson import now_iso, write_trace
 
@@ -165,7 +165,8 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
     world = max(world, max(present) + 1)
     missing = [r for r in range(world) if r not in present]
 
-    frames = [read_dataset([parquets[r]]) for r in present]
+    # paths, not frames: write_trace reads only the ranks its event selection shows
+    frames = [parquets[r] for r in present]
     calls = sum(int(m.get("calls", 0)) for m in rank_meta)
     unsampled = sum(int(m.get("unsampled_calls", 0)) for m in rank_meta)
     dropped_by = {int(m["rank"]): int(m["header"].get("dropped_records", 0) or 0)
