@@ -438,7 +438,11 @@ def rank_metadata(raw: RawFile, df: pd.DataFrame, *, own_process: bool,
 # ---------------------------------------------------------------------------
 def frame_to_table(df: pd.DataFrame) -> pa.Table:
     """DataFrame -> arrow table with int32-indexed string dictionaries everywhere."""
-    table = pa.Table.from_pandas(df, preserve_index=False)
+    # nthreads=1: from_pandas would otherwise convert large frames on a Python
+    # ThreadPoolExecutor, which refuses work once the interpreter is shutting
+    # down ("cannot schedule new futures after interpreter shutdown"): the
+    # exit work of any job that imported concurrent.futures (torch does).
+    table = pa.Table.from_pandas(df, preserve_index=False, nthreads=1)
     fields = []
     for f in table.schema:
         fields.append(pa.field(f.name, _DICT_TYPE) if pa.types.is_dictionary(f.type) else f)
