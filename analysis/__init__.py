@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from . import figures
 from .compare import compare
+from .distributed import summarize_dask
+from .engine import open_dataset, overview, summarize_dataset
 from .imbalance import match_calls, rank_times, stragglers
 from .load import load, load_aggregates, load_meta
 from .model import anomalies, fit_alpha_beta, latency_by_size, padding_summary, padding_whatif
@@ -48,4 +50,8 @@ __all__ = [
     "write_report",
     "render_report",
     "figures",
+    "summarize_dataset",
+    "overview",
+    "open_dataset",
+    "summarize_dask",
 ]

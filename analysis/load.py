@@ -6,21 +6,36 @@ with a warning: fewer columns, and only the calls the trace kept), a profile
 directory (its trace.json, else its ranks/*.parquet, else its raw files read
 in memory), a parquet file, or a raw .hvprof file.  Several paths are
 concatenated with a `label` column (default: the directory name of each).
+
+Filters are pushed down to the parquet scan (rows never materialized):
+`ranks`, `steps` (an inclusive (first, last) pair), `ops`.  A window written by
+`profiler export` loads as its window: the dataset's rows with the export's
+filters (every column), or, when the dataset is not reachable from it, the
+window's own events.  For summaries of big traces without loading them, see
+profiler.analysis.engine.summarize_dataset.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from profiler.errors import EmptyProfileError, NotATraceError, NotFoundError, UsageError
+from profiler.errors import (
+    CorruptError,
+    EmptyProfileError,
+    NotATraceError,
+    NotFoundError,
+    UsageError,
+)
 
-__all__ = ["load", "load_aggregates", "load_meta", "resolve_trace"]
+__all__ = ["load", "load_aggregates", "load_meta", "resolve_trace", "RowFilter", "read_files"]
 
 
 def resolve_trace(path: str | os.PathLike[str]) -> Path:
@@ -43,72 +58,217 @@ def load_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
     return read_trace_meta(resolve_trace(path))
 
 
-def _load_trace(p: Path, ranks: Iterable[int] | None,
-                columns: Sequence[str] | None) -> pd.DataFrame:
+@dataclass(frozen=True)
+class RowFilter:
+    """Rows to keep: ranks, steps (inclusive pair), ops, kinds, start times [lo, hi)."""
+
+    ranks: tuple[int, ...] | None = None
+    steps: tuple[int, int] | None = None
+    ops: tuple[str, ...] | None = None
+    kinds: tuple[str, ...] | None = None
+    t_start_ns: tuple[int, int] | None = None
+
+    @staticmethod
+    def of(ranks: Iterable[int] | None = None, steps: Sequence[int] | None = None,
+           ops: Iterable[str] | None = None, kinds: Iterable[str] | None = None,
+           t_start_ns: Sequence[int] | None = None) -> RowFilter:
+        if steps is not None and len(steps) != 2:
+            raise UsageError(None, "steps: give (first, last)")
+        if t_start_ns is not None and len(t_start_ns) != 2:
+            raise UsageError(None, "t_start_ns: give (lo, hi)")
+        return RowFilter(
+            ranks=None if ranks is None else tuple(sorted({int(r) for r in ranks})),
+            steps=None if steps is None else (int(steps[0]), int(steps[1])),
+            ops=None if ops is None else tuple(str(o) for o in ops),
+            kinds=None if kinds is None else tuple(str(k) for k in kinds),
+            t_start_ns=None if t_start_ns is None else (int(t_start_ns[0]), int(t_start_ns[1])))
+
+    @staticmethod
+    def of_window(window: Mapping[str, Any] | None) -> RowFilter | None:
+        """The filters recorded in an export's metadata ("window")."""
+        if not window:
+            return None
+        return RowFilter.of(ranks=window.get("ranks"), steps=window.get("steps"),
+                            ops=window.get("ops"), kinds=window.get("kinds"),
+                            t_start_ns=window.get("t_start_ns"))
+
+    def and_(self, other: RowFilter | None) -> RowFilter:
+        """Rows both filters keep."""
+        if other is None:
+            return self
+
+        def inter(a: tuple[Any, ...] | None, b: tuple[Any, ...] | None) -> Any:
+            if a is None or b is None:
+                return a if b is None else b
+            return tuple(x for x in a if x in set(b))
+
+        def overlap(a: tuple[int, int] | None, b: tuple[int, int] | None) -> Any:
+            if a is None or b is None:
+                return a if b is None else b
+            return (max(a[0], b[0]), min(a[1], b[1]))
+
+        return RowFilter(ranks=inter(self.ranks, other.ranks),
+                         steps=overlap(self.steps, other.steps),
+                         ops=inter(self.ops, other.ops), kinds=inter(self.kinds, other.kinds),
+                         t_start_ns=overlap(self.t_start_ns, other.t_start_ns))
+
+    def empty(self) -> bool:
+        return all(v is None for v in (self.ranks, self.steps, self.ops, self.kinds,
+                                       self.t_start_ns))
+
+    def expression(self, have: Iterable[str]) -> Any:
+        """A pyarrow.dataset expression (None: keep every row)."""
+        import pyarrow.dataset as pads
+
+        cols = set(have)
+        parts = []
+        if self.ranks is not None:
+            parts.append(pads.field("rank").isin(list(self.ranks)))
+        if self.steps is not None:
+            if "step" not in cols:
+                raise UsageError(None, "steps: the trace has no step column")
+            parts.append((pads.field("step") >= self.steps[0])
+                         & (pads.field("step") <= self.steps[1]))
+        if self.ops is not None:
+            parts.append(pads.field("op").isin(list(self.ops)))
+        if self.kinds is not None and "kind" in cols:
+            parts.append(pads.field("kind").isin(list(self.kinds)))
+        if self.t_start_ns is not None:
+            parts.append((pads.field("t_start_ns") >= self.t_start_ns[0])
+                         & (pads.field("t_start_ns") < self.t_start_ns[1]))
+        out = None
+        for e in parts:
+            out = e if out is None else out & e
+        return out
+
+    def apply(self, df: pd.DataFrame) -> pd.DataFrame:
+        """The same filter on a frame in memory."""
+        if self.empty() or df.empty:
+            return df
+        mask = np.ones(len(df), dtype=bool)
+        if self.ranks is not None:
+            mask &= df["rank"].isin(list(self.ranks)).to_numpy()
+        if self.steps is not None and "step" in df.columns:
+            st = df["step"].to_numpy()
+            mask &= (st >= self.steps[0]) & (st <= self.steps[1])
+        if self.ops is not None:
+            mask &= df["op"].astype(str).isin(list(self.ops)).to_numpy()
+        if self.kinds is not None and "kind" in df.columns:
+            mask &= df["kind"].astype(str).isin(list(self.kinds)).to_numpy()
+        if self.t_start_ns is not None:
+            t = df["t_start_ns"].to_numpy()
+            mask &= (t >= self.t_start_ns[0]) & (t < self.t_start_ns[1])
+        return df if mask.all() else df.loc[mask].reset_index(drop=True)
+
+
+def file_rank(path: Path) -> int | None:
+    """The rank of a ranks/rank-RRRRR.parquet file, from its name."""
+    name = path.name
+    if name.startswith("rank-") and name.endswith(".parquet") and name.count(".") == 1:
+        try:
+            return int(name[5:-8])
+        except ValueError:
+            return None
+    return None
+
+
+def read_files(files: Sequence[Path], flt: RowFilter | None,
+               columns: Sequence[str] | None) -> pd.DataFrame:
+    """Parquet files of the row schema -> one DataFrame, the filter pushed down to the
+    scan (files of other ranks are not even opened)."""
     from profiler.dataset import read_dataset
+
+    flt = flt or RowFilter()
+    if flt.ranks is not None:
+        want = set(flt.ranks)
+        files = [f for f in files if file_rank(f) is None or file_rank(f) in want]
+    simple = RowFilter(ranks=flt.ranks)
+    if flt == simple:
+        return read_dataset(files, ranks=flt.ranks, columns=columns)
+    import pyarrow as pa
+    import pyarrow.dataset as pads
+
+    from profiler.dataset import empty_frame, table_to_frame
+
+    paths = [str(f) for f in files]
+    for f in paths:
+        if not os.path.isfile(f):
+            raise NotFoundError(f, "dataset file missing")
+    if not paths:
+        return empty_frame(columns)
+    try:
+        dataset = pads.dataset(paths, format="parquet")
+        have = dataset.schema.names
+        cols = None if columns is None else [c for c in columns if c in have]
+        table = dataset.to_table(columns=cols, filter=flt.expression(have))
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise CorruptError(paths[0] if len(paths) == 1 else os.path.dirname(paths[0]),
+                           f"unreadable parquet dataset: {exc}") from None
+    return table_to_frame(table)
+
+
+def _load_trace(p: Path, flt: RowFilter | None,
+                columns: Sequence[str] | None) -> pd.DataFrame:
     from profiler.tracejson import events_to_frame, read_trace, read_trace_meta
 
     meta = read_trace_meta(p)
+    window = RowFilter.of_window(meta.get("window"))
+    both = (flt or RowFilter()).and_(window)
     ds = meta.get("dataset") or {}
     files = [p.parent / f for f in ds.get("files", [])]
     if files and all(f.is_file() for f in files):
-        return read_dataset(files, ranks=ranks, columns=columns)
+        return read_files(files, both, columns)
     gone = [str(f) for f in files if not f.is_file()]
     _, events = read_trace(p)
     ev = meta.get("events") or {}
-    warnings.warn(
-        f"{p}: parquet dataset missing ({', '.join(gone[:2]) or 'none named'}); using the "
-        f"{ev.get('included', '?')} events in trace.json (of {ev.get('total', '?')} calls)",
-        stacklevel=3,
-    )
-    df = events_to_frame(events)
-    if ranks is not None:
-        df = df.loc[df["rank"].isin(list(ranks))].reset_index(drop=True)
+    if window is None:
+        warnings.warn(
+            f"{p}: parquet dataset missing ({', '.join(gone[:2]) or 'none named'}); using "
+            f"the {ev.get('included', '?')} events in trace.json (of {ev.get('total', '?')} "
+            "calls)", stacklevel=3)
+    df = (flt or RowFilter()).apply(events_to_frame(events))
     if columns is not None:
         df = df[[c for c in columns if c in df.columns]]
     return df
 
 
-def _load_dir(p: Path, ranks: Iterable[int] | None,
+def _load_dir(p: Path, flt: RowFilter | None,
               columns: Sequence[str] | None) -> pd.DataFrame:
-    from profiler.dataset import raw_to_frame, read_dataset
+    from profiler.dataset import raw_to_frame
     from profiler.merge import rank_files
     from profiler.raw import read_raw
 
     if (p / "trace.json").is_file():
-        return _load_trace(p / "trace.json", ranks, columns)
-    want = None if ranks is None else {int(r) for r in ranks}
+        return _load_trace(p / "trace.json", flt, columns)
     parquets = rank_files(p, "ranks", "parquet")
     if parquets:
-        files = [f for r, f in sorted(parquets.items()) if want is None or r in want]
-        return read_dataset(files, ranks=ranks, columns=columns)
+        return read_files([f for _, f in sorted(parquets.items())], flt, columns)
     raws = rank_files(p, "raw", "hvprof")
     if raws:
+        want = None if flt is None or flt.ranks is None else set(flt.ranks)
         frames = [raw_to_frame(read_raw(f)) for r, f in sorted(raws.items())
                   if want is None or r in want]
-        df = _concat(frames)
+        df = (flt or RowFilter()).apply(_concat(frames))
         return df if columns is None else df[[c for c in columns if c in df.columns]]
     raise EmptyProfileError(p, "not a profile directory: no trace.json, ranks/ or raw/ files")
 
 
-def _load_one(path: str | os.PathLike[str], ranks: Iterable[int] | None,
+def _load_one(path: str | os.PathLike[str], flt: RowFilter | None,
               columns: Sequence[str] | None) -> pd.DataFrame:
-    from profiler.dataset import raw_to_frame, read_dataset
+    from profiler.dataset import raw_to_frame
     from profiler.raw import read_raw
 
     p = Path(path)
     if not p.exists():
         raise NotFoundError(p, "no such file or directory")
     if p.is_dir():
-        return _load_dir(p, ranks, columns)
+        return _load_dir(p, flt, columns)
     if p.suffix == ".parquet":
-        return read_dataset([p], ranks=ranks, columns=columns)
+        return read_files([p], flt, columns)
     if p.suffix == ".hvprof":
-        df = raw_to_frame(read_raw(p))
-        if ranks is not None:
-            df = df.loc[df["rank"].isin(list(ranks))].reset_index(drop=True)
+        df = (flt or RowFilter()).apply(raw_to_frame(read_raw(p)))
         return df if columns is None else df[[c for c in columns if c in df.columns]]
-    return _load_trace(p, ranks, columns)
+    return _load_trace(p, flt, columns)
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -136,16 +296,21 @@ def _default_label(path: str | os.PathLike[str]) -> str:
 
 def load(*paths: str | os.PathLike[str], label: str | Sequence[str] | None = None,
          ranks: Iterable[int] | None = None,
-         columns: Sequence[str] | None = None) -> pd.DataFrame:
+         columns: Sequence[str] | None = None,
+         steps: Sequence[int] | None = None,
+         ops: Iterable[str] | None = None) -> pd.DataFrame:
     """Load one or more traces (see module doc) into one DataFrame.
 
     label: a label per path (a string for a single path); with several paths
-    and no label, each path's directory name.  ranks: keep only these ranks
-    (pushed down to the parquet scan).  columns: read only these columns.
+    and no label, each path's directory name.  ranks: keep only these ranks;
+    steps: (first, last) step numbers, inclusive; ops: keep only these ops (all
+    pushed down to the parquet scan).  columns: read only these columns.
     """
     if not paths:
         raise UsageError(None, "load() needs at least one path")
-    rank_list = None if ranks is None else [int(r) for r in ranks]
+    flt: RowFilter | None = RowFilter.of(ranks=ranks, steps=steps, ops=ops)
+    if flt is not None and flt.empty():
+        flt = None
     if label is None:
         labels: list[str] | None = None
         if len(paths) > 1:
@@ -162,7 +327,7 @@ def load(*paths: str | os.PathLike[str], label: str | Sequence[str] | None = Non
             raise UsageError(None, f"{len(labels)} label(s) for {len(paths)} path(s)")
     frames = []
     for i, p in enumerate(paths):
-        df = _load_one(p, rank_list, columns)
+        df = _load_one(p, flt, columns)
         if labels is not None:
             df = df.copy()
             df["label"] = pd.Categorical([labels[i]] * len(df), categories=labels)

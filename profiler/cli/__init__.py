@@ -29,6 +29,8 @@ COMMANDS: dict[str, str] = {
     "bench": "profiler.cli.bench",
     "report": "profiler.cli.report",
     "compare": "profiler.cli.compare",
+    "export": "profiler.cli.export",
+    "synth": "profiler.cli.synth",
 }
 
 EXIT_OK = 0

@@ -12,6 +12,13 @@ objects with the grouping keys plus calls, total_bytes, total_us, mean_us,
 p50_us, p95_us, p99_us, max_us, algbw_gbps, busbw_gbps, time_share, pow2.
 A trace recorded with HOROVOD_PROFILE=summary is summarized from its
 aggregates (percentiles then come from log-scale histograms).
+
+Filters: --rank R (repeatable) or --ranks 0-7,12; --steps A-B; --ops a,b.  A
+trace with a parquet dataset is queried in place (DuckDB over ranks/*.parquet,
+filters pushed down, exact percentiles over every call, bounded memory: see
+profiler.analysis.engine); --engine pandas loads it into memory instead, and
+--engine dask runs the same query on Dask (--scheduler ADDRESS, else a local
+cluster).
 """
 
 from __future__ import annotations
@@ -41,6 +48,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
     p.add_argument("--rank", action="append", type=int, metavar="R",
                    help="only rank R (repeatable)")
+    p.add_argument("--ranks", default=None, metavar="LIST", help="only these ranks, e.g. 0-7,12")
+    p.add_argument("--steps", default=None, metavar="A-B", help="only these steps, e.g. 10-20")
+    p.add_argument("--ops", default=None, metavar="LIST", help="only these ops, e.g. allreduce")
+    p.add_argument("--engine", choices=("auto", "duckdb", "pandas", "dask"), default="auto",
+                   help="auto: DuckDB over the parquet dataset when there is one, else pandas")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="--engine dask: the Dask scheduler (default: a local cluster)")
     return p
 
 
@@ -49,13 +63,48 @@ def _by_keys(values: list[str] | None) -> list[str]:
     return [k.strip() for v in raw for k in v.split(",") if k.strip()]
 
 
-@dataclass
 class Calls:
-    """What the table needs, from per-call rows or from summary-mode aggregates."""
+    """What the table needs, from per-call rows, summary-mode aggregates (in memory)
+    or the parquet dataset queried in place (DatasetCalls)."""
 
-    frame: Any  # the communication calls (rows or aggregates), rank-filtered
+    aggregated: bool
+    has_kind: bool
+
+    def ranks(self) -> list[int]:
+        raise NotImplementedError
+
+    def kinds(self) -> list[str]:
+        raise NotImplementedError
+
+    def count(self, kind: str | None = None) -> int:
+        raise NotImplementedError
+
+    def time_ns(self, kind: str | None = None) -> float:
+        raise NotImplementedError
+
+    def span_ns(self) -> float:
+        raise NotImplementedError
+
+    def per_rank_ns(self) -> Any:
+        raise NotImplementedError
+
+    def table(self, by: list[str], kinds: list[str] | None = None) -> Any:
+        raise NotImplementedError
+
+    def gpu_lines(self, meta: dict[str, Any] | None) -> list[str]:
+        raise NotImplementedError
+
+
+@dataclass
+class FrameCalls(Calls):
+    """Communication calls (rows or aggregates) in memory, rank-filtered."""
+
+    frame: Any
     aggregated: bool
     summarize: Any  # (frame, by, kinds) -> DataFrame
+
+    def __post_init__(self) -> None:
+        self.has_kind = "kind" in self.frame.columns
 
     def ranks(self) -> list[int]:
         return sorted(int(r) for r in self.frame["rank"].unique())
@@ -64,22 +113,121 @@ class Calls:
         return ([str(k) for k in self.frame["kind"].unique()]
                 if "kind" in self.frame.columns else [])
 
-    def time_ns(self, mask: Any = None) -> float:
-        col = "total_ns" if self.aggregated else "dur_ns"
-        f = self.frame if mask is None else self.frame.loc[mask]
-        return float(f[col].sum())
+    def _sel(self, kind: str | None) -> Any:
+        if kind is None:
+            return self.frame
+        return self.frame.loc[(self.frame["kind"] == kind).to_numpy(dtype=bool)]
 
-    def count(self, mask: Any = None) -> int:
-        f = self.frame if mask is None else self.frame.loc[mask]
+    def time_ns(self, kind: str | None = None) -> float:
+        col = "total_ns" if self.aggregated else "dur_ns"
+        return float(self._sel(kind)[col].sum())
+
+    def count(self, kind: str | None = None) -> int:
+        f = self._sel(kind)
         return int(f["calls"].sum()) if self.aggregated else len(f)
+
+    def span_ns(self) -> float:
+        if self.aggregated or self.frame.empty:
+            return 0.0
+        return float(self.frame["t_end_ns"].max() - self.frame["t_start_ns"].min())
 
     def per_rank_ns(self) -> Any:
         col = "total_ns" if self.aggregated else "dur_ns"
         return self.frame.groupby("rank", observed=True)[col].sum()
 
+    def table(self, by: list[str], kinds: list[str] | None = None) -> Any:
+        return self.summarize(self.frame, by, kinds)
+
+    def gpu_lines(self, meta: dict[str, Any] | None) -> list[str]:
+        from profiler import gpu
+
+        return gpu.summary_lines(meta, self.frame)
+
+
+@dataclass
+class DatasetCalls(Calls):
+    """The parquet dataset queried in place (DuckDB, or Dask for the table)."""
+
+    dataset: Any
+    flt: dict[str, Any]
+    overview: Any
+    engine: str = "duckdb"
+    scheduler: str | None = None
+    has_kind: bool = True
+    aggregated: bool = False
+
+    def ranks(self) -> list[int]:
+        return self.overview.ranks()
+
+    def kinds(self) -> list[str]:
+        return self.overview.kinds()
+
+    def count(self, kind: str | None = None) -> int:
+        return self.overview.count(kind)
+
+    def time_ns(self, kind: str | None = None) -> float:
+        return self.overview.time_ns(kind)
+
+    def span_ns(self) -> float:
+        return self.overview.span_ns()
+
+    def per_rank_ns(self) -> Any:
+        return self.overview.per_rank_ns()
+
+    def table(self, by: list[str], kinds: list[str] | None = None) -> Any:
+        flt = dict(self.flt)
+        if kinds is not None:
+            flt["kinds"] = kinds
+        if self.engine == "dask":
+            return _dask_table(self.dataset, by, flt, self.scheduler)
+        from profiler.analysis.engine import summarize_dataset
+
+        return summarize_dataset(self.dataset, by, **flt)
+
+    def gpu_lines(self, meta: dict[str, Any] | None) -> list[str]:
+        from profiler import gpu
+
+        out = gpu.gpu_warnings(meta, self.overview.nccl_calls())
+        note = gpu.device_time_note(meta)
+        if note:
+            out.append(note)
+        for host, gpus in gpu.job_gpus(meta).items():
+            out += gpu.topology_lines(gpus, host)
+        return out
+
+
+def _dask_table(dataset: Any, by: list[str], flt: dict[str, Any],
+                scheduler: str | None) -> Any:
+    import logging
+
+    from dask.distributed import Client, LocalCluster
+
+    from profiler.analysis.distributed import summarize_dask
+
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    if scheduler:
+        with Client(scheduler) as client:
+            return summarize_dask(dataset, by, client=client, **flt)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        return summarize_dask(dataset, by, client=client, **flt)
+
+
+def _check_ranks(path: str, wanted: list[int] | None, present: list[int]) -> None:
+    from profiler.errors import UsageError
+
+    if not wanted:
+        return
+    have = set(present)
+    absent = [r for r in wanted if r not in have]
+    if absent:
+        raise UsageError(path, f"rank {absent[0]} is not in this trace (ranks: "
+                               f"{_ranks_text(sorted(have))})")
+
 
 def _gather(path: str, meta: dict[str, Any] | None, by: list[str],
-            ranks_arg: list[int] | None) -> Calls:
+            ranks_arg: list[int] | None, steps: tuple[int, int] | None = None,
+            ops: list[str] | None = None) -> FrameCalls:
     import numpy as np
 
     from profiler.analysis import load, load_aggregates, summarize, summarize_aggregates
@@ -89,28 +237,46 @@ def _gather(path: str, meta: dict[str, Any] | None, by: list[str],
     aggregated = bool(meta and (meta.get("dataset") or {}).get("aggregates"))
     fn: Any
     if aggregated:
+        if steps is not None:
+            raise UsageError(path, "--steps: summary-mode aggregates have no steps")
         df = load_aggregates(path)
         df = df.assign(device=False)
+        if ops is not None:
+            df = df.loc[df["op"].astype(str).isin(ops).to_numpy()]
         fn = summarize_aggregates
     else:
         columns = list(_BASE_COLUMNS)
         for k in by:
             columns += _KEY_COLUMNS.get(k, [])
-        df = load(path, columns=columns)
+        df = load(path, columns=columns, steps=steps, ops=ops)
         fn = summarize
     if ranks_arg:
-        present = set(np.unique(df["rank"].to_numpy()).tolist())
-        absent = [r for r in ranks_arg if r not in present]
-        if absent:
-            raise UsageError(path, f"rank {absent[0]} is not in this trace (ranks: "
-                                   f"{_ranks_text(sorted(present))})")
+        _check_ranks(path, ranks_arg, np.unique(df["rank"].to_numpy()).tolist())
     frame = comm_calls(df, rank=ranks_arg)
-    return Calls(frame=frame, aggregated=aggregated,
-                 summarize=lambda f, b, kinds=None: fn(f, by=b, kinds=kinds))
+    return FrameCalls(frame=frame, aggregated=aggregated,
+                      summarize=lambda f, b, kinds=None: fn(f, by=b, kinds=kinds))
+
+
+def _gather_dataset(path: str, dataset: Any, ranks_arg: list[int] | None,
+                    steps: tuple[int, int] | None, ops: list[str] | None, engine: str,
+                    scheduler: str | None) -> DatasetCalls:
+    from profiler.analysis.engine import overview
+
+    if ranks_arg:
+        present = dataset.ranks()
+        if present is None:
+            present = overview(dataset).ranks()
+        _check_ranks(path, ranks_arg, present)
+    flt: dict[str, Any] = {"ranks": ranks_arg or None, "steps": steps, "ops": ops}
+    ov = overview(dataset, ranks=ranks_arg or None, steps=steps, ops=ops)
+    return DatasetCalls(dataset=dataset, flt=flt, overview=ov,
+                        engine="dask" if engine == "dask" else "duckdb", scheduler=scheduler,
+                        has_kind="kind" in dataset.columns)
 
 
 def run(args: argparse.Namespace) -> int:
     from profiler.analysis.summary import BY_KEYS
+    from profiler.cli.export import parse_names, parse_ranges, parse_span
     from profiler.errors import UsageError
 
     by = _by_keys(args.by)
@@ -118,17 +284,40 @@ def run(args: argparse.Namespace) -> int:
         if k not in BY_KEYS:
             raise UsageError(None, f"--by: unknown key {k!r} (choose from "
                                    f"{', '.join(BY_KEYS)})")
+    if len(set(by)) != len(by):
+        raise UsageError(None, f"--by lists a key twice: {', '.join(by)}")
+    ranks = list(args.rank or [])
+    if args.ranks:
+        ranks += parse_ranges(args.ranks)
+    ranks_arg = sorted(set(ranks)) if ranks else None
+    steps = parse_span(args.steps) if args.steps else None
+    ops = parse_names(args.ops) if args.ops else None
     meta = _meta(args.trace)
-    calls = _gather(args.trace, meta, by, args.rank)
+    dataset = None
+    if args.engine != "pandas":
+        from profiler.analysis.engine import open_dataset
+
+        dataset = open_dataset(args.trace)
+        if dataset is not None and dataset.aggregated:
+            dataset = None
+        if dataset is None and args.engine in ("duckdb", "dask"):
+            raise UsageError(args.trace, f"--engine {args.engine}: no parquet dataset to "
+                                         "query (raw files, events only, or summary mode)")
+    calls: Calls
+    if dataset is not None:
+        calls = _gather_dataset(args.trace, dataset, ranks_arg, steps, ops, args.engine,
+                                args.scheduler)
+    else:
+        calls = _gather(args.trace, meta, by, ranks_arg, steps, ops)
     if args.format == "json":
         import orjson
 
-        rows = calls.summarize(calls.frame, by).to_dict(orient="records")
+        rows = calls.table(by).to_dict(orient="records")
         sys.stdout.buffer.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2
                                              | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
         return 0
     if args.format == "csv":
-        calls.summarize(calls.frame, by).to_csv(sys.stdout, index=False)
+        calls.table(by).to_csv(sys.stdout, index=False)
         return 0
     _print_table(args.trace, meta, calls, by)
     return 0
@@ -174,14 +363,14 @@ def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[
     # A pipe or a file gets the full table, not an 80-column squeeze.
     console = Console(highlight=False, soft_wrap=False,
                       width=None if sys.stdout.isatty() else 200)
-    frame = calls.frame
-    is_control = None
     data_kinds = None
-    if "kind" in frame.columns and "kind" not in by:
-        is_control = (frame["kind"] == "control").to_numpy(dtype=bool)
-        if is_control.any():
-            data_kinds = [k for k in calls.kinds() if k != "control"]
-    table_df = calls.summarize(frame, by, data_kinds)
+    has_control = False
+    if calls.has_kind and "kind" not in by:
+        kinds = calls.kinds()
+        has_control = "control" in kinds
+        if has_control:
+            data_kinds = [k for k in kinds if k != "control"]
+    table_df = calls.table(by, data_kinds)
 
     n_ranks = len(calls.ranks())
     world = (meta or {}).get("world_size", n_ranks)
@@ -228,13 +417,13 @@ def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[
                       "(summary mode)")
 
     total_ns = calls.time_ns()
-    if is_control is not None and is_control.any():
-        n_ctrl = calls.count(is_control)
-        ctrl_ns = calls.time_ns(is_control)
+    if has_control:
+        n_ctrl = calls.count("control")
+        ctrl_ns = calls.time_ns("control")
         share = ctrl_ns / total_ns if total_ns else 0.0
         rate = ""
         if not calls.aggregated:
-            span_ns = float(frame["t_end_ns"].max() - frame["t_start_ns"].min())
+            span_ns = calls.span_ns()
             if span_ns > 0:
                 per_s = n_ctrl / (span_ns / 1e9) / max(1, n_ranks)
                 rate = f" ({per_s:.1f} calls/s per rank)"
@@ -263,7 +452,5 @@ def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[
         if ev.get("selection", "all") != "all":
             console.print(f"note: trace.json holds {ev.get('included')} of "
                           f"{ev.get('total')} calls; this summary reads the full dataset")
-    from profiler import gpu
-
-    for line in gpu.summary_lines(meta, frame):
+    for line in calls.gpu_lines(meta):
         console.print(line, markup=False)

@@ -1,0 +1,494 @@
+"""The scalable query layer: the per-rank parquet dataset queried in place.
+
+`summarize_dataset(path, by=..., ranks=..., steps=..., ops=..., kinds=...)`
+returns the same table as :func:`profiler.analysis.summarize` on the loaded
+frame, without loading it: DuckDB scans ranks/*.parquet, pushes the filters
+(ranks, steps, ops, kinds) down to the scan, groups, and computes exact
+percentiles over every call (``quantile_cont``: linear interpolation between
+order statistics, numpy's default).  Memory stays bounded by the number of
+calls in the largest group (8 bytes each) plus DuckDB's working memory
+(``memory_limit``, default 2 GB, spilling to a temporary directory), not by the
+size of the dataset.  Engine choice by measurement (1024 ranks x 100k calls,
+100M rows, this 2-core machine): see benchmarks/scale_engines.py.
+
+Semantics are those of ``summary.summarize`` / ``summary.comm_calls``:
+communication calls are host rows that are neither application rows nor
+MPI_Init/MPI_Finalize; NCCL calls with a device-time row (same rank, comm, seq,
+op) are timed by it; grouping keys as ``summary.BY_KEYS``; rows sorted like the
+in-memory summary (ops, dtypes and kinds in the order of the profiler's enum
+tables, numbers numerically, communicators by id).
+
+`Dataset` is the reference to the files (a trace.json, a profile directory,
+parquet files); `overview()` gives what `profiler summarize` prints after its
+table (per-rank time, control traffic, span, NCCL call count) in one scan.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profiler.errors import CorruptError, NotATraceError, NotFoundError, UsageError
+
+from .load import RowFilter, file_rank
+
+__all__ = ["Dataset", "RowFilter", "open_dataset", "summarize_dataset", "overview",
+           "finish_summary", "DEFAULT_MEMORY_LIMIT"]
+
+DEFAULT_MEMORY_LIMIT = "2GB"
+NON_CALL_OPS = ("init", "finalize")
+
+
+# ---------------------------------------------------------------------------
+# the dataset and the filters
+# ---------------------------------------------------------------------------
+@dataclass
+class Dataset:
+    """A trace's per-rank parquet files (and its trace.json metadata, if any)."""
+
+    path: Path
+    files: list[Path]
+    meta: dict[str, Any] | None = None
+    window: RowFilter | None = None  # an export's own filters
+    _columns: list[str] | None = field(default=None, repr=False)
+
+    @property
+    def columns(self) -> list[str]:
+        if self._columns is None:
+            import pyarrow.parquet as pq
+
+            try:
+                self._columns = list(pq.read_schema(self.files[0]).names) if self.files else []
+            except (OSError, ValueError) as exc:
+                raise CorruptError(self.files[0], f"unreadable parquet dataset: {exc}"
+                                   ) from None
+        return self._columns
+
+    def ranks(self) -> list[int] | None:
+        """The ranks of the files (from their names; None when a name does not say)."""
+        out = [file_rank(f) for f in self.files]
+        if any(r is None for r in out):
+            return None
+        ranks = sorted(int(r) for r in out if r is not None)
+        if self.window is not None and self.window.ranks is not None:
+            ranks = [r for r in ranks if r in set(self.window.ranks)]
+        return ranks
+
+    def filtered(self, flt: RowFilter | None) -> RowFilter | None:
+        """`flt` and the dataset's own window; the files the filter can skip dropped
+        by the caller through `files_for`."""
+        if self.window is None:
+            return flt
+        return (flt or RowFilter()).and_(self.window)
+
+    def files_for(self, flt: RowFilter | None) -> list[Path]:
+        if flt is None or flt.ranks is None:
+            return self.files
+        want = set(flt.ranks)
+        return [f for f in self.files if file_rank(f) is None or file_rank(f) in want]
+
+    @property
+    def aggregated(self) -> bool:
+        return bool(((self.meta or {}).get("dataset") or {}).get("aggregates"))
+
+
+def open_dataset(path: str | os.PathLike[str]) -> Dataset | None:
+    """The parquet dataset behind a trace.json, a profile directory or a parquet file;
+    None when there is none to query in place (a raw file, a directory with only raw
+    files, a trace.json whose dataset is gone: load() handles those in memory)."""
+    from profiler.merge import rank_files
+    from profiler.tracejson import read_trace_meta
+
+    p = Path(path)
+    if not p.exists():
+        raise NotFoundError(p, "no such file or directory")
+    if p.is_dir():
+        if (p / "trace.json").is_file():
+            return open_dataset(p / "trace.json")
+        parquets = rank_files(p, "ranks", "parquet")
+        if parquets:
+            return Dataset(p, [f for _, f in sorted(parquets.items())])
+        return None
+    if p.suffix == ".parquet":
+        return Dataset(p, [p])
+    if p.suffix == ".hvprof":
+        return None
+    meta = read_trace_meta(p)
+    ds = meta.get("dataset") or {}
+    files = [p.parent / f for f in ds.get("files", [])]
+    if not files or not all(f.is_file() for f in files):
+        return None
+    return Dataset(p, files, meta, window=RowFilter.of_window(meta.get("window")))
+
+
+def filter_sql(flt: RowFilter | None, columns: Iterable[str]) -> list[str]:
+    """WHERE terms of a row filter."""
+    if flt is None:
+        return []
+    have = set(columns)
+    out: list[str] = []
+    if flt.ranks is not None:
+        out.append(f"rank IN ({', '.join(map(str, flt.ranks))})" if flt.ranks else "FALSE")
+    if flt.steps is not None:
+        if "step" not in have:
+            raise UsageError(None, "--steps: the trace has no step column")
+        out.append(f"step BETWEEN {int(flt.steps[0])} AND {int(flt.steps[1])}")
+    if flt.ops is not None:
+        out.append(f"op IN ({_strs(flt.ops)})" if flt.ops else "FALSE")
+    if flt.kinds is not None:
+        kind = "kind" if "kind" in have else "'data'"
+        out.append(f"{kind} IN ({_strs(flt.kinds)})" if flt.kinds else "FALSE")
+    if flt.t_start_ns is not None:
+        out.append(f"t_start_ns >= {int(flt.t_start_ns[0])} AND "
+                   f"t_start_ns < {int(flt.t_start_ns[1])}")
+    return out
+
+
+def _strs(values: Iterable[str]) -> str:
+    return ", ".join("'" + str(v).replace("'", "''") + "'" for v in values)
+
+
+# ---------------------------------------------------------------------------
+# DuckDB
+# ---------------------------------------------------------------------------
+def connect(memory_limit: str | None = None, threads: int | None = None) -> Any:
+    """A DuckDB connection with bounded memory (HOROVOD_PROFILE_ANALYSIS_MEMORY, default
+    2GB) spilling to the temporary directory."""
+    import duckdb
+
+    con = duckdb.connect(":memory:")
+    mem = memory_limit or os.environ.get("HOROVOD_PROFILE_ANALYSIS_MEMORY") or \
+        DEFAULT_MEMORY_LIMIT
+    con.execute(f"SET memory_limit = '{mem}'")
+    con.execute(f"SET temp_directory = '{tempfile.gettempdir()}/hvprof-duckdb'")
+    con.execute("SET preserve_insertion_order = false")
+    if threads is not None:
+        con.execute(f"SET threads = {int(threads)}")
+    return con
+
+
+def _source(ds: Dataset, flt: RowFilter | None = None) -> str:
+    chosen = ds.files_for(flt) or ds.files[:1]
+    files = ", ".join("'" + str(f).replace("'", "''") + "'" for f in chosen)
+    return f"read_parquet([{files}], union_by_name = true)"
+
+
+_BUS = {
+    "two": ("allreduce", "iallreduce", "nccl_allreduce"),
+    "one_minus": ("reduce_scatter", "reduce_scatter_block", "nccl_reducescatter", "allgather",
+                  "allgatherv", "nccl_allgather", "alltoall", "alltoallv", "gather", "gatherv"),
+    "one": ("bcast", "reduce", "nccl_broadcast", "nccl_bcast", "nccl_reduce", "nccl_send",
+            "nccl_recv"),
+}
+
+
+def _bus_sql(n: str) -> str:
+    """The nccl-tests bus factor of summary.bus_factor as SQL (NULL: no data moved)."""
+    return (f"CASE WHEN {n} <= 0 THEN NULL "
+            f"WHEN op IN ({_strs(_BUS['two'])}) THEN 2.0 * ({n} - 1) / {n} "
+            f"WHEN op IN ({_strs(_BUS['one_minus'])}) THEN ({n} - 1.0) / {n} "
+            f"WHEN op IN ({_strs(_BUS['one'])}) THEN 1.0 ELSE NULL END")
+
+
+def _next_pow2_sql(x: str) -> str:
+    """Smallest power of two >= x (0 for x <= 0), exact for every BIGINT: the bits of
+    x - 1 smeared right, plus one."""
+    v = f"({x} - 1)"
+    for k in (1, 2, 4, 8, 16, 32):
+        v = f"({v} | ({v} >> {k}))"
+    return f"CASE WHEN {x} <= 0 THEN 0 ELSE {v} + 1 END"
+
+
+def query(con: Any, ds: Dataset, sql: str) -> pd.DataFrame:
+    """Run a query over the dataset; DuckDB's errors (unreadable or missing files)
+    become ProfilerErrors."""
+    try:
+        return con.execute(sql).df()
+    except Exception as exc:  # duckdb.Error and its IO/invalid-input subclasses
+        raise _dataset_error(ds, exc) from None
+
+
+def has_device_rows(con: Any, ds: Dataset) -> bool:
+    if "device" not in ds.columns:
+        return False
+    got = query(con, ds, f"SELECT bool_or(device) AS d FROM {_source(ds)} WHERE device")
+    return bool(len(got) and got["d"].iloc[0] is True)
+
+
+def calls_sql(ds: Dataset, filters: RowFilter | None, *, device_rows: bool,
+              columns: Sequence[str]) -> str:
+    """SQL for the communication calls (summary.comm_calls), selecting `columns`
+    (dur_ns, t_start_ns, t_end_ns device-substituted when device_rows)."""
+    have = set(ds.columns)
+    where = ["backend <> 'app'" if "backend" in have else "TRUE",
+             f"op NOT IN ({_strs(NON_CALL_OPS)})"]
+    if "device" in have:
+        where.append("NOT device")
+    flt = ds.filtered(filters)
+    where += filter_sql(flt, have)
+    exprs = []
+    for c in columns:
+        if c == "kind" and "kind" not in have:
+            exprs.append("'data' AS kind")
+        elif c == "comm_size" and "comm_size" not in have:
+            exprs.append("1 AS comm_size")
+        elif c not in have:
+            raise UsageError(ds.path, f"the trace has no {c} column")
+        else:
+            exprs.append(c)
+    host = f"SELECT {', '.join(exprs)} FROM {_source(ds, flt)} WHERE {' AND '.join(where)}"
+    if not device_rows:
+        return host
+    timed = [c for c in ("t_start_ns", "t_end_ns", "dur_ns") if c in columns]
+    keys = ["rank", "comm", "seq", "op"]
+    extra = [k for k in keys if k not in columns]
+    if not timed:
+        return host
+    host = (f"SELECT {', '.join([*exprs, *extra])} FROM {_source(ds, flt)} "
+            f"WHERE {' AND '.join(where)}")
+    dev = ("SELECT rank, comm, seq, op, "
+           + ", ".join(f"arg_min({c}, t_start_ns) AS d_{c}" for c in timed)
+           + f" FROM {_source(ds, flt)} WHERE device AND op <> 'nccl_group' GROUP BY ALL")
+    sel = [f"coalesce(d.d_{c}, h.{c}) AS {c}" if c in timed else f"h.{c}" for c in columns]
+    return (f"SELECT {', '.join(sel)} FROM ({host}) h LEFT JOIN ({dev}) d "
+            "USING (rank, comm, seq, op)")
+
+
+# ---------------------------------------------------------------------------
+# summarize
+# ---------------------------------------------------------------------------
+def _key_sql(key: str) -> tuple[str, str]:
+    """(SQL expression, source column) of a grouping key (summary.BY_KEYS)."""
+    from .summary import BY_KEYS
+
+    if key not in BY_KEYS:
+        raise UsageError(None, f"unknown --by key {key!r} (choose from {', '.join(BY_KEYS)})")
+    col = BY_KEYS[key]
+    if key == "bucket":
+        return _next_pow2_sql("bytes"), "bytes"
+    return col, col
+
+
+def partials(ds: Dataset, by: Sequence[str], filters: RowFilter | None = None, *,
+             con: Any = None, qs: Sequence[float] = (0.5, 0.95, 0.99)) -> pd.DataFrame:
+    """One row per group: keys, calls, total_bytes, total_ns, max_ns, bus, busok, pow2,
+    q_<q> (exact quantiles of dur_ns): the input of finish_summary."""
+    from .summary import BY_KEYS
+
+    con = con or connect()
+    for k in by:
+        if k not in BY_KEYS:
+            raise UsageError(None, f"unknown --by key {k!r} (choose from "
+                                   f"{', '.join(BY_KEYS)})")
+        if BY_KEYS[k] not in ds.columns and k != "kind":
+            raise UsageError(None, f"--by {k}: the trace has no {BY_KEYS[k]} column")
+    need = {"op", "bytes", "dur_ns", "comm_size", "rank"}
+    need |= {BY_KEYS[k] for k in by}
+    cols = sorted(need)
+    inner = calls_sql(ds, filters, device_rows=has_device_rows(con, ds), columns=cols)
+    keys = [f"{_key_sql(k)[0]} AS k_{i}" for i, k in enumerate(by)]
+    group = f"GROUP BY {', '.join(f'k_{i}' for i in range(len(by)))}" if by else ""
+    qlist = ", ".join(repr(float(q)) for q in qs)
+    sql = (
+        f"SELECT {''.join(k + ', ' for k in keys)}"
+        "count(*) AS calls, sum(bytes)::HUGEINT AS total_bytes, sum(dur_ns)::HUGEINT AS "
+        "total_ns, max(dur_ns) AS max_ns, "
+        f"sum(bytes * coalesce({_bus_sql('comm_size')}, 0.0)) AS bus, "
+        f"bool_or({_bus_sql('comm_size')} IS NOT NULL) AS busok, "
+        "bool_and(bytes = 0 OR (bytes > 0 AND (bytes & (bytes - 1)) = 0)) AS pow2, "
+        f"quantile_cont(dur_ns, [{qlist}]) AS q "
+        f"FROM ({inner}) {group}")
+    out = query(con, ds, sql)
+    out = out.rename(columns={f"k_{i}": k for i, k in enumerate(by)})
+    if len(out):
+        qv = np.array([list(v) for v in out["q"]], dtype=np.float64)
+    else:
+        qv = np.zeros((0, len(qs)))
+    for j, q in enumerate(qs):
+        out[f"q_{q:g}"] = qv[:, j]
+    out = out.drop(columns=["q"])
+    if not by and len(out) and int(out["calls"].iloc[0]) == 0:
+        out = out.iloc[0:0]
+    return out
+
+
+def _dataset_error(ds: Dataset, exc: Exception) -> Exception:
+    text = " ".join(str(exc).split())
+    if "No files found" in text or "No such file" in text:
+        return NotFoundError(ds.path, f"dataset file missing: {text[:200]}")
+    return CorruptError(ds.path, f"unreadable parquet dataset: {text[:300]}")
+
+
+def _order_key(key: str, values: pd.Series) -> pd.Series:
+    """Sort key of a grouping column, as the in-memory summary orders it."""
+    from profiler import _format as F
+
+    if key == "op":
+        return values.map(lambda v: (F.OP_BY_NAME.get(str(v), 1 << 20), str(v)))
+    if key == "dtype":
+        return values.map(lambda v: (F.DTYPE_BY_NAME.get(str(v), 1 << 20), str(v)))
+    if key == "kind":
+        order = {"data": 0, "control": 1, "app": 2}
+        return values.map(lambda v: (order.get(str(v), 3), str(v)))
+    if key == "backend":
+        order = {"mpi": 0, "app": 1, "nccl": 2}
+        return values.map(lambda v: (order.get(str(v), 3), str(v)))
+    return values
+
+
+def finish_summary(parts: pd.DataFrame, by: Sequence[str], *,
+                   comm_names: Mapping[int, str] | None = None) -> pd.DataFrame:
+    """Per-group partial results (partials()) -> the table of summary.summarize."""
+    from .summary import METRICS, bucket_label
+
+    by_l = list(by)
+    out_cols = by_l + METRICS + ["time_share", "pow2"]
+    if parts.empty:
+        empty = pd.DataFrame({c: pd.Series(dtype="object") for c in by_l})
+        for m in METRICS + ["time_share"]:
+            empty[m] = pd.Series(dtype="int64" if m in ("calls", "total_bytes") else "float64")
+        empty["pow2"] = pd.Series(dtype="bool")
+        return empty[out_cols]
+    df = parts.copy()
+    if by_l:
+        sort_cols = [f"_s{i}" for i in range(len(by_l))]
+        for i, k in enumerate(by_l):
+            df[sort_cols[i]] = _order_key(k, df[k])
+        df = df.sort_values(sort_cols, kind="stable").drop(columns=sort_cols)
+    df = df.reset_index(drop=True)
+    total_ns = df["total_ns"].to_numpy(dtype=np.float64)
+    calls = df["calls"].to_numpy(dtype=np.int64)
+    tb = df["total_bytes"].to_numpy(dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        algbw = np.where(total_ns > 0, tb / total_ns, np.nan)
+        busbw = np.where((total_ns > 0) & df["busok"].to_numpy(dtype=bool),
+                         df["bus"].to_numpy(dtype=np.float64) / total_ns, np.nan)
+    all_ns = float(total_ns.sum())
+    res = df[by_l].copy()
+    res["calls"] = calls
+    res["total_bytes"] = df["total_bytes"].astype(np.int64)
+    res["total_us"] = total_ns / 1e3
+    res["mean_us"] = total_ns / calls / 1e3
+    res["p50_us"] = df["q_0.5"].to_numpy(dtype=np.float64) / 1e3
+    res["p95_us"] = df["q_0.95"].to_numpy(dtype=np.float64) / 1e3
+    res["p99_us"] = df["q_0.99"].to_numpy(dtype=np.float64) / 1e3
+    res["max_us"] = df["max_ns"].to_numpy(dtype=np.float64) / 1e3
+    res["algbw_gbps"] = algbw
+    res["busbw_gbps"] = busbw
+    res["time_share"] = total_ns / all_ns if all_ns > 0 else np.nan
+    res["pow2"] = df["pow2"].astype(bool)
+    if "bucket" in by_l:
+        res["bucket"] = [bucket_label(int(b)) for b in res["bucket"]]
+    if "comm" in by_l:
+        names = comm_names or {}
+        res["comm"] = [f"{names[int(c)]} ({int(c):#x})" if names.get(int(c)) else f"{int(c):#x}"
+                       for c in res["comm"]]
+    for k in by_l:
+        if k in ("op", "thread", "kind", "dtype", "backend"):
+            res[k] = res[k].astype(str)
+        elif k in ("bytes", "rank", "track", "step"):
+            res[k] = res[k].astype(np.int64)
+    return res[out_cols].reset_index(drop=True)
+
+
+def comm_names(ds: Dataset, con: Any = None) -> dict[int, str]:
+    """Communicator id -> name (the lowest rank's first non-null name)."""
+    if "comm_name" not in ds.columns:
+        return {}
+    con = con or connect()
+    got = query(con, ds, f"SELECT comm, arg_min(comm_name, (rank, t_start_ns)) AS name FROM "
+                         f"{_source(ds)} WHERE comm_name IS NOT NULL GROUP BY comm")
+    return {int(c): str(n) for c, n in zip(got["comm"], got["name"]) if n is not None}
+
+
+def _by_list(by: Sequence[str] | str) -> list[str]:
+    by_l = [by] if isinstance(by, str) else list(by)
+    if len(set(by_l)) != len(by_l):
+        raise UsageError(None, f"--by lists a key twice: {', '.join(by_l)}")
+    return by_l
+
+
+def _as_dataset(path: str | os.PathLike[str] | Dataset) -> Dataset:
+    if isinstance(path, Dataset):
+        return path
+    ds = open_dataset(path)
+    if ds is None:
+        raise NotATraceError(path, "no parquet dataset to query (raw files only, or the "
+                                   "trace's dataset is gone): use profiler.analysis.load")
+    if ds.aggregated:
+        raise UsageError(path, "a summary-mode trace (aggregates): use "
+                               "load_aggregates/summarize_aggregates")
+    return ds
+
+
+def summarize_dataset(path: str | os.PathLike[str] | Dataset,
+                      by: Sequence[str] | str = ("op", "bucket"), *,
+                      ranks: Sequence[int] | None = None, steps: tuple[int, int] | None = None,
+                      ops: Sequence[str] | None = None, kinds: Sequence[str] | None = None,
+                      con: Any = None) -> pd.DataFrame:
+    """summary.summarize over a whole dataset, queried in place (module doc)."""
+    ds = _as_dataset(path)
+    by_l = _by_list(by)
+    con = con or connect()
+    flt = RowFilter.of(ranks=ranks, steps=steps, ops=ops, kinds=kinds)
+    parts = partials(ds, by_l, flt, con=con)
+    names = comm_names(ds, con) if "comm" in by_l else None
+    return finish_summary(parts, by_l, comm_names=names)
+
+
+@dataclass
+class Overview:
+    """What `profiler summarize` prints around its table, from one scan."""
+
+    per_rank: pd.DataFrame  # rank, kind, backend, calls, total_ns, t0, t1
+
+    def ranks(self) -> list[int]:
+        return sorted(int(r) for r in self.per_rank["rank"].unique())
+
+    def kinds(self) -> list[str]:
+        return sorted({str(k) for k in self.per_rank["kind"].unique()},
+                      key=lambda k: ({"data": 0, "control": 1, "app": 2}.get(k, 3), k))
+
+    def count(self, kind: str | None = None) -> int:
+        f = self.per_rank if kind is None else self.per_rank.loc[self.per_rank["kind"] == kind]
+        return int(f["calls"].sum())
+
+    def time_ns(self, kind: str | None = None) -> float:
+        f = self.per_rank if kind is None else self.per_rank.loc[self.per_rank["kind"] == kind]
+        return float(f["total_ns"].sum())
+
+    def span_ns(self) -> float:
+        if self.per_rank.empty:
+            return 0.0
+        return float(self.per_rank["t1"].max() - self.per_rank["t0"].min())
+
+    def per_rank_ns(self) -> pd.Series:
+        return self.per_rank.groupby("rank")["total_ns"].sum().astype(np.float64)
+
+    def nccl_calls(self) -> int:
+        f = self.per_rank.loc[self.per_rank["backend"] == "nccl"]
+        return int(f["calls"].sum())
+
+
+def overview(path: str | os.PathLike[str] | Dataset, *, ranks: Sequence[int] | None = None,
+             steps: tuple[int, int] | None = None, ops: Sequence[str] | None = None,
+             kinds: Sequence[str] | None = None, con: Any = None) -> Overview:
+    """Per (rank, kind, backend): calls, communication time, first start, last end."""
+    ds = _as_dataset(path)
+    con = con or connect()
+    flt = RowFilter.of(ranks=ranks, steps=steps, ops=ops, kinds=kinds)
+    cols = ["rank", "kind", "backend", "dur_ns", "t_start_ns", "t_end_ns", "op"]
+    inner = calls_sql(ds, flt, device_rows=has_device_rows(con, ds), columns=cols)
+    df = query(con, ds, "SELECT rank, kind, backend, count(*) AS calls, sum(dur_ns)::DOUBLE AS "
+                        f"total_ns, min(t_start_ns) AS t0, max(t_end_ns) AS t1 FROM ({inner}) "
+                        "GROUP BY ALL")
+    for c in ("kind", "backend"):
+        df[c] = df[c].astype(str)
+    return Overview(df)
