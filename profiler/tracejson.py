@@ -25,8 +25,9 @@ always holds every row):
   - steps: when the rows carry step numbers, up to HOROVOD_PROFILE_TRACE_STEPS
     (default 10) consecutive steps around the middle step that fit in the
     limit, as a time window from the first start of the first step to the
-    first start of the step after the last one (calls between steps included);  with no steps, or when one step alone exceeds
-    the limit, the N consecutive rows (by start time) centred on the middle.
+    first start of the step after the last one (calls between steps included);
+    with no steps, or when one step alone exceeds the limit, the N consecutive
+    rows (by start time) centred on the middle.
 
 The metadata says which: "events": {"included", "total", "selection" (text),
 and for a window "ranks", "steps" ([first, last] or null), "t_window_ns"}.
