@@ -28,6 +28,7 @@ Any failure is reported in one line; the application's exit status never changes
 from __future__ import annotations
 
 import atexit
+import ctypes  # already loaded: profiler._lib uses it
 import os
 import sys
 
@@ -172,12 +173,31 @@ def _allow_late_imports() -> None:
         th._SHUTTING_DOWN = True  # type: ignore[attr-defined]
 
 
+def _interrupt_flag() -> ctypes.c_int | None:
+    """CPython's "exit by SIGINT" flag (3.11: _Py_UnhandledKeyboardInterrupt).
+
+    A script ended by an uncaught KeyboardInterrupt exits through SIGINT (status
+    130 under a shell) when this is still set after the atexit handlers.  Any
+    exec()/eval() of a string clears it, and the exit work's imports do that
+    (namedtuple, dataclasses): the exit status would become 1.  Python >= 3.12
+    keeps the flag inside _PyRuntime, out of reach: None there."""
+    try:
+        return ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
 def _at_exit() -> None:
+    flag = _interrupt_flag()
+    interrupted = flag.value if flag is not None else 0
     try:
         _allow_late_imports()
         finish()
     except BaseException as exc:  # noqa: BLE001 - never change the exit status
         _say(f"error: {_one_line(exc)}")
+    finally:
+        if interrupted and flag is not None:
+            flag.value = interrupted
 
 
 def activate() -> None:
