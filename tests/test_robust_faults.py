@@ -341,16 +341,24 @@ def test_crashed_rank_leaves_readable_records(script: Path, tmp_path: Path, mode
     prof = tmp_path / "prof"
     p = job(script, mode, N_CRASH, tmp_path / "out", prof=prof)
     assert p.returncode == ref.returncode != 0  # the same failure, passed through
-    n_before = N_CRASH * (2 if mode == "segv" else 1)
+    n_calls = N_CRASH * (2 if mode == "segv" else 1)
+    recorded = 0
     for r in (0, 1):
-        # everything before the pause is there, as a gap-free prefix
-        assert allreduce_seqs(prof, r) == list(range(1, n_before + 1))
+        seqs = allreduce_seqs(prof, r)
+        assert seqs == list(range(1, len(seqs) + 1))  # a gap-free prefix of the calls
+        if mode == "segv" and r == 1:
+            # crashed right after its last burst: what came before the pause is
+            # there; of the burst, at most the last flush period's worth is lost
+            assert N_CRASH <= len(seqs) <= n_calls
+        else:  # it sat in a barrier (or slept) long enough for the helper to flush
+            assert len(seqs) == n_calls
+        recorded += len(seqs) + 1  # + MPI_Init
         h = read_header(prof / "raw" / f"rank-{r:05d}.hvprof")
         assert not {"finalized", "closed"} & set(h["state_names"])
     m = profiler_cli("merge", str(prof))
     assert m.returncode == 0, m.stderr
     assert "partial ranks (killed): 0-1" in m.stdout
-    assert f"{2 * (n_before + 1)} calls" in m.stdout  # + MPI_Init on each rank
+    assert f"(2 ranks, {recorded} calls" in m.stdout, m.stdout
     # a missing rank is reported too
     (prof / "raw" / "rank-00001.hvprof").unlink()
     for f in (prof / "ranks").glob("rank-00001.*"):
