@@ -8,7 +8,7 @@ from __future__ import annotations
 from . import figures
 from .compare import compare
 from .distributed import summarize_dask
-from .engine import open_dataset, overview, summarize_dataset
+from .engine import open_dataset, overview, stragglers_dataset, summarize_dataset
 from .imbalance import match_calls, rank_times, stragglers
 from .load import load, load_aggregates, load_meta
 from .model import anomalies, fit_alpha_beta, latency_by_size, padding_summary, padding_whatif
@@ -54,4 +54,5 @@ __all__ = [
     "overview",
     "open_dataset",
     "summarize_dask",
+    "stragglers_dataset",
 ]

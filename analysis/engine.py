@@ -40,7 +40,7 @@ from profiler.errors import CorruptError, NotATraceError, NotFoundError, UsageEr
 from .load import RowFilter, file_rank
 
 __all__ = ["Dataset", "RowFilter", "open_dataset", "summarize_dataset", "overview",
-           "finish_summary", "DEFAULT_MEMORY_LIMIT"]
+           "finish_summary", "stragglers_dataset", "DEFAULT_MEMORY_LIMIT"]
 
 DEFAULT_MEMORY_LIMIT = "2GB"
 NON_CALL_OPS = ("init", "finalize")
@@ -492,3 +492,48 @@ def overview(path: str | os.PathLike[str] | Dataset, *, ranks: Sequence[int] | N
     for c in ("kind", "backend"):
         df[c] = df[c].astype(str)
     return Overview(df)
+
+
+# ---------------------------------------------------------------------------
+# stragglers over every rank
+# ---------------------------------------------------------------------------
+def stragglers_dataset(path: str | os.PathLike[str] | Dataset, *,
+                       kinds: Sequence[str] | None = None,
+                       ops: Sequence[str] | None = None, ranks: Sequence[int] | None = None,
+                       steps: tuple[int, int] | None = None, min_spread_ns: int = 0,
+                       con: Any = None) -> pd.DataFrame:
+    """imbalance.stragglers over the whole dataset, in place: collective calls matched
+    across ranks by (comm, seq) in one hash aggregation (one row per call of the
+    job, not per rank), then ranked.  Same columns and order as
+    imbalance.stragglers: rank, last_count, last_share, caused_wait_s,
+    mean_lateness_us, rank_order (ties in arrival: the highest rank is last, as
+    the in-memory matching orders them)."""
+    ds = _as_dataset(path)
+    con = con or connect()
+    flt = RowFilter.of(ranks=ranks, steps=steps, ops=ops, kinds=kinds)
+    cols = ["rank", "comm", "seq", "comm_size", "t_start_ns"]
+    inner = calls_sql(ds, flt, device_rows=False, columns=cols)
+    matched = (f"SELECT comm, seq, count(*) AS n, min(t_start_ns) AS first, "
+               "max(t_start_ns) AS last, sum(t_start_ns::HUGEINT) AS s, "
+               "arg_max(rank, (t_start_ns, rank)) AS last_rank "
+               f"FROM ({inner}) WHERE seq >= 0 AND comm_size > 1 GROUP BY comm, seq")
+    per = query(con, ds, "SELECT last_rank AS rank, count(*) AS last_count, "
+                         "sum(n * last - s)::DOUBLE / 1e9 AS caused_wait_s, "
+                         "avg(last - first) / 1e3 AS mean_lateness_us "
+                         f"FROM ({matched}) WHERE last - first > {int(min_spread_ns)} "
+                         "GROUP BY last_rank")
+    everyone = query(con, ds, f"SELECT DISTINCT rank FROM ({inner})")
+    cols_out = ["rank", "last_count", "last_share", "caused_wait_s", "mean_lateness_us",
+                "rank_order"]
+    if everyone.empty:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in cols_out})
+    out = everyone.astype({"rank": np.int64}).merge(per.astype({"rank": np.int64}),
+                                                     on="rank", how="left")
+    out["last_count"] = out["last_count"].fillna(0).astype(np.int64)
+    out["caused_wait_s"] = out["caused_wait_s"].fillna(0.0).astype(np.float64)
+    out["mean_lateness_us"] = out["mean_lateness_us"].fillna(0.0).astype(np.float64)
+    out["last_share"] = out["last_count"] / max(int(out["last_count"].sum()), 1)
+    out = out.sort_values(["caused_wait_s", "last_count", "rank"],
+                          ascending=[False, False, True])
+    out["rank_order"] = np.arange(1, len(out) + 1)
+    return out[cols_out].reset_index(drop=True)

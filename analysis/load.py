@@ -35,7 +35,8 @@ from profiler.errors import (
     UsageError,
 )
 
-__all__ = ["load", "load_aggregates", "load_meta", "resolve_trace", "RowFilter", "read_files"]
+__all__ = ["load", "load_aggregates", "load_meta", "resolve_trace", "RowFilter", "read_files",
+           "window_for"]
 
 
 def resolve_trace(path: str | os.PathLike[str]) -> Path:
@@ -285,6 +286,43 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return df
 
 
+def window_for(path: str | os.PathLike[str], max_rows: int, *, first_ranks: int = 16
+               ) -> tuple[RowFilter, dict[str, Any]] | None:
+    """A bounded window of a dataset with more than `max_rows` rows: the first
+    `first_ranks` ranks plus the likely stragglers (least communication time, from
+    the rank metadata), over the consecutive middle steps that fit (the policy of
+    trace.json's event selection, profiler.tracejson.select_events, without its step
+    cap).  None when everything fits, or when the path has no parquet dataset.
+    Returns the filter and {"description", "rows", "rows_total", "ranks", "steps",
+    "t_start_ns"}."""
+    import orjson
+
+    from profiler.tracejson import select_events
+
+    from .engine import open_dataset
+
+    ds = open_dataset(path)
+    if ds is None or ds.window is not None:
+        return None
+    metas: list[dict[str, Any]] = []
+    for f in ds.files:
+        js = f.with_suffix(".json")
+        try:
+            metas.append(orjson.loads(js.read_bytes()))
+        except (OSError, orjson.JSONDecodeError):
+            metas = []
+            break
+    sel = select_events(ds.files, metas, max_rows, first_ranks=first_ranks,
+                        max_steps=1 << 40)
+    if sel.ranks is None or sel.t_window_ns is None:
+        return None
+    flt = RowFilter.of(ranks=sel.ranks, t_start_ns=sel.t_window_ns)
+    return flt, {"description": sel.description, "rows": sel.included,
+                 "rows_total": sel.total, "ranks": sel.ranks,
+                 "steps": list(sel.steps) if sel.steps else None,
+                 "t_start_ns": list(sel.t_window_ns)}
+
+
 def _default_label(path: str | os.PathLike[str]) -> str:
     p = Path(path).resolve()
     if p.is_dir():
@@ -298,13 +336,19 @@ def load(*paths: str | os.PathLike[str], label: str | Sequence[str] | None = Non
          ranks: Iterable[int] | None = None,
          columns: Sequence[str] | None = None,
          steps: Sequence[int] | None = None,
-         ops: Iterable[str] | None = None) -> pd.DataFrame:
+         ops: Iterable[str] | None = None,
+         max_rows: int | None = None) -> pd.DataFrame:
     """Load one or more traces (see module doc) into one DataFrame.
 
     label: a label per path (a string for a single path); with several paths
     and no label, each path's directory name.  ranks: keep only these ranks;
     steps: (first, last) step numbers, inclusive; ops: keep only these ops (all
     pushed down to the parquet scan).  columns: read only these columns.
+    max_rows: a trace whose dataset holds more rows (per path: max_rows divided
+    by the number of paths) is loaded as a window of it (window_for: the first
+    ranks, the likely stragglers, the middle steps); ``df.attrs["selection"]``
+    then says which, per label ("" for a single trace).  Tables over every call
+    of such a trace: profiler.analysis.engine.
     """
     if not paths:
         raise UsageError(None, "load() needs at least one path")
@@ -326,13 +370,23 @@ def load(*paths: str | os.PathLike[str], label: str | Sequence[str] | None = Non
         if len(labels) != len(paths):
             raise UsageError(None, f"{len(labels)} label(s) for {len(paths)} path(s)")
     frames = []
+    selections: dict[str, dict[str, Any]] = {}
     for i, p in enumerate(paths):
-        df = _load_one(p, flt, columns)
+        flt_p = flt
+        if max_rows is not None:
+            w = window_for(p, max(1, int(max_rows) // len(paths)))
+            if w is not None:
+                flt_p = (flt or RowFilter()).and_(w[0])
+                selections[labels[i] if labels is not None else ""] = w[1]
+        df = _load_one(p, flt_p, columns)
         if labels is not None:
             df = df.copy()
             df["label"] = pd.Categorical([labels[i]] * len(df), categories=labels)
         frames.append(df)
-    return _concat(frames)
+    out = _concat(frames)
+    if selections:
+        out.attrs["selection"] = selections
+    return out
 
 
 def _aggregate_files(path: str | os.PathLike[str]) -> list[Path]:

@@ -323,8 +323,12 @@ def _first_start_per_step(step: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, 
 
 
 def select_events(sources: Sequence[Source], rank_meta: Sequence[Mapping[str, Any]],
-                  limit: int) -> Selection:
-    """The event selection of trace.json (module doc)."""
+                  limit: int, *, first_ranks: int | None = None,
+                  max_steps: int | None = None) -> Selection:
+    """The event selection of trace.json (module doc).  first_ranks and max_steps
+    override HOROVOD_PROFILE_TRACE_RANKS and HOROVOD_PROFILE_TRACE_STEPS."""
+    first = trace_ranks() if first_ranks is None else max(1, first_ranks)
+    steps_cap = trace_steps() if max_steps is None else max(1, max_steps)
     metas: list[Mapping[str, Any] | None] = (
         list(rank_meta) if len(rank_meta) == len(sources) else [None] * len(sources))
     ranks = [_source_rank(s, m, i) for i, (s, m) in enumerate(zip(sources, metas))]
@@ -337,7 +341,7 @@ def select_events(sources: Sequence[Source], rank_meta: Sequence[Mapping[str, An
         return Selection([], {}, 0, total, "none (the event limit is 0; the dataset holds "
                                            f"all {total} calls)")
     comm_ns = [((m or {}).get("totals") or {}).get("comm_ns") for m in metas]
-    picked, extras = pick_ranks(ranks, comm_ns, trace_ranks())
+    picked, extras = pick_ranks(ranks, comm_ns, first)
     picked = [i for i in picked if rows[i] > 0]
     cols = ["t_start_ns", "step"]
     parts = [_read_source(sources[i], cols) for i in picked]
@@ -351,7 +355,7 @@ def select_events(sources: Sequence[Source], rank_meta: Sequence[Mapping[str, An
     sub = len(picked) < len(sources)
     where = ""
     if sub:
-        where = f" on ranks {_ranges_text(shown)} (the first {min(trace_ranks(), len(ranks))}"
+        where = f" on ranks {_ranges_text(shown)} (the first {min(first, len(ranks))}"
         if extras:
             where += (f" of {len(ranks)}; {_ranges_text([ranks[i] for i in extras])}: least "
                       "communication time, likely stragglers)")
@@ -360,7 +364,7 @@ def select_events(sources: Sequence[Source], rank_meta: Sequence[Mapping[str, An
     tail = (f"; {total} calls in all, the dataset holds every one; `profiler export` writes "
             "other windows; HOROVOD_PROFILE_TRACE_EVENTS, _RANKS and _STEPS set "
             "the bounds")
-    sw = _step_window(t, st, limit, trace_steps()) if len(t) else None
+    sw = _step_window(t, st, limit, steps_cap) if len(t) else None
     if sw is not None:
         lo, hi, steps = sw
         idx = np.flatnonzero((t >= lo) & (t < hi))

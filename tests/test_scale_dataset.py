@@ -317,3 +317,35 @@ def test_trace_window_for_large_jobs(job: Path, tmp_path: Path,
     assert min(stepped) == a and max(stepped) == b
     procs = {e["pid"] for e in doc["traceEvents"] if e["ph"] == "M"}
     assert procs == set(shown)
+
+
+def test_stragglers_in_place_equal_in_memory(job: Path, frame: pd.DataFrame) -> None:
+    from profiler.analysis import stragglers_dataset
+
+    want = stragglers(frame)  # every kind, as the report ranks them
+    got = stragglers_dataset(job)
+    assert list(got.columns) == list(want.columns)
+    assert got["rank"].tolist() == want["rank"].tolist()
+    assert got["last_count"].tolist() == want["last_count"].tolist()
+    for c in ("last_share", "caused_wait_s", "mean_lateness_us"):
+        np.testing.assert_allclose(got[c].to_numpy(float), want[c].to_numpy(float),
+                                   rtol=1e-9, err_msg=c)
+    injected = sorted(load_meta(job)["synthetic"]["stragglers"])
+    assert sorted(got["rank"].head(STRAGGLERS)) == injected
+    data = stragglers_dataset(job, kinds=["data"], min_spread_ns=1000)
+    want = stragglers(frame, kinds=["data"], min_spread_ns=1000)
+    assert data["rank"].tolist() == want["rank"].tolist()
+    assert data["last_count"].tolist() == want["last_count"].tolist()
+
+
+def test_load_max_rows_gives_a_bounded_window(job: Path) -> None:
+    full_rows = load_meta(job)["dataset"]["rows"]
+    df = load(job, columns=SUMMARY_COLUMNS, max_rows=20_000)
+    sel = df.attrs["selection"][""]
+    assert sel["rows_total"] == full_rows and sel["rows"] == len(df) <= 20_000
+    assert sorted(df["rank"].unique().tolist()) == sel["ranks"]
+    assert sel["ranks"][:16] == list(range(16)) and len(sel["ranks"]) == 18
+    lo, hi = sel["t_start_ns"]
+    assert df["t_start_ns"].min() >= lo and df["t_start_ns"].max() < hi
+    small = load(job, columns=SUMMARY_COLUMNS, max_rows=10**9)
+    assert "selection" not in small.attrs and len(small) == full_rows

@@ -140,3 +140,21 @@ def test_export_bad_input(job: Path, tmp_path: Path) -> None:
     assert p.returncode == 2 and "no parquet dataset" in p.stderr
     p = profiler_cli("export", str(job), "-o", str(tmp_path / "w.txt"), cwd=tmp_path)
     assert p.returncode == 2 and "*.json" in p.stderr
+
+
+def test_compare_bounded_by_max_rows(job: Path, tmp_path: Path) -> None:
+    """compare loads a window of big traces (--max-rows) and says so; --ranks and
+    --steps are pushed down."""
+    p = profiler_cli("compare", str(job), str(job), "--labels", "a,b", "--max-rows", "8000",
+                     cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "compared on a window of" in p.stdout and "--max-rows" in p.stdout
+    q = profiler_cli("compare", str(job), str(job), "--labels", "a,b", "--ranks", "0-3",
+                     "--steps", "5-30", "--format", "json", cwd=tmp_path)
+    assert q.returncode == 0, q.stderr
+    rows = orjson.loads(q.stdout)
+    steps = [r for r in rows if r["metric"] == "step_ms"]
+    assert steps and all(r["diff"] == pytest.approx(0.0) for r in steps)
+    assert "window" not in q.stderr
+    bad = profiler_cli("compare", str(job), str(job), "--ranks", "x", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.startswith("profiler: error: --ranks")

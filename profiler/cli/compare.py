@@ -13,6 +13,11 @@ A difference is significant (*) when its 95% bootstrap interval excludes 0
 Labels default to the traces' directory names.  json: a list of objects with
 label, baseline, metric, bucket, value, baseline_value, diff, rel_diff, ci_low,
 ci_high, p_value, significant, n, n_baseline.
+
+Big traces: --ranks and --steps are pushed down to the parquet scans; a trace
+whose dataset holds more than --max-rows rows (divided among the traces;
+default 10000000) is compared on a window of it (its first ranks, its likely
+stragglers, its middle steps), and the table says so.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import math
 import sys
 from typing import Any
 
+DEFAULT_MAX_ROWS = 10_000_000
 _COLUMNS = ["rank", "backend", "op", "t_start_ns", "t_end_ns", "dur_ns", "bytes", "count",
             "kind", "device", "seq", "step"]
 
@@ -36,6 +42,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--baseline", default=None, help="label to compare against (default: first)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--warmup", type=int, default=1, help="steps left out at the start (1)")
+    p.add_argument("--ranks", default=None, metavar="LIST", help="only these ranks, e.g. 0-7")
+    p.add_argument("--steps", default=None, metavar="A-B", help="only these steps, e.g. 10-50")
+    p.add_argument("--max-rows", type=int, default=DEFAULT_MAX_ROWS, metavar="N",
+                   help="rows loaded at most, all traces together (0: no bound)")
     return p
 
 
@@ -67,7 +77,15 @@ def run(args: argparse.Namespace) -> int:
         labels = [x.strip() for x in args.labels.split(",")]
         if len(labels) != len(args.traces) or len(set(labels)) != len(labels):
             raise UsageError(None, f"--labels: give {len(args.traces)} distinct labels")
-    df = load(*args.traces, label=labels, columns=_COLUMNS)
+    from profiler.cli.export import parse_ranges, parse_span
+
+    if args.max_rows < 0:
+        raise UsageError(None, "--max-rows must be >= 0")
+    df = load(*args.traces, label=labels, columns=_COLUMNS,
+              ranks=parse_ranges(args.ranks) if args.ranks else None,
+              steps=parse_span(args.steps) if args.steps else None,
+              max_rows=args.max_rows or None)
+    windows = df.attrs.get("selection") or {}
     table = compare(df, baseline=args.baseline, warmup=args.warmup)
     if args.format == "json":
         import orjson
@@ -75,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
         rows = table.to_dict(orient="records")
         sys.stdout.buffer.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2 |
                                              orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+        for label, w in windows.items():
+            print(f"profiler: note: {label or 'the trace'}: compared on a window of "
+                  f"{w['rows']} of {w['rows_total']} rows (--max-rows)", file=sys.stderr)
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -104,4 +125,19 @@ def run(args: argparse.Namespace) -> int:
                           "step(s); intervals are rough below 10 steps", style="yellow")
     if table.empty:
         console.print("no comparable calls or steps")
+    for label, w in windows.items():
+        console.print(f"note: {label or 'the trace'}: compared on a window of {w['rows']:,} "
+                      f"of {w['rows_total']:,} rows (ranks "
+                      f"{_ranks_text(w['ranks'])}{_steps_text(w['steps'])}; --max-rows)",
+                      style="yellow")
     return 0
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    from profiler.merge import _ranges
+
+    return _ranges(ranks)
+
+
+def _steps_text(steps: list[int] | None) -> str:
+    return f", steps {steps[0]}-{steps[1]}" if steps else ""
