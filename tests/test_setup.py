@@ -31,11 +31,17 @@ def run_setup(**env: str) -> Run:
 @pytest.fixture(scope="module")
 def second_run() -> Run:
     """Run set-up once (it may have work to do if the checkout changed since
-    the last install), then again: the second run must find everything."""
+    the last install), then again: the second run must find everything.  In a
+    shared working tree another developer may change sources between the two
+    runs (step 5 then reinstalls, rightly), so a run that did work is followed
+    by at most two more; a script that is not idempotent never settles."""
     first, _ = run_setup()
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    proc, elapsed = run_setup()
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for _attempt in range(3):
+        proc, elapsed = run_setup()
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        if "installing" not in proc.stdout:
+            break
     return proc, elapsed
 
 
