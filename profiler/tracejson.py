@@ -231,12 +231,32 @@ def _source_rows(src: Source, m: Mapping[str, Any] | None) -> int:
         raise CorruptError(src, f"unreadable parquet footer: {exc}") from None
 
 
-def _read_source(src: Source, columns: Sequence[str] | None = None) -> pd.DataFrame:
+def _read_source(src: Source, columns: Sequence[str] | None = None,
+                 t_range: tuple[int, int] | None = None) -> pd.DataFrame:
+    """A rank's rows (those starting in t_range = [lo, hi) when given: pushed down
+    to the parquet scan), in file order."""
     if isinstance(src, pd.DataFrame):
-        return src if columns is None else src[[c for c in columns if c in src.columns]]
+        df = src if columns is None else src[[c for c in columns if c in src.columns]]
+        if t_range is not None:
+            t = df["t_start_ns"].to_numpy()
+            df = df.iloc[np.flatnonzero((t >= t_range[0]) & (t < t_range[1]))]
+        return df
     from profiler.dataset import read_dataset
 
-    return read_dataset([src], columns=columns)
+    if t_range is None:
+        return read_dataset([src], columns=columns)
+    import pyarrow as pa
+    import pyarrow.dataset as pads
+
+    from profiler.dataset import table_to_frame
+
+    try:
+        ds = pads.dataset([os.fspath(src)], format="parquet")
+        t = pads.field("t_start_ns")
+        table = ds.to_table(columns=columns, filter=(t >= t_range[0]) & (t < t_range[1]))
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise CorruptError(src, f"unreadable parquet dataset: {exc}") from None
+    return table_to_frame(table)
 
 
 @dataclass
@@ -244,13 +264,15 @@ class Selection:
     """Which rows of which sources go into trace.json, and how to say so."""
 
     picked: list[int]  # indices into the sources
-    rows: dict[int, np.ndarray | None]  # source index -> row indices (None: all rows)
+    rows: dict[int, np.ndarray | None]  # source index -> row indices of what is read
+    #                                    (None: all of it)
     included: int
     total: int
     description: str
     ranks: list[int] | None = None  # for a window
     steps: tuple[int, int] | None = None
     t_window_ns: tuple[int, int] | None = None
+    reads: dict[int, tuple[int, int]] | None = None  # source -> [lo, hi) start times read
 
     def events_meta(self) -> dict[str, Any]:
         out: dict[str, Any] = {"included": self.included, "total": self.total,
@@ -379,15 +401,23 @@ def select_events(sources: Sequence[Source], rank_meta: Sequence[Mapping[str, An
         else:
             desc = desc0.split(" (", 1)[0] + where + tail
         t_win = ((int(t[idx].min()), int(t[idx].max()) + 1) if len(idx) else (0, 0))
+    # per rank: read only the rows starting in the span of its selected rows
+    # (pushed down), then keep the selected ones among them
     per: dict[int, np.ndarray | None] = {}
+    reads: dict[int, tuple[int, int]] = {}
     for k, i in enumerate(picked):
         lo_b, hi_b = bounds[k], bounds[k + 1]
-        local = idx[(idx >= lo_b) & (idx < hi_b)] - lo_b
-        if len(local):
-            per[i] = None if len(local) == rows[i] else np.sort(local)
+        local = np.sort(idx[(idx >= lo_b) & (idx < hi_b)] - lo_b)
+        if not len(local):
+            continue
+        tl = t[lo_b:hi_b]
+        span = (int(tl[local].min()), int(tl[local].max()) + 1)
+        inside = np.flatnonzero((tl >= span[0]) & (tl < span[1]))
+        reads[i] = span
+        per[i] = None if len(inside) == len(local) else np.searchsorted(inside, local)
     return Selection(picked=[i for i in picked if i in per], rows=per, included=len(idx),
                      total=total, description=desc, ranks=shown, steps=steps,
-                     t_window_ns=t_win)
+                     t_window_ns=t_win, reads=reads)
 
 
 def write_trace(path: str | os.PathLike[str], meta: dict[str, Any],
@@ -424,7 +454,7 @@ def write_trace(path: str | os.PathLike[str], meta: dict[str, Any],
             f.write(head[:-1])
             sep = b"," if len(head) > 2 else b""
             for i in sel.picked:
-                part = _read_source(frames[i])
+                part = _read_source(frames[i], t_range=(sel.reads or {}).get(i))
                 local = sel.rows.get(i)
                 if local is not None:
                     part = part.iloc[local]
