@@ -47,7 +47,8 @@ import numpy as np, pyarrow as pa, pyarrow.compute as pc, pyarrow.dataset as ds
 t = time.perf_counter()
 files = sorted(glob.glob(sys.argv[1] + "/ranks/rank-*.parquet"))
 d = ds.dataset(files, format="parquet")
-flt = (ds.field("backend") != "app") & ~ds.field("op").isin(["init", "finalize"]) & ~ds.field("device")
+flt = ((ds.field("backend") != "app") & ~ds.field("op").isin(["init", "finalize"])
+       & ~ds.field("device"))
 parts = []
 for b in d.to_batches(columns=["op", "bytes", "dur_ns"], filter=flt, batch_size=1 << 20):
     tb = pa.Table.from_batches([b])
@@ -79,10 +80,12 @@ import sys, time, logging
 from dask.distributed import Client, LocalCluster
 from profiler.analysis.distributed import summarize_dask
 logging.getLogger("distributed").setLevel(logging.ERROR)
-with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as c, \\
-        Client(c) as client:
+cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                       dashboard_address=None)
+with cluster, Client(cluster) as client:
     t = time.perf_counter()
-    s = summarize_dask(sys.argv[1], by=["op", "bucket"], ranks=range(int(sys.argv[2])), client=client)
+    s = summarize_dask(sys.argv[1], by=["op", "bucket"], ranks=range(int(sys.argv[2])),
+                       client=client)
     print(f"{time.perf_counter() - t:.2f} s in process, {int(s['calls'].sum())} calls")
 """
 
