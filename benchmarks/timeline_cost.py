@@ -14,7 +14,9 @@ spreads over all of them):
 Each run's figure is train_bench's total images/sec (mean over its timed
 iterations); a configuration's figure is the median over rounds, with the
 min-max spread.  Noise: the unprofiled runs' spread across rounds, relative to
-their median.  Target (issue 3): profiled >= 99% of unprofiled.  Not a test.
+their median.  The 1-minute load average before each run is recorded: on a
+shared machine, figures taken under other load are not comparable.
+Target (issue 3): profiled >= 99% of unprofiled.  Not a test.
 
     .venv/bin/python benchmarks/timeline_cost.py [--rounds 3] [--model resnet8]
         [--json results.json]
@@ -62,7 +64,17 @@ def config_env(name: str, work: Path) -> dict[str, str]:
     return env
 
 
+def wait_quiet(max_load: float | None, limit_s: float = 300.0) -> None:
+    """Wait (bounded) until the 1-minute load average drops below max_load."""
+    if max_load is None:
+        return
+    deadline = time.monotonic() + limit_s
+    while os.getloadavg()[0] > max_load and time.monotonic() < deadline:
+        time.sleep(5)
+
+
 def run_once(name: str, args: argparse.Namespace, np_: int) -> dict[str, Any]:
+    wait_quiet(args.max_load)
     work = Path(tempfile.mkdtemp(prefix="hvprof-tlcost-"))
     try:
         cmd = ["mpirun", "-n", str(np_), sys.executable, "-m", "profiler.workloads.train_bench",
@@ -71,6 +83,7 @@ def run_once(name: str, args: argparse.Namespace, np_: int) -> dict[str, Any]:
                "--num-warmup-batches", str(args.warmup),
                "--num-batches-per-iter", str(args.batches_per_iter),
                "--num-iters", str(args.iters), "--quiet"]
+        load_before = os.getloadavg()[0]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, env=config_env(name, work), cwd=work, capture_output=True,
                               text=True, timeout=args.timeout)
@@ -88,6 +101,7 @@ def run_once(name: str, args: argparse.Namespace, np_: int) -> dict[str, Any]:
             "images_per_sec": float(result["images_per_sec"]),
             "ci95": float(result["images_per_sec_ci95"]),
             "wall_s": wall,
+            "load_before": load_before,
             "timeline_bytes": tl[0].stat().st_size if tl else 0,
             "gradient_tensors": result.get("gradient_tensors"),
             "timed_steps": result.get("timed_steps"),
@@ -129,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches-per-iter", type=int, default=5)
     p.add_argument("--iters", type=int, default=8)
     p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--max-load", type=float, metavar="L",
+                   help="before each run, wait (up to 5 min) for the 1-min load average < L")
     p.add_argument("--json", metavar="PATH", help="write all runs and the summary as JSON")
     args = p.parse_args(argv)
     if shutil.which("mpirun") is None:
@@ -143,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             r["round"] = rnd
             runs.append(r)
             print(f"round {rnd} {name:18s} {r['images_per_sec']:9.1f} img/s "
-                  f"(+-{r['ci95']:.1f})  wall {r['wall_s']:.1f} s"
+                  f"(+-{r['ci95']:.1f})  wall {r['wall_s']:.1f} s  load {r['load_before']:.1f}"
                   + (f"  timeline {r['timeline_bytes'] / 1e6:.2f} MB"
                      if r["timeline_bytes"] else ""), flush=True)
     s = summarize(runs)
