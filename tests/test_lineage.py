@@ -397,3 +397,22 @@ def test_tensors_cli_one_line_errors(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.startswith("profiler: error: ") and proc.stderr.count("\n") == 1
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.horovod
+@requires_mpi
+@requires_horovod
+def test_user_timeline_is_respected(tmp_path: Path) -> None:
+    """HOROVOD_TIMELINE set by the user: the hooks leave it alone, lineage finds it."""
+    mine = tmp_path / "my_timeline.json"
+    prof, info = run_job(tmp_path, HOROVOD_TIMELINE=str(mine), HOROVOD_CYCLE_TIME="20")
+    assert mine.is_file() and not (prof / "timeline.json").exists()
+    meta: dict[str, Any] = {}
+    path = L.build(prof, metadata=meta)
+    if not env_recorded(prof):  # datasets rebuilt after the fact: no env, no user path
+        assert path is None and "no Horovod timeline" in meta["lineage"]["reason"]
+        return
+    assert path is not None, meta
+    assert meta["lineage"]["timeline_file"] == str(mine)
+    check_every_parameter_once_per_step(L.load(path), info["params"])
