@@ -416,3 +416,24 @@ def test_user_timeline_is_respected(tmp_path: Path) -> None:
     assert path is not None, meta
     assert meta["lineage"]["timeline_file"] == str(mine)
     check_every_parameter_once_per_step(L.load(path), info["params"])
+
+
+def test_alignment_takes_the_nearest_record() -> None:
+    # An extra same-size data record 1 ms before the first allreduce (e.g. a
+    # call the timeline did not see): the anchor match must not take it.
+    tl = T.parse(DATA / "horovod_timeline_fused.json")
+    offset = 3e9
+    recs = synthetic_records(tl, offset)
+    first = recs[recs["op"] == "allreduce"].iloc[0]
+    extra = first.copy()
+    extra["t_start_ns"] = first["t_start_ns"] - 1_000_000
+    extra["seq"] = 99
+    recs = pd.concat([recs, extra.to_frame().T.astype(recs.dtypes.to_dict())],
+                     ignore_index=True).sort_values("t_start_ns").reset_index(drop=True)
+    assert tl.start_epoch_us is not None
+    header = {"cal0_realtime_ns": tl.start_epoch_us * 1000 - offset + 10**9,
+              "cal0_mono_ns": 10**9, "job_t0_ns": 0, "offset_ns": 0}
+    lin, info = L.join(tl, recs, header=header)
+    assert info["matched_calls"] == len(T.fused_ops(tl))
+    assert 99 not in set(lin["call_seq"])
+    assert lin["matched"].all()

@@ -28,10 +28,10 @@ Alignment method (the timeline and the records use different time bases):
    maybe cut at the end) and near k = records - instances (timeline started
    late), and the offset is the median time difference of the agreeing pairs.
 3. With that offset, instances and records are matched in order: each
-   instance takes the first unused record after the previous match whose
-   start lies within `tolerance_ns` of the instance's predicted start and
-   whose bytes agree (allreduce/broadcast: record bytes = sum of the tensors'
-   bytes) when both are known.
+   instance takes, among the records after the previous match whose start
+   lies within `tolerance_ns` of the instance's predicted start and whose
+   bytes agree (allreduce/broadcast: record bytes = sum of the tensors'
+   bytes) when both are known, the nearest one.
 
 The reason lineage is absent (no timeline, unreadable timeline, no rank-0
 dataset) is returned by `build_lineage` and recorded in the metadata dict
@@ -236,12 +236,18 @@ def _match(a_t: np.ndarray, a_b: np.ndarray, r_t: np.ndarray, r_b: np.ndarray,
         # first record that could match: r_t >= p - tol, after the previous match
         j = max(j, int(np.searchsorted(r_t, p - tol, side="left")))
         k = j
+        best = -1
         while k < nr and r_t[k] <= p + tol:
             if not comparable or not math.isfinite(a_b[i]) or a_b[i] == r_b[k]:
-                out[i] = k
-                j = k + 1
-                break
+                # the nearest agreeing record in the window
+                if best < 0 or abs(r_t[k] - p) < abs(r_t[best] - p):
+                    best = k
+                elif r_t[k] > p:
+                    break
             k += 1
+        if best >= 0:
+            out[i] = best
+            j = best + 1
     return out
 
 
