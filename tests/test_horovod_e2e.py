@@ -113,7 +113,7 @@ def _check_steps(st: pd.DataFrame, ranks: int) -> None:
     for r in range(ranks):
         mine = st[st["rank"] == r]
         assert len(mine) == WARMUP - 1 + TIMED, f"rank {r}: {len(mine)} step records"
-        assert mine["seq"].tolist() == list(range(WARMUP - 1 + TIMED))
+        assert mine["seq"].tolist() == list(range(WARMUP - 1 + TIMED)), f"rank {r}"
         images = mine["count"].tolist()
         assert images == [0] * (WARMUP - 1) + [BATCH] * TIMED
         assert (mine["dur_ns"] > 0).all()
@@ -265,7 +265,7 @@ def test_hook_finds_steps_of_any_distributed_optimizer_loop(tmp_path: Path) -> N
     st = steps_of(prof)
     for r in range(2):
         mine = st[st["rank"] == r]
-        assert mine["seq"].tolist() == [0, 1, 2, 3, 4]
+        assert mine["seq"].tolist() == [0, 1, 2, 3, 4], f"rank {r}: {mine.to_dict('list')}"
         assert mine["count"].tolist() == [8] * 5
 
 
