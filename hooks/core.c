@@ -66,6 +66,7 @@ static struct {
 
 static void helper_start(void);
 static void helper_stop(void);
+static void signals_install(void);
 static pthread_key_t exit_key; /* its destructor hands an exiting thread's buffer over */
 static void helper_forget(void);
 
@@ -534,6 +535,7 @@ int hvprof_open(int rank, int world_size, int local_rank, const char *dir)
     atomic_store(&hvprof_divert, h->mode == HVPROF_MODE_SUMMARY || !h->sampling);
     atomic_store(&hvprof_active, 1);
     helper_start();
+    signals_install();
     pthread_mutex_unlock(&g.lock);
     return 0;
 }
@@ -724,6 +726,74 @@ static void thread_exit(void *arg)
         t->slots = NULL;
         t->capacity = t->used = 0;
     }
+}
+
+/* Fatal signals: write what the buffers hold, then let the signal do what it
+ * would have done (the previous handler, Open MPI's backtrace printer for
+ * instance, or the default action).  pwrite is async-signal-safe; a flush
+ * racing the helper writes the same bytes at the same offsets.  SIGINT only
+ * where nobody handles it (Python does, and exits through its exit path). */
+static const int fatal_signals[] = {SIGTERM, SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL, SIGINT};
+#define N_FATAL (sizeof fatal_signals / sizeof fatal_signals[0])
+static struct sigaction old_actions[N_FATAL];
+static int signals_installed;
+
+static void flush_for_signal(void)
+{
+    if (!g.hdr || g.pid != getpid()) return;
+    for (uint32_t i = 0; i < FULL_SLOTS; i++) {
+        uintptr_t c = atomic_load(&fullq[i]);
+        if (c) buffer_flush((hvprof_chunk_header *)c);
+    }
+    uint32_t n = g.hdr->n_tracks < HVPROF_TRACK_TABLE_CAPACITY ? g.hdr->n_tracks
+                                                               : HVPROF_TRACK_TABLE_CAPACITY;
+    for (uint32_t i = 0; i < n; i++) {
+        uintptr_t c = atomic_load(&live[i]);
+        if (c) buffer_flush((hvprof_chunk_header *)c);
+    }
+    calibrate_now();
+}
+
+static void on_fatal_signal(int sig, siginfo_t *info, void *ctx)
+{
+    int saved = errno;
+    flush_for_signal();
+    errno = saved;
+    for (size_t i = 0; i < N_FATAL; i++) {
+        if (fatal_signals[i] != sig) continue;
+        struct sigaction *old = &old_actions[i];
+        if (old->sa_flags & SA_SIGINFO) {
+            if (old->sa_sigaction) { old->sa_sigaction(sig, info, ctx); return; }
+        } else if (old->sa_handler != SIG_DFL && old->sa_handler != SIG_IGN) {
+            old->sa_handler(sig);
+            return;
+        } else if (old->sa_handler == SIG_IGN) {
+            return;
+        }
+        /* default action: restore it and deliver the signal again */
+        sigaction(sig, old, NULL);
+        raise(sig);
+        return;
+    }
+}
+
+static void signals_install(void)
+{
+    const char *v = getenv("HOROVOD_PROFILE_SIGNALS");
+    if (signals_installed || (v && strcmp(v, "0") == 0)) return;
+    for (size_t i = 0; i < N_FATAL; i++) {
+        struct sigaction sa, old;
+        if (sigaction(fatal_signals[i], NULL, &old) != 0) continue;
+        if (fatal_signals[i] == SIGINT && (old.sa_flags & SA_SIGINFO || old.sa_handler != SIG_DFL))
+            continue;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_fatal_signal;
+        sa.sa_flags = SA_SIGINFO | SA_ONSTACK | (old.sa_flags & SA_RESTART);
+        sigemptyset(&sa.sa_mask);
+        old_actions[i] = old;
+        sigaction(fatal_signals[i], &sa, NULL);
+    }
+    signals_installed = 1;
 }
 
 static void helper_start(void)
