@@ -4,12 +4,14 @@
 returns the same table as :func:`profiler.analysis.summarize` on the loaded
 frame, without loading it: DuckDB scans ranks/*.parquet, pushes the filters
 (ranks, steps, ops, kinds) down to the scan, groups, and computes exact
-percentiles over every call (``quantile_cont``: linear interpolation between
-order statistics, numpy's default).  Memory stays bounded by the number of
-calls in the largest group (8 bytes each) plus DuckDB's working memory
-(``memory_limit``, default 2 GB, spilling to a temporary directory), not by the
-size of the dataset.  Engine choice by measurement (1024 ranks x 100k calls,
-100M rows, this 2-core machine): see benchmarks/scale_engines.py.
+percentiles over every call (linear interpolation between order statistics,
+numpy's default, with the arithmetic of summary.summarize) without holding a
+group's durations: a histogram pass finds the bucket of each order statistic, a
+second pass collects only those buckets (see partials).  Memory stays bounded by
+DuckDB's working memory (``memory_limit``, default 2 GB, spilling to a temporary
+directory) and LIST_BUDGET, not by the size of the dataset.  Engine choice by
+measurement (1024 ranks x 100k calls, 100M rows, this 2-core machine): see
+benchmarks/scale_engines.py.
 
 Semantics are those of ``summary.summarize`` / ``summary.comm_calls``:
 communication calls are host rows that are neither application rows nor
@@ -276,6 +278,35 @@ def _key_sql(key: str) -> tuple[str, str]:
     return col, col
 
 
+# Exact percentiles in bounded memory.  A holistic quantile aggregate keeps every
+# duration of a group in one growing array (at 100M calls DuckDB's quantile_cont
+# needs > 2 GB and fails under a 1.8 GB limit); instead:
+#   pass 1: one streaming aggregation by (group, log bucket of the duration, 16 per
+#           power of two): counts, sums, min, max -- everything but the percentiles
+#           is summed from it, and the cumulative counts say which bucket holds each
+#           wanted order statistic and how many calls lie below it;
+#   pass 2: only the calls of those buckets are collected (a join on (group,
+#           bucket)) and sorted: the order statistics are exact, and numpy
+#           interpolates between them as summary.summarize does.
+# A bucket holding more than LIST_BUDGET calls is split again (4096 linear
+# sub-buckets of its [min, max]) before collecting; a bucket whose min == max needs
+# no collecting at all.
+LOG_BUCKETS_PER_OCTAVE = 16
+LIST_BUDGET = 16_000_000
+_SUB_BUCKETS = 4096
+
+
+def _hb_sql(x: str) -> str:
+    return (f"CASE WHEN {x} <= 0 THEN -1 ELSE CAST(floor(log2({x}) * "
+            f"{LOG_BUCKETS_PER_OCTAVE}) AS INTEGER) END")
+
+
+def _join_on(n_keys: int, left: str, right: str, extra: Sequence[str] = ()) -> str:
+    terms = [f"{left}.k_{i} IS NOT DISTINCT FROM {right}.k_{i}" for i in range(n_keys)]
+    terms += [f"{left}.{c} = {right}.{c}" for c in extra]
+    return " AND ".join(terms) if terms else "TRUE"
+
+
 def partials(ds: Dataset, by: Sequence[str], filters: RowFilter | None = None, *,
              con: Any = None, qs: Sequence[float] = (0.5, 0.95, 0.99)) -> pd.DataFrame:
     """One row per group: keys, calls, total_bytes, total_ns, max_ns, bus, busok, pow2,
@@ -291,32 +322,151 @@ def partials(ds: Dataset, by: Sequence[str], filters: RowFilter | None = None, *
             raise UsageError(None, f"--by {k}: the trace has no {BY_KEYS[k]} column")
     need = {"op", "bytes", "dur_ns", "comm_size", "rank"}
     need |= {BY_KEYS[k] for k in by}
-    cols = sorted(need)
-    inner = calls_sql(ds, filters, device_rows=has_device_rows(con, ds), columns=cols)
-    keys = [f"{_key_sql(k)[0]} AS k_{i}" for i, k in enumerate(by)]
-    group = f"GROUP BY {', '.join(f'k_{i}' for i in range(len(by)))}" if by else ""
-    qlist = ", ".join(repr(float(q)) for q in qs)
-    sql = (
-        f"SELECT {''.join(k + ', ' for k in keys)}"
-        "count(*) AS calls, sum(bytes)::HUGEINT AS total_bytes, sum(dur_ns)::HUGEINT AS "
-        "total_ns, max(dur_ns) AS max_ns, "
+    inner = calls_sql(ds, filters, device_rows=has_device_rows(con, ds), columns=sorted(need))
+    nk = len(by)
+    kcols = [f"k_{i}" for i in range(nk)]
+    keyed = (f"SELECT {''.join(f'{_key_sql(k)[0]} AS k_{i}, ' for i, k in enumerate(by))}"
+             f"dur_ns, bytes, comm_size, op, {_hb_sql('dur_ns')} AS hb FROM ({inner})")
+    hist = query(con, ds, (
+        f"SELECT {''.join(c + ', ' for c in kcols)}hb, count(*) AS n, "
+        "sum(bytes)::HUGEINT AS tb, sum(dur_ns)::HUGEINT AS tns, max(dur_ns) AS mx, "
+        "min(dur_ns) AS mn, "
         f"sum(bytes * coalesce({_bus_sql('comm_size')}, 0.0)) AS bus, "
         f"bool_or({_bus_sql('comm_size')} IS NOT NULL) AS busok, "
-        "bool_and(bytes = 0 OR (bytes > 0 AND (bytes & (bytes - 1)) = 0)) AS pow2, "
-        f"quantile_cont(dur_ns, [{qlist}]) AS q "
-        f"FROM ({inner}) {group}")
-    out = query(con, ds, sql)
-    out = out.rename(columns={f"k_{i}": k for i, k in enumerate(by)})
-    if len(out):
-        qv = np.array([list(v) for v in out["q"]], dtype=np.float64)
+        "bool_and(bytes = 0 OR (bytes > 0 AND (bytes & (bytes - 1)) = 0)) AS pow2 "
+        f"FROM ({keyed}) GROUP BY ALL"))
+    cols = [*by, "calls", "total_bytes", "total_ns", "max_ns", "bus", "busok", "pow2",
+            *(f"q_{q:g}" for q in qs)]
+    if hist.empty:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
+    if nk:
+        hist["g"] = hist.groupby(kcols, dropna=False, sort=False).ngroup()
     else:
-        qv = np.zeros((0, len(qs)))
-    for j, q in enumerate(qs):
-        out[f"q_{q:g}"] = qv[:, j]
-    out = out.drop(columns=["q"])
-    if not by and len(out) and int(out["calls"].iloc[0]) == 0:
-        out = out.iloc[0:0]
-    return out
+        hist["g"] = 0
+    hist = hist.sort_values(["g", "hb"], kind="stable").reset_index(drop=True)
+    grp = hist.groupby("g", sort=True)
+    out = grp.agg(calls=("n", "sum"), total_bytes=("tb", "sum"), total_ns=("tns", "sum"),
+                  max_ns=("mx", "max"), bus=("bus", "sum"), busok=("busok", "any"),
+                  pow2=("pow2", "all"))
+    first = grp.head(1).set_index("g")
+    for i, k in enumerate(by):
+        out[k] = first[f"k_{i}"]
+    values = _order_statistics(con, ds, keyed, hist, kcols, qs)
+    n = out["calls"].to_numpy(dtype=np.int64)
+    for q in qs:
+        pos = q * np.maximum(n - 1, 0)
+        lo = np.floor(pos).astype(np.int64)
+        hi = np.ceil(pos).astype(np.int64)
+        v_lo = np.array([values[(g, int(k))] for g, k in zip(out.index, lo)], np.float64)
+        v_hi = np.array([values[(g, int(k))] for g, k in zip(out.index, hi)], np.float64)
+        out[f"q_{q:g}"] = v_lo + (v_hi - v_lo) * (pos - lo)
+    return out.reset_index(drop=True)[cols]
+
+
+def _order_statistics(con: Any, ds: Dataset, keyed: str, hist: pd.DataFrame,
+                      kcols: list[str], qs: Sequence[float]) -> dict[tuple[int, int], int]:
+    """(group, k) -> the k-th smallest duration of the group (0-based), for the
+    order statistics the quantiles need; hist sorted by (g, hb)."""
+    n_g = hist.groupby("g", sort=True)["n"].sum()
+    cum = hist.groupby("g", sort=False)["n"].cumsum().to_numpy()
+    below = cum - hist["n"].to_numpy()
+    g_arr = hist["g"].to_numpy()
+    wanted: dict[int, set[int]] = {}
+    for g, n in n_g.items():
+        ks: set[int] = set()
+        for q in qs:
+            pos = q * max(int(n) - 1, 0)
+            ks.update((int(np.floor(pos)), int(np.ceil(pos))))
+        wanted[int(g)] = ks
+    values: dict[tuple[int, int], int] = {}
+    targets: list[tuple[int, int, list[int]]] = []  # hist row, below, ks
+    start = np.searchsorted(g_arr, np.arange(len(n_g)))
+    stop = np.searchsorted(g_arr, np.arange(len(n_g)), side="right")
+    for g, ks in wanted.items():
+        rows = np.arange(start[g], stop[g])
+        for row in sorted({int(rows[np.searchsorted(cum[rows], k, side="right")])
+                           for k in ks}):
+            mine = [k for k in ks if below[row] <= k < cum[row]]
+            if int(hist.at[row, "mn"]) == int(hist.at[row, "mx"]):
+                for k in mine:
+                    values[(g, k)] = int(hist.at[row, "mn"])
+            else:
+                targets.append((row, int(below[row]), mine))
+    if not targets:
+        return values
+    small = [t for t in targets if int(hist.at[t[0], "n"]) <= LIST_BUDGET]
+    big = [t for t in targets if int(hist.at[t[0], "n"]) > LIST_BUDGET]
+    if small:
+        _collect(con, ds, keyed, hist, kcols, small, values, sub=False)
+    if big:
+        _collect(con, ds, keyed, hist, kcols, big, values, sub=True)
+    return values
+
+
+def _target_table(hist: pd.DataFrame, kcols: list[str],
+                  targets: list[tuple[int, int, list[int]]]) -> pd.DataFrame:
+    rows = [t[0] for t in targets]
+    tt = hist.loc[rows, [*kcols, "hb", "mn", "mx"]].reset_index(drop=True)
+    tt["tid"] = np.arange(len(tt), dtype=np.int64)
+    return tt
+
+
+def _collect(con: Any, ds: Dataset, keyed: str, hist: pd.DataFrame, kcols: list[str],
+             targets: list[tuple[int, int, list[int]]], values: dict[tuple[int, int], int],
+             *, sub: bool) -> None:
+    """Fill `values` for the targets: list the durations of each target bucket (sub:
+    first narrow each bucket to the 1/4096 of its range holding each k)."""
+    tt = _target_table(hist, kcols, targets)
+    con.register("hvprof_targets", tt)
+    try:
+        on = _join_on(len(kcols), "c", "t", ["hb"])
+        if not sub:
+            got = query(con, ds, f"SELECT t.tid, list(c.dur_ns) AS v FROM ({keyed}) c "
+                                 f"JOIN hvprof_targets t ON {on} GROUP BY t.tid")
+            for tid, v in zip(got["tid"], got["v"]):
+                row, below, ks = targets[int(tid)]
+                arr = np.sort(np.asarray(v, dtype=np.int64))
+                for k in ks:
+                    values[(int(hist.at[row, "g"]), k)] = int(arr[k - below])
+            return
+        width = f"((t.mx - t.mn) / {_SUB_BUCKETS}.0 + 1e-9)"
+        sb = f"LEAST(CAST(floor((c.dur_ns - t.mn) / {width}) AS INTEGER), {_SUB_BUCKETS - 1})"
+        sh = query(con, ds, f"SELECT t.tid, {sb} AS sb, count(*) AS n, min(c.dur_ns) AS mn, "
+                            f"max(c.dur_ns) AS mx FROM ({keyed}) c JOIN hvprof_targets t ON "
+                            f"{on} GROUP BY ALL ORDER BY t.tid, sb")
+        need: list[tuple[int, int, int, list[int]]] = []  # tid, sb, below, ks
+        for tid, part in sh.groupby("tid", sort=True):
+            row, below, ks = targets[int(tid)]
+            g = int(hist.at[row, "g"])
+            cum = below + part["n"].cumsum().to_numpy()
+            for k in ks:
+                i = int(np.searchsorted(cum, k, side="right"))
+                r = part.iloc[i]
+                if int(r["mn"]) == int(r["mx"]):
+                    values[(g, k)] = int(r["mn"])
+                else:
+                    need.append((int(tid), int(r["sb"]), int(cum[i] - r["n"]), [k]))
+        if not need:
+            return
+        sel = pd.DataFrame({"tid": [x[0] for x in need], "sb": [x[1] for x in need]})
+        sel = sel.drop_duplicates()
+        con.register("hvprof_sub", sel)
+        try:
+            got = query(con, ds, f"SELECT t.tid, {sb} AS sb, list(c.dur_ns) AS v FROM "
+                                 f"({keyed}) c JOIN hvprof_targets t ON {on} "
+                                 f"JOIN hvprof_sub s ON s.tid = t.tid AND s.sb = {sb} "
+                                 "GROUP BY ALL")
+        finally:
+            con.unregister("hvprof_sub")
+        lists = {(int(a), int(b)): np.sort(np.asarray(v, dtype=np.int64))
+                 for a, b, v in zip(got["tid"], got["sb"], got["v"])}
+        for tid, sbv, below, ks in need:
+            row = targets[tid][0]
+            arr = lists[(tid, sbv)]
+            for k in ks:
+                values[(int(hist.at[row, "g"]), k)] = int(arr[k - below])
+    finally:
+        con.unregister("hvprof_targets")
 
 
 def _dataset_error(ds: Dataset, exc: Exception) -> Exception:

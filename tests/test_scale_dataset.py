@@ -349,3 +349,14 @@ def test_load_max_rows_gives_a_bounded_window(job: Path) -> None:
     assert df["t_start_ns"].min() >= lo and df["t_start_ns"].max() < hi
     small = load(job, columns=SUMMARY_COLUMNS, max_rows=10**9)
     assert "selection" not in small.attrs and len(small) == full_rows
+
+
+def test_exact_percentiles_through_sub_buckets(job: Path, frame: pd.DataFrame,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Buckets over the list budget are split before their calls are collected: the
+    percentiles stay exact."""
+    from profiler.analysis import engine
+
+    monkeypatch.setattr(engine, "LIST_BUDGET", 50)
+    for by in (["op", "bucket"], []):
+        same_table(summarize_dataset(job, by=by), summarize(frame, by=by), by)
