@@ -386,6 +386,24 @@ def _track_table(raw: RawFile) -> list[dict[str, Any]]:
     ]
 
 
+def step_totals(df: pd.DataFrame) -> dict[str, Any]:
+    """This rank's steps (op "step" rows; count = images): how many, how many
+    carried images (warm-up steps carry 0), images, seconds, images/sec and the
+    batch size (the most common images per step)."""
+    if not len(df) or "op" not in df.columns:
+        return {"steps": 0}
+    st = df.loc[(df["op"] == "step").to_numpy(dtype=bool)]
+    timed = st.loc[st["count"].to_numpy() > 0]
+    out: dict[str, Any] = {"steps": int(len(st)), "timed_steps": int(len(timed))}
+    if len(timed):
+        images = int(timed["count"].sum())
+        seconds = float(timed["dur_ns"].sum()) / 1e9
+        out.update(images=images, seconds=seconds,
+                   images_per_sec=images / seconds if seconds > 0 else None,
+                   batch_size=int(timed["count"].mode().iloc[0]))
+    return out
+
+
 def rank_metadata(raw: RawFile, df: pd.DataFrame, *, own_process: bool,
                   agg: pd.DataFrame | None = None,
                   problems: Sequence[str] = ()) -> dict[str, Any]:
@@ -407,6 +425,7 @@ def rank_metadata(raw: RawFile, df: pd.DataFrame, *, own_process: bool,
         "comms": _comm_table(raw),
         "tracks": _track_table(raw),
         "calls": per_call + aggregated,
+        "steps": step_totals(df),
         "rows": len(df),
         "mode": mode,
         "aggregated_calls": aggregated,

@@ -243,10 +243,25 @@ def job_metadata(d: Path, trace_path: Path, rank_meta: list[dict[str, Any]], wor
                   "axis": "ns since rank 0's MPI_Init return"},
         "env": env,
         "mode": modes[0] if len(modes) == 1 else "mixed",
+        **_throughput(rank_meta),
         "dataset": {"format": "parquet", "files": files, "calls": calls,
                     "rows": sum(int(m.get("rows", m.get("calls", 0))) for m in rank_meta),
                     "aggregates": aggregates},
     }
+
+
+def _throughput(rank_meta: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's batch size (per rank) and images/sec (summed over ranks), from
+    the steps that carried images; absent when the job marked no steps."""
+    steps = [m.get("steps") or {} for m in rank_meta]
+    rates = [s["images_per_sec"] for s in steps if s.get("images_per_sec")]
+    if not rates:
+        return {}
+    batches = sorted({int(s["batch_size"]) for s in steps if s.get("batch_size")})
+    return {"batch_size": batches[0] if len(batches) == 1 else batches,
+            "images_per_sec": float(sum(rates)),
+            "images_per_sec_per_rank": {str(m["rank"]): s.get("images_per_sec")
+                                        for m, s in zip(rank_meta, steps)}}
 
 
 def wait_and_merge(profile_dir: str | os.PathLike[str], *, world_size: int, own_rank: int,
