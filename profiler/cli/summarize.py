@@ -448,6 +448,13 @@ def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[
         if meta.get("partial_ranks"):
             console.print(f"partial ranks (killed before the end): "
                           f"{_ranks_text(meta['partial_ranks'])}")
+        dropped = {int(r.get("rank", -1)): int(r.get("dropped") or 0)
+                   for r in meta.get("ranks") or [] if isinstance(r, dict)}
+        lost = {r: n for r, n in dropped.items() if n > 0}
+        if lost:
+            console.print(f"dropped records: {sum(lost.values())} calls not recorded (ranks "
+                          f"{_ranks_text(sorted(lost))}: the raw file could not grow); the "
+                          "statistics above miss them")
         ev = meta.get("events") or {}
         if ev.get("selection", "all") != "all":
             console.print(f"note: trace.json holds {ev.get('included')} of "
