@@ -294,6 +294,10 @@ def run(args: argparse.Namespace) -> int:
     ops = parse_names(args.ops) if args.ops else None
     meta = _meta(args.trace)
     dataset = None
+    import importlib.util
+
+    if args.engine == "auto" and importlib.util.find_spec("duckdb") is None:
+        args.engine = "pandas"  # the optional scale dependency is not installed
     if args.engine != "pandas":
         from profiler.analysis.engine import open_dataset
 
