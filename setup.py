@@ -82,12 +82,12 @@ setup(
     package_data={"profiler": ["_lib/*.so", "py.typed"], "profiler.analysis": ["*.js"]},
     include_package_data=False,
     install_requires=[
-        "numpy", "pandas>=2", "pyarrow>=14", "orjson", "plotly>=5", "rich",
+        "numpy", "pandas>=2", "pyarrow>=14", "orjson", "plotly>=5", "rich", "duckdb",
     ],
     extras_require={
         "mpi": ["mpi4py"],
         "gpu": ["cupy-cuda12x", "nvidia-ml-py"],
-        "scale": ["duckdb", "dask[dataframe]", "distributed"],
+        "scale": ["dask[dataframe]", "distributed"],
         "test": ["pytest", "pytest-timeout", "nbclient", "nbformat", "ipykernel",
                  "nbmake", "ruff", "mypy", "hypothesis"],
     },

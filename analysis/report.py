@@ -212,12 +212,19 @@ def render_report(
     paths: Mapping[str, str | None] | None = None,
     title: str | None = None,
     progress: bool = True,
+    exact: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str:
     """The report as one HTML string, from a loaded frame (labels for several traces)
-    and the traces' metadata blocks (label -> metadata; "" for a single trace)."""
+    and the traces' metadata blocks (label -> metadata; "" for a single trace).
+
+    exact: for traces too large to load whole (label -> {"selection": what the
+    frame holds, "summary": the summary table over every call, "stragglers":
+    the ranking over every matched call}): the tables come from there, the
+    figures from the window in `df`, and the report says so."""
     if not isinstance(df, pd.DataFrame):
         raise UsageError(None, "render_report needs a DataFrame")
     metas = dict(metas or {})
+    exact = dict(exact or {})
     labels = distinct(df["label"]) if "label" in df.columns else [""]
     for lb in labels:
         metas.setdefault(lb, {})
@@ -229,7 +236,25 @@ def render_report(
         return _trace_table(metas, df)
 
     def sec_summary() -> str:
-        return _table(_per_label(df, _summary), max_rows=200)
+        out = ""
+        parts = []
+        for lb in labels:
+            ex = exact.get(lb) or {}
+            if ex.get("selection"):
+                out += (f'<p class="muted">{html.escape(str(lb) or "trace")}: figures show a '
+                        f'window ({html.escape(str(ex["selection"]))}); the tables count '
+                        "every call of the dataset</p>")
+            if ex.get("summary") is not None:
+                t = ex["summary"].copy()
+                if "total_bytes" in t.columns:
+                    t["total_bytes"] = [fmt_bytes(v) for v in t["total_bytes"]]
+            else:
+                t = _summary(df.loc[isin(df["label"], [lb])] if multi else df)
+            if multi:
+                t.insert(0, "trace", lb)
+            parts.append(t)
+        table = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+        return out + _table(table, max_rows=200)
 
     def sec_sizes() -> str:
         out = _table(size_summary(df))
@@ -258,7 +283,8 @@ def render_report(
         return out
 
     def sec_imbalance() -> str:
-        ranking = stragglers(df)
+        given = [ex["stragglers"] for ex in exact.values() if ex.get("stragglers") is not None]
+        ranking = given[0] if len(given) == 1 and not multi else stragglers(df)
         out = fig("rank-imbalance", F.rank_imbalance(df, ranking=ranking))
         return out + "<h3>Stragglers (arrived last in matched calls)</h3>" + _table(ranking)
 
@@ -334,13 +360,20 @@ def write_report(
     labels: Sequence[str] | None = None,
     title: str | None = None,
     progress: bool = True,
+    max_rows: int | None = 5_000_000,
 ) -> Path:
-    """Load the traces, render the report and write it to `out` (atomically)."""
+    """Load the traces, render the report and write it to `out` (atomically).
+
+    A trace with more than `max_rows` calls is not loaded whole: its figures
+    come from a bounded window (first ranks, likely stragglers, middle steps)
+    and its summary table and straggler ranking are computed over every call
+    by the dataset engine (analysis.engine)."""
     from .load import load, load_meta
 
     if not traces:
         raise UsageError(None, "report needs at least one trace")
-    df = load(*traces, label=list(labels) if labels else None, columns=REPORT_COLUMNS)
+    df = load(*traces, label=list(labels) if labels else None, columns=REPORT_COLUMNS,
+              max_rows=max_rows)
     if "label" in df.columns:
         names = [str(x) for x in df["label"].cat.categories] if isinstance(
             df["label"].dtype, pd.CategoricalDtype) else distinct(df["label"])
@@ -354,7 +387,22 @@ def write_report(
         except Exception:  # a parquet file or raw file has no trace metadata
             metas[name] = {}
         paths[name] = os.fspath(path)
-    text = render_report(df, metas=metas, paths=paths, title=title, progress=progress)
+    exact: dict[str, dict[str, Any]] = {}
+    selections = df.attrs.get("selection") or {}
+    for name, path in zip(names, traces):
+        sel = selections.get(name) if isinstance(selections, Mapping) else None
+        if not sel:
+            continue
+        # too large to load whole: exact tables from the dataset, queried in place
+        from .engine import stragglers_dataset, summarize_dataset
+
+        by = ["op", "bucket", "kind"]
+        exact[name] = {"selection": sel.get("description", sel) if isinstance(sel, Mapping)
+                       else sel,
+                       "summary": summarize_dataset(path, by),
+                       "stragglers": stragglers_dataset(path)}
+    text = render_report(df, metas=metas, paths=paths, title=title, progress=progress,
+                         exact=exact)
     dest = Path(out)
     if dest.is_dir():
         raise UsageError(dest, "is a directory; give the report's file name")

@@ -386,6 +386,19 @@ def _track_table(raw: RawFile) -> list[dict[str, Any]]:
     ]
 
 
+def comm_total_ns(df: pd.DataFrame) -> int:
+    """This rank's time in communication calls (host rows; no set-up calls, no
+    application rows).  The rank that arrives last waits least: trace.json's
+    event window uses this to show likely stragglers without reading records."""
+    if not len(df) or "op" not in df.columns:
+        return 0
+    mask = (df["backend"] != "app").to_numpy(dtype=bool) & ~df["op"].isin(
+        ["init", "finalize"]).to_numpy(dtype=bool)
+    if "device" in df.columns:
+        mask = mask & ~df["device"].to_numpy(dtype=bool)
+    return int(df["dur_ns"].to_numpy()[mask].sum())
+
+
 def step_totals(df: pd.DataFrame) -> dict[str, Any]:
     """This rank's steps (op "step" rows; count = images): how many, how many
     carried images (warm-up steps carry 0), images, seconds, images/sec and the
@@ -426,6 +439,7 @@ def rank_metadata(raw: RawFile, df: pd.DataFrame, *, own_process: bool,
         "tracks": _track_table(raw),
         "calls": per_call + aggregated,
         "steps": step_totals(df),
+        "totals": {"comm_ns": comm_total_ns(df)},
         "rows": len(df),
         "mode": mode,
         "aggregated_calls": aggregated,

@@ -146,3 +146,27 @@ def test_report_bad_input_is_one_line(tmp_path: Path) -> None:
     bogus.write_text("{}")
     p = profiler_cli("report", str(bogus), "-o", str(tmp_path / "r.txt"), cwd=tmp_path)
     assert p.returncode == 2 and "Traceback" not in p.stderr
+
+
+def test_report_of_a_trace_too_large_to_load_whole(tmp_path: Path) -> None:
+    """Figures from a bounded window, tables over every call, and the report says so."""
+    from profiler.analysis import load, summarize, write_report
+    from profiler.analysis.engine import summarize_dataset
+
+    src = Path(__file__).parent / "data" / "analysis" / "fused" / "trace.json"
+    big = tmp_path / "big"
+    r = profiler_cli("synth", str(src), "-o", str(big), "--ranks", "8", "--calls-per-rank",
+                     "3000", "--stragglers", "1", "--seed", "3", "-q", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "r.html"
+    write_report([big / "trace.json"], out, progress=False, max_rows=4000)
+    text = out.read_text()
+    assert "figures show a window" in text
+    full = summarize_dataset(big / "trace.json", ["op", "bucket", "kind"])
+    assert int(full["calls"].sum()) > 4000
+    # the report's summary table counts every call, not the window's
+    assert f">{int(full['calls'].max())}<" in text
+    meta = json.loads((big / "trace.json").read_bytes())["horovod_profiler"]
+    assert meta["synthetic"]["stragglers"]
+    small = summarize(load(big / "trace.json", max_rows=4000))
+    assert int(small["calls"].sum()) < int(full["calls"].sum())
