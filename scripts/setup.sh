@@ -96,6 +96,22 @@ else
     say "  installed: $(mpirun --version 2>/dev/null | head -n 1)"
 fi
 
+# The capture tests also run against a second MPI, Debian's MPICH, installed
+# side by side (mpicc.mpich, mpirun.mpich).  Open MPI stays the default.
+if command -v mpicc.mpich >/dev/null 2>&1 && command -v mpirun.mpich >/dev/null 2>&1; then
+    say "  MPICH present (second MPI for the capture tests): $(mpichversion 2>/dev/null | head -n 1 | tr -s ' \t' ' ')"
+elif [ "${HVPROF_NO_MPICH:-0}" = 1 ]; then
+    say "  MPICH skipped (HVPROF_NO_MPICH=1): its capture tests will be skipped"
+else
+    say "  MPICH missing: installing Debian's mpich beside Open MPI (second MPI for the capture tests)"
+    apt_install mpich libmpich-dev
+    if ! mpirun --version 2>/dev/null | grep -q "Open MPI" && [ -x /usr/bin/mpirun.openmpi ]; then
+        say "  keeping Open MPI the default mpicc/mpirun"
+        as_root update-alternatives --set mpi /usr/bin/mpicc.openmpi >/dev/null
+        as_root update-alternatives --set mpirun /usr/bin/mpirun.openmpi >/dev/null
+    fi
+fi
+
 # --------------------------------------------------------------------------
 say "[2/5] Python virtual environment ($VENV)"
 if [ -x "$PY" ] && "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 9))' 2>/dev/null; then
