@@ -275,7 +275,9 @@ typedef struct hvprof_file_header {
     uint64_t dropped_records;      /*   88 (live) records lost (no chunk)    */
     uint32_t clock_kind;           /*   96 1 = TSC ticks, 2 = CLOCK_MONOTONIC
                                            nanoseconds (ticks == ns)         */
-    uint32_t offset_method;        /*  100 0 none, 1 ping-pong with rank 0   */
+    uint32_t offset_method;        /*  100 0: one host, one clock (offset 0);
+                                           1: each host's leader ping-pongs rank
+                                           0, its ranks share the result      */
     double   ticks_per_ns;         /*  104 start-up calibration              */
     int64_t  cal0_ticks;           /*  112 calibration pair at start         */
     int64_t  cal0_mono_ns;         /*  120 CLOCK_MONOTONIC at cal0_ticks     */

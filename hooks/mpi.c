@@ -724,21 +724,26 @@ static int profiling_wanted(void)
     return !(v[0] == 0 || strcmp(v, "0") == 0 || strcmp(v, "off") == 0 || strcmp(v, "false") == 0);
 }
 
-/* Offset of this rank's CLOCK_MONOTONIC to rank 0's, by ping-pong with rank
- * 0 (Cristian's method, best of K round trips): offset = b - (a + c) / 2,
- * |error| <= (c - a) / 2 for the round trip with the smallest c - a. */
-static void estimate_offsets(int rank, int size, int64_t *offset, int64_t *err)
+/* Offset of this rank's CLOCK_MONOTONIC to rank 0's.  Ranks on one host
+ * share CLOCK_MONOTONIC, so only one rank per host (the node leader, lowest
+ * rank there) measures: rank 0 ping-pongs each leader in turn (Cristian's
+ * method, best of K round trips: offset = b - (a + c) / 2, |error| <=
+ * (c - a) / 2 for the round trip with the smallest c - a), and each leader
+ * passes its result to the ranks of its host.  Cost: O(hosts) round trips at
+ * rank 0, not O(ranks). */
+static void ping_pong_leaders(MPI_Comm leaders, int64_t *offset, int64_t *err)
 {
     enum { K = 8, TAG = 7717 };
-    *offset = 0;
-    *err = 0;
-    if (rank == 0) {
-        for (int r = 1; r < size; r++) {
+    int me = 0, n = 1;
+    PMPI_Comm_rank(leaders, &me);
+    PMPI_Comm_size(leaders, &n);
+    if (me == 0) {
+        for (int r = 1; r < n; r++) {
             int64_t best_rtt = INT64_MAX, best_off = 0;
             for (int k = 0; k < K; k++) {
                 int64_t a = hvprof_mono_ns(), b = 0;
-                PMPI_Send(&a, 1, MPI_INT64_T, r, TAG, prof_comm);
-                PMPI_Recv(&b, 1, MPI_INT64_T, r, TAG, prof_comm, MPI_STATUS_IGNORE);
+                PMPI_Send(&a, 1, MPI_INT64_T, r, TAG, leaders);
+                PMPI_Recv(&b, 1, MPI_INT64_T, r, TAG, leaders, MPI_STATUS_IGNORE);
                 int64_t c = hvprof_mono_ns();
                 if (c - a < best_rtt) {
                     best_rtt = c - a;
@@ -746,20 +751,47 @@ static void estimate_offsets(int rank, int size, int64_t *offset, int64_t *err)
                 }
             }
             int64_t res[2] = {best_off, best_rtt / 2};
-            PMPI_Send(res, 2, MPI_INT64_T, r, TAG, prof_comm);
+            PMPI_Send(res, 2, MPI_INT64_T, r, TAG, leaders);
         }
     } else {
         for (int k = 0; k < K; k++) {
             int64_t a = 0;
-            PMPI_Recv(&a, 1, MPI_INT64_T, 0, TAG, prof_comm, MPI_STATUS_IGNORE);
+            PMPI_Recv(&a, 1, MPI_INT64_T, 0, TAG, leaders, MPI_STATUS_IGNORE);
             int64_t b = hvprof_mono_ns();
-            PMPI_Send(&b, 1, MPI_INT64_T, 0, TAG, prof_comm);
+            PMPI_Send(&b, 1, MPI_INT64_T, 0, TAG, leaders);
         }
         int64_t res[2];
-        PMPI_Recv(res, 2, MPI_INT64_T, 0, TAG, prof_comm, MPI_STATUS_IGNORE);
+        PMPI_Recv(res, 2, MPI_INT64_T, 0, TAG, leaders, MPI_STATUS_IGNORE);
         *offset = res[0];
         *err = res[1];
     }
+}
+
+/* Returns the number of hosts (leaders) that took part. */
+static int estimate_offsets(int rank, int64_t *offset, int64_t *err)
+{
+    int64_t res[2] = {0, 0};
+    int hosts = 1, lrank = 0;
+    MPI_Comm local = MPI_COMM_NULL, leaders = MPI_COMM_NULL;
+    if (PMPI_Comm_split_type(prof_comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local) !=
+        MPI_SUCCESS)
+        local = MPI_COMM_NULL;
+    if (local != MPI_COMM_NULL) PMPI_Comm_rank(local, &lrank);
+    else lrank = 0; /* no host grouping: every rank measures */
+    PMPI_Comm_split(prof_comm, lrank == 0 ? 0 : MPI_UNDEFINED, rank, &leaders);
+    if (leaders != MPI_COMM_NULL) {
+        PMPI_Comm_size(leaders, &hosts);
+        ping_pong_leaders(leaders, &res[0], &res[1]);
+        PMPI_Comm_free(&leaders);
+    }
+    if (local != MPI_COMM_NULL) {
+        PMPI_Bcast(res, 2, MPI_INT64_T, 0, local);
+        PMPI_Comm_free(&local);
+    }
+    PMPI_Bcast(&hosts, 1, MPI_INT, 0, prof_comm);
+    *offset = res[0];
+    *err = res[1];
+    return hosts;
 }
 
 static void mpi_started(uint64_t t0, int provided)
@@ -795,7 +827,7 @@ static void mpi_started(uint64_t t0, int provided)
     /* Every rank must take part in the offset exchange, even one whose file
      * could not be opened, or rank 0 would wait for it. */
     int64_t offset = 0, err = 0;
-    estimate_offsets(rank, size, &offset, &err);
+    int hosts = estimate_offsets(rank, &offset, &err);
     int64_t t0_job = hvprof_mono_ns();
     PMPI_Bcast(&t0_job, 1, MPI_INT64_T, 0, prof_comm);
     if (!ok) return;
@@ -805,7 +837,7 @@ static void mpi_started(uint64_t t0, int provided)
     h->job_id = job.job_id;
     h->offset_ns = offset;
     h->offset_err_ns = err;
-    h->offset_method = size > 1 ? 1 : 0;
+    h->offset_method = hosts > 1 ? 1 : 0; /* one host: one clock, offset 0 exactly */
     h->job_t0_ns = t0_job; /* rank 0's clock: the job's time zero */
     h->thread_level = provided;
     h->init_start_ticks = (int64_t)t0;

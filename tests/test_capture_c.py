@@ -125,6 +125,8 @@ def test_every_collective_counted_exactly(impl: dict, tmp_path: Path, np_: int) 
         assert raw.problems == []
         assert raw.header["world_size"] == np_
         assert raw.header["dropped_records"] == 0
+        # one host, one CLOCK_MONOTONIC: no measurement, offset exactly 0
+        assert raw.header["offset_method"] == 0 and raw.header["offset_ns"] == 0
         assert raw.state & F.STATE_FINALIZED
         got = op_bytes(raw.records)
         assert got == expected_collectives(n, np_, rank)
