@@ -175,6 +175,11 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
     meta = job_metadata(d, trace_path, rank_meta, world, missing, partial, calls)
     meta["created"] = now_iso()
     meta["problems"] = problems
+    # Horovod's timeline joined with rank 0's records: lineage.parquet, and
+    # meta["lineage"] says what was written or why not (never raises).
+    from profiler.horovod.lineage import build as build_lineage
+
+    build_lineage(d, metadata=meta)
     write_trace(trace_path, meta, frames, rank_meta, limit=limit)
     return MergeResult(trace=trace_path, ranks=present, world_size=world, calls=calls,
                        missing_ranks=missing, partial_ranks=partial, converted=converted,

@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "compare": "profiler.cli.compare",
     "export": "profiler.cli.export",
     "synth": "profiler.cli.synth",
+    "tensors": "profiler.cli.tensors",
 }
 
 EXIT_OK = 0

@@ -16,7 +16,9 @@ module is already imported, it is patched at once.
 from __future__ import annotations
 
 import functools
+import os
 import sys
+import time
 from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
@@ -55,6 +57,21 @@ def _warn_once(message: str) -> None:
     if not _warned:
         _warned = True
         print(f"profiler: warning: {message}", file=sys.stderr)
+
+
+TIMELINE_DRAIN_S = 0.2
+
+
+def timeline_on() -> bool:
+    """Horovod writes a timeline in this job: the user's, or the profiler's
+    (set by the library at MPI_Init unless HOROVOD_PROFILE_TIMELINE=0)."""
+    if os.environ.get("HOROVOD_TIMELINE"):
+        return True
+    return os.environ.get("HOROVOD_PROFILE_TIMELINE", "1").lower() not in ("0", "off", "false")
+
+
+def _let_timeline_drain() -> None:
+    time.sleep(TIMELINE_DRAIN_S)
 
 
 def patch_module(module: ModuleType) -> int:
@@ -105,6 +122,13 @@ class _PatchingLoader:
             patch_module(module)
         except Exception as exc:  # a Horovod whose layout we do not know
             _warn_once(f"could not wrap DistributedOptimizer.step: {exc}")
+        if timeline_on():
+            # Registered after Horovod's own exit handler (hvd.shutdown, from
+            # horovod.torch.mpi_ops), so it runs before it: Horovod's timeline
+            # writer drops what is still queued at shutdown.
+            import atexit
+
+            atexit.register(_let_timeline_drain)
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ...
         return getattr(self._inner, name)
