@@ -3,7 +3,7 @@
  * the clock, and the functions Python calls through ctypes.
  *
  * Hot path (hvprof_slot/hvprof_commit in hvprof_internal.h): a relaxed load
- * of hvprof_active, a TLS bounds check, stores into a MAP_SHARED chunk and a
+ * of hvprof_active, a TLS bounds check, stores into a cache-warm buffer and a
  * release store of the chunk's record count.  No lock, no allocation, no
  * system call.  Everything else here runs once per thread, per communicator
  * or per chunk (16383 records by default).
@@ -40,6 +40,11 @@ __thread hvprof_tls hvprof_t __attribute__((tls_model("initial-exec"))) = {
     .track = UINT32_MAX,
 };
 _Atomic int hvprof_active = 0;
+/* Application records (steps, marks) are taken from open to process exit:
+ * MPI_Finalize may come first on another thread (Horovod's background thread
+ * finalizes when any rank shuts Horovod down, while this rank's main thread
+ * is still closing its last step). */
+static _Atomic int app_active = 0;
 _Atomic uint32_t hvprof_generation = 1;
 _Atomic uint32_t hvprof_comm_epoch = 1;
 _Atomic int hvprof_divert = 0;
@@ -534,6 +539,7 @@ int hvprof_open(int rank, int world_size, int local_rank, const char *dir)
     window_init();
     atomic_store(&hvprof_divert, h->mode == HVPROF_MODE_SUMMARY || !h->sampling);
     atomic_store(&hvprof_active, 1);
+    atomic_store(&app_active, 1);
     helper_start();
     signals_install();
     pthread_mutex_unlock(&g.lock);
@@ -982,7 +988,9 @@ static void agg_snapshot(void)
 int hvprof_refill(void)
 {
     hvprof_tls *t = &hvprof_t;
-    if (!atomic_load_explicit(&hvprof_active, memory_order_acquire) || !g.hdr) return -1;
+    if (!(atomic_load_explicit(&hvprof_active, memory_order_acquire) ||
+          atomic_load_explicit(&app_active, memory_order_acquire)) || !g.hdr)
+        return -1;
     uint32_t gen = atomic_load_explicit(&hvprof_generation, memory_order_acquire);
     if (t->generation == gen && t->slots) {
         retire((hvprof_chunk_header *)((char *)t->slots - HVPROF_RECORD_BYTES), t->track);
@@ -1020,6 +1028,7 @@ void hvprof_close(uint32_t state_bits)
          * never a synchronization of the application's streams). */
         hvprof_nccl_finish(-1);
         atomic_store(&hvprof_active, 0);
+        if (state_bits & HVPROF_STATE_CLOSED) atomic_store(&app_active, 0);
         helper_stop();
         calibrate_now();
         agg_snapshot();
@@ -1037,6 +1046,7 @@ void hvprof_close(uint32_t state_bits)
 static void atfork_child(void)
 {
     atomic_store(&hvprof_active, 0);
+    atomic_store(&app_active, 0);
     atomic_fetch_add(&hvprof_generation, 1);
     if (g.fd >= 0) close(g.fd);
     g.fd = -1;
@@ -1092,8 +1102,11 @@ HVPROF_EXPORT int hvprof_record_app(int op, uint64_t t_start, uint64_t t_end, ui
                                     uint32_t seq)
 {
     if (op != HVPROF_OP_APP_STEP && op != HVPROF_OP_APP_MARK) return -1;
-    hvprof_record *r = hvprof_slot();
-    if (!r) return -1;
+    if (!atomic_load(&app_active) || g.pid != getpid()) return -1;
+    hvprof_tls *t = &hvprof_t;
+    if (t->used >= t->capacity || t->generation != atomic_load(&hvprof_generation))
+        if (hvprof_refill() != 0) return -1;
+    hvprof_record *r = &t->slots[t->used];
     r->t_start = t_start;
     r->t_end = t_end;
     r->bytes = 0;
