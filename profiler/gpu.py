@@ -208,16 +208,9 @@ def _pcie_text(gen: Any, width: Any, mgen: Any, mwidth: Any) -> str:
 
 
 def _ranges(idx: Iterable[int]) -> str:
-    s = sorted(set(idx))
-    parts: list[str] = []
-    i = 0
-    while i < len(s):
-        j = i
-        while j + 1 < len(s) and s[j + 1] == s[j] + 1:
-            j += 1
-        parts.append(str(s[i]) if i == j else f"{s[i]}-{s[j]}")
-        i = j + 1
-    return ",".join(parts)
+    from profiler.merge import _ranges as ranges_text  # "0-3,5": one spelling everywhere
+
+    return ranges_text(idx)
 
 
 # ---------------------------------------------------------------------------
