@@ -7,7 +7,6 @@ import os
 import shlex
 import shutil
 import subprocess
-import sysconfig
 from pathlib import Path
 
 from setuptools import setup

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, base_env, profiler_cli, requires_mpi
+
 from profiler import _format as F
 from profiler import _lib
 from profiler.raw import read_raw

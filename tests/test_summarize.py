@@ -284,8 +284,9 @@ def test_nccl_calls_timed_by_their_device_rows() -> None:
     """Counts and bytes from the host rows (the enqueue), time from the device rows."""
     host = [{"op": "nccl_allreduce", "backend": "nccl", "bytes": 1 << 20, "dur_ns": 2_000,
              "seq": i} for i in range(4)]
-    dev = [{"op": "nccl_allreduce", "backend": "nccl", "bytes": 1 << 20, "dur_ns": 100_000 * (i + 1),
-            "seq": i, "device": True, "track": 1, "thread_kind": "stream"} for i in range(3)]
+    dev = [{"op": "nccl_allreduce", "backend": "nccl", "bytes": 1 << 20,
+            "dur_ns": 100_000 * (i + 1), "seq": i, "device": True, "track": 1,
+            "thread_kind": "stream"} for i in range(3)]
     group = [{"op": "nccl_group", "backend": "nccl", "bytes": 0, "dur_ns": 10**9, "seq": 0,
               "device": True, "track": 1, "thread_kind": "stream"}]
     s = summarize(frame(host + dev + group), by=["op"])
