@@ -549,18 +549,88 @@ def convert_raw(path: str | os.PathLike[str], profile_dir: str | os.PathLike[str
                      rows=len(df), complete=raw.complete, problems=meta["problems"])
 
 
-def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A ranks/rank-R.json document."""
-    p = Path(path)
-    try:
-        data = orjson.loads(p.read_bytes())
-    except FileNotFoundError:
-        raise NotFoundError(p, "no such file") from None
-    except orjson.JSONDecodeError:
-        raise NotATraceError(p, "not a rank metadata file (not JSON)") from None
+MAX_META_BYTES = 64 << 20  # a rank's metadata is a few KiB (tables of 1024 entries: ~300 KiB)
+_INT64 = 1 << 63
+# Fields the readers compute with: a document whose fields have other types is
+# refused here rather than failing somewhere downstream.
+_META_COUNTS = ("calls", "rows", "aggregated_calls", "unsampled_calls")
+_META_LISTS = ("comms", "tracks")
+_META_STRINGS = ("host", "mode", "profiler_version", "parquet", "aggregates", "executable")
+_HEADER_INTS = ("world_size", "state", "dropped_records", "pid", "n_chunks", "job_id",
+                "offset_ns", "offset_err_ns", "job_t0_ns", "local_rank", "thread_level",
+                "clock_kind", "offset_method", "mode", "unsampled_calls", "aggregated_calls",
+                "rank", "n_comms", "n_tracks", "cal0_realtime_ns")
+_HEADER_STRINGS = ("hostname", "mpi_version", "clock")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and -_INT64 <= v < _INT64 * 2
+
+
+def check_meta(p: Path, data: Any) -> dict[str, Any]:
+    """Refuse a rank metadata document whose fields have the wrong types."""
     if not isinstance(data, dict) or "header" not in data or "rank" not in data:
         raise NotATraceError(p, "not a horovod-profiler rank metadata file")
+
+    def bad(what: str) -> CorruptError:
+        return CorruptError(p, f"corrupt rank metadata: {what}")
+
+    rank = data["rank"]
+    if not _is_int(rank) or not 0 <= rank < 1 << 31:
+        raise bad(f"rank {rank!r}")
+    h = data["header"]
+    if not isinstance(h, dict):
+        raise bad("header is not an object")
+    for k in _HEADER_INTS:
+        if k in h and not _is_int(h[k]):
+            raise bad(f"header.{k} = {h[k]!r}")
+    for k in _HEADER_STRINGS:
+        if k in h and not isinstance(h[k], str):
+            raise bad(f"header.{k} = {h[k]!r}")
+    if "ticks_per_ns" in h and not (isinstance(h["ticks_per_ns"], (int, float))
+                                    and not isinstance(h["ticks_per_ns"], bool)):
+        raise bad(f"header.ticks_per_ns = {h['ticks_per_ns']!r}")
+    if not isinstance(h.get("state_names", []), list):
+        raise bad("header.state_names is not a list")
+    for k in _META_COUNTS:
+        if k in data and not (_is_int(data[k]) and data[k] >= 0):
+            raise bad(f"{k} = {data[k]!r}")
+    for k in _META_STRINGS:
+        if data.get(k) is not None and not isinstance(data[k], str):
+            raise bad(f"{k} = {data[k]!r}")
+    for k in _META_LISTS:
+        rows = data.get(k, [])
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise bad(f"{k} is not a list of objects")
+        for i, r in enumerate(rows):
+            for f in ("index", "tid", "id", "size", "rank", "device"):
+                if f in r and not _is_int(r[f]):
+                    raise bad(f"{k}[{i}].{f} = {r[f]!r}")
+            if "name" in r and not isinstance(r["name"], str):
+                raise bad(f"{k}[{i}].name = {r['name']!r}")
+    if not isinstance(data.get("problems", []), list):
+        raise bad("problems is not a list")
+    if data.get("env") is not None and not isinstance(data["env"], dict):
+        raise bad("env is not an object")
+    if data.get("argv") is not None and not isinstance(data["argv"], list):
+        raise bad("argv is not a list")
+    for k in ("totals", "source", "nccl", "gpus"):
+        if data.get(k) is not None and not isinstance(data[k], (dict, list)):
+            raise bad(f"{k} = {data[k]!r}")
     return data
+
+
+def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A ranks/rank-R.json document (types checked: see check_meta)."""
+    from profiler.raw import read_regular
+
+    p = Path(path)
+    raw = read_regular(p, "a rank metadata file", MAX_META_BYTES)
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise NotATraceError(p, "not a rank metadata file (not JSON)") from None
+    return check_meta(p, data)
 
 
 def is_up_to_date(raw: str | os.PathLike[str],

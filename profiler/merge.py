@@ -147,6 +147,8 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
             problems.append(f"rank {r}: {exc.line()}")
     rank_meta.sort(key=lambda m: int(m["rank"]))
     present = [int(m["rank"]) for m in rank_meta]
+    if not present:
+        raise EmptyProfileError(d, "no rank metadata could be read: " + "; ".join(problems[:3]))
 
     world = world_size or 0
     partial: list[int] = []

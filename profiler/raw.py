@@ -17,9 +17,10 @@ from __future__ import annotations
 import mmap
 import os
 import socket
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -34,6 +35,9 @@ from profiler.errors import (
 )
 
 _MAX_CHUNK_BYTES = 1 << 34
+_MAX_CLOCK_NS = 1 << 62  # about 146 years
+# 2048 slots x 1024 threads x 704 B: the most the library ever writes, rounded up
+MAX_AGG_BYTES = 2 << 30
 
 
 @dataclass
@@ -113,19 +117,58 @@ def _check_header(path: Path, buf: bytes | mmap.mmap, size: int) -> np.void:
     return np.frombuffer(bytes(buf[: F.HEADER_BYTES]), dtype=F.HEADER_DTYPE)[0]
 
 
+def open_regular(path: str | os.PathLike[str], what: str) -> BinaryIO:
+    """Open a regular file for reading, refusing anything else at once.
+
+    A FIFO would block open() until a writer comes (forever); a directory, a
+    device or a socket is no profile file either.  The file is opened
+    non-blocking, checked with fstat, then switched back to blocking reads."""
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise NotFoundError(p, "no such file") from None
+    except OSError as exc:
+        raise NotFoundError(p, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                    else "a socket" if stat.S_ISSOCK(mode) else "a device")
+            raise NotATraceError(p, f"is {kind}, not {what}")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: str | os.PathLike[str], what: str, max_bytes: int) -> bytes:
+    """The whole of a regular file of at most max_bytes (open_regular's checks)."""
+    p = Path(path)
+    with open_regular(p, what) as f:
+        try:
+            size = os.fstat(f.fileno()).st_size
+            if size > max_bytes:
+                raise NotATraceError(p, f"{size} bytes: too large for {what} (limit "
+                                        f"{max_bytes} bytes)")
+            data = f.read(max_bytes + 1)
+        except OSError as exc:
+            raise NotFoundError(p, f"cannot read: {exc.strerror or exc}") from None
+    if len(data) > max_bytes:
+        raise NotATraceError(p, f"too large for {what} (limit {max_bytes} bytes)")
+    return data
+
+
 def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Only the validated header of a raw file (4 KiB read), as a dict."""
     p = Path(path)
-    try:
-        with open(p, "rb") as f:
+    with open_regular(p, "a raw file") as f:
+        try:
             head = f.read(F.HEADER_BYTES)
             size = os.fstat(f.fileno()).st_size
-    except FileNotFoundError:
-        raise NotFoundError(p, "no such file") from None
-    except IsADirectoryError:
-        raise NotATraceError(p, "is a directory, not a raw file") from None
-    except OSError as exc:
-        raise NotFoundError(p, f"cannot read: {exc.strerror or exc}") from None
+        except OSError as exc:
+            raise NotFoundError(p, f"cannot read: {exc.strerror or exc}") from None
     h = header_to_dict(_check_header(p, head, len(head)))
     h["file_size"] = size
     return h
@@ -146,14 +189,7 @@ def _table(path: Path, buf: mmap.mmap, size: int, offset: int, capacity: int, us
 def read_raw(path: str | os.PathLike[str]) -> RawFile:
     """Read a raw file: validated header, tables and every published record."""
     p = Path(path)
-    try:
-        f = open(p, "rb")
-    except FileNotFoundError:
-        raise NotFoundError(p, "no such file") from None
-    except IsADirectoryError:
-        raise NotATraceError(p, "is a directory, not a raw file") from None
-    except OSError as exc:
-        raise NotFoundError(p, f"cannot read: {exc.strerror or exc}") from None
+    f = open_regular(p, "a raw file")
     with f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
@@ -183,6 +219,10 @@ def _read_mapped(p: Path, buf: mmap.mmap, size: int) -> RawFile:
         raise CorruptError(p, f"corrupt header: chunk size {chunk_bytes} bytes")
     if first < F.HEADER_BYTES:
         raise CorruptError(p, f"corrupt header: first chunk at offset {first}")
+    for name in ("offset_ns", "job_t0_ns", "cal0_mono_ns", "cal1_mono_ns"):
+        # clock values (ns): far from the int64 limits, or times cannot be converted
+        if abs(int(header[name])) > _MAX_CLOCK_NS:
+            raise CorruptError(p, f"corrupt header: {name} = {header[name]}")
     cap = (chunk_bytes - F.CHUNK_HEADER_BYTES) // F.RECORD_BYTES
     n_claimed = header["n_chunks"]
     on_disk = max(0, (size - first) // chunk_bytes)  # chunks wholly in the file
@@ -317,14 +357,7 @@ def agg_path_for(raw: str | os.PathLike[str]) -> Path:
 def read_agg(path: str | os.PathLike[str]) -> AggFile:
     """Read a summary-mode aggregate file (validated like a raw file)."""
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise NotFoundError(p, "no such file") from None
-    except IsADirectoryError:
-        raise NotATraceError(p, "is a directory, not an aggregate file") from None
-    except OSError as exc:
-        raise NotFoundError(p, f"cannot read: {exc.strerror or exc}") from None
+    data = read_regular(p, "an aggregate file", MAX_AGG_BYTES)
     if not data:
         raise NotATraceError(p, "empty file, not a horovod-profiler aggregate file")
     if data[: len(F.AGG_MAGIC)] != F.AGG_MAGIC:

@@ -388,10 +388,42 @@ def replay(backend: Any, plan: Sequence[Entry], warmup: int, rec: Recorder, out:
     return results
 
 
+MAX_PLAN_BYTES = 16 << 20
+MAX_PLAN_CALLS = 1 << 32
+
+
 def read_plan(path: str) -> list[Entry]:
-    with open(path, "rb") as f:
-        raw = json.load(f)
-    return [Entry(**item) for item in raw["entries"]]
+    """A replay plan written by profiler.bench.write_plan; anything else is refused
+    with a ProfilerError (one line)."""
+    import orjson
+
+    from profiler.errors import CorruptError, NotATraceError
+    from profiler.raw import read_regular
+
+    data = read_regular(path, "a bench plan", MAX_PLAN_BYTES)
+    try:
+        raw = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise NotATraceError(path, "not a bench plan (not JSON)") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("entries"), list):
+        raise NotATraceError(path, "not a bench plan (no 'entries' list)")
+    out: list[Entry] = []
+    for i, item in enumerate(raw["entries"]):
+        if not isinstance(item, dict) or set(item) - set(Entry.__dataclass_fields__):
+            raise CorruptError(path, f"plan entry {i} is not an entry")
+        try:
+            e = Entry(**item)
+        except TypeError:
+            raise CorruptError(path, f"plan entry {i} lacks a field") from None
+        ints = (e.count, e.dtype_size, e.calls, e.comm_size)
+        if (not isinstance(e.op, str) or not isinstance(e.dtype, str)
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in ints)
+                or e.count < 0 or not 0 < e.dtype_size <= 1 << 16
+                or not 0 <= e.calls <= MAX_PLAN_CALLS or e.comm_size < 0
+                or e.count * e.dtype_size > 1 << 40):
+            raise CorruptError(path, f"plan entry {i} has bad values: {item!r}"[:200])
+        out.append(e)
+    return out
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -419,7 +451,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     rec = Recorder()
     out = sys.stdout
     if args.plan:
-        plan = read_plan(args.plan)
+        from profiler.errors import ProfilerError
+
+        try:
+            plan = read_plan(args.plan)
+        except ProfilerError as exc:
+            raise SystemExit(f"profiler bench: error: {exc.line()}") from None
         results = replay(backend, plan, args.warmup, rec, out)
         mode = "replay"
     else:
