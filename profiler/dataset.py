@@ -679,10 +679,13 @@ def read_dataset(files: Iterable[str | os.PathLike[str]], *,
         if ranks is not None:
             flt = pads.field("rank").isin([int(r) for r in ranks])
         table = dataset.to_table(columns=cols, filter=flt)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise CorruptError(paths[0] if len(paths) == 1 else os.path.dirname(paths[0]),
-                           f"unreadable parquet dataset: {exc}") from None
-    return table_to_frame(table)
+        # to_pandas reads the pandas metadata stored in the file (JSON): a
+        # corrupt one fails there with ValueError / KeyError / TypeError.
+        return table_to_frame(table)
+    except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
+        where = paths[0] if len(paths) == 1 else os.path.dirname(paths[0])
+        text = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise CorruptError(where, f"unreadable parquet dataset: {text}") from None
 
 
 def table_to_frame(table: pa.Table) -> pd.DataFrame:

@@ -73,7 +73,11 @@ def _ranges(ranks: Iterable[int]) -> str:
     return ",".join(out)
 
 
-def rank_files(profile_dir: Path, sub: str, ext: str) -> dict[int, Path]:
+def rank_files(profile_dir: Path, sub: str, ext: str,
+               problems: list[str] | None = None) -> dict[int, Path]:
+    """rank -> <dir>/<sub>/rank-R.<ext>, regular files only: a FIFO, a directory
+    or a device under a rank file's name is skipped (and noted in `problems`),
+    never opened (a FIFO would block the reader for ever)."""
     d = profile_dir / sub
     out: dict[int, Path] = {}
     if not d.is_dir():
@@ -81,6 +85,10 @@ def rank_files(profile_dir: Path, sub: str, ext: str) -> dict[int, Path]:
     for p in d.iterdir():
         m = _RANK_RE.match(p.name)
         if m and m.group(2) == ext:
+            if not p.is_file():
+                if problems is not None:
+                    problems.append(f"{sub}/{p.name} is not a regular file: ignored")
+                continue
             out[int(m.group(1))] = p
     return out
 
@@ -131,8 +139,8 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
     converted, problems = convert_pending(d, own_rank=own_rank)
 
     raws = rank_files(d, "raw", "hvprof")
-    metas = rank_files(d, "ranks", "json")
-    parquets = rank_files(d, "ranks", "parquet")
+    metas = rank_files(d, "ranks", "json", problems)
+    parquets = rank_files(d, "ranks", "parquet", problems)
     present = sorted(r for r in metas if r in parquets)
     if not present:
         if raws:
