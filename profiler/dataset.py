@@ -35,6 +35,7 @@ from profiler.raw import (
     AggFile,
     RawFile,
     agg_path_for,
+    printable,
     read_agg,
     read_header,
     read_raw,
@@ -146,7 +147,8 @@ def _lookup(table_values: Sequence[Any] | np.ndarray, idx: np.ndarray, default: 
 
 
 def _decode(b: bytes) -> str:
-    return b.split(b"\0", 1)[0].decode("utf-8", "replace")
+    """A name from a raw table (communicator, thread, caller), as printable text."""
+    return printable(b.split(b"\0", 1)[0].decode("utf-8", "replace"))
 
 
 def thread_kind_of(kind: int, is_main: int, caller: str) -> str:

@@ -66,8 +66,20 @@ class RawFile:
         return bool(self.state & (F.STATE_FINALIZED | F.STATE_CLOSED))
 
 
+# C0 and C1 control characters and DEL -> a visible \xNN: names come from the
+# application (MPI_Comm_set_name, thread names, the host name) and reach
+# terminals and HTML; an escape sequence in one must never act there.
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+
+
+def printable(text: str) -> str:
+    """`text` with its control characters spelled \\xNN (see _CONTROL)."""
+    return text.translate(_CONTROL)
+
+
 def _decode(value: bytes) -> str:
-    return value.split(b"\0", 1)[0].decode("utf-8", "replace")
+    """A NUL-terminated C string from a raw file, as printable text."""
+    return printable(value.split(b"\0", 1)[0].decode("utf-8", "replace"))
 
 
 def header_to_dict(h: np.void) -> dict[str, Any]:
