@@ -1,0 +1,747 @@
+"""Fuzz every reader of the profiler with hostile inputs.
+
+    python benchmarks/fuzz_readers.py                 # every reader, many cases
+    python benchmarks/fuzz_readers.py --reader raw --cases 2000 --seed 7
+    python benchmarks/fuzz_readers.py --quick --json out.json   # the CI subset
+
+Seed files are real: a tiny mpi4py job runs once under mpirun with
+HOROVOD_PROFILE=1 (and once with HOROVOD_PROFILE=summary); the raw file is
+repacked with small table capacities so that truncating it at every byte
+boundary stays cheap.  The Horovod timeline is the real fixture of
+tests/data; the bench plan is written by profiler.bench.write_plan.
+
+Readers (what `profiler merge`, `summarize` and the analysis API run):
+
+    raw       raw/rank-R.hvprof   -> convert_raw (read_raw, raw_to_frame, parquet)
+    header    raw/rank-R.hvprof   -> read_header
+    agg       raw/rank-R.agg      -> convert_raw of a summary-mode rank
+    meta      ranks/rank-R.json   -> merge(profile dir)
+    parquet   ranks/rank-R.parquet-> merge(profile dir), read_dataset
+    trace     trace.json          -> profiler.analysis.load_meta + load
+    timeline  Horovod timeline    -> timeline.parse + tensor_ops
+    plan      bench plan          -> profiler.bench.sweep.read_plan
+
+Mutations: truncation at every byte boundary (strided for big files), seeded
+random bit flips and byte splats, every header field set to extreme values
+(raw, agg, chunk headers), wrong versions, huge counts, JSON type swaps,
+deep and enormous JSON, invalid UTF-8; and path kinds: a directory, a FIFO
+(must not hang), an unreadable file (/proc/self/mem reads fail with EIO), a
+dangling symlink, an empty file.
+
+Every case must end in one of: accepted (the reader returned), or refused
+with a profiler.errors.ProfilerError; anything else (another exception, a
+case over --case-timeout seconds, memory over --max-rss-mb) is a finding.
+A sample of cases also goes through the CLI entry point in-process
+(profiler.cli.main): exit status 0, or 2 with exactly one line
+`profiler: error: ...` on stderr; never an escaping exception.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import random
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from conftest import base_env  # noqa: E402  (Open MPI test settings, one place)
+
+from profiler import _format as F  # noqa: E402
+from profiler.errors import ProfilerError  # noqa: E402
+
+SEED_JOB = r"""
+import numpy as np
+from mpi4py import MPI
+import profiler
+c = MPI.COMM_WORLD
+c.Set_name("world\x1b[31m")
+a = np.arange(8, dtype=np.float32); b = np.empty_like(a)
+for i in range(3):
+    profiler.step(images=4)
+    c.Allreduce(a, b); c.Bcast(a); c.Allreduce(MPI.IN_PLACE, b, op=MPI.MAX)
+profiler.step(images=4)
+c.Barrier()
+"""
+
+SPECIAL_PATHS = ("directory", "fifo", "unreadable", "dangling-symlink", "empty")
+
+
+# ---------------------------------------------------------------------------
+# seeds
+# ---------------------------------------------------------------------------
+def make_seeds(work: Path) -> dict[str, Path]:
+    """Real seed files (two tiny mpirun jobs, about 3 s) -> name: path."""
+    work.mkdir(parents=True, exist_ok=True)
+    script = work / "seed_job.py"
+    script.write_text(SEED_JOB)
+    seeds: dict[str, Path] = {}
+    for mode in ("1", "summary"):
+        prof = work / f"seed-{mode}"
+        env = base_env(HOROVOD_PROFILE=mode, HOROVOD_PROFILE_DIR=str(prof),
+                       HOROVOD_PROFILE_CHUNK_KB="4")
+        p = subprocess.run(["mpirun", "-n", "1", sys.executable, str(script)], env=env,
+                           cwd=work, capture_output=True, text=True, timeout=120)
+        if p.returncode != 0:
+            raise RuntimeError(f"seed job failed: {p.stderr[-2000:]}")
+        if mode == "1":
+            raw = prof / "raw" / "rank-00000.hvprof"
+            small = work / "seed.hvprof"
+            small.write_bytes(compact_raw(raw.read_bytes()))
+            seeds["raw"] = seeds["header"] = small
+            seeds["meta"] = prof / "ranks" / "rank-00000.json"
+            seeds["parquet"] = prof / "ranks" / "rank-00000.parquet"
+            seeds["trace"] = prof / "trace.json"
+            seeds["_full_dir"] = prof
+        else:
+            seeds["agg"] = prof / "raw" / "rank-00000.agg"
+            seeds["_summary_raw"] = prof / "raw" / "rank-00000.hvprof"
+    seeds["timeline"] = ROOT / "tests" / "data" / "horovod_timeline_fused.json"
+    from profiler.bench import write_plan
+
+    plan = work / "plan.json"
+    write_plan([{"op": "allreduce", "count": 256, "dtype_size": 4, "calls": 3,
+                 "dtype": "MPI_FLOAT", "comm_size": 2}], plan, "seed")
+    seeds["plan"] = plan
+    return seeds
+
+
+def compact_raw(data: bytes, capacity: int = 4) -> bytes:
+    """The same raw file with comm/track tables of `capacity` entries (the library
+    reserves 1024 of each: 128 KiB of mostly zeros)."""
+    h = np.frombuffer(data[:F.HEADER_BYTES], dtype=F.HEADER_DTYPE).copy()
+    n_comms, n_tracks = int(h["n_comms"][0]), int(h["n_tracks"][0])
+    cap = max(capacity, n_comms, n_tracks)
+    comm_off, track_off = int(h["comm_table_offset"][0]), int(h["track_table_offset"][0])
+    first, chunk = int(h["first_chunk_offset"][0]), int(h["chunk_bytes"][0])
+    n_chunks = int(h["n_chunks"][0])
+    comms = data[comm_off:comm_off + 64 * cap]
+    tracks = data[track_off:track_off + 64 * cap]
+    chunks = data[first:first + n_chunks * chunk]
+    new_comm = F.HEADER_BYTES
+    new_track = new_comm + 64 * cap
+    new_first = new_track + 64 * cap
+    h["comm_table_offset"] = new_comm
+    h["comm_table_capacity"] = cap
+    h["track_table_offset"] = new_track
+    h["track_table_capacity"] = cap
+    h["first_chunk_offset"] = new_first
+    return h.tobytes() + comms + tracks + chunks
+
+
+# ---------------------------------------------------------------------------
+# mutations
+# ---------------------------------------------------------------------------
+EXTREMES_U = [0, 1, 0x7F, 0xFF, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF, 2**63 - 1, 2**64 - 1]
+EXTREMES_I = [0, -1, 1, -(2**31), 2**31 - 1, -(2**63), 2**63 - 1]
+EXTREMES_F = [0.0, -1.0, 1e-300, 1e300, float("inf"), float("-inf"), float("nan")]
+
+
+def _set_field(data: bytes, dtype: np.dtype, offset: int, name: str, value: Any) -> bytes | None:
+    out = bytearray(data)
+    if offset + dtype.itemsize > len(out):
+        return None
+    rec = np.frombuffer(bytes(out[offset:offset + dtype.itemsize]), dtype=dtype).copy()
+    kind = rec.dtype.fields[name][0]  # type: ignore[index]
+    try:
+        if kind.kind in "SV":
+            value = value if isinstance(value, bytes) else b"\xff" * kind.itemsize
+        rec[name] = np.array(value).astype(kind) if kind.kind not in "SV" else value
+    except (OverflowError, ValueError, TypeError):
+        return None
+    out[offset:offset + dtype.itemsize] = rec.tobytes()
+    return bytes(out)
+
+
+def struct_cases(data: bytes, dtype: np.dtype, offset: int, what: str
+                 ) -> Iterator[tuple[str, bytes]]:
+    for name in dtype.names or ():
+        kind = dtype.fields[name][0]  # type: ignore[index]
+        if kind.kind == "u":
+            values: list[Any] = EXTREMES_U
+        elif kind.kind == "i":
+            values = EXTREMES_I
+        elif kind.kind == "f":
+            values = EXTREMES_F
+        else:
+            values = [b"\xff" * kind.itemsize, b"\x1b[2J\x1b]0;pwned\x07" * 4]
+        for v in values:
+            m = _set_field(data, dtype, offset, name, v)
+            if m is not None:
+                yield f"{what}.{name}={v!r}"[:80], m
+
+
+def truncations(data: bytes, budget: int) -> Iterator[tuple[str, bytes]]:
+    """Every byte boundary when the file is small enough, else every boundary of
+    the first 4 KiB plus an even stride."""
+    n = len(data)
+    if n <= budget:
+        points: Any = range(n)
+    else:
+        head = list(range(min(n, budget // 2)))  # every boundary in the headers
+        rest = max(1, budget - len(head))
+        points = sorted(set(head) | set(range(0, n, max(1, n // rest))) | {n - 1})
+    for i in points:
+        yield f"truncate@{i}", data[:i]
+
+
+def bit_flips(data: bytes, rng: random.Random, n: int) -> Iterator[tuple[str, bytes]]:
+    for k in range(n):
+        out = bytearray(data)
+        flips = rng.choice([1, 1, 2, 4, 16, 64])
+        for _ in range(flips):
+            i = rng.randrange(len(out))
+            out[i] ^= 1 << rng.randrange(8)
+        if rng.random() < 0.3:  # a splat of random bytes
+            i = rng.randrange(len(out))
+            ln = rng.randrange(1, 64)
+            out[i:i + ln] = bytes(rng.randrange(256) for _ in range(ln))
+        yield f"flip#{k}x{flips}", bytes(out)
+
+
+def _json_paths(obj: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    yield prefix
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _json_paths(v, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj[:8]):
+            yield from _json_paths(v, prefix + (i,))
+
+
+def _replace(obj: Any, path: tuple[Any, ...], value: Any) -> Any:
+    if not path:
+        return value
+    head, rest = path[0], path[1:]
+    if isinstance(obj, dict):
+        out = dict(obj)
+        out[head] = _replace(obj[head], rest, value)
+        return out
+    out_l = list(obj)
+    out_l[head] = _replace(obj[head], rest, value)
+    return out_l
+
+
+JSON_SWAPS: list[Any] = [None, True, -1, 0, 2**64, 1.5e308, "x", "\x1b[2J", [], {}, [[]],
+                         {"a": None}, "-1", 10**30]
+
+
+def json_cases(data: bytes, rng: random.Random, n: int) -> Iterator[tuple[str, bytes]]:
+    """Type swaps at random places of a JSON document, plus structural horrors."""
+    obj = json.loads(data)
+    paths = list(_json_paths(obj))
+    for k in range(n):
+        path = rng.choice(paths)
+        value = rng.choice(JSON_SWAPS)
+        try:
+            text = json.dumps(_replace(obj, path, value))
+        except (TypeError, ValueError):
+            continue
+        yield f"json#{k}:{'/'.join(map(str, path))[:40]}={value!r}"[:90], text.encode()
+    yield "deep-array", b"[" * 100_000 + b"]" * 100_000
+    yield "deep-object", b'{"a":' * 50_000 + b"1" + b"}" * 50_000
+    yield "deep-unclosed", b"[" * 1_000_000
+    yield "huge-number", b"[" + b"9" * 100_000 + b"]"
+    yield "nan", b'{"traceEvents": NaN}'
+    yield "bad-utf8", data[:len(data) // 2] + b"\xff\xfe\xc3(" + data[len(data) // 2:]
+    yield "bom", b"\xef\xbb\xbf" + data
+    yield "nul", b"\0" * 4096
+    yield "not-json", b"hello\n"
+    yield "wrong-top-array", b"[1, 2, 3]"
+    yield "wrong-top-string", b'"trace"'
+    yield "enormous-string", b'{"horovod_profiler": {"format_version": 1, "x": "' + \
+        b"A" * (64 << 20) + b'"}}'
+    yield "enormous-array", b"[" + b"{}," * (4 << 20) + b"{}]"
+
+
+def version_cases(name: str, data: bytes) -> Iterator[tuple[str, bytes]]:
+    if name in ("raw", "header"):
+        for v in (0, 2, 999, 2**32 - 1):
+            m = _set_field(data, F.HEADER_DTYPE, 0, "version", v)
+            if m:
+                yield f"version={v}", m
+    elif name == "agg":
+        for v in (0, 2, 2**32 - 1):
+            m = _set_field(data, F.AGG_HEADER_DTYPE, 0, "version", v)
+            if m:
+                yield f"version={v}", m
+    elif name in ("trace", "meta"):
+        obj = json.loads(data)
+        block = obj.get("horovod_profiler", obj)
+        for v in (2, 999, -1, "1", None, 1.5):
+            b2 = dict(block)
+            b2["format_version"] = v
+            o2 = dict(obj, horovod_profiler=b2) if "horovod_profiler" in obj else b2
+            yield f"format_version={v!r}", json.dumps(o2).encode()
+
+
+def raw_structs(data: bytes) -> Iterator[tuple[str, bytes]]:
+    yield from struct_cases(data, F.HEADER_DTYPE, 0, "header")
+    h = np.frombuffer(data[:F.HEADER_BYTES], dtype=F.HEADER_DTYPE)[0]
+    first = int(h["first_chunk_offset"])
+    yield from struct_cases(data, F.CHUNK_HEADER_DTYPE, first, "chunk0")
+    yield from struct_cases(data, F.COMM_ENTRY_DTYPE, int(h["comm_table_offset"]), "comm0")
+    yield from struct_cases(data, F.TRACK_ENTRY_DTYPE, int(h["track_table_offset"]),
+                            "track0")
+    # the first record's fields (comm/track indices out of the tables, enums unknown)
+    yield from struct_cases(data, F.RECORD_DTYPE, first + F.CHUNK_HEADER_BYTES, "rec0")
+
+
+def agg_structs(data: bytes) -> Iterator[tuple[str, bytes]]:
+    yield from struct_cases(data, F.AGG_HEADER_DTYPE, 0, "agg")
+    yield from struct_cases(data, F.AGG_ENTRY_DTYPE, F.AGG_HEADER_BYTES, "entry0")
+
+
+# ---------------------------------------------------------------------------
+# readers
+# ---------------------------------------------------------------------------
+@dataclass
+class Target:
+    """How one reader is fed: where the mutated bytes go and what runs on them."""
+
+    name: str
+    binary: bool
+    place: Callable[[Path, dict[str, Path]], Path]  # set up a case dir -> the file to mutate
+    api: Callable[[Path, Path], Any]  # (file, case dir) -> result
+    cli: Callable[[Path, Path], list[str]]  # (file, case dir) -> argv for profiler.cli.main
+    parse: Callable[[Path, Path], Any] | None = None  # the parser alone, for truncations
+    every_byte: bool = False  # truncate at every byte boundary whatever the budget
+
+
+def _copy_profile(case: Path, seeds: dict[str, Path], *, raw: bool = True) -> Path:
+    prof = case / "prof"
+    (prof / "raw").mkdir(parents=True)
+    (prof / "ranks").mkdir()
+    if raw:
+        shutil.copy(seeds["raw"], prof / "raw" / "rank-00000.hvprof")
+    return prof
+
+
+def _place_raw(case: Path, seeds: dict[str, Path]) -> Path:
+    return _copy_profile(case, seeds) / "raw" / "rank-00000.hvprof"
+
+
+def _place_agg(case: Path, seeds: dict[str, Path]) -> Path:
+    prof = _copy_profile(case, seeds, raw=False)
+    shutil.copy(seeds["_summary_raw"], prof / "raw" / "rank-00000.hvprof")
+    return prof / "raw" / "rank-00000.agg"
+
+
+def _place_ranks(which: str) -> Callable[[Path, dict[str, Path]], Path]:
+    def place(case: Path, seeds: dict[str, Path]) -> Path:
+        prof = _copy_profile(case, seeds, raw=False)
+        for ext in ("json", "parquet"):
+            shutil.copy(seeds["_full_dir"] / "ranks" / f"rank-00000.{ext}",
+                        prof / "ranks" / f"rank-00000.{ext}")
+        return prof / "ranks" / f"rank-00000.{which}"
+    return place
+
+
+def _place_trace(case: Path, seeds: dict[str, Path]) -> Path:
+    prof = _copy_profile(case, seeds, raw=False)
+    for ext in ("json", "parquet"):
+        shutil.copy(seeds["_full_dir"] / "ranks" / f"rank-00000.{ext}",
+                    prof / "ranks" / f"rank-00000.{ext}")
+    return prof / "trace.json"
+
+
+def _place_plain(key: str, name: str) -> Callable[[Path, dict[str, Path]], Path]:
+    def place(case: Path, seeds: dict[str, Path]) -> Path:
+        return case / name
+    return place
+
+
+def _api_raw(f: Path, case: Path) -> Any:
+    from profiler.dataset import convert_raw
+
+    return convert_raw(f, f.parent.parent)
+
+
+def _parse_raw(f: Path, case: Path) -> Any:
+    from profiler.raw import read_raw
+
+    return read_raw(f)
+
+
+def _api_agg(f: Path, case: Path) -> Any:
+    from profiler.dataset import convert_raw
+
+    return convert_raw(f.with_suffix(".hvprof"), f.parent.parent)
+
+
+def _api_header(f: Path, case: Path) -> Any:
+    from profiler.raw import read_header
+
+    return read_header(f)
+
+
+def _api_merge(f: Path, case: Path) -> Any:
+    from profiler.merge import merge
+
+    return merge(case / "prof")
+
+
+def _api_parquet(f: Path, case: Path) -> Any:
+    """read_dataset, then merge whatever read_dataset said (both must hold)."""
+    from profiler.dataset import read_dataset
+
+    refused: ProfilerError | None = None
+    try:
+        read_dataset([f])
+    except ProfilerError as exc:
+        refused = exc
+    _api_merge(f, case)
+    if refused is not None:
+        raise refused
+
+
+def _parse_parquet(f: Path, case: Path) -> Any:
+    from profiler.dataset import read_dataset
+
+    return read_dataset([f])
+
+
+def _api_trace(f: Path, case: Path) -> Any:
+    from profiler.analysis import load, load_meta
+
+    load_meta(f)
+    return load(f)
+
+
+def _api_timeline(f: Path, case: Path) -> Any:
+    from profiler.horovod.timeline import parse, tensor_ops
+
+    return tensor_ops(parse(f))
+
+
+def _api_plan(f: Path, case: Path) -> Any:
+    from profiler.bench.sweep import read_plan
+
+    return read_plan(str(f))
+
+
+TARGETS: dict[str, Target] = {t.name: t for t in [
+    Target("raw", True, _place_raw, _api_raw,
+           lambda f, c: ["merge", str(c / "prof")], _parse_raw, every_byte=True),
+    Target("header", True, _place_raw, _api_header,
+           lambda f, c: ["summarize", str(c / "prof")], every_byte=True),
+    Target("agg", True, _place_agg, _api_agg,
+           lambda f, c: ["merge", str(c / "prof")]),
+    Target("meta", False, _place_ranks("json"), _api_merge,
+           lambda f, c: ["merge", str(c / "prof")]),
+    Target("parquet", True, _place_ranks("parquet"), _api_parquet,
+           lambda f, c: ["summarize", str(f)], _parse_parquet),
+    Target("trace", False, _place_trace, _api_trace,
+           lambda f, c: ["summarize", str(f)]),
+    Target("timeline", False, _place_plain("timeline", "timeline.json"), _api_timeline,
+           lambda f, c: []),
+    Target("plan", False, _place_plain("plan", "plan.json"), _api_plan,
+           lambda f, c: []),
+]}
+
+
+def cases_for(name: str, seed: bytes, rng: random.Random, n_random: int, trunc_budget: int
+              ) -> Iterator[tuple[str, bytes | str]]:
+    yield from truncations(seed, len(seed) if TARGETS[name].every_byte else trunc_budget)
+    yield from bit_flips(seed, rng, n_random)
+    yield from version_cases(name, seed)
+    if name in ("raw", "header"):
+        yield from raw_structs(seed)
+    if name == "agg":
+        yield from agg_structs(seed)
+    if not TARGETS[name].binary:
+        yield from json_cases(seed, rng, n_random)
+    else:
+        yield "random-bytes", bytes(rng.randrange(256) for _ in range(len(seed)))
+        yield "zeros", b"\0" * len(seed)
+    for kind in SPECIAL_PATHS:
+        yield f"path:{kind}", kind
+
+
+# ---------------------------------------------------------------------------
+# running
+# ---------------------------------------------------------------------------
+class CaseTimeout(BaseException):
+    """Not an Exception: a reader's `except Exception` must not swallow it."""
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise CaseTimeout()
+
+
+@dataclass
+class Finding:
+    reader: str
+    case: str
+    where: str  # api | cli
+    what: str
+
+    def line(self) -> str:
+        return f"{self.reader} [{self.where}] {self.case}: {self.what}"
+
+
+@dataclass
+class Report:
+    cases: dict[str, int] = field(default_factory=dict)
+    refused: dict[str, int] = field(default_factory=dict)
+    accepted: dict[str, int] = field(default_factory=dict)
+    cli_cases: dict[str, int] = field(default_factory=dict)
+    slowest_s: dict[str, float] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    max_rss_mb: float = 0.0
+    seconds: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {"cases": self.cases, "refused": self.refused, "accepted": self.accepted,
+                "cli_cases": self.cli_cases, "slowest_s": self.slowest_s,
+                "max_rss_mb": self.max_rss_mb, "seconds": self.seconds,
+                "findings": [f.__dict__ for f in self.findings]}
+
+
+def _materialize(target: Path, payload: bytes | str) -> None:
+    if target.exists() or target.is_symlink():
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        else:
+            target.unlink()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(payload, bytes):
+        target.write_bytes(payload)
+    elif payload == "directory":
+        target.mkdir()
+    elif payload == "fifo":
+        os.mkfifo(target)
+    elif payload == "unreadable":
+        target.symlink_to("/proc/self/mem")  # open works, every read fails (EIO)
+    elif payload == "dangling-symlink":
+        target.symlink_to(target.parent / "nowhere")
+    elif payload == "empty":
+        target.write_bytes(b"")
+
+
+@contextlib.contextmanager
+def fifo_watchdog(fifo: Path | None, timeout: float) -> Iterator[list[bool]]:
+    """A reader blocked in C on a FIFO's open() never sees SIGALRM: after the
+    timeout a thread opens the FIFO for writing, which lets the open return
+    (the case is then counted as a hang)."""
+    fired = [False]
+    if fifo is None:
+        yield fired
+        return
+    import threading
+
+    stop = threading.Event()
+
+    def watch() -> None:
+        if stop.wait(timeout):
+            return
+        while not stop.is_set():
+            try:
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:  # no reader blocked (yet): try again
+                stop.wait(0.2)
+                continue
+            fired[0] = True
+            os.close(fd)
+            stop.wait(0.2)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
+        yield fired
+    finally:
+        stop.set()
+        t.join()
+
+
+def _one(fn: Callable[[], Any], timeout: float) -> tuple[str, float, BaseException | None]:
+    t0 = time.perf_counter()
+    signal.setitimer(signal.ITIMER_REAL, timeout, 0.5)  # again every 0.5 s if swallowed
+    try:
+        fn()
+        outcome, exc = "accepted", None
+    except ProfilerError as e:
+        outcome, exc = "refused", e
+    except CaseTimeout as e:
+        outcome, exc = "timeout", e
+    except BaseException as e:  # noqa: BLE001 - every other exception is a finding
+        outcome, exc = "bug", e
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    return outcome, time.perf_counter() - t0, exc
+
+
+def _cli(argv: list[str], timeout: float) -> tuple[str, str]:
+    """profiler.cli.main in-process: (outcome, detail)."""
+    from profiler.cli import main
+
+    err = io.StringIO()
+    out = io.StringIO()
+    rc: int | None = None
+
+    def run() -> None:
+        nonlocal rc
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            rc = main(argv)
+
+    outcome, _, exc = _one(run, timeout)
+    lines = err.getvalue().splitlines()
+    if outcome == "timeout":
+        return "timeout", ""
+    if exc is not None:
+        return "bug", f"exception escaped main: {type(exc).__name__}: {exc}"[:300]
+    errors = [x for x in lines if x.startswith("profiler: error: ")]
+    if rc == 2 and len(errors) == 1 and "Traceback" not in err.getvalue():
+        return "refused", errors[0]
+    if rc == 0 and not errors:
+        return "accepted", ""
+    return "bug", f"exit {rc}, stderr {err.getvalue()[-300:]!r}"
+
+
+def run(readers: list[str], *, n_random: int, trunc_budget: int, cli_every: int,
+        seed: int, case_timeout: float, work: Path, log: Callable[[str], None] = print,
+        full_every: int = 64) -> Report:
+    """Run the cases; a truncation runs the whole reader every `full_every` cases
+    and the parser alone (read_raw) for the others."""
+    signal.signal(signal.SIGALRM, _alarm)
+    t_start = time.perf_counter()
+    rep = Report()
+    seeds = make_seeds(work / "seeds")
+    for name in readers:
+        target = TARGETS[name]
+        rng = random.Random(f"{seed}:{name}")
+        seed_bytes = seeds[name].read_bytes()
+        n = refused = accepted = cli_n = 0
+        slowest = 0.0
+        for k, (label, payload) in enumerate(cases_for(name, seed_bytes, rng, n_random,
+                                                         trunc_budget)):
+            case = Path(tempfile.mkdtemp(dir=work, prefix=f"{name}-"))
+            try:
+                f = target.place(case, seeds)
+                _materialize(f, payload)
+                api = target.api
+                if (target.parse is not None and label.startswith("truncate@")
+                        and k % full_every):
+                    api = target.parse
+                fifo = f if payload == "fifo" else None
+                with fifo_watchdog(fifo, case_timeout) as hung:
+                    outcome, secs, exc = _one(lambda a=api, f=f, c=case: a(f, c),
+                                              case_timeout)
+                if hung[0]:
+                    outcome = "timeout"
+                slowest = max(slowest, secs)
+                n += 1
+                if n % 2000 == 0:
+                    log(f"{name}: {n} cases, {len(rep.findings)} findings so far")
+                if outcome == "refused":
+                    refused += 1
+                elif outcome == "accepted":
+                    accepted += 1
+                else:
+                    detail = ("over the time limit" if outcome == "timeout" else
+                              f"{type(exc).__name__}: {exc}"[:300])
+                    if outcome == "bug":
+                        tb = traceback.extract_tb(exc.__traceback__)  # type: ignore[union-attr]
+                        if tb:
+                            fr = tb[-1]
+                            detail += f" (at {Path(fr.filename).name}:{fr.lineno}"
+                            ours = [x for x in tb if "/profiler/" in x.filename]
+                            if ours and ours[-1] is not fr:
+                                o = ours[-1]
+                                detail += (f", from {Path(o.filename).parent.name}/"
+                                           f"{Path(o.filename).name}:{o.lineno}")
+                            detail += ")"
+                    rep.findings.append(Finding(name, label, "api", detail))
+                argv = target.cli(f, case)
+                if argv and (k % cli_every == 0 or label.startswith("path:")):
+                    # a fresh copy: the API call above may have converted files
+                    shutil.rmtree(case)
+                    case.mkdir()
+                    f = target.place(case, seeds)
+                    _materialize(f, payload)
+                    cli_n += 1
+                    with fifo_watchdog(f if payload == "fifo" else None,
+                                       case_timeout) as hung:
+                        c_out, detail = _cli(argv, case_timeout)
+                    if hung[0]:
+                        c_out, detail = "timeout", "blocked on the FIFO (open never returned)"
+                    if c_out in ("bug", "timeout"):
+                        rep.findings.append(Finding(name, label, "cli", detail or c_out))
+            finally:
+                shutil.rmtree(case, ignore_errors=True)
+        rep.cases[name] = n
+        rep.refused[name] = refused
+        rep.accepted[name] = accepted
+        rep.cli_cases[name] = cli_n
+        rep.slowest_s[name] = round(slowest, 3)
+        log(f"{name}: {n} cases ({refused} refused, {accepted} accepted), {cli_n} through "
+            f"the CLI, slowest {slowest:.2f} s, findings so far {len(rep.findings)}")
+    rep.max_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rep.seconds = round(time.perf_counter() - t_start, 1)
+    return rep
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--reader", action="append", choices=sorted(TARGETS),
+                   help="only this reader (repeatable; default all)")
+    p.add_argument("--cases", type=int, default=2000,
+                   help="random bit-flip and JSON cases per reader (default 2000)")
+    p.add_argument("--trunc-budget", type=int, default=200_000,
+                   help="truncation points per file (every byte up to this size)")
+    p.add_argument("--cli-every", type=int, default=25,
+                   help="every Nth case also through the CLI (path kinds always)")
+    p.add_argument("--full-every", type=int, default=64,
+                   help="truncations: the whole reader every Nth case, the parser alone "
+                        "for the others (default 64)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--case-timeout", type=float, default=20.0)
+    p.add_argument("--max-rss-mb", type=float, default=2048.0)
+    p.add_argument("--quick", action="store_true",
+                   help="the CI subset: 60 random cases, truncations every byte up to "
+                        "12 KiB, every 40th case through the CLI")
+    p.add_argument("--json", help="write the report here")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.cases, args.trunc_budget, args.cli_every, args.full_every = 40, 400, 150, 256
+    readers = args.reader or sorted(TARGETS)
+    with tempfile.TemporaryDirectory(prefix="hvprof-fuzz-") as tmp:
+        rep = run(readers, n_random=args.cases, trunc_budget=args.trunc_budget,
+                  cli_every=args.cli_every, seed=args.seed, case_timeout=args.case_timeout,
+                  work=Path(tmp), log=lambda s: print(s, file=sys.stderr, flush=True),
+                  full_every=args.full_every)
+    if rep.max_rss_mb > args.max_rss_mb:
+        rep.findings.append(Finding("*", "*", "api", f"max RSS {rep.max_rss_mb:.0f} MB over "
+                                    f"{args.max_rss_mb:.0f} MB"))
+    print(f"{sum(rep.cases.values())} cases in {rep.seconds} s, max RSS "
+          f"{rep.max_rss_mb:.0f} MB, {len(rep.findings)} findings")
+    seen: set[tuple[str, str, str]] = set()
+    for f in rep.findings:
+        key = (f.reader, f.where, f.what.split(":")[0] + f.what[-40:])
+        if key not in seen:
+            seen.add(key)
+            print("  " + f.line())
+    if args.json:
+        Path(args.json).write_text(json.dumps(rep.as_json(), indent=1))
+    return 1 if rep.findings else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
