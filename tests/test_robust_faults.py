@@ -292,8 +292,6 @@ def test_disk_full_fsize_limit(script: Path, reference: dict, tmp_path: Path) ->
     merge_reports_drops(prof, dropped, converts=False)
 
 
-@pytest.mark.xfail(reason="profiler summarize does not report dropped records yet "
-                          "(profiler/cli/summarize.py: asked of its owner)", strict=False)
 def test_summarize_reports_dropped_records(tmp_path: Path) -> None:
     from rawgen import simple_rank
 
