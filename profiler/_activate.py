@@ -76,6 +76,18 @@ def finish() -> str | None:
     gpu.finish_native()  # NCCL device times in flight, the NCCL sidecar
     _lib.process_exit()
 
+    # What the exit work creates (ranks/, parquet, json, trace.json) is never
+    # world- or group-writable, whatever umask the job runs under (the
+    # library creates raw/ the same way).
+    mask = os.umask(0o022)
+    os.umask(mask | 0o022)
+    try:
+        return _convert_and_merge(directory, raw, rank, world)
+    finally:
+        os.umask(mask)
+
+
+def _convert_and_merge(directory: str, raw: str, rank: int, world: int) -> str | None:
     if not os.path.exists(raw):
         # The profile directory (or this raw file) was removed while the job
         # ran: the records went into a file nobody can open any more.  Rank 0
