@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import os
@@ -285,7 +286,8 @@ def version_cases(name: str, data: bytes) -> Iterator[tuple[str, bytes]]:
     elif name in ("trace", "meta"):
         obj = json.loads(data)
         block = obj.get("horovod_profiler", obj)
-        for v in (2, 999, -1, "1", None, 1.5):
+        bad_versions: list[Any] = [2, 999, -1, "1", None, 1.5]
+        for v in bad_versions:
             b2 = dict(block)
             b2["format_version"] = v
             o2 = dict(obj, horovod_profiler=b2) if "horovod_profiler" in obj else b2
@@ -573,10 +575,11 @@ def fifo_watchdog(fifo: Path | None, timeout: float) -> Iterator[list[bool]]:
 
 def _one(fn: Callable[[], Any], timeout: float) -> tuple[str, float, BaseException | None]:
     t0 = time.perf_counter()
+    exc: BaseException | None = None
     signal.setitimer(signal.ITIMER_REAL, timeout, 0.5)  # again every 0.5 s if swallowed
     try:
         fn()
-        outcome, exc = "accepted", None
+        outcome = "accepted"
     except ProfilerError as e:
         outcome, exc = "refused", e
     except CaseTimeout as e:
@@ -642,8 +645,7 @@ def run(readers: list[str], *, n_random: int, trunc_budget: int, cli_every: int,
                     api = target.parse
                 fifo = f if payload == "fifo" else None
                 with fifo_watchdog(fifo, case_timeout) as hung:
-                    outcome, secs, exc = _one(lambda a=api, f=f, c=case: a(f, c),
-                                              case_timeout)
+                    outcome, secs, exc = _one(functools.partial(api, f, case), case_timeout)
                 if hung[0]:
                     outcome = "timeout"
                 slowest = max(slowest, secs)

@@ -253,6 +253,9 @@ def merge_reports_drops(prof: Path, dropped: dict[int, int], *, converts: bool) 
         assert (f"rank {r}: {n} record(s) dropped by the writer" in p.stderr) == converts
     meta = json.loads((prof / "trace.json").read_bytes())["horovod_profiler"]
     assert {m["rank"]: m["dropped"] for m in meta["ranks"]} == dropped
+    s = profiler_cli("summarize", str(prof / "trace.json"))
+    assert s.returncode == 0, s.stderr
+    assert f"dropped records: {total} calls not recorded" in s.stdout, s.stdout
 
 
 def test_disk_full_tmpfs(script: Path, reference: dict, tmp_path: Path) -> None:
