@@ -619,6 +619,19 @@ def check_meta(p: Path, data: Any) -> dict[str, Any]:
     for k in ("totals", "source", "nccl", "gpus"):
         if data.get(k) is not None and not isinstance(data[k], (dict, list)):
             raise bad(f"{k} = {data[k]!r}")
+    for i, r in enumerate(data.get("tracks", [])):
+        if not _is_int(r.get("index")):
+            raise bad(f"tracks[{i}] has no index")
+    for k in ("steps", "totals"):  # counters and rates computed with downstream
+        block = data.get(k)
+        if block is None:
+            continue
+        if not isinstance(block, dict):
+            raise bad(f"{k} = {block!r}")
+        for f, v in block.items():
+            if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                      and abs(v) < _INT64):
+                raise bad(f"{k}.{f} = {v!r}")
     return data
 
 
