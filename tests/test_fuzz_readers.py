@@ -72,16 +72,6 @@ def test_reader_refuses_hostile_input(fuzz: dict, reader: str) -> None:
     assert fuzz["max_rss_mb"] < 1536
 
 
-@pytest.mark.timeout(300)
-def test_known_findings_still_there(fuzz: dict) -> None:
-    """When an owner fixes one, drop it from KNOWN."""
-    still = {(r, w, s) for r, w, s in KNOWN
-             if any(known(f) and f["reader"] == r and f["where"] == w and s in f["what"]
-                    for f in fuzz["findings"])}
-    if still != set(KNOWN):
-        pytest.fail(f"fixed, remove from KNOWN: {set(KNOWN) - still}")
-
-
 # ---------------------------------------------------------------------------
 # the real CLI on path kinds
 # ---------------------------------------------------------------------------
