@@ -105,28 +105,6 @@ def check_profile_dir(path: str | os.PathLike[str]) -> Path:
     return p
 
 
-# Columns trace.json is written from: a rank's parquet file lacking one of
-# them (or unreadable) is left out of the merge, with a problem line.
-_TRACE_COLUMNS = ("rank", "op", "t_start_ns", "t_end_ns", "bytes", "track")
-
-
-def _check_parquet(path: Path) -> None:
-    """The file's footer and schema (a few KiB read), or a CorruptError."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from profiler.errors import CorruptError
-
-    try:
-        names = set(pq.read_schema(path).names)
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise CorruptError(path, "unreadable parquet file: "
-                                 + " ".join(str(exc).split())[:200]) from None
-    lacking = [c for c in _TRACE_COLUMNS if c not in names]
-    if lacking:
-        raise CorruptError(path, f"parquet file lacks the column(s) {', '.join(lacking)}")
-
-
 def convert_pending(profile_dir: Path, *, ranks: Iterable[int] | None = None,
                     own_rank: int | None = None) -> tuple[list[int], list[str]]:
     """Convert raw files lacking an up-to-date parquet. Returns (converted, problems)."""
@@ -172,12 +150,9 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
     rank_meta: list[dict[str, Any]] = []
     for r in present:
         try:
-            meta_r = read_meta(metas[r])
-            _check_parquet(parquets[r])
+            rank_meta.append(read_meta(metas[r]))
         except ProfilerError as exc:
             problems.append(f"rank {r}: {exc.line()}")
-        else:
-            rank_meta.append(meta_r)
     rank_meta.sort(key=lambda m: int(m["rank"]))
     present = [int(m["rank"]) for m in rank_meta]
     if not present:
