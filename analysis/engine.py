@@ -118,6 +118,8 @@ def open_dataset(path: str | os.PathLike[str]) -> Dataset | None:
         if parquets:
             return Dataset(p, [f for _, f in sorted(parquets.items())])
         return None
+    if not p.is_file():  # a FIFO or a device: refused before anything opens it
+        raise NotATraceError(p, "not a regular file")
     if p.suffix == ".parquet":
         return Dataset(p, [p])
     if p.suffix == ".hvprof":

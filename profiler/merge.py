@@ -189,7 +189,11 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
     # meta["lineage"] says what was written or why not (never raises).
     from profiler.horovod.lineage import build as build_lineage
 
-    build_lineage(d, metadata=meta)
+    try:
+        build_lineage(d, metadata=meta)
+    except Exception as exc:  # lineage is an extra: never the reason a merge fails
+        meta["lineage"] = {"status": "absent",
+                           "reason": "cannot build: " + " ".join(str(exc).split())[:200]}
     write_trace(trace_path, meta, frames, rank_meta, limit=limit)
     return MergeResult(trace=trace_path, ranks=present, world_size=world, calls=calls,
                        missing_ranks=missing, partial_ranks=partial, converted=converted,

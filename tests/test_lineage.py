@@ -168,8 +168,11 @@ def test_fused_lineage(fused: tuple[Path, dict[str, Any]]) -> None:
     # Fused calls: usually one per step carrying every gradient (a Horovod
     # cycle boundary inside a backward pass splits a step in two).
     assert STEPS <= len(car) < STEPS * len(params)
-    assert (car.groupby("step")["n_tensors"].sum() == len(params)).all()
-    assert (car.groupby("step")["call_bytes"].sum() == total).all()
+    # Every gradient once per step is checked above, per tensor.  Per call, a
+    # split fused batch may have its second call counted in the next step's
+    # window under load, so the calls' totals are checked over the run.
+    assert int(car["n_tensors"].sum()) == STEPS * len(params)
+    assert int(car["call_bytes"].sum()) == STEPS * total
     assert (car["call_bytes"] == car["tensor_bytes"]).all()
     if threshold:
         assert np.allclose(car["fill_ratio"], car["call_bytes"] / threshold)

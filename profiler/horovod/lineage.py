@@ -506,8 +506,9 @@ def _read_rank0(profile_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
     meta = _read_json(js_path) if js_path.is_file() else {}
     try:
         frame = pq.read_table(pq_path).to_pandas()
-    except (OSError, pa.ArrowException) as exc:
-        raise NotFoundError(pq_path, f"cannot read rank-0 dataset: {exc}") from None
+    except Exception as exc:  # a corrupt file: arrow, pandas metadata, JSON, UTF-8 errors
+        msg = " ".join(str(exc).split())[:200]
+        raise NotFoundError(pq_path, f"cannot read rank-0 dataset: {msg}") from None
     return frame, meta
 
 
