@@ -499,16 +499,12 @@ def _order_key(key: str, values: pd.Series) -> pd.Series:
 def finish_summary(parts: pd.DataFrame, by: Sequence[str], *,
                    comm_names: Mapping[int, str] | None = None) -> pd.DataFrame:
     """Per-group partial results (partials()) -> the table of summary.summarize."""
-    from .summary import METRICS, bucket_label
+    from .summary import METRICS, bucket_label, empty_summary
 
     by_l = list(by)
     out_cols = by_l + METRICS + ["time_share", "pow2"]
     if parts.empty:
-        empty = pd.DataFrame({c: pd.Series(dtype="object") for c in by_l})
-        for m in METRICS + ["time_share"]:
-            empty[m] = pd.Series(dtype="int64" if m in ("calls", "total_bytes") else "float64")
-        empty["pow2"] = pd.Series(dtype="bool")
-        return empty[out_cols]
+        return empty_summary(by_l)
     df = parts.copy()
     if by_l:
         sort_cols = [f"_s{i}" for i in range(len(by_l))]

@@ -59,6 +59,17 @@ _ONE = {"bcast", "reduce", "nccl_broadcast", "nccl_bcast", "nccl_reduce", "nccl_
         "nccl_recv"}
 
 
+def empty_summary(by: Sequence[str]) -> pd.DataFrame:
+    """The summary table with no rows: the grouping keys, then METRICS,
+    time_share and pow2, with their dtypes."""
+    by_l = list(by)
+    empty = pd.DataFrame({c: pd.Series(dtype="object") for c in by_l})
+    for m in METRICS + ["time_share"]:
+        empty[m] = pd.Series(dtype="int64" if m in ("calls", "total_bytes") else "float64")
+    empty["pow2"] = pd.Series(dtype="bool")
+    return empty[by_l + METRICS + ["time_share", "pow2"]]
+
+
 def comm_calls(df: pd.DataFrame, kinds: str | Sequence[str] | None = None,
                rank: int | Sequence[int] | None = None) -> pd.DataFrame:
     """Communication calls (as analysis._frame.calls: host rows, no app rows, no
@@ -213,11 +224,7 @@ def summarize(df: pd.DataFrame, by: Sequence[str] | str = ("op", "bucket"),
     keys = _key_frame(sel, by_l)
     out_cols = by_l + METRICS + ["time_share", "pow2"]
     if sel.empty:
-        empty = pd.DataFrame({c: pd.Series(dtype="object") for c in by_l})
-        for m in METRICS + ["time_share"]:
-            empty[m] = pd.Series(dtype="int64" if m in ("calls", "total_bytes") else "float64")
-        empty["pow2"] = pd.Series(dtype="bool")
-        return empty[out_cols]
+        return empty_summary(by_l)
 
     nbytes = sel["bytes"].to_numpy(dtype=np.int64)
     dur = sel["dur_ns"].to_numpy(dtype=np.int64)
