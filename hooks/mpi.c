@@ -899,10 +899,11 @@ HVPROF_EXPORT int MPI_Finalize(void)
         emit(HVPROF_OP_MPI_FINALIZE, t0, hvprof_ticks(), MPI_COMM_WORLD, MPI_DATATYPE_NULL, 0, 0,
              MPI_OP_NULL, -1, MPI_SUCCESS, 0);
         h->finalize_ticks = (int64_t)t0;
-        /* Rank 0 says once what the job lost, if anything. */
+        /* Drain first (the last flush may drop), then rank 0 says once what
+         * the job lost, if anything. */
+        hvprof_close(HVPROF_STATE_FINALIZED);
         unsigned long long dropped = h->dropped_records, total = 0;
         PMPI_Reduce(&dropped, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, prof_comm);
-        hvprof_close(HVPROF_STATE_FINALIZED);
         if (h->rank == 0) {
             if (total)
                 hvprof_warn("%llu records were dropped (disk full or unwritable); see %s", total,
