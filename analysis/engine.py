@@ -64,11 +64,17 @@ class Dataset:
     @property
     def columns(self) -> list[str]:
         if self._columns is None:
+            import pyarrow as pa
             import pyarrow.parquet as pq
 
+            from profiler.dataset import schema_columns
+
             try:
-                self._columns = list(pq.read_schema(self.files[0]).names) if self.files else []
-            except (OSError, ValueError) as exc:
+                self._columns = (schema_columns(pq.read_schema(self.files[0]))
+                                 if self.files else [])
+            except CorruptError as exc:
+                raise CorruptError(self.files[0], exc.message) from None
+            except (OSError, ValueError, pa.ArrowException) as exc:
                 raise CorruptError(self.files[0], f"unreadable parquet dataset: {exc}"
                                    ) from None
         return self._columns

@@ -28,7 +28,6 @@ import numpy as np
 import pandas as pd
 
 from profiler.errors import (
-    CorruptError,
     EmptyProfileError,
     NotATraceError,
     NotFoundError,
@@ -183,29 +182,8 @@ def read_files(files: Sequence[Path], flt: RowFilter | None,
     if flt.ranks is not None:
         want = set(flt.ranks)
         files = [f for f in files if file_rank(f) is None or file_rank(f) in want]
-    simple = RowFilter(ranks=flt.ranks)
-    if flt == simple:
-        return read_dataset(files, ranks=flt.ranks, columns=columns)
-    import pyarrow as pa
-    import pyarrow.dataset as pads
-
-    from profiler.dataset import empty_frame, table_to_frame
-
-    paths = [str(f) for f in files]
-    for f in paths:
-        if not os.path.isfile(f):
-            raise NotFoundError(f, "dataset file missing")
-    if not paths:
-        return empty_frame(columns)
-    try:
-        dataset = pads.dataset(paths, format="parquet")
-        have = dataset.schema.names
-        cols = None if columns is None else [c for c in columns if c in have]
-        table = dataset.to_table(columns=cols, filter=flt.expression(have))
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise CorruptError(paths[0] if len(paths) == 1 else os.path.dirname(paths[0]),
-                           f"unreadable parquet dataset: {exc}") from None
-    return table_to_frame(table)
+    expression = None if flt == RowFilter(ranks=flt.ranks) else flt.expression
+    return read_dataset(files, ranks=flt.ranks, columns=columns, filter=expression)
 
 
 def _load_trace(p: Path, flt: RowFilter | None,
@@ -424,7 +402,7 @@ def load_aggregates(*paths: str | os.PathLike[str], label: str | Sequence[str] |
     for i, p in enumerate(paths):
         files = _aggregate_files(p)
         if files:
-            df = read_dataset(files, ranks=ranks)
+            df = read_dataset(files, ranks=ranks, aggregates=True)
         else:
             df = pd.DataFrame({c: pd.Series(dtype="object") for c in AGG_COLUMNS})
         if labels is not None:

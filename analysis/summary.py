@@ -101,6 +101,11 @@ def _device_times(host: pd.DataFrame, dev: pd.DataFrame) -> pd.DataFrame:
     time.  Where the hooks recorded the call's device interval (a `device` row
     with the same rank, communicator, sequence number and op), the call is
     timed by it; counts and bytes stay those of the host rows."""
+    need = [c for c in (*_MATCH, "t_start_ns", "t_end_ns", "dur_ns") if c not in host.columns]
+    if need:
+        raise UsageError(None, f"the frame has device rows (NCCL) but no {need[0]} column: "
+                               "load() it too (device rows time their host calls by "
+                               "rank, comm, seq and op)")
     dev = dev.loc[dev["op"] != "nccl_group", _MATCH + ["t_start_ns", "t_end_ns", "dur_ns"]]
     if dev.empty or host.empty:
         return host

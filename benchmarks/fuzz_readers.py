@@ -459,6 +459,39 @@ TARGETS: dict[str, Target] = {t.name: t for t in [
 ]}
 
 
+def parquet_schema_cases(seed: bytes) -> Iterator[tuple[str, bytes]]:
+    """Well-formed parquet files of the wrong shape (what another tool might write):
+    each column dropped, or retyped to a string, a float, a 128-bit decimal, a
+    struct, a list; a column twice; exotic extra columns; a name with escapes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(io.BytesIO(seed))
+    n = table.num_rows
+
+    def out(t: Any) -> bytes:
+        buf = io.BytesIO()
+        pq.write_table(t, buf)
+        return buf.getvalue()
+
+    retypes: dict[str, Callable[[], Any]] = {
+        "string": lambda: pa.array(["x"] * n),
+        "float": lambda: pa.array([1.5] * n),
+        "decimal128": lambda: pa.array([10**30] * n, pa.decimal128(38, 0)),
+        "struct": lambda: pa.array([{"a": 1}] * n),
+        "list": lambda: pa.array([[1, 2]] * n),
+        "null": lambda: pa.nulls(n),
+    }
+    for i, name in enumerate(table.schema.names):
+        yield f"schema:drop:{name}", out(table.remove_column(i))
+        for kind, make in retypes.items():
+            yield f"schema:{name}={kind}", out(table.set_column(i, name, make()))
+    yield "schema:twice:rank", out(table.append_column("rank", table["rank"]))
+    for kind, make in retypes.items():
+        yield f"schema:extra={kind}", out(table.append_column("extra", make()))
+    yield "schema:escape-name", out(table.append_column("x\x1b[2J", retypes["string"]()))
+
+
 def cases_for(name: str, seed: bytes, rng: random.Random, n_random: int, trunc_budget: int
               ) -> Iterator[tuple[str, bytes | str]]:
     yield from truncations(seed, len(seed) if TARGETS[name].every_byte else trunc_budget)
@@ -468,6 +501,8 @@ def cases_for(name: str, seed: bytes, rng: random.Random, n_random: int, trunc_b
         yield from raw_structs(seed)
     if name == "agg":
         yield from agg_structs(seed)
+    if name == "parquet":
+        yield from parquet_schema_cases(seed)
     if not TARGETS[name].binary:
         yield from json_cases(seed, rng, n_random)
     else:

@@ -674,42 +674,128 @@ def is_up_to_date(raw: str | os.PathLike[str],
             and src.get("raw_mtime_ns") == st.st_mtime_ns)
 
 
+# The column kinds of the two parquet schemas (the row schema and the
+# summary-mode aggregates), checked on every file read: a dataset written or
+# edited by another tool is refused with the column's name (CorruptError)
+# instead of failing later in an analysis.  tests/test_dataset.py checks these
+# against the frames raw_to_frame and agg_to_frame build.
+ROW_KINDS: dict[str, str] = {
+    c: "str" if c in CATEGORY_COLUMNS else "bool" if c in ("in_place", "device") else "int"
+    for c in COLUMNS}
+AGG_KINDS: dict[str, str] = {
+    c: ("str" if c in CATEGORY_COLUMNS else "float" if c == "ns_per_tick"
+        else "list" if c == "hist" else "int") for c in AGG_COLUMNS}
+ROW_REQUIRED = ("rank", "op", "t_start_ns", "dur_ns", "bytes")
+AGG_REQUIRED = ("rank", "op", "bytes", "calls", "total_ns")
+
+
+def _is_str(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
+def _kind_ok(t: pa.DataType, kind: str) -> bool:
+    if kind == "str":
+        return _is_str(t)
+    if kind == "bool":
+        return bool(pa.types.is_boolean(t) or pa.types.is_integer(t))
+    if kind == "float":
+        return bool(pa.types.is_floating(t) or pa.types.is_integer(t))
+    if kind == "list":
+        return bool((pa.types.is_list(t) or pa.types.is_large_list(t))
+                    and pa.types.is_integer(t.value_type))
+    return bool(pa.types.is_integer(t))
+
+
+def _plain(t: pa.DataType) -> bool:
+    """A column type every reader converts (other tools' extra columns)."""
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t)
+                or pa.types.is_boolean(t) or _is_str(t))
+
+
+def schema_columns(schema: pa.Schema, aggregates: bool = False) -> list[str]:
+    """The columns of a parquet schema to read: those of the row (or aggregate)
+    schema, each of the expected kind, plus other tools' extra columns of plain
+    types (others are skipped).  Raises CorruptError (path None) naming the first
+    column of the wrong kind, or a required column that is absent."""
+    kinds = AGG_KINDS if aggregates else ROW_KINDS
+    required = AGG_REQUIRED if aggregates else ROW_REQUIRED
+    names = list(schema.names)
+    if len(set(names)) != len(names):
+        raise CorruptError(None, "a column name appears twice in the parquet schema")
+    missing = [c for c in required if c not in names]
+    if missing:
+        raise CorruptError(None, f"not a horovod-profiler dataset: no {missing[0]} column")
+    out = []
+    for field in schema:
+        kind = kinds.get(field.name)
+        if kind is not None:
+            if not _kind_ok(field.type, kind):
+                raise CorruptError(None, f"column {printable(field.name)} has type "
+                                         f"{field.type}, expected {kind}")
+            out.append(field.name)
+        elif _plain(field.type):
+            out.append(field.name)
+    return out
+
+
 def read_dataset(files: Iterable[str | os.PathLike[str]], *,
                  ranks: Iterable[int] | None = None,
-                 columns: Sequence[str] | None = None) -> pd.DataFrame:
-    """Parquet files of the row schema -> one DataFrame (rank filter pushed down)."""
+                 columns: Sequence[str] | None = None,
+                 filter: Any = None, aggregates: bool = False) -> pd.DataFrame:
+    """Parquet files of the row schema (or, aggregates=True, of the summary-mode
+    aggregates) -> one DataFrame, the rank filter and any other pyarrow.dataset
+    `filter` expression (a callable of the column names -> expression, or None)
+    pushed down to the scan.  Every way a file can be bad ends in CorruptError
+    or NotFoundError."""
     paths = [str(p) for p in files]
     for p in paths:
         if not os.path.isfile(p):
             raise NotFoundError(p, "dataset file missing")
     if not paths:
         return empty_frame(columns)
+    where = paths[0] if len(paths) == 1 else os.path.dirname(paths[0])
     try:
         dataset = pads.dataset(paths, format="parquet")
-        cols = None
-        if columns is not None:
-            have = set(dataset.schema.names)
-            cols = [c for c in columns if c in have]
-        flt = None
+        try:
+            usable = schema_columns(dataset.schema, aggregates)
+        except CorruptError as exc:
+            raise CorruptError(where, exc.message) from None
+        cols = (usable if columns is None
+                else [c for c in dict.fromkeys(columns) if c in usable])
+        flt = filter(set(usable)) if callable(filter) else filter
         if ranks is not None:
-            flt = pads.field("rank").isin([int(r) for r in ranks])
+            by_rank = pads.field("rank").isin([int(r) for r in ranks])
+            flt = by_rank if flt is None else by_rank & flt
         table = dataset.to_table(columns=cols, filter=flt)
         # to_pandas reads the pandas metadata stored in the file (JSON): a
         # corrupt one fails there with ValueError / KeyError / TypeError.
         return table_to_frame(table)
-    except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
-        where = paths[0] if len(paths) == 1 else os.path.dirname(paths[0])
+    except (pa.ArrowException, OSError, ValueError, KeyError, TypeError,
+            OverflowError) as exc:
         text = " ".join(str(exc).split())[:200] or type(exc).__name__
-        raise CorruptError(where, f"unreadable parquet dataset: {text}") from None
+        raise CorruptError(where, f"unreadable parquet dataset: {printable(text)}") from None
 
 
 def table_to_frame(table: pa.Table) -> pd.DataFrame:
     # Categories for every string dictionary, even across files with different
-    # dictionaries (to_pandas unifies them).
+    # dictionaries (to_pandas unifies them).  Names written by another tool may
+    # hold control characters: spelled \xNN like the converter does, so that
+    # no reader ever passes an escape sequence on to a terminal or a page.
     df = table.to_pandas()
     for c in CATEGORY_COLUMNS:
-        if c in df.columns and not isinstance(df[c].dtype, pd.CategoricalDtype):
+        if c not in df.columns:
+            continue
+        if not isinstance(df[c].dtype, pd.CategoricalDtype):
             df[c] = df[c].astype("category")
+        cats = [str(x) for x in df[c].cat.categories]
+        safe = [printable(x) for x in cats]
+        if safe != cats:
+            if len(set(safe)) == len(safe):
+                df[c] = df[c].cat.rename_categories(safe)
+            else:  # two names that differ only by the escaping: merge them
+                df[c] = df[c].astype(str).map(printable).astype("category")
     return df
 
 
@@ -719,4 +805,4 @@ def empty_frame(columns: Sequence[str] | None = None) -> pd.DataFrame:
                                          "job_t0_ns": 0}, comms=np.zeros(0, F.COMM_ENTRY_DTYPE),
                 tracks=np.zeros(0, F.TRACK_ENTRY_DTYPE), records=np.zeros(0, F.RECORD_DTYPE))
     df = raw_to_frame(w)
-    return df[list(columns)] if columns is not None else df
+    return df if columns is None else df[[c for c in dict.fromkeys(columns) if c in df.columns]]

@@ -70,7 +70,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from profiler.errors import EmptyProfileError, NotATraceError, NotFoundError, UsageError
+from profiler.dataset import schema_columns
+from profiler.errors import (
+    CorruptError,
+    EmptyProfileError,
+    NotATraceError,
+    NotFoundError,
+    UsageError,
+)
 
 __all__ = ["SynthConfig", "SynthResult", "synthesize", "read_template"]
 
@@ -173,7 +180,10 @@ def read_template(src: str | os.PathLike[str], template_rank: int = 0) -> Templa
         if chosen is None:
             raise UsageError(p, f"no rank {template_rank} in the source dataset")
         table = pq.read_table(chosen)
-    except (pa.ArrowInvalid, OSError) as exc:
+        schema_columns(table.schema)
+    except CorruptError as exc:
+        raise NotATraceError(chosen, exc.message) from None
+    except (pa.ArrowException, OSError, ValueError) as exc:
         raise NotATraceError(chosen or p, f"unreadable parquet file: {exc}") from None
     need = {"rank", "op", "backend", "t_start_ns", "t_end_ns", "dur_ns", "seq", "comm",
             "comm_size", "comm_rank", "step"}

@@ -245,18 +245,10 @@ def _read_source(src: Source, columns: Sequence[str] | None = None,
 
     if t_range is None:
         return read_dataset([src], columns=columns)
-    import pyarrow as pa
     import pyarrow.dataset as pads
 
-    from profiler.dataset import table_to_frame
-
-    try:
-        ds = pads.dataset([os.fspath(src)], format="parquet")
-        t = pads.field("t_start_ns")
-        table = ds.to_table(columns=columns, filter=(t >= t_range[0]) & (t < t_range[1]))
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise CorruptError(src, f"unreadable parquet dataset: {exc}") from None
-    return table_to_frame(table)
+    t = pads.field("t_start_ns")
+    return read_dataset([src], columns=columns, filter=(t >= t_range[0]) & (t < t_range[1]))
 
 
 @dataclass
@@ -489,10 +481,81 @@ def _check_meta(p: Path, meta: Any) -> dict[str, Any]:
                               "horovod-profiler")
     if version < 1:
         raise CorruptError(p, f"invalid trace format version {version}")
-    ds = meta.get("dataset")
-    if ds is not None and (not isinstance(ds, dict) or not isinstance(ds.get("files", []), list)):
-        raise CorruptError(p, "metadata 'dataset' entry is malformed")
+    bad = _shape_error(meta, _META_SHAPE, META_KEY)
+    if bad:
+        raise CorruptError(p, f"malformed metadata: {bad}")
     return meta
+
+
+# The shape of the metadata fields that readers use (what write_trace and
+# profiler.merge write): a trace edited or written by another tool is refused
+# with the field's name rather than failing later in a reader.  Keys not listed
+# are not checked; None is accepted for every listed key (absent), not for a
+# list's items.  A spec is a
+# type or tuple of types, a one-element list (each item's spec), or a dict
+# (that object's keys; the key "*" applies to every value).
+@dataclass(frozen=True)
+class _Required:
+    """A key that must be present and not null."""
+
+    spec: Any
+
+
+_INT = int
+_NUM = (int, float)
+_RANK_SHAPE: dict[str, Any] = {
+    "rank": _Required(_INT), "host": str, "pid": _INT, "calls": _INT, "dropped": _INT,
+    "unsampled_calls": _INT, "aggregated_calls": _INT, "offset_ns": _NUM,
+    "offset_err_ns": _NUM, "ticks_per_ns": _NUM, "local_rank": _INT, "mode": str,
+    "state": [str], "problems": list, "gpus": list, "nccl": dict, "steps": dict,
+    "totals": dict,
+}
+_META_SHAPE: dict[str, Any] = {
+    "world_size": _INT, "hosts": [str], "ranks": [_RANK_SHAPE],
+    "missing_ranks": [_INT], "partial_ranks": [_INT], "mode": str, "job_id": str,
+    "mpi_version": str, "command": [str], "executable": str, "created": str,
+    "problems": list, "env": {"*": str}, "clock": dict, "lineage": dict,
+    "batch_size": (int, list), "images_per_sec": _NUM, "images_per_sec_per_rank": {"*": _NUM},
+    "dataset": {"format": str, "files": [str], "aggregates": [str], "calls": _INT,
+                "rows": _INT},
+    "events": {"included": _INT, "total": _INT, "selection": str, "ranks": [_INT],
+               "steps": [_INT], "t_window_ns": [_INT]},
+    "window": {"source": str, "calls": _INT, "ranks": [_INT], "steps": [_INT],
+               "ops": [str], "kinds": [str], "t_start_ns": [_INT]},
+}
+
+
+def _shape_error(value: Any, spec: Any, where: str) -> str | None:
+    """Where `value` departs from `spec` (None when it does not)."""
+    if isinstance(spec, _Required):
+        return f"{where} is missing" if value is None else _shape_error(value, spec.spec, where)
+    if value is None:
+        return None
+    if isinstance(spec, dict):
+        if not isinstance(value, dict):
+            return f"{where} is not an object"
+        for key, sub in spec.items():
+            items = value.items() if key == "*" else [(key, value.get(key))]
+            for k, v in items:
+                bad = _shape_error(v, sub, f"{where}.{k}")
+                if bad:
+                    return bad
+        return None
+    if isinstance(spec, list):
+        if not isinstance(value, list):
+            return f"{where} is not a list"
+        for i, v in enumerate(value):
+            bad = (f"{where}[{i}] is null" if v is None
+                   else _shape_error(v, spec[0], f"{where}[{i}]"))
+            if bad:
+                return bad
+        return None
+    types = spec if isinstance(spec, tuple) else (spec,)
+    if isinstance(value, bool) or not isinstance(value, types):
+        return f"{where} has the wrong type ({type(value).__name__})"
+    if isinstance(value, float) and not np.isfinite(value):
+        return f"{where} is not finite"
+    return None
 
 
 def _open_checked(p: Path) -> tuple[int, bytes]:

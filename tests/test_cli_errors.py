@@ -142,3 +142,111 @@ def test_preload_prints_the_library(tmp_path: Path) -> None:
     assert path.name == "libhvprof.so" and path.is_file()
     p = profiler_cli("preload", cwd=tmp_path, env={"HVPROF_LIB": str(tmp_path / "none.so")})
     assert_one_line_error(p, "none.so", "not found")
+
+
+# ---------------------------------------------------------------------------
+# Findings of the full reader fuzz (benchmarks/fuzz_readers.py), one test each
+# ---------------------------------------------------------------------------
+def _copy(good: Path, tmp: Path) -> Path:
+    import shutil
+
+    d = tmp / "prof"
+    shutil.copytree(good, d)
+    return d
+
+
+def _edit_meta(trace: Path, edit: object) -> None:
+    import orjson
+
+    doc = orjson.loads(trace.read_bytes())
+    edit(doc["horovod_profiler"])  # type: ignore[operator]
+    trace.write_bytes(orjson.dumps(doc))
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda m: m["dataset"]["files"].__setitem__(0, 5), "dataset.files[0]"),
+    (lambda m: m["dataset"]["files"].__setitem__(0, None), "dataset.files[0] is null"),
+    (lambda m: m["ranks"][0].__setitem__("rank", "x"), "ranks[0].rank"),
+    (lambda m: m["ranks"][1].__setitem__("rank", None), "ranks[1].rank is missing"),
+    (lambda m: m["ranks"][1].__setitem__("dropped", [1]), "ranks[1].dropped"),
+    (lambda m: m.__setitem__("missing_ranks", [1.5]), "missing_ranks[0]"),
+    (lambda m: m.__setitem__("env", {"HOROVOD_X": 3}), "env.HOROVOD_X"),
+    (lambda m: m.__setitem__("events", []), "events is not an object"),
+    (lambda m: m.__setitem__("world_size", True), "world_size"),
+])
+def test_mistyped_trace_metadata_is_refused_by_name(tmp_path: Path, good: Path, edit: object,
+                                                    field: str) -> None:
+    d = _copy(good, tmp_path)
+    _edit_meta(d / "trace.json", edit)
+    for cmd in (["summarize"], ["summarize", "--engine", "pandas"], ["report", "-o",
+                str(tmp_path / "r.html"), "--no-progress"], ["export", "--ranks", "0", "-o",
+                str(tmp_path / "w.json")]):
+        p = cli(tmp_path, cmd[0], str(d / "trace.json"), *cmd[1:])
+        assert_one_line_error(p, "malformed metadata", field)
+
+
+def _rewrite_parquet(d: Path, change: object) -> Path:
+    import pyarrow.parquet as pq
+
+    f = sorted((d / "ranks").glob("rank-*.parquet"))[0]
+    pq.write_table(change(pq.read_table(f)), f)  # type: ignore[operator]
+    return f
+
+
+def test_parquet_of_the_wrong_shape_is_refused_by_column(tmp_path: Path, good: Path) -> None:
+    import pyarrow as pa
+
+    d = _copy(good, tmp_path)
+    f = _rewrite_parquet(d, lambda t: t.drop(["t_start_ns"]))
+    (d / "trace.json").unlink()
+    for cmd in ("merge", "summarize"):
+        assert_one_line_error(cli(tmp_path, cmd, str(d)), str(f), "no t_start_ns column")
+    assert not (d / "trace.json").exists()
+
+    d = _copy(good, tmp_path / "b")
+    f = _rewrite_parquet(d, lambda t: t.set_column(t.schema.get_field_index("bytes"), "bytes",
+                                                   pa.array([str(x) for x in t["bytes"]])))
+    for engine in ("pandas", "duckdb"):
+        p = cli(tmp_path, "summarize", str(d), "--engine", engine)
+        assert_one_line_error(p, "column bytes has type string, expected int")
+    # wider than 64 bits, where the schema expects an integer
+    d = _copy(good, tmp_path / "c")
+    _rewrite_parquet(d, lambda t: t.set_column(
+        t.schema.get_field_index("dur_ns"), "dur_ns",
+        pa.array([10**30] * len(t), pa.decimal128(38, 0))))
+    assert_one_line_error(cli(tmp_path, "summarize", str(d)), "column dur_ns has type decimal")
+
+
+def test_other_tools_extra_columns_are_kept_or_skipped(tmp_path: Path, good: Path) -> None:
+    import pyarrow as pa
+
+    from profiler.dataset import read_dataset
+
+    d = _copy(good, tmp_path)
+    f = _rewrite_parquet(d, lambda t: t.append_column(
+        "huge", pa.array([10**30] * len(t), pa.decimal128(38, 0))).append_column(
+        "note", pa.array(["x"] * len(t))).append_column(
+        "nested", pa.array([{"a": 1}] * len(t))))
+    df = read_dataset([f])
+    assert "note" in df.columns and "huge" not in df.columns and "nested" not in df.columns
+    ref = cli(tmp_path, "summarize", str(good), "--format", "csv")
+    for engine in ("pandas", "duckdb"):
+        p = cli(tmp_path, "summarize", str(d), "--format", "csv", "--engine", engine)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout == ref.stdout
+
+
+@pytest.mark.parametrize("flags", [0xFFFF, 0x8])
+def test_device_flag_on_a_host_record_is_summarized(tmp_path: Path, flags: int) -> None:
+    # a record flagged as a device interval (bit 3) in a directory of raw files:
+    # summarize must load what device-time matching needs (comm, seq)
+    w = rawgen.simple_rank(0, 1, n=10)
+    for recs in w.per_track.values():
+        for a in recs:
+            a["flags"][0] = flags
+    d = tmp_path / "prof"
+    w.write(d / "raw" / "rank-00000.hvprof")
+    for fmt in ("table", "csv"):
+        p = cli(tmp_path, "summarize", str(d), "--format", fmt)
+        assert p.returncode == 0, p.stderr
+    assert "allreduce,2 KiB-4 KiB,9," in p.stdout  # the device-flagged row is not a call

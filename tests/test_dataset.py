@@ -13,7 +13,7 @@ import rawgen
 
 from profiler import _format as F
 from profiler import dataset as D
-from profiler.errors import NotFoundError
+from profiler.errors import CorruptError, NotFoundError
 from profiler.raw import read_raw
 
 
@@ -227,3 +227,22 @@ def test_read_dataset_many_files_rank_filter(tmp_path: Path) -> None:
 def test_empty_frame_schema() -> None:
     df = D.empty_frame()
     assert list(df.columns) == D.COLUMNS and len(df) == 0
+
+
+def test_schema_kinds_match_what_the_converter_writes(tmp_path: Path) -> None:
+    # the column kinds every reader checks (ROW_KINDS) against the writer's frame and file
+    import pyarrow.parquet as pq
+
+    raw = rawgen.simple_rank(0, 1, n=5).write(tmp_path / "raw" / "rank-00000.hvprof")
+    df = D.raw_to_frame(read_raw(raw))
+    kind_of = {"i": "int", "u": "int", "b": "bool", "f": "float"}
+    for c in D.COLUMNS:
+        dt = df[c].dtype
+        got = "str" if isinstance(dt, pd.CategoricalDtype) else kind_of[dt.kind]
+        assert D.ROW_KINDS[c] == got, c
+    schema = pq.read_schema(D.convert_raw(raw).parquet)
+    assert D.schema_columns(schema) == D.COLUMNS
+    with pytest.raises(CorruptError, match="no t_start_ns column"):
+        D.schema_columns(schema.remove(schema.get_field_index("t_start_ns")))
+    with pytest.raises(CorruptError, match="appears twice"):
+        D.schema_columns(schema.append(schema.field("rank")))

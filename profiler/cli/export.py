@@ -141,7 +141,7 @@ def export_window(path: str | os.PathLike[str], out: str | os.PathLike[str], *,
     try:
         dataset = pads.dataset([str(f) for f in files], format="parquet")
         n = int(dataset.count_rows(filter=flt.expression(dataset.schema.names)))
-    except (pa.ArrowInvalid, OSError) as exc:
+    except (pa.ArrowException, OSError, ValueError) as exc:
         raise CorruptError(src, f"unreadable parquet dataset: {exc}") from None
     if limit and n > limit:
         raise UsageError(src, f"the window holds {n} calls, over the limit of {limit}: narrow "

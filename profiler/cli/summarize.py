@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_BY = "op,bucket"
+# comm and seq: a device row (NCCL) times its host call through (rank, comm, seq, op)
 _BASE_COLUMNS = ["rank", "backend", "op", "bytes", "dur_ns", "comm_size", "kind", "device",
-                 "t_start_ns", "t_end_ns"]
+                 "t_start_ns", "t_end_ns", "comm", "seq"]
 _KEY_COLUMNS = {"thread": ["thread_kind"], "comm": ["comm", "comm_name"], "track": ["track"],
                 "dtype": ["dtype"], "step": ["step"]}
 
@@ -248,7 +249,7 @@ def _gather(path: str, meta: dict[str, Any] | None, by: list[str],
         columns = list(_BASE_COLUMNS)
         for k in by:
             columns += _KEY_COLUMNS.get(k, [])
-        df = load(path, columns=columns, steps=steps, ops=ops)
+        df = load(path, columns=list(dict.fromkeys(columns)), steps=steps, ops=ops)
         fn = summarize
     if ranks_arg:
         _check_ranks(path, ranks_arg, np.unique(df["rank"].to_numpy()).tolist())
@@ -316,15 +317,30 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         import orjson
 
-        rows = calls.table(by).to_dict(orient="records")
+        rows = _printable(calls.table(by)).to_dict(orient="records")
         sys.stdout.buffer.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2
                                              | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
         return 0
     if args.format == "csv":
-        calls.table(by).to_csv(sys.stdout, index=False)
+        _printable(calls.table(by)).to_csv(sys.stdout, index=False)
         return 0
     _print_table(args.trace, meta, calls, by)
     return 0
+
+
+def _printable(df: Any) -> Any:
+    """The table with every name's control characters spelled \\xNN: the pandas path
+    gets names escaped when they are read (dataset.table_to_frame), the DuckDB path
+    straight from the files, which another tool may have written."""
+    import pandas as pd
+
+    from profiler.raw import printable
+
+    out = df.copy()
+    for c in out.columns:
+        if not (pd.api.types.is_numeric_dtype(out[c]) or pd.api.types.is_bool_dtype(out[c])):
+            out[c] = out[c].map(lambda v: printable(v) if isinstance(v, str) else v)
+    return out
 
 
 def _meta(path: str) -> dict[str, Any] | None:
@@ -361,8 +377,10 @@ def _fmt_bw(v: float) -> str:
 def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[str]) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from profiler.analysis._frame import fmt_bytes
+    from profiler.raw import printable
 
     # A pipe or a file gets the full table, not an 80-column squeeze.
     console = Console(highlight=False, soft_wrap=False,
@@ -374,7 +392,7 @@ def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[
         has_control = "control" in kinds
         if has_control:
             data_kinds = [k for k in kinds if k != "control"]
-    table_df = calls.table(by, data_kinds)
+    table_df = _printable(calls.table(by, data_kinds))
 
     n_ranks = len(calls.ranks())
     world = (meta or {}).get("world_size", n_ranks)
@@ -383,7 +401,7 @@ def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[
         title += " - data traffic"
     if calls.aggregated:
         title += " (summary mode)"
-    t = Table(title=title, title_justify="left")
+    t = Table(title=Text(printable(title)), title_justify="left")
     for k in by:
         t.add_column(k, justify="right" if k in ("bytes", "rank", "track", "step") else "left",
                      no_wrap=True)
@@ -412,7 +430,7 @@ def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[
                   _fmt_us(r["mean_us"]), _fmt_us(r["p50_us"]), _fmt_us(r["p95_us"]),
                   _fmt_us(r["p99_us"]), _fmt_us(r["max_us"]), _fmt_bw(r["algbw_gbps"]),
                   _fmt_bw(r["busbw_gbps"]), f"{100 * r['time_share']:.1f}%"]
-        t.add_row(*cells)
+        t.add_row(*(Text(c) for c in cells))  # names are text, never rich markup
     console.print(t)
     if irregular:
         console.print("* sizes that are not powers of two")
