@@ -59,6 +59,9 @@ static struct {
     int open;                 /* raw file open (for this process, not a child) */
     int broken;               /* chunk allocation failed: drop from now on */
     int python;               /* a Python runtime is attached (atexit merges) */
+    int write_errno;          /* why records were first dropped (0: never) */
+    int quiet;                /* MPI ranks: rank 0 reports for the job (mpi.c) */
+    char open_error[768];     /* why the last hvprof_open failed ("" if it did not) */
     pid_t pid;
     uint32_t chunk_bytes;
     uint64_t first_chunk_offset;
@@ -432,6 +435,28 @@ static size_t meta_region_bytes(void)
            (size_t)64 * HVPROF_TRACK_TABLE_CAPACITY;
 }
 
+/* hvprof_open's way out when the file cannot be made (g.lock held): keep the
+ * reason (hvprof_open_error); an MPI job reports for every rank at once (mpi.c:
+ * rank 0, one line); otherwise (NCCL-only jobs) rank 0 says it for itself, the
+ * others stay quiet (their ranks show as missing in the merge).  Clears the
+ * paths, releases the lock. */
+__attribute__((format(printf, 2, 3))) static int open_failed(int rank, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g.open_error, sizeof g.open_error, fmt, ap);
+    va_end(ap);
+    if (!g.quiet && rank == 0) hvprof_warn("%s: profiling is off for rank 0", g.open_error);
+    g.dir[0] = 0;
+    g.raw_path[0] = 0;
+    pthread_mutex_unlock(&g.lock);
+    return -1;
+}
+
+const char *hvprof_open_error(void) { return g.open_error; }
+int hvprof_write_errno(void) { return g.write_errno; }
+void hvprof_set_quiet(int on) { g.quiet = on; }
+
 int hvprof_open(int rank, int world_size, int local_rank, const char *dir)
 {
     pthread_mutex_lock(&g.lock);
@@ -457,35 +482,26 @@ int hvprof_open(int rank, int world_size, int local_rank, const char *dir)
     }
     char rawdir[1100];
     snprintf(rawdir, sizeof rawdir, "%s/raw", g.dir);
+    g.open_error[0] = 0;
     mode_t old = umask(022);
     if (mkdir_p(rawdir, 0755) != 0) {
         umask(old);
-        hvprof_warn("cannot create %s (%s): profiling is off for rank %d", rawdir,
-                    strerror(errno), rank);
-        g.dir[0] = 0;
-        pthread_mutex_unlock(&g.lock);
-        return -1;
+        return open_failed(rank, "cannot create %s (%s)", rawdir, strerror(errno));
     }
     snprintf(g.raw_path, sizeof g.raw_path, "%s/rank-%05d.hvprof", rawdir, rank);
     int fd = open(g.raw_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     umask(old);
     size_t meta = meta_region_bytes();
-    if (fd < 0 || posix_fallocate(fd, 0, (off_t)meta) != 0) {
-        hvprof_warn("cannot write %s (%s): profiling is off for rank %d", g.raw_path,
-                    strerror(errno), rank);
+    int ferr = fd < 0 ? errno : posix_fallocate(fd, 0, (off_t)meta); /* returns the error */
+    if (ferr != 0) {
         if (fd >= 0) close(fd);
-        g.dir[0] = 0;
-        g.raw_path[0] = 0;
-        pthread_mutex_unlock(&g.lock);
-        return -1;
+        return open_failed(rank, "cannot write %s (%s)", g.raw_path, strerror(ferr));
     }
     void *m = mmap(NULL, meta, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) {
-        hvprof_warn("cannot map %s (%s): profiling is off", g.raw_path, strerror(errno));
+        int e = errno;
         close(fd);
-        g.dir[0] = 0;
-        pthread_mutex_unlock(&g.lock);
-        return -1;
+        return open_failed(rank, "cannot map %s (%s)", g.raw_path, strerror(e));
     }
     hvprof_file_header *h = (hvprof_file_header *)m;
     memset(h, 0, HVPROF_HEADER_BYTES);
@@ -528,6 +544,7 @@ int hvprof_open(int rank, int world_size, int local_rank, const char *dir)
     g.chunk_bytes = chunk;
     g.first_chunk_offset = meta;
     g.broken = 0;
+    g.write_errno = 0;
     g.pid = getpid();
     g.open = 1;
     memset(comm_keys, 0, sizeof comm_keys);
@@ -615,6 +632,26 @@ static int free_put(hvprof_chunk_header *ch)
     return -1;
 }
 
+/* pwrite every byte: a short write (the disk filled, RLIMIT_FSIZE reached)
+ * is retried for the rest, which then fails with the real reason (ENOSPC,
+ * EFBIG, EIO...).  Returns 0 or that errno. */
+static int pwrite_all(const void *buf, size_t len, off_t off)
+{
+    const char *p = (const char *)buf;
+    while (len > 0) {
+        ssize_t w = pwrite(g.fd, p, len, off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return errno ? errno : EIO;
+        }
+        if (w == 0) return ENOSPC; /* no progress and no reason given */
+        p += w;
+        len -= (size_t)w;
+        off += w;
+    }
+    return 0;
+}
+
 /* Write what is new in one buffer to its chunk of the file: the records,
  * then the chunk header with the new count, so the file is consistent at
  * every moment.  Called by the helper, or by the owner without a helper. */
@@ -633,15 +670,18 @@ static void buffer_flush(hvprof_chunk_header *ch)
     size_t len = (size_t)(n - done) * HVPROF_RECORD_BYTES;
     off_t off = base + (off_t)HVPROF_RECORD_BYTES * (off_t)(done + 1);
     hvprof_chunk_header h = {HVPROF_CHUNK_MAGIC, ch->track, n, ch->index, {0}};
-    ssize_t w = pwrite(g.fd, recs + done * HVPROF_RECORD_BYTES, len, off);
-    if (w == (ssize_t)len) w = pwrite(g.fd, &h, sizeof h, base) == (ssize_t)sizeof h ? w : -1;
-    if (w != (ssize_t)len) {
-        int err = w < 0 ? errno : ENOSPC;
+    int err = pwrite_all(recs + done * HVPROF_RECORD_BYTES, len, off);
+    if (!err) err = pwrite_all(&h, sizeof h, base);
+    if (err) {
         g.broken = 1;
+        g.write_errno = err;
         __atomic_or_fetch(&g.hdr->state, HVPROF_STATE_TRUNCATED, __ATOMIC_RELAXED);
         __atomic_fetch_add(&g.hdr->dropped_records, n - done, __ATOMIC_RELAXED);
-        hvprof_warn("rank %d: cannot write %s (%s): further records are dropped and counted",
-                    g.hdr->rank, g.raw_path, strerror(err));
+        /* Said once, at once, by rank 0 (or by a process on its own); MPI_Finalize
+         * then says what the whole job lost. */
+        if (!g.quiet || g.hdr->rank == 0)
+            hvprof_warn("rank %d: cannot write %s (%s): further records are dropped and "
+                        "counted", g.hdr->rank, g.raw_path, strerror(err));
     }
     FLUSHED(ch) = n;
 }
@@ -854,11 +894,32 @@ static _Atomic uintptr_t agg_tables[HVPROF_TRACK_TABLE_CAPACITY];
 static _Atomic uint64_t agg_overflow;
 static int64_t window_start_ns = -1, window_end_ns = -1; /* CLOCK_MONOTONIC */
 
-static void set_sampling(int on)
+/* Recording is on when every switch says so: the application's
+ * (profiler.sampling()/paused() and HOROVOD_PROFILE_SAMPLE_STEPS, combined in
+ * Python, hvprof_set_sampling) and the time window (HOROVOD_PROFILE_WINDOW,
+ * switched by the helper thread).  Neither overrides the other. */
+static pthread_mutex_t sampling_lock = PTHREAD_MUTEX_INITIALIZER;
+static int sampling_app = 1, sampling_window = 1;
+
+static void sampling_apply(void) /* sampling_lock held */
 {
     if (!g.hdr) return;
+    int on = sampling_app && sampling_window;
     g.hdr->sampling = on ? 1u : 0u;
     atomic_store(&hvprof_divert, g.hdr->mode == HVPROF_MODE_SUMMARY || !on);
+}
+
+static void set_sampling(int on)
+{
+    pthread_mutex_lock(&sampling_lock);
+    sampling_app = on ? 1 : 0;
+    sampling_apply();
+    pthread_mutex_unlock(&sampling_lock);
+}
+
+static int window_on(int64_t now)
+{
+    return now >= window_start_ns && (window_end_ns < 0 || now < window_end_ns);
 }
 
 /* HOROVOD_PROFILE_WINDOW="A:B": record from A to B seconds after the file
@@ -866,22 +927,31 @@ static void set_sampling(int on)
 static void window_init(void)
 {
     const char *w = getenv("HOROVOD_PROFILE_WINDOW");
+    pthread_mutex_lock(&sampling_lock);
     window_start_ns = window_end_ns = -1;
-    if (!w || !*w) return;
-    char *end = NULL;
-    double a = strtod(w, &end), b = -1;
-    if (end && *end == ':' && end[1]) b = strtod(end + 1, NULL);
-    int64_t t0 = g.hdr->cal0_mono_ns;
-    window_start_ns = t0 + (int64_t)(a * 1e9);
-    window_end_ns = b >= 0 ? t0 + (int64_t)(b * 1e9) : -1;
-    g.hdr->sampling = a <= 0 ? 1u : 0u;
+    sampling_app = sampling_window = 1;
+    if (w && *w) {
+        char *end = NULL;
+        double a = strtod(w, &end), b = -1;
+        if (end && *end == ':' && end[1]) b = strtod(end + 1, NULL);
+        int64_t t0 = g.hdr->cal0_mono_ns;
+        window_start_ns = t0 + (int64_t)(a * 1e9);
+        window_end_ns = b >= 0 ? t0 + (int64_t)(b * 1e9) : -1;
+        sampling_window = window_on(t0);
+    }
+    sampling_apply();
+    pthread_mutex_unlock(&sampling_lock);
 }
 
 static void window_tick(int64_t now)
 {
     if (window_start_ns < 0 || !g.hdr) return;
-    int on = now >= window_start_ns && (window_end_ns < 0 || now < window_end_ns);
-    if ((uint32_t)on != g.hdr->sampling) set_sampling(on);
+    int on = window_on(now);
+    if (on == sampling_window) return; /* only the helper writes it after init */
+    pthread_mutex_lock(&sampling_lock);
+    sampling_window = on;
+    sampling_apply();
+    pthread_mutex_unlock(&sampling_lock);
 }
 
 void hvprof_divert_call(uint16_t op, uint32_t comm, uint64_t bytes, uint8_t dtype, uint8_t redop,
@@ -1056,6 +1126,7 @@ static void atfork_child(void)
     g.dir[0] = 0;
     g.raw_path[0] = 0;
     pthread_mutex_init(&g.lock, NULL);
+    pthread_mutex_init(&sampling_lock, NULL); /* the helper may have held it */
 }
 
 __attribute__((constructor)) static void hvprof_ctor(void)

@@ -124,6 +124,13 @@ HVPROF_HIDDEN int hvprof_open(int rank, int world_size, int local_rank, const ch
 /* Flush calibration, mark FINALIZED, stop recording. Idempotent. */
 HVPROF_HIDDEN void hvprof_close(uint32_t state_bits);
 HVPROF_HIDDEN hvprof_file_header *hvprof_header(void);
+/* Why the last hvprof_open failed ("" when it did not). */
+HVPROF_HIDDEN const char *hvprof_open_error(void);
+/* The errno of the first failed write of records (0: none failed). */
+HVPROF_HIDDEN int hvprof_write_errno(void);
+/* quiet: failures are reported for the whole job by rank 0 (MPI jobs);
+ * otherwise each process says its own. */
+HVPROF_HIDDEN void hvprof_set_quiet(int on);
 
 /* Exported to Python (see docs/ARCHITECTURE.md section 6), used here too. */
 HVPROF_EXPORT const char *hvprof_dir(void);

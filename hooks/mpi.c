@@ -794,6 +794,31 @@ static int estimate_offsets(int rank, int64_t *offset, int64_t *err)
     return hosts;
 }
 
+/* One line for the job when ranks could not open their raw files: rank 0
+ * prints the first failing rank's reason and how many ranks record nothing. */
+static void report_open_failures(int rank, int size, int ok)
+{
+    int mine = ok ? INT_MAX : rank, first = INT_MAX, bad = ok ? 0 : 1, nbad = 0;
+    PMPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, prof_comm);
+    if (first == INT_MAX) return; /* every rank has its file */
+    PMPI_Reduce(&bad, &nbad, 1, MPI_INT, MPI_SUM, 0, prof_comm);
+    char why[768];
+    snprintf(why, sizeof why, "%s", ok ? "" : hvprof_open_error());
+    enum { TAG = 0x4856 };
+    if (first != 0 && rank == first) PMPI_Send(why, (int)sizeof why, MPI_CHAR, 0, TAG, prof_comm);
+    if (first != 0 && rank == 0)
+        PMPI_Recv(why, (int)sizeof why, MPI_CHAR, first, TAG, prof_comm, MPI_STATUS_IGNORE);
+    if (rank != 0) return;
+    why[sizeof why - 1] = 0;
+    if (nbad == size && size > 1)
+        hvprof_warn("%s: profiling is off for every rank (%d)", why, size);
+    else if (nbad == 1)
+        hvprof_warn("%s: profiling is off for rank %d", why, first);
+    else
+        hvprof_warn("%s: profiling is off for %d of %d ranks (the first: rank %d)", why, nbad,
+                    size, first);
+}
+
 static void mpi_started(uint64_t t0, int provided)
 {
     if (!profiling_wanted()) return;
@@ -823,7 +848,9 @@ static void mpi_started(uint64_t t0, int provided)
     }
     PMPI_Bcast(&job, (int)sizeof job, MPI_BYTE, 0, prof_comm);
 
+    hvprof_set_quiet(1); /* rank 0 reports failures for the job, once */
     int ok = hvprof_open(rank, size, -1, job.dir) == 0;
+    report_open_failures(rank, size, ok);
     /* Every rank must take part in the offset exchange, even one whose file
      * could not be opened, or rank 0 would wait for it. */
     int64_t offset = 0, err = 0;
@@ -887,28 +914,45 @@ HVPROF_EXPORT int MPI_Init_thread(int *argc, char ***argv, int required, int *pr
 
 HVPROF_EXPORT int MPI_Finalize(void)
 {
-    hvprof_file_header *h = hvprof_header();
-    if (h && ACTIVE() && prof_comm != MPI_COMM_NULL) {
-        uint64_t t0 = hvprof_ticks();
-        /* Requests never completed: record them as such. */
-        if (ANY_PENDING())
-            for (uint32_t i = 0; i < PENDING_SLOTS; i++) {
-                uint64_t k = atomic_load(&pending[i].req);
-                if (k > 2) pending_done(k, t0, HVPROF_FLAG_NO_COMPLETION);
-            }
-        emit(HVPROF_OP_MPI_FINALIZE, t0, hvprof_ticks(), MPI_COMM_WORLD, MPI_DATATYPE_NULL, 0, 0,
-             MPI_OP_NULL, -1, MPI_SUCCESS, 0);
-        h->finalize_ticks = (int64_t)t0;
+    /* Every rank has prof_comm (duplicated at MPI_Init), whether or not its
+     * file opened or recording is paused now: each takes part in the
+     * reductions below, or rank 0 would wait for ever. */
+    if (prof_comm != MPI_COMM_NULL) {
+        hvprof_file_header *h = hvprof_header();
+        if (h && ACTIVE()) {
+            uint64_t t0 = hvprof_ticks();
+            /* Requests never completed: record them as such. */
+            if (ANY_PENDING())
+                for (uint32_t i = 0; i < PENDING_SLOTS; i++) {
+                    uint64_t k = atomic_load(&pending[i].req);
+                    if (k > 2) pending_done(k, t0, HVPROF_FLAG_NO_COMPLETION);
+                }
+            emit(HVPROF_OP_MPI_FINALIZE, t0, hvprof_ticks(), MPI_COMM_WORLD, MPI_DATATYPE_NULL,
+                 0, 0, MPI_OP_NULL, -1, MPI_SUCCESS, 0);
+            h->finalize_ticks = (int64_t)t0;
+        }
         /* Drain first (the last flush may drop), then rank 0 says once what
          * the job lost, if anything. */
-        hvprof_close(HVPROF_STATE_FINALIZED);
-        unsigned long long dropped = h->dropped_records, total = 0;
-        PMPI_Reduce(&dropped, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, prof_comm);
-        if (h->rank == 0) {
-            if (total)
-                hvprof_warn("%llu records were dropped (disk full or unwritable); see %s", total,
-                            hvprof_dir());
-            if (!hvprof_python_attached())
+        if (h) hvprof_close(HVPROF_STATE_FINALIZED);
+        int me = 0, size = 1;
+        PMPI_Comm_rank(prof_comm, &me);
+        PMPI_Comm_size(prof_comm, &size);
+        int err = hvprof_write_errno(), worst = 0;
+        unsigned long long mine[2] = {h ? (unsigned long long)h->dropped_records : 0ull,
+                                      err ? 1ull : 0ull};
+        unsigned long long all[2] = {0, 0};
+        PMPI_Reduce(mine, all, 2, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, prof_comm);
+        PMPI_Reduce(&err, &worst, 1, MPI_INT, MPI_MAX, 0, prof_comm);
+        if (me == 0) {
+            if (all[0] && all[1])
+                hvprof_warn("%llu records were dropped: %llu of %d rank(s) could not write "
+                            "(%s); see %s", all[0], all[1], size, strerror(worst),
+                            h ? hvprof_dir() : "the profile directory");
+            else if (all[0])
+                hvprof_warn("%llu records were dropped: no buffer space (the writer could "
+                            "not keep up, or too many requests in flight); see %s", all[0],
+                            h ? hvprof_dir() : "the profile directory");
+            if (h && !hvprof_python_attached())
                 hvprof_warn("raw records in %s/raw; build the trace with: profiler merge %s",
                             hvprof_dir(), hvprof_dir());
         }

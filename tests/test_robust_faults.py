@@ -212,18 +212,43 @@ def test_unwritable_directory(script: Path, reference: dict, tmp_path: Path, how
         assert p.returncode == reference["rc"]
         assert results(out) == reference["results"]
         assert "Traceback" not in p.stderr
+        # one line for the job, from rank 0: the reason and how many ranks lost
         lines = ours(p.stderr)
-        rank0 = [x for x in lines if "profiling is off for rank 0" in x]
-        assert len(rank0) == 1, p.stderr
-        assert "cannot create" in rank0[0] and str(prof) in rank0[0]
-        assert len(lines) <= 2, lines  # at most one line per rank, nothing at exit
+        assert len(lines) == 1, p.stderr
+        assert lines[0].startswith(f"horovod-profiler: cannot create {prof}/raw (")
+        assert lines[0].endswith("): profiling is off for every rank (2)"), lines[0]
         assert not prof.exists()
+
+
+@pytest.mark.parametrize("bad_rank", [1, 0])
+def test_one_rank_cannot_open_its_file(script: Path, reference: dict, tmp_path: Path,
+                                       bad_rank: int) -> None:
+    """The directory is fine but one rank's raw file cannot be created (a directory
+    stands in its place): the job neither hangs (the ranks that record and the one
+    that does not meet in the same collectives at MPI_Init and MPI_Finalize) nor
+    changes; rank 0 names the rank once; the other rank records every call."""
+    prof = tmp_path / "prof"
+    blocker = prof / "raw" / f"rank-{bad_rank:05d}.hvprof"
+    blocker.mkdir(parents=True)
+    out = tmp_path / "out"
+    p = job(script, "work", N_WORK, out, prof=prof, extra={"EXIT_CODE": "3"})
+    assert p.returncode == reference["rc"], p.stderr
+    assert results(out) == reference["results"]
+    assert "Traceback" not in p.stderr
+    lines = ours(p.stderr)
+    said = [x for x in lines if "profiling is off" in x]
+    assert said == [f"horovod-profiler: cannot write {blocker} (Is a directory): profiling is "
+                    f"off for rank {bad_rank}"], p.stderr
+    good = 1 - bad_rank
+    raw = read_raw(prof / "raw" / f"rank-{good:05d}.hvprof")
+    assert len(raw.records) == N_WORK + 2 and raw.header["dropped_records"] == 0
+    assert blocker.is_dir() and not any(blocker.iterdir())  # nothing written into it
 
 
 # ---------------------------------------------------------------------------
 # the disk fills mid-run
 # ---------------------------------------------------------------------------
-def check_drops(prof: Path, stderr: str) -> dict[int, int]:
+def check_drops(prof: Path, stderr: str, reason: str) -> dict[int, int]:
     """Every call is recorded or counted as dropped, exactly; rank 0 said so once."""
     dropped = {}
     for r in (0, 1):
@@ -237,10 +262,19 @@ def check_drops(prof: Path, stderr: str) -> dict[int, int]:
         dropped[r] = h["dropped_records"]
     said = [x for x in ours(stderr) if "records were dropped" in x]
     assert len(said) == 1, stderr
-    n = int(re.search(r"(\d+) records were dropped", said[0]).group(1))  # type: ignore[union-attr]
+    m = re.search(r"(\d+) records were dropped: 2 of 2 rank\(s\) could not write \((.*)\); "
+                  r"see ", said[0])
+    assert m is not None, said[0]
+    n = int(m.group(1))
     total = sum(dropped.values())
     # counted at MPI_Finalize: each rank's finalize record may still be in flight
     assert total - 2 <= n <= total, (n, total)
+    assert m.group(2) == reason, said[0]  # the real errno, not a guess
+    # the moment it happens only rank 0 says so: one line, not one per rank
+    at_once = [x for x in ours(stderr) if "further records are dropped" in x]
+    assert len(at_once) == 1 and at_once[0].startswith("horovod-profiler: rank 0: cannot "
+                                                       f"write {prof}/raw/rank-00000.hvprof "
+                                                       f"({reason})"), stderr
     return dropped
 
 
@@ -268,7 +302,7 @@ def test_disk_full_tmpfs(script: Path, reference: dict, tmp_path: Path) -> None:
         assert p.returncode == reference["rc"]
         assert results(out) == reference["results"]
         assert "Traceback" not in p.stderr
-        dropped = check_drops(prof, p.stderr)
+        dropped = check_drops(prof, p.stderr, "No space left on device")
         # nothing fits for the dataset: rank 0 alone says what is kept, at once
         kept = [x for x in ours(p.stderr) if "raw files are kept" in x]
         assert len(kept) == 1 and "No space left on device" in kept[0], p.stderr
@@ -289,7 +323,7 @@ def test_disk_full_fsize_limit(script: Path, reference: dict, tmp_path: Path) ->
     assert p.returncode == reference["rc"], p.stderr
     assert results(out) == reference["results"]
     assert "Traceback" not in p.stderr
-    dropped = check_drops(prof, p.stderr)
+    dropped = check_drops(prof, p.stderr, "File too large")
     line = [x for x in ours(p.stderr) if "trace written to" in x]
     assert len(line) == 1 and f"{sum(dropped.values())} records dropped" in line[0], p.stderr
     merge_reports_drops(prof, dropped, converts=False)

@@ -11,9 +11,11 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from conftest import base_env, mpirun, requires_mpi
 
+from profiler import dataset as D
 from profiler.raw import read_header
 
 pytestmark = [requires_mpi, pytest.mark.mpi]
@@ -122,7 +124,10 @@ def test_summary_mode_aggregates_only_sampled_calls(job: dict) -> None:
     for rank in (0, 1):
         h = read_header(prof / "raw" / f"rank-{rank:05d}.hvprof")
         assert h["unsampled_calls"] == unsampled_expected()
-        agg = pd.read_parquet(prof / "ranks" / f"rank-{rank:05d}.agg.parquet")
+        agg_file = prof / "ranks" / f"rank-{rank:05d}.agg.parquet"
+        agg = pd.read_parquet(agg_file)
+        # the aggregate schema every reader checks (dataset.AGG_KINDS) is the one written
+        assert D.schema_columns(pq.read_schema(agg_file), aggregates=True) == D.AGG_COLUMNS
         calls = agg.groupby("op", observed=True)["calls"].sum().to_dict()
         n_sampled_steps = sum(1 for k in range(STEPS) if k % EVERY == 0)
         assert calls["allreduce"] == 10 + n_sampled_steps
@@ -154,3 +159,48 @@ def test_api_is_a_no_op_without_profiling(tmp_path: Path) -> None:
                            capture_output=True, text=True, timeout=60)
         assert (p.returncode, p.stdout, p.stderr) == (0, "ok\n", "")
     assert list(tmp_path.iterdir()) == []
+
+
+WINDOW_JOB = r"""
+import sys, time
+import numpy as np
+from mpi4py import MPI
+import profiler
+
+c = MPI.COMM_WORLD
+a = np.ones(4); b = np.empty(4)
+t0 = time.monotonic()
+for i in range(5): c.Allreduce(a, b)          # in the window (when it is open)
+with profiler.paused():                       # the application pauses: the window,
+    for i in range(4): c.Bcast(a)             # open, must not switch it back on
+    time.sleep(0.1)                           # (the helper checks every 2 ms)
+    for i in range(4): c.Bcast(a)
+profiler.sampling(True)
+time.sleep(max(0.0, float(sys.argv[1]) - (time.monotonic() - t0)))
+for i in range(6): c.Barrier()                # after the window closed (if it does)
+"""
+
+
+@pytest.mark.parametrize("window, recorded", [
+    ("0:", {"allreduce": 5, "barrier": 6, "bcast": 0}),
+    ("0:1.5", {"allreduce": 5, "barrier": 0, "bcast": 0}),
+    ("3600:", {"allreduce": 0, "barrier": 0, "bcast": 0}),
+])
+def test_time_window_and_the_application_switch_combine(tmp_path: Path, window: str,
+                                                        recorded: dict[str, int]) -> None:
+    """HOROVOD_PROFILE_WINDOW and profiler.sampling()/paused() are both switches: a
+    call is recorded when neither pauses it (neither overrides the other)."""
+    script = tmp_path / "job.py"
+    script.write_text(WINDOW_JOB)
+    prof = tmp_path / "prof"
+    p = mpirun(1, [sys.executable, str(script), "2.5"], cwd=tmp_path,
+               env={"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof),
+                    "HOROVOD_PROFILE_WINDOW": window})
+    assert p.returncode == 0, p.stderr
+    df = pd.read_parquet(prof / "ranks" / "rank-00000.parquet")
+    got = {op: int((df["op"] == op).sum()) for op in recorded}
+    assert got == recorded
+    h = read_header(prof / "raw" / "rank-00000.hvprof")
+    # every MPI call is recorded or counted as unsampled (init and finalize included)
+    mpi = int((df["backend"] == "mpi").sum())
+    assert mpi + h["unsampled_calls"] == 2 + 5 + 8 + 6, (mpi, h["unsampled_calls"])
