@@ -267,7 +267,11 @@ def test_summary_mode_counts_exact(runs: dict, script: Path, tmp_path: Path) -> 
         for op, nbytes, calls in zip(mine["op"].astype(str), mine["bytes"], mine["calls"]):
             got[(op, int(nbytes))] += int(calls)
         assert got == expected(2, r), r
-        assert (mine["total_ns"] >= mine["max_ns"]).all() and (mine["min_ns"] > 0).all()
+        assert (mine["total_ns"] >= mine["max_ns"]).all() and (mine["min_ns"] >= 0).all()
+        # finalize is a marker taken just before PMPI_Finalize: two clock reads apart,
+        # which can round to 0 ns; every collective takes time
+        calls_only = mine[mine["op"].astype(str) != "finalize"]
+        assert (calls_only["min_ns"] > 0).all(), calls_only
         assert [sum(h) for h in mine["hist"]] == mine["calls"].tolist()
     rows = orjson.loads(profiler_cli("summarize", str(prof), "--format", "json", "--by",
                                      "rank,op,bytes", cwd=tmp_path).stdout)
