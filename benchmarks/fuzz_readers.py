@@ -33,7 +33,8 @@ with a profiler.errors.ProfilerError; anything else (another exception, a
 case over --case-timeout seconds, memory over --max-rss-mb) is a finding.
 A sample of cases also goes through the CLI entry point in-process
 (profiler.cli.main): exit status 0, or 2 with exactly one line
-`profiler: error: ...` on stderr; never an escaping exception.
+`profiler: error: ...` on stderr; never an escaping exception, never a
+control character on stdout or stderr (names and paths come from the file).
 """
 
 from __future__ import annotations
@@ -646,6 +647,9 @@ def _cli(argv: list[str], timeout: float) -> tuple[str, str]:
     if exc is not None:
         return "bug", f"exception escaped main: {type(exc).__name__}: {exc}"[:300]
     errors = [x for x in lines if x.startswith("profiler: error: ")]
+    said = out.getvalue() + err.getvalue()
+    if any(ord(ch) < 0x20 and ch not in "\n\t" or 0x7F <= ord(ch) < 0xA0 for ch in said):
+        return "bug", f"a control character reached the terminal: {said[-200:]!r}"
     if rc == 2 and len(errors) == 1 and "Traceback" not in err.getvalue():
         return "refused", errors[0]
     if rc == 0 and not errors:

@@ -21,18 +21,32 @@ else:  # pragma: no cover
     PathLike = Union[str, "os.PathLike[str]"]
 
 
+# C0 and C1 control characters and DEL -> a visible \xNN: names and paths come
+# from the application (MPI_Comm_set_name, thread names, the host name) or from
+# files written elsewhere, and reach terminals and HTML; an escape sequence in
+# one must never act there.
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+
+
+def printable(text: str) -> str:
+    """`text` with its control characters spelled \\xNN (idempotent)."""
+    return text.translate(_CONTROL)
+
+
 class ProfilerError(Exception):
     """Bad input for the profiler: a path and a one-line message."""
 
     def __init__(self, path: PathLike | None, message: str) -> None:
         self.path = os.fspath(path) if path is not None else None
-        # One line, always: newlines in a message would break the CLI convention.
-        self.message = " ".join(str(message).split())
+        # One line, always: newlines in a message would break the CLI convention,
+        # and control characters (from a path or a name in a file) would act on
+        # the terminal.
+        self.message = printable(" ".join(str(message).split()))
         super().__init__(self.line())
 
     def line(self) -> str:
         """`<path>: <message>`, or just the message when there is no path."""
-        return f"{self.path}: {self.message}" if self.path else self.message
+        return f"{printable(self.path)}: {self.message}" if self.path else self.message
 
 
 class NotFoundError(ProfilerError):

@@ -32,6 +32,7 @@ from profiler.errors import (
     NotFoundError,
     TruncatedError,
     VersionError,
+    printable,
 )
 
 _MAX_CHUNK_BYTES = 1 << 34
@@ -64,17 +65,6 @@ class RawFile:
     def complete(self) -> bool:
         """True when the writer reached MPI_Finalize or exited cleanly."""
         return bool(self.state & (F.STATE_FINALIZED | F.STATE_CLOSED))
-
-
-# C0 and C1 control characters and DEL -> a visible \xNN: names come from the
-# application (MPI_Comm_set_name, thread names, the host name) and reach
-# terminals and HTML; an escape sequence in one must never act there.
-_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
-
-
-def printable(text: str) -> str:
-    """`text` with its control characters spelled \\xNN (see _CONTROL)."""
-    return text.translate(_CONTROL)
 
 
 def _decode(value: bytes) -> str:

@@ -250,3 +250,21 @@ def test_device_flag_on_a_host_record_is_summarized(tmp_path: Path, flags: int) 
         p = cli(tmp_path, "summarize", str(d), "--format", fmt)
         assert p.returncode == 0, p.stderr
     assert "allreduce,2 KiB-4 KiB,9," in p.stdout  # the device-flagged row is not a call
+
+
+def test_paths_from_a_trace_reach_the_terminal_escaped(tmp_path: Path, good: Path) -> None:
+    d = _copy(good, tmp_path)
+    _edit_meta(d / "trace.json",
+               lambda m: m["dataset"].__setitem__("files", ["ranks/\x1b[2Jgone.parquet"]))
+    for engine in ("pandas", "duckdb"):
+        p = cli(tmp_path, "summarize", str(d / "trace.json"), "--engine", engine)
+        said = p.stdout + p.stderr
+        assert "\x1b" not in said and "Traceback" not in said, said
+        if engine == "duckdb":  # nothing to query: said in one line
+            assert_one_line_error(p, "no parquet dataset to query")
+            continue
+        # the events in trace.json, with one warning line naming the missing file
+        assert p.returncode == 0
+        warn = [x for x in p.stderr.splitlines() if x.startswith("profiler: warning: ")]
+        assert len(warn) == 1 and "parquet dataset missing" in warn[0], p.stderr
+        assert "\\x1b[2Jgone.parquet" in warn[0], p.stderr

@@ -67,7 +67,28 @@ def build_parser() -> Parser:
     return parser
 
 
+def warning_line(message: object) -> str:
+    from profiler.errors import printable
+
+    return f"profiler: warning: {printable(' '.join(str(message).split()))}"
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """Warnings from the library as one line each, `profiler: warning: ...`, never the
+    source line, never a control character from a name or a path in the file."""
+    print(warning_line(message), file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
         parser = build_parser()
