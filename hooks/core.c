@@ -1261,7 +1261,9 @@ HVPROF_EXPORT const char *hvprof_layout_json(void)
     FIELD(hvprof_file_header, hostname); FIELD(hvprof_file_header, mpi_version);
     FIELD(hvprof_file_header, job_t0_ns); FIELD(hvprof_file_header, mode);
     FIELD(hvprof_file_header, sampling); FIELD(hvprof_file_header, unsampled_calls);
-    FIELD(hvprof_file_header, aggregated_calls); FIELD(hvprof_file_header, reserved);
+    FIELD(hvprof_file_header, aggregated_calls); FIELD(hvprof_file_header, offset_at_ns);
+    FIELD(hvprof_file_header, offset_end_ns); FIELD(hvprof_file_header, offset_end_err_ns);
+    FIELD(hvprof_file_header, offset_end_at_ns); FIELD(hvprof_file_header, reserved);
     STRUCT_END();
     STRUCT_BEGIN(hvprof_agg_header, "agg_header");
     FIELD(hvprof_agg_header, magic); FIELD(hvprof_agg_header, version);

@@ -304,7 +304,15 @@ typedef struct hvprof_file_header {
                                            neither recorded nor lost         */
     uint64_t aggregated_calls;     /*  544 (live) calls folded into the
                                            summary-mode aggregates           */
-    char     reserved[HVPROF_HEADER_BYTES - 552]; /* 552 zero               */
+    int64_t  offset_at_ns;         /*  552 this rank's CLOCK_MONOTONIC when
+                                           offset_ns was measured (0: unknown)*/
+    int64_t  offset_end_ns;        /*  560 the offset measured again at
+                                           MPI_Finalize (several hosts): the
+                                           reader interpolates between them  */
+    int64_t  offset_end_err_ns;    /*  568 its error bound                   */
+    int64_t  offset_end_at_ns;     /*  576 this rank's CLOCK_MONOTONIC then
+                                           (0: not measured again)           */
+    char     reserved[HVPROF_HEADER_BYTES - 584]; /* 584 zero               */
 } hvprof_file_header;
 
 #define HVPROF_MODE_FULL    0u  /* one record per call                     */

@@ -730,8 +730,12 @@ static int profiling_wanted(void)
  * method, best of K round trips: offset = b - (a + c) / 2, |error| <=
  * (c - a) / 2 for the round trip with the smallest c - a), and each leader
  * passes its result to the ranks of its host.  Cost: O(hosts) round trips at
- * rank 0, not O(ranks). */
-static void ping_pong_leaders(MPI_Comm leaders, int64_t *offset, int64_t *err)
+ * rank 0, not O(ranks).  With several hosts it runs again at MPI_Finalize:
+ * the reader interpolates between the two measurements (clocks of different
+ * hosts drift apart by up to tens of microseconds per second under NTP). */
+typedef struct { int64_t offset, err, at; } clock_sync; /* at: this rank's clock */
+
+static void ping_pong_leaders(MPI_Comm leaders, clock_sync *out)
 {
     enum { K = 8, TAG = 7717 };
     int me = 0, n = 1;
@@ -739,7 +743,7 @@ static void ping_pong_leaders(MPI_Comm leaders, int64_t *offset, int64_t *err)
     PMPI_Comm_size(leaders, &n);
     if (me == 0) {
         for (int r = 1; r < n; r++) {
-            int64_t best_rtt = INT64_MAX, best_off = 0;
+            int64_t best_rtt = INT64_MAX, best_off = 0, best_b = 0;
             for (int k = 0; k < K; k++) {
                 int64_t a = hvprof_mono_ns(), b = 0;
                 PMPI_Send(&a, 1, MPI_INT64_T, r, TAG, leaders);
@@ -748,11 +752,13 @@ static void ping_pong_leaders(MPI_Comm leaders, int64_t *offset, int64_t *err)
                 if (c - a < best_rtt) {
                     best_rtt = c - a;
                     best_off = b - (a + c) / 2;
+                    best_b = b;
                 }
             }
-            int64_t res[2] = {best_off, best_rtt / 2};
-            PMPI_Send(res, 2, MPI_INT64_T, r, TAG, leaders);
+            int64_t res[3] = {best_off, best_rtt / 2, best_b};
+            PMPI_Send(res, 3, MPI_INT64_T, r, TAG, leaders);
         }
+        *out = (clock_sync){0, 0, hvprof_mono_ns()};
     } else {
         for (int k = 0; k < K; k++) {
             int64_t a = 0;
@@ -760,39 +766,53 @@ static void ping_pong_leaders(MPI_Comm leaders, int64_t *offset, int64_t *err)
             int64_t b = hvprof_mono_ns();
             PMPI_Send(&b, 1, MPI_INT64_T, 0, TAG, leaders);
         }
-        int64_t res[2];
-        PMPI_Recv(res, 2, MPI_INT64_T, 0, TAG, leaders, MPI_STATUS_IGNORE);
-        *offset = res[0];
-        *err = res[1];
+        int64_t res[3];
+        PMPI_Recv(res, 3, MPI_INT64_T, 0, TAG, leaders, MPI_STATUS_IGNORE);
+        *out = (clock_sync){res[0], res[1], res[2]};
     }
 }
 
-/* Returns the number of hosts (leaders) that took part. */
-static int estimate_offsets(int rank, int64_t *offset, int64_t *err)
+/* HOROVOD_PROFILE_CLOCK_SYNC=rank: every rank measures its own offset, as if
+ * each were on its own host (diagnostics; it runs the several-host path on
+ * one machine).  Read once at MPI_Init: the same value on every rank. */
+static int sync_per_rank(void)
 {
-    int64_t res[2] = {0, 0};
+    const char *v = getenv("HOROVOD_PROFILE_CLOCK_SYNC");
+    return v && strcmp(v, "rank") == 0;
+}
+
+/* Returns the number of clock domains (leaders) that took part. */
+static int estimate_offsets(int rank, int per_rank, clock_sync *out)
+{
+    int64_t res[3] = {0, 0, hvprof_mono_ns()};
     int hosts = 1, lrank = 0;
     MPI_Comm local = MPI_COMM_NULL, leaders = MPI_COMM_NULL;
-    if (PMPI_Comm_split_type(prof_comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local) !=
-        MPI_SUCCESS)
+    if (per_rank || PMPI_Comm_split_type(prof_comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL,
+                                         &local) != MPI_SUCCESS)
         local = MPI_COMM_NULL;
     if (local != MPI_COMM_NULL) PMPI_Comm_rank(local, &lrank);
     else lrank = 0; /* no host grouping: every rank measures */
     PMPI_Comm_split(prof_comm, lrank == 0 ? 0 : MPI_UNDEFINED, rank, &leaders);
     if (leaders != MPI_COMM_NULL) {
+        clock_sync mine;
         PMPI_Comm_size(leaders, &hosts);
-        ping_pong_leaders(leaders, &res[0], &res[1]);
+        ping_pong_leaders(leaders, &mine);
+        res[0] = mine.offset;
+        res[1] = mine.err;
+        res[2] = mine.at;
         PMPI_Comm_free(&leaders);
     }
     if (local != MPI_COMM_NULL) {
-        PMPI_Bcast(res, 2, MPI_INT64_T, 0, local);
+        PMPI_Bcast(res, 3, MPI_INT64_T, 0, local); /* one host, one clock: `at` holds */
         PMPI_Comm_free(&local);
     }
     PMPI_Bcast(&hosts, 1, MPI_INT, 0, prof_comm);
-    *offset = res[0];
-    *err = res[1];
+    *out = (clock_sync){res[0], res[1], res[2]};
     return hosts;
 }
+
+static int resync_at_finalize; /* several clock domains: measure again (every rank) */
+static int sync_mode;          /* 0: host leaders, 1: every rank */
 
 /* One line for the job when ranks could not open their raw files: rank 0
  * prints the first failing rank's reason and how many ranks record nothing. */
@@ -853,8 +873,10 @@ static void mpi_started(uint64_t t0, int provided)
     report_open_failures(rank, size, ok);
     /* Every rank must take part in the offset exchange, even one whose file
      * could not be opened, or rank 0 would wait for it. */
-    int64_t offset = 0, err = 0;
-    int hosts = estimate_offsets(rank, &offset, &err);
+    sync_mode = sync_per_rank();
+    clock_sync cs;
+    int hosts = estimate_offsets(rank, sync_mode, &cs);
+    resync_at_finalize = hosts > 1;
     int64_t t0_job = hvprof_mono_ns();
     PMPI_Bcast(&t0_job, 1, MPI_INT64_T, 0, prof_comm);
     if (!ok) return;
@@ -862,9 +884,11 @@ static void mpi_started(uint64_t t0, int provided)
     hvprof_file_header *h = hvprof_header();
     build_tables();
     h->job_id = job.job_id;
-    h->offset_ns = offset;
-    h->offset_err_ns = err;
-    h->offset_method = hosts > 1 ? 1 : 0; /* one host: one clock, offset 0 exactly */
+    h->offset_ns = cs.offset;
+    h->offset_err_ns = cs.err;
+    h->offset_at_ns = cs.at;
+    /* 0: one host, one clock, offset 0 exactly; 1: per host; 2: per rank */
+    h->offset_method = hosts > 1 ? (sync_mode ? 2 : 1) : 0;
     h->job_t0_ns = t0_job; /* rank 0's clock: the job's time zero */
     h->thread_level = provided;
     h->init_start_ticks = (int64_t)t0;
@@ -931,12 +955,21 @@ HVPROF_EXPORT int MPI_Finalize(void)
                  0, 0, MPI_OP_NULL, -1, MPI_SUCCESS, 0);
             h->finalize_ticks = (int64_t)t0;
         }
-        /* Drain first (the last flush may drop), then rank 0 says once what
-         * the job lost, if anything. */
-        if (h) hvprof_close(HVPROF_STATE_FINALIZED);
         int me = 0, size = 1;
         PMPI_Comm_rank(prof_comm, &me);
         PMPI_Comm_size(prof_comm, &size);
+        if (resync_at_finalize) { /* the same decision on every rank (hosts) */
+            clock_sync cs;
+            estimate_offsets(me, sync_mode, &cs);
+            if (h) {
+                h->offset_end_ns = cs.offset;
+                h->offset_end_err_ns = cs.err;
+                h->offset_end_at_ns = cs.at;
+            }
+        }
+        /* Drain first (the last flush may drop), then rank 0 says once what
+         * the job lost, if anything. */
+        if (h) hvprof_close(HVPROF_STATE_FINALIZED);
         int err = hvprof_write_errno(), worst = 0;
         unsigned long long mine[2] = {h ? (unsigned long long)h->dropped_records : 0ull,
                                       err ? 1ull : 0ull};

@@ -159,7 +159,11 @@ HEADER_DTYPE = _struct(
         ("sampling", "<u4", 532),
         ("unsampled_calls", "<u8", 536),
         ("aggregated_calls", "<u8", 544),
-        ("reserved", f"S{HEADER_BYTES - 552}", 552),
+        ("offset_at_ns", "<i8", 552),
+        ("offset_end_ns", "<i8", 560),
+        ("offset_end_err_ns", "<i8", 568),
+        ("offset_end_at_ns", "<i8", 576),
+        ("reserved", f"S{HEADER_BYTES - 584}", 584),
     ],
     HEADER_BYTES,
 )

@@ -115,10 +115,40 @@ def ticks_to_mono_ns(ticks: np.ndarray, header: Mapping[str, Any]) -> np.ndarray
     return c0n + np.rint((t - c0t) * ns_per_tick(header)).astype(np.int64)
 
 
+# Clocks of different hosts drift apart by at most a few hundred ppm (NTP
+# keeps them within 500 ppm); a larger drift between the two measurements is
+# a corrupt header or a stepped clock: the start-up offset is used alone.
+MAX_DRIFT_PPM = 1000.0
+
+
+def clock_drift_ppm(header: Mapping[str, Any]) -> float | None:
+    """How fast this rank's clock ran against rank 0's between the offset
+    measurements at MPI_Init and MPI_Finalize (parts per million; None when it
+    was measured once: one host, or an older file)."""
+    t0, t1 = int(header.get("offset_at_ns") or 0), int(header.get("offset_end_at_ns") or 0)
+    if t0 <= 0 or t1 <= t0:
+        return None
+    ppm = (int(header.get("offset_end_ns") or 0) - int(header["offset_ns"])) / (t1 - t0) * 1e6
+    return ppm if abs(ppm) <= MAX_DRIFT_PPM else None
+
+
+def offset_ns_at(mono_ns: np.ndarray, header: Mapping[str, Any]) -> np.ndarray | int:
+    """This rank's offset to rank 0's clock at its own CLOCK_MONOTONIC times:
+    the start-up offset, moved linearly to the one measured at MPI_Finalize
+    when there is one (clock_drift_ppm)."""
+    o0 = int(header["offset_ns"])
+    ppm = clock_drift_ppm(header)
+    if ppm is None or ppm == 0.0:
+        return o0
+    t0 = int(header["offset_at_ns"])
+    return o0 + np.rint((np.asarray(mono_ns) - t0) * (ppm * 1e-6)).astype(np.int64)
+
+
 def ticks_to_job_ns(ticks: np.ndarray, header: Mapping[str, Any]) -> np.ndarray:
-    """Raw ticks -> job axis: rank 0's monotonic clock minus job_t0_ns."""
-    return ticks_to_mono_ns(ticks, header) - (int(header["offset_ns"])
-                                              + int(header["job_t0_ns"]))
+    """Raw ticks -> job axis: rank 0's monotonic clock minus job_t0_ns (this rank's
+    clock offset applied, interpolated between its two measurements)."""
+    mono = ticks_to_mono_ns(ticks, header)
+    return mono - offset_ns_at(mono, header) - int(header["job_t0_ns"])
 
 
 # ---------------------------------------------------------------------------
@@ -561,7 +591,8 @@ _META_STRINGS = ("host", "mode", "profiler_version", "parquet", "aggregates", "e
 _HEADER_INTS = ("world_size", "state", "dropped_records", "pid", "n_chunks", "job_id",
                 "offset_ns", "offset_err_ns", "job_t0_ns", "local_rank", "thread_level",
                 "clock_kind", "offset_method", "mode", "unsampled_calls", "aggregated_calls",
-                "rank", "n_comms", "n_tracks", "cal0_realtime_ns")
+                "rank", "n_comms", "n_tracks", "cal0_realtime_ns", "offset_at_ns",
+                "offset_end_ns", "offset_end_err_ns", "offset_end_at_ns")
 _HEADER_STRINGS = ("hostname", "mpi_version", "clock")
 
 

@@ -233,6 +233,10 @@ def job_metadata(d: Path, trace_path: Path, rank_meta: list[dict[str, Any]], wor
             "offset_ns": h.get("offset_ns"),
             "offset_err_ns": h.get("offset_err_ns"),
             "offset_method": h.get("offset_method"),
+            "offset_end_ns": h.get("offset_end_ns") if h.get("offset_end_at_ns") else None,
+            "offset_end_err_ns": (h.get("offset_end_err_ns") if h.get("offset_end_at_ns")
+                                  else None),
+            "clock_drift_ppm": _drift(h),
             "calls": m.get("calls", 0),
             "mode": m.get("mode", "full"),
             "aggregated_calls": m.get("aggregated_calls", 0),
@@ -267,6 +271,16 @@ def job_metadata(d: Path, trace_path: Path, rank_meta: list[dict[str, Any]], wor
                     "rows": sum(int(m.get("rows", m.get("calls", 0))) for m in rank_meta),
                     "aggregates": aggregates},
     }
+
+
+def _drift(header: dict[str, Any]) -> float | None:
+    from profiler.dataset import clock_drift_ppm
+
+    try:
+        ppm = clock_drift_ppm(header)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None if ppm is None else round(ppm, 3)
 
 
 def _throughput(rank_meta: list[dict[str, Any]]) -> dict[str, Any]:

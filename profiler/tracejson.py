@@ -506,7 +506,9 @@ _NUM = (int, float)
 _RANK_SHAPE: dict[str, Any] = {
     "rank": _Required(_INT), "host": str, "pid": _INT, "calls": _INT, "dropped": _INT,
     "unsampled_calls": _INT, "aggregated_calls": _INT, "offset_ns": _NUM,
-    "offset_err_ns": _NUM, "ticks_per_ns": _NUM, "local_rank": _INT, "mode": str,
+    "offset_err_ns": _NUM, "offset_method": _INT, "offset_end_ns": _NUM,
+    "offset_end_err_ns": _NUM, "clock_drift_ppm": _NUM, "ticks_per_ns": _NUM,
+    "local_rank": _INT, "mode": str,
     "state": [str], "problems": list, "gpus": list, "nccl": dict, "steps": dict,
     "totals": dict,
 }

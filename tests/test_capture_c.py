@@ -114,6 +114,41 @@ def op_bytes(records: np.ndarray) -> collections.Counter[tuple[str, int]]:
     )
 
 
+def test_clock_offsets_measured_at_init_and_finalize(impl: dict, tmp_path: Path) -> None:
+    """The several-host path on one machine (HOROVOD_PROFILE_CLOCK_SYNC=rank: every
+    rank measures as if it had its own clock): rank 1's offset to rank 0 is
+    measured at MPI_Init and again at MPI_Finalize; both lie within their error
+    bound of the truth (0: one machine, one CLOCK_MONOTONIC)."""
+    from profiler.dataset import clock_drift_ppm
+
+    prof = tmp_path / "prof"
+    launch(impl, 2, "collectives", ["3"], prof, tmp_path,
+           extra_env={"HOROVOD_PROFILE_CLOCK_SYNC": "rank"})
+    h0 = read_raw(prof / "raw" / "rank-00000.hvprof").header
+    h1 = read_raw(prof / "raw" / "rank-00001.hvprof").header
+    assert h0["offset_method"] == h1["offset_method"] == 2
+    assert h0["offset_ns"] == h0["offset_end_ns"] == 0  # rank 0 is the reference
+    for h in (h0, h1):
+        assert 0 < h["offset_at_ns"] < h["offset_end_at_ns"]
+        assert h["offset_end_at_ns"] - h["offset_at_ns"] < 60e9
+    assert 0 < h1["offset_err_ns"] and abs(h1["offset_ns"]) <= h1["offset_err_ns"] + 100
+    assert 0 < h1["offset_end_err_ns"]
+    assert abs(h1["offset_end_ns"]) <= h1["offset_end_err_ns"] + 100
+    assert clock_drift_ppm(h0) == 0.0
+    # the trace says both measurements and the drift between them
+    from profiler.merge import merge
+
+    merge(prof)
+    meta = json.loads((prof / "trace.json").read_bytes())["horovod_profiler"]
+    r1 = meta["ranks"][1]
+    assert (r1["offset_ns"], r1["offset_end_ns"]) == (h1["offset_ns"], h1["offset_end_ns"])
+    ppm = clock_drift_ppm(h1)
+    assert r1["clock_drift_ppm"] == (None if ppm is None else round(ppm, 3))
+    s = profiler_cli("summarize", str(prof))
+    err = max(h1["offset_err_ns"], h1["offset_end_err_ns"]) / 1e3
+    assert f"clock offsets: 1 rank(s) aligned to rank 0 within {err:.2f} us" in s.stdout, s.stdout
+
+
 @pytest.mark.parametrize("np_", [1, 2])
 def test_every_collective_counted_exactly(impl: dict, tmp_path: Path, np_: int) -> None:
     n = 7
@@ -125,8 +160,10 @@ def test_every_collective_counted_exactly(impl: dict, tmp_path: Path, np_: int) 
         assert raw.problems == []
         assert raw.header["world_size"] == np_
         assert raw.header["dropped_records"] == 0
-        # one host, one CLOCK_MONOTONIC: no measurement, offset exactly 0
+        # one host, one CLOCK_MONOTONIC: no measurement, offset exactly 0, and
+        # no second measurement at MPI_Finalize
         assert raw.header["offset_method"] == 0 and raw.header["offset_ns"] == 0
+        assert raw.header["offset_end_at_ns"] == 0
         assert raw.state & F.STATE_FINALIZED
         got = op_bytes(raw.records)
         assert got == expected_collectives(n, np_, rank)

@@ -246,3 +246,20 @@ def test_schema_kinds_match_what_the_converter_writes(tmp_path: Path) -> None:
         D.schema_columns(schema.remove(schema.get_field_index("t_start_ns")))
     with pytest.raises(CorruptError, match="appears twice"):
         D.schema_columns(schema.append(schema.field("rank")))
+
+
+def test_clock_offset_interpolated_between_its_two_measurements(tmp_path: Path) -> None:
+    # rank 1's clock runs 50 ppm fast against rank 0's: offset 1000 ns at its
+    # CLOCK_MONOTONIC 1 s, 1000 + 50e-6 * 10 s = 501000 ns at 11 s
+    raw = read_raw(rawgen.simple_rank(1, 2, n=3).write(tmp_path / "rank-00001.hvprof"))
+    h = dict(raw.header)
+    assert D.clock_drift_ppm(h) is None  # measured once (an older file reads the same)
+    h.update(offset_ns=1000, offset_at_ns=1_000_000_000, offset_end_ns=501_000,
+             offset_end_at_ns=11_000_000_000, job_t0_ns=0)
+    assert D.clock_drift_ppm(h) == pytest.approx(50.0)
+    t = np.array([1_000_000_000, 6_000_000_000, 11_000_000_000, 21_000_000_000])
+    assert D.ticks_to_job_ns(t, h).tolist() == [999_999_000, 5_999_749_000,
+                                               10_999_499_000, 20_998_999_000]
+    h["offset_end_ns"] = 1000 + 20_000_000  # 2000 ppm: a stepped clock, not drift
+    assert D.clock_drift_ppm(h) is None
+    assert D.ticks_to_job_ns(t, h).tolist() == (t - 1000).tolist()

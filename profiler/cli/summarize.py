@@ -328,6 +328,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _clock_line(meta: dict[str, Any]) -> str | None:
+    """How well the ranks' clocks line up, when they are not one clock: the offsets'
+    error bounds (half the best round trip) and the drift between MPI_Init and
+    MPI_Finalize.  None for one host (offset 0 exactly)."""
+    ranks = [r for r in meta.get("ranks") or []
+             if (r.get("offset_method") or 0) > 0 and r.get("rank") != 0]
+    if not ranks:
+        return None
+    errs = [max(int(r.get("offset_err_ns") or 0), int(r.get("offset_end_err_ns") or 0))
+            for r in ranks]
+    drifts = [abs(float(r["clock_drift_ppm"])) for r in ranks
+              if r.get("clock_drift_ppm") is not None]
+    line = (f"clock offsets: {len(ranks)} rank(s) aligned to rank 0 within "
+            f"{_fmt_us(max(errs) / 1e3)}")
+    if drifts:
+        line += f", drift up to {max(drifts):.2f} ppm (corrected linearly)"
+    return line
+
+
 def _printable(df: Any) -> Any:
     """The table with every name's control characters spelled \\xNN: the pandas path
     gets names escaped when they are read (dataset.table_to_frame), the DuckDB path
@@ -477,6 +496,9 @@ def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[
             console.print(f"dropped records: {sum(lost.values())} calls not recorded (ranks "
                           f"{_ranks_text(sorted(lost))}: the raw file could not grow); the "
                           "statistics above miss them")
+        clock = _clock_line(meta)
+        if clock:
+            console.print(clock, markup=False)
         ev = meta.get("events") or {}
         if ev.get("selection", "all") != "all":
             console.print(f"note: trace.json holds {ev.get('included')} of "
