@@ -312,6 +312,48 @@ def test_disk_full_tmpfs(script: Path, reference: dict, tmp_path: Path) -> None:
     merge_reports_drops(copy, dropped, converts=True)
 
 
+@pytest.mark.horovod
+def test_horovod_training_on_a_full_disk(tmp_path: Path) -> None:
+    """A real Horovod job (the bundled benchmark, Horovod's timeline written into
+    the profile directory too) whose profile directory fills up: it trains to
+    the same final weights as without profiling, exits 0, and the profiler
+    speaks through rank 0 only."""
+    pytest.importorskip("horovod.torch")
+    torch = pytest.importorskip("torch")
+    bench = [sys.executable, "-m", "profiler.workloads.train_bench", "--model", "cnn",
+             "--batch-size", "8", "--image-size", "32", "--num-warmup-batches", "1",
+             "--num-batches-per-iter", "4", "--num-iters", "3", "--quiet"]
+    weights = {}
+    with tmpfs(tmp_path / "small", "size=400k") as mnt:
+        if mnt is None:
+            pytest.skip("mount is not permitted here")
+        for name, env in (("plain", {}), ("profiled", {
+                "HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(mnt / "prof"),
+                "HOROVOD_PROFILE_MERGE_TIMEOUT": "20"})):
+            path = tmp_path / f"{name}-{{rank}}.pt"
+            p = mpirun(2, [*bench, "--save-weights", str(path)], env=env, cwd=tmp_path,
+                       check=False, timeout=240)
+            assert p.returncode == 0, p.stderr[-3000:]
+            assert "Traceback" not in p.stderr
+            weights[name] = [torch.load(str(path).format(rank=r)) for r in (0, 1)]
+            if name == "profiled":
+                lines = ours(p.stderr)
+                assert lines, p.stderr[-3000:]
+                # at once by rank 0 (if its own file filled), then once for the job
+                assert all(x.startswith(("horovod-profiler: rank 0: ",
+                                         "horovod-profiler: error: cannot write the dataset"))
+                           or "records were dropped:" in x for x in lines), lines
+                assert sum("records were dropped:" in x for x in lines) == 1, lines
+                total = sum(read_header(mnt / "prof" / "raw" / f"rank-{r:05d}.hvprof")
+                            ["dropped_records"] for r in (0, 1))
+                assert total > 0
+    for r in (0, 1):
+        a, b = weights["plain"][r], weights["profiled"][r]
+        assert list(a) == list(b)
+        for k in a:
+            assert a[k].numpy().tobytes() == b[k].numpy().tobytes(), (r, k)
+
+
 def test_disk_full_fsize_limit(script: Path, reference: dict, tmp_path: Path) -> None:
     """No mount needed: every file the ranks write is limited to 320 KiB (RLIMIT_FSIZE,
     SIGXFSZ ignored: writes past it fail with EFBIG, like a full disk)."""
