@@ -50,6 +50,8 @@ _Atomic uint32_t hvprof_comm_epoch = 1;
 _Atomic int hvprof_divert = 0;
 static void agg_snapshot(void);
 static void window_init(void);
+static int parse_window(const char *w, double *a, double *b);
+#define DEFAULT_FLUSH_MS 2
 static void window_tick(int64_t now_mono);
 int hvprof_clock_kind = HVPROF_CLOCK_MONOTONIC;
 
@@ -453,6 +455,57 @@ __attribute__((format(printf, 2, 3))) static int open_failed(int rank, const cha
     return -1;
 }
 
+/* The HOROVOD_PROFILE_* settings the library reads: a value it cannot use is
+ * said once (rank 0), with what is done instead; the job never stops for it. */
+static int one_of(const char *v, const char *const *allowed)
+{
+    for (; *allowed; allowed++)
+        if (strcmp(v, *allowed) == 0) return 1;
+    return 0;
+}
+
+static int int_in(const char *v, long lo, long hi)
+{
+    char *end = NULL;
+    long x = strtol(v, &end, 10);
+    return end != v && *end == 0 && x >= lo && x <= hi;
+}
+
+static void env_check(int rank)
+{
+    if (rank != 0) return;
+    static const char *const modes[] = {"1", "on", "true", "yes", "full", "summary", NULL};
+    static const char *const bools[] = {"0", "1", NULL};
+    static const char *const clocks[] = {"tsc", "monotonic", "auto", NULL};
+    static const char *const syncs[] = {"host", "rank", NULL};
+    static const char *const timeline[] = {"0", "off", "1", "on", NULL};
+    const char *v;
+    if ((v = getenv("HOROVOD_PROFILE")) && *v && !one_of(v, modes))
+        hvprof_warn("warning: HOROVOD_PROFILE=%.64s is not 1 or summary: recording every call",
+                    v);
+    if ((v = getenv("HOROVOD_PROFILE_CHUNK_KB")) && !int_in(v, 4, 1 << 20))
+        hvprof_warn("warning: ignoring HOROVOD_PROFILE_CHUNK_KB=%.64s (KiB, 4 to 1048576): "
+                    "using %u", v, HVPROF_DEFAULT_CHUNK_BYTES / 1024u);
+    if ((v = getenv("HOROVOD_PROFILE_FLUSH_MS")) && !int_in(v, 1, 60000))
+        hvprof_warn("warning: ignoring HOROVOD_PROFILE_FLUSH_MS=%.64s (1 to 60000): using %d",
+                    v, DEFAULT_FLUSH_MS);
+    if ((v = getenv("HOROVOD_PROFILE_HELPER")) && !one_of(v, bools))
+        hvprof_warn("warning: ignoring HOROVOD_PROFILE_HELPER=%.64s (0 or 1)", v);
+    if ((v = getenv("HOROVOD_PROFILE_SIGNALS")) && !one_of(v, bools))
+        hvprof_warn("warning: ignoring HOROVOD_PROFILE_SIGNALS=%.64s (0 or 1)", v);
+    if ((v = getenv("HOROVOD_PROFILE_CLOCK")) && !one_of(v, clocks))
+        hvprof_warn("warning: ignoring HOROVOD_PROFILE_CLOCK=%.64s (tsc or monotonic)", v);
+    if ((v = getenv("HOROVOD_PROFILE_CLOCK_SYNC")) && !one_of(v, syncs))
+        hvprof_warn("warning: ignoring HOROVOD_PROFILE_CLOCK_SYNC=%.64s (host or rank)", v);
+    if ((v = getenv("HOROVOD_PROFILE_TIMELINE")) && !one_of(v, timeline))
+        hvprof_warn("warning: HOROVOD_PROFILE_TIMELINE=%.64s is not 0 or 1: the timeline is "
+                    "written", v);
+    double a, b;
+    if ((v = getenv("HOROVOD_PROFILE_WINDOW")) && *v && parse_window(v, &a, &b) != 0)
+        hvprof_warn("warning: ignoring HOROVOD_PROFILE_WINDOW=%.64s (A:B seconds after start, "
+                    "0 <= A < B; A: to the end): recording the whole run", v);
+}
+
 const char *hvprof_open_error(void) { return g.open_error; }
 int hvprof_write_errno(void) { return g.write_errno; }
 void hvprof_set_quiet(int on) { g.quiet = on; }
@@ -508,7 +561,7 @@ int hvprof_open(int rank, int world_size, int local_rank, const char *dir)
 
     uint32_t chunk = HVPROF_DEFAULT_CHUNK_BYTES;
     const char *ck = getenv("HOROVOD_PROFILE_CHUNK_KB");
-    if (ck && atoi(ck) >= 4) chunk = (uint32_t)atoi(ck) * 1024u;
+    if (ck && int_in(ck, 4, 1 << 20)) chunk = (uint32_t)atol(ck) * 1024u;
     long page = sysconf(_SC_PAGESIZE);
     chunk = (uint32_t)((chunk + page - 1) / page * page);
 
@@ -554,6 +607,7 @@ int hvprof_open(int rank, int world_size, int local_rank, const char *dir)
     atomic_fetch_add(&hvprof_comm_epoch, 1);
     atomic_fetch_add(&hvprof_generation, 1);
     window_init();
+    env_check(rank);
     atomic_store(&hvprof_divert, h->mode == HVPROF_MODE_SUMMARY || !h->sampling);
     atomic_store(&hvprof_active, 1);
     atomic_store(&app_active, 1);
@@ -588,7 +642,7 @@ static _Atomic int helper_run;
 static _Atomic uint32_t helper_futex;
 static pthread_t helper_thread;
 static int helper_started;
-static int flush_ms = 2;
+static int flush_ms = DEFAULT_FLUSH_MS;
 
 /* Flusher-private progress of a buffer: records already in the file. */
 #define FLUSHED(ch) ((ch)->reserved[0])
@@ -845,7 +899,7 @@ static void signals_install(void)
 static void helper_start(void)
 {
     const char *ms = getenv("HOROVOD_PROFILE_FLUSH_MS");
-    if (ms && atoi(ms) > 0) flush_ms = atoi(ms);
+    if (ms && int_in(ms, 1, 60000)) flush_ms = atoi(ms);
     if (helper_started) return;
     const char *v = getenv("HOROVOD_PROFILE_HELPER");
     if (v && strcmp(v, "0") == 0) return; /* everything on the calling threads */
@@ -924,16 +978,30 @@ static int window_on(int64_t now)
 
 /* HOROVOD_PROFILE_WINDOW="A:B": record from A to B seconds after the file
  * was opened (B empty: to the end).  The helper thread switches. */
+/* "A:B", "A:" or "A" (seconds, 0 <= A < B): 0, else -1 (the window is ignored,
+ * with a warning from env_check). */
+static int parse_window(const char *w, double *a, double *b)
+{
+    char *end = NULL;
+    *a = strtod(w, &end);
+    *b = -1;
+    if (end == w || !(*a >= 0) || *a > 1e9) return -1;
+    if (*end == 0) return 0;
+    if (*end != ':') return -1;
+    const char *rest = end + 1;
+    if (*rest == 0) return 0;
+    *b = strtod(rest, &end);
+    return end != rest && *end == 0 && *b > *a && *b <= 1e9 ? 0 : -1;
+}
+
 static void window_init(void)
 {
     const char *w = getenv("HOROVOD_PROFILE_WINDOW");
+    double a = 0, b = -1;
     pthread_mutex_lock(&sampling_lock);
     window_start_ns = window_end_ns = -1;
     sampling_app = sampling_window = 1;
-    if (w && *w) {
-        char *end = NULL;
-        double a = strtod(w, &end), b = -1;
-        if (end && *end == ':' && end[1]) b = strtod(end + 1, NULL);
+    if (w && *w && parse_window(w, &a, &b) == 0) {
         int64_t t0 = g.hdr->cal0_mono_ns;
         window_start_ns = t0 + (int64_t)(a * 1e9);
         window_end_ns = b >= 0 ? t0 + (int64_t)(b * 1e9) : -1;

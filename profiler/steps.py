@@ -130,10 +130,11 @@ def _check_images(images: int) -> int:
     return n
 
 
-def sample_every() -> int:
+def sample_every(rank: int = 0) -> int:
     """N of HOROVOD_PROFILE_SAMPLE_STEPS (record one step in N); 1 = every step.
 
-    A value that is not a positive integer is ignored with one warning."""
+    A value that is not a positive integer is ignored with one warning, from
+    rank 0 only (`rank`: this process's, when known)."""
     global _every
     if _every is None:
         raw = os.environ.get(SAMPLE_STEPS_ENV, "").strip()
@@ -144,8 +145,10 @@ def sample_every() -> int:
             except ValueError:
                 n = 0
             if n < 1:
-                print(f"horovod-profiler: warning: ignoring {SAMPLE_STEPS_ENV}={raw!r} "
-                      "(not a positive integer); every step is recorded", file=sys.stderr)
+                if rank <= 0:
+                    print(f"horovod-profiler: warning: ignoring {SAMPLE_STEPS_ENV}={raw!r} "
+                          "(not a positive integer); every step is recorded",
+                          file=sys.stderr)
                 n = 1
         _every = n
     return _every
@@ -158,10 +161,18 @@ def _apply_sampling(lib: Any) -> None:
         fn(1 if (_user_on and _steps_on) else 0)
 
 
+def _rank_of(lib: Any) -> int:
+    fn = getattr(lib, "hvprof_rank", None)
+    try:
+        return int(fn()) if fn is not None else 0
+    except (TypeError, ValueError):
+        return 0
+
+
 def _open_step(lib: Any) -> None:
     """Step number _next_seq has just opened: sample it or not (caller holds the lock)."""
     global _steps_on
-    every = sample_every()
+    every = sample_every(_rank_of(lib))
     if every > 1:
         on = _next_seq % every == 0
         if on != _steps_on:

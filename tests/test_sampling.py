@@ -140,13 +140,15 @@ def test_bad_sample_steps_value_warns_once_and_records_everything(tmp_path: Path
     script = tmp_path / "job.py"
     script.write_text(JOB % {"steps": 2})
     prof = tmp_path / "prof"
-    p = mpirun(1, [sys.executable, str(script)], cwd=tmp_path,
+    p = mpirun(2, [sys.executable, str(script)], cwd=tmp_path,
                env={"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof),
                     "HOROVOD_PROFILE_SAMPLE_STEPS": "every-other"})
     warnings = [x for x in p.stderr.splitlines() if "SAMPLE_STEPS" in x]
+    # once for the job (rank 0), not once per rank
     assert len(warnings) == 1 and warnings[0].startswith("horovod-profiler: warning: ")
-    h = read_header(prof / "raw" / "rank-00000.hvprof")
-    assert h["unsampled_calls"] == 10  # only the explicitly paused calls
+    for rank in (0, 1):
+        h = read_header(prof / "raw" / f"rank-{rank:05d}.hvprof")
+        assert h["unsampled_calls"] == 10  # only the explicitly paused calls
 
 
 def test_api_is_a_no_op_without_profiling(tmp_path: Path) -> None:
@@ -204,3 +206,27 @@ def test_time_window_and_the_application_switch_combine(tmp_path: Path, window: 
     # every MPI call is recorded or counted as unsampled (init and finalize included)
     mpi = int((df["backend"] == "mpi").sum())
     assert mpi + h["unsampled_calls"] == 2 + 5 + 8 + 6, (mpi, h["unsampled_calls"])
+
+
+def test_unusable_settings_are_said_once_by_rank_0(tmp_path: Path) -> None:
+    """Every HOROVOD_PROFILE_* value the library cannot use: one warning line for
+    the job (rank 0), saying what is done instead; the run records as if unset."""
+    script = tmp_path / "job.py"
+    script.write_text(JOB % {"steps": 2})
+    prof = tmp_path / "prof"
+    bad = {"HOROVOD_PROFILE": "summery", "HOROVOD_PROFILE_CHUNK_KB": "lots",
+           "HOROVOD_PROFILE_FLUSH_MS": "-3", "HOROVOD_PROFILE_HELPER": "maybe",
+           "HOROVOD_PROFILE_SIGNALS": "2", "HOROVOD_PROFILE_CLOCK": "fast",
+           "HOROVOD_PROFILE_CLOCK_SYNC": "node", "HOROVOD_PROFILE_TIMELINE": "yes",
+           "HOROVOD_PROFILE_WINDOW": "5-10"}
+    p = mpirun(2, [sys.executable, str(script)], cwd=tmp_path,
+               env={**bad, "HOROVOD_PROFILE_DIR": str(prof)})
+    said = [x for x in p.stderr.splitlines() if x.startswith("horovod-profiler: warning: ")]
+    for name, value in bad.items():
+        mine = [x for x in said if f"{name}={value} " in x]
+        assert len(mine) == 1, (name, said)
+    assert len(said) == len(bad), said
+    for rank in (0, 1):
+        h = read_header(prof / "raw" / f"rank-{rank:05d}.hvprof")
+        assert h["mode"] == 0 and h["chunk_bytes"] == 256 << 10  # full mode, the default
+        assert h["unsampled_calls"] == 10  # the window ignored: only the paused calls
