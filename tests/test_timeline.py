@@ -261,3 +261,16 @@ def test_shape_elements() -> None:
     assert T.shape_elements("[a]") is None
     assert T.shape_elements("4, 16") is None
     assert T.shape_elements("[" + "1, " * 600 + "1]") is None  # too long
+
+
+def test_escape_sequences_in_tensor_names_are_spelled_out(tmp_path: Path) -> None:
+    # Horovod writes tensor names verbatim (the user names them): control
+    # characters must not reach a terminal or a page from the parsed timeline
+    evil = "allreduce.0.bias\\u001b]0;pwned\\u0007\\u001b[2J"
+    data = FUSED.read_bytes().replace(b'"allreduce.0.bias"', f'"{evil}"'.encode(), 1)
+    f = tmp_path / "evil.json"
+    f.write_bytes(data)
+    tl = T.parse(f)
+    assert "allreduce.0.bias\\x1b]0;pwned\\x07\\x1b[2J" in tl.tensors.values(), tl.tensors
+    ops = T.tensor_ops(tl)
+    assert not any("\x1b" in str(t) or "\x07" in str(t) for t in ops["tensor"].unique())

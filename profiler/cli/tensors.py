@@ -168,18 +168,23 @@ def _fmt_bytes(v: float) -> str:
 def _print_table(path: str, table: Any, lin: Any) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
+
+    from profiler.errors import printable
 
     console = Console(highlight=False, soft_wrap=False,
                       width=None if sys.stdout.isatty() else 200)
     n_calls = int(lin.loc[lin["matched"], ["call_comm", "call_seq"]].drop_duplicates().shape[0])
-    t = Table(title=f"{path}: {lin['tensor'].nunique()} tensors, {len(lin)} tensor operations, "
-                    f"{n_calls} collective calls matched", title_justify="left")
+    t = Table(title=Text(printable(f"{path}: {lin['tensor'].nunique()} tensors, {len(lin)} "
+                                   f"tensor operations, {n_calls} collective calls matched")),
+              title_justify="left")
     for name in ("tensor", "op", "calls", "bytes", "negotiation", "neg max", "wait for data",
                  "fused with", "last ready"):
         t.add_column(name, justify="left" if name in ("tensor", "op") else "right",
                      no_wrap=True)
     for r in table.itertuples(index=False):
-        t.add_row(str(r.tensor), str(r.op), str(r.calls), _fmt_bytes(r.bytes),
+        # names are text (escaped when read), never rich markup
+        t.add_row(Text(str(r.tensor)), Text(str(r.op)), str(r.calls), _fmt_bytes(r.bytes),
                   _fmt_us(r.negotiation_mean_us), _fmt_us(r.negotiation_max_us),
                   _fmt_us(r.wait_mean_us), f"{r.fused_with_mean:.1f}",
                   "-" if r.last_ready_rank < 0 else f"rank {r.last_ready_rank}")

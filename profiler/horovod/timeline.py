@@ -61,6 +61,7 @@ from profiler.errors import (
     PathLike,
     TruncatedError,
     UsageError,
+    printable,
 )
 
 __all__ = [
@@ -318,7 +319,7 @@ def parse(
             if ev.get("name") == "process_name":
                 name = args.get("name")
                 if isinstance(name, str) and pid > 0:
-                    tensors[pid] = name[:4096]
+                    tensors[pid] = printable(name[:4096])
                     horovod_like += 1
                 epoch = args.get("start_time_since_epoch_in_micros")
                 if pid == 0 and isinstance(epoch, int) and not isinstance(epoch, bool):
@@ -331,7 +332,7 @@ def parse(
             if ts is None or not isinstance(name, str):
                 skipped += 1
                 continue
-            marker_rows["name"].append(name[:256])
+            marker_rows["name"].append(printable(name[:256]))
             marker_rows["ts_us"].append(ts)
             run_key = None
             continue
@@ -345,7 +346,7 @@ def parse(
             if not isinstance(name, str) or not name or len(stack) >= MAX_DEPTH:
                 skipped += 1
                 continue
-            name = name[:256]
+            name = printable(name[:256])
             if stack:
                 level = "activity"
                 parent = stack[0] if rows["level"][stack[0]] == "op" else -1
@@ -386,9 +387,9 @@ def parse(
                 dt = args.get("dtype")
                 sh = args.get("shape")
                 if isinstance(dt, str):
-                    rows["dtype"][idx] = dt[:32]
+                    rows["dtype"][idx] = printable(dt[:32])
                 if isinstance(sh, str):
-                    rows["shape"][idx] = sh[:1000]
+                    rows["shape"][idx] = printable(sh[:1000])
         else:  # "X": a rank-ready mark inside a negotiation (name = rank)
             name = ev.get("name")
             if (
