@@ -809,6 +809,28 @@ def read_dataset(files: Iterable[str | os.PathLike[str]], *,
         raise CorruptError(where, f"unreadable parquet dataset: {printable(text)}") from None
 
 
+def printable_columns(df: pd.DataFrame, columns: Iterable[str] | None = None) -> pd.DataFrame:
+    """`df` with the control characters of its names spelled \\xNN (profiler.errors.
+    printable), in place: the given columns, else every column that is not
+    numeric or boolean.  Categorical columns are fixed through their categories
+    (a handful of names, whatever the number of rows); the others value by value."""
+    chosen = list(df.columns) if columns is None else [c for c in columns if c in df.columns]
+    for c in chosen:
+        col = df[c]
+        if isinstance(col.dtype, pd.CategoricalDtype):
+            cats = [str(x) for x in col.cat.categories]
+            safe = [printable(x) for x in cats]
+            if safe == cats:
+                continue
+            if len(set(safe)) == len(safe):
+                df[c] = col.cat.rename_categories(safe)
+            else:  # two names that differ only by the escaping: merge them
+                df[c] = col.astype(str).map(printable).astype("category")
+        elif not (pd.api.types.is_numeric_dtype(col) or pd.api.types.is_bool_dtype(col)):
+            df[c] = col.map(lambda v: printable(v) if isinstance(v, str) else v)
+    return df
+
+
 def table_to_frame(table: pa.Table) -> pd.DataFrame:
     # Categories for every string dictionary, even across files with different
     # dictionaries (to_pandas unifies them).  Names written by another tool may
@@ -816,18 +838,9 @@ def table_to_frame(table: pa.Table) -> pd.DataFrame:
     # no reader ever passes an escape sequence on to a terminal or a page.
     df = table.to_pandas()
     for c in CATEGORY_COLUMNS:
-        if c not in df.columns:
-            continue
-        if not isinstance(df[c].dtype, pd.CategoricalDtype):
+        if c in df.columns and not isinstance(df[c].dtype, pd.CategoricalDtype):
             df[c] = df[c].astype("category")
-        cats = [str(x) for x in df[c].cat.categories]
-        safe = [printable(x) for x in cats]
-        if safe != cats:
-            if len(set(safe)) == len(safe):
-                df[c] = df[c].cat.rename_categories(safe)
-            else:  # two names that differ only by the escaping: merge them
-                df[c] = df[c].astype(str).map(printable).astype("category")
-    return df
+    return printable_columns(df, CATEGORY_COLUMNS)
 
 
 def empty_frame(columns: Sequence[str] | None = None) -> pd.DataFrame:

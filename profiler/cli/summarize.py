@@ -348,18 +348,12 @@ def _clock_line(meta: dict[str, Any]) -> str | None:
 
 
 def _printable(df: Any) -> Any:
-    """The table with every name's control characters spelled \\xNN: the pandas path
-    gets names escaped when they are read (dataset.table_to_frame), the DuckDB path
-    straight from the files, which another tool may have written."""
-    import pandas as pd
+    """A copy of the table with its names escaped: the pandas path gets them escaped
+    when read (dataset.table_to_frame), the DuckDB path straight from the files,
+    which another tool may have written."""
+    from profiler.dataset import printable_columns
 
-    from profiler.raw import printable
-
-    out = df.copy()
-    for c in out.columns:
-        if not (pd.api.types.is_numeric_dtype(out[c]) or pd.api.types.is_bool_dtype(out[c])):
-            out[c] = out[c].map(lambda v: printable(v) if isinstance(v, str) else v)
-    return out
+    return printable_columns(df.copy())
 
 
 def _meta(path: str) -> dict[str, Any] | None:

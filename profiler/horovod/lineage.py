@@ -53,7 +53,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from profiler.errors import NotFoundError, PathLike, ProfilerError, printable
+from profiler.errors import NotFoundError, PathLike, ProfilerError
 from profiler.horovod import timeline as T
 from profiler.horovod.classify import classify, is_horovod_row
 
@@ -612,7 +612,6 @@ def load(path: PathLike) -> pd.DataFrame:
         raise NotFoundError(p, f"cannot read lineage: {exc}") from None
     # tensor names are escaped when the timeline is parsed; a file written by
     # another tool gets the same treatment here
-    for c in ("tensor", "op", "call_op", "dtype", "shape"):
-        if c in frame.columns and frame[c].dtype == object:
-            frame[c] = frame[c].map(lambda v: printable(v) if isinstance(v, str) else v)
-    return frame
+    from profiler.dataset import printable_columns
+
+    return printable_columns(frame, ("tensor", "op", "call_op", "dtype", "shape"))
