@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -145,8 +146,12 @@ def test_clock_offsets_measured_at_init_and_finalize(impl: dict, tmp_path: Path)
     ppm = clock_drift_ppm(h1)
     assert r1["clock_drift_ppm"] == (None if ppm is None else round(ppm, 3))
     s = profiler_cli("summarize", str(prof))
-    err = max(h1["offset_err_ns"], h1["offset_end_err_ns"]) / 1e3
-    assert f"clock offsets: 1 rank(s) aligned to rank 0 within {err:.2f} us" in s.stdout, s.stdout
+    m = re.search(r"clock offsets: 1 rank\(s\) aligned to rank 0 within ([0-9.]+) (us|ms)",
+                  s.stdout)
+    assert m is not None, s.stdout
+    said_ns = float(m.group(1)) * (1e3 if m.group(2) == "us" else 1e6)
+    err = max(h1["offset_err_ns"], h1["offset_end_err_ns"])  # a loaded machine: ms
+    assert abs(said_ns - err) <= 0.006 * err + 10, (said_ns, err)
 
 
 @pytest.mark.parametrize("np_", [1, 2])
