@@ -46,11 +46,10 @@ def _say(message: str) -> None:
 
 
 def merge_timeout() -> float:
-    raw = os.environ.get("HOROVOD_PROFILE_MERGE_TIMEOUT", "")
-    try:
-        return max(0.0, float(raw)) if raw else DEFAULT_MERGE_TIMEOUT_S
-    except ValueError:
-        return DEFAULT_MERGE_TIMEOUT_S
+    from profiler._env import at_least, setting
+
+    return setting("HOROVOD_PROFILE_MERGE_TIMEOUT", DEFAULT_MERGE_TIMEOUT_S,
+                   at_least(0.0, float), "seconds, 0 or more")
 
 
 def finish() -> str | None:

@@ -49,13 +49,13 @@ here returns at once, after one cached check.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from profiler._env import at_least, setting
 from profiler.errors import UsageError
 
 __all__ = [
@@ -137,20 +137,8 @@ def sample_every(rank: int = 0) -> int:
     rank 0 only (`rank`: this process's, when known)."""
     global _every
     if _every is None:
-        raw = os.environ.get(SAMPLE_STEPS_ENV, "").strip()
-        n = 1
-        if raw:
-            try:
-                n = int(raw)
-            except ValueError:
-                n = 0
-            if n < 1:
-                if rank <= 0:
-                    print(f"horovod-profiler: warning: ignoring {SAMPLE_STEPS_ENV}={raw!r} "
-                          "(not a positive integer); every step is recorded",
-                          file=sys.stderr)
-                n = 1
-        _every = n
+        _every = setting(SAMPLE_STEPS_ENV, 1, at_least(1, int), "a positive integer",
+                         instead="every step is recorded", speak=rank <= 0)
     return _every
 
 
@@ -266,17 +254,11 @@ def _env_batch_size() -> int:
     global _env_batch, _env_read
     if not _env_read:
         _env_read = True
-        raw = os.environ.get(BATCH_SIZE_ENV, "").strip()
-        if raw:
-            try:
-                _env_batch = _check_images(int(raw))
-            except (ValueError, UsageError):
-                print(
-                    f"profiler: warning: ignoring {BATCH_SIZE_ENV}={raw!r} "
-                    "(not a non-negative integer); images per step unknown",
-                    file=sys.stderr,
-                )
-                _env_batch = None
+        lib = _lib if _lib is not _UNRESOLVED else None
+        _env_batch = setting(BATCH_SIZE_ENV, None, lambda v: _check_images(int(v)),
+                             "images per rank per step, 0 or more",
+                             instead="images per step unknown",
+                             speak=lib is None or _rank_of(lib) <= 0)
     return _env_batch or 0
 
 

@@ -47,6 +47,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from profiler._env import at_least, setting
 from profiler._version import __version__
 from profiler.errors import (
     CorruptError,
@@ -67,26 +68,21 @@ _SLICE = 65536  # events formatted per write
 
 
 def max_events() -> int:
-    try:
-        return max(0, int(os.environ.get("HOROVOD_PROFILE_TRACE_EVENTS", DEFAULT_MAX_EVENTS)))
-    except ValueError:
-        return DEFAULT_MAX_EVENTS
+    """At most this many call events in trace.json (HOROVOD_PROFILE_TRACE_EVENTS)."""
+    return setting("HOROVOD_PROFILE_TRACE_EVENTS", DEFAULT_MAX_EVENTS, at_least(0, int),
+                   "a number of events, 0 or more")
 
 
 def trace_ranks() -> int:
     """How many leading ranks a windowed trace.json shows (HOROVOD_PROFILE_TRACE_RANKS)."""
-    try:
-        return max(1, int(os.environ.get("HOROVOD_PROFILE_TRACE_RANKS", DEFAULT_TRACE_RANKS)))
-    except ValueError:
-        return DEFAULT_TRACE_RANKS
+    return setting("HOROVOD_PROFILE_TRACE_RANKS", DEFAULT_TRACE_RANKS, at_least(1, int),
+                   "a number of ranks, 1 or more")
 
 
 def trace_steps() -> int:
     """At most this many steps in a windowed trace.json (HOROVOD_PROFILE_TRACE_STEPS)."""
-    try:
-        return max(1, int(os.environ.get("HOROVOD_PROFILE_TRACE_STEPS", DEFAULT_TRACE_STEPS)))
-    except ValueError:
-        return DEFAULT_TRACE_STEPS
+    return setting("HOROVOD_PROFILE_TRACE_STEPS", DEFAULT_TRACE_STEPS, at_least(1, int),
+                   "a number of steps, 1 or more")
 
 
 def select_window(t_start: np.ndarray, limit: int) -> tuple[np.ndarray, str]:

@@ -230,3 +230,22 @@ def test_unusable_settings_are_said_once_by_rank_0(tmp_path: Path) -> None:
         h = read_header(prof / "raw" / f"rank-{rank:05d}.hvprof")
         assert h["mode"] == 0 and h["chunk_bytes"] == 256 << 10  # full mode, the default
         assert h["unsampled_calls"] == 10  # the window ignored: only the paused calls
+
+
+def test_unusable_python_side_settings_are_said_once(tmp_path: Path) -> None:
+    """The variables the Python side reads at exit (the trace window, the merge
+    timeout): one line each for the job, the defaults used, the trace written."""
+    script = tmp_path / "job.py"
+    script.write_text(JOB % {"steps": 2})
+    prof = tmp_path / "prof"
+    bad = {"HOROVOD_PROFILE_TRACE_EVENTS": "many", "HOROVOD_PROFILE_TRACE_RANKS": "0",
+           "HOROVOD_PROFILE_TRACE_STEPS": "nan", "HOROVOD_PROFILE_MERGE_TIMEOUT": "soon"}
+    p = mpirun(2, [sys.executable, str(script)], cwd=tmp_path,
+               env={**bad, "HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof)})
+    said = [x for x in p.stderr.splitlines() if x.startswith("horovod-profiler: warning: ")]
+    for name, value in bad.items():
+        mine = [x for x in said if f"ignoring {name}='{value}' (" in x]
+        assert len(mine) == 1, (name, said)
+    assert len(said) == len(bad), said
+    assert (prof / "trace.json").is_file()
+    assert "trace written to" in p.stderr
