@@ -74,8 +74,8 @@ setup(
     description="Communication profiler for Horovod (MPI and NCCL) jobs",
     python_requires=">=3.9",
     packages=[
-        "profiler", "profiler.cli", "profiler.analysis",
-        "profiler.horovod", "profiler.bench", "profiler.workloads",
+        "profiler", "profiler.cli", "profiler.analysis", "profiler.formats", "profiler.collect",
+        "profiler.bench", "profiler.workloads",
     ],
     package_dir={"profiler.analysis": "analysis"},
     package_data={"profiler": ["_lib/*.so", "py.typed"], "profiler.analysis": ["*.js"]},

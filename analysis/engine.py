@@ -67,7 +67,7 @@ class Dataset:
             import pyarrow as pa
             import pyarrow.parquet as pq
 
-            from profiler.dataset import schema_columns
+            from profiler.formats.dataset import schema_columns
 
             try:
                 self._columns = (schema_columns(pq.read_schema(self.files[0]))
@@ -111,8 +111,8 @@ def open_dataset(path: str | os.PathLike[str]) -> Dataset | None:
     """The parquet dataset behind a trace.json, a profile directory or a parquet file;
     None when there is none to query in place (a raw file, a directory with only raw
     files, a trace.json whose dataset is gone: load() handles those in memory)."""
-    from profiler.merge import rank_files
-    from profiler.tracejson import read_trace_meta
+    from profiler.formats.tracejson import read_trace_meta
+    from profiler.layout import rank_files
 
     p = Path(path)
     if not p.exists():
@@ -487,7 +487,7 @@ def _dataset_error(ds: Dataset, exc: Exception) -> Exception:
 
 def _order_key(key: str, values: pd.Series) -> pd.Series:
     """Sort key of a grouping column, as the in-memory summary orders it."""
-    from profiler import _format as F
+    from profiler.formats import record as F
 
     if key == "op":
         return values.map(lambda v: (F.OP_BY_NAME.get(str(v), 1 << 20), str(v)))

@@ -29,31 +29,18 @@ import pandas as pd
 
 from profiler.errors import (
     EmptyProfileError,
-    NotATraceError,
     NotFoundError,
     UsageError,
 )
+from profiler.layout import file_rank, resolve_trace
 
 __all__ = ["load", "load_aggregates", "load_meta", "resolve_trace", "RowFilter", "read_files",
            "window_for"]
 
 
-def resolve_trace(path: str | os.PathLike[str]) -> Path:
-    """A profile directory -> its trace.json; a file -> itself (must exist)."""
-    p = Path(path)
-    if not p.exists():
-        raise NotFoundError(p, "no such file or directory")
-    if p.is_dir():
-        t = p / "trace.json"
-        if t.is_file():
-            return t
-        raise NotATraceError(p, "directory without trace.json (run `profiler merge` on it)")
-    return p
-
-
 def load_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The `horovod_profiler` metadata block of a trace (path or profile directory)."""
-    from profiler.tracejson import read_trace_meta
+    from profiler.formats.tracejson import read_trace_meta
 
     return read_trace_meta(resolve_trace(path))
 
@@ -161,22 +148,11 @@ class RowFilter:
         return df if mask.all() else df.loc[mask].reset_index(drop=True)
 
 
-def file_rank(path: Path) -> int | None:
-    """The rank of a ranks/rank-RRRRR.parquet file, from its name."""
-    name = path.name
-    if name.startswith("rank-") and name.endswith(".parquet") and name.count(".") == 1:
-        try:
-            return int(name[5:-8])
-        except ValueError:
-            return None
-    return None
-
-
 def read_files(files: Sequence[Path], flt: RowFilter | None,
                columns: Sequence[str] | None) -> pd.DataFrame:
     """Parquet files of the row schema -> one DataFrame, the filter pushed down to the
     scan (files of other ranks are not even opened)."""
-    from profiler.dataset import read_dataset
+    from profiler.formats.dataset import read_dataset
 
     flt = flt or RowFilter()
     if flt.ranks is not None:
@@ -188,7 +164,7 @@ def read_files(files: Sequence[Path], flt: RowFilter | None,
 
 def _load_trace(p: Path, flt: RowFilter | None,
                 columns: Sequence[str] | None) -> pd.DataFrame:
-    from profiler.tracejson import events_to_frame, read_trace, read_trace_meta
+    from profiler.formats.tracejson import events_to_frame, read_trace, read_trace_meta
 
     meta = read_trace_meta(p)
     window = RowFilter.of_window(meta.get("window"))
@@ -213,9 +189,9 @@ def _load_trace(p: Path, flt: RowFilter | None,
 
 def _load_dir(p: Path, flt: RowFilter | None,
               columns: Sequence[str] | None) -> pd.DataFrame:
-    from profiler.dataset import raw_to_frame
-    from profiler.merge import rank_files
-    from profiler.raw import read_raw
+    from profiler.formats.raw import read_raw
+    from profiler.formats.rows import raw_to_frame
+    from profiler.layout import rank_files
 
     if (p / "trace.json").is_file():
         return _load_trace(p / "trace.json", flt, columns)
@@ -234,8 +210,8 @@ def _load_dir(p: Path, flt: RowFilter | None,
 
 def _load_one(path: str | os.PathLike[str], flt: RowFilter | None,
               columns: Sequence[str] | None) -> pd.DataFrame:
-    from profiler.dataset import raw_to_frame
-    from profiler.raw import read_raw
+    from profiler.formats.raw import read_raw
+    from profiler.formats.rows import raw_to_frame
 
     p = Path(path)
     if not p.exists():
@@ -251,7 +227,8 @@ def _load_one(path: str | os.PathLike[str], flt: RowFilter | None,
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
-    from profiler.dataset import CATEGORY_COLUMNS, empty_frame
+    from profiler.formats.rows import empty_frame
+    from profiler.formats.schema import CATEGORY_COLUMNS
 
     if not frames:
         return empty_frame()
@@ -269,13 +246,13 @@ def window_for(path: str | os.PathLike[str], max_rows: int, *, first_ranks: int 
     """A bounded window of a dataset with more than `max_rows` rows: the first
     `first_ranks` ranks plus the likely stragglers (least communication time, from
     the rank metadata), over the consecutive middle steps that fit (the policy of
-    trace.json's event selection, profiler.tracejson.select_events, without its step
+    trace.json's event selection, profiler.formats.tracejson.select_events, without its step
     cap).  None when everything fits, or when the path has no parquet dataset.
     Returns the filter and {"description", "rows", "rows_total", "ranks", "steps",
     "t_start_ns"}."""
     import orjson
 
-    from profiler.tracejson import select_events
+    from profiler.formats.tracejson import select_events
 
     from .engine import open_dataset
 
@@ -385,9 +362,10 @@ def load_aggregates(*paths: str | os.PathLike[str], label: str | Sequence[str] |
     """Summary-mode aggregates (HOROVOD_PROFILE=summary) of one or more traces.
 
     One row per (rank, thread, op, communicator, size, dtype, redop) with calls,
-    total/min/max ns and a latency histogram (profiler.dataset.AGG_COLUMNS).
+    total/min/max ns and a latency histogram (profiler.formats.dataset.AGG_COLUMNS).
     Empty for a trace recorded call by call."""
-    from profiler.dataset import AGG_COLUMNS, read_dataset
+    from profiler.formats.dataset import read_dataset
+    from profiler.formats.schema import AGG_COLUMNS
 
     if not paths:
         raise UsageError(None, "load_aggregates() needs at least one path")

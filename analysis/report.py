@@ -164,9 +164,11 @@ def _lineage_section(paths: Mapping[str, str | None]) -> str:
         if not path:
             continue
         try:
-            from profiler.horovod import lineage as L
+            from profiler.formats import lineage as LF
 
-            lin = L.load(path)
+            from . import lineage as L
+
+            lin = LF.load(path)
         except (ProfilerError, ImportError):
             continue
         calls = L.calls(lin)

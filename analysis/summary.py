@@ -303,7 +303,7 @@ def comm_time_imbalance(df: pd.DataFrame, rank: int | Sequence[int] | None = Non
 
 def _hist_midpoints() -> np.ndarray:
     """Midpoint (ticks) of every histogram bucket of the summary-mode aggregates."""
-    from profiler._format import AGG_BUCKETS, agg_bucket_bounds
+    from profiler.formats.record import AGG_BUCKETS, agg_bucket_bounds
 
     mids = []
     for b in range(AGG_BUCKETS):

@@ -1,8 +1,8 @@
 """Analysis at scale: load + summarize + report on traces of 1M and 10M calls.
 
 Generates a Horovod-like job straight into the columnar format (ranks/*.parquet
-through profiler.dataset.frame_to_table, trace.json through
-profiler.tracejson.write_trace without events): R ranks, each with training
+through profiler.formats.dataset.frame_to_table, trace.json through
+profiler.formats.tracejson.write_trace without events): R ranks, each with training
 steps (APP_STEP rows with images), per step a burst of gradient allreduces of
 many sizes (powers of two and in-between, fused and unfused-like) on Horovod's
 thread, bit-vector control allreduces, and matching (comm, seq) across ranks.
@@ -96,8 +96,8 @@ def rank_frame(rank: int, ranks: int, calls: int, rng: np.random.Generator) -> p
 def generate(d: Path, calls: int, ranks: int, seed: int = 0) -> None:
     import pyarrow.parquet as pq
 
-    from profiler.dataset import frame_to_table
-    from profiler.tracejson import write_trace
+    from profiler.formats.dataset import frame_to_table
+    from profiler.formats.tracejson import write_trace
 
     rng = np.random.default_rng(seed)
     (d / "ranks").mkdir(parents=True, exist_ok=True)

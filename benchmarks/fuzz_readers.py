@@ -66,8 +66,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import base_env  # noqa: E402  (Open MPI test settings, one place)
 
-from profiler import _format as F  # noqa: E402
 from profiler.errors import ProfilerError  # noqa: E402
+from profiler.formats import record as F  # noqa: E402
 
 SEED_JOB = r"""
 import numpy as np
@@ -372,38 +372,38 @@ def _place_plain(key: str, name: str) -> Callable[[Path, dict[str, Path]], Path]
 
 
 def _api_raw(f: Path, case: Path) -> Any:
-    from profiler.dataset import convert_raw
+    from profiler.collect.convert import convert_raw
 
     return convert_raw(f, f.parent.parent)
 
 
 def _parse_raw(f: Path, case: Path) -> Any:
-    from profiler.raw import read_raw
+    from profiler.formats.raw import read_raw
 
     return read_raw(f)
 
 
 def _api_agg(f: Path, case: Path) -> Any:
-    from profiler.dataset import convert_raw
+    from profiler.collect.convert import convert_raw
 
     return convert_raw(f.with_suffix(".hvprof"), f.parent.parent)
 
 
 def _api_header(f: Path, case: Path) -> Any:
-    from profiler.raw import read_header
+    from profiler.formats.raw import read_header
 
     return read_header(f)
 
 
 def _api_merge(f: Path, case: Path) -> Any:
-    from profiler.merge import merge
+    from profiler.collect.merge import merge
 
     return merge(case / "prof")
 
 
 def _api_parquet(f: Path, case: Path) -> Any:
     """read_dataset, then merge whatever read_dataset said (both must hold)."""
-    from profiler.dataset import read_dataset
+    from profiler.formats.dataset import read_dataset
 
     refused: ProfilerError | None = None
     try:
@@ -416,7 +416,7 @@ def _api_parquet(f: Path, case: Path) -> Any:
 
 
 def _parse_parquet(f: Path, case: Path) -> Any:
-    from profiler.dataset import read_dataset
+    from profiler.formats.dataset import read_dataset
 
     return read_dataset([f])
 
@@ -429,7 +429,7 @@ def _api_trace(f: Path, case: Path) -> Any:
 
 
 def _api_timeline(f: Path, case: Path) -> Any:
-    from profiler.horovod.timeline import parse, tensor_ops
+    from profiler.formats.timeline import parse, tensor_ops
 
     return tensor_ops(parse(f))
 

@@ -255,9 +255,9 @@ def _cudart_last_error() -> int:
     import ctypes
 
     try:
-        from profiler import gpu
+        from profiler.collect import native
 
-        st = gpu.native_state() or {}
+        st = native.native_state() or {}
         path = st.get("cuda_runtime") or ""
         if not path:
             return 0
@@ -310,10 +310,10 @@ def worker(args: argparse.Namespace) -> int:
     be.sync()
     out["last_error"] = be.last_error()
     try:
-        from profiler import gpu
+        from profiler.collect import native
 
-        out["unfinished"] = gpu.finish_native(5000)
-        out["profiler"] = gpu.native_state()
+        out["unfinished"] = native.finish_native(5000)
+        out["profiler"] = native.native_state()
     except Exception as exc:  # not profiled (overhead baseline)
         out["profiler_error"] = str(exc)
     be.close()
@@ -519,9 +519,11 @@ def orchestrate(args: argparse.Namespace) -> int:
     lib = Path(args.lib).resolve()
     rep = Report()
     t0 = time.time()
-    from profiler import gpu
+    from profiler.analysis import gpu
 
-    topo = gpu.topology()
+    from profiler.collect import nvml
+
+    topo = nvml.topology()
     (out_dir / "topology.json").write_text(json.dumps(topo, indent=1))
     rep.say(f"GPU check ({'dry run: stand-ins on the CPU' if args.dry_run else 'real GPU'}), "
             f"library {lib}")

@@ -112,7 +112,7 @@ export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 export HVPROF_LIB=$LIB
 # From here on outside the checkout: its profiler/ (no analysis/) must not shadow.
 cd "$SCRATCH"
-$PY -c 'import profiler, profiler.analysis, profiler.gpu' || { say "package import failed"; exit 1; }
+$PY -c 'import profiler, profiler.analysis, profiler.analysis.gpu' || { say "package import failed"; exit 1; }
 
 # 4. The check.
 ARGS=(--out "$OUT" --work "$SCRATCH/work" --lib "$LIB")

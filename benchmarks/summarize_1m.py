@@ -5,7 +5,7 @@ them: R ranks, a main thread and Horovod's background thread, a Horovod-like
 mix of gradient allreduces of many sizes, bit-vector control allreduces,
 broadcasts and allgathervs), then measures, each in a fresh process:
 
-  read        profiler.raw.read_raw of one rank's raw file
+  read        profiler.formats.raw.read_raw of one rank's raw file
   merge       `profiler merge DIR` (raw -> parquet for every rank + trace.json)
   summarize   `profiler summarize DIR/trace.json` (table to a pipe)
   json        `profiler summarize DIR/trace.json --format json --by op,bytes,rank`
@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import rawgen  # noqa: E402
 
-from profiler import _format as F  # noqa: E402
+from profiler.formats import record as F  # noqa: E402
 
 
 def generate(d: Path, calls: int, ranks: int, seed: int = 0) -> None:
@@ -100,7 +100,7 @@ def main() -> None:
     py = sys.executable
     print(f"generated {args.calls} calls on {args.ranks} ranks in {gen_s:.1f} s "
           f"({raw_mib:.0f} MiB raw)")
-    read_code = ("import sys, time; from profiler.raw import read_raw; t=time.perf_counter(); "
+    read_code = ("import sys, time; from profiler.formats.raw import read_raw; t=time.perf_counter(); "
                  "r=read_raw(sys.argv[1]); print(len(r.records), time.perf_counter()-t)")
     out = subprocess.run([py, "-c", read_code, str(base / "raw" / "rank-00000.hvprof")],
                          capture_output=True, text=True, check=True).stdout.split()

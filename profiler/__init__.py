@@ -24,14 +24,14 @@ __all__ = ["__version__", "step", "step_context", "load", "sampling", "paused"]
 
 def step(images: int = 0) -> None:
     """Mark the end of a training step that processed `images` samples on this rank."""
-    from profiler.steps import step as _step
+    from profiler.collect.steps import step as _step
 
     _step(images=images)
 
 
 def step_context(images: int = 0) -> Any:
     """Context manager timing one step: `with profiler.step_context(images=64): ...`."""
-    from profiler.steps import step_context as _ctx
+    from profiler.collect.steps import step_context as _ctx
 
     return _ctx(images=images)
 
@@ -39,14 +39,14 @@ def step_context(images: int = 0) -> Any:
 def sampling(on: bool) -> None:
     """Pause (False) or resume (True) recording; paused calls keep their sequence
     numbers and are counted as unsampled.  A no-op when profiling is off."""
-    from profiler.steps import sampling as _sampling
+    from profiler.collect.steps import sampling as _sampling
 
     _sampling(on)
 
 
 def paused() -> Any:
     """Context manager pausing recording for its body: `with profiler.paused(): ...`."""
-    from profiler.steps import paused as _paused
+    from profiler.collect.steps import paused as _paused
 
     return _paused()
 

@@ -6,7 +6,7 @@ SRC is a real profile (trace.json, profile directory or a rank's parquet file),
 typically a 2-rank run.  DIR receives what a real N-rank job would leave there
 after its exit: ranks/rank-RRRRR.parquet + rank-RRRRR.json for every rank
 (the row schema, docs/ARCHITECTURE.md section 3) and trace.json (metadata,
-dataset index and the bounded event selection of profiler.tracejson).  It serves
+dataset index and the bounded event selection of profiler.formats.tracejson).  It serves
 the scale tests (64 ranks) and benchmarks (1024 ranks x 100k calls).
 
 The model, in order:
@@ -50,7 +50,7 @@ The model, in order:
 Everything is drawn from ``numpy.random.default_rng`` seeded with (seed, ...):
 the same arguments give the same bytes.  Each rank is generated and written on
 its own (memory holds one rank at a time), then trace.json is written by
-profiler.tracejson from the rank metadata (the rank-0 merge at exit).
+profiler.formats.tracejson from the rank metadata (the rank-0 merge at exit).
 """
 
 from __future__ import annotations
@@ -70,7 +70,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from profiler.dataset import schema_columns
 from profiler.errors import (
     CorruptError,
     EmptyProfileError,
@@ -78,6 +77,7 @@ from profiler.errors import (
     NotFoundError,
     UsageError,
 )
+from profiler.formats.dataset import schema_columns
 
 __all__ = ["SynthConfig", "SynthResult", "synthesize", "read_template"]
 
@@ -145,8 +145,8 @@ class Template:
 
 
 def _source_files(src: Path) -> tuple[list[Path], dict[str, Any] | None]:
-    from profiler.merge import rank_files
-    from profiler.tracejson import read_trace_meta
+    from profiler.formats.tracejson import read_trace_meta
+    from profiler.layout import rank_files
 
     if not src.exists():
         raise NotFoundError(src, "no such file or directory")
@@ -469,8 +469,8 @@ def _host(tmpl: Template, cfg: SynthConfig, rank: int) -> str:
 def rank_meta(tmpl: Template, plan: Plan, cfg: SynthConfig, rank: int, table: pa.Table,
               comm_ns: int) -> dict[str, Any]:
     """ranks/rank-R.json of a generated rank (the template's, adapted)."""
-    from profiler import _format as F
     from profiler._version import __version__
+    from profiler.formats import record as F
 
     m: dict[str, Any] = copy.deepcopy(tmpl.meta) if tmpl.meta else {}
     h = dict(m.get("header") or {})
@@ -537,9 +537,9 @@ def synthesize(src: str | os.PathLike[str], out: str | os.PathLike[str], cfg: Sy
                force: bool = False, trace_events: int | None = None,
                progress: Callable[[int, int], None] | None = None) -> SynthResult:
     """Generate the N-rank dataset of `cfg` from the real profile `src` into `out`."""
-    from profiler.dataset import write_parquet
-    from profiler.merge import job_metadata
-    from profiler.tracejson import now_iso, write_trace
+    from profiler.collect.merge import job_metadata
+    from profiler.formats.dataset import write_parquet
+    from profiler.formats.tracejson import now_iso, write_trace
 
     cfg.check()
     began = time.perf_counter()

@@ -2,7 +2,7 @@
 
 Used by the reader tests, the CLI bad-input tests, fuzzing and the scale
 generator (benchmarks/summarize_1m.py).  It follows the header's layout through
-profiler._format's dtypes (checked against the header by tests/test_format.py):
+profiler.formats.record's dtypes (checked against the header by tests/test_format.py):
 
     header (4096) | comm table | track table | chunks (chunk_bytes each)
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from profiler import _format as F
+from profiler.formats import record as F
 
 ALL_DONE = F.STATE_OPEN | F.STATE_MPI_INIT | F.STATE_FINALIZED | F.STATE_CLOSED
 

@@ -1,4 +1,4 @@
-"""The start-up hook (horovod_profiler.pth -> profiler._activate): nothing at all
+"""The start-up hook (horovod_profiler.pth -> profiler.collect.activate): nothing at all
 without HOROVOD_PROFILE; with it, the library in the global scope, nothing heavy
 imported, nothing printed or created by a process that never profiles, and an
 exit status that never changes."""
@@ -61,7 +61,7 @@ def test_non_mpi_python_sees_nothing(tmp_path: Path) -> None:
     # activated: the library is in the global scope (symbol found through dlopen(NULL)),
     # and nothing heavy was imported at start-up
     mods, pandas, pyarrow, numpy = p.stdout.strip().rsplit(" ", 3)
-    assert "'profiler._activate'" in mods and "'profiler._lib'" in mods
+    assert "'profiler.collect.activate'" in mods and "'profiler.collect.native'" in mods
     assert (pandas, pyarrow, numpy) == ("False", "False", "False")
     assert list(tmp_path.iterdir()) == []
 
@@ -109,7 +109,7 @@ def test_exit_status_unchanged_when_the_exit_work_fails(tmp_path: Path) -> None:
     assert "Traceback" not in p.stderr
     # the raw files are intact: `profiler merge` can still recover the job
     (prof / "ranks").unlink()
-    from profiler.merge import merge
+    from profiler.collect.merge import merge
 
     res = merge(prof)
     assert res.ranks == [0, 1] and res.calls == 2 * 3  # init, barrier, finalize

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from conftest import ROOT, base_env, profiler_cli, requires_mpi
 
-from profiler import _format as F
-from profiler import _lib
-from profiler.raw import read_raw
+from profiler.collect import native
+from profiler.formats import record as F
+from profiler.formats.raw import read_raw
 
 pytestmark = [requires_mpi, pytest.mark.mpi]
 
@@ -57,7 +57,7 @@ def impl(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
                         "-o", str(exe)], check=True)
         bins[prog] = exe
     if name == "openmpi":
-        lib = _lib.library_path()
+        lib = native.library_path()
     else:
         lib = str(out / "libhvprof.so")
         hooks = ROOT / "hooks"
@@ -120,7 +120,7 @@ def test_clock_offsets_measured_at_init_and_finalize(impl: dict, tmp_path: Path)
     rank measures as if it had its own clock): rank 1's offset to rank 0 is
     measured at MPI_Init and again at MPI_Finalize; both lie within their error
     bound of the truth (0: one machine, one CLOCK_MONOTONIC)."""
-    from profiler.dataset import clock_drift_ppm
+    from profiler.formats.clock import clock_drift_ppm
 
     prof = tmp_path / "prof"
     launch(impl, 2, "collectives", ["3"], prof, tmp_path,
@@ -137,7 +137,7 @@ def test_clock_offsets_measured_at_init_and_finalize(impl: dict, tmp_path: Path)
     assert abs(h1["offset_end_ns"]) <= h1["offset_end_err_ns"] + 100
     assert clock_drift_ppm(h0) == 0.0
     # the trace says both measurements and the drift between them
-    from profiler.merge import merge
+    from profiler.collect.merge import merge
 
     merge(prof)
     meta = json.loads((prof / "trace.json").read_bytes())["horovod_profiler"]

@@ -11,7 +11,7 @@ import pytest
 import rawgen
 from conftest import profiler_cli
 
-from profiler.merge import merge
+from profiler.collect.merge import merge
 
 
 def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -220,7 +220,7 @@ def test_parquet_of_the_wrong_shape_is_refused_by_column(tmp_path: Path, good: P
 def test_other_tools_extra_columns_are_kept_or_skipped(tmp_path: Path, good: Path) -> None:
     import pyarrow as pa
 
-    from profiler.dataset import read_dataset
+    from profiler.formats.dataset import read_dataset
 
     d = _copy(good, tmp_path)
     f = _rewrite_parquet(d, lambda t: t.append_column(

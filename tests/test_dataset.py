@@ -1,4 +1,4 @@
-"""profiler.dataset: raw -> rows (row schema), parquet + json per rank, reading back."""
+"""profiler.formats.dataset: raw -> rows (row schema), parquet + json per rank, reading back."""
 
 from __future__ import annotations
 
@@ -11,23 +11,24 @@ import pandas as pd
 import pytest
 import rawgen
 
-from profiler import _format as F
-from profiler import dataset as D
+from profiler.collect import convert
 from profiler.errors import CorruptError, NotFoundError
-from profiler.raw import read_raw
+from profiler.formats import clock, dataset, rows, schema
+from profiler.formats import record as F
+from profiler.formats.raw import read_raw
 
 
 @pytest.fixture
 def no_classify(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hide profiler.horovod.classify: the default kinds apply."""
-    monkeypatch.setitem(sys.modules, "profiler.horovod.classify", None)
+    """Hide profiler.formats.classify: the default kinds apply."""
+    monkeypatch.setitem(sys.modules, "profiler.formats.classify", None)
 
 
 def test_schema_and_values(tmp_path: Path) -> None:
     w = rawgen.simple_rank(1, 2, n=5, nbytes=3000, t0=1_000, gap=10_000, dur=2_000,
                            offset_ns=100, job_t0_ns=500)
-    df = D.raw_to_frame(read_raw(w.write(tmp_path / "raw" / "rank-00001.hvprof")))
-    assert list(df.columns) == D.COLUMNS
+    df = rows.raw_to_frame(read_raw(w.write(tmp_path / "raw" / "rank-00001.hvprof")))
+    assert list(df.columns) == schema.COLUMNS
     assert len(df) == 5
     assert (df["rank"] == 1).all()
     assert df["t_start_ns"].tolist() == [400, 10_400, 20_400, 30_400, 40_400]
@@ -51,7 +52,7 @@ def test_schema_and_values(tmp_path: Path) -> None:
                 "track": "int32", "tid": "int32", "group": "int32", "step": "int32"}
     for col, dt in expected.items():
         assert str(df[col].dtype) == dt, col
-    for col in D.CATEGORY_COLUMNS:
+    for col in schema.CATEGORY_COLUMNS:
         assert isinstance(df[col].dtype, pd.CategoricalDtype), col
 
 
@@ -61,13 +62,13 @@ def test_tsc_calibration_pairs_and_fallback() -> None:
          "offset_ns": 0, "job_t0_ns": 0}
     ticks = np.array([1_000, 3_000, 1_000 + 2_000_000], dtype=np.uint64)
     # the pair says 2 ticks per ns (beats ticks_per_ns = 3)
-    assert D.ticks_to_mono_ns(ticks, h).tolist() == [50, 1_050, 1_000_050]
+    assert clock.ticks_to_mono_ns(ticks, h).tolist() == [50, 1_050, 1_000_050]
     h["cal1_ticks"], h["cal1_mono_ns"] = 0, 0  # no later pair: ticks_per_ns
-    assert D.ticks_to_mono_ns(ticks, h).tolist() == [50, 717, 666_717]
+    assert clock.ticks_to_mono_ns(ticks, h).tolist() == [50, 717, 666_717]
     h.update(offset_ns=-7, job_t0_ns=40)
-    assert D.ticks_to_job_ns(ticks, h).tolist() == [17, 684, 666_684]
+    assert clock.ticks_to_job_ns(ticks, h).tolist() == [17, 684, 666_684]
     mono = {"clock_kind": 2, "offset_ns": 10, "job_t0_ns": 5}
-    assert D.ticks_to_job_ns(np.array([100], dtype=np.uint64), mono).tolist() == [85]
+    assert clock.ticks_to_job_ns(np.array([100], dtype=np.uint64), mono).tolist() == [85]
 
 
 def test_tsc_ranks_line_up(tmp_path: Path) -> None:
@@ -81,7 +82,7 @@ def test_tsc_ranks_line_up(tmp_path: Path) -> None:
         t = w.add_track(10 + rank, is_main=True)
         mono = 50_000 + offset  # same instant on rank 0's axis: 50_000
         w.add(t, rawgen.records(1, t_start=int(mono * tpn), t_end=int((mono + 10) * tpn), op=1))
-        frames.append(D.raw_to_frame(read_raw(w.write(tmp_path / f"{rank}.hvprof"))))
+        frames.append(rows.raw_to_frame(read_raw(w.write(tmp_path / f"{rank}.hvprof"))))
     assert [int(f["t_start_ns"][0]) for f in frames] == [40_000, 40_000]
     assert [int(f["dur_ns"][0]) for f in frames] == [10, 10]
 
@@ -96,7 +97,7 @@ def test_thread_kinds_groups_devices(tmp_path: Path) -> None:
     for i, t in enumerate(tracks):
         w.add(t, rawgen.records(1, t_start=i * 10, t_end=i * 10 + 5, op=64, comm=1, aux=7,
                                 flags=F.FLAG_DEVICE if i == 4 else F.FLAG_IN_PLACE))
-    df = D.raw_to_frame(read_raw(w.write(tmp_path / "r.hvprof")))
+    df = rows.raw_to_frame(read_raw(w.write(tmp_path / "r.hvprof")))
     assert df["thread_kind"].astype(str).tolist() == ["main", "horovod", "horovod", "other",
                                                        "stream"]
     assert df["thread_name"].astype(str).tolist()[3] == "worker"
@@ -113,7 +114,7 @@ def test_unknown_codes_and_out_of_range_indices(tmp_path: Path) -> None:
     t = w.add_track(1, is_main=True)
     w.add(t, rawgen.records(2, t_start=[0, 10], t_end=[5, 15], op=[200, 1], dtype=[250, 14],
                             redop=[99, 1], comm=[5, 0]))
-    df = D.raw_to_frame(read_raw(w.write(tmp_path / "r.hvprof")))
+    df = rows.raw_to_frame(read_raw(w.write(tmp_path / "r.hvprof")))
     assert df["op"].astype(str).tolist() == ["op_200", "allreduce"]
     assert df["backend"].astype(str).tolist() == ["unknown", "mpi"]
     assert df["dtype"].astype(str).tolist() == ["dtype_250", "MPI_FLOAT"]
@@ -126,7 +127,7 @@ def test_uncompleted_request_has_zero_duration(tmp_path: Path) -> None:
     w.add_comm(1, 1, 0, "MPI_COMM_WORLD")
     t = w.add_track(1, is_main=True)
     w.add(t, rawgen.records(1, t_start=100, t_end=0, op=2, flags=F.FLAG_NO_COMPLETION))
-    df = D.raw_to_frame(read_raw(w.write(tmp_path / "r.hvprof")))
+    df = rows.raw_to_frame(read_raw(w.write(tmp_path / "r.hvprof")))
     assert df["dur_ns"].tolist() == [0]
 
 
@@ -139,7 +140,7 @@ def test_steps_and_default_kinds(tmp_path: Path, no_classify: None) -> None:
                             count=[64, 64]))
     w.add(t, rawgen.records(7, t_start=[50, 100, 150, 250, 299, 300, 400],
                             t_end=[51, 101, 151, 251, 300, 301, 401], op=1))
-    df = D.raw_to_frame(read_raw(w.write(tmp_path / "r.hvprof")))
+    df = rows.raw_to_frame(read_raw(w.write(tmp_path / "r.hvprof")))
     assert df["t_start_ns"].is_monotonic_increasing
     calls = df[df["op"] == "allreduce"]
     assert calls["step"].tolist() == [-1, 0, 0, 1, 1, -1, -1]
@@ -153,19 +154,19 @@ def test_steps_and_default_kinds(tmp_path: Path, no_classify: None) -> None:
 def test_classify_hook_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import types
 
-    mod = types.ModuleType("profiler.horovod.classify")
+    mod = types.ModuleType("profiler.formats.classify")
 
     def classify(df: pd.DataFrame) -> pd.Series:
         return pd.Series(np.where(df["redop"].astype(str) == "band", "control", "data"),
                          index=df.index)
 
     mod.classify = classify  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "profiler.horovod.classify", mod)
+    monkeypatch.setitem(sys.modules, "profiler.formats.classify", mod)
     w = rawgen.RawWriter()
     w.add_comm(1, 1, 0, "MPI_COMM_WORLD")
     t = w.add_track(1, is_main=True)
     w.add(t, rawgen.records(3, t_start=[0, 1, 2], t_end=[1, 2, 3], op=1, redop=[6, 1, 6]))
-    df = D.raw_to_frame(read_raw(w.write(tmp_path / "r.hvprof")))
+    df = rows.raw_to_frame(read_raw(w.write(tmp_path / "r.hvprof")))
     assert df["kind"].astype(str).tolist() == ["control", "data", "control"]
 
 
@@ -179,7 +180,7 @@ def test_convert_writes_parquet_and_json(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setenv("MY_HOROVOD_TOKEN", "do-not-leak")
     monkeypatch.setenv("OMPI_MCA_orte_hnp_uri", "launcher-internal")
     raw = rawgen.simple_rank(0, 1, n=7).write(tmp_path / "raw" / "rank-00000.hvprof")
-    c = D.convert_raw(raw, own_process=True)
+    c = convert.convert_raw(raw, own_process=True)
     assert c.parquet == tmp_path / "ranks" / "rank-00000.parquet"
     assert c.calls == 7 and c.rows == 7 and c.complete
     meta = orjson.loads(c.meta.read_bytes())
@@ -190,43 +191,43 @@ def test_convert_writes_parquet_and_json(tmp_path: Path, monkeypatch: pytest.Mon
     assert meta["comms"][0]["name"] == "MPI_COMM_WORLD" and meta["comms"][0]["id"] == 0x5EED
     assert meta["tracks"][0]["thread_kind"] == "main"
     assert meta["header"]["rank"] == 0 and meta["source"]["raw"] == "raw/rank-00000.hvprof"
-    back = D.read_dataset([c.parquet])
-    pd.testing.assert_frame_equal(back, D.raw_to_frame(read_raw(raw)))
-    assert D.is_up_to_date(raw)
+    back = dataset.read_dataset([c.parquet])
+    pd.testing.assert_frame_equal(back, rows.raw_to_frame(read_raw(raw)))
+    assert convert.is_up_to_date(raw)
     # another process converting (profiler merge): no env, no argv
-    c2 = D.convert_raw(raw, own_process=False)
+    c2 = convert.convert_raw(raw, own_process=False)
     meta2 = orjson.loads(c2.meta.read_bytes())
     assert meta2["env"] is None and meta2["argv"] is None
 
 
 def test_up_to_date_tracks_the_raw_file(tmp_path: Path) -> None:
     raw = rawgen.simple_rank(0, 1, n=3).write(tmp_path / "raw" / "rank-00000.hvprof")
-    assert not D.is_up_to_date(raw)
-    D.convert_raw(raw)
-    assert D.is_up_to_date(raw)
+    assert not convert.is_up_to_date(raw)
+    convert.convert_raw(raw)
+    assert convert.is_up_to_date(raw)
     rawgen.simple_rank(0, 1, n=200).write(raw)  # the file grew
-    assert not D.is_up_to_date(raw)
+    assert not convert.is_up_to_date(raw)
 
 
 def test_read_dataset_many_files_rank_filter(tmp_path: Path) -> None:
     files = []
     for r in range(3):
         w = rawgen.simple_rank(r, 3, n=4 + r, op_name=["allreduce", "bcast", "barrier"][r])
-        files.append(D.convert_raw(w.write(tmp_path / "raw" / f"rank-{r:05d}.hvprof")).parquet)
-    df = D.read_dataset(files)
+        files.append(convert.convert_raw(w.write(tmp_path / "raw" / f"rank-{r:05d}.hvprof")).parquet)
+    df = dataset.read_dataset(files)
     assert df.groupby("rank").size().tolist() == [4, 5, 6]
     assert isinstance(df["op"].dtype, pd.CategoricalDtype)
     assert sorted(df["op"].astype(str).unique()) == ["allreduce", "barrier", "bcast"]
-    sub = D.read_dataset(files, ranks=[1, 2], columns=["rank", "op", "bytes"])
+    sub = dataset.read_dataset(files, ranks=[1, 2], columns=["rank", "op", "bytes"])
     assert list(sub.columns) == ["rank", "op", "bytes"] and len(sub) == 11
-    assert D.read_dataset(files, ranks=[7]).empty
+    assert dataset.read_dataset(files, ranks=[7]).empty
     with pytest.raises(NotFoundError):
-        D.read_dataset([tmp_path / "ranks" / "rank-00009.parquet"])
+        dataset.read_dataset([tmp_path / "ranks" / "rank-00009.parquet"])
 
 
 def test_empty_frame_schema() -> None:
-    df = D.empty_frame()
-    assert list(df.columns) == D.COLUMNS and len(df) == 0
+    df = rows.empty_frame()
+    assert list(df.columns) == schema.COLUMNS and len(df) == 0
 
 
 def test_schema_kinds_match_what_the_converter_writes(tmp_path: Path) -> None:
@@ -234,18 +235,18 @@ def test_schema_kinds_match_what_the_converter_writes(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
     raw = rawgen.simple_rank(0, 1, n=5).write(tmp_path / "raw" / "rank-00000.hvprof")
-    df = D.raw_to_frame(read_raw(raw))
+    df = rows.raw_to_frame(read_raw(raw))
     kind_of = {"i": "int", "u": "int", "b": "bool", "f": "float"}
-    for c in D.COLUMNS:
+    for c in schema.COLUMNS:
         dt = df[c].dtype
         got = "str" if isinstance(dt, pd.CategoricalDtype) else kind_of[dt.kind]
-        assert D.ROW_KINDS[c] == got, c
-    schema = pq.read_schema(D.convert_raw(raw).parquet)
-    assert D.schema_columns(schema) == D.COLUMNS
+        assert schema.ROW_KINDS[c] == got, c
+    written = pq.read_schema(convert.convert_raw(raw).parquet)
+    assert dataset.schema_columns(written) == schema.COLUMNS
     with pytest.raises(CorruptError, match="no t_start_ns column"):
-        D.schema_columns(schema.remove(schema.get_field_index("t_start_ns")))
+        dataset.schema_columns(written.remove(written.get_field_index("t_start_ns")))
     with pytest.raises(CorruptError, match="appears twice"):
-        D.schema_columns(schema.append(schema.field("rank")))
+        dataset.schema_columns(written.append(written.field("rank")))
 
 
 def test_clock_offset_interpolated_between_its_two_measurements(tmp_path: Path) -> None:
@@ -253,13 +254,13 @@ def test_clock_offset_interpolated_between_its_two_measurements(tmp_path: Path) 
     # CLOCK_MONOTONIC 1 s, 1000 + 50e-6 * 10 s = 501000 ns at 11 s
     raw = read_raw(rawgen.simple_rank(1, 2, n=3).write(tmp_path / "rank-00001.hvprof"))
     h = dict(raw.header)
-    assert D.clock_drift_ppm(h) is None  # measured once (an older file reads the same)
+    assert clock.clock_drift_ppm(h) is None  # measured once (an older file reads the same)
     h.update(offset_ns=1000, offset_at_ns=1_000_000_000, offset_end_ns=501_000,
              offset_end_at_ns=11_000_000_000, job_t0_ns=0)
-    assert D.clock_drift_ppm(h) == pytest.approx(50.0)
+    assert clock.clock_drift_ppm(h) == pytest.approx(50.0)
     t = np.array([1_000_000_000, 6_000_000_000, 11_000_000_000, 21_000_000_000])
-    assert D.ticks_to_job_ns(t, h).tolist() == [999_999_000, 5_999_749_000,
+    assert clock.ticks_to_job_ns(t, h).tolist() == [999_999_000, 5_999_749_000,
                                                10_999_499_000, 20_998_999_000]
     h["offset_end_ns"] = 1000 + 20_000_000  # 2000 ppm: a stepped clock, not drift
-    assert D.clock_drift_ppm(h) is None
-    assert D.ticks_to_job_ns(t, h).tolist() == (t - 1000).tolist()
+    assert clock.clock_drift_ppm(h) is None
+    assert clock.ticks_to_job_ns(t, h).tolist() == (t - 1000).tolist()

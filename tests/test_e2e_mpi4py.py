@@ -17,7 +17,7 @@ import pytest
 from conftest import mpirun, profiler_cli, requires_mpi
 from profiler.analysis import load, load_meta
 
-from profiler import _format as F
+from profiler.formats import record as F
 
 pytestmark = [requires_mpi, pytest.mark.mpi]
 

@@ -1,4 +1,4 @@
-"""The Python view of the raw format (profiler._format) against hooks/hvprof_format.h:
+"""The Python view of the raw format (profiler.formats.record) against hooks/hvprof_format.h:
 (1) the layout the library itself reports (hvprof_layout_json), (2) a C program
 compiled from the header that prints sizeof/offsetof and the X-macro tables."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler import _format as F
+from profiler.formats import record as F
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = ROOT / "hooks" / "hvprof_format.h"
@@ -46,13 +46,13 @@ def test_sizes_and_constants() -> None:
 
 @pytest.fixture(scope="module")
 def library_layout() -> dict:
-    from profiler import _lib
+    from profiler.collect import native
 
     try:
-        _lib.library_path()
+        native.library_path()
     except Exception as exc:  # pragma: no cover - package not installed with its library
         pytest.skip(f"library not available: {exc}")
-    return json.loads(_lib.layout_json())
+    return json.loads(native.layout_json())
 
 
 def test_library_layout_structs(library_layout: dict) -> None:

@@ -1,4 +1,4 @@
-"""profiler.gpu: topology through NVML, NCCL visibility warnings, summary lines.
+"""profiler.analysis.gpu: topology through NVML, NCCL visibility warnings, summary lines.
 
 This machine has no GPU: topology() is checked against the real pynvml (no
 driver: empty), with pynvml absent, with NVML failing, and against a fake NVML
@@ -13,8 +13,11 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from profiler.analysis import gpu
 
-from profiler import gpu
+from profiler import layout
+from profiler.collect import nvml
+from profiler.formats.raw import read_sidecar
 
 
 class FakeNVMLError(Exception):
@@ -73,17 +76,17 @@ def fake_nvml(n: int = 4, *, fail_init: bool = False, nvlink: bool = True) -> Mo
 
 def test_topology_empty_without_a_gpu_here() -> None:
     # the real pynvml on this machine: no driver library, so nothing, no error
-    assert gpu.topology() == []
+    assert nvml.topology() == []
 
 
 def test_topology_without_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
-    assert gpu.topology() == []
+    assert nvml.topology() == []
 
 
 def test_topology_when_nvml_fails() -> None:
     m = fake_nvml(fail_init=True)
-    assert gpu.topology(m) == []
+    assert nvml.topology(m) == []
     assert m.calls == ["init"]  # type: ignore[attr-defined]
 
 
@@ -94,13 +97,13 @@ def test_topology_when_a_query_fails_midway() -> None:
         raise FakeNVMLError("GPU is lost")
 
     m.nvmlDeviceGetCount = boom  # type: ignore[attr-defined]
-    assert gpu.topology(m) == []
+    assert nvml.topology(m) == []
     assert m.calls == ["init", "shutdown"]  # type: ignore[attr-defined]
 
 
 def test_topology_of_a_four_gpu_host() -> None:
     m = fake_nvml()
-    gpus = gpu.topology(m)
+    gpus = nvml.topology(m)
     assert m.calls == ["init", "shutdown"]  # type: ignore[attr-defined]
     assert [g["index"] for g in gpus] == [0, 1, 2, 3]
     g0, g3 = gpus[0], gpus[3]
@@ -116,13 +119,13 @@ def test_topology_of_a_four_gpu_host() -> None:
 
 
 def test_topology_lines() -> None:
-    gpus = gpu.topology(fake_nvml())
+    gpus = nvml.topology(fake_nvml())
     lines = gpu.topology_lines(gpus, "node1")
     assert lines[0] == "GPU 0 on node1: NVIDIA H200, 140 GiB, PCIe gen5 x8 (max gen5 x16)"
     assert lines[1] == "GPU 1-3 on node1: NVIDIA H200, 140 GiB, PCIe gen5 x16"
     assert lines[2] == "  GPU 0: NVLink v4, 3 links -> GPU 1 x2, NVSwitch/other x1"
     assert len(lines) == 6
-    plain = gpu.topology_lines(gpu.topology(fake_nvml(2, nvlink=False)))
+    plain = gpu.topology_lines(nvml.topology(fake_nvml(2, nvlink=False)))
     assert plain[-1] == "  no NVLink: GPUs talk over PCIe"
     assert gpu.topology_lines([]) == []
 
@@ -164,7 +167,7 @@ def test_notes_on_device_time() -> None:
     st = _state(interposable=True, nccl_loaded=True, calls={"nccl_allreduce": 10},
                 device_records=8, miss={"pool_empty": 2}, anchor_err_ns_max=3500)
     meta = {"ranks": [{"rank": 0, "host": "n1", "nccl": st,
-                       "gpus": gpu.topology(fake_nvml(1, nvlink=False))}]}
+                       "gpus": nvml.topology(fake_nvml(1, nvlink=False))}]}
     lines = gpu.summary_lines(meta)
     assert lines[0].startswith("note: 2 NCCL call(s) have no device time")
     assert lines[1] == ("NCCL device times: 8 intervals from CUDA events, placed on the host "
@@ -175,11 +178,11 @@ def test_notes_on_device_time() -> None:
 def test_sidecar_roundtrip(tmp_path: Any) -> None:
     raw = tmp_path / "raw" / "rank-00003.hvprof"
     raw.parent.mkdir()
-    assert gpu.sidecar_path(raw).name == "rank-00003.nccl.json"
-    assert gpu.read_sidecar(raw) is None
-    gpu.sidecar_path(raw).write_text('{"visible": 7}\n')
-    assert gpu.read_sidecar(raw) == {"visible": 7}
-    gpu.sidecar_path(raw).write_text("not json")
-    assert gpu.read_sidecar(raw) is None
-    meta = gpu.process_metadata(raw, own_process=False)
+    assert layout.sidecar_path(raw).name == "rank-00003.nccl.json"
+    assert read_sidecar(raw) is None
+    layout.sidecar_path(raw).write_text('{"visible": 7}\n')
+    assert read_sidecar(raw) == {"visible": 7}
+    layout.sidecar_path(raw).write_text("not json")
+    assert read_sidecar(raw) is None
+    meta = nvml.process_metadata(raw, own_process=False)
     assert meta == {"gpus": [], "nccl": None}

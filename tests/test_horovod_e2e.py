@@ -217,7 +217,7 @@ def test_import_hook_wraps_distributed_optimizer_without_importing_horovod(
     wraps the DistributedOptimizer template classes (checked in a fresh process)."""
     script = (
         "import sys\n"
-        "from profiler.horovod import hooks\n"
+        "from profiler.collect import horovod_hooks as hooks\n"
         "hooks.install()\n"
         "assert 'torch' not in sys.modules and 'horovod' not in sys.modules\n"
         "import horovod.torch as hvd\n"
@@ -273,7 +273,7 @@ def test_hook_unused_when_profiling_off(tmp_path: Path) -> None:
     script = (
         "import sys, horovod.torch.optimizer as o\n"
         "assert getattr(o._DistributedOptimizer.step, '__hvprof_wrapped__', None) is None\n"
-        "assert 'profiler._activate' not in sys.modules\n"
+        "assert 'profiler.collect.activate' not in sys.modules\n"
         "print('OK')\n"
     )
     env = base_env()
@@ -311,7 +311,7 @@ def test_step_context_and_step_in_one_process(tmp_path: Path) -> None:
         "time.sleep(0.01)\n"
         "profiler.step(images=5)\n"
         "profiler.step(images=0)\n"
-        "from profiler import steps\n"
+        "from profiler.collect import steps\n"
         "print('MODE', steps.mode(), steps.steps_recorded())\n"
     )
     prof = tmp_path / "p"
@@ -330,7 +330,7 @@ def test_steps_are_free_when_profiling_off(tmp_path: Path) -> None:
     """Without the library every call returns at once (well under a microsecond)."""
     script = (
         "import time, profiler\n"
-        "from profiler import steps\n"
+        "from profiler.collect import steps\n"
         "n = 200000\n"
         "t = time.perf_counter()\n"
         "for _ in range(n):\n"
@@ -352,7 +352,7 @@ def test_steps_are_free_when_profiling_off(tmp_path: Path) -> None:
 
 
 def test_bad_images_is_a_typed_error() -> None:
-    from profiler import steps
+    from profiler.collect import steps
     from profiler.errors import ProfilerError
 
     with pytest.raises(ProfilerError):

@@ -18,9 +18,11 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import mpirun, requires_mpi
+from profiler.analysis import lineage as LQ
 
-from profiler.horovod import lineage as L
-from profiler.horovod import timeline as T
+from profiler.collect import lineage as L
+from profiler.formats import lineage as LF
+from profiler.formats import timeline as T
 
 DATA = Path(__file__).parent / "data"
 JOB = Path(__file__).parent / "hvd_model_job.py"
@@ -82,7 +84,7 @@ def lineage_of(prof: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
     meta: dict[str, Any] = {}
     path = L.build(prof, metadata=meta)
     assert path == prof / "lineage.parquet", meta
-    return L.load(path), meta["lineage"]
+    return LF.load(path), meta["lineage"]
 
 
 def check_every_parameter_once_per_step(lin: pd.DataFrame, params: dict[str, int]) -> None:
@@ -115,7 +117,7 @@ def test_unfused_lineage_one_tensor_per_call(unfused: tuple[Path, dict[str, Any]
     assert (ar["call_bytes"] == ar["tensor_bytes"]).all()
     assert ar["fill_ratio"].isna().all()  # fusion off: no threshold to fill
     # One call per tensor, each a distinct (comm, seq).
-    calls = L.calls(lin)
+    calls = LQ.calls(lin)
     car = calls[calls["call_op"] == "allreduce"]
     assert len(car) == STEPS * len(params)
     assert car[["call_comm", "call_seq"]].drop_duplicates().shape[0] == len(car)
@@ -139,7 +141,7 @@ def test_stragglers_from_readiness(unfused: tuple[Path, dict[str, Any]]) -> None
     ar = lin[lin["op"] == "ALLREDUCE"]
     # Cache off: every negotiation carries both ranks' readiness.
     assert (ar["ready_ranks"] == 2).all()
-    st = L.stragglers(lin[lin["op"] == "ALLREDUCE"]).set_index("step")
+    st = LQ.stragglers(lin[lin["op"] == "ALLREDUCE"]).set_index("step")
     # Rank 1 slept 50 ms before its backward pass in the 4th iteration (step 2:
     # the first iteration is step -1).
     # (Thresholds leave room for a loaded 2-core machine: rank 0's own
@@ -163,7 +165,7 @@ def test_fused_lineage(fused: tuple[Path, dict[str, Any]]) -> None:
     threshold = (1 << 20) if env_recorded(prof) else None
     assert meta["fusion_threshold"] == threshold
     check_every_parameter_once_per_step(lin, params)
-    calls = L.calls(lin)
+    calls = LQ.calls(lin)
     car = calls[calls["call_op"] == "allreduce"]
     # Fused calls: usually one per step carrying every gradient (a Horovod
     # cycle boundary inside a backward pass splits a step in two).
@@ -186,7 +188,7 @@ def test_fused_lineage(fused: tuple[Path, dict[str, Any]]) -> None:
     assert (ar["wait_for_data_ns"] == 0).all()  # CPU tensors: no WAIT_FOR_DATA
     assert (ar["negotiation_ns"] >= 0).all()
     # Per-call columns for every rank's rows, keyed by (comm, seq).
-    cc = L.call_columns(lin)
+    cc = LQ.call_columns(lin)
     df1 = pd.read_parquet(prof / "ranks" / "rank-00001.parquet")
     joined = df1.merge(cc, on=["comm", "seq"], how="inner")
     assert len(joined) == len(calls)
@@ -297,27 +299,27 @@ def test_no_data_records_means_nothing_matched() -> None:
     lin, info = L.join(tl, recs, header=None)
     assert len(lin) == len(T.tensor_ops(tl)) and not lin["matched"].any()
     assert info["matched_calls"] == 0
-    assert L.calls(lin).empty and L.stragglers(lin).shape[0] >= 0
+    assert LQ.calls(lin).empty and LQ.stragglers(lin).shape[0] >= 0
 
 
 def test_fusion_threshold_parsing() -> None:
-    assert L.fusion_threshold(None) is None  # environment not recorded
-    assert L.fusion_threshold({}) == 128 * 1024 * 1024
-    assert L.fusion_threshold({"HOROVOD_FUSION_THRESHOLD": "0"}) == 0
-    assert L.fusion_threshold({"HOROVOD_FUSION_THRESHOLD": "67108864"}) == 64 << 20
-    assert L.fusion_threshold({"HOROVOD_FUSION_THRESHOLD": "lots"}) == 128 << 20
-    assert L.fusion_threshold({"HOROVOD_FUSION_THRESHOLD": "-5"}) == 0
+    assert LF.fusion_threshold(None) is None  # environment not recorded
+    assert LF.fusion_threshold({}) == 128 * 1024 * 1024
+    assert LF.fusion_threshold({"HOROVOD_FUSION_THRESHOLD": "0"}) == 0
+    assert LF.fusion_threshold({"HOROVOD_FUSION_THRESHOLD": "67108864"}) == 64 << 20
+    assert LF.fusion_threshold({"HOROVOD_FUSION_THRESHOLD": "lots"}) == 128 << 20
+    assert LF.fusion_threshold({"HOROVOD_FUSION_THRESHOLD": "-5"}) == 0
 
 
 def test_load_errors(tmp_path: Path) -> None:
     from profiler.errors import NotFoundError
     with pytest.raises(NotFoundError):
-        L.load(tmp_path)
+        LF.load(tmp_path)
     with pytest.raises(NotFoundError):
-        L.load(tmp_path / "trace.json")
+        LF.load(tmp_path / "trace.json")
     (tmp_path / "lineage.parquet").write_bytes(b"PAR1 not really")
     with pytest.raises(NotFoundError, match="cannot read lineage"):
-        L.load(tmp_path)
+        LF.load(tmp_path)
 
 
 # ---------------------------------------------------------------------------
@@ -418,7 +420,7 @@ def test_user_timeline_is_respected(tmp_path: Path) -> None:
         return
     assert path is not None, meta
     assert meta["lineage"]["timeline_file"] == str(mine)
-    check_every_parameter_once_per_step(L.load(path), info["params"])
+    check_every_parameter_once_per_step(LF.load(path), info["params"])
 
 
 def test_alignment_takes_the_nearest_record() -> None:

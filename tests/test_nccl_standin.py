@@ -5,7 +5,7 @@ temporary directory as libnccl.so.2 and libcudart.so.12 (not NCCL, not CUDA:
 trivial semantics, virtual streams with a controllable per-call delay, and
 counters of every synchronization).  tests/standin/nccl_app.c drives them
 under LD_PRELOAD of the packaged library with HOROVOD_PROFILE=1 and no MPI;
-the raw file is read back with profiler.raw and checked with exact counts.
+the raw file is read back with profiler.formats.raw and checked with exact counts.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ import numpy as np
 import orjson
 import pytest
 from conftest import PYTHON, ROOT, base_env, mpirun, profiler_cli, requires_mpi
+from profiler.analysis import gpu
 
-from profiler import _format as F
-from profiler import gpu
-from profiler._lib import library_path
-from profiler.raw import RawFile, read_raw
+from profiler.collect.native import library_path
+from profiler.formats import raw
+from profiler.formats import record as F
+from profiler.formats.raw import RawFile, read_raw
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -105,7 +106,7 @@ def run_app(built: Built, tmp_path: Path, *args: str, app: Path | None = None,
     assert proc.returncode == 0, proc.stderr
     out = orjson.loads(proc.stdout.strip().splitlines()[-1])
     raw_path = prof / "raw" / f"rank-{rank:05d}.hvprof"
-    return Run(out, read_raw(raw_path), gpu.read_sidecar(raw_path), prof)
+    return Run(out, read_raw(raw_path), raw.read_sidecar(raw_path), prof)
 
 
 @pytest.fixture(scope="module")
@@ -341,8 +342,9 @@ def test_profiling_off_passes_through(built: Built, tmp_path: Path) -> None:
 
 _PY_CTYPES = textwrap.dedent("""
     import ctypes, sys, orjson
-    from profiler import _lib, gpu
-    hv = _lib.load()                      # what the .pth start-up hook does
+    from profiler.collect import native
+    from profiler.analysis import gpu
+    hv = native.load()                      # what the .pth start-up hook does
     mode = ctypes.RTLD_GLOBAL if sys.argv[3] == "global" else ctypes.RTLD_LOCAL
     cudart = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
     nccl = ctypes.CDLL(sys.argv[2], mode=mode)
@@ -363,8 +365,8 @@ _PY_CTYPES = textwrap.dedent("""
     for i in range(5):
         assert g.ncclAllReduce(buf, buf, 256, 7, 0, comm, stream) == 0
     g.ncclGroupStart(); g.ncclAllReduce(buf, buf, 8, 7, 0, comm, stream); g.ncclGroupEnd()
-    left = gpu.finish_native()            # what the Python runtime does before closing
-    state = gpu.native_state()
+    left = native.finish_native()            # what the Python runtime does before closing
+    state = native.native_state()
     print(orjson.dumps({"left": left, "state": state,
                         "syncs": cudart.standin_total_syncs()}).decode())
 """)
@@ -397,14 +399,15 @@ def test_python_ctypes_global_lookup(built: Built, tmp_path: Path, mode: str) ->
 def test_library_loads_and_works_without_nccl_or_cuda(tmp_path: Path) -> None:
     code = textwrap.dedent("""
         import ctypes, orjson
-        from profiler import _lib, gpu
-        lib = _lib.load()
+        from profiler.collect import native
+        from profiler.analysis import gpu
+        lib = native.load()
         print(lib.hvprof_nccl_visible())
-        st = gpu.native_state()
+        st = native.native_state()
         print(orjson.dumps(st).decode())
         g = ctypes.CDLL(None)
         print(g.ncclGroupStart())           # no NCCL behind it: ncclSystemError
-        print(gpu.finish_native())
+        print(native.finish_native())
     """)
     env = base_env()
     proc = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True,
@@ -459,8 +462,9 @@ _PY_GPU_NO_NCCL = textwrap.dedent("""
     from mpi4py import MPI                # opens the raw file (MPI_Init)
     ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)   # "the CUDA driver" (stand-in)
     MPI.COMM_WORLD.allreduce(1)
-    from profiler import gpu
-    gpu.finish_native()
+    from profiler.analysis import gpu
+    from profiler.collect import native
+    native.finish_native()
 """)
 
 
@@ -472,7 +476,7 @@ def test_warning_when_gpus_used_but_no_nccl_call_seen(built: Built, tmp_path: Pa
     mpirun(1, [PYTHON, "-c", _PY_GPU_NO_NCCL, str(built.driver)], cwd=tmp_path,
            env={"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof),
                 "HOROVOD_PROFILE_MERGE_TIMEOUT": "10"})
-    side = gpu.read_sidecar(prof / "raw" / "rank-00000.hvprof")
+    side = raw.read_sidecar(prof / "raw" / "rank-00000.hvprof")
     assert side is not None
     assert side["cuda_driver_loaded"] and not side["interposable"] and not side["nccl_loaded"]
     meta = {"ranks": [{"rank": 0, "host": "h", "nccl": side, "gpus": []}]}

@@ -1,4 +1,4 @@
-"""profiler.raw: validation of the raw header, and taking what is valid from
+"""profiler.formats.raw: validation of the raw header, and taking what is valid from
 damaged or still-growing files (files written by tests/rawgen.py)."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import rawgen
 
-from profiler import _format as F
 from profiler.errors import (
     CorruptError,
     LayoutError,
@@ -23,7 +22,8 @@ from profiler.errors import (
     TruncatedError,
     VersionError,
 )
-from profiler.raw import read_header, read_raw, writer_state
+from profiler.formats import record as F
+from profiler.formats.raw import read_header, read_raw, writer_state
 
 
 def two_threads(chunk_bytes: int = 4096, n_main: int = 150, n_other: int = 70) -> rawgen.RawWriter:
@@ -251,7 +251,8 @@ def test_large_file(tmp_path: Path) -> None:
 
 
 def test_aggregate_file(tmp_path: Path) -> None:
-    from profiler.raw import agg_path_for, read_agg
+    from profiler.formats.raw import read_agg
+    from profiler.layout import agg_path_for
 
     assert agg_path_for(tmp_path / "raw" / "rank-00003.hvprof").name == "rank-00003.agg"
     e = np.concatenate([rawgen.agg_from_durations(1, 3000, [100, 200, 300]),

@@ -26,7 +26,7 @@ import pandas as pd
 import pytest
 from conftest import mpirun, profiler_cli, requires_mpi
 
-from profiler.raw import read_header, read_raw
+from profiler.formats.raw import read_header, read_raw
 
 pytestmark = [requires_mpi, pytest.mark.mpi, pytest.mark.timeout(200)]
 

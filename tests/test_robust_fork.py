@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 from conftest import mpirun, requires_mpi
 
-from profiler.raw import read_raw
+from profiler.formats.raw import read_raw
 
 pytestmark = [requires_mpi, pytest.mark.mpi]
 
@@ -33,7 +33,7 @@ import multiprocessing as mp
 import numpy as np
 from mpi4py import MPI
 import profiler
-from profiler import _lib
+from profiler.collect import native
 
 out = sys.argv[1]
 c = MPI.COMM_WORLD
@@ -43,7 +43,7 @@ b = np.empty_like(a)
 profiler.step(images=1)                       # opens step 0
 for i in range(%(before)d):
     c.Allreduce(a, b)
-lib = _lib.load()
+lib = native.load()
 
 
 def child_tries_to_record(tag):
@@ -53,10 +53,10 @@ def child_tries_to_record(tag):
     lib.hvprof_record_app(33, 1, 2, 3, 4)     # APP_MARK straight to the library
     profiler.sampling(False)
     lib.hvprof_set_enabled(1)
-    from profiler import _activate
+    from profiler.collect import activate as _activate
     _activate._at_exit()                       # the exit work must see a child and return
-    return {"tag": tag, "pid": os.getpid(), "dir": _lib.profile_dir(),
-            "active": _lib.is_active(), "rank": _lib.rank()}
+    return {"tag": tag, "pid": os.getpid(), "dir": native.profile_dir(),
+            "active": native.is_active(), "rank": native.rank()}
 
 
 # 1. os.fork: the child works, tries to record, exits

@@ -26,8 +26,8 @@ from conftest import ROOT, profiler_cli
 from profiler.analysis import load, load_meta, stragglers, summarize
 from profiler.analysis.engine import overview, summarize_dataset
 
+from profiler.collect.merge import merge
 from profiler.errors import ProfilerError, UsageError
-from profiler.merge import merge
 
 SOURCE = ROOT / "tests" / "data" / "analysis" / "fused"
 RANKS = 64

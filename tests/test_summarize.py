@@ -17,9 +17,11 @@ import rawgen
 from conftest import profiler_cli
 from profiler.analysis import bucket_label, bus_factor, comm_time_imbalance, summarize
 
-from profiler import dataset as D
+from profiler import layout
+from profiler.collect import convert
+from profiler.collect.merge import merge
 from profiler.errors import UsageError
-from profiler.merge import merge
+from profiler.formats import dataset
 
 
 def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -197,14 +199,14 @@ def test_cli_control_line(tmp_path: Path) -> None:
     # Horovod classifier does for Horovod's thread), then merge
     for r in range(2):
         raw = d / "raw" / f"rank-{r:05d}.hvprof"
-        D.convert_raw(raw)
-        pq = D.parquet_path(d, r)
-        df = D.read_dataset([pq])
+        convert.convert_raw(raw)
+        pq = layout.parquet_path(d, r)
+        df = dataset.read_dataset([pq])
         kind = np.where(df["redop"].astype(str) == "band", "control", "data")
         df["kind"] = pd.Categorical(kind, categories=["data", "control", "app"])
         import pyarrow.parquet as pqm
 
-        pqm.write_table(D.frame_to_table(df), pq)
+        pqm.write_table(dataset.frame_to_table(df), pq)
         (d / "raw" / raw.name).unlink()  # keep the edited parquet authoritative
     merge(d)
     p = cli(tmp_path, "summarize", str(d / "trace.json"))
@@ -223,7 +225,7 @@ def test_cli_control_line(tmp_path: Path) -> None:
 
 def summary_job(d: Path) -> Path:
     """Two ranks recorded in summary mode (TSC ticks at 2 per ns): aggregates only."""
-    from profiler import _format as F
+    from profiler.formats import record as F
 
     rng = np.random.default_rng(5)
     for r in range(2):

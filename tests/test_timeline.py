@@ -1,4 +1,4 @@
-"""Horovod timeline parsing (profiler.horovod.timeline).
+"""Horovod timeline parsing (profiler.formats.timeline).
 
 Fixtures under tests/data/ are real timelines written by Horovod 0.28.1 at
 np=2 (tests/data/gen_horovod_timelines.py): a model with 4 float32 parameter
@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from profiler.errors import NotATraceError, NotFoundError, ProfilerError, TruncatedError, UsageError
-from profiler.horovod import timeline as T
+from profiler.formats import timeline as T
 
 DATA = Path(__file__).parent / "data"
 FUSED = DATA / "horovod_timeline_fused.json"

@@ -13,8 +13,7 @@ import pytest
 import rawgen
 from profiler.analysis import load, load_meta
 
-from profiler import _format as F
-from profiler import tracejson as T
+from profiler.collect.merge import merge
 from profiler.errors import (
     CorruptError,
     EmptyProfileError,
@@ -23,7 +22,8 @@ from profiler.errors import (
     TruncatedError,
     VersionError,
 )
-from profiler.merge import merge
+from profiler.formats import record as F
+from profiler.formats import tracejson as T
 
 
 def make_job(d: Path, world: int = 2, n: int = 10, *, skip: tuple[int, ...] = (),
@@ -240,8 +240,8 @@ def test_rank0_wait_converts_dead_ranks_and_bounds_the_wait(
     import sys
     import time
 
-    from profiler.dataset import convert_raw
-    from profiler.merge import wait_and_merge
+    from profiler.collect.convert import convert_raw
+    from profiler.collect.merge import wait_and_merge
 
     d = tmp_path / "job"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -265,8 +265,8 @@ def test_rank0_wait_converts_dead_ranks_and_bounds_the_wait(
 def test_rank0_wait_returns_as_soon_as_everyone_is_in(tmp_path: Path) -> None:
     import time
 
-    from profiler.dataset import convert_raw
-    from profiler.merge import wait_and_merge
+    from profiler.collect.convert import convert_raw
+    from profiler.collect.merge import wait_and_merge
 
     d = make_job(tmp_path / "job", world=3)
     for r in range(3):

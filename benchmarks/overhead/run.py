@@ -30,9 +30,9 @@ ENV = {
 
 
 def library() -> str:
-    from profiler import _lib
+    from profiler.collect import native
 
-    return _lib.library_path()
+    return native.library_path()
 
 
 def run(exe: Path, rounds: int, preload: str | None, prof_dir: Path) -> list[dict[str, float]]:
@@ -54,7 +54,7 @@ def run(exe: Path, rounds: int, preload: str | None, prof_dir: Path) -> list[dic
 
 
 def bytes_per_call(prof_dir: Path) -> float:
-    from profiler.raw import read_raw
+    from profiler.formats.raw import read_raw
 
     files = sorted((prof_dir / "raw").glob("rank-*.hvprof"))
     size = sum(f.stat().st_size for f in files)

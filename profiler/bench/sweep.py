@@ -111,9 +111,9 @@ class Recorder:
         self._lib: Any = None
         if os.environ.get("HOROVOD_PROFILE", "0") not in ("", "0", "off"):
             try:
-                from profiler import _lib
+                from profiler.collect import native
 
-                self._lib = _lib if _lib.loaded() is not None else None
+                self._lib = native if native.loaded() is not None else None
             except Exception:
                 self._lib = None
 
@@ -398,7 +398,7 @@ def read_plan(path: str) -> list[Entry]:
     import orjson
 
     from profiler.errors import CorruptError, NotATraceError
-    from profiler.raw import read_regular
+    from profiler.formats.raw import read_regular
 
     data = read_regular(path, "a bench plan", MAX_PLAN_BYTES)
     try:

@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         labels = [x.strip() for x in args.labels.split(",")]
         if len(labels) != len(args.traces) or len(set(labels)) != len(labels):
             raise UsageError(None, f"--labels: give {len(args.traces)} distinct labels")
-    from profiler.cli.export import parse_ranges, parse_span
+    from profiler.cli._args import parse_span
+    from profiler.layout import parse_ranges
 
     if args.max_rows < 0:
         raise UsageError(None, "--max-rows must be >= 0")
@@ -134,9 +135,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _ranks_text(ranks: list[int]) -> str:
-    from profiler.merge import _ranges
+    from profiler.layout import format_ranges
 
-    return _ranges(ranks)
+    return format_ranges(ranks)
 
 
 def _steps_text(steps: list[int] | None) -> str:

@@ -23,63 +23,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from profiler.cli._args import parse_names, parse_span, parse_time_ms
 from profiler.errors import UsageError
+from profiler.layout import parse_ranges
 
 DEFAULT_LIMIT = 2_000_000
-
-
-def parse_ranges(text: str, what: str = "--ranks") -> list[int]:
-    """'0-7,12,100-103' -> [0..7, 12, 100..103] (sorted, distinct)."""
-    out: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo_s, sep, hi_s = part.partition("-")
-        try:
-            lo = int(lo_s)
-            hi = int(hi_s) if sep else lo
-        except ValueError:
-            raise UsageError(None, f"{what}: {part!r} is not a number or a range A-B") from None
-        if lo < 0 or hi < lo:
-            raise UsageError(None, f"{what}: bad range {part!r}")
-        if hi - lo > 10_000_000:
-            raise UsageError(None, f"{what}: range {part!r} is too large")
-        out.update(range(lo, hi + 1))
-    if not out:
-        raise UsageError(None, f"{what}: empty list")
-    return sorted(out)
-
-
-def parse_span(text: str, what: str = "--steps") -> tuple[int, int]:
-    """'10-20' -> (10, 20); '7' -> (7, 7)."""
-    lo_s, sep, hi_s = text.strip().partition("-")
-    try:
-        lo = int(lo_s)
-        hi = int(hi_s) if sep else lo
-    except ValueError:
-        raise UsageError(None, f"{what}: {text!r} is not N or A-B") from None
-    if lo < 0 or hi < lo:
-        raise UsageError(None, f"{what}: bad range {text!r}")
-    return lo, hi
-
-
-def parse_names(text: str) -> list[str]:
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    if not names:
-        raise UsageError(None, "empty name list")
-    return names
-
-
-def parse_time_ms(text: str) -> tuple[int, int]:
-    a, sep, b = text.partition(":")
-    try:
-        lo, hi = float(a), float(b)
-    except ValueError:
-        raise UsageError(None, f"--time-ms: {text!r} is not A:B (milliseconds)") from None
-    if not sep or hi <= lo:
-        raise UsageError(None, f"--time-ms: {text!r} is not an interval A:B with A < B")
-    return int(round(lo * 1e6)), int(round(hi * 1e6))
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -110,10 +58,11 @@ def export_window(path: str | os.PathLike[str], out: str | os.PathLike[str], *,
     import pyarrow.dataset as pads
 
     from profiler.analysis.engine import open_dataset
-    from profiler.analysis.load import RowFilter, file_rank, read_files
-    from profiler.dataset import read_meta
+    from profiler.analysis.load import RowFilter, read_files
     from profiler.errors import CorruptError, NotATraceError, ProfilerError
-    from profiler.tracejson import TRACE_FORMAT_VERSION, now_iso, write_trace
+    from profiler.formats.dataset import read_meta
+    from profiler.formats.tracejson import TRACE_FORMAT_VERSION, now_iso, write_trace
+    from profiler.layout import file_rank
 
     src = Path(path)
     dest = Path(out)
@@ -134,10 +83,10 @@ def export_window(path: str | os.PathLike[str], out: str | os.PathLike[str], *,
         if have is not None:
             absent = [r for r in ranks if r not in set(have)]
             if len(absent) == len(ranks):
-                from profiler.merge import _ranges
+                from profiler.layout import format_ranges
 
                 raise UsageError(src, f"none of the asked ranks is in this trace (ranks: "
-                                      f"{_ranges(have) or 'none'})")
+                                      f"{format_ranges(have) or 'none'})")
     try:
         dataset = pads.dataset([str(f) for f in files], format="parquet")
         n = int(dataset.count_rows(filter=flt.expression(dataset.schema.names)))
@@ -184,11 +133,11 @@ def export_window(path: str | os.PathLike[str], out: str | os.PathLike[str], *,
 
 
 def _describe(flt: Any) -> str:
-    from profiler.merge import _ranges
+    from profiler.layout import format_ranges
 
     parts = []
     if flt.ranks is not None:
-        parts.append(f"ranks {_ranges(flt.ranks) or 'none'}")
+        parts.append(f"ranks {format_ranges(flt.ranks) or 'none'}")
     if flt.steps is not None:
         a, b = flt.steps
         parts.append(f"step {a}" if a == b else f"steps {a}-{b}")

@@ -18,7 +18,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from profiler._lib import library_path
+    from profiler.collect.native import library_path
 
     print(library_path())
     return 0

@@ -140,7 +140,7 @@ class FrameCalls(Calls):
         return self.summarize(self.frame, by, kinds)
 
     def gpu_lines(self, meta: dict[str, Any] | None) -> list[str]:
-        from profiler import gpu
+        from profiler.analysis import gpu
 
         return gpu.summary_lines(meta, self.frame)
 
@@ -186,7 +186,7 @@ class DatasetCalls(Calls):
         return summarize_dataset(self.dataset, by, **flt)
 
     def gpu_lines(self, meta: dict[str, Any] | None) -> list[str]:
-        from profiler import gpu
+        from profiler.analysis import gpu
 
         out = gpu.gpu_warnings(meta, self.overview.nccl_calls())
         note = gpu.device_time_note(meta)
@@ -277,8 +277,9 @@ def _gather_dataset(path: str, dataset: Any, ranks_arg: list[int] | None,
 
 def run(args: argparse.Namespace) -> int:
     from profiler.analysis.summary import BY_KEYS
-    from profiler.cli.export import parse_names, parse_ranges, parse_span
+    from profiler.cli._args import parse_names, parse_span
     from profiler.errors import UsageError
+    from profiler.layout import parse_ranges
 
     by = _by_keys(args.by)
     for k in by:
@@ -351,7 +352,7 @@ def _printable(df: Any) -> Any:
     """A copy of the table with its names escaped: the pandas path gets them escaped
     when read (dataset.table_to_frame), the DuckDB path straight from the files,
     which another tool may have written."""
-    from profiler.dataset import printable_columns
+    from profiler.formats.dataset import printable_columns
 
     return printable_columns(df.copy())
 
@@ -368,9 +369,9 @@ def _meta(path: str) -> dict[str, Any] | None:
 
 
 def _ranks_text(ranks: list[int]) -> str:
-    from profiler.merge import _ranges
+    from profiler.layout import format_ranges
 
-    return _ranges(ranks) or "none"
+    return format_ranges(ranks) or "none"
 
 
 def _fmt_us(v: float) -> str:
@@ -393,7 +394,7 @@ def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[
     from rich.text import Text
 
     from profiler.analysis._frame import fmt_bytes
-    from profiler.raw import printable
+    from profiler.formats.raw import printable
 
     # A pipe or a file gets the full table, not an 80-column squeeze.
     console = Console(highlight=False, soft_wrap=False,

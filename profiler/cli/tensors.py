@@ -49,8 +49,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def load_lineage(path: str) -> Any:
     """The lineage table for a trace.json or profile directory (typed errors)."""
+    from profiler import layout
+    from profiler.collect import lineage as L
     from profiler.errors import NotFoundError
-    from profiler.horovod import lineage as L
+    from profiler.formats import lineage as LF
 
     p = Path(path)
     if not p.exists():
@@ -59,21 +61,21 @@ def load_lineage(path: str) -> Any:
     if p.is_dir():
         d = p
         if (d / "trace.json").is_file():
-            from profiler.tracejson import read_trace_meta
+            from profiler.formats.tracejson import read_trace_meta
 
             meta = read_trace_meta(d / "trace.json")
     else:
-        from profiler.tracejson import read_trace_meta
+        from profiler.formats.tracejson import read_trace_meta
 
         meta = read_trace_meta(p)
         d = p.parent
     info = meta.get("lineage") if isinstance(meta, dict) else None
     name = info.get("file") if isinstance(info, dict) else None
     candidates = [d / name] if isinstance(name, str) and "/" not in name else []
-    candidates.append(d / L.LINEAGE_FILE)
+    candidates.append(d / layout.LINEAGE_FILE)
     for c in candidates:
         if c.is_file():
-            return L.load(c)
+            return LF.load(c)
     outcome = L.build_lineage(d, write=False)
     if outcome.table is not None and len(outcome.table):
         return outcome.table

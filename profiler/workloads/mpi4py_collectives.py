@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the sweep; returns the manifest (the same on every rank)."""
     from mpi4py import MPI
 
-    from profiler import steps as prof_steps
+    from profiler.collect import steps as prof_steps
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()

@@ -218,7 +218,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # --------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark; returns the RESULT dict (complete on rank 0)."""
-    from profiler import steps as prof_steps
+    from profiler.collect import steps as prof_steps
 
     torch.set_num_threads(args.threads)
     hvd: Any = None

@@ -56,6 +56,7 @@ from profiler.errors import (
     TruncatedError,
     VersionError,
 )
+from profiler.layout import format_ranges
 
 TRACE_FORMAT_VERSION = 1
 META_KEY = "horovod_profiler"
@@ -194,12 +195,6 @@ def call_events(df: pd.DataFrame) -> list[dict[str, Any]]:
 Source = Union[pd.DataFrame, str, "os.PathLike[str]"]
 
 
-def _ranges_text(ranks: Sequence[int]) -> str:
-    from profiler.merge import _ranges
-
-    return _ranges(ranks)
-
-
 def _source_rank(src: Source, m: Mapping[str, Any] | None, i: int) -> int:
     if m is not None and "rank" in m:
         return int(m["rank"])
@@ -237,7 +232,7 @@ def _read_source(src: Source, columns: Sequence[str] | None = None,
             t = df["t_start_ns"].to_numpy()
             df = df.iloc[np.flatnonzero((t >= t_range[0]) & (t < t_range[1]))]
         return df
-    from profiler.dataset import read_dataset
+    from profiler.formats.dataset import read_dataset
 
     if t_range is None:
         return read_dataset([src], columns=columns)
@@ -365,9 +360,9 @@ def select_events(sources: Sequence[Source], rank_meta: Sequence[Mapping[str, An
     sub = len(picked) < len(sources)
     where = ""
     if sub:
-        where = f" on ranks {_ranges_text(shown)} (the first {min(first, len(ranks))}"
+        where = f" on ranks {format_ranges(shown)} (the first {min(first, len(ranks))}"
         if extras:
-            where += (f" of {len(ranks)}; {_ranges_text([ranks[i] for i in extras])}: least "
+            where += (f" of {len(ranks)}; {format_ranges([ranks[i] for i in extras])}: least "
                       "communication time, likely stragglers)")
         else:
             where += f" of {len(ranks)})"
@@ -484,7 +479,7 @@ def _check_meta(p: Path, meta: Any) -> dict[str, Any]:
 
 
 # The shape of the metadata fields that readers use (what write_trace and
-# profiler.merge write): a trace edited or written by another tool is refused
+# profiler.collect.merge write): a trace edited or written by another tool is refused
 # with the field's name rather than failing later in a reader.  Keys not listed
 # are not checked; None is accepted for every listed key (absent), not for a
 # list's items.  A spec is a

@@ -19,7 +19,7 @@ Two ways to mark steps:
   first call only opens the first interval, so N calls make N - 1 records).
 
 * without code change, for jobs using ``hvd.DistributedOptimizer``: while
-  profiling, :mod:`profiler.horovod.hooks` wraps the optimizer's ``step`` and
+  profiling, :mod:`profiler.collect.horovod_hooks` wraps the optimizer's ``step`` and
   calls :func:`hook_step` after each one.  Images per step then come from
   :func:`set_batch_size` if called, else from ``HOROVOD_PROFILE_BATCH_SIZE``,
   else 0 (images/sec unknown).  As soon as the application marks steps itself
@@ -96,7 +96,7 @@ def _library() -> Any:
     """The loaded interposition library, or None when profiling is off."""
     global _lib
     if _lib is _UNRESOLVED:
-        mod = sys.modules.get("profiler._lib")
+        mod = sys.modules.get("profiler.collect.native")
         lib = mod.loaded() if mod is not None else None  # type: ignore[attr-defined]
         _lib = lib if lib is not None and hasattr(lib, "hvprof_record_app") else None
     return _lib

@@ -1,7 +1,7 @@
 """Merge a profile directory into trace.json (+ the parquet dataset it names).
 
 Used by `profiler merge DIR` (after the fact, e.g. for a crashed job) and by
-rank 0 at exit (profiler._activate).  Steps:
+rank 0 at exit (profiler.collect.activate).  Steps:
 
 1. every raw file lacking an up-to-date parquet is converted;
 2. the world size comes from the raw headers (or the rank metadata); ranks
@@ -13,7 +13,6 @@ rank 0 at exit (profiler._activate).  Steps:
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -21,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from profiler import _format as F
-from profiler.errors import EmptyProfileError, NotATraceError, NotFoundError, ProfilerError
+from profiler.errors import EmptyProfileError, ProfilerError
+from profiler.formats import record as F
+from profiler.layout import check_profile_dir, format_ranges, rank_files
 
 NO_FILE_GRACE_S = 5.0
-_RANK_RE = re.compile(r"^rank-(\d+)\.(hvprof|parquet|json)$")
 
 
 @dataclass
@@ -52,63 +51,18 @@ class MergeResult:
             extra += f"; {self.unsampled} calls not sampled"
         if self.dropped:
             extra += (f"; {self.dropped} records dropped (disk full or write error) on "
-                      f"rank(s) {_ranges(self.dropped_ranks)}")
+                      f"rank(s) {format_ranges(self.dropped_ranks)}")
         if self.missing_ranks:
-            extra += f"; missing ranks: {_ranges(self.missing_ranks)}"
+            extra += f"; missing ranks: {format_ranges(self.missing_ranks)}"
         if self.partial_ranks:
-            extra += f"; partial ranks (killed): {_ranges(self.partial_ranks)}"
+            extra += f"; partial ranks (killed): {format_ranges(self.partial_ranks)}"
         return f"{self.trace} ({len(self.ranks)} ranks, {self.calls} calls{extra})"
-
-
-def _ranges(ranks: Iterable[int]) -> str:
-    rs = sorted(set(ranks))
-    out: list[str] = []
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ",".join(out)
-
-
-def rank_files(profile_dir: Path, sub: str, ext: str,
-               problems: list[str] | None = None) -> dict[int, Path]:
-    """rank -> <dir>/<sub>/rank-R.<ext>, regular files only: a FIFO, a directory
-    or a device under a rank file's name is skipped (and noted in `problems`),
-    never opened (a FIFO would block the reader for ever)."""
-    d = profile_dir / sub
-    out: dict[int, Path] = {}
-    if not d.is_dir():
-        return out
-    for p in d.iterdir():
-        m = _RANK_RE.match(p.name)
-        if m and m.group(2) == ext:
-            if not p.is_file():
-                if problems is not None:
-                    problems.append(f"{sub}/{p.name} is not a regular file: ignored")
-                continue
-            out[int(m.group(1))] = p
-    return out
-
-
-def check_profile_dir(path: str | os.PathLike[str]) -> Path:
-    p = Path(path)
-    if not p.exists():
-        raise NotFoundError(p, "no such directory")
-    if not p.is_dir():
-        raise NotATraceError(p, "not a profile directory (expected the directory holding "
-                                "raw/ and ranks/)")
-    if not (p / "raw").is_dir() and not (p / "ranks").is_dir():
-        raise EmptyProfileError(p, "not a profile directory: no raw/ or ranks/ inside")
-    return p
 
 
 def convert_pending(profile_dir: Path, *, ranks: Iterable[int] | None = None,
                     own_rank: int | None = None) -> tuple[list[int], list[str]]:
     """Convert raw files lacking an up-to-date parquet. Returns (converted, problems)."""
-    from profiler.dataset import convert_raw, is_up_to_date
+    from profiler.collect.convert import convert_raw, is_up_to_date
 
     raws = rank_files(profile_dir, "raw", "hvprof")
     wanted = set(raws) if ranks is None else set(ranks) & set(raws)
@@ -131,9 +85,9 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
           own_rank: int | None = None, world_size: int | None = None,
           limit: int | None = None) -> MergeResult:
     """Convert what needs converting, then write trace.json.  See module doc."""
-    from profiler.dataset import read_meta
-    from profiler.raw import read_header
-    from profiler.tracejson import now_iso, write_trace
+    from profiler.formats.dataset import read_meta
+    from profiler.formats.raw import read_header
+    from profiler.formats.tracejson import now_iso, write_trace
 
     d = check_profile_dir(profile_dir)
     converted, problems = convert_pending(d, own_rank=own_rank)
@@ -187,7 +141,7 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
     meta["problems"] = problems
     # Horovod's timeline joined with rank 0's records: lineage.parquet, and
     # meta["lineage"] says what was written or why not (never raises).
-    from profiler.horovod.lineage import build as build_lineage
+    from profiler.collect.lineage import build as build_lineage
 
     try:
         build_lineage(d, metadata=meta)
@@ -205,8 +159,8 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
 def job_metadata(d: Path, trace_path: Path, rank_meta: list[dict[str, Any]], world: int,
                  missing: list[int], partial: list[int], calls: int) -> dict[str, Any]:
     from profiler._version import __version__
-    from profiler.dataset import agg_parquet_path, parquet_path
-    from profiler.tracejson import TRACE_FORMAT_VERSION
+    from profiler.formats.tracejson import TRACE_FORMAT_VERSION
+    from profiler.layout import agg_parquet_path, parquet_path
 
     first = rank_meta[0]
     r0 = next((m for m in rank_meta if int(m["rank"]) == 0), first)
@@ -274,7 +228,7 @@ def job_metadata(d: Path, trace_path: Path, rank_meta: list[dict[str, Any]], wor
 
 
 def _drift(header: dict[str, Any]) -> float | None:
-    from profiler.dataset import clock_drift_ppm
+    from profiler.formats.clock import clock_drift_ppm
 
     try:
         ppm = clock_drift_ppm(header)
@@ -302,8 +256,8 @@ def wait_and_merge(profile_dir: str | os.PathLike[str], *, world_size: int, own_
                    sleep: Callable[[float], None] = time.sleep) -> MergeResult:
     """Rank 0 at exit: wait (bounded) for the other ranks' datasets, converting
     those whose raw header shows they died, then merge."""
-    from profiler.dataset import is_up_to_date
-    from profiler.raw import _pid_alive, read_header, writer_state
+    from profiler.collect.convert import is_up_to_date
+    from profiler.formats.raw import _pid_alive, read_header, writer_state
 
     d = Path(profile_dir)
     start = time.monotonic()
@@ -336,6 +290,6 @@ def wait_and_merge(profile_dir: str | os.PathLike[str], *, world_size: int, own_
             break
         sleep(poll)
     if pending and time.monotonic() >= deadline:
-        print(f"horovod-profiler: warning: gave up waiting for rank(s) {_ranges(pending)} after "
+        print(f"horovod-profiler: warning: gave up waiting for rank(s) {format_ranges(pending)} after "
               f"{timeout:g} s; merging what is there", file=sys.stderr)
     return merge(d, own_rank=own_rank, world_size=world_size)

@@ -5,7 +5,7 @@ is called, from a copy of the namespace of ``horovod.torch.optimizer.
 _DistributedOptimizer`` (or ``_DistributedAdasumOptimizer``).  Wrapping the
 ``step`` function of those two template classes as soon as their module is
 imported therefore reaches every DistributedOptimizer the job creates.  The
-wrapper calls the original ``step`` and then :func:`profiler.steps.hook_step`.
+wrapper calls the original ``step`` and then :func:`profiler.collect.steps.hook_step`.
 
 :func:`install` adds a ``sys.meta_path`` finder that notices the import of
 ``horovod.torch.optimizer`` and patches the module right after it executes.
@@ -38,7 +38,7 @@ def _wrap_step(orig: Callable[..., Any]) -> Callable[..., Any]:
     def step(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = orig(self, *args, **kwargs)
         try:
-            from profiler.steps import hook_step
+            from profiler.collect.steps import hook_step
 
             hook_step()
         except Exception as exc:  # never break the training loop

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+import orjson
 
-from profiler import _format as F
 from profiler.errors import (
     CorruptError,
     LayoutError,
@@ -34,6 +34,8 @@ from profiler.errors import (
     VersionError,
     printable,
 )
+from profiler.formats import record as F
+from profiler.layout import sidecar_path
 
 _MAX_CHUNK_BYTES = 1 << 34
 _MAX_CLOCK_NS = 1 << 62  # about 146 years
@@ -349,13 +351,6 @@ class AggFile:
     problems: list[str] = field(default_factory=list)
 
 
-def agg_path_for(raw: str | os.PathLike[str]) -> Path:
-    """raw/rank-R.hvprof -> raw/rank-R.agg."""
-    p = Path(raw)
-    return p.with_name(p.name[: -len(".hvprof")] + ".agg") if p.name.endswith(".hvprof") \
-        else p.with_suffix(".agg")
-
-
 def read_agg(path: str | os.PathLike[str]) -> AggFile:
     """Read a summary-mode aggregate file (validated like a raw file)."""
     p = Path(path)
@@ -390,3 +385,13 @@ def read_agg(path: str | os.PathLike[str]) -> AggFile:
     if header["overflow_calls"]:
         problems.append(f"{header['overflow_calls']} call(s) not aggregated (table full)")
     return AggFile(path=p, header=header, entries=entries, problems=problems)
+
+
+def read_sidecar(raw_path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The NCCL document the library wrote next to a raw file, or None."""
+    path = sidecar_path(raw_path)
+    try:
+        doc = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None

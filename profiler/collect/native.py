@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+from typing import Any
+
+import orjson
 
 from profiler.errors import LibraryError
 
@@ -24,7 +27,8 @@ def library_path() -> str:
     if override:
         path = os.path.abspath(override)
     else:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lib", LIB_NAME)
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_lib",
+                            LIB_NAME)
     if not os.path.isfile(path):
         raise LibraryError(
             path, "interposition library not found (reinstall horovod-profiler)"
@@ -128,3 +132,60 @@ def set_enabled(on: bool) -> None:
 
 def process_exit() -> None:
     _fn("hvprof_process_exit")()
+
+
+# ---------------------------------------------------------------------------
+# The library's NCCL state
+# ---------------------------------------------------------------------------
+def _loaded_lib() -> ctypes.CDLL | None:
+    """The interposition library if this process loaded it (ctypes or LD_PRELOAD)."""
+    lib = loaded()
+    if lib is not None:
+        return lib
+    try:
+        glob = ctypes.CDLL(None)
+        glob.hvprof_nccl_json  # noqa: B018 - present only when preloaded
+    except (OSError, AttributeError):
+        return None
+    return glob
+
+
+def native_state(lib: ctypes.CDLL | None = None) -> dict[str, Any] | None:
+    """hvprof_nccl_json() of this process, parsed; None without the library."""
+    lib = lib if lib is not None else _loaded_lib()
+    if lib is None:
+        return None
+    try:
+        fn = lib.hvprof_nccl_json
+    except AttributeError:
+        return None  # a library without NCCL support
+    fn.restype = ctypes.c_char_p
+    fn.argtypes = []
+    raw = fn()
+    if not raw:
+        return None
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def finish_native(timeout_ms: int = -1, lib: ctypes.CDLL | None = None) -> int | None:
+    """Collect this process's pending NCCL device times and write its sidecar.
+
+    To be called before the raw file is closed and converted (the device
+    records are written by the calling thread).  Returns the number of event
+    pairs still pending after `timeout_ms` (negative: the library's default),
+    or None when the library is not loaded.
+    """
+    lib = lib if lib is not None else _loaded_lib()
+    if lib is None:
+        return None
+    try:
+        fn = lib.hvprof_nccl_finish
+    except AttributeError:
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int]
+    return int(fn(int(timeout_ms)))

@@ -28,7 +28,7 @@ Any failure is reported in one line; the application's exit status never changes
 from __future__ import annotations
 
 import atexit
-import ctypes  # already loaded: profiler._lib uses it
+import ctypes  # already loaded: profiler.collect.native uses it
 import os
 import sys
 
@@ -56,24 +56,24 @@ def finish() -> str | None:
     """The exit work; returns the line printed by rank 0 (None elsewhere)."""
     if os.getpid() != _PID:
         return None  # a forked child (data-loader worker): the parent reports
-    from profiler import _lib
+    from profiler.collect import native
 
-    if _lib.loaded() is None:
+    if native.loaded() is None:
         return None
-    directory = _lib.profile_dir()
+    directory = native.profile_dir()
     if not directory:
         return None  # this process never profiled anything: say nothing
-    rank = _lib.rank()
-    world = _lib.world_size()
-    raw = _lib.raw_path()
+    rank = native.rank()
+    world = native.world_size()
+    raw = native.raw_path()
     try:
         _finalize_mpi4py()
     except Exception as exc:
         _say(f"warning: rank {rank}: MPI_Finalize failed: {_one_line(exc)}")
-    from profiler import gpu
+    from profiler.collect import native
 
-    gpu.finish_native()  # NCCL device times in flight, the NCCL sidecar
-    _lib.process_exit()
+    native.finish_native()  # NCCL device times in flight, the NCCL sidecar
+    native.process_exit()
 
     # What the exit work creates (ranks/, parquet, json, trace.json) is never
     # world- or group-writable, whatever umask the job runs under (the
@@ -95,7 +95,7 @@ def _convert_and_merge(directory: str, raw: str, rank: int, world: int) -> str |
             _say(f"warning: the profile directory {directory} was removed while the job "
                  "ran: the records of this job are lost (no dataset, no trace)")
         return None
-    from profiler.dataset import convert_raw
+    from profiler.collect.convert import convert_raw
 
     try:
         convert_raw(raw, directory, own_process=True)
@@ -111,7 +111,7 @@ def _convert_and_merge(directory: str, raw: str, rank: int, world: int) -> str |
         _say(f"error: rank {rank}: cannot convert {raw}: {_one_line(exc)}")
     if rank != 0:
         return None
-    from profiler.merge import wait_and_merge
+    from profiler.collect.merge import wait_and_merge
 
     try:
         result = wait_and_merge(directory, world_size=max(world, 1), own_rank=0,
@@ -216,10 +216,10 @@ def activate() -> None:
     global _registered
     if _registered:
         return
-    from profiler import _lib
+    from profiler.collect import native
 
     try:
-        lib = _lib.load()
+        lib = native.load()
     except Exception as exc:
         _say(f"error: profiling disabled: {_one_line(exc)}")
         return
@@ -230,7 +230,7 @@ def activate() -> None:
     if set_python is not None:
         set_python(1)  # rank 0's exit handler merges: the library need not say how
     try:
-        from profiler.horovod import hooks
+        from profiler.collect import horovod_hooks as hooks
     except ImportError:
         pass
     else:

@@ -54,8 +54,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from profiler.errors import NotFoundError, PathLike, ProfilerError
-from profiler.horovod import timeline as T
-from profiler.horovod.classify import classify, is_horovod_row
+from profiler.formats import timeline as T
+from profiler.formats.classify import classify, is_horovod_row
+from profiler.formats.lineage import LINEAGE_COLUMNS, fusion_threshold
+from profiler.layout import LINEAGE_FILE, TIMELINE_FILE
 
 __all__ = [
     "DEFAULT_FUSION_THRESHOLD",
@@ -71,9 +73,6 @@ __all__ = [
     "load",
 ]
 
-LINEAGE_FILE = "lineage.parquet"
-TIMELINE_FILE = "timeline.json"
-DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
 DEFAULT_TOLERANCE_NS = 2_000_000
 SHIFT_WINDOW = 64
 
@@ -95,15 +94,6 @@ ACTIVITY_OPS: dict[str, tuple[str, ...]] = {
 BYTES_COMPARABLE = frozenset({"MPI_ALLREDUCE", "MPI_BCAST", "NCCL_ALLREDUCE", "NCCL_BCAST"})
 #: Horovod responses that are never fused (no fill ratio).
 UNFUSED_OPS = frozenset({"BROADCAST", "ALLTOALL", "BARRIER", "JOIN"})
-
-LINEAGE_COLUMNS = [
-    "step", "occurrence", "tensor", "op", "comm_activity", "fused_id", "n_tensors",
-    "tensor_bytes", "call_tensor_bytes", "fill_ratio", "dtype", "shape",
-    "t_start_ns", "t_end_ns", "negotiation_ns", "neg_start_ns", "neg_end_ns",
-    "wait_for_data_ns", "ready_ranks", "last_ready_rank", "ready_spread_ns",
-    "matched", "call_op", "call_comm", "call_seq", "call_t_start_ns", "call_t_end_ns",
-    "call_dur_ns", "call_bytes", "bytes_agree", "complete",
-]
 
 
 @dataclass
@@ -127,20 +117,6 @@ class LineageOutcome:
 # --------------------------------------------------------------------------
 # inputs
 # --------------------------------------------------------------------------
-
-def fusion_threshold(env: Mapping[str, Any] | None) -> int | None:
-    """HOROVOD_FUSION_THRESHOLD in bytes from a rank's env (default 128 MiB;
-    0 = fusion off); None when the environment was not recorded."""
-    if env is None:
-        return None
-    raw = env.get("HOROVOD_FUSION_THRESHOLD")
-    if raw is None or str(raw).strip() == "":
-        return DEFAULT_FUSION_THRESHOLD
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        return DEFAULT_FUSION_THRESHOLD
-    return max(0, value)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -424,74 +400,6 @@ def join(
 # views on a lineage table
 # --------------------------------------------------------------------------
 
-def calls(lineage: pd.DataFrame) -> pd.DataFrame:
-    """One row per data call that carried tensors (matched rows only).
-
-    Columns: call_comm, call_seq, step, call_op, comm_activity, call_t_start_ns,
-    call_dur_ns, call_bytes, n_tensors, tensor_bytes, fill_ratio, tensors
-    (list of names), negotiation_ns_max, wait_for_data_ns_max.
-    """
-    m = lineage[lineage["matched"]]
-    cols = ["call_comm", "call_seq", "step", "call_op", "comm_activity", "call_t_start_ns",
-            "call_dur_ns", "call_bytes", "n_tensors", "tensor_bytes", "fill_ratio", "tensors",
-            "negotiation_ns_max", "wait_for_data_ns_max"]
-    if m.empty:
-        return pd.DataFrame({c: [] for c in cols})
-    g = m.groupby(["call_comm", "call_seq"], sort=False)
-    out = g.agg(
-        step=("step", "first"), call_op=("call_op", "first"),
-        comm_activity=("comm_activity", "first"), call_t_start_ns=("call_t_start_ns", "first"),
-        call_dur_ns=("call_dur_ns", "first"), call_bytes=("call_bytes", "first"),
-        n_tensors=("tensor", "size"),
-        tensor_bytes=("tensor_bytes", "sum"),
-        known_bytes=("tensor_bytes", "count"),
-        fill_ratio=("fill_ratio", "first"), tensors=("tensor", list),
-        negotiation_ns_max=("negotiation_ns", "max"),
-        wait_for_data_ns_max=("wait_for_data_ns", "max"),
-    ).reset_index()
-    out.loc[out["known_bytes"] < out["n_tensors"], "tensor_bytes"] = math.nan
-    return out.sort_values("call_t_start_ns", kind="stable").reset_index(drop=True)[cols]
-
-
-def call_columns(lineage: pd.DataFrame) -> pd.DataFrame:
-    """Columns to add to every rank's rows, keyed by (comm, seq): tensors (names
-    joined with ";"), n_tensors, fill_ratio.  The same collective has the same
-    (comm, seq) on every rank, so rank 0's lineage applies to all ranks."""
-    c = calls(lineage)
-    return pd.DataFrame({
-        "comm": c["call_comm"].astype(np.uint64),
-        "seq": c["call_seq"].astype(np.int64),
-        "tensors": [";".join(t) for t in c["tensors"]],
-        "n_tensors": c["n_tensors"].astype(np.int32),
-        "fill_ratio": c["fill_ratio"].astype(np.float64),
-    })
-
-
-def stragglers(lineage: pd.DataFrame, *, min_spread_ns: float = 0.0) -> pd.DataFrame:
-    """Per step: the rank that was ready last (made the others wait) and how long.
-
-    From the per-rank readiness marks of uncached negotiations (each tensor's
-    first time; every time with HOROVOD_CACHE_CAPACITY=0).  A tensor's wait is
-    its readiness spread; the step's straggler is the last-ready rank of the
-    tensor with the longest spread.  Columns: step, straggler_rank, wait_ns,
-    tensors (with readiness), tensors_waited (spread > min_spread_ns).
-    """
-    cols = ["step", "straggler_rank", "wait_ns", "tensors", "tensors_waited"]
-    r = lineage[(lineage["ready_ranks"] > 1) & lineage["ready_spread_ns"].notna()]
-    if r.empty:
-        return pd.DataFrame({c: [] for c in cols})
-    rows = []
-    for step, part in r.groupby("step", sort=True):
-        worst = part.loc[part["ready_spread_ns"].idxmax()]
-        rows.append({
-            "step": int(step),
-            "straggler_rank": int(worst["last_ready_rank"]),
-            "wait_ns": float(worst["ready_spread_ns"]),
-            "tensors": int(len(part)),
-            "tensors_waited": int((part["ready_spread_ns"] > min_spread_ns).sum()),
-        })
-    return pd.DataFrame(rows, columns=cols)
-
 
 # --------------------------------------------------------------------------
 # the profile directory
@@ -597,21 +505,3 @@ def build(profile_dir: PathLike, *, metadata: dict[str, Any] | None = None) -> P
     return outcome.path
 
 
-def load(path: PathLike) -> pd.DataFrame:
-    """Read a lineage.parquet (or the one in a profile directory / next to a trace)."""
-    p = Path(os.fspath(path))
-    if p.is_dir():
-        p = p / LINEAGE_FILE
-    elif p.suffix == ".json":
-        p = p.parent / LINEAGE_FILE
-    if not p.is_file():
-        raise NotFoundError(p, "no lineage (run with Horovod's timeline on; see trace metadata)")
-    try:
-        frame = pq.read_table(p).to_pandas()
-    except (OSError, pa.ArrowException, ValueError, KeyError, TypeError) as exc:
-        raise NotFoundError(p, f"cannot read lineage: {exc}") from None
-    # tensor names are escaped when the timeline is parsed; a file written by
-    # another tool gets the same treatment here
-    from profiler.dataset import printable_columns
-
-    return printable_columns(frame, ("tensor", "op", "call_op", "dtype", "shape"))

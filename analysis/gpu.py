@@ -1,0 +1,183 @@
+"""GPUs and NCCL: topology, NCCL visibility, and the warnings built on them.
+
+Three sources, all optional and never an error when absent:
+
+* `topology()`: the GPUs of this host through NVML (pynvml, from the
+  nvidia-ml-py package): per GPU the model, memory, PCIe generation and width,
+  NVLink links and the GPU (or switch) at the other end of each.  No pynvml,
+  no driver or no GPU: an empty list.
+* `native_state()`: what the interposition library saw in this process
+  (`hvprof_nccl_json()`): whether an interposable NCCL exists (Horovod links
+  NCCL statically by default, which hides its calls), whether libnccl and the
+  CUDA driver are loaded, NCCL calls per op, and the device-time bookkeeping
+  (event pool, pending pairs, misses by reason, anchor error).
+* `read_sidecar()`: the same document written by the library at exit next to
+  the raw file (raw/rank-R.nccl.json), for processes without Python (a C
+  program under LD_PRELOAD) or converted by another process.
+
+`process_metadata()` is what a rank's metadata carries ("gpus", "nccl");
+`job_gpus()` / `gpu_warnings()` / `summary_lines()` read a merged trace's
+metadata block for `profiler summarize` and `profiler report`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from profiler.layout import format_ranges
+
+__all__ = [
+    "REMEDY",
+    "device_time_note",
+    "finish_native",
+    "gpu_warnings",
+    "job_gpus",
+    "native_state",
+    "nccl_call_count",
+    "process_metadata",
+    "read_sidecar",
+    "sidecar_path",
+    "summary_lines",
+    "topology",
+    "topology_lines",
+]
+
+#: What to tell a user whose NCCL calls are invisible.
+REMEDY = ("rebuild Horovod with HOROVOD_NCCL_LINK=SHARED (Horovod links NCCL statically by "
+          "default, which hides ncclAllReduce from the profiler)")
+
+
+def topology_lines(gpus: Sequence[Mapping[str, Any]], host: str = "") -> list[str]:
+    """One line per GPU model group, plus NVLink connectivity, for summaries."""
+    if not gpus:
+        return []
+    out: list[str] = []
+    where = f" on {host}" if host else ""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for g in gpus:
+        pcie = g.get("pcie") or {}
+        key = (g.get("name"), g.get("memory_bytes"), pcie.get("gen"), pcie.get("width"),
+               pcie.get("max_gen"), pcie.get("max_width"))
+        groups.setdefault(key, []).append(int(g.get("index", len(groups))))
+    for (name, mem, gen, width, mgen, mwidth), idx in groups.items():
+        mem_s = f"{mem / 2**30:.0f} GiB" if isinstance(mem, (int, float)) else "? GiB"
+        pcie_s = _pcie_text(gen, width, mgen, mwidth)
+        out.append(f"GPU {format_ranges(idx)}{where}: {name or 'unknown'}, {mem_s}, {pcie_s}")
+    linked = [g for g in gpus if (g.get("nvlink") or {}).get("links")]
+    if linked:
+        for g in linked:
+            nv = g["nvlink"]
+            peers: dict[str, int] = {}
+            for p in nv.get("peers", []):
+                label = f"GPU {p['peer']}" if p.get("peer") is not None else "NVSwitch/other"
+                peers[label] = peers.get(label, 0) + 1
+            ver = f" v{nv['version']}" if nv.get("version") else ""
+            text = ", ".join(f"{k} x{v}" for k, v in sorted(peers.items()))
+            out.append(f"  GPU {g.get('index')}: NVLink{ver}, {nv['links']} links -> {text}")
+    else:
+        out.append("  no NVLink: GPUs talk over PCIe")
+    return out
+
+
+def _pcie_text(gen: Any, width: Any, mgen: Any, mwidth: Any) -> str:
+    if gen is None and width is None:
+        return "PCIe unknown"
+    cur = f"PCIe gen{gen} x{width}"
+    if (mgen, mwidth) != (gen, width) and (mgen is not None or mwidth is not None):
+        cur += f" (max gen{mgen} x{mwidth})"
+    return cur
+
+
+# ---------------------------------------------------------------------------
+# Job level: warnings and summary lines
+# ---------------------------------------------------------------------------
+def _ranks_meta(meta: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    if not meta:
+        return []
+    ranks = meta.get("ranks")
+    if isinstance(ranks, list):
+        return [r for r in ranks if isinstance(r, Mapping)]
+    return [meta] if "nccl" in meta or "gpus" in meta else []
+
+
+def job_gpus(meta: Mapping[str, Any] | None) -> dict[str, list[dict[str, Any]]]:
+    """host -> GPU list, from the ranks' metadata (first rank of each host)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in _ranks_meta(meta):
+        gpus = r.get("gpus")
+        host = str(r.get("host", ""))
+        if gpus and host not in out:
+            out[host] = list(gpus)
+    if not out and meta and isinstance(meta.get("gpus"), list) and meta["gpus"]:
+        out[""] = list(meta["gpus"])
+    return out
+
+
+def nccl_call_count(df: Any) -> int | None:
+    """NCCL host calls in a DataFrame (backend == nccl, device rows excluded)."""
+    if df is None or "backend" not in getattr(df, "columns", ()):
+        return None
+    sel = df["backend"].astype(str) == "nccl"
+    if "device" in df.columns:
+        sel &= ~df["device"].astype(bool)
+    return int(sel.sum())
+
+
+def gpu_warnings(meta: Mapping[str, Any] | None, nccl_calls: int | None = None) -> list[str]:
+    """Warnings about GPU communication the profiler could not see.
+
+    A job used GPUs when some rank had the CUDA driver loaded.  If such a job
+    shows no NCCL call (nccl_calls from the data, else the ranks' counters),
+    its NCCL traffic was invisible: say so and name the remedy.
+    """
+    ranks = _ranks_meta(meta)
+    states = [r["nccl"] for r in ranks if isinstance(r.get("nccl"), Mapping)]
+    used_gpu = [r for r in ranks if isinstance(r.get("nccl"), Mapping)
+                and r["nccl"].get("cuda_driver_loaded")]
+    if not used_gpu:
+        return []
+    if nccl_calls is None:
+        nccl_calls = sum(int(sum((s.get("calls") or {}).values())) for s in states)
+    out: list[str] = []
+    if nccl_calls == 0:
+        n = len(used_gpu)
+        hidden = [r for r in used_gpu if not r["nccl"].get("interposable")]
+        why = ""
+        if hidden:
+            why = (" no interposable NCCL was loaded" if not any(
+                r["nccl"].get("nccl_loaded") for r in hidden)
+                   else " NCCL was loaded but its calls did not reach the profiler")
+            why = f" ({len(hidden)} of them:{why})"
+        out.append(f"warning: {n} rank(s) used GPUs but no NCCL call was recorded{why}; "
+                   f"GPU communication is missing from this profile: {REMEDY}")
+    lost = 0
+    for s in states:
+        miss = s.get("miss") or {}
+        lost += int(miss.get("pool_empty", 0)) + int(s.get("unfinished", 0))
+    if lost:
+        out.append(f"note: {lost} NCCL call(s) have no device time (event pool exhausted or "
+                   "still running at exit); raise HOROVOD_PROFILE_NCCL_EVENTS")
+    return out
+
+
+def device_time_note(meta: Mapping[str, Any] | None) -> str | None:
+    """One line on how NCCL device times were placed on the host axis."""
+    states = [r["nccl"] for r in _ranks_meta(meta) if isinstance(r.get("nccl"), Mapping)]
+    recs = sum(int(s.get("device_records", 0)) for s in states)
+    if not recs:
+        return None
+    err = max(float(s.get("anchor_err_ns_max", 0) or 0) for s in states)
+    return (f"NCCL device times: {recs} intervals from CUDA events, placed on the host clock "
+            f"within +/-{err / 1e3:.1f} us (anchor error)")
+
+
+def summary_lines(meta: Mapping[str, Any] | None, df: Any = None) -> list[str]:
+    """Everything GPU-related `profiler summarize` prints after its table."""
+    out = gpu_warnings(meta, nccl_call_count(df))
+    note = device_time_note(meta)
+    if note:
+        out.append(note)
+    for host, gpus in job_gpus(meta).items():
+        out += topology_lines(gpus, host)
+    return out

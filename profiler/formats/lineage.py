@@ -1,0 +1,65 @@
+"""lineage.parquet: one row per tensor operation of Horovod's timeline with the
+collective that carried it (written by profiler.collect.lineage at merge).
+Its columns, Horovod's fusion threshold as the environment sets it, and the
+reader."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from profiler.errors import NotFoundError, PathLike
+from profiler.layout import LINEAGE_FILE
+
+DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
+
+
+LINEAGE_COLUMNS = [
+    "step", "occurrence", "tensor", "op", "comm_activity", "fused_id", "n_tensors",
+    "tensor_bytes", "call_tensor_bytes", "fill_ratio", "dtype", "shape",
+    "t_start_ns", "t_end_ns", "negotiation_ns", "neg_start_ns", "neg_end_ns",
+    "wait_for_data_ns", "ready_ranks", "last_ready_rank", "ready_spread_ns",
+    "matched", "call_op", "call_comm", "call_seq", "call_t_start_ns", "call_t_end_ns",
+    "call_dur_ns", "call_bytes", "bytes_agree", "complete",
+]
+
+
+def fusion_threshold(env: Mapping[str, Any] | None) -> int | None:
+    """HOROVOD_FUSION_THRESHOLD in bytes from a rank's env (default 128 MiB;
+    0 = fusion off); None when the environment was not recorded."""
+    if env is None:
+        return None
+    raw = env.get("HOROVOD_FUSION_THRESHOLD")
+    if raw is None or str(raw).strip() == "":
+        return DEFAULT_FUSION_THRESHOLD
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        return DEFAULT_FUSION_THRESHOLD
+    return max(0, value)
+
+
+def load(path: PathLike) -> pd.DataFrame:
+    """Read a lineage.parquet (or the one in a profile directory / next to a trace)."""
+    p = Path(os.fspath(path))
+    if p.is_dir():
+        p = p / LINEAGE_FILE
+    elif p.suffix == ".json":
+        p = p.parent / LINEAGE_FILE
+    if not p.is_file():
+        raise NotFoundError(p, "no lineage (run with Horovod's timeline on; see trace metadata)")
+    try:
+        frame = pq.read_table(p).to_pandas()
+    except (OSError, pa.ArrowException, ValueError, KeyError, TypeError) as exc:
+        raise NotFoundError(p, f"cannot read lineage: {exc}") from None
+    # tensor names are escaped when the timeline is parsed; a file written by
+    # another tool gets the same treatment here
+    from profiler.formats.dataset import printable_columns
+
+    return printable_columns(frame, ("tensor", "op", "call_op", "dtype", "shape"))
