@@ -9,6 +9,8 @@ from . import figures
 from .compare import compare
 from .distributed import summarize_dask
 from .engine import open_dataset, overview, stragglers_dataset, summarize_dataset
+from .facade import TraceAnalysis
+from .filters import RowFilter
 from .imbalance import match_calls, rank_times, stragglers
 from .load import load, load_aggregates, load_meta
 from .model import anomalies, fit_alpha_beta, latency_by_size, padding_summary, padding_whatif
@@ -24,6 +26,8 @@ from .summary import (
 from .throughput import correlation, step_table, throughput_summary
 
 __all__ = [
+    "TraceAnalysis",
+    "RowFilter",
     "load",
     "load_meta",
     "load_aggregates",

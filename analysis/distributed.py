@@ -29,14 +29,12 @@ import pandas as pd
 from profiler.errors import UsageError
 
 from .engine import Dataset, _as_dataset, _by_list, finish_summary
-from .load import RowFilter
-from .summary import BY_KEYS, _bus_factors, _quantiles, comm_calls
+from .filters import RowFilter
+from .metrics import PARTIAL_COLUMNS, QUANTILES, bus_factors
+from .summary import BY_KEYS, _quantiles, comm_calls
 
 __all__ = ["summarize_dask"]
 
-_QS = (0.5, 0.95, 0.99)
-_PART_COLUMNS = ["calls", "total_bytes", "total_ns", "max_ns", "bus", "busok", "pow2",
-                 *(f"q_{q:g}" for q in _QS)]
 
 
 def _keys(sel: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
@@ -65,15 +63,8 @@ def _prepare(part: pd.DataFrame, by: Sequence[str], flt: RowFilter) -> pd.DataFr
     for c in ("backend", "op", "kind", "thread_kind", "dtype", "comm_name"):
         if c in df.columns and not isinstance(df[c].dtype, pd.CategoricalDtype):
             df[c] = df[c].astype("category")
-    mask = np.ones(len(df), dtype=bool)
-    if flt.steps is not None:
-        st = df["step"].to_numpy()
-        mask &= (st >= flt.steps[0]) & (st <= flt.steps[1])
-    if flt.ops is not None:
-        mask &= df["op"].astype(str).isin(list(flt.ops)).to_numpy()
-    if flt.t_start_ns is not None:
-        t = df["t_start_ns"].to_numpy()
-        mask &= (t >= flt.t_start_ns[0]) & (t < flt.t_start_ns[1])
+    # ranks and kinds: comm_calls, which keeps the device rows of the calls it keeps
+    mask = RowFilter(steps=flt.steps, ops=flt.ops, t_start_ns=flt.t_start_ns).mask(df)
     # device rows stay: comm_calls times NCCL calls by them
     if "device" in df.columns:
         mask |= df["device"].to_numpy(dtype=bool)
@@ -82,7 +73,7 @@ def _prepare(part: pd.DataFrame, by: Sequence[str], flt: RowFilter) -> pd.DataFr
     keys = _keys(sel, by)
     nbytes = sel["bytes"].to_numpy(dtype=np.int64)
     n = sel["comm_size"].to_numpy() if "comm_size" in sel.columns else np.ones(len(sel))
-    bus = nbytes * _bus_factors(sel["op"], n) if len(sel) else np.zeros(0)
+    bus = nbytes * bus_factors(sel["op"], n) if len(sel) else np.zeros(0)
     keys["_bytes"] = nbytes
     keys["_dur"] = sel["dur_ns"].to_numpy(dtype=np.int64)
     keys["_bus"] = np.where(np.isnan(bus), 0.0, bus)
@@ -95,12 +86,12 @@ def _prepare(part: pd.DataFrame, by: Sequence[str], flt: RowFilter) -> pd.DataFr
 def _group_stats(g: pd.DataFrame) -> pd.DataFrame:
     """One group's partial row (exact quantiles by sorting its durations)."""
     dur = g["_dur"].to_numpy(dtype=np.int64)
-    qs = _quantiles(dur, np.zeros(len(dur), dtype=np.int64), 1, _QS)
+    qs = _quantiles(dur, np.zeros(len(dur), dtype=np.int64), 1, QUANTILES)
     row = {"calls": len(dur), "total_bytes": int(g["_bytes"].sum()),
            "total_ns": int(dur.sum()), "max_ns": int(dur.max()),
            "bus": float(g["_bus"].sum()), "busok": bool(g["_busok"].any()),
            "pow2": bool(g["_regular"].all())}
-    for q, v in zip(_QS, qs):
+    for q, v in zip(QUANTILES, qs):
         row[f"q_{q:g}"] = float(v[0])
     return pd.DataFrame([row])
 
@@ -110,7 +101,7 @@ def _meta_frame(by: Sequence[str]) -> pd.DataFrame:
     for k in by:
         out[k] = pd.Series(dtype="int64" if k in ("bucket", "comm", "bytes", "rank", "track",
                                                   "step") else "object")
-    for c in _PART_COLUMNS:
+    for c in PARTIAL_COLUMNS:
         out[c] = pd.Series(dtype={"calls": "int64", "total_bytes": "int64", "total_ns": "int64",
                                   "max_ns": "int64", "busok": "bool", "pow2": "bool"
                                   }.get(c, "float64"))
@@ -166,7 +157,7 @@ def summarize_dask(path: str | os.PathLike[str] | Dataset,
     else:
         result = parts.compute()
     result = result.reset_index()
-    result = result[[*by_l, *_PART_COLUMNS]] if len(result) else _meta_frame(by_l)
+    result = result[[*by_l, *PARTIAL_COLUMNS]] if len(result) else _meta_frame(by_l)
     if "comm" in by_l:
         result["comm"] = result["comm"].to_numpy().astype(np.int64).view(np.uint64)
     names = _comm_names(ds, client) if "comm" in by_l else None

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,8 +38,10 @@ import numpy as np
 import pandas as pd
 
 from profiler.errors import CorruptError, NotATraceError, NotFoundError, UsageError
+from profiler.layout import file_rank
 
-from .load import RowFilter, file_rank
+from .filters import RowFilter, sql_strings
+from .metrics import bus_factor_sql, empty_summary, finish
 
 __all__ = ["Dataset", "RowFilter", "open_dataset", "summarize_dataset", "overview",
            "finish_summary", "stragglers_dataset", "DEFAULT_MEMORY_LIMIT"]
@@ -138,33 +140,6 @@ def open_dataset(path: str | os.PathLike[str]) -> Dataset | None:
     return Dataset(p, files, meta, window=RowFilter.of_window(meta.get("window")))
 
 
-def filter_sql(flt: RowFilter | None, columns: Iterable[str]) -> list[str]:
-    """WHERE terms of a row filter."""
-    if flt is None:
-        return []
-    have = set(columns)
-    out: list[str] = []
-    if flt.ranks is not None:
-        out.append(f"rank IN ({', '.join(map(str, flt.ranks))})" if flt.ranks else "FALSE")
-    if flt.steps is not None:
-        if "step" not in have:
-            raise UsageError(None, "--steps: the trace has no step column")
-        out.append(f"step BETWEEN {int(flt.steps[0])} AND {int(flt.steps[1])}")
-    if flt.ops is not None:
-        out.append(f"op IN ({_strs(flt.ops)})" if flt.ops else "FALSE")
-    if flt.kinds is not None:
-        kind = "kind" if "kind" in have else "'data'"
-        out.append(f"{kind} IN ({_strs(flt.kinds)})" if flt.kinds else "FALSE")
-    if flt.t_start_ns is not None:
-        out.append(f"t_start_ns >= {int(flt.t_start_ns[0])} AND "
-                   f"t_start_ns < {int(flt.t_start_ns[1])}")
-    return out
-
-
-def _strs(values: Iterable[str]) -> str:
-    return ", ".join("'" + str(v).replace("'", "''") + "'" for v in values)
-
-
 # ---------------------------------------------------------------------------
 # DuckDB
 # ---------------------------------------------------------------------------
@@ -189,23 +164,6 @@ def _source(ds: Dataset, flt: RowFilter | None = None) -> str:
     chosen = ds.files_for(flt) or ds.files[:1]
     files = ", ".join("'" + str(f).replace("'", "''") + "'" for f in chosen)
     return f"read_parquet([{files}], union_by_name = true)"
-
-
-_BUS = {
-    "two": ("allreduce", "iallreduce", "nccl_allreduce"),
-    "one_minus": ("reduce_scatter", "reduce_scatter_block", "nccl_reducescatter", "allgather",
-                  "allgatherv", "nccl_allgather", "alltoall", "alltoallv", "gather", "gatherv"),
-    "one": ("bcast", "reduce", "nccl_broadcast", "nccl_bcast", "nccl_reduce", "nccl_send",
-            "nccl_recv"),
-}
-
-
-def _bus_sql(n: str) -> str:
-    """The nccl-tests bus factor of summary.bus_factor as SQL (NULL: no data moved)."""
-    return (f"CASE WHEN {n} <= 0 THEN NULL "
-            f"WHEN op IN ({_strs(_BUS['two'])}) THEN 2.0 * ({n} - 1) / {n} "
-            f"WHEN op IN ({_strs(_BUS['one_minus'])}) THEN ({n} - 1.0) / {n} "
-            f"WHEN op IN ({_strs(_BUS['one'])}) THEN 1.0 ELSE NULL END")
 
 
 def _next_pow2_sql(x: str) -> str:
@@ -239,11 +197,11 @@ def calls_sql(ds: Dataset, filters: RowFilter | None, *, device_rows: bool,
     (dur_ns, t_start_ns, t_end_ns device-substituted when device_rows)."""
     have = set(ds.columns)
     where = ["backend <> 'app'" if "backend" in have else "TRUE",
-             f"op NOT IN ({_strs(NON_CALL_OPS)})"]
+             f"op NOT IN ({sql_strings(NON_CALL_OPS)})"]
     if "device" in have:
         where.append("NOT device")
     flt = ds.filtered(filters)
-    where += filter_sql(flt, have)
+    where += flt.sql(have) if flt is not None else []
     exprs = []
     for c in columns:
         if c == "kind" and "kind" not in have:
@@ -340,8 +298,8 @@ def partials(ds: Dataset, by: Sequence[str], filters: RowFilter | None = None, *
         f"SELECT {''.join(c + ', ' for c in kcols)}hb, count(*) AS n, "
         "sum(bytes)::HUGEINT AS tb, sum(dur_ns)::HUGEINT AS tns, max(dur_ns) AS mx, "
         "min(dur_ns) AS mn, "
-        f"sum(bytes * coalesce({_bus_sql('comm_size')}, 0.0)) AS bus, "
-        f"bool_or({_bus_sql('comm_size')} IS NOT NULL) AS busok, "
+        f"sum(bytes * coalesce({bus_factor_sql('comm_size')}, 0.0)) AS bus, "
+        f"bool_or({bus_factor_sql('comm_size')} IS NOT NULL) AS busok, "
         "bool_and(bytes = 0 OR (bytes > 0 AND (bytes & (bytes - 1)) = 0)) AS pow2 "
         f"FROM ({keyed}) GROUP BY ALL"))
     cols = [*by, "calls", "total_bytes", "total_ns", "max_ns", "bus", "busok", "pow2",
@@ -504,11 +462,9 @@ def _order_key(key: str, values: pd.Series) -> pd.Series:
 
 def finish_summary(parts: pd.DataFrame, by: Sequence[str], *,
                    comm_names: Mapping[int, str] | None = None) -> pd.DataFrame:
-    """Per-group partial results (partials()) -> the table of summary.summarize."""
-    from .summary import METRICS, bucket_label, empty_summary
-
+    """Per-group partial results (partials()) -> the table of summary.summarize:
+    groups in key order, then metrics.finish, then the keys as summarize shows them."""
     by_l = list(by)
-    out_cols = by_l + METRICS + ["time_share", "pow2"]
     if parts.empty:
         return empty_summary(by_l)
     df = parts.copy()
@@ -517,30 +473,7 @@ def finish_summary(parts: pd.DataFrame, by: Sequence[str], *,
         for i, k in enumerate(by_l):
             df[sort_cols[i]] = _order_key(k, df[k])
         df = df.sort_values(sort_cols, kind="stable").drop(columns=sort_cols)
-    df = df.reset_index(drop=True)
-    total_ns = df["total_ns"].to_numpy(dtype=np.float64)
-    calls = df["calls"].to_numpy(dtype=np.int64)
-    tb = df["total_bytes"].to_numpy(dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        algbw = np.where(total_ns > 0, tb / total_ns, np.nan)
-        busbw = np.where((total_ns > 0) & df["busok"].to_numpy(dtype=bool),
-                         df["bus"].to_numpy(dtype=np.float64) / total_ns, np.nan)
-    all_ns = float(total_ns.sum())
-    res = df[by_l].copy()
-    res["calls"] = calls
-    res["total_bytes"] = df["total_bytes"].astype(np.int64)
-    res["total_us"] = total_ns / 1e3
-    res["mean_us"] = total_ns / calls / 1e3
-    res["p50_us"] = df["q_0.5"].to_numpy(dtype=np.float64) / 1e3
-    res["p95_us"] = df["q_0.95"].to_numpy(dtype=np.float64) / 1e3
-    res["p99_us"] = df["q_0.99"].to_numpy(dtype=np.float64) / 1e3
-    res["max_us"] = df["max_ns"].to_numpy(dtype=np.float64) / 1e3
-    res["algbw_gbps"] = algbw
-    res["busbw_gbps"] = busbw
-    res["time_share"] = total_ns / all_ns if all_ns > 0 else np.nan
-    res["pow2"] = df["pow2"].astype(bool)
-    if "bucket" in by_l:
-        res["bucket"] = [bucket_label(int(b)) for b in res["bucket"]]
+    res = finish(df.reset_index(drop=True), by_l)
     if "comm" in by_l:
         names = comm_names or {}
         res["comm"] = [f"{names[int(c)]} ({int(c):#x})" if names.get(int(c)) else f"{int(c):#x}"
@@ -550,7 +483,7 @@ def finish_summary(parts: pd.DataFrame, by: Sequence[str], *,
             res[k] = res[k].astype(str)
         elif k in ("bytes", "rank", "track", "step"):
             res[k] = res[k].astype(np.int64)
-    return res[out_cols].reset_index(drop=True)
+    return res
 
 
 def comm_names(ds: Dataset, con: Any = None) -> dict[int, str]:

@@ -1,23 +1,10 @@
-"""GPUs and NCCL: topology, NCCL visibility, and the warnings built on them.
+"""GPUs and NCCL in a job's metadata: the warnings and summary lines that
+`profiler summarize` and `profiler report` print (NCCL calls invisible, device
+times missing, each host's GPU topology).
 
-Three sources, all optional and never an error when absent:
-
-* `topology()`: the GPUs of this host through NVML (pynvml, from the
-  nvidia-ml-py package): per GPU the model, memory, PCIe generation and width,
-  NVLink links and the GPU (or switch) at the other end of each.  No pynvml,
-  no driver or no GPU: an empty list.
-* `native_state()`: what the interposition library saw in this process
-  (`hvprof_nccl_json()`): whether an interposable NCCL exists (Horovod links
-  NCCL statically by default, which hides its calls), whether libnccl and the
-  CUDA driver are loaded, NCCL calls per op, and the device-time bookkeeping
-  (event pool, pending pairs, misses by reason, anchor error).
-* `read_sidecar()`: the same document written by the library at exit next to
-  the raw file (raw/rank-R.nccl.json), for processes without Python (a C
-  program under LD_PRELOAD) or converted by another process.
-
-`process_metadata()` is what a rank's metadata carries ("gpus", "nccl");
-`job_gpus()` / `gpu_warnings()` / `summary_lines()` read a merged trace's
-metadata block for `profiler summarize` and `profiler report`.
+What a rank's metadata carries ("gpus", "nccl") is collected inside the job by
+profiler.collect.nvml (NVML topology) and profiler.collect.native (the
+library's NCCL state); this module only reads it.
 """
 
 from __future__ import annotations
@@ -30,16 +17,10 @@ from profiler.layout import format_ranges
 __all__ = [
     "REMEDY",
     "device_time_note",
-    "finish_native",
     "gpu_warnings",
     "job_gpus",
-    "native_state",
     "nccl_call_count",
-    "process_metadata",
-    "read_sidecar",
-    "sidecar_path",
     "summary_lines",
-    "topology",
     "topology_lines",
 ]
 

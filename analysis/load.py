@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from profiler.errors import (
@@ -33,6 +31,8 @@ from profiler.errors import (
     UsageError,
 )
 from profiler.layout import file_rank, resolve_trace
+
+from .filters import RowFilter
 
 __all__ = ["load", "load_aggregates", "load_meta", "resolve_trace", "RowFilter", "read_files",
            "window_for"]
@@ -43,109 +43,6 @@ def load_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
     from profiler.formats.tracejson import read_trace_meta
 
     return read_trace_meta(resolve_trace(path))
-
-
-@dataclass(frozen=True)
-class RowFilter:
-    """Rows to keep: ranks, steps (inclusive pair), ops, kinds, start times [lo, hi)."""
-
-    ranks: tuple[int, ...] | None = None
-    steps: tuple[int, int] | None = None
-    ops: tuple[str, ...] | None = None
-    kinds: tuple[str, ...] | None = None
-    t_start_ns: tuple[int, int] | None = None
-
-    @staticmethod
-    def of(ranks: Iterable[int] | None = None, steps: Sequence[int] | None = None,
-           ops: Iterable[str] | None = None, kinds: Iterable[str] | None = None,
-           t_start_ns: Sequence[int] | None = None) -> RowFilter:
-        if steps is not None and len(steps) != 2:
-            raise UsageError(None, "steps: give (first, last)")
-        if t_start_ns is not None and len(t_start_ns) != 2:
-            raise UsageError(None, "t_start_ns: give (lo, hi)")
-        return RowFilter(
-            ranks=None if ranks is None else tuple(sorted({int(r) for r in ranks})),
-            steps=None if steps is None else (int(steps[0]), int(steps[1])),
-            ops=None if ops is None else tuple(str(o) for o in ops),
-            kinds=None if kinds is None else tuple(str(k) for k in kinds),
-            t_start_ns=None if t_start_ns is None else (int(t_start_ns[0]), int(t_start_ns[1])))
-
-    @staticmethod
-    def of_window(window: Mapping[str, Any] | None) -> RowFilter | None:
-        """The filters recorded in an export's metadata ("window")."""
-        if not window:
-            return None
-        return RowFilter.of(ranks=window.get("ranks"), steps=window.get("steps"),
-                            ops=window.get("ops"), kinds=window.get("kinds"),
-                            t_start_ns=window.get("t_start_ns"))
-
-    def and_(self, other: RowFilter | None) -> RowFilter:
-        """Rows both filters keep."""
-        if other is None:
-            return self
-
-        def inter(a: tuple[Any, ...] | None, b: tuple[Any, ...] | None) -> Any:
-            if a is None or b is None:
-                return a if b is None else b
-            return tuple(x for x in a if x in set(b))
-
-        def overlap(a: tuple[int, int] | None, b: tuple[int, int] | None) -> Any:
-            if a is None or b is None:
-                return a if b is None else b
-            return (max(a[0], b[0]), min(a[1], b[1]))
-
-        return RowFilter(ranks=inter(self.ranks, other.ranks),
-                         steps=overlap(self.steps, other.steps),
-                         ops=inter(self.ops, other.ops), kinds=inter(self.kinds, other.kinds),
-                         t_start_ns=overlap(self.t_start_ns, other.t_start_ns))
-
-    def empty(self) -> bool:
-        return all(v is None for v in (self.ranks, self.steps, self.ops, self.kinds,
-                                       self.t_start_ns))
-
-    def expression(self, have: Iterable[str]) -> Any:
-        """A pyarrow.dataset expression (None: keep every row)."""
-        import pyarrow.dataset as pads
-
-        cols = set(have)
-        parts = []
-        if self.ranks is not None:
-            parts.append(pads.field("rank").isin(list(self.ranks)))
-        if self.steps is not None:
-            if "step" not in cols:
-                raise UsageError(None, "steps: the trace has no step column")
-            parts.append((pads.field("step") >= self.steps[0])
-                         & (pads.field("step") <= self.steps[1]))
-        if self.ops is not None:
-            parts.append(pads.field("op").isin(list(self.ops)))
-        if self.kinds is not None and "kind" in cols:
-            parts.append(pads.field("kind").isin(list(self.kinds)))
-        if self.t_start_ns is not None:
-            parts.append((pads.field("t_start_ns") >= self.t_start_ns[0])
-                         & (pads.field("t_start_ns") < self.t_start_ns[1]))
-        out = None
-        for e in parts:
-            out = e if out is None else out & e
-        return out
-
-    def apply(self, df: pd.DataFrame) -> pd.DataFrame:
-        """The same filter on a frame in memory."""
-        if self.empty() or df.empty:
-            return df
-        mask = np.ones(len(df), dtype=bool)
-        if self.ranks is not None:
-            mask &= df["rank"].isin(list(self.ranks)).to_numpy()
-        if self.steps is not None and "step" in df.columns:
-            st = df["step"].to_numpy()
-            mask &= (st >= self.steps[0]) & (st <= self.steps[1])
-        if self.ops is not None:
-            mask &= df["op"].astype(str).isin(list(self.ops)).to_numpy()
-        if self.kinds is not None and "kind" in df.columns:
-            mask &= df["kind"].astype(str).isin(list(self.kinds)).to_numpy()
-        if self.t_start_ns is not None:
-            t = df["t_start_ns"].to_numpy()
-            mask &= (t >= self.t_start_ns[0]) & (t < self.t_start_ns[1])
-        return df if mask.all() else df.loc[mask].reset_index(drop=True)
 
 
 def read_files(files: Sequence[Path], flt: RowFilter | None,
@@ -246,13 +143,13 @@ def window_for(path: str | os.PathLike[str], max_rows: int, *, first_ranks: int 
     """A bounded window of a dataset with more than `max_rows` rows: the first
     `first_ranks` ranks plus the likely stragglers (least communication time, from
     the rank metadata), over the consecutive middle steps that fit (the policy of
-    trace.json's event selection, profiler.formats.tracejson.select_events, without its step
+    trace.json's event selection, profiler.formats.window.select_events, without its step
     cap).  None when everything fits, or when the path has no parquet dataset.
     Returns the filter and {"description", "rows", "rows_total", "ranks", "steps",
     "t_start_ns"}."""
     import orjson
 
-    from profiler.formats.tracejson import select_events
+    from profiler.formats.window import select_events
 
     from .engine import open_dataset
 

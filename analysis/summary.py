@@ -31,9 +31,19 @@ import pandas as pd
 
 from profiler.errors import UsageError
 
-from ._frame import NON_CALL_OPS, fmt_bytes, is_pow2, pow2_bucket
+from ._frame import NON_CALL_OPS, is_pow2, pow2_bucket
+from .filters import RowFilter
+from .metrics import (
+    METRICS,
+    QUANTILES,
+    bucket_label,
+    bus_factor,
+    bus_factors,
+    empty_summary,
+    finish,
+)
 
-__all__ = ["BY_KEYS", "METRICS", "summarize", "summarize_aggregates", "bucket_label",
+__all__ = ["BY_KEYS", "METRICS", "empty_summary", "summarize", "summarize_aggregates", "bucket_label",
            "bus_factor", "comm_time_imbalance", "comm_calls"]
 
 BY_KEYS: dict[str, str] = {
@@ -49,25 +59,6 @@ BY_KEYS: dict[str, str] = {
     "backend": "backend",
     "step": "step",
 }
-METRICS = ["calls", "total_bytes", "total_us", "mean_us", "p50_us", "p95_us", "p99_us",
-           "max_us", "algbw_gbps", "busbw_gbps"]
-
-_TWO = {"allreduce", "iallreduce", "nccl_allreduce"}
-_ONE_MINUS = {"reduce_scatter", "reduce_scatter_block", "nccl_reducescatter", "allgather",
-              "allgatherv", "nccl_allgather", "alltoall", "alltoallv", "gather", "gatherv"}
-_ONE = {"bcast", "reduce", "nccl_broadcast", "nccl_bcast", "nccl_reduce", "nccl_send",
-        "nccl_recv"}
-
-
-def empty_summary(by: Sequence[str]) -> pd.DataFrame:
-    """The summary table with no rows: the grouping keys, then METRICS,
-    time_share and pow2, with their dtypes."""
-    by_l = list(by)
-    empty = pd.DataFrame({c: pd.Series(dtype="object") for c in by_l})
-    for m in METRICS + ["time_share"]:
-        empty[m] = pd.Series(dtype="int64" if m in ("calls", "total_bytes") else "float64")
-    empty["pow2"] = pd.Series(dtype="bool")
-    return empty[by_l + METRICS + ["time_share", "pow2"]]
 
 
 def comm_calls(df: pd.DataFrame, kinds: str | Sequence[str] | None = None,
@@ -81,12 +72,11 @@ def comm_calls(df: pd.DataFrame, kinds: str | Sequence[str] | None = None,
     mask &= ~df["op"].isin(NON_CALL_OPS).to_numpy(dtype=bool)
     if "device" in df.columns:
         mask &= ~df["device"].to_numpy(dtype=bool)
-    if kinds is not None and "kind" in df.columns:
-        kl = [kinds] if isinstance(kinds, str) else list(kinds)
-        mask &= df["kind"].isin(kl).to_numpy(dtype=bool)
-    if rank is not None:
-        ranks = [rank] if isinstance(rank, (int, np.integer)) else list(rank)
-        mask &= df["rank"].isin([int(r) for r in ranks]).to_numpy(dtype=bool)
+    if kinds is not None or rank is not None:
+        mask &= RowFilter.of(
+            kinds=None if kinds is None else [kinds] if isinstance(kinds, str) else kinds,
+            ranks=None if rank is None else [rank] if isinstance(rank, (int, np.integer))
+            else rank).mask(df)
     out = df.loc[mask]
     if "device" in df.columns and bool(df["device"].any()):
         out = _device_times(out, df.loc[df["device"].to_numpy(dtype=bool)])
@@ -121,44 +111,6 @@ def _device_times(host: pd.DataFrame, dev: pd.DataFrame) -> pd.DataFrame:
         vals[found] = keyed.loc[found, col].to_numpy(dtype=vals.dtype)
         host[col] = vals
     return host
-
-
-def bus_factor(op: str, n: int) -> float:
-    """nccl-tests bus-bandwidth factor for `op` on `n` ranks (NaN: no data moved)."""
-    if n <= 0:
-        return float("nan")
-    if op in _TWO:
-        return 2.0 * (n - 1) / n
-    if op in _ONE_MINUS:
-        return (n - 1) / n
-    if op in _ONE:
-        return 1.0
-    return float("nan")
-
-
-def _bus_factors(op: pd.Series, n: np.ndarray) -> np.ndarray:
-    opc = op.astype("category") if not isinstance(op.dtype, pd.CategoricalDtype) else op
-    codes = opc.cat.codes.to_numpy()
-    names = [str(c) for c in opc.cat.categories]
-    out = np.full(len(op), np.nan)
-    sizes = np.asarray(n, dtype=np.int64)
-    for i, name in enumerate(names):
-        sel = codes == i
-        if not sel.any():
-            continue
-        for size in np.unique(sizes[sel]):
-            out[sel & (sizes == size)] = bus_factor(name, int(size))
-    return out
-
-
-def bucket_label(upper: int) -> str:
-    """Label of the power-of-two bucket whose upper bound is `upper`."""
-    upper = int(upper)
-    if upper <= 0:
-        return "0 B"
-    if upper == 1:
-        return "1 B"
-    return f"{fmt_bytes(upper // 2)}-{fmt_bytes(upper)}"
 
 
 def _comm_labels(df: pd.DataFrame) -> pd.Series:
@@ -227,14 +179,13 @@ def summarize(df: pd.DataFrame, by: Sequence[str] | str = ("op", "bucket"),
         raise UsageError(None, f"--by lists a key twice: {', '.join(by_l)}")
     sel = comm_calls(df, kinds=kinds, rank=rank)
     keys = _key_frame(sel, by_l)
-    out_cols = by_l + METRICS + ["time_share", "pow2"]
     if sel.empty:
         return empty_summary(by_l)
 
     nbytes = sel["bytes"].to_numpy(dtype=np.int64)
     dur = sel["dur_ns"].to_numpy(dtype=np.int64)
     n = sel["comm_size"].to_numpy() if "comm_size" in sel.columns else np.ones(len(sel))
-    bus = nbytes * _bus_factors(sel["op"], n)
+    bus = nbytes * bus_factors(sel["op"], n)
     work = keys.copy()
     work["_bytes"] = nbytes
     work["_dur"] = dur
@@ -243,44 +194,20 @@ def summarize(df: pd.DataFrame, by: Sequence[str] | str = ("op", "bucket"),
     work["_regular"] = is_pow2(nbytes) | (nbytes == 0)
     if by_l:
         g = work.groupby(by_l, observed=True, sort=True)
-        agg = g.agg(calls=("_dur", "size"), total_bytes=("_bytes", "sum"),
-                    total_ns=("_dur", "sum"), max_ns=("_dur", "max"), bus=("_bus", "sum"),
-                    busok=("_busok", "any"), pow2=("_regular", "all"))
+        parts = g.agg(calls=("_dur", "size"), total_bytes=("_bytes", "sum"),
+                      total_ns=("_dur", "sum"), max_ns=("_dur", "max"), bus=("_bus", "sum"),
+                      busok=("_busok", "any"), pow2=("_regular", "all")).reset_index()
         codes = g.ngroup().to_numpy()
-        agg = agg.reset_index()
     else:
-        agg = pd.DataFrame({"calls": [len(work)], "total_bytes": [int(nbytes.sum())],
-                            "total_ns": [int(dur.sum())], "max_ns": [int(dur.max())],
-                            "bus": [float(work["_bus"].sum())],
-                            "busok": [bool(work["_busok"].any())],
-                            "pow2": [bool(work["_regular"].all())]})
+        parts = pd.DataFrame({"calls": [len(work)], "total_bytes": [int(nbytes.sum())],
+                              "total_ns": [int(dur.sum())], "max_ns": [int(dur.max())],
+                              "bus": [float(work["_bus"].sum())],
+                              "busok": [bool(work["_busok"].any())],
+                              "pow2": [bool(work["_regular"].all())]})
         codes = np.zeros(len(work), dtype=np.int64)
-    p50, p95, p99 = _quantiles(dur, codes, len(agg), (0.5, 0.95, 0.99))
-    total_ns = agg["total_ns"].to_numpy(dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        algbw = np.where(total_ns > 0, agg["total_bytes"].to_numpy() / total_ns, np.nan)
-        busbw = np.where((total_ns > 0) & agg["busok"].to_numpy(),
-                         agg["bus"].to_numpy() / total_ns, np.nan)
-    all_ns = float(dur.sum())
-    res = agg[by_l].copy()
-    res["calls"] = agg["calls"].astype(np.int64)
-    res["total_bytes"] = agg["total_bytes"].astype(np.int64)
-    res["total_us"] = total_ns / 1e3
-    res["mean_us"] = total_ns / agg["calls"].to_numpy() / 1e3
-    res["p50_us"] = p50 / 1e3
-    res["p95_us"] = p95 / 1e3
-    res["p99_us"] = p99 / 1e3
-    res["max_us"] = agg["max_ns"].to_numpy(dtype=np.float64) / 1e3
-    res["algbw_gbps"] = algbw
-    res["busbw_gbps"] = busbw
-    res["time_share"] = total_ns / all_ns if all_ns > 0 else np.nan
-    res["pow2"] = agg["pow2"].astype(bool)
-    if "bucket" in by_l:
-        res["bucket"] = [bucket_label(b) for b in res["bucket"]]
-    for k in by_l:
-        if isinstance(res[k].dtype, pd.CategoricalDtype):
-            res[k] = res[k].astype(str)
-    return res[out_cols].reset_index(drop=True)
+    for q, v in zip(QUANTILES, _quantiles(dur, codes, len(parts), QUANTILES)):
+        parts[f"q_{q:g}"] = v
+    return finish(parts, by_l)
 
 
 def comm_time_imbalance(df: pd.DataFrame, rank: int | Sequence[int] | None = None, *,
@@ -343,14 +270,13 @@ def summarize_aggregates(agg: pd.DataFrame, by: Sequence[str] | str = ("op", "bu
         raise UsageError(None, "--by step: summary-mode aggregates have no steps")
     sel = comm_calls(agg.assign(device=False) if "device" not in agg.columns else agg,
                      kinds=kinds, rank=rank)
-    out_cols = by_l + METRICS + ["time_share", "pow2"]
     if sel.empty:
         return summarize(sel.assign(dur_ns=pd.Series(dtype="int64")), by=by_l)
     keys = _key_frame(sel, by_l)
     calls_n = sel["calls"].to_numpy(dtype=np.int64)
     nbytes = sel["bytes"].to_numpy(dtype=np.int64)
     n = sel["comm_size"].to_numpy() if "comm_size" in sel.columns else np.ones(len(sel))
-    bus = nbytes * calls_n * _bus_factors(sel["op"], n)
+    bus = nbytes * calls_n * bus_factors(sel["op"], n)
     work = keys.copy()
     work["_calls"] = calls_n
     work["_bytes"] = nbytes * calls_n
@@ -376,27 +302,15 @@ def summarize_aggregates(agg: pd.DataFrame, by: Sequence[str] | str = ("op", "bu
         w = work.iloc[idx]
         total = float(w["_total"].sum())
         ncalls = int(w["_calls"].sum())
-        p50, p95, p99 = _hist_quantiles(hist[idx], scale[idx], float(w["_min"].min()),
-                                        float(w["_max"].max()), (0.5, 0.95, 0.99))
+        qs = _hist_quantiles(hist[idx], scale[idx], float(w["_min"].min()),
+                             float(w["_max"].max()), QUANTILES)
         keyt = key if isinstance(key, tuple) else (key,)
         row: dict[str, Any] = dict(zip(by_l, keyt))
         row.update({
-            "calls": ncalls, "total_bytes": int(w["_bytes"].sum()), "total_us": total / 1e3,
-            "mean_us": total / ncalls / 1e3 if ncalls else float("nan"),
-            "p50_us": p50 / 1e3, "p95_us": p95 / 1e3, "p99_us": p99 / 1e3,
-            "max_us": float(w["_max"].max()) / 1e3,
-            "algbw_gbps": float(w["_bytes"].sum()) / total if total > 0 else float("nan"),
-            "busbw_gbps": (float(w["_bus"].sum()) / total
-                           if total > 0 and bool(w["_busok"].any()) else float("nan")),
-            "pow2": bool(w["_regular"].all()),
+            "calls": ncalls, "total_bytes": int(w["_bytes"].sum()), "total_ns": total,
+            "max_ns": float(w["_max"].max()), "bus": float(w["_bus"].sum()),
+            "busok": bool(w["_busok"].any()), "pow2": bool(w["_regular"].all()),
+            **{f"q_{q:g}": v for q, v in zip(QUANTILES, qs)},
         })
         rows.append(row)
-    res = pd.DataFrame(rows)
-    all_ns = float(work["_total"].sum())
-    res["time_share"] = res["total_us"] * 1e3 / all_ns if all_ns > 0 else np.nan
-    if "bucket" in by_l:
-        res["bucket"] = [bucket_label(b) for b in res["bucket"]]
-    for k in by_l:
-        if isinstance(res[k].dtype, pd.CategoricalDtype):
-            res[k] = res[k].astype(str)
-    return res[out_cols].reset_index(drop=True)
+    return finish(pd.DataFrame(rows), by_l)

@@ -24,6 +24,7 @@ from profiler.errors import (
 )
 from profiler.formats import record as F
 from profiler.formats import tracejson as T
+from profiler.formats import window as W
 
 
 def make_job(d: Path, world: int = 2, n: int = 10, *, skip: tuple[int, ...] = (),
@@ -117,10 +118,10 @@ def test_event_window(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_select_window_is_centred() -> None:
-    idx, desc = T.select_window(np.arange(100)[::-1].copy(), 10)
+    idx, desc = W.select_window(np.arange(100)[::-1].copy(), 10)
     assert idx.tolist() == list(range(45, 55))  # rows of t_start 45..54 (row i: 99 - i)
     assert desc.startswith("window")
-    idx, desc = T.select_window(np.arange(5), 10)
+    idx, desc = W.select_window(np.arange(5), 10)
     assert idx.tolist() == [0, 1, 2, 3, 4] and desc == "all"
 
 

@@ -58,7 +58,8 @@ def export_window(path: str | os.PathLike[str], out: str | os.PathLike[str], *,
     import pyarrow.dataset as pads
 
     from profiler.analysis.engine import open_dataset
-    from profiler.analysis.load import RowFilter, read_files
+    from profiler.analysis.filters import RowFilter
+    from profiler.analysis.load import read_files
     from profiler.errors import CorruptError, NotATraceError, ProfilerError
     from profiler.formats.dataset import read_meta
     from profiler.formats.tracejson import TRACE_FORMAT_VERSION, now_iso, write_trace

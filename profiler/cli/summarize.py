@@ -23,17 +23,16 @@ cluster).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from profiler.analysis.facade import Calls
+
 import argparse
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_BY = "op,bucket"
-# comm and seq: a device row (NCCL) times its host call through (rank, comm, seq, op)
-_BASE_COLUMNS = ["rank", "backend", "op", "bytes", "dur_ns", "comm_size", "kind", "device",
-                 "t_start_ns", "t_end_ns", "comm", "seq"]
-_KEY_COLUMNS = {"thread": ["thread_kind"], "comm": ["comm", "comm_name"], "track": ["track"],
-                "dtype": ["dtype"], "step": ["step"]}
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -64,217 +63,6 @@ def _by_keys(values: list[str] | None) -> list[str]:
     return [k.strip() for v in raw for k in v.split(",") if k.strip()]
 
 
-class Calls:
-    """What the table needs, from per-call rows, summary-mode aggregates (in memory)
-    or the parquet dataset queried in place (DatasetCalls)."""
-
-    aggregated: bool
-    has_kind: bool
-
-    def ranks(self) -> list[int]:
-        raise NotImplementedError
-
-    def kinds(self) -> list[str]:
-        raise NotImplementedError
-
-    def count(self, kind: str | None = None) -> int:
-        raise NotImplementedError
-
-    def time_ns(self, kind: str | None = None) -> float:
-        raise NotImplementedError
-
-    def span_ns(self) -> float:
-        raise NotImplementedError
-
-    def per_rank_ns(self) -> Any:
-        raise NotImplementedError
-
-    def table(self, by: list[str], kinds: list[str] | None = None) -> Any:
-        raise NotImplementedError
-
-    def gpu_lines(self, meta: dict[str, Any] | None) -> list[str]:
-        raise NotImplementedError
-
-
-@dataclass
-class FrameCalls(Calls):
-    """Communication calls (rows or aggregates) in memory, rank-filtered."""
-
-    frame: Any
-    aggregated: bool
-    summarize: Any  # (frame, by, kinds) -> DataFrame
-
-    def __post_init__(self) -> None:
-        self.has_kind = "kind" in self.frame.columns
-
-    def ranks(self) -> list[int]:
-        return sorted(int(r) for r in self.frame["rank"].unique())
-
-    def kinds(self) -> list[str]:
-        return ([str(k) for k in self.frame["kind"].unique()]
-                if "kind" in self.frame.columns else [])
-
-    def _sel(self, kind: str | None) -> Any:
-        if kind is None:
-            return self.frame
-        return self.frame.loc[(self.frame["kind"] == kind).to_numpy(dtype=bool)]
-
-    def time_ns(self, kind: str | None = None) -> float:
-        col = "total_ns" if self.aggregated else "dur_ns"
-        return float(self._sel(kind)[col].sum())
-
-    def count(self, kind: str | None = None) -> int:
-        f = self._sel(kind)
-        return int(f["calls"].sum()) if self.aggregated else len(f)
-
-    def span_ns(self) -> float:
-        if self.aggregated or self.frame.empty:
-            return 0.0
-        return float(self.frame["t_end_ns"].max() - self.frame["t_start_ns"].min())
-
-    def per_rank_ns(self) -> Any:
-        col = "total_ns" if self.aggregated else "dur_ns"
-        return self.frame.groupby("rank", observed=True)[col].sum()
-
-    def table(self, by: list[str], kinds: list[str] | None = None) -> Any:
-        return self.summarize(self.frame, by, kinds)
-
-    def gpu_lines(self, meta: dict[str, Any] | None) -> list[str]:
-        from profiler.analysis import gpu
-
-        return gpu.summary_lines(meta, self.frame)
-
-
-@dataclass
-class DatasetCalls(Calls):
-    """The parquet dataset queried in place (DuckDB, or Dask for the table)."""
-
-    dataset: Any
-    flt: dict[str, Any]
-    overview: Any
-    engine: str = "duckdb"
-    scheduler: str | None = None
-    has_kind: bool = True
-    aggregated: bool = False
-
-    def ranks(self) -> list[int]:
-        return self.overview.ranks()
-
-    def kinds(self) -> list[str]:
-        return self.overview.kinds()
-
-    def count(self, kind: str | None = None) -> int:
-        return self.overview.count(kind)
-
-    def time_ns(self, kind: str | None = None) -> float:
-        return self.overview.time_ns(kind)
-
-    def span_ns(self) -> float:
-        return self.overview.span_ns()
-
-    def per_rank_ns(self) -> Any:
-        return self.overview.per_rank_ns()
-
-    def table(self, by: list[str], kinds: list[str] | None = None) -> Any:
-        flt = dict(self.flt)
-        if kinds is not None:
-            flt["kinds"] = kinds
-        if self.engine == "dask":
-            return _dask_table(self.dataset, by, flt, self.scheduler)
-        from profiler.analysis.engine import summarize_dataset
-
-        return summarize_dataset(self.dataset, by, **flt)
-
-    def gpu_lines(self, meta: dict[str, Any] | None) -> list[str]:
-        from profiler.analysis import gpu
-
-        out = gpu.gpu_warnings(meta, self.overview.nccl_calls())
-        note = gpu.device_time_note(meta)
-        if note:
-            out.append(note)
-        for host, gpus in gpu.job_gpus(meta).items():
-            out += gpu.topology_lines(gpus, host)
-        return out
-
-
-def _dask_table(dataset: Any, by: list[str], flt: dict[str, Any],
-                scheduler: str | None) -> Any:
-    import logging
-
-    from dask.distributed import Client, LocalCluster
-
-    from profiler.analysis.distributed import summarize_dask
-
-    logging.getLogger("distributed").setLevel(logging.ERROR)
-    if scheduler:
-        with Client(scheduler) as client:
-            return summarize_dask(dataset, by, client=client, **flt)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                      dashboard_address=None) as cluster, Client(cluster) as client:
-        return summarize_dask(dataset, by, client=client, **flt)
-
-
-def _check_ranks(path: str, wanted: list[int] | None, present: list[int]) -> None:
-    from profiler.errors import UsageError
-
-    if not wanted:
-        return
-    have = set(present)
-    absent = [r for r in wanted if r not in have]
-    if absent:
-        raise UsageError(path, f"rank {absent[0]} is not in this trace (ranks: "
-                               f"{_ranks_text(sorted(have))})")
-
-
-def _gather(path: str, meta: dict[str, Any] | None, by: list[str],
-            ranks_arg: list[int] | None, steps: tuple[int, int] | None = None,
-            ops: list[str] | None = None) -> FrameCalls:
-    import numpy as np
-
-    from profiler.analysis import load, load_aggregates, summarize, summarize_aggregates
-    from profiler.analysis.summary import comm_calls
-    from profiler.errors import UsageError
-
-    aggregated = bool(meta and (meta.get("dataset") or {}).get("aggregates"))
-    fn: Any
-    if aggregated:
-        if steps is not None:
-            raise UsageError(path, "--steps: summary-mode aggregates have no steps")
-        df = load_aggregates(path)
-        df = df.assign(device=False)
-        if ops is not None:
-            df = df.loc[df["op"].astype(str).isin(ops).to_numpy()]
-        fn = summarize_aggregates
-    else:
-        columns = list(_BASE_COLUMNS)
-        for k in by:
-            columns += _KEY_COLUMNS.get(k, [])
-        df = load(path, columns=list(dict.fromkeys(columns)), steps=steps, ops=ops)
-        fn = summarize
-    if ranks_arg:
-        _check_ranks(path, ranks_arg, np.unique(df["rank"].to_numpy()).tolist())
-    frame = comm_calls(df, rank=ranks_arg)
-    return FrameCalls(frame=frame, aggregated=aggregated,
-                      summarize=lambda f, b, kinds=None: fn(f, by=b, kinds=kinds))
-
-
-def _gather_dataset(path: str, dataset: Any, ranks_arg: list[int] | None,
-                    steps: tuple[int, int] | None, ops: list[str] | None, engine: str,
-                    scheduler: str | None) -> DatasetCalls:
-    from profiler.analysis.engine import overview
-
-    if ranks_arg:
-        present = dataset.ranks()
-        if present is None:
-            present = overview(dataset).ranks()
-        _check_ranks(path, ranks_arg, present)
-    flt: dict[str, Any] = {"ranks": ranks_arg or None, "steps": steps, "ops": ops}
-    ov = overview(dataset, ranks=ranks_arg or None, steps=steps, ops=ops)
-    return DatasetCalls(dataset=dataset, flt=flt, overview=ov,
-                        engine="dask" if engine == "dask" else "duckdb", scheduler=scheduler,
-                        has_kind="kind" in dataset.columns)
-
-
 def run(args: argparse.Namespace) -> int:
     from profiler.analysis.summary import BY_KEYS
     from profiler.cli._args import parse_names, parse_span
@@ -294,27 +82,11 @@ def run(args: argparse.Namespace) -> int:
     ranks_arg = sorted(set(ranks)) if ranks else None
     steps = parse_span(args.steps) if args.steps else None
     ops = parse_names(args.ops) if args.ops else None
-    meta = _meta(args.trace)
-    dataset = None
-    import importlib.util
+    from profiler.analysis.facade import TraceAnalysis
 
-    if args.engine == "auto" and importlib.util.find_spec("duckdb") is None:
-        args.engine = "pandas"  # the optional scale dependency is not installed
-    if args.engine != "pandas":
-        from profiler.analysis.engine import open_dataset
-
-        dataset = open_dataset(args.trace)
-        if dataset is not None and dataset.aggregated:
-            dataset = None
-        if dataset is None and args.engine in ("duckdb", "dask"):
-            raise UsageError(args.trace, f"--engine {args.engine}: no parquet dataset to "
-                                         "query (raw files, events only, or summary mode)")
-    calls: Calls
-    if dataset is not None:
-        calls = _gather_dataset(args.trace, dataset, ranks_arg, steps, ops, args.engine,
-                                args.scheduler)
-    else:
-        calls = _gather(args.trace, meta, by, ranks_arg, steps, ops)
+    ta = TraceAnalysis.open(args.trace, engine=args.engine, scheduler=args.scheduler)
+    meta = ta.meta
+    calls = ta.calls(by=by, ranks=ranks_arg, steps=steps, ops=ops)
     if args.format == "json":
         import orjson
 
@@ -355,17 +127,6 @@ def _printable(df: Any) -> Any:
     from profiler.formats.dataset import printable_columns
 
     return printable_columns(df.copy())
-
-
-def _meta(path: str) -> dict[str, Any] | None:
-    from pathlib import Path
-
-    from profiler.analysis import load_meta
-
-    p = Path(path)
-    if p.suffix in (".parquet", ".hvprof") or (p.is_dir() and not (p / "trace.json").exists()):
-        return None
-    return load_meta(p)
 
 
 def _ranks_text(ranks: list[int]) -> str:

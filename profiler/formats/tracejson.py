@@ -41,13 +41,12 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import orjson
 import pandas as pd
 
-from profiler._env import at_least, setting
 from profiler._version import __version__
 from profiler.errors import (
     CorruptError,
@@ -56,52 +55,12 @@ from profiler.errors import (
     TruncatedError,
     VersionError,
 )
-from profiler.layout import format_ranges
+from profiler.formats.window import Source, max_events, read_source, select_events
 
 TRACE_FORMAT_VERSION = 1
 META_KEY = "horovod_profiler"
-DEFAULT_MAX_EVENTS = 500_000
-DEFAULT_TRACE_RANKS = 8
-DEFAULT_TRACE_STEPS = 10
-TRACE_EXTRA_RANKS = 2
 _PREFIX = b'{"' + META_KEY.encode() + b'":'
 _SLICE = 65536  # events formatted per write
-
-
-def max_events() -> int:
-    """At most this many call events in trace.json (HOROVOD_PROFILE_TRACE_EVENTS)."""
-    return setting("HOROVOD_PROFILE_TRACE_EVENTS", DEFAULT_MAX_EVENTS, at_least(0, int),
-                   "a number of events, 0 or more")
-
-
-def trace_ranks() -> int:
-    """How many leading ranks a windowed trace.json shows (HOROVOD_PROFILE_TRACE_RANKS)."""
-    return setting("HOROVOD_PROFILE_TRACE_RANKS", DEFAULT_TRACE_RANKS, at_least(1, int),
-                   "a number of ranks, 1 or more")
-
-
-def trace_steps() -> int:
-    """At most this many steps in a windowed trace.json (HOROVOD_PROFILE_TRACE_STEPS)."""
-    return setting("HOROVOD_PROFILE_TRACE_STEPS", DEFAULT_TRACE_STEPS, at_least(1, int),
-                   "a number of steps, 1 or more")
-
-
-def select_window(t_start: np.ndarray, limit: int) -> tuple[np.ndarray, str]:
-    """Indices of the rows to include and a description of the selection."""
-    n = len(t_start)
-    if n <= limit:
-        return np.arange(n), "all"
-    if limit <= 0:
-        return np.zeros(0, dtype=np.int64), ("none (the event limit is 0; the dataset holds "
-                                             f"all {n} calls)")
-    order = np.argsort(t_start, kind="stable")
-    lo = max(0, (n - limit) // 2)
-    idx = np.sort(order[lo:lo + limit])
-    a, b = int(t_start[order[lo]]), int(t_start[order[lo + limit - 1]])
-    desc = (f"window: the {limit} calls starting in [{a / 1e3:.3f}, {b / 1e3:.3f}] us, "
-            f"the middle of the job ({n} calls in all; the dataset holds every one; "
-            "HOROVOD_PROFILE_TRACE_EVENTS sets the limit)")
-    return idx, desc
 
 
 def _thread_label(row: Mapping[str, Any]) -> str:
@@ -192,217 +151,6 @@ def call_events(df: pd.DataFrame) -> list[dict[str, Any]]:
     return list(orjson.loads(b"[" + body + b"]")) if body else []
 
 
-Source = Union[pd.DataFrame, str, "os.PathLike[str]"]
-
-
-def _source_rank(src: Source, m: Mapping[str, Any] | None, i: int) -> int:
-    if m is not None and "rank" in m:
-        return int(m["rank"])
-    if isinstance(src, pd.DataFrame):
-        return int(src["rank"].iloc[0]) if len(src) and "rank" in src.columns else i
-    name = Path(src).name
-    try:
-        return int(name.split("-", 1)[1].split(".", 1)[0])
-    except (IndexError, ValueError):
-        return i
-
-
-def _source_rows(src: Source, m: Mapping[str, Any] | None) -> int:
-    """Rows of one rank: the frame's length, else the rank metadata's count, else the
-    parquet footer (no row is read)."""
-    if isinstance(src, pd.DataFrame):
-        return len(src)
-    if m is not None and isinstance(m.get("rows"), int):
-        return int(m["rows"])
-    import pyarrow.parquet as pq
-
-    try:
-        return int(pq.ParquetFile(src).metadata.num_rows)
-    except (OSError, ValueError) as exc:
-        raise CorruptError(src, f"unreadable parquet footer: {exc}") from None
-
-
-def _read_source(src: Source, columns: Sequence[str] | None = None,
-                 t_range: tuple[int, int] | None = None) -> pd.DataFrame:
-    """A rank's rows (those starting in t_range = [lo, hi) when given: pushed down
-    to the parquet scan), in file order."""
-    if isinstance(src, pd.DataFrame):
-        df = src if columns is None else src[[c for c in columns if c in src.columns]]
-        if t_range is not None:
-            t = df["t_start_ns"].to_numpy()
-            df = df.iloc[np.flatnonzero((t >= t_range[0]) & (t < t_range[1]))]
-        return df
-    from profiler.formats.dataset import read_dataset
-
-    if t_range is None:
-        return read_dataset([src], columns=columns)
-    import pyarrow.dataset as pads
-
-    t = pads.field("t_start_ns")
-    return read_dataset([src], columns=columns, filter=(t >= t_range[0]) & (t < t_range[1]))
-
-
-@dataclass
-class Selection:
-    """Which rows of which sources go into trace.json, and how to say so."""
-
-    picked: list[int]  # indices into the sources
-    rows: dict[int, np.ndarray | None]  # source index -> row indices of what is read
-    #                                    (None: all of it)
-    included: int
-    total: int
-    description: str
-    ranks: list[int] | None = None  # for a window
-    steps: tuple[int, int] | None = None
-    t_window_ns: tuple[int, int] | None = None
-    reads: dict[int, tuple[int, int]] | None = None  # source -> [lo, hi) start times read
-
-    def events_meta(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"included": self.included, "total": self.total,
-                               "selection": self.description}
-        if self.ranks is not None:
-            out["ranks"] = self.ranks
-            out["steps"] = list(self.steps) if self.steps is not None else None
-            out["t_window_ns"] = list(self.t_window_ns) if self.t_window_ns else None
-        return out
-
-
-def pick_ranks(ranks: Sequence[int], comm_ns: Sequence[int | None], first: int,
-               extra: int = TRACE_EXTRA_RANKS) -> tuple[list[int], list[int]]:
-    """Positions of the ranks a windowed trace shows: the `first` lowest ranks, then up
-    to `extra` ranks with the least communication time (likely stragglers) when every
-    rank's time is known.  Returns (positions, positions of the extra ranks)."""
-    order = sorted(range(len(ranks)), key=lambda i: ranks[i])
-    chosen = order[:first]
-    extras: list[int] = []
-    if len(order) > first and extra > 0 and all(c is not None for c in comm_ns):
-        rest = sorted(order[first:], key=lambda i: (int(comm_ns[i] or 0), ranks[i]))
-        extras = rest[:extra]
-    return sorted(chosen + extras, key=lambda i: ranks[i]), extras
-
-
-def _step_window(t: np.ndarray, step: np.ndarray, limit: int, max_steps: int
-                 ) -> tuple[int, int, tuple[int, int]] | None:
-    """[lo, hi) in ns covering at most `max_steps` consecutive steps around the middle
-    step that fit in `limit` rows (t: start times of the candidate rows, any order),
-    or None when there are no steps or one step alone is too big."""
-    has = step >= 0
-    if not has.any():
-        return None
-    s_vals, s_first = _first_start_per_step(step[has], t[has])
-    ts = np.sort(t)
-    t_max = int(ts[-1]) + 1
-
-    def window(a: int, b: int) -> tuple[int, int]:
-        lo = int(s_first[a])
-        hi = int(s_first[b + 1]) if b + 1 < len(s_vals) else t_max
-        return lo, max(hi, lo)
-
-    def count(a: int, b: int) -> int:
-        lo, hi = window(a, b)
-        return int(np.searchsorted(ts, hi, "left") - np.searchsorted(ts, lo, "left"))
-
-    mid = len(s_vals) // 2
-    a = b = mid
-    if count(a, b) > limit:
-        return None
-    grew = True
-    while grew and b - a + 1 < max_steps:
-        grew = False
-        if b + 1 < len(s_vals) and count(a, b + 1) <= limit:
-            b += 1
-            grew = True
-        if b - a + 1 < max_steps and a > 0 and count(a - 1, b) <= limit:
-            a -= 1
-            grew = True
-    lo, hi = window(a, b)
-    return lo, hi, (int(s_vals[a]), int(s_vals[b]))
-
-
-def _first_start_per_step(step: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct steps (sorted) and the earliest start of each, made non-decreasing."""
-    vals, inv = np.unique(step, return_inverse=True)
-    first = np.full(len(vals), np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(first, inv, t.astype(np.int64))
-    return vals, np.maximum.accumulate(first)
-
-
-def select_events(sources: Sequence[Source], rank_meta: Sequence[Mapping[str, Any]],
-                  limit: int, *, first_ranks: int | None = None,
-                  max_steps: int | None = None) -> Selection:
-    """The event selection of trace.json (module doc).  first_ranks and max_steps
-    override HOROVOD_PROFILE_TRACE_RANKS and HOROVOD_PROFILE_TRACE_STEPS."""
-    first = trace_ranks() if first_ranks is None else max(1, first_ranks)
-    steps_cap = trace_steps() if max_steps is None else max(1, max_steps)
-    metas: list[Mapping[str, Any] | None] = (
-        list(rank_meta) if len(rank_meta) == len(sources) else [None] * len(sources))
-    ranks = [_source_rank(s, m, i) for i, (s, m) in enumerate(zip(sources, metas))]
-    rows = [_source_rows(s, m) for s, m in zip(sources, metas)]
-    total = sum(rows)
-    everything = list(range(len(sources)))
-    if total <= limit:
-        return Selection(everything, {i: None for i in everything}, total, total, "all")
-    if limit <= 0:
-        return Selection([], {}, 0, total, "none (the event limit is 0; the dataset holds "
-                                           f"all {total} calls)")
-    comm_ns = [((m or {}).get("totals") or {}).get("comm_ns") for m in metas]
-    picked, extras = pick_ranks(ranks, comm_ns, first)
-    picked = [i for i in picked if rows[i] > 0]
-    cols = ["t_start_ns", "step"]
-    parts = [_read_source(sources[i], cols) for i in picked]
-    t = (np.concatenate([p["t_start_ns"].to_numpy(dtype=np.int64) for p in parts])
-         if parts else np.zeros(0, np.int64))
-    st = (np.concatenate([p["step"].to_numpy(dtype=np.int64) if "step" in p.columns
-                          else np.full(len(p), -1, np.int64) for p in parts])
-          if parts else np.zeros(0, np.int64))
-    bounds = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
-    shown = [ranks[i] for i in picked]
-    sub = len(picked) < len(sources)
-    where = ""
-    if sub:
-        where = f" on ranks {format_ranges(shown)} (the first {min(first, len(ranks))}"
-        if extras:
-            where += (f" of {len(ranks)}; {format_ranges([ranks[i] for i in extras])}: least "
-                      "communication time, likely stragglers)")
-        else:
-            where += f" of {len(ranks)})"
-    tail = (f"; {total} calls in all, the dataset holds every one; `profiler export` writes "
-            "other windows; HOROVOD_PROFILE_TRACE_EVENTS, _RANKS and _STEPS set "
-            "the bounds")
-    sw = _step_window(t, st, limit, steps_cap) if len(t) else None
-    if sw is not None:
-        lo, hi, steps = sw
-        idx = np.flatnonzero((t >= lo) & (t < hi))
-        desc = (f"window: the {len(idx)} calls of steps {steps[0]}-{steps[1]} (the middle of "
-                f"the job, starting in [{lo / 1e3:.3f}, {hi / 1e3:.3f}) us){where}{tail}")
-        t_win = (lo, hi)
-    else:
-        idx, desc0 = select_window(t, limit)
-        steps = None
-        if desc0 == "all":
-            desc = f"window: all {len(idx)} calls{where}{tail}"
-        else:
-            desc = desc0.split(" (", 1)[0] + where + tail
-        t_win = ((int(t[idx].min()), int(t[idx].max()) + 1) if len(idx) else (0, 0))
-    # per rank: read only the rows starting in the span of its selected rows
-    # (pushed down), then keep the selected ones among them
-    per: dict[int, np.ndarray | None] = {}
-    reads: dict[int, tuple[int, int]] = {}
-    for k, i in enumerate(picked):
-        lo_b, hi_b = bounds[k], bounds[k + 1]
-        local = np.sort(idx[(idx >= lo_b) & (idx < hi_b)] - lo_b)
-        if not len(local):
-            continue
-        tl = t[lo_b:hi_b]
-        span = (int(tl[local].min()), int(tl[local].max()) + 1)
-        inside = np.flatnonzero((tl >= span[0]) & (tl < span[1]))
-        reads[i] = span
-        per[i] = None if len(inside) == len(local) else np.searchsorted(inside, local)
-    return Selection(picked=[i for i in picked if i in per], rows=per, included=len(idx),
-                     total=total, description=desc, ranks=shown, steps=steps,
-                     t_window_ns=t_win, reads=reads)
-
-
 def write_trace(path: str | os.PathLike[str], meta: dict[str, Any],
                 frames: Sequence[Source], rank_meta: Sequence[Mapping[str, Any]],
                 *, limit: int | None = None, description: str | None = None
@@ -437,7 +185,7 @@ def write_trace(path: str | os.PathLike[str], meta: dict[str, Any],
             f.write(head[:-1])
             sep = b"," if len(head) > 2 else b""
             for i in sel.picked:
-                part = _read_source(frames[i], t_range=(sel.reads or {}).get(i))
+                part = read_source(frames[i], t_range=(sel.reads or {}).get(i))
                 local = sel.rows.get(i)
                 if local is not None:
                     part = part.iloc[local]
