@@ -118,7 +118,7 @@ class FrameCalls(Calls):
         return self.summarize(self.frame, by, kinds)
 
     def gpu_lines(self, meta: dict[str, Any] | None) -> list[str]:
-        from profiler.analysis import gpu
+        from . import gpu
 
         return gpu.summary_lines(meta, self.frame)
 
@@ -164,7 +164,7 @@ class DatasetCalls(Calls):
         return summarize_dataset(self.dataset, by, **flt)
 
     def gpu_lines(self, meta: dict[str, Any] | None) -> list[str]:
-        from profiler.analysis import gpu
+        from . import gpu
 
         out = gpu.gpu_warnings(meta, self.overview.nccl_calls())
         note = gpu.device_time_note(meta)
@@ -207,10 +207,12 @@ def _gather(path: str, meta: dict[str, Any] | None, by: list[str],
             ranks_arg: list[int] | None, steps: tuple[int, int] | None = None,
             ops: list[str] | None = None) -> FrameCalls:
     import numpy as np
-    from profiler.analysis import load, load_aggregates, summarize, summarize_aggregates
     from profiler.analysis.summary import comm_calls
 
     from profiler.errors import UsageError
+
+    from .load import load, load_aggregates
+    from .summary import summarize, summarize_aggregates
 
     aggregated = bool(meta and (meta.get("dataset") or {}).get("aggregates"))
     fn: Any

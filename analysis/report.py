@@ -103,7 +103,7 @@ class _Figures:
 
 
 def _trace_table(metas: Mapping[str, Mapping[str, Any]], df: pd.DataFrame) -> str:
-    from profiler.bench import interconnect
+    from profiler.analysis.interconnect import interconnect
 
     rows = []
     for label, m in metas.items():

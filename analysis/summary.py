@@ -43,7 +43,8 @@ from .metrics import (
     finish,
 )
 
-__all__ = ["BY_KEYS", "METRICS", "empty_summary", "summarize", "summarize_aggregates", "bucket_label",
+__all__ = ["BY_KEYS", "METRICS", "empty_summary", "summarize", "summarize_aggregates",
+           "bucket_label",
            "bus_factor", "comm_time_imbalance", "comm_calls"]
 
 BY_KEYS: dict[str, str] = {

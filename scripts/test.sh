@@ -12,6 +12,22 @@ cd "$ROOT"
 
 bash scripts/setup.sh || { echo "test: error: set-up failed" >&2; exit 1; }
 
+# Hygiene first (seconds with warm caches): lint, types and the architecture
+# contracts (pyproject.toml).  mypy and lint-imports read the installed package,
+# where analysis/ is profiler.analysis; they run from a scratch folder so that
+# the checkout's profiler/ (which lacks analysis/) is not imported instead.
+echo "test: checks: ruff, mypy, import contracts ($(date -u +%H:%M:%SZ))"
+"$ROOT/.venv/bin/ruff" check --quiet profiler analysis tests benchmarks notebooks setup.py \
+    || { echo "test: error: ruff found problems (above)" >&2; exit 1; }
+SCRATCH=$(mktemp -d)
+trap 'rm -rf "$SCRATCH"' EXIT
+( cd "$SCRATCH" && "$ROOT/.venv/bin/mypy" --config-file "$ROOT/pyproject.toml" \
+      --cache-dir "$ROOT/.mypy_cache" -p profiler ) \
+    || { echo "test: error: mypy found problems (above)" >&2; exit 1; }
+( cd "$SCRATCH" && "$ROOT/.venv/bin/lint-imports" --no-cache "$ROOT/pyproject.toml" >"$SCRATCH/contracts.txt" 2>&1 ) \
+    || { cat "$SCRATCH/contracts.txt"; echo "test: error: an import contract is broken (above)" >&2; exit 1; }
+grep -E "KEPT|BROKEN" "$SCRATCH/contracts.txt" | sed 's/^/test:   /'
+
 echo "test: running pytest over tests/ ($(date -u +%H:%M:%SZ))"
 # -q: one character per test; -ra: reasons for every non-pass at the end;
 # per-test timeout from pyproject.toml (pytest-timeout), overridable here.

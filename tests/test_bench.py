@@ -9,9 +9,10 @@ import pytest
 from analysis_fixtures import concat, sweep
 from conftest import PYTHON, mpirun, profiler_cli, requires_mpi
 from profiler.analysis import load, load_meta
+from profiler.analysis.interconnect import interconnect
 from profiler.analysis.sizes import size_distribution
 
-from profiler.bench import default_sizes, interconnect, parse_size, parse_sizes, plan_from_frame
+from profiler.bench import default_sizes, parse_size, parse_sizes, plan_from_frame
 from profiler.errors import ProfilerError
 
 

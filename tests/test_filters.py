@@ -12,6 +12,7 @@ import pandas as pd
 import pyarrow.dataset as pads
 import pytest
 from profiler.analysis.filters import RowFilter
+
 from profiler.errors import UsageError
 
 N = 240
@@ -65,10 +66,12 @@ def test_every_rendering_keeps_the_same_rows(tmp_path: Path, with_kind: bool,
     checked = 0
     for flt in FILTERS:
         if flt.steps is not None and not with_step:
-            for render in (lambda: flt.mask(df), lambda: flt.expression(cols),
-                           lambda: flt.sql(cols)):
-                with pytest.raises(UsageError, match="no step column"):
-                    render()
+            with pytest.raises(UsageError, match="no step column"):
+                flt.mask(df)
+            with pytest.raises(UsageError, match="no step column"):
+                flt.expression(cols)
+            with pytest.raises(UsageError, match="no step column"):
+                flt.sql(cols)
             continue
         by_pandas = _keys(flt.apply(df))
         expr = flt.expression(cols)

@@ -23,20 +23,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from profiler.analysis.interconnect import TRANSPORTS
 from profiler.errors import NotFoundError, UsageError
 
 __all__ = [
     "TRANSPORTS", "parse_size", "parse_sizes", "default_sizes", "plan_from_frame",
-    "plan_from_trace", "write_plan", "transport_env", "interconnect", "sweep_command",
+    "plan_from_trace", "write_plan", "transport_env", "sweep_command",
     "run_bench", "under_mpi",
 ]
 
-# --transport -> the Open MPI settings that select it (pml ob1 so that the btl is used
-# even where the UCX pml is built in)
-TRANSPORTS: dict[str, dict[str, str]] = {
-    "shm": {"OMPI_MCA_btl": "vader,self", "OMPI_MCA_pml": "ob1"},
-    "tcp": {"OMPI_MCA_btl": "tcp,self", "OMPI_MCA_pml": "ob1"},
-}
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
           "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
@@ -155,22 +150,6 @@ def transport_env(transport: str | None) -> dict[str, str]:
         raise UsageError(None, f"--transport must be one of {', '.join(TRANSPORTS)}, "
                                f"got {transport!r}")
     return dict(TRANSPORTS[transport])
-
-
-def interconnect(meta: Mapping[str, Any]) -> str:
-    """A short interconnect name from a trace's metadata (env whitelist): shm, tcp, or
-    the raw OMPI_MCA_btl / NCCL setting, '' when nothing says."""
-    env = meta.get("env") or {}
-    btl = str(env.get("OMPI_MCA_btl", ""))
-    for name, settings in TRANSPORTS.items():
-        if btl and btl == settings["OMPI_MCA_btl"]:
-            return name
-    if btl:
-        return f"btl={btl}"
-    for key in ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_NET"):
-        if key in env:
-            return f"{key}={env[key]}"
-    return ""
 
 
 def under_mpi() -> bool:
