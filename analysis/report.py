@@ -396,13 +396,14 @@ def write_report(
         if not sel:
             continue
         # too large to load whole: exact tables from the dataset, queried in place
-        from .engine import stragglers_dataset, summarize_dataset
+        from .engine import stragglers_dataset
+        from .facade import TraceAnalysis
 
-        by = ["op", "bucket", "kind"]
+        ta = TraceAnalysis.open(path, engine="duckdb")
         exact[name] = {"selection": sel.get("description", sel) if isinstance(sel, Mapping)
                        else sel,
-                       "summary": summarize_dataset(path, by),
-                       "stragglers": stragglers_dataset(path)}
+                       "summary": ta.summary(["op", "bucket", "kind"]),
+                       "stragglers": stragglers_dataset(ta.dataset)}
     text = render_report(df, metas=metas, paths=paths, title=title, progress=progress,
                          exact=exact)
     dest = Path(out)

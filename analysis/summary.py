@@ -211,22 +211,27 @@ def summarize(df: pd.DataFrame, by: Sequence[str] | str = ("op", "bucket"),
     return finish(parts, by_l)
 
 
+def rank_imbalance(per_rank_ns: pd.Series) -> dict[str, Any] | None:
+    """Slowest vs fastest rank from per-rank communication time (ns, indexed by
+    rank): {"ranks", "slowest_rank", "slowest_us", "fastest_rank", "fastest_us",
+    "ratio", "spread_us"}; None without ranks."""
+    if not len(per_rank_ns):
+        return None
+    slow, fast = int(per_rank_ns.idxmax()), int(per_rank_ns.idxmin())
+    s_us, f_us = float(per_rank_ns.max()) / 1e3, float(per_rank_ns.min()) / 1e3
+    return {"ranks": int(len(per_rank_ns)), "slowest_rank": slow, "slowest_us": s_us,
+            "fastest_rank": fast, "fastest_us": f_us,
+            "ratio": s_us / f_us if f_us > 0 else float("inf"), "spread_us": s_us - f_us}
+
+
 def comm_time_imbalance(df: pd.DataFrame, rank: int | Sequence[int] | None = None, *,
                         kinds: str | Sequence[str] | None = None) -> dict[str, Any] | None:
-    """Per-rank total communication time: slowest vs fastest rank.
-
-    Returns {"ranks", "slowest_rank", "slowest_us", "fastest_rank", "fastest_us",
-    "ratio", "spread_us"}, or None when there are no calls.
-    """
+    """Per-rank total communication time: slowest vs fastest rank (see rank_imbalance),
+    or None when there are no calls."""
     sel = comm_calls(df, kinds=kinds, rank=rank)
     if sel.empty:
         return None
-    per = sel.groupby("rank", observed=True)["dur_ns"].sum()
-    slow, fast = int(per.idxmax()), int(per.idxmin())
-    s_us, f_us = float(per.max()) / 1e3, float(per.min()) / 1e3
-    return {"ranks": int(len(per)), "slowest_rank": slow, "slowest_us": s_us,
-            "fastest_rank": fast, "fastest_us": f_us,
-            "ratio": s_us / f_us if f_us > 0 else float("inf"), "spread_us": s_us - f_us}
+    return rank_imbalance(sel.groupby("rank", observed=True)["dur_ns"].sum())
 
 
 def _hist_midpoints() -> np.ndarray:

@@ -150,12 +150,9 @@ def _fmt_bw(v: float) -> str:
 
 
 def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[str]) -> None:
+    """The terminal summary: the table of data traffic, then one line each for
+    control traffic, per-rank time, what the trace lacks, clocks and GPUs."""
     from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    from profiler.analysis._frame import fmt_bytes
-    from profiler.formats.raw import printable
 
     # A pipe or a file gets the full table, not an 80-column squeeze.
     console = Console(highlight=False, soft_wrap=False,
@@ -168,7 +165,6 @@ def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[
         if has_control:
             data_kinds = [k for k in kinds if k != "control"]
     table_df = _printable(calls.table(by, data_kinds))
-
     n_ranks = len(calls.ranks())
     world = (meta or {}).get("world_size", n_ranks)
     title = f"{path}: {n_ranks} rank(s)" + (f" of {world}" if world != n_ranks else "")
@@ -176,6 +172,32 @@ def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[
         title += " - data traffic"
     if calls.aggregated:
         title += " (summary mode)"
+    table, irregular = _rich_table(title, table_df, by)
+    console.print(table)
+    if irregular:
+        console.print("* sizes that are not powers of two")
+    if calls.aggregated:
+        console.print("percentiles estimated from log-scale latency histograms "
+                      "(summary mode)")
+    lines = []
+    if has_control:
+        lines.append(_control_line(calls, n_ranks))
+    lines.append(_rank_line(calls))
+    lines += _trace_lines(meta)
+    lines += calls.gpu_lines(meta)
+    for line in lines:
+        if line:
+            console.print(line, markup=False)
+
+
+def _rich_table(title: str, table_df: Any, by: list[str]) -> tuple[Any, bool]:
+    """The summary table as a rich Table; True when a size is not a power of two."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from profiler.analysis._frame import fmt_bytes
+    from profiler.formats.raw import printable
+
     t = Table(title=Text(printable(title)), title_justify="left")
     for k in by:
         t.add_column(k, justify="right" if k in ("bytes", "rank", "track", "step") else "left",
@@ -206,58 +228,68 @@ def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[
                   _fmt_us(r["p99_us"]), _fmt_us(r["max_us"]), _fmt_bw(r["algbw_gbps"]),
                   _fmt_bw(r["busbw_gbps"]), f"{100 * r['time_share']:.1f}%"]
         t.add_row(*(Text(c) for c in cells))  # names are text, never rich markup
-    console.print(t)
-    if irregular:
-        console.print("* sizes that are not powers of two")
-    if calls.aggregated:
-        console.print("percentiles estimated from log-scale latency histograms "
-                      "(summary mode)")
+    return t, irregular
 
+
+def _control_line(calls: Calls, n_ranks: int) -> str:
+    """Horovod's control traffic: calls, rate per rank, time and share."""
     total_ns = calls.time_ns()
-    if has_control:
-        n_ctrl = calls.count("control")
-        ctrl_ns = calls.time_ns("control")
-        share = ctrl_ns / total_ns if total_ns else 0.0
-        rate = ""
-        if not calls.aggregated:
-            span_ns = calls.span_ns()
-            if span_ns > 0:
-                per_s = n_ctrl / (span_ns / 1e9) / max(1, n_ranks)
-                rate = f" ({per_s:.1f} calls/s per rank)"
-        console.print(f"control traffic: {n_ctrl} calls{rate}, {_fmt_us(ctrl_ns / 1e3)}, "
-                      f"{100 * share:.1f}% of communication time")
+    n_ctrl = calls.count("control")
+    ctrl_ns = calls.time_ns("control")
+    share = ctrl_ns / total_ns if total_ns else 0.0
+    rate = ""
+    if not calls.aggregated:
+        span_ns = calls.span_ns()
+        if span_ns > 0:
+            per_s = n_ctrl / (span_ns / 1e9) / max(1, n_ranks)
+            rate = f" ({per_s:.1f} calls/s per rank)"
+    return (f"control traffic: {n_ctrl} calls{rate}, {_fmt_us(ctrl_ns / 1e3)}, "
+            f"{100 * share:.1f}% of communication time")
+
+
+def _rank_line(calls: Calls) -> str | None:
+    """Slowest and fastest rank's communication time (summary.rank_imbalance)."""
+    from profiler.analysis.summary import rank_imbalance
+
     per = calls.per_rank_ns()
-    if len(per) > 1 and float(per.max()) == float(per.min()):
-        console.print(f"per-rank communication time: {_fmt_us(float(per.max()) / 1e3)} on "
-                      f"each of {len(per)} ranks")
-    elif len(per) > 1:
-        slow, fast = int(per.idxmax()), int(per.idxmin())
-        s_us, f_us = float(per.max()) / 1e3, float(per.min()) / 1e3
-        ratio = f"{s_us / f_us:.2f}x" if f_us > 0 else "inf"
-        console.print(f"per-rank communication time: slowest rank {slow} {_fmt_us(s_us)}, "
-                      f"fastest rank {fast} {_fmt_us(f_us)} ({ratio})")
-    elif len(per) == 1:
-        console.print(f"communication time: {_fmt_us(float(per.iloc[0]) / 1e3)} on rank "
-                      f"{int(per.index[0])}")
-    if meta:
-        if meta.get("missing_ranks"):
-            console.print(f"missing ranks: {_ranks_text(meta['missing_ranks'])}")
-        if meta.get("partial_ranks"):
-            console.print(f"partial ranks (killed before the end): "
-                          f"{_ranks_text(meta['partial_ranks'])}")
-        dropped = {int(r.get("rank", -1)): int(r.get("dropped") or 0)
-                   for r in meta.get("ranks") or [] if isinstance(r, dict)}
-        lost = {r: n for r, n in dropped.items() if n > 0}
-        if lost:
-            console.print(f"dropped records: {sum(lost.values())} calls not recorded (ranks "
-                          f"{_ranks_text(sorted(lost))}: the raw file could not grow); the "
-                          "statistics above miss them")
-        clock = _clock_line(meta)
-        if clock:
-            console.print(clock, markup=False)
-        ev = meta.get("events") or {}
-        if ev.get("selection", "all") != "all":
-            console.print(f"note: trace.json holds {ev.get('included')} of "
-                          f"{ev.get('total')} calls; this summary reads the full dataset")
-    for line in calls.gpu_lines(meta):
-        console.print(line, markup=False)
+    im = rank_imbalance(per)
+    if im is None:
+        return None
+    if im["ranks"] == 1:
+        return (f"communication time: {_fmt_us(im['slowest_us'])} on rank "
+                f"{im['slowest_rank']}")
+    if im["spread_us"] == 0:
+        return (f"per-rank communication time: {_fmt_us(im['slowest_us'])} on "
+                f"each of {im['ranks']} ranks")
+    ratio = f"{im['ratio']:.2f}x" if im["fastest_us"] > 0 else "inf"
+    return (f"per-rank communication time: slowest rank {im['slowest_rank']} "
+            f"{_fmt_us(im['slowest_us'])}, fastest rank {im['fastest_rank']} "
+            f"{_fmt_us(im['fastest_us'])} ({ratio})")
+
+
+def _trace_lines(meta: dict[str, Any] | None) -> list[str]:
+    """What the trace lacks or qualifies: missing, partial and dropping ranks,
+    clock alignment, an event window."""
+    if not meta:
+        return []
+    out = []
+    if meta.get("missing_ranks"):
+        out.append(f"missing ranks: {_ranks_text(meta['missing_ranks'])}")
+    if meta.get("partial_ranks"):
+        out.append(f"partial ranks (killed before the end): "
+                   f"{_ranks_text(meta['partial_ranks'])}")
+    dropped = {int(r.get("rank", -1)): int(r.get("dropped") or 0)
+               for r in meta.get("ranks") or [] if isinstance(r, dict)}
+    lost = {r: n for r, n in dropped.items() if n > 0}
+    if lost:
+        out.append(f"dropped records: {sum(lost.values())} calls not recorded (ranks "
+                   f"{_ranks_text(sorted(lost))}: the raw file could not grow); the "
+                   "statistics above miss them")
+    clock = _clock_line(meta)
+    if clock:
+        out.append(clock)
+    ev = meta.get("events") or {}
+    if ev.get("selection", "all") != "all":
+        out.append(f"note: trace.json holds {ev.get('included')} of "
+                   f"{ev.get('total')} calls; this summary reads the full dataset")
+    return out

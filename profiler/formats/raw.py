@@ -69,7 +69,7 @@ class RawFile:
         return bool(self.state & (F.STATE_FINALIZED | F.STATE_CLOSED))
 
 
-def _decode(value: bytes) -> str:
+def c_string(value: bytes) -> str:
     """A NUL-terminated C string from a raw file, as printable text."""
     return printable(value.split(b"\0", 1)[0].decode("utf-8", "replace"))
 
@@ -83,7 +83,7 @@ def header_to_dict(h: np.void) -> dict[str, Any]:
             continue
         v = h[name]
         if isinstance(v, bytes):
-            out[name] = _decode(v) if name != "magic" else v.decode("latin-1")
+            out[name] = c_string(v) if name != "magic" else v.decode("latin-1")
         elif isinstance(v, np.floating):
             out[name] = float(v)
         else:

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profiler.errors import CorruptError, printable
+from profiler.errors import CorruptError
 from profiler.formats import record as F
 from profiler.formats.clock import ns_per_tick, ticks_to_job_ns
-from profiler.formats.raw import AggFile, RawFile
+from profiler.formats.raw import AggFile, RawFile, c_string
 from profiler.formats.schema import AGG_COLUMNS, COLUMNS
 
 HOROVOD_CALLERS = ("mpi_lib", "horovod")
@@ -46,11 +46,6 @@ def _lookup(table_values: Sequence[Any] | np.ndarray, idx: np.ndarray, default: 
     ext[-1] = default
     safe = np.where(idx < len(table_values), idx, len(table_values))
     return ext[safe]
-
-
-def _decode(b: bytes) -> str:
-    """A name from a raw table (communicator, thread, caller), as printable text."""
-    return printable(b.split(b"\0", 1)[0].decode("utf-8", "replace"))
 
 
 def thread_kind_of(kind: int, is_main: int, caller: str) -> str:
@@ -112,11 +107,11 @@ def _table_columns(raw: RawFile, comm_idx: np.ndarray,
                    track_idx: np.ndarray) -> dict[str, Any]:
     """Columns looked up in the communicator and track tables."""
     comms = raw.comms
-    comm_names = [_decode(b) for b in comms["name"]]
+    comm_names = [c_string(b) for b in comms["name"]]
     tracks = raw.tracks
-    tkinds = [thread_kind_of(int(k), int(m), _decode(c))
+    tkinds = [thread_kind_of(int(k), int(m), c_string(c))
               for k, m, c in zip(tracks["kind"], tracks["is_main"], tracks["caller"])]
-    tnames = [_decode(b) for b in tracks["name"]]
+    tnames = [c_string(b) for b in tracks["name"]]
 
     def comm_name_of(i: int) -> str:
         return comm_names[i] if 0 <= i < len(comm_names) else ""
@@ -253,7 +248,7 @@ def comm_table(raw: RawFile) -> list[dict[str, Any]]:
             "world_rank0": int(c["world_rank0"]),
             "backend": F.COMM_BACKENDS.get(int(c["backend"]), str(int(c["backend"]))),
             "valid": bool(c["valid"]),
-            "name": _decode(c["name"]),
+            "name": c_string(c["name"]),
             "handle": int(c["handle"]),
         }
         for i, c in enumerate(raw.comms)
@@ -267,12 +262,12 @@ def track_table(raw: RawFile) -> list[dict[str, Any]]:
             "tid": int(t["tid"]),
             "kind": "stream" if int(t["kind"]) == F.TRACK_KIND_STREAM else "thread",
             "thread_kind": thread_kind_of(int(t["kind"]), int(t["is_main"]),
-                                          _decode(t["caller"])),
+                                          c_string(t["caller"])),
             "valid": bool(t["valid"]),
             "is_main": bool(t["is_main"]),
             "device": int(t["device"]),
-            "name": _decode(t["name"]),
-            "caller": _decode(t["caller"]),
+            "name": c_string(t["name"]),
+            "caller": c_string(t["caller"]),
             "handle": int(t["handle"]),
         }
         for i, t in enumerate(raw.tracks)
