@@ -270,6 +270,184 @@ def shape_elements(shape: str) -> int | None:
     return out
 
 
+class _Builder:
+    """Collects one timeline's events into spans, readiness marks and markers
+    (parse() feeds it one event at a time; each event kind has its handler)."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[int, str] = {}
+        self.start_epoch_us: int | None = None
+        self.rows: dict[str, list[Any]] = {c: [] for c in SPAN_COLUMNS}
+        self.ready_rows: dict[str, list[Any]] = {
+            "pid": [], "negotiation": [], "rank": [], "ts_us": []
+        }
+        self.marker_rows: dict[str, list[Any]] = {"name": [], "ts_us": []}
+        self.stacks: dict[int, list[int]] = {}
+        # Run detection for operation instances: (name, level) of the previous
+        # span-opening event and the pids in the current run.
+        self.run_key: tuple[str, str] | None = None
+        self.run_pids: set[int] = set()
+        self.group = -1
+        self.horovod_like = 0
+        self.skipped = 0
+
+    def add(self, ev: Any) -> None:
+        if not isinstance(ev, dict):
+            self.skipped += 1
+            return
+        ph = ev.get("ph")
+        if ph == "M":
+            self._metadata(ev)
+            return
+        ts = _num(ev.get("ts"))
+        if ph == "i":
+            self._marker(ev, ts)
+            return
+        pid = _pid(ev.get("pid"))
+        if ts is None or pid is None or ph not in ("B", "E", "X"):
+            self.skipped += 1
+            return
+        stack = self.stacks.setdefault(pid, [])
+        if ph == "B":
+            self._begin(ev, pid, ts, stack)
+        elif ph == "E":
+            self._end(ev, ts, stack)
+        else:
+            self._ready(ev, pid, ts, stack)
+
+    def _metadata(self, ev: dict[str, Any]) -> None:
+        """process_name: a tensor's name (pid > 0) and, on pid 0, the epoch anchor."""
+        pid = _pid(ev.get("pid"))
+        args = ev.get("args")
+        if pid is None or not isinstance(args, dict):
+            self.skipped += 1
+            return
+        if ev.get("name") == "process_name":
+            name = args.get("name")
+            if isinstance(name, str) and pid > 0:
+                self.tensors[pid] = printable(name[:4096])
+                self.horovod_like += 1
+            epoch = args.get("start_time_since_epoch_in_micros")
+            if pid == 0 and isinstance(epoch, int) and not isinstance(epoch, bool):
+                self.start_epoch_us = epoch
+                self.horovod_like += 1
+
+    def _marker(self, ev: dict[str, Any], ts: float | None) -> None:
+        name = ev.get("name")
+        if ts is None or not isinstance(name, str):
+            self.skipped += 1
+            return
+        self.marker_rows["name"].append(printable(name[:256]))
+        self.marker_rows["ts_us"].append(ts)
+        self.run_key = None
+
+    def _begin(self, ev: dict[str, Any], pid: int, ts: float, stack: list[int]) -> None:
+        """A span opens: an operation, a negotiation, or an activity inside one.
+        Consecutive openings of the same name on different tensors are one
+        operation instance (one fused response): the same group number."""
+        rows = self.rows
+        name = ev.get("name")
+        if not isinstance(name, str) or not name or len(stack) >= MAX_DEPTH:
+            self.skipped += 1
+            return
+        name = printable(name[:256])
+        if stack:
+            level = "activity"
+            parent = stack[0] if rows["level"][stack[0]] == "op" else -1
+        elif name.startswith(NEGOTIATE_PREFIX):
+            level, parent = "negotiate", -1
+        else:
+            level, parent = "op", -1
+        key = (name, level)
+        if self.run_key == key and pid not in self.run_pids:
+            self.run_pids.add(pid)
+        else:
+            self.group += 1
+            self.run_key = key
+            self.run_pids = {pid}
+        idx = len(rows["pid"])
+        for col, value in (("pid", pid), ("tensor", None), ("name", name), ("level", level),
+                           ("depth", len(stack)), ("t_start_us", ts), ("t_end_us", math.nan),
+                           ("group", self.group), ("parent", parent), ("dtype", ""),
+                           ("shape", "")):
+            rows[col].append(value)
+        stack.append(idx)
+        self.horovod_like += 1
+
+    def _end(self, ev: dict[str, Any], ts: float, stack: list[int]) -> None:
+        """A span closes; its args may carry the tensor's dtype and shape."""
+        rows = self.rows
+        self.run_key = None
+        if not stack:
+            self.skipped += 1
+            return
+        idx = stack.pop()
+        rows["t_end_us"][idx] = max(ts, rows["t_start_us"][idx])
+        args = ev.get("args")
+        if isinstance(args, dict):
+            dt = args.get("dtype")
+            sh = args.get("shape")
+            if isinstance(dt, str):
+                rows["dtype"][idx] = printable(dt[:32])
+            if isinstance(sh, str):
+                rows["shape"][idx] = printable(sh[:1000])
+
+    def _ready(self, ev: dict[str, Any], pid: int, ts: float, stack: list[int]) -> None:
+        """"X": a rank-ready mark inside a negotiation (name = rank).  X events
+        between a run of B events do not break the run."""
+        name = ev.get("name")
+        if (
+            stack
+            and self.rows["level"][stack[-1]] == "negotiate"
+            and isinstance(name, str)
+            and name.isdigit()
+            and len(name) < 10
+        ):
+            self.ready_rows["pid"].append(pid)
+            self.ready_rows["negotiation"].append(stack[-1])
+            self.ready_rows["rank"].append(int(name))
+            self.ready_rows["ts_us"].append(ts)
+        else:
+            self.skipped += 1
+
+    def unclosed(self) -> int:
+        return sum(len(s) for s in self.stacks.values())
+
+    def frames(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        """(spans, ready, markers) as DataFrames."""
+        rows, ready_rows, tensors = self.rows, self.ready_rows, self.tensors
+        spans = pd.DataFrame(
+            {
+                "pid": np.asarray(rows["pid"], dtype=np.int64),
+                "tensor": [tensors.get(pid, f"pid{pid}") for pid in rows["pid"]],
+                "name": pd.Categorical(rows["name"]),
+                "level": pd.Categorical(rows["level"],
+                                        categories=["negotiate", "op", "activity"]),
+                "depth": np.asarray(rows["depth"], dtype=np.int8),
+                "t_start_us": np.asarray(rows["t_start_us"], dtype=np.float64),
+                "t_end_us": np.asarray(rows["t_end_us"], dtype=np.float64),
+                "group": np.asarray(rows["group"], dtype=np.int64),
+                "parent": np.asarray(rows["parent"], dtype=np.int64),
+                "dtype": rows["dtype"],
+                "shape": rows["shape"],
+            }
+        )
+        ready = pd.DataFrame(
+            {
+                "pid": np.asarray(ready_rows["pid"], dtype=np.int64),
+                "tensor": [tensors.get(pid, f"pid{pid}") for pid in ready_rows["pid"]],
+                "negotiation": np.asarray(ready_rows["negotiation"], dtype=np.int64),
+                "rank": np.asarray(ready_rows["rank"], dtype=np.int64),
+                "ts_us": np.asarray(ready_rows["ts_us"], dtype=np.float64),
+            }
+        )
+        markers = pd.DataFrame(
+            {"name": self.marker_rows["name"],
+             "ts_us": np.asarray(self.marker_rows["ts_us"], dtype=np.float64)}
+        )
+        return spans, ready, markers
+
+
 def parse(
     path: PathLike,
     *,
@@ -289,157 +467,16 @@ def parse(
         notes.append(f"kept the first {max_events} of {len(events)} events (max_events)")
         events = events[:max_events]
         truncated = True
-
-    tensors: dict[int, str] = {}
-    start_epoch_us: int | None = None
-    rows: dict[str, list[Any]] = {c: [] for c in SPAN_COLUMNS}
-    ready_rows: dict[str, list[Any]] = {
-        "pid": [], "negotiation": [], "rank": [], "ts_us": []
-    }
-    marker_rows: dict[str, list[Any]] = {"name": [], "ts_us": []}
-    stacks: dict[int, list[int]] = {}
-    # Run detection for operation instances: (phase B, name, level) of the
-    # previous span-opening event and the pids in the current run.
-    run_key: tuple[str, str] | None = None
-    run_pids: set[int] = set()
-    group = -1
-    horovod_like = 0
-
+    b = _Builder()
+    b.skipped = skipped
     for ev in events:
-        if not isinstance(ev, dict):
-            skipped += 1
-            continue
-        ph = ev.get("ph")
-        if ph == "M":
-            pid = _pid(ev.get("pid"))
-            args = ev.get("args")
-            if pid is None or not isinstance(args, dict):
-                skipped += 1
-                continue
-            if ev.get("name") == "process_name":
-                name = args.get("name")
-                if isinstance(name, str) and pid > 0:
-                    tensors[pid] = printable(name[:4096])
-                    horovod_like += 1
-                epoch = args.get("start_time_since_epoch_in_micros")
-                if pid == 0 and isinstance(epoch, int) and not isinstance(epoch, bool):
-                    start_epoch_us = epoch
-                    horovod_like += 1
-            continue
-        ts = _num(ev.get("ts"))
-        if ph == "i":
-            name = ev.get("name")
-            if ts is None or not isinstance(name, str):
-                skipped += 1
-                continue
-            marker_rows["name"].append(printable(name[:256]))
-            marker_rows["ts_us"].append(ts)
-            run_key = None
-            continue
-        pid = _pid(ev.get("pid"))
-        if ts is None or pid is None or ph not in ("B", "E", "X"):
-            skipped += 1
-            continue
-        stack = stacks.setdefault(pid, [])
-        if ph == "B":
-            name = ev.get("name")
-            if not isinstance(name, str) or not name or len(stack) >= MAX_DEPTH:
-                skipped += 1
-                continue
-            name = printable(name[:256])
-            if stack:
-                level = "activity"
-                parent = stack[0] if rows["level"][stack[0]] == "op" else -1
-            elif name.startswith(NEGOTIATE_PREFIX):
-                level, parent = "negotiate", -1
-            else:
-                level, parent = "op", -1
-            key = (name, level)
-            if run_key == key and pid not in run_pids:
-                run_pids.add(pid)
-            else:
-                group += 1
-                run_key = key
-                run_pids = {pid}
-            idx = len(rows["pid"])
-            rows["pid"].append(pid)
-            rows["tensor"].append(None)
-            rows["name"].append(name)
-            rows["level"].append(level)
-            rows["depth"].append(len(stack))
-            rows["t_start_us"].append(ts)
-            rows["t_end_us"].append(math.nan)
-            rows["group"].append(group)
-            rows["parent"].append(parent)
-            rows["dtype"].append("")
-            rows["shape"].append("")
-            stack.append(idx)
-            horovod_like += 1
-        elif ph == "E":
-            run_key = None
-            if not stack:
-                skipped += 1
-                continue
-            idx = stack.pop()
-            rows["t_end_us"][idx] = max(ts, rows["t_start_us"][idx])
-            args = ev.get("args")
-            if isinstance(args, dict):
-                dt = args.get("dtype")
-                sh = args.get("shape")
-                if isinstance(dt, str):
-                    rows["dtype"][idx] = printable(dt[:32])
-                if isinstance(sh, str):
-                    rows["shape"][idx] = printable(sh[:1000])
-        else:  # "X": a rank-ready mark inside a negotiation (name = rank)
-            name = ev.get("name")
-            if (
-                stack
-                and rows["level"][stack[-1]] == "negotiate"
-                and isinstance(name, str)
-                and name.isdigit()
-                and len(name) < 10
-            ):
-                ready_rows["pid"].append(pid)
-                ready_rows["negotiation"].append(stack[-1])
-                ready_rows["rank"].append(int(name))
-                ready_rows["ts_us"].append(ts)
-            else:
-                skipped += 1
-            # X events between a run of B events do not break the run.
-
-    if horovod_like == 0:
+        b.add(ev)
+    if b.horovod_like == 0:
         if events:
             raise NotATraceError(p, "no Horovod timeline events found")
         raise TruncatedError(p, "no complete event in the file")
-
-    unclosed = sum(len(s) for s in stacks.values())
-    spans = pd.DataFrame(
-        {
-            "pid": np.asarray(rows["pid"], dtype=np.int64),
-            "tensor": [tensors.get(pid, f"pid{pid}") for pid in rows["pid"]],
-            "name": pd.Categorical(rows["name"]),
-            "level": pd.Categorical(rows["level"], categories=["negotiate", "op", "activity"]),
-            "depth": np.asarray(rows["depth"], dtype=np.int8),
-            "t_start_us": np.asarray(rows["t_start_us"], dtype=np.float64),
-            "t_end_us": np.asarray(rows["t_end_us"], dtype=np.float64),
-            "group": np.asarray(rows["group"], dtype=np.int64),
-            "parent": np.asarray(rows["parent"], dtype=np.int64),
-            "dtype": rows["dtype"],
-            "shape": rows["shape"],
-        }
-    )
-    ready = pd.DataFrame(
-        {
-            "pid": np.asarray(ready_rows["pid"], dtype=np.int64),
-            "tensor": [tensors.get(pid, f"pid{pid}") for pid in ready_rows["pid"]],
-            "negotiation": np.asarray(ready_rows["negotiation"], dtype=np.int64),
-            "rank": np.asarray(ready_rows["rank"], dtype=np.int64),
-            "ts_us": np.asarray(ready_rows["ts_us"], dtype=np.float64),
-        }
-    )
-    markers = pd.DataFrame(
-        {"name": marker_rows["name"], "ts_us": np.asarray(marker_rows["ts_us"], dtype=np.float64)}
-    )
+    unclosed = b.unclosed()
+    spans, ready, markers = b.frames()
     if truncated:
         notes.append("file is truncated (unterminated JSON array): kept every complete event")
     if unclosed:
@@ -447,19 +484,19 @@ def parse(
             f"{unclosed} spans never closed (job died, or hvd.shutdown() stopped "
             "Horovod's timeline writer before it drained its queue)"
         )
-    if skipped:
-        notes.append(f"skipped {skipped} malformed events")
+    if b.skipped:
+        notes.append(f"skipped {b.skipped} malformed events")
     if len(spans) and not np.all(np.isfinite(spans["t_start_us"])):
         raise CorruptError(p, "non-finite timestamps")
     return Timeline(
         path=str(p),
-        start_epoch_us=start_epoch_us,
-        tensors=tensors,
+        start_epoch_us=b.start_epoch_us,
+        tensors=b.tensors,
         spans=spans,
         ready=ready,
         markers=markers,
         events=len(events),
-        skipped=skipped,
+        skipped=b.skipped,
         truncated=truncated,
         unclosed=unclosed,
         notes=notes,
