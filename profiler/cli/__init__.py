@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "export": "profiler.cli.export",
     "synth": "profiler.cli.synth",
     "tensors": "profiler.cli.tensors",
+    "advise": "profiler.cli.advise",
 }
 
 EXIT_OK = 0

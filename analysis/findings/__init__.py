@@ -1,0 +1,105 @@
+"""Findings: answers with their cost.  One analyzer per question, each a module
+with `analyze(ctx) -> list[Finding]`:
+
+* step_time: compute vs communication vs exposed communication per step;
+* late_ranks: which rank the others wait for, why, and what it costs;
+* control_plane: Horovod's negotiation and response-cache traffic;
+* latency_cliffs: message sizes far above the latency fit, and padding;
+* limits: what the trace cannot support (dropped records, no steps, clocks,
+  NCCL invisible, summary mode, no lineage).
+
+`advise(path)` opens a trace, runs them all and ranks the findings by cost
+(ms per step, the lower end of the interval first); the CLI (`profiler
+advise`), `profiler summarize`'s last lines, the report and the notebooks use
+these same findings.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import cliffs, control, late_ranks, limits, step_time
+from .base import Context, Finding
+
+__all__ = ["Finding", "Context", "Advice", "ANALYZERS", "advise", "advise_frame", "COLUMNS"]
+
+ANALYZERS = {
+    "step_time": step_time.analyze,
+    "late_ranks": late_ranks.analyze,
+    "control_plane": control.analyze,
+    "latency_cliffs": cliffs.analyze,
+    "limits": limits.analyze,
+}
+
+#: What the analyzers read: load() asks for these columns only.
+COLUMNS = ["rank", "backend", "op", "t_start_ns", "t_end_ns", "dur_ns", "bytes", "count",
+           "comm", "comm_size", "seq", "kind", "step", "device", "thread_kind"]
+MAX_ROWS = 2_000_000
+
+
+@dataclass
+class Advice:
+    """The findings of one trace, ranked: significant findings by cost, then the
+    others, then the limits."""
+
+    path: str
+    header: dict[str, Any]
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def significant(self) -> list[Finding]:
+        return [f for f in self.findings if f.kind == "finding" and f.significant]
+
+    @property
+    def minor(self) -> list[Finding]:
+        return [f for f in self.findings if f.kind == "finding" and not f.significant]
+
+    @property
+    def limits(self) -> list[Finding]:
+        return [f for f in self.findings if f.kind == "limit"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trace": self.path, **self.header,
+                "findings": [f.to_dict() for f in self.findings]}
+
+
+def _rank_key(f: Finding) -> tuple[int, float]:
+    order = 0 if f.kind == "finding" and f.significant else 1 if f.kind == "finding" else 2
+    lo = f.cost_interval_ms[0] if f.cost_interval_ms else (f.cost_ms or 0.0)
+    return order, -(lo if lo == lo else 0.0)
+
+
+def _header(ctx: Context) -> dict[str, Any]:
+    from ..interconnect import interconnect
+
+    return {"ranks": len(ctx.ranks), "hosts": len(ctx.hosts) or 1,
+            "interconnect": interconnect(ctx.meta) or "",
+            "steps": ctx.n_steps, "step_ms": ctx.step_ms, "images_per_s": ctx.images_per_s}
+
+
+def advise_frame(df: Any, meta: dict[str, Any] | None = None, *, path: str = "",
+                 only: Sequence[str] | None = None) -> Advice:
+    """Run the analyzers on a loaded frame (one trace) and rank the findings."""
+    ctx = Context(df=df, meta=dict(meta or {}), path=path)
+    found: list[Finding] = []
+    for name, fn in ANALYZERS.items():
+        if only is not None and name not in only:
+            continue
+        found.extend(fn(ctx))
+    found.sort(key=_rank_key)
+    return Advice(path=path, header=_header(ctx), findings=found)
+
+
+def advise(path: str | os.PathLike[str], *, only: Sequence[str] | None = None,
+           max_rows: int = MAX_ROWS) -> Advice:
+    """Open a trace (trace.json, profile directory or parquet file), load what the
+    analyzers read (a bounded window above `max_rows` calls) and advise."""
+    from ..facade import trace_meta
+    from ..load import load
+
+    meta = trace_meta(path) or {}
+    df = load(path, columns=COLUMNS, max_rows=max_rows)
+    return advise_frame(df, meta, path=os.fspath(path), only=only)

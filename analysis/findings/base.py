@@ -1,0 +1,147 @@
+"""What every analyzer returns (`Finding`) and what every analyzer reads (`Context`:
+one trace's rows and metadata, with the per-step tables computed once)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["Finding", "Context", "bootstrap_mean", "SIGNIFICANT_SHARE", "MIN_STEPS"]
+
+#: A cost counts as significant when the lower end of its interval exceeds this
+#: share of the step time (and 0.05 ms): below it, run-to-run noise on a busy
+#: machine hides it.
+SIGNIFICANT_SHARE = 0.01
+MIN_COST_MS = 0.05
+#: Steady steps needed for a per-step claim.
+MIN_STEPS = 3
+
+
+@dataclass
+class Finding:
+    """One answer: what was found, what it costs, how sure, what to do.
+
+    cost_ms: milliseconds per step the job loses to it (None: no step-time cost
+    can be claimed, e.g. background-thread time that may overlap compute);
+    cost_interval_ms: its 95% interval; cost_img_s: images/sec lost;
+    significant: the interval clears the noise floor; kind: "finding" or
+    "limit" (something the data cannot support)."""
+
+    key: str
+    headline: str
+    details: list[str] = field(default_factory=list)
+    cost_ms: float | None = None
+    cost_interval_ms: tuple[float, float] | None = None
+    cost_img_s: float | None = None
+    confidence: str = ""
+    recommendation: str = ""
+    check: str = ""
+    numbers: dict[str, Any] = field(default_factory=dict)
+    significant: bool = False
+    kind: str = "finding"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["cost_interval_ms"] = list(self.cost_interval_ms) if self.cost_interval_ms else None
+        return d
+
+
+def bootstrap_mean(values: np.ndarray, *, n: int = 1000, seed: int = 7
+                   ) -> tuple[float, float, float]:
+    """(mean, lo, hi): the mean and its 95% percentile-bootstrap interval."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return float("nan"), float("nan"), float("nan")
+    if len(v) == 1:
+        return float(v[0]), float(v[0]), float(v[0])
+    rng = np.random.default_rng(seed)
+    means = v[rng.integers(0, len(v), size=(n, len(v)))].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(v.mean()), float(lo), float(hi)
+
+
+@dataclass
+class Context:
+    """One trace for the analyzers: its rows (every column the analyzers use),
+    its metadata block, and the label a comparison gives it."""
+
+    df: pd.DataFrame
+    meta: dict[str, Any]
+    path: str = ""
+
+    @cached_property
+    def rank_steps(self) -> pd.DataFrame:
+        from ..throughput import rank_steps
+
+        return rank_steps(self.df) if "op" in self.df.columns else pd.DataFrame()
+
+    @cached_property
+    def step_table(self) -> pd.DataFrame:
+        from ..throughput import step_table
+
+        return step_table(self.df, ranked=self.rank_steps)
+
+    @cached_property
+    def steady(self) -> pd.DataFrame:
+        """The job's steady steps (throughput.steady_steps)."""
+        from ..throughput import steady_steps
+
+        t = self.step_table
+        return steady_steps(t) if len(t) else t
+
+    @cached_property
+    def steady_rank_steps(self) -> pd.DataFrame:
+        rs = self.rank_steps
+        if rs.empty or self.steady.empty:
+            return rs.iloc[0:0]
+        return rs.loc[rs["step"].isin(self.steady["step"])]
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.steady)
+
+    @cached_property
+    def step_ms(self) -> float:
+        """Median step time of the steady steps (nan without steps)."""
+        return float(self.steady["wall_ms"].median()) if self.n_steps else float("nan")
+
+    @cached_property
+    def images_per_s(self) -> float:
+        s = self.steady
+        if not len(s):
+            return float("nan")
+        wall = float(s["wall_ms"].sum())
+        return float(s["images"].sum()) / wall * 1e3 if wall > 0 else float("nan")
+
+    @cached_property
+    def ranks(self) -> list[int]:
+        return sorted(int(r) for r in pd.unique(self.df["rank"])) if len(self.df) else []
+
+    @cached_property
+    def hosts(self) -> list[str]:
+        hs = self.meta.get("hosts")
+        if isinstance(hs, list) and hs:
+            return [str(h) for h in hs]
+        return sorted({str(r.get("host", "")) for r in self.meta.get("ranks") or []
+                       if isinstance(r, dict)} - {""})
+
+    def cost_img_s(self, cost_ms: float) -> float | None:
+        """Images/sec gained if `cost_ms` per step were removed."""
+        ips, step = self.images_per_s, self.step_ms
+        if not (np.isfinite(ips) and np.isfinite(step)) or step <= cost_ms or cost_ms <= 0:
+            return None
+        return ips * (step / (step - cost_ms) - 1.0)
+
+    def significant(self, lo_ms: float) -> bool:
+        floor = max(MIN_COST_MS, SIGNIFICANT_SHARE * self.step_ms) if np.isfinite(
+            self.step_ms) else MIN_COST_MS
+        return bool(np.isfinite(lo_ms) and lo_ms > floor)
+
+
+Analyzer = Callable[[Context], Sequence[Finding]]
