@@ -402,7 +402,7 @@ def test_library_loads_and_works_without_nccl_or_cuda(tmp_path: Path) -> None:
         from profiler.collect import native
         from profiler.analysis import gpu
         lib = native.load()
-        print(lib.hvprof_nccl_visible())
+        print(native.function("hvprof_nccl_visible", lib)())
         st = native.native_state()
         print(orjson.dumps(st).decode())
         g = ctypes.CDLL(None)
