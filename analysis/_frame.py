@@ -159,13 +159,3 @@ def round_up(n: np.ndarray | pd.Series | int, multiple: int) -> np.ndarray:
         raise UsageError(None, f"padding multiple must be positive, got {multiple}")
     a = np.asarray(n, dtype=np.int64)
     return ((a + multiple - 1) // multiple) * multiple
-
-
-def group_iter(df: pd.DataFrame, keys: Sequence[str]) -> Iterable[tuple[tuple[object, ...],
-                                                                       pd.DataFrame]]:
-    """groupby over keys that always yields tuple keys (and one group for no keys)."""
-    if not keys:
-        yield (), df
-        return
-    for key, sub in df.groupby(list(keys), observed=True, sort=True):
-        yield (key if isinstance(key, tuple) else (key,)), sub

@@ -134,17 +134,6 @@ def _trace_table(metas: Mapping[str, Mapping[str, Any]], df: pd.DataFrame) -> st
     return out
 
 
-def _per_label(df: pd.DataFrame, fn: Callable[[pd.DataFrame], pd.DataFrame]) -> pd.DataFrame:
-    if "label" not in df.columns:
-        return fn(df)
-    parts = []
-    for lb in distinct(df["label"]):
-        t = fn(df.loc[isin(df["label"], [lb])])
-        t.insert(0, "trace", lb)
-        parts.append(t)
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-
-
 def _summary(df: pd.DataFrame) -> pd.DataFrame:
     from .summary import summarize
 

@@ -155,15 +155,6 @@ def world_size() -> int:
     return int(_fn("hvprof_world_size")())
 
 
-def now() -> int:
-    """Current tick count (the clock of the raw records)."""
-    return int(_fn("hvprof_now")())
-
-
-def record_app(op: int, t_start: int, t_end: int, count: int, seq: int) -> int:
-    return int(_fn("hvprof_record_app")(op, t_start, t_end, count, seq))
-
-
 def set_enabled(on: bool) -> None:
     _fn("hvprof_set_enabled")(1 if on else 0)
 

@@ -104,24 +104,6 @@ def _library() -> Any:
     return _lib
 
 
-def _reset_for_tests() -> None:
-    """Forget all state (the library lookup included).  For tests only."""
-    global _lib, _last, _next_seq, _explicit, _hooked, _batch_size, _env_batch, _env_read
-    global _user_on, _steps_on, _every
-    with _lock:
-        _lib = _UNRESOLVED
-        _last = None
-        _next_seq = 0
-        _explicit = False
-        _hooked = False
-        _batch_size = None
-        _env_batch = None
-        _env_read = False
-        _user_on = True
-        _steps_on = True
-        _every = None
-
-
 def _check_images(images: int) -> int:
     try:
         n = int(images)
