@@ -31,16 +31,10 @@ from profiler.units import fmt_ns
 __all__ = [
     "REMEDY",
     "device_time_note",
-    "finish_native",
     "gpu_warnings",
     "job_gpus",
-    "native_state",
     "nccl_call_count",
-    "process_metadata",
-    "read_sidecar",
-    "sidecar_path",
     "summary_lines",
-    "topology",
     "topology_lines",
 ]
 

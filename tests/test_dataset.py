@@ -213,7 +213,8 @@ def test_read_dataset_many_files_rank_filter(tmp_path: Path) -> None:
     files = []
     for r in range(3):
         w = rawgen.simple_rank(r, 3, n=4 + r, op_name=["allreduce", "bcast", "barrier"][r])
-        files.append(convert.convert_raw(w.write(tmp_path / "raw" / f"rank-{r:05d}.hvprof")).parquet)
+        raw_file = w.write(tmp_path / "raw" / f"rank-{r:05d}.hvprof")
+        files.append(convert.convert_raw(raw_file).parquet)
     df = dataset.read_dataset(files)
     assert df.groupby("rank").size().tolist() == [4, 5, 6]
     assert isinstance(df["op"].dtype, pd.CategoricalDtype)

@@ -403,6 +403,7 @@ def test_tensors_command_bad_input(tmp_path: Path) -> None:
 
 def test_tensors_cli_one_line_errors(tmp_path: Path) -> None:
     from conftest import profiler_cli
+
     from profiler.cli import COMMANDS
     assert COMMANDS["tensors"] == "profiler.cli.tensors"
     proc = profiler_cli("tensors", str(tmp_path / "nope.json"))

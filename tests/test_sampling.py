@@ -127,7 +127,8 @@ def test_summary_mode_aggregates_only_sampled_calls(job: dict) -> None:
         agg_file = prof / "ranks" / f"rank-{rank:05d}.agg.parquet"
         agg = pd.read_parquet(agg_file)
         # the aggregate schema every reader checks (dataset.AGG_KINDS) is the one written
-        assert dataset.schema_columns(pq.read_schema(agg_file), aggregates=True) == schema.AGG_COLUMNS
+        written = dataset.schema_columns(pq.read_schema(agg_file), aggregates=True)
+        assert written == schema.AGG_COLUMNS
         calls = agg.groupby("op", observed=True)["calls"].sum().to_dict()
         n_sampled_steps = sum(1 for k in range(STEPS) if k % EVERY == 0)
         assert calls["allreduce"] == 10 + n_sampled_steps

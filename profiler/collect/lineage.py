@@ -60,17 +60,12 @@ from profiler.formats.lineage import LINEAGE_COLUMNS, fusion_threshold
 from profiler.layout import LINEAGE_FILE, TIMELINE_FILE
 
 __all__ = [
-    "DEFAULT_FUSION_THRESHOLD",
     "LINEAGE_FILE",
     "LineageOutcome",
     "build",
     "build_lineage",
+    "find_timeline",
     "join",
-    "calls",
-    "stragglers",
-    "call_columns",
-    "fusion_threshold",
-    "load",
 ]
 
 DEFAULT_TOLERANCE_NS = 2_000_000

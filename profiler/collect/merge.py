@@ -290,6 +290,7 @@ def wait_and_merge(profile_dir: str | os.PathLike[str], *, world_size: int, own_
             break
         sleep(poll)
     if pending and time.monotonic() >= deadline:
-        print(f"horovod-profiler: warning: gave up waiting for rank(s) {format_ranges(pending)} after "
-              f"{timeout:g} s; merging what is there", file=sys.stderr)
+        print("horovod-profiler: warning: gave up waiting for rank(s) "
+              f"{format_ranges(pending)} after {timeout:g} s; merging what is there",
+              file=sys.stderr)
     return merge(d, own_rank=own_rank, world_size=world_size)
