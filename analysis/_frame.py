@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from profiler.errors import UsageError
+from profiler.units import fmt_bytes as fmt_bytes  # re-exported: sizes read the same everywhere
 
 NON_CALL_OPS = ("init", "finalize")
 KIB = 1024
@@ -158,25 +159,3 @@ def round_up(n: np.ndarray | pd.Series | int, multiple: int) -> np.ndarray:
         raise UsageError(None, f"padding multiple must be positive, got {multiple}")
     a = np.asarray(n, dtype=np.int64)
     return ((a + multiple - 1) // multiple) * multiple
-
-
-def fmt_bytes(n: float) -> str:
-    """Human size: 0 B, 8 B, 4 KiB, 1.5 MiB."""
-    n = float(n)
-    if n < KIB:
-        return f"{n:.0f} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        n /= KIB
-        if n < KIB or unit == "TiB":
-            return f"{n:.0f} {unit}" if n == int(n) else f"{n:.1f} {unit}"
-    return f"{n:.1f} TiB"  # pragma: no cover
-
-
-def group_iter(df: pd.DataFrame, keys: Sequence[str]) -> Iterable[tuple[tuple[object, ...],
-                                                                       pd.DataFrame]]:
-    """groupby over keys that always yields tuple keys (and one group for no keys)."""
-    if not keys:
-        yield (), df
-        return
-    for key, sub in df.groupby(list(keys), observed=True, sort=True):
-        yield (key if isinstance(key, tuple) else (key,)), sub

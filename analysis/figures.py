@@ -16,7 +16,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ._frame import distinct, fmt_bytes, isin, keys_of, label_keys
+from profiler.units import fmt_bytes
+
+from ._frame import distinct, isin, keys_of, label_keys
 from .imbalance import rank_times, stragglers
 from .model import AlphaBetaModel, anomalies, fit_models, latency_by_size, predict
 from .sizes import size_distribution

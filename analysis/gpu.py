@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from profiler.layout import format_ranges
+from profiler.units import fmt_ns
 
 __all__ = [
     "REMEDY",
@@ -150,7 +151,7 @@ def device_time_note(meta: Mapping[str, Any] | None) -> str | None:
         return None
     err = max(float(s.get("anchor_err_ns_max", 0) or 0) for s in states)
     return (f"NCCL device times: {recs} intervals from CUDA events, placed on the host clock "
-            f"within +/-{err / 1e3:.1f} us (anchor error)")
+            f"within +/-{fmt_ns(err)} (anchor error)")
 
 
 def summary_lines(meta: Mapping[str, Any] | None, df: Any = None) -> list[str]:

@@ -184,6 +184,18 @@ def _default_label(path: str | os.PathLike[str]) -> str:
     return p.stem
 
 
+def _default_labels(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """Each path's _default_label, a repeated one numbered (run, run#2, run#3)."""
+    labels: list[str] = []
+    for p in paths:
+        base = _default_label(p)
+        name, i = base, 2
+        while name in labels:
+            name, i = f"{base}#{i}", i + 1
+        labels.append(name)
+    return labels
+
+
 def load(*paths: str | os.PathLike[str], label: str | Sequence[str] | None = None,
          ranks: Iterable[int] | None = None,
          columns: Sequence[str] | None = None,
@@ -272,7 +284,7 @@ def load_aggregates(*paths: str | os.PathLike[str], label: str | Sequence[str] |
         if len(labels) != len(paths):
             raise UsageError(None, f"{len(labels)} label(s) for {len(paths)} path(s)")
     elif len(paths) > 1:
-        labels = [_default_label(p) for p in paths]
+        labels = _default_labels(paths)
     frames = []
     for i, p in enumerate(paths):
         files = _aggregate_files(p)

@@ -35,9 +35,10 @@ import plotly.io as pio
 
 from profiler._version import __version__
 from profiler.errors import UsageError
+from profiler.units import fmt_bytes, fmt_number
 
 from . import figures as F
-from ._frame import distinct, fmt_bytes, isin
+from ._frame import distinct, isin
 from .imbalance import stragglers
 from .model import (
     anomalies,
@@ -74,14 +75,13 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _table(df: pd.DataFrame, *, max_rows: int = MAX_TABLE_ROWS, floatfmt: str = "{:.4g}"
-           ) -> str:
+def _table(df: pd.DataFrame, *, max_rows: int = MAX_TABLE_ROWS) -> str:
     if df is None or df.empty:
         return '<p class="muted">(nothing to show)</p>'
     more = len(df) - max_rows
     shown = df.head(max_rows) if more > 0 else df
     out = shown.to_html(index=False, escape=True, classes="data", border=0,
-                        float_format=lambda v: floatfmt.format(v), na_rep="-")
+                        float_format=fmt_number, na_rep="-")
     if more > 0:
         out += f'<p class="muted">{more} more row(s) not shown</p>'
     return out
@@ -132,17 +132,6 @@ def _trace_table(metas: Mapping[str, Mapping[str, Any]], df: pd.DataFrame) -> st
             out += (f"<details><summary>environment of {_e(label)} ({len(env)} variables)"
                     f"</summary><table class=\"data\">{items}</table></details>")
     return out
-
-
-def _per_label(df: pd.DataFrame, fn: Callable[[pd.DataFrame], pd.DataFrame]) -> pd.DataFrame:
-    if "label" not in df.columns:
-        return fn(df)
-    parts = []
-    for lb in distinct(df["label"]):
-        t = fn(df.loc[isin(df["label"], [lb])])
-        t.insert(0, "trace", lb)
-        parts.append(t)
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
 def _summary(df: pd.DataFrame) -> pd.DataFrame:

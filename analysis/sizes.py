@@ -22,11 +22,11 @@ import numpy as np
 import pandas as pd
 
 from profiler.errors import UsageError
+from profiler.units import fmt_bytes
 
 from ._frame import (
     calls,
     distinct,
-    fmt_bytes,
     is_pow2,
     isin,
     keys_of,

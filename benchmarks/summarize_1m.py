@@ -101,8 +101,8 @@ def main() -> None:
     print(f"generated {args.calls} calls on {args.ranks} ranks in {gen_s:.1f} s "
           f"({raw_mib:.0f} MiB raw)")
     read_code = ("import sys, time; from profiler.formats.raw import read_raw; "
-                 "t=time.perf_counter(); "
-                 "r=read_raw(sys.argv[1]); print(len(r.records), time.perf_counter()-t)")
+                 "t=time.perf_counter(); r=read_raw(sys.argv[1]); "
+                 "print(len(r.records), time.perf_counter()-t)")
     out = subprocess.run([py, "-c", read_code, str(base / "raw" / "rank-00000.hvprof")],
                          capture_output=True, text=True, check=True).stdout.split()
     print(f"read_raw: {int(out[0])} records in {float(out[1]) * 1e3:.0f} ms")

@@ -27,6 +27,19 @@ def test_sizes_parse_and_ranges() -> None:
             parse_sizes(bad)
 
 
+def test_sweep_bus_bandwidth_uses_the_summary_factors() -> None:
+    from profiler.analysis.summary import bus_factor
+
+    from profiler.bench.sweep import OPS, busbw
+
+    assert busbw(2.0, "allreduce", 4) == 3.0 and busbw(2.0, "alltoall", 4) == 1.5
+    assert busbw(2.0, "bcast", 4) == 2.0 and busbw(2.0, "gatherv", 4) == 1.5
+    assert busbw(0.0, "barrier", 4) == 0.0  # no factor, no data: as measured
+    for op in OPS:
+        if op != "barrier":
+            assert busbw(1.0, op, 8) == bus_factor(op, 8), op
+
+
 def test_plan_groups_data_calls_of_one_rank() -> None:
     a = sweep([8, 1024], iters=3, op="allreduce")
     b = sweep([64], iters=2, op="bcast")

@@ -171,7 +171,7 @@ def test_notes_on_device_time() -> None:
     lines = gpu.summary_lines(meta)
     assert lines[0].startswith("note: 2 NCCL call(s) have no device time")
     assert lines[1] == ("NCCL device times: 8 intervals from CUDA events, placed on the host "
-                        "clock within +/-3.5 us (anchor error)")
+                        "clock within +/-3.50 us (anchor error)")
     assert lines[2].startswith("GPU 0 on n1: NVIDIA H200")
 
 

@@ -299,7 +299,15 @@ def test_no_data_records_means_nothing_matched() -> None:
     lin, info = L.join(tl, recs, header=None)
     assert len(lin) == len(T.tensor_ops(tl)) and not lin["matched"].any()
     assert info["matched_calls"] == 0
-    assert LQ.calls(lin).empty and LQ.stragglers(lin).shape[0] >= 0
+    assert LQ.calls(lin).empty
+    # readiness comes from the timeline alone: the same stragglers as with every
+    # record present (no step records here: step -1; rank 1 was ready last)
+    st = LQ.stragglers(lin)
+    assert st[["step", "straggler_rank", "tensors"]].to_dict("records") == [
+        {"step": -1, "straggler_rank": 1, "tensors": 8}]
+    assert (st["wait_ns"] > 0).all()
+    full, _ = L.join(tl, synthetic_records(tl, 0), header=None)
+    pd.testing.assert_frame_equal(st, LQ.stragglers(full))
 
 
 def test_fusion_threshold_parsing() -> None:
@@ -394,10 +402,10 @@ def test_tensors_command_bad_input(tmp_path: Path) -> None:
 
 
 def test_tensors_cli_one_line_errors(tmp_path: Path) -> None:
-    from profiler.cli import COMMANDS
-    if "tensors" not in COMMANDS:
-        pytest.skip("`tensors` not registered in profiler.cli.COMMANDS yet")
     from conftest import profiler_cli
+
+    from profiler.cli import COMMANDS
+    assert COMMANDS["tensors"] == "profiler.cli.tensors"
     proc = profiler_cli("tensors", str(tmp_path / "nope.json"))
     assert proc.returncode == 2
     assert proc.stderr.startswith("profiler: error: ") and proc.stderr.count("\n") == 1

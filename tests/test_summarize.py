@@ -282,6 +282,24 @@ def test_summary_mode_aggregates(tmp_path: Path) -> None:
         summarize_aggregates(agg, by=["step"])
 
 
+def test_aggregates_of_directories_with_the_same_name(tmp_path: Path) -> None:
+    """Two runs in directories of one name: default labels numbered (as load() does),
+    not a duplicate-category error."""
+    from profiler.analysis import load_aggregates
+
+    dirs = [summary_job(tmp_path / part / "run") for part in ("a", "b")]
+    for d in dirs:
+        merge(d)
+    agg = load_aggregates(*(d / "trace.json" for d in dirs))
+    assert list(agg["label"].cat.categories) == ["run", "run#2"]
+    per = agg.groupby("label", observed=True)["calls"].sum().to_dict()
+    assert per == {"run": 2 * (400 + 5 + 1), "run#2": 2 * (400 + 5 + 1)}
+    again = load_aggregates(dirs[0], dirs[1], dirs[0])
+    assert list(again["label"].cat.categories) == ["run", "run#2", "run#3"]
+    named = load_aggregates(*dirs, label=["first", "second"])
+    assert list(named["label"].cat.categories) == ["first", "second"]
+
+
 def test_nccl_calls_timed_by_their_device_rows() -> None:
     """Counts and bytes from the host rows (the enqueue), time from the device rows."""
     host = [{"op": "nccl_allreduce", "backend": "nccl", "bytes": 1 << 20, "dur_ns": 2_000,

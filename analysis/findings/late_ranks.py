@@ -129,7 +129,7 @@ def _finding(ctx: Context, late: int, share: float, matched: int, cost: float, l
         confidence=conf,
         recommendation=(f"find what rank {late} does differently (data loading, CPU "
                         "placement, other processes on its cores)" if significant else ""),
-        check=f"profiler summarize TRACE --by rank; profiler compare BEFORE AFTER",
+        check="profiler summarize TRACE --by rank; profiler compare BEFORE AFTER",
         numbers={"rank": late, "last_share": share, "lateness_ms": lateness_ms,
                  "others_wait_ms_per_step": cost, "source": source, "clock_error_ms": err},
         significant=significant,

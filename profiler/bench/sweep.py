@@ -44,10 +44,6 @@ PER_RANK_TIMES_P = {"allgather", "gather", "alltoall", "reduce_scatter_block"}
 SUMMED = {"allgatherv", "alltoallv", "reduce_scatter"}
 ROOTED = {"reduce", "bcast", "gather"}
 REDUCING = {"allreduce", "iallreduce", "reduce", "reduce_scatter", "reduce_scatter_block"}
-# nccl-tests bus bandwidth factors (as profiler.analysis.summary.bus_factor)
-TWO = {"allreduce", "iallreduce"}
-ONE_MINUS = {"allgather", "allgatherv", "gather", "alltoall", "alltoallv", "reduce_scatter",
-             "reduce_scatter_block"}
 
 DTYPES: dict[str, tuple[str, int]] = {  # name -> (numpy dtype, size)
     "float32": ("float32", 4), "float64": ("float64", 8), "int32": ("int32", 4),
@@ -67,12 +63,13 @@ MPI_NAMES: dict[str, str] = {
 BY_SIZE = {1: "uint8", 2: "int16", 4: "float32", 8: "float64"}
 
 
-def bus_factor(op: str, n: int) -> float:
-    if op in TWO:
-        return 2.0 * (n - 1) / n
-    if op in ONE_MINUS:
-        return (n - 1) / n
-    return 1.0
+def busbw(algbw: float, op: str, n: int) -> float:
+    """Bus bandwidth: algbw times the nccl-tests factor of profiler.analysis.summary
+    (the one table); an op without one (barrier: no data) counts algbw as is."""
+    from profiler.analysis.summary import bus_factor  # imported by main() before timing
+
+    f = bus_factor(op, n)
+    return algbw * f if f == f else algbw
 
 
 @dataclass
@@ -351,7 +348,7 @@ def sweep(backend: Any, ops: Sequence[str], sizes: Sequence[int], dtype: str, it
             r = Result(op=op, size=nbytes, count=count, type=dtype,
                        redop="sum" if op in REDUCING else "none",
                        root=0 if op in ROOTED else -1, time_us=sec * 1e6, algbw_gbps=algbw,
-                       busbw_gbps=algbw * bus_factor(op, backend.size), calls=iters)
+                       busbw_gbps=busbw(algbw, op, backend.size), calls=iters)
             results.append(r)
             if backend.rank == 0:
                 out.write(line(r))
@@ -380,7 +377,7 @@ def replay(backend: Any, plan: Sequence[Entry], warmup: int, rec: Recorder, out:
         r = Result(op=e.op, size=nbytes, count=e.count, type=e.dtype or np_dtype,
                    redop="sum" if e.op in REDUCING else "none",
                    root=0 if e.op in ROOTED else -1, time_us=sec * 1e6, algbw_gbps=algbw,
-                   busbw_gbps=algbw * bus_factor(e.op, backend.size), calls=e.calls)
+                   busbw_gbps=busbw(algbw, e.op, backend.size), calls=e.calls)
         results.append(r)
         if backend.rank == 0:
             out.write(line(r))
@@ -447,6 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import concurrent.futures.thread  # noqa: F401
 
     args = parse_args(argv)
+    import profiler.analysis.summary  # noqa: F401 - bus factors (pandas): not mid-sweep
     backend: Any = NcclBackend() if args.backend == "nccl" else MpiBackend()
     rec = Recorder()
     out = sys.stdout

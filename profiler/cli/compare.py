@@ -50,25 +50,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def _fmt(v: Any, metric: str = "") -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    if metric.endswith("bytes_per_step"):
-        from profiler.analysis._frame import fmt_bytes
+    from profiler.units import fmt_bytes, fmt_number
 
-        return fmt_bytes(float(v))
-    av = abs(float(v))
-    if av >= 1e4:
-        return f"{v:,.0f}"
-    if av >= 100:
-        return f"{v:.1f}"
-    return f"{v:.3g}"
+    return fmt_bytes(v) if metric.endswith("bytes_per_step") else fmt_number(v)
 
 
 def run(args: argparse.Namespace) -> int:
     from profiler.analysis import load
-    from profiler.analysis._frame import fmt_bytes
     from profiler.analysis.compare import compare
     from profiler.errors import UsageError
+    from profiler.units import fmt_bytes
 
     if len(args.traces) < 2:
         raise UsageError(None, "compare needs at least two traces")
@@ -111,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
             t.add_column(col, justify=just)  # type: ignore[arg-type]
         for r in part.itertuples(index=False):
             bucket = f"\u2264 {fmt_bytes(int(r.bucket))}" if r.bucket else ""
-            ci = (f"[{_fmt(r.ci_low)}, {_fmt(r.ci_high)}]"
+            ci = (f"[{_fmt(r.ci_low, r.metric)}, {_fmt(r.ci_high, r.metric)}]"
                   if not (isinstance(r.ci_low, float) and math.isnan(r.ci_low)) else "-")
             rel = ("-" if isinstance(r.rel_diff, float) and math.isnan(r.rel_diff)
                    else f"{r.rel_diff:+.1%}")

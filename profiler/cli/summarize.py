@@ -136,17 +136,15 @@ def _ranks_text(ranks: list[int]) -> str:
 
 
 def _fmt_us(v: float) -> str:
-    if v != v:  # NaN
-        return "-"
-    if v >= 1e6:
-        return f"{v / 1e6:.2f} s"
-    if v >= 1e3:
-        return f"{v / 1e3:.2f} ms"
-    return f"{v:.2f} us" if v < 100 else f"{v:.1f} us"
+    from profiler.units import fmt_us
+
+    return fmt_us(v)
 
 
 def _fmt_bw(v: float) -> str:
-    return "-" if v != v else f"{v:.3f}" if v < 10 else f"{v:.1f}"
+    from profiler.units import fmt_bw
+
+    return fmt_bw(v)
 
 
 def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[str]) -> None:

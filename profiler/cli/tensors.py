@@ -148,31 +148,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fmt_us(v: float) -> str:
-    if v != v:
-        return "-"
-    if v >= 1e6:
-        return f"{v / 1e6:.2f} s"
-    if v >= 1e3:
-        return f"{v / 1e3:.2f} ms"
-    return f"{v:.1f} us"
-
-
-def _fmt_bytes(v: float) -> str:
-    if v != v:
-        return "-"
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if v >= scale:
-            return f"{v / scale:.1f} {unit}"
-    return f"{int(v)} B"
-
-
 def _print_table(path: str, table: Any, lin: Any) -> None:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     from profiler.errors import printable
+    from profiler.units import fmt_bytes, fmt_us
 
     console = Console(highlight=False, soft_wrap=False,
                       width=None if sys.stdout.isatty() else 200)
@@ -186,8 +168,8 @@ def _print_table(path: str, table: Any, lin: Any) -> None:
                      no_wrap=True)
     for r in table.itertuples(index=False):
         # names are text (escaped when read), never rich markup
-        t.add_row(Text(str(r.tensor)), Text(str(r.op)), str(r.calls), _fmt_bytes(r.bytes),
-                  _fmt_us(r.negotiation_mean_us), _fmt_us(r.negotiation_max_us),
-                  _fmt_us(r.wait_mean_us), f"{r.fused_with_mean:.1f}",
+        t.add_row(Text(str(r.tensor)), Text(str(r.op)), str(r.calls), fmt_bytes(r.bytes),
+                  fmt_us(r.negotiation_mean_us), fmt_us(r.negotiation_max_us),
+                  fmt_us(r.wait_mean_us), f"{r.fused_with_mean:.1f}",
                   "-" if r.last_ready_rank < 0 else f"rank {r.last_ready_rank}")
     console.print(t)

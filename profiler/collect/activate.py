@@ -219,16 +219,14 @@ def activate() -> None:
     from profiler.collect import native
 
     try:
-        lib = native.load()
+        native.load()
     except Exception as exc:
         _say(f"error: profiling disabled: {_one_line(exc)}")
         return
     # No import of concurrent.futures here (12 ms for every Python process
     # started with HOROVOD_PROFILE=1): _allow_late_imports() lets the exit
     # work import it, and frame_to_table converts without a thread pool.
-    set_python = getattr(lib, "hvprof_set_python", None)
-    if set_python is not None:
-        set_python(1)  # rank 0's exit handler merges: the library need not say how
+    native.set_python(True)  # rank 0's exit handler merges: the library need not say how
     try:
         from profiler.collect import horovod_hooks as hooks
     except ImportError:

@@ -63,6 +63,7 @@ __all__ = [
     "LineageOutcome",
     "build",
     "build_lineage",
+    "find_timeline",
     "join",
 ]
 

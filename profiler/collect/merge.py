@@ -291,6 +291,6 @@ def wait_and_merge(profile_dir: str | os.PathLike[str], *, world_size: int, own_
         sleep(poll)
     if pending and time.monotonic() >= deadline:
         print("horovod-profiler: warning: gave up waiting for rank(s) "
-              f"{format_ranges(pending)} after "
-              f"{timeout:g} s; merging what is there", file=sys.stderr)
+              f"{format_ranges(pending)} after {timeout:g} s; merging what is there",
+              file=sys.stderr)
     return merge(d, own_rank=own_rank, world_size=world_size)

@@ -36,29 +36,68 @@ def library_path() -> str:
     return path
 
 
+# Every export of libhvprof.so that the Python side calls: name -> (restype,
+# argtypes, who calls it).  The one place a C signature is written in Python
+# (docs/ARCHITECTURE.md section 6); tests/test_native_exports.py checks it
+# against the library's export list.  Callers get the declared function from
+# function() (or the wrappers below), never through getattr on the library.
+_c = ctypes
+EXPORTS: dict[str, tuple[Any, tuple[Any, ...], str]] = {
+    "hvprof_layout_json": (_c.c_char_p, (), "tests: the record layout, as the C side sees it"),
+    "hvprof_is_active": (_c.c_int, (), "is a raw file open"),
+    "hvprof_dir": (_c.c_char_p, (), "activate: the profile directory"),
+    "hvprof_raw_path": (_c.c_char_p, (), "activate: this rank's raw file"),
+    "hvprof_rank": (_c.c_int, (), "activate, steps: this process's rank"),
+    "hvprof_world_size": (_c.c_int, (), "activate: number of ranks"),
+    "hvprof_now": (_c.c_uint64, (), "steps: the raw records' clock"),
+    "hvprof_record_app": (_c.c_int, (_c.c_int, _c.c_uint64, _c.c_uint64, _c.c_uint64,
+                                     _c.c_uint32), "steps: step records"),
+    "hvprof_set_enabled": (None, (_c.c_int,), "bench: run-time switch"),
+    "hvprof_set_sampling": (None, (_c.c_int,), "steps: pause/resume recording"),
+    "hvprof_set_python": (None, (_c.c_int,), "activate: Python merges at exit"),
+    "hvprof_process_exit": (None, (), "activate: mark the raw file CLOSED"),
+    "hvprof_nccl_visible": (_c.c_int, (), "tests: NCCL visibility bits"),
+    "hvprof_nccl_json": (_c.c_char_p, (), "nvml: NCCL state and counters"),
+    "hvprof_nccl_finish": (_c.c_int, (_c.c_int,), "activate: NCCL device times, sidecar"),
+}
+del _c
+# Exports Python never calls, each with the reason.
+C_ONLY: dict[str, str] = {
+    "hvprof_nccl_flush": "called by hvprof_nccl_finish (Python calls that); exported for C "
+                         "applications that collect device times mid-run",
+}
+
+
+def function(name: str, lib: ctypes.CDLL | None = None) -> Any:
+    """The export `name` (a key of EXPORTS) of `lib` (default: this module's
+    library, loaded if need be) with its declared signature; None when the
+    library lacks it (an older or a non-NCCL build)."""
+    restype, argtypes, _ = EXPORTS[name]
+    lib = lib if lib is not None else load()
+    fn = getattr(lib, name, None)
+    if fn is None:
+        return None
+    fn.restype = restype
+    fn.argtypes = argtypes
+    return fn
+
+
+class Functions:
+    """The EXPORTS of one library as attributes named without the ``hvprof_``
+    prefix (``now``, ``record_app``, ...), declared once; None when absent.
+    For callers that call often (steps)."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        for name in EXPORTS:
+            setattr(self, name[len("hvprof_"):], function(name, lib))
+
+    def __getattr__(self, name: str) -> Any:  # only for names outside EXPORTS
+        raise AttributeError(f"{name!r} is not in profiler.collect.native.EXPORTS")
+
+
 def _declare(lib: ctypes.CDLL) -> None:
-    c = ctypes
-    sigs: dict[str, tuple[object, list[object]]] = {
-        "hvprof_layout_json": (c.c_char_p, []),
-        "hvprof_is_active": (c.c_int, []),
-        "hvprof_dir": (c.c_char_p, []),
-        "hvprof_raw_path": (c.c_char_p, []),
-        "hvprof_rank": (c.c_int, []),
-        "hvprof_world_size": (c.c_int, []),
-        "hvprof_now": (c.c_uint64, []),
-        "hvprof_record_app": (
-            c.c_int, [c.c_int, c.c_uint64, c.c_uint64, c.c_uint64, c.c_uint32]
-        ),
-        "hvprof_set_enabled": (None, [c.c_int]),
-        "hvprof_process_exit": (None, []),
-    }
-    for name, (restype, argtypes) in sigs.items():
-        try:
-            fn = getattr(lib, name)
-        except AttributeError:
-            continue  # an older library: the wrapper raises when called
-        fn.restype = restype
-        fn.argtypes = argtypes
+    for name in EXPORTS:
+        function(name, lib)
 
 
 def load() -> ctypes.CDLL:
@@ -80,12 +119,11 @@ def loaded() -> ctypes.CDLL | None:
     return _lib
 
 
-def _fn(name: str) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
-    lib = load()
-    try:
-        return getattr(lib, name)
-    except AttributeError:
-        raise LibraryError(library_path(), f"library lacks the export {name}") from None
+def _fn(name: str) -> Any:
+    fn = function(name)
+    if fn is None:
+        raise LibraryError(library_path(), f"library lacks the export {name}")
+    return fn
 
 
 def _str(value: bytes | None) -> str:
@@ -117,17 +155,15 @@ def world_size() -> int:
     return int(_fn("hvprof_world_size")())
 
 
-def now() -> int:
-    """Current tick count (the clock of the raw records)."""
-    return int(_fn("hvprof_now")())
-
-
-def record_app(op: int, t_start: int, t_end: int, count: int, seq: int) -> int:
-    return int(_fn("hvprof_record_app")(op, t_start, t_end, count, seq))
-
-
 def set_enabled(on: bool) -> None:
     _fn("hvprof_set_enabled")(1 if on else 0)
+
+
+def set_python(on: bool) -> None:
+    """Tell the library that Python merges at exit (no-op for a library without it)."""
+    fn = function("hvprof_set_python")
+    if fn is not None:
+        fn(1 if on else 0)
 
 
 def process_exit() -> None:
@@ -155,12 +191,9 @@ def native_state(lib: ctypes.CDLL | None = None) -> dict[str, Any] | None:
     lib = lib if lib is not None else _loaded_lib()
     if lib is None:
         return None
-    try:
-        fn = lib.hvprof_nccl_json
-    except AttributeError:
+    fn = function("hvprof_nccl_json", lib)
+    if fn is None:
         return None  # a library without NCCL support
-    fn.restype = ctypes.c_char_p
-    fn.argtypes = []
     raw = fn()
     if not raw:
         return None
@@ -182,10 +215,7 @@ def finish_native(timeout_ms: int = -1, lib: ctypes.CDLL | None = None) -> int |
     lib = lib if lib is not None else _loaded_lib()
     if lib is None:
         return None
-    try:
-        fn = lib.hvprof_nccl_finish
-    except AttributeError:
+    fn = function("hvprof_nccl_finish", lib)
+    if fn is None:
         return None
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_int]
     return int(fn(int(timeout_ms)))

@@ -77,7 +77,8 @@ BATCH_SIZE_ENV = "HOROVOD_PROFILE_BATCH_SIZE"
 SAMPLE_STEPS_ENV = "HOROVOD_PROFILE_SAMPLE_STEPS"
 
 _UNRESOLVED: Any = object()
-_lib: Any = _UNRESOLVED  # the ctypes library, or None when profiling is off
+# the library's functions (profiler.collect.native.Functions), None when profiling is off
+_lib: Any = _UNRESOLVED
 
 _lock = threading.Lock()
 _last: int | None = None  # ticks of the last boundary (start of the open step)
@@ -98,26 +99,9 @@ def _library() -> Any:
     if _lib is _UNRESOLVED:
         mod = sys.modules.get("profiler.collect.native")
         lib = mod.loaded() if mod is not None else None  # type: ignore[attr-defined]
-        _lib = lib if lib is not None and hasattr(lib, "hvprof_record_app") else None
+        fns = mod.Functions(lib) if mod is not None and lib is not None else None
+        _lib = fns if fns is not None and fns.record_app is not None else None
     return _lib
-
-
-def _reset_for_tests() -> None:
-    """Forget all state (the library lookup included).  For tests only."""
-    global _lib, _last, _next_seq, _explicit, _hooked, _batch_size, _env_batch, _env_read
-    global _user_on, _steps_on, _every
-    with _lock:
-        _lib = _UNRESOLVED
-        _last = None
-        _next_seq = 0
-        _explicit = False
-        _hooked = False
-        _batch_size = None
-        _env_batch = None
-        _env_read = False
-        _user_on = True
-        _steps_on = True
-        _every = None
 
 
 def _check_images(images: int) -> int:
@@ -144,15 +128,13 @@ def sample_every(rank: int = 0) -> int:
 
 def _apply_sampling(lib: Any) -> None:
     """Tell the library whether calls are recorded now (caller holds the lock)."""
-    fn = getattr(lib, "hvprof_set_sampling", None)
-    if fn is not None:
-        fn(1 if (_user_on and _steps_on) else 0)
+    if lib.set_sampling is not None:
+        lib.set_sampling(1 if (_user_on and _steps_on) else 0)
 
 
 def _rank_of(lib: Any) -> int:
-    fn = getattr(lib, "hvprof_rank", None)
     try:
-        return int(fn()) if fn is not None else 0
+        return int(lib.rank()) if lib.rank is not None else 0
     except (TypeError, ValueError):
         return 0
 
@@ -171,14 +153,14 @@ def _open_step(lib: Any) -> None:
 def _record(lib: Any, t_start: int, t_end: int, images: int) -> None:
     """Write one step record (caller holds the lock)."""
     global _next_seq
-    lib.hvprof_record_app(APP_STEP, t_start, t_end, images, _next_seq & 0xFFFFFFFF)
+    lib.record_app(APP_STEP, t_start, t_end, images, _next_seq & 0xFFFFFFFF)
     _next_seq += 1
 
 
 def _boundary(lib: Any, images: int) -> None:
     """Close the open step (if any) at now and open the next (caller holds the lock)."""
     global _last
-    now = int(lib.hvprof_now())
+    now = int(lib.now())
     if _last is not None:
         _record(lib, _last, now, images)
     _last = now
@@ -203,7 +185,7 @@ def step(images: int = 0) -> None:
                 # The optimizer hook opened (or recorded) steps before the
                 # application started marking its own: restart the open
                 # interval here so that no step is counted twice.
-                _last = int(lib.hvprof_now())
+                _last = int(lib.now())
                 _open_step(lib)
                 return
         _boundary(lib, n)
@@ -214,13 +196,13 @@ def _step_context(lib: Any, images: int) -> Iterator[None]:
     global _explicit, _last
     with _lock:
         _open_step(lib)  # the body is step number _next_seq
-    t0 = int(lib.hvprof_now())
+    t0 = int(lib.now())
     try:
         yield
     finally:
         with _lock:
             _explicit = True
-            t1 = int(lib.hvprof_now())
+            t1 = int(lib.now())
             _record(lib, t0, t1, images)
             _last = t1
             _open_step(lib)

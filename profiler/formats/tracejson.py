@@ -145,10 +145,6 @@ def call_events_json(df: pd.DataFrame) -> bytes:
     return ",".join([tmpl % row for row in rows]).encode()
 
 
-def call_events(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """The same events as Python objects (small traces, tests)."""
-    body = call_events_json(df)
-    return list(orjson.loads(b"[" + body + b"]")) if body else []
 
 
 def write_trace(path: str | os.PathLike[str], meta: dict[str, Any],
