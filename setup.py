@@ -74,7 +74,8 @@ setup(
     description="Communication profiler for Horovod (MPI and NCCL) jobs",
     python_requires=">=3.9",
     packages=[
-        "profiler", "profiler.cli", "profiler.analysis", "profiler.formats", "profiler.collect",
+        "profiler", "profiler.cli", "profiler.analysis", "profiler.analysis.findings",
+        "profiler.formats", "profiler.collect",
         "profiler.bench", "profiler.workloads",
     ],
     package_dir={"profiler.analysis": "analysis"},

@@ -220,15 +220,7 @@ def load(*paths: str | os.PathLike[str], label: str | Sequence[str] | None = Non
     if flt is not None and flt.empty():
         flt = None
     if label is None:
-        labels: list[str] | None = None
-        if len(paths) > 1:
-            labels = []
-            for p in paths:
-                base = _default_label(p)
-                name, i = base, 2
-                while name in labels:
-                    name, i = f"{base}#{i}", i + 1
-                labels.append(name)
+        labels: list[str] | None = _default_labels(paths) if len(paths) > 1 else None
     else:
         labels = [label] if isinstance(label, str) else [str(x) for x in label]
         if len(labels) != len(paths):

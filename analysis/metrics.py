@@ -82,7 +82,7 @@ def bus_factor_sql(n: str, op: str = "op") -> str:
 
 def bucket_label(upper: int) -> str:
     """Label of the power-of-two bucket whose upper bound is `upper`."""
-    from ._frame import fmt_bytes
+    from profiler.units import fmt_bytes
 
     upper = int(upper)
     if upper <= 0:

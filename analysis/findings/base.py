@@ -102,6 +102,17 @@ class Context:
             return rs.iloc[0:0]
         return rs.loc[rs["step"].isin(self.steady["step"])]
 
+    @cached_property
+    def steady_df(self) -> pd.DataFrame:
+        """The rows that start inside the steady steps (the whole trace without
+        steps): what per-step costs are computed from."""
+        s = self.steady
+        if not len(s) or "t_start_ns" not in self.df.columns:
+            return self.df
+        lo, hi = int(s["t_start_ns"].min()), int(s["t_end_ns"].max())
+        t = self.df["t_start_ns"].to_numpy()
+        return self.df.loc[(t >= lo) & (t < hi)]
+
     @property
     def n_steps(self) -> int:
         return len(self.steady)

@@ -17,7 +17,7 @@ MIN_SIZES = 4
 def analyze(ctx: Context) -> list[Finding]:
     from ..model import anomalies, fit_models, latency_by_size, padding_summary, padding_whatif
 
-    df = ctx.df
+    df = ctx.steady_df
     stats = latency_by_size(df)
     if stats.empty or stats["bytes"].nunique() < MIN_SIZES:
         return []
@@ -40,7 +40,7 @@ def analyze(ctx: Context) -> list[Finding]:
     sizes = ", ".join(f"{fmt_bytes(int(b))} ({r:.1f}x)" for b, r in
                       zip(worst["bytes"], worst["ratio"]))
     unit = "step" if steps else "run"
-    significant = ctx.significant(saved_ms) if steps else False
+    significant = ctx.significant(lost_ms) if steps else False
     return [Finding(
         key="latency_cliffs",
         headline=(f"{len(flagged)} of {len(an)} message sizes sit above the latency fit "
@@ -50,9 +50,8 @@ def analyze(ctx: Context) -> list[Finding]:
                  f"padding every message to the next power of two would save "
                  f"{fmt_ms(saved_ms)} per {unit}."],
         cost_ms=lost_ms if steps else None,
-        cost_interval_ms=(min(saved_ms, lost_ms), lost_ms) if steps else None,
-        cost_img_s=ctx.cost_img_s(saved_ms) if steps else None,
-        confidence="robust z-score >= 3.5 and >= 1.5x the fit",
+        cost_img_s=ctx.cost_img_s(lost_ms) if steps else None,
+        confidence="sizes at robust z >= 3.5 and >= 1.5x the fit; cost = their time above it",
         recommendation=("pad fused buffers to a power of two (or choose "
                         "HOROVOD_FUSION_THRESHOLD so that they are)" if significant
                         else "not worth padding here"),

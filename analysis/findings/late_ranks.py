@@ -72,7 +72,10 @@ def _from_sync(ctx: Context, w: pd.DataFrame) -> Finding | None:
 def _from_matched(ctx: Context) -> Finding | None:
     from ..imbalance import match_calls, stragglers
 
-    m = match_calls(ctx.df)
+    # data calls only where the trace classifies calls: Horovod's per-cycle control
+    # allreduce waits for the other background threads' cycle phase, not for a rank
+    kinds = ["data"] if "kind" in ctx.df.columns else None
+    m = match_calls(ctx.steady_df, kinds=kinds)
     if m.empty:
         return None
     ranking = stragglers(matched=m)
@@ -89,7 +92,7 @@ def _from_matched(ctx: Context) -> Finding | None:
     boot = bootstrap_mean(waits / max(n - 1, 1))
     scale = len(waits) / steps
     lo, hi = boot[1] * scale, boot[2] * scale
-    slow_transfer = _slow_transfers(ctx.df, late)
+    slow_transfer = _slow_transfers(ctx.steady_df, late)
     why = ("its transfers are slower than the others' (longer data calls at the same start)"
            if slow_transfer else
            "it arrives late (its calls start after the others'), transfers are not slower")

@@ -85,7 +85,9 @@ def render(a: Any, *, width: int = 100) -> str:
     sig = a.significant
     for n, f in enumerate(sig, 1):
         head, cost = f"{n}. {f.headline}", _cost(f)
-        if len(head) + len(cost) + 2 <= width:
+        if not cost:
+            out.append(head)
+        elif len(head) + len(cost) + 2 <= width:
             out.append(head + " " * (width - len(head) - len(cost)) + cost)
         else:
             out += [head, "   " + cost]
