@@ -112,7 +112,7 @@ def _slow_transfers(df: pd.DataFrame, rank: int) -> bool:
     return bool(len(others) and med.get(rank, 0) > 1.5 * float(others.max()))
 
 
-def _finding(ctx: Context, late: int, share: float, matched: int, cost: float, lo: float,
+def _finding(ctx: Context, late: int, share: float, matched: int, cost: float | None, lo: float,
              hi: float, lateness_ms: float, why: str, source: str) -> Finding:
     err = clock_error_ms(ctx.meta)
     significant = ctx.significant(lo)
@@ -123,12 +123,16 @@ def _finding(ctx: Context, late: int, share: float, matched: int, cost: float, l
         details.append(f"clocks are aligned within {fmt_ms(err)}, not enough to order "
                        f"arrivals {fmt_ms(lateness_ms)} apart: not a conclusion.")
         conf = "clocks too uncertain"
+    if not ctx.n_steps:  # no steps: the waiting is over the run, not per step
+        cost, lo, hi = None, float("nan"), float("nan")
+        significant = False
     return Finding(
         key="late_ranks",
         headline=f"Rank {late} arrives last in {fmt_share(share)} of "
                  f"{'steps' if source == 'sync' else 'matched calls'}",
         details=details,
-        cost_ms=cost, cost_interval_ms=(lo, hi), cost_img_s=ctx.cost_img_s(cost),
+        cost_ms=cost, cost_interval_ms=(lo, hi) if cost is not None else None,
+        cost_img_s=ctx.cost_img_s(cost) if cost is not None else None,
         confidence=conf,
         recommendation=(f"find what rank {late} does differently (data loading, CPU "
                         "placement, other processes on its cores)" if significant else ""),

@@ -80,17 +80,17 @@ def header_line(a: Any) -> str:
 def render(a: Any, *, width: int = 100) -> str:
     """The advice as text a person reads in ten seconds, wrapped to `width`."""
     width = max(60, min(int(width), 160))
-    out = [header_line(a), ""]
+    out = textwrap.wrap(header_line(a), width=width, subsequent_indent="  ") + [""]
     wrap = textwrap.TextWrapper(width=width, initial_indent="   ", subsequent_indent="   ")
     sig = a.significant
     for n, f in enumerate(sig, 1):
         head, cost = f"{n}. {f.headline}", _cost(f)
-        if not cost:
-            out.append(head)
-        elif len(head) + len(cost) + 2 <= width:
+        if cost and len(head) + len(cost) + 2 <= width:
             out.append(head + " " * (width - len(head) - len(cost)) + cost)
         else:
-            out += [head, "   " + cost]
+            out += textwrap.wrap(head, width=width, subsequent_indent="   ")
+            if cost:
+                out += wrap.wrap(cost)
         for d in f.details:
             out += wrap.wrap(d)
         if f.recommendation:

@@ -1,0 +1,128 @@
+"""Findings where the truth is known: generated traces with an injected late rank,
+latency spikes at known sizes, negligible communication, dropped records and
+unaligned clocks; and `profiler advise` as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from analysis_fixtures import sweep, training
+from profiler.analysis.findings import advise_frame
+
+DATA = Path(__file__).parent / "data" / "analysis"
+
+
+def _by_key(advice, key):  # type: ignore[no-untyped-def]
+    return [f for f in advice.findings if f.key == key]
+
+
+def test_late_rank_named_and_its_cost_is_the_injected_delay() -> None:
+    late_ns = 2_000_000
+    df = training(steps=14, late_rank=1, late_ns=late_ns, step_ns=30_000_000)
+    a = advise_frame(df, {})
+    (f,) = _by_key(a, "late_ranks")
+    assert f.numbers["rank"] == 1 and f.significant
+    assert f.numbers["last_share"] == pytest.approx(1.0)
+    # the other rank waits late_ns at each of the 2 data calls of every step
+    expected_ms = 2 * late_ns / 1e6
+    assert f.cost_ms == pytest.approx(expected_ms, rel=0.25)
+    assert "arrives late" in f.details[0]
+    assert a.significant[0].key in ("late_ranks", "step_time")
+
+
+def test_unaligned_clocks_make_no_late_rank_claim() -> None:
+    df = training(steps=14, late_rank=1, late_ns=200_000)
+    meta = {"ranks": [{"rank": 0, "offset_method": 0},
+                      {"rank": 1, "offset_method": 1, "offset_err_ns": 3_000_000}]}
+    (f,) = _by_key(advise_frame(df, meta), "late_ranks")
+    assert not f.significant
+    assert any("clocks are aligned within" in d for d in f.details)
+
+
+def test_negligible_communication_gives_no_communication_finding() -> None:
+    df = training(steps=14, step_ns=200_000_000, call_ns=(2_000, 3_000), tail_ns=50_000,
+                  control_per_step=0)
+    a = advise_frame(df, {})
+    assert a.significant == []
+    (f,) = _by_key(a, "step_time")
+    assert not f.significant and f.cost_ms < 0.05
+
+
+def test_latency_spikes_at_known_sizes_are_named() -> None:
+    sizes = sorted({1 << k for k in range(3, 21)} | {3 << k for k in range(3, 19)})
+    spiky = {3 << 10: 4.0, 3 << 14: 5.0}
+    df = sweep(sizes, spikes=spiky, noise=0.02, iters=15)
+    (f,) = _by_key(advise_frame(df, {}), "latency_cliffs")
+    assert set(f.numbers["sizes"]) == set(spiky)
+    assert f.numbers["non_pow2"] == 2
+
+
+def test_clean_bench_gives_no_padding_finding() -> None:
+    sizes = sorted({1 << k for k in range(3, 21)} | {3 << k for k in range(3, 19)})
+    df = sweep(sizes, noise=0.02, iters=15)
+    assert _by_key(advise_frame(df, {}), "latency_cliffs") == []
+
+
+def test_what_the_trace_cannot_support_is_said() -> None:
+    df = sweep([1 << k for k in range(3, 12)], iters=5)  # no steps
+    meta = {"ranks": [{"rank": 0, "dropped": 17}, {"rank": 1, "dropped": 0}],
+            "dataset": {"aggregates": []}}
+    keys = {f.key for f in advise_frame(df, meta).limits}
+    assert {"dropped", "no_steps"} <= keys
+    assert all(f.kind == "limit" for f in advise_frame(df, meta).limits)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-P", "-m", "profiler.cli", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_advise_cli_text_and_json() -> None:
+    trace = str(DATA / "fused" / "trace.json")
+    p = _cli("advise", trace)
+    assert p.returncode == 0, p.stderr
+    first = " ".join(p.stdout.split("\n\n", 1)[0].split())
+    assert "2 rank(s) on 1 host(s)" in first and "ms/step" in first
+    assert "1. " in p.stdout and "e+" not in p.stdout and "e-0" not in p.stdout
+    j = _cli("advise", trace, "--format", "json")
+    assert j.returncode == 0
+    doc = json.loads(j.stdout)
+    assert doc["ranks"] == 2 and doc["steps"] > 0
+    assert {"step_time", "late_ranks"} <= {f["key"] for f in doc["findings"]}
+    for f in doc["findings"]:
+        if f["cost_interval_ms"]:
+            lo, hi = f["cost_interval_ms"]
+            assert lo <= f["cost_ms"] <= hi
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_advise_fits_the_terminal(width: int) -> None:
+    from profiler.analysis.findings import advise
+
+    from profiler.cli.advise import render
+
+    text = render(advise(DATA / "unfused" / "trace.json"), width=width)
+    assert max(len(line) for line in text.splitlines()) <= width
+    assert "\u2026" not in text
+
+
+def test_advise_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
+    p = _cli("advise", str(tmp_path / "nothing.json"))
+    assert p.returncode == 2
+    assert len(p.stderr.strip().splitlines()) == 1 and "profiler: error:" in p.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    p = _cli("advise", str(bad))
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_no_steps_trace_costs_nothing_per_step() -> None:
+    df = sweep([1 << k for k in range(3, 12)], iters=5)
+    a = advise_frame(df, {})
+    assert a.findings and all(f.cost_ms is None for f in a.findings)
+    assert not np.isfinite(a.header["step_ms"]) and a.header["steps"] == 0
