@@ -183,9 +183,33 @@ def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[
     lines.append(_rank_line(calls))
     lines += _trace_lines(meta)
     lines += calls.gpu_lines(meta)
+    lines += _finding_lines(path, calls)
     for line in lines:
         if line:
             console.print(line, markup=False)
+
+
+def _finding_lines(path: str, calls: Calls) -> list[str]:
+    """The top findings (analysis.findings, as `profiler advise` ranks them), one
+    line each; nothing for summary-mode traces or when they cannot be drawn."""
+    if calls.aggregated:
+        return []
+    from profiler.analysis.findings import advise
+    from profiler.errors import ProfilerError, printable
+    from profiler.units import fmt_ms
+
+    try:
+        advice = advise(path)
+    except (ProfilerError, ValueError, KeyError):
+        return []
+    top = advice.significant[:3]
+    if not top:
+        return ["findings: no significant finding (profiler advise TRACE for details)"]
+    out = ["findings (profiler advise TRACE for details):"]
+    for n, f in enumerate(top, 1):
+        cost = f" [{fmt_ms(f.cost_ms)}/step]" if f.cost_ms is not None else ""
+        out.append(printable(f"  {n}. {f.headline}{cost}"))
+    return out
 
 
 def _rich_table(title: str, table_df: Any, by: list[str]) -> tuple[Any, bool]:
