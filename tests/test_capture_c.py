@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, base_env, profiler_cli, requires_mpi
+from conftest import ROOT, base_env, hooks_cflags, profiler_cli, requires_mpi
 
 from profiler import _format as F
 from profiler import _lib
@@ -53,19 +53,16 @@ def impl(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     bins: dict[str, Path] = {}
     for prog in ("collectives", "threads", "killed"):
         exe = out / prog
-        subprocess.run([cc, "-O1", "-Wall", "-Werror", "-pthread", str(C_DIR / f"{prog}.c"),
-                        "-o", str(exe)], check=True)
+        subprocess.run([cc, "-O1", "-Wall", "-Wextra", "-Werror", "-pthread",
+                        str(C_DIR / f"{prog}.c"), "-o", str(exe)], check=True)
         bins[prog] = exe
     if name == "openmpi":
         lib = _lib.library_path()
     else:
         lib = str(out / "libhvprof.so")
         hooks = ROOT / "hooks"
-        subprocess.run([cc, "-std=gnu11", "-O2", "-fPIC", "-shared", "-pthread",
-                        "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
-                        "-Wno-unused-parameter", "-Wno-missing-field-initializers", "-I",
-                        str(hooks), *map(str, sorted(hooks.glob("*.c"))), "-o", lib, "-ldl"],
-                       check=True)
+        subprocess.run([cc, *hooks_cflags(), "-I", str(hooks),
+                        *map(str, sorted(hooks.glob("*.c"))), "-o", lib, "-ldl"], check=True)
     return {"name": name, "bins": bins, "lib": lib, "run": run, "xflag": xflag}
 
 
