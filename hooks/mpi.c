@@ -16,7 +16,17 @@
  *                                             (recvcounts when MPI_IN_PLACE)
  *   reduce_scatter_block                      recvcount x type size x comm size
  *   barrier                                   0
- * `count` is the element count of the same volume.
+ * `count` is the element count of the same volume.  On an intercommunicator
+ * "comm size" above is the remote group's size (the peers; the length of the
+ * counts arrays), except for reduce_scatter(_block), whose counts are per
+ * rank of the local group; an intercommunicator gatherv's root (MPI_ROOT)
+ * counts what it receives, the other ranks of its group (MPI_PROC_NULL) 0.
+ *
+ * Communicator ids are equal on every member rank: derived from the parent's
+ * id at creation (dup, split, create), else a hash of the members' world
+ * ranks (an intercommunicator: of both groups, in an order both sides agree
+ * on).  The comm table's size and rank are MPI_Comm_size / MPI_Comm_rank
+ * (an intercommunicator's: in the local group).
  */
 #define _GNU_SOURCE
 #include <limits.h>
@@ -137,47 +147,110 @@ static inline uint8_t op_code(MPI_Op op)
 #define ID_WORLD 0x574f524c44ull /* "WORLD" */
 #define ID_SELF 0x53454c46ull    /* "SELF" */
 #define ID_ANON 0x414e4f4eull    /* "ANON" */
+#define ID_INTER 0x494e544552ull /* "INTER" */
 
-static int world_rank_of(MPI_Comm comm, int r)
+/* World rank of rank r of a group (-1 if it has none: MPI_UNDEFINED too). */
+static int world_rank_in(MPI_Group g, int r)
 {
-    MPI_Group g, wg;
-    int out = -1, inter = 0;
-    PMPI_Comm_test_inter(comm, &inter);
-    if (inter) {
-        if (PMPI_Comm_group(comm, &g) != MPI_SUCCESS) return -1;
-    } else if (PMPI_Comm_group(comm, &g) != MPI_SUCCESS) {
-        return -1;
-    }
-    PMPI_Comm_group(MPI_COMM_WORLD, &wg);
+    MPI_Group wg;
+    int out = -1;
+    if (PMPI_Comm_group(MPI_COMM_WORLD, &wg) != MPI_SUCCESS) return -1;
     PMPI_Group_translate_ranks(g, 1, &r, wg, &out);
-    PMPI_Group_free(&g);
     PMPI_Group_free(&wg);
     return out;
 }
 
+/* A communicator's groups: the local one (MPI_Comm_group: for an
+ * intercommunicator, the group this rank belongs to) and, for an
+ * intercommunicator, the remote one (MPI_Comm_remote_group); MPI_GROUP_NULL
+ * otherwise.  0, or -1 when MPI refuses. */
+static int comm_groups(MPI_Comm comm, MPI_Group *local, MPI_Group *remote)
+{
+    int inter = 0;
+    *local = *remote = MPI_GROUP_NULL;
+    if (PMPI_Comm_group(comm, local) != MPI_SUCCESS) return -1;
+    if (PMPI_Comm_test_inter(comm, &inter) == MPI_SUCCESS && inter &&
+        PMPI_Comm_remote_group(comm, remote) != MPI_SUCCESS) {
+        PMPI_Group_free(local);
+        return -1;
+    }
+    return 0;
+}
+
+static void groups_free(MPI_Group *local, MPI_Group *remote)
+{
+    if (*local != MPI_GROUP_NULL) PMPI_Group_free(local);
+    if (*remote != MPI_GROUP_NULL) PMPI_Group_free(remote);
+}
+
+/* Hash of a group's size and members' world ranks (the first 4096). */
+static uint64_t group_hash(MPI_Group g, uint64_t h)
+{
+    int size = 0;
+    PMPI_Group_size(g, &size);
+    h = hvprof_mix(h, (uint64_t)size);
+    for (int i = 0; i < size && i < 4096; i++) h = hvprof_mix(h, (uint64_t)world_rank_in(g, i));
+    return h;
+}
+
 /* Per comm-table index: how many communicators were created from it so far
- * (the same on every member, since creation is collective over the parent). */
+ * (the same on every member, since creation is collective over the parent),
+ * its id, and for an intercommunicator the size of the remote group (0: an
+ * intracommunicator). */
 static uint32_t children[HVPROF_COMM_TABLE_CAPACITY];
 static uint64_t comm_ids[HVPROF_COMM_TABLE_CAPACITY];
+static int remote_sizes[HVPROF_COMM_TABLE_CAPACITY];
 
+/* The communicator's table entry: size and rank are MPI_Comm_size and
+ * MPI_Comm_rank (for an intercommunicator: in the local group), world_rank0
+ * the world rank of (local) rank 0.  id == 0: first seen in a collective,
+ * not created under the profiler: a hash of its members, so that every
+ * member computes the same id -- for an intercommunicator, of both groups,
+ * the one holding the lower world rank first, so that the two sides agree. */
 static uint32_t comm_register_mpi(MPI_Comm comm, uint64_t id)
 {
-    int size = 0, rank = 0;
+    int size = 0, rank = 0, r0 = -1, rsize = 0;
     PMPI_Comm_size(comm, &size);
     PMPI_Comm_rank(comm, &rank);
     char name[MPI_MAX_OBJECT_NAME] = "";
     int len = 0;
     PMPI_Comm_get_name(comm, name, &len);
-    int r0 = world_rank_of(comm, 0);
-    if (id == 0) {
-        /* First seen in a collective, not created under the profiler: hash
-         * its members, so that every member computes the same id. */
-        id = hvprof_mix(ID_ANON, (uint64_t)size);
-        for (int i = 0; i < size && i < 4096; i++) id = hvprof_mix(id, (uint64_t)world_rank_of(comm, i));
+    MPI_Group local, remote;
+    if (comm_groups(comm, &local, &remote) == 0) {
+        r0 = world_rank_in(local, 0);
+        if (remote != MPI_GROUP_NULL) PMPI_Group_size(remote, &rsize);
+        if (id == 0 && remote == MPI_GROUP_NULL) {
+            id = group_hash(local, ID_ANON); /* == mix(ANON, size), then each member */
+        } else if (id == 0) {
+            unsigned l0 = (unsigned)r0, q0 = (unsigned)world_rank_in(remote, 0);
+            MPI_Group first = l0 <= q0 ? local : remote; /* -1 (none) last */
+            MPI_Group second = first == local ? remote : local;
+            id = group_hash(second, group_hash(first, ID_INTER));
+        }
+        groups_free(&local, &remote);
     }
     uint32_t idx = hvprof_comm_register(H(comm), id, size, rank, r0, 0, name);
-    if (idx < HVPROF_COMM_TABLE_CAPACITY) comm_ids[idx] = id;
+    if (idx < HVPROF_COMM_TABLE_CAPACITY) {
+        comm_ids[idx] = id;
+        remote_sizes[idx] = rsize;
+    }
     return idx;
+}
+
+/* The world rank that tells communicators created by one call apart (split
+ * colours): of the new communicator's rank 0; for an intercommunicator the
+ * lower of its two groups' rank 0 (the same on both sides). */
+static int comm_discriminator(MPI_Comm comm)
+{
+    MPI_Group local, remote;
+    if (comm_groups(comm, &local, &remote) != 0) return -1;
+    int r = world_rank_in(local, 0);
+    if (remote != MPI_GROUP_NULL) {
+        int q = world_rank_in(remote, 0);
+        if ((unsigned)q < (unsigned)r) r = q;
+    }
+    groups_free(&local, &remote);
+    return r;
 }
 
 static uint32_t comm_index_slow(MPI_Comm comm);
@@ -217,6 +290,16 @@ static inline int comm_size_of(uint32_t idx)
     return e->size > 0 ? e->size : 1;
 }
 
+/* The ranks this rank exchanges data with: the communicator's size, or for
+ * an intercommunicator the remote group's (the length of the counts arrays of
+ * allgatherv, gatherv, alltoallv; the multiplier of allgather, gather,
+ * alltoall). */
+static inline int peers_of(uint32_t idx)
+{
+    if (idx < HVPROF_COMM_TABLE_CAPACITY && remote_sizes[idx] > 0) return remote_sizes[idx];
+    return comm_size_of(idx);
+}
+
 /* A communicator was created from `parent`: give it an id derived from the
  * parent's id, the creation number on the parent, and a discriminator (the
  * world rank of the new communicator's rank 0 separates split colours). */
@@ -227,7 +310,7 @@ static void comm_created(MPI_Comm parent, MPI_Comm *newcomm, uint64_t kind)
     uint64_t pid = p < HVPROF_COMM_TABLE_CAPACITY ? comm_ids[p] : 0;
     uint32_t n = p < HVPROF_COMM_TABLE_CAPACITY ? children[p]++ : 0;
     if (!newcomm || *newcomm == MPI_COMM_NULL) return;
-    int r0 = world_rank_of(*newcomm, 0);
+    int r0 = comm_discriminator(*newcomm);
     uint64_t id = hvprof_mix(hvprof_mix(hvprof_mix(pid, n), kind), (uint64_t)(int64_t)r0);
     hvprof_comm_forget(H(*newcomm)); /* the handle of a freed communicator */
     comm_register_mpi(*newcomm, id);
@@ -240,7 +323,11 @@ static inline int16_t sat16(int rc) { return (int16_t)(rc > 32767 ? 32767 : rc <
 
 /* A call, described in MPI's terms, becomes one record (hvprof_emit) or, in
  * summary mode and while sampling is paused, one aggregate (hvprof_divert_call).
- * count_mult: multiply the element count by the communicator size. */
+ * count_mult: multiply the element count by the communicator size (MULT_SIZE)
+ * or by the number of peers (MULT_PEERS: the remote group's size for an
+ * intercommunicator); 0: not at all. */
+#define MULT_SIZE 1
+#define MULT_PEERS 2
 static inline __attribute__((always_inline)) void emit(uint16_t op, uint64_t t0, uint64_t t1,
                                                        MPI_Comm comm, MPI_Datatype dt,
                                                        uint64_t count, int count_mult, MPI_Op mop,
@@ -249,7 +336,7 @@ static inline __attribute__((always_inline)) void emit(uint16_t op, uint64_t t0,
     uint32_t ci = comm_index(comm);
     uint32_t seq = hvprof_comm_next_seq(ci); /* advance even when not recorded */
     dtinfo d = dt == MPI_DATATYPE_NULL ? (dtinfo){0, HVPROF_DT_UNKNOWN, 0} : dt_info(dt);
-    if (count_mult) count *= (uint64_t)comm_size_of(ci);
+    if (count_mult) count *= (uint64_t)(count_mult == MULT_PEERS ? peers_of(ci) : comm_size_of(ci));
     uint8_t redop = mop == MPI_OP_NULL ? HVPROF_REDOP_NONE : op_code(mop);
     flags = (uint16_t)(flags | (d.derived ? HVPROF_FLAG_DERIVED_TYPE : 0));
     if (HVPROF_UNLIKELY(atomic_load_explicit(&hvprof_divert, memory_order_relaxed))) {
@@ -268,10 +355,13 @@ static inline __attribute__((always_inline)) void emit(uint16_t op, uint64_t t0,
 #define ACTIVE() atomic_load_explicit(&hvprof_active, memory_order_relaxed)
 #define INPLACE(buf) ((buf) == MPI_IN_PLACE ? HVPROF_FLAG_IN_PLACE : 0)
 
-static inline uint64_t sum_counts(const int *counts, MPI_Comm comm)
+/* Sum of a counts array of one entry per peer (peers: 1) or per rank of the
+ * communicator's (local) group (peers: 0; reduce_scatter). */
+static inline uint64_t sum_counts(const int *counts, MPI_Comm comm, int peers)
 {
     if (!counts) return 0;
-    int n = comm_size_of(comm_index(comm));
+    uint32_t ci = comm_index(comm);
+    int n = peers ? peers_of(ci) : comm_size_of(ci);
     uint64_t s = 0;
     for (int i = 0; i < n; i++) s += (uint64_t)(counts[i] > 0 ? counts[i] : 0);
     return s;
@@ -327,13 +417,14 @@ MPI_WRAPPER(Allgather,
             (sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm),
             int ip = sendbuf == MPI_IN_PLACE;
             emit(HVPROF_OP_MPI_ALLGATHER, t0, t1, comm, ip ? recvtype : sendtype,
-                 UCOUNT(ip ? recvcount : sendcount), 1, MPI_OP_NULL, -1, rc, INPLACE(sendbuf)))
+                 UCOUNT(ip ? recvcount : sendcount), MULT_PEERS, MPI_OP_NULL, -1, rc,
+                 INPLACE(sendbuf)))
 
 MPI_WRAPPER(Allgatherv,
             (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
              const int recvcounts[], const int displs[], MPI_Datatype recvtype, MPI_Comm comm),
             (sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm),
-            emit(HVPROF_OP_MPI_ALLGATHERV, t0, t1, comm, recvtype, sum_counts(recvcounts, comm),
+            emit(HVPROF_OP_MPI_ALLGATHERV, t0, t1, comm, recvtype, sum_counts(recvcounts, comm, 1),
                  0, MPI_OP_NULL, -1, rc, INPLACE(sendbuf)))
 
 MPI_WRAPPER(Gather,
@@ -342,7 +433,8 @@ MPI_WRAPPER(Gather,
             (sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm),
             int ip = sendbuf == MPI_IN_PLACE;
             emit(HVPROF_OP_MPI_GATHER, t0, t1, comm, ip ? recvtype : sendtype,
-                 UCOUNT(ip ? recvcount : sendcount), 1, MPI_OP_NULL, root, rc, INPLACE(sendbuf)))
+                 UCOUNT(ip ? recvcount : sendcount), MULT_PEERS, MPI_OP_NULL, root, rc,
+                 INPLACE(sendbuf)))
 
 MPI_WRAPPER(Gatherv,
             (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
@@ -351,9 +443,14 @@ MPI_WRAPPER(Gatherv,
             (sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, root, comm),
             int me = -1;
             PMPI_Comm_rank(comm, &me);
-            if (me == root)
-                emit(HVPROF_OP_MPI_GATHERV, t0, t1, comm, recvtype, sum_counts(recvcounts, comm),
-                     0, MPI_OP_NULL, root, rc, INPLACE(sendbuf));
+            /* an intercommunicator's root says MPI_ROOT, the rest of its
+             * group MPI_PROC_NULL (they send nothing) */
+            if (me == root || root == MPI_ROOT)
+                emit(HVPROF_OP_MPI_GATHERV, t0, t1, comm, recvtype,
+                     sum_counts(recvcounts, comm, 1), 0, MPI_OP_NULL, root, rc, INPLACE(sendbuf));
+            else if (root == MPI_PROC_NULL)
+                emit(HVPROF_OP_MPI_GATHERV, t0, t1, comm, MPI_DATATYPE_NULL, 0, 0, MPI_OP_NULL,
+                     root, rc, 0);
             else
                 emit(HVPROF_OP_MPI_GATHERV, t0, t1, comm, sendtype, UCOUNT(sendcount), 0,
                      MPI_OP_NULL, root, rc, 0))
@@ -364,7 +461,8 @@ MPI_WRAPPER(Alltoall,
             (sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm),
             int ip = sendbuf == MPI_IN_PLACE;
             emit(HVPROF_OP_MPI_ALLTOALL, t0, t1, comm, ip ? recvtype : sendtype,
-                 UCOUNT(ip ? recvcount : sendcount), 1, MPI_OP_NULL, -1, rc, INPLACE(sendbuf)))
+                 UCOUNT(ip ? recvcount : sendcount), MULT_PEERS, MPI_OP_NULL, -1, rc,
+                 INPLACE(sendbuf)))
 
 MPI_WRAPPER(Alltoallv,
             (const void *sendbuf, const int sendcounts[], const int sdispls[],
@@ -373,7 +471,7 @@ MPI_WRAPPER(Alltoallv,
             (sendbuf, sendcounts, sdispls, sendtype, recvbuf, recvcounts, rdispls, recvtype, comm),
             int ip = sendbuf == MPI_IN_PLACE;
             emit(HVPROF_OP_MPI_ALLTOALLV, t0, t1, comm, ip ? recvtype : sendtype,
-                 sum_counts(ip ? recvcounts : sendcounts, comm), 0, MPI_OP_NULL, -1, rc,
+                 sum_counts(ip ? recvcounts : sendcounts, comm, 1), 0, MPI_OP_NULL, -1, rc,
                  INPLACE(sendbuf)))
 
 MPI_WRAPPER(Reduce_scatter,
@@ -381,14 +479,14 @@ MPI_WRAPPER(Reduce_scatter,
              MPI_Op op, MPI_Comm comm),
             (sendbuf, recvbuf, recvcounts, datatype, op, comm),
             emit(HVPROF_OP_MPI_REDUCE_SCATTER, t0, t1, comm, datatype,
-                 sum_counts(recvcounts, comm), 0, op, -1, rc, INPLACE(sendbuf)))
+                 sum_counts(recvcounts, comm, 0), 0, op, -1, rc, INPLACE(sendbuf)))
 
 MPI_WRAPPER(Reduce_scatter_block,
             (const void *sendbuf, void *recvbuf, int recvcount, MPI_Datatype datatype, MPI_Op op,
              MPI_Comm comm),
             (sendbuf, recvbuf, recvcount, datatype, op, comm),
-            emit(HVPROF_OP_MPI_REDUCE_SCATTER_BLOCK, t0, t1, comm, datatype, UCOUNT(recvcount), 1,
-                 op, -1, rc, INPLACE(sendbuf)))
+            emit(HVPROF_OP_MPI_REDUCE_SCATTER_BLOCK, t0, t1, comm, datatype, UCOUNT(recvcount),
+                 MULT_SIZE, op, -1, rc, INPLACE(sendbuf)))
 
 MPI_WRAPPER(Barrier, (MPI_Comm comm), (comm),
             emit(HVPROF_OP_MPI_BARRIER, t0, t1, comm, MPI_DATATYPE_NULL, 0, 0, MPI_OP_NULL, -1,
