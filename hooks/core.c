@@ -1053,9 +1053,9 @@ static int window_on(int64_t now)
 }
 
 /* HOROVOD_PROFILE_WINDOW="A:B": record from A to B seconds after the file
- * was opened (B empty: to the end).  The helper thread switches. */
-/* "A:B", "A:" or "A" (seconds, 0 <= A < B): 0, else -1 (the window is ignored,
- * with a warning from env_check). */
+ * was opened (B empty: to the end); the helper thread switches.  Parses "A:B",
+ * "A:" or "A" (seconds, 0 <= A < B): 0, else -1 (the window is ignored, with
+ * a warning from env_check). */
 static int parse_window(const char *w, double *a, double *b)
 {
     char *end = NULL;

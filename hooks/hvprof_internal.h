@@ -28,7 +28,6 @@ typedef struct hvprof_tls {
     uint32_t capacity;           /* slots per chunk; 0 = no chunk yet */
     uint32_t track;              /* this thread's track index, UINT32_MAX = none */
     uint32_t generation;         /* == hvprof_generation when chunk valid */
-    int32_t  in_hook;            /* >0 while inside the profiler's own MPI use */
     /* One-entry caches of the last handles seen by this thread: the common
      * case (the same communicator, datatype and op as the previous call)
      * costs a compare each instead of a hash-table probe. */
@@ -91,19 +90,17 @@ static inline hvprof_record *hvprof_slot_any(void)
 /* The one way a record is written, by every backend and the core: reserve
  * the calling thread's next slot, store *rec there (rec->track ==
  * HVPROF_TRACK_SELF is replaced by the calling thread's track, in *rec too),
- * publish it.  gated: 1 = only while recording (hvprof_active, and not inside
- * the profiler's own MPI use); 0 = application records, which the caller
- * gates itself (core.c: from open to process exit).  Returns 0, or -1 when
+ * publish it.  gated: 1 = only while recording (hvprof_active); 0 =
+ * application records, which the caller gates itself (core.c: from open to
+ * process exit).  The profiler's own MPI use calls PMPI_* directly and never
+ * reaches a wrapper.  Returns 0, or -1 when
  * the record was not written.  Always inlined: with a constant gate and a
  * compound literal the stores go straight into the slot. */
 static inline __attribute__((always_inline)) int hvprof_emit_record(hvprof_record *rec, int gated)
 {
     hvprof_tls *t = &hvprof_t;
-    if (gated) {
-        if (HVPROF_UNLIKELY(t->in_hook)) return -1;
-        if (HVPROF_UNLIKELY(!atomic_load_explicit(&hvprof_active, memory_order_relaxed)))
-            return -1;
-    }
+    if (gated && HVPROF_UNLIKELY(!atomic_load_explicit(&hvprof_active, memory_order_relaxed)))
+        return -1;
     hvprof_record *r = hvprof_slot_any();
     if (HVPROF_UNLIKELY(!r)) return -1;
     if (rec->track == HVPROF_TRACK_SELF) rec->track = t->track;

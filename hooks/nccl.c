@@ -232,13 +232,13 @@ static int profile_requested(void)
 static inline int recording(void)
 {
     if (HVPROF_LIKELY(atomic_load_explicit(&hvprof_active, memory_order_relaxed)))
-        return !hvprof_t.in_hook;
+        return 1;
     if (atomic_load_explicit(&open_tried, memory_order_relaxed)) return 0;
     if (atomic_exchange(&open_tried, 1)) return 0;
     /* Once per process.  A file opened earlier (MPI) and since closed or
      * switched off stays so. */
     if (!hvprof_header() && profile_requested()) hvprof_open(-1, -1, -1, NULL);
-    return atomic_load(&hvprof_active) && !hvprof_t.in_hook;
+    return atomic_load(&hvprof_active);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -626,97 +626,78 @@ HVPROF_EXPORT ncclResult_t ncclGroupEnd(void)
 /* ------------------------------------------------------------------------ */
 /* Communicator creation and destruction (no records; the comm table).       */
 
-typedef ncclResult_t (*initrank_fn)(ncclComm_t *, int, ncclUniqueId, int);
-HVPROF_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId,
-                                            int rank)
-{
-    REAL(initrank_fn, ncclCommInitRank);
-    if (nt.nest > 0) return real(comm, nranks, commId, rank);
-    int on = recording();
-    nt.nest++;
-    ncclResult_t rc = real(comm, nranks, commId, rank);
-    nt.nest--;
-    if (on && (rc == NCCL_SUCCESS || rc == NCCL_IN_PROGRESS) && comm && *comm)
-        comm_register(*comm, uid_hash(&commId, 0x6e63636c2d756964ull), nranks, rank, -1);
-    return rc;
-}
-
-typedef ncclResult_t (*initrankconfig_fn)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *);
-HVPROF_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks,
-                                                  ncclUniqueId commId, int rank,
-                                                  ncclConfig_t *config)
-{
-    REAL(initrankconfig_fn, ncclCommInitRankConfig);
-    if (nt.nest > 0) return real(comm, nranks, commId, rank, config);
-    int on = recording();
-    nt.nest++;
-    ncclResult_t rc = real(comm, nranks, commId, rank, config);
-    nt.nest--;
-    if (on && (rc == NCCL_SUCCESS || rc == NCCL_IN_PROGRESS) && comm && *comm)
-        comm_register(*comm, uid_hash(&commId, 0x6e63636c2d756964ull), nranks, rank, -1);
-    return rc;
-}
-
-typedef ncclResult_t (*initscalable_fn)(ncclComm_t *, int, int, int, ncclUniqueId *,
-                                        ncclConfig_t *);
-HVPROF_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *comm, int nranks, int rank,
-                                                    int nId, ncclUniqueId *commIds,
-                                                    ncclConfig_t *config)
-{
-    REAL(initscalable_fn, ncclCommInitRankScalable);
-    if (nt.nest > 0) return real(comm, nranks, rank, nId, commIds, config);
-    int on = recording();
-    nt.nest++;
-    ncclResult_t rc = real(comm, nranks, rank, nId, commIds, config);
-    nt.nest--;
-    if (on && (rc == NCCL_SUCCESS || rc == NCCL_IN_PROGRESS) && comm && *comm) {
-        uint64_t h = 0x6e63636c2d756964ull;
-        for (int i = 0; commIds && i < nId; i++) h = uid_hash(&commIds[i], h);
-        comm_register(*comm, h, nranks, rank, -1);
+/* A communicator-creating wrapper, in NCCL_WRAPPER's shape: name, parameter
+ * list and argument list once; the statements after them run once the real
+ * call returned, with rc (its result) and on (recording was on when the call
+ * was made) in scope, and register the new communicator(s). */
+#define NCCL_COMM_WRAPPER(NAME, PARAMS, ARGS, ...)                           \
+    typedef ncclResult_t (*NAME##_fn) PARAMS;                                \
+    HVPROF_EXPORT ncclResult_t NAME PARAMS                                   \
+    {                                                                        \
+        REAL(NAME##_fn, NAME);                                               \
+        if (nt.nest > 0) return real ARGS;                                   \
+        int on = recording();                                                \
+        nt.nest++;                                                           \
+        ncclResult_t rc = real ARGS;                                         \
+        nt.nest--;                                                           \
+        __VA_ARGS__;                                                         \
+        return rc;                                                           \
     }
-    return rc;
-}
 
-typedef ncclResult_t (*initall_fn)(ncclComm_t *, int, const int *);
-HVPROF_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
-{
-    REAL(initall_fn, ncclCommInitAll);
-    if (nt.nest > 0) return real(comms, ndev, devlist);
-    int on = recording();
-    nt.nest++;
-    ncclResult_t rc = real(comms, ndev, devlist);
-    nt.nest--;
-    if (on && rc == NCCL_SUCCESS && comms) {
-        uint64_t id = hvprof_mix(hvprof_mix(0x6e63636c2d616c6cull, (uint64_t)getpid()),
-                                 atomic_fetch_add(&initall_counter, 1));
-        for (int i = 0; i < ndev; i++)
-            comm_register(comms[i], id, ndev, i, devlist ? devlist[i] : i);
-    }
-    return rc;
-}
+/* The call made a communicator (nonblocking ones return ncclInProgress). */
+#define MADE(rc) ((rc) == NCCL_SUCCESS || (rc) == NCCL_IN_PROGRESS)
 
-typedef ncclResult_t (*split_fn)(ncclComm_t, int, int, ncclComm_t *, ncclConfig_t *);
-HVPROF_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
-                                         ncclConfig_t *config)
-{
-    REAL(split_fn, ncclCommSplit);
-    if (nt.nest > 0) return real(comm, color, key, newcomm, config);
-    int on = recording();
-    nt.nest++;
-    ncclResult_t rc = real(comm, color, key, newcomm, config);
-    nt.nest--;
-    if (on && (rc == NCCL_SUCCESS || rc == NCCL_IN_PROGRESS)) {
-        uint32_t parent = comm_index(comm);
-        const hvprof_comm_entry *pe = comm_entry_of(parent);
-        uint32_t n = parent < HVPROF_COMM_TABLE_CAPACITY
-                         ? atomic_fetch_add(&comm_splits[parent], 1) : 0;
-        if (color != NCCL_SPLIT_NOCOLOR && newcomm && *newcomm) {
-            uint64_t id = hvprof_mix(hvprof_mix(pe ? pe->id : 0, n), (uint64_t)(int64_t)color);
-            comm_register(*newcomm, id, -1, -1, comm_device(parent));
-        }
-    }
-    return rc;
-}
+NCCL_COMM_WRAPPER(ncclCommInitRank,
+                  (ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank),
+                  (comm, nranks, commId, rank),
+                  if (on && MADE(rc) && comm && *comm)
+                      comm_register(*comm, uid_hash(&commId, 0x6e63636c2d756964ull), nranks,
+                                    rank, -1))
+
+NCCL_COMM_WRAPPER(ncclCommInitRankConfig,
+                  (ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
+                   ncclConfig_t *config),
+                  (comm, nranks, commId, rank, config),
+                  if (on && MADE(rc) && comm && *comm)
+                      comm_register(*comm, uid_hash(&commId, 0x6e63636c2d756964ull), nranks,
+                                    rank, -1))
+
+NCCL_COMM_WRAPPER(ncclCommInitRankScalable,
+                  (ncclComm_t *comm, int nranks, int rank, int nId, ncclUniqueId *commIds,
+                   ncclConfig_t *config),
+                  (comm, nranks, rank, nId, commIds, config),
+                  if (on && MADE(rc) && comm && *comm) {
+                      uint64_t h = 0x6e63636c2d756964ull;
+                      for (int i = 0; commIds && i < nId; i++) h = uid_hash(&commIds[i], h);
+                      comm_register(*comm, h, nranks, rank, -1);
+                  })
+
+NCCL_COMM_WRAPPER(ncclCommInitAll,
+                  (ncclComm_t *comms, int ndev, const int *devlist),
+                  (comms, ndev, devlist),
+                  if (on && rc == NCCL_SUCCESS && comms) {
+                      uint64_t id = hvprof_mix(hvprof_mix(0x6e63636c2d616c6cull,
+                                                          (uint64_t)getpid()),
+                                               atomic_fetch_add(&initall_counter, 1));
+                      for (int i = 0; i < ndev; i++)
+                          comm_register(comms[i], id, ndev, i, devlist ? devlist[i] : i);
+                  })
+
+NCCL_COMM_WRAPPER(ncclCommSplit,
+                  (ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+                   ncclConfig_t *config),
+                  (comm, color, key, newcomm, config),
+                  if (on && MADE(rc)) {
+                      uint32_t parent = comm_index(comm);
+                      const hvprof_comm_entry *pe = comm_entry_of(parent);
+                      uint32_t n = parent < HVPROF_COMM_TABLE_CAPACITY
+                                       ? atomic_fetch_add(&comm_splits[parent], 1) : 0;
+                      if (color != NCCL_SPLIT_NOCOLOR && newcomm && *newcomm) {
+                          uint64_t id = hvprof_mix(hvprof_mix(pe ? pe->id : 0, n),
+                                                   (uint64_t)(int64_t)color);
+                          comm_register(*newcomm, id, -1, -1, comm_device(parent));
+                      }
+                  })
 
 typedef ncclResult_t (*comm_fn)(ncclComm_t);
 HVPROF_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm)
