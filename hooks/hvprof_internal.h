@@ -92,10 +92,10 @@ static inline hvprof_record *hvprof_slot_any(void)
  * HVPROF_TRACK_SELF is replaced by the calling thread's track, in *rec too),
  * publish it.  gated: 1 = only while recording (hvprof_active); 0 =
  * application records, which the caller gates itself (core.c: from open to
- * process exit).  The profiler's own MPI use calls PMPI_* directly and never
- * reaches a wrapper.  Returns 0, or -1 when
- * the record was not written.  Always inlined: with a constant gate and a
- * compound literal the stores go straight into the slot. */
+ * process exit).  (The profiler's own MPI use calls PMPI_* directly and never
+ * reaches a wrapper.)  Returns 0, or -1 when the record was not written.
+ * Always inlined: with a constant gate and a compound literal the stores go
+ * straight into the slot. */
 static inline __attribute__((always_inline)) int hvprof_emit_record(hvprof_record *rec, int gated)
 {
     hvprof_tls *t = &hvprof_t;
