@@ -2,11 +2,15 @@
  * core.c -- the raw file, per-thread chunks, communicator and track tables,
  * the clock, and the functions Python calls through ctypes.
  *
- * Hot path (hvprof_slot/hvprof_commit in hvprof_internal.h): a relaxed load
- * of hvprof_active, a TLS bounds check, stores into a cache-warm buffer and a
+ * Hot path (hvprof_emit in hvprof_internal.h): a relaxed load of
+ * hvprof_active, a TLS bounds check, stores into a cache-warm buffer and a
  * release store of the chunk's record count.  No lock, no allocation, no
  * system call.  Everything else here runs once per thread, per communicator
- * or per chunk (16383 records by default).
+ * or per chunk (4095 records with the default 256 KiB chunk:
+ * HVPROF_DEFAULT_CHUNK_BYTES / HVPROF_RECORD_BYTES - 1 for the chunk header).
+ *
+ * The core names no backend: mpi.c, nccl.c and cuda_rt.c register their
+ * lifecycle hooks (hvprof_register_backend) and the core calls them.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -91,6 +95,33 @@ _Atomic uint32_t hvprof_comm_seq[HVPROF_COMM_TABLE_CAPACITY];
 #define STREAM_HASH_SLOTS 1024u
 static _Atomic uint64_t stream_keys[STREAM_HASH_SLOTS];
 static _Atomic uint32_t stream_vals[STREAM_HASH_SLOTS];
+
+/* ------------------------------------------------------------------------ */
+/* Backend registry.                                                          */
+
+#define MAX_BACKENDS 8
+static const hvprof_backend *_Atomic backends[MAX_BACKENDS];
+static _Atomic uint32_t n_backends;
+
+void hvprof_register_backend(const hvprof_backend *b)
+{
+    uint32_t n = atomic_load(&n_backends);
+    for (uint32_t i = 0; i < n && i < MAX_BACKENDS; i++)
+        if (atomic_load(&backends[i]) == b) return;
+    uint32_t i = atomic_fetch_add(&n_backends, 1);
+    if (i < MAX_BACKENDS) atomic_store(&backends[i], b);
+}
+
+/* The i-th registered backend, or NULL (past the end, or being registered). */
+static const hvprof_backend *backend_at(uint32_t i)
+{
+    uint32_t n = atomic_load(&n_backends);
+    return i < n && i < MAX_BACKENDS ? atomic_load(&backends[i]) : NULL;
+}
+
+#define FOR_EACH_BACKEND(b)                                                   \
+    for (uint32_t bi_ = 0; bi_ < MAX_BACKENDS; bi_++)                         \
+        for (const hvprof_backend *b = backend_at(bi_); b; b = NULL)
 
 void hvprof_warn(const char *fmt, ...)
 {
@@ -184,8 +215,12 @@ static void caller_object(char *out, size_t n)
         if (info.dli_fbase == self.dli_fbase) continue;
         const char *base = strrchr(info.dli_fname, '/');
         base = base ? base + 1 : info.dli_fname;
-        /* skip the MPI library itself when called through a PMPI layer */
-        if (strncmp(base, "libmpi", 6) == 0 || strncmp(base, "libnccl", 7) == 0) continue;
+        /* skip the wrapped libraries themselves (libmpi called through a
+         * PMPI layer, NCCL calling its own exported symbols) */
+        int wrapped = 0;
+        FOR_EACH_BACKEND(b)
+            if (b->library && strncmp(base, b->library, strlen(b->library)) == 0) wrapped = 1;
+        if (wrapped) continue;
         snprintf(out, n, "%s", base[0] ? base : "(main)");
         return;
     }
@@ -510,22 +545,10 @@ const char *hvprof_open_error(void) { return g.open_error; }
 int hvprof_write_errno(void) { return g.write_errno; }
 void hvprof_set_quiet(int on) { g.quiet = on; }
 
-int hvprof_open(int rank, int world_size, int local_rank, const char *dir)
+/* The profile directory: the caller's (MPI: rank 0's choice), else
+ * HOROVOD_PROFILE_DIR, else a name derived from the launcher's environment. */
+static void choose_dir(const char *dir)
 {
-    pthread_mutex_lock(&g.lock);
-    if (g.open && g.pid == getpid()) {
-        /* Already open (NCCL first, MPI later): fill in what is now known. */
-        if (rank >= 0) g.hdr->rank = rank;
-        if (world_size > 0) g.hdr->world_size = world_size;
-        if (local_rank >= 0) g.hdr->local_rank = local_rank;
-        pthread_mutex_unlock(&g.lock);
-        return 0;
-    }
-    if (rank < 0) rank = env_int(RANK_VARS, -1);
-    if (world_size < 0) world_size = env_int(SIZE_VARS, -1);
-    if (local_rank < 0) local_rank = env_int(LOCAL_VARS, -1);
-    if (rank < 0) rank = 0;
-
     if (dir && *dir) {
         snprintf(g.dir, sizeof g.dir, "%s", dir);
     } else {
@@ -533,38 +556,58 @@ int hvprof_open(int rank, int world_size, int local_rank, const char *dir)
         if (d && *d) snprintf(g.dir, sizeof g.dir, "%s", d);
         else default_dir_from_env(g.dir, sizeof g.dir);
     }
+}
+
+/* Create <dir>/raw/rank-R.hvprof, reserve and map its metadata region
+ * (header + tables).  The header, or NULL after open_failed (g.lock
+ * released); *fd_out: the file. */
+static hvprof_file_header *create_raw_file(int rank, size_t meta, int *fd_out)
+{
     char rawdir[1100];
     snprintf(rawdir, sizeof rawdir, "%s/raw", g.dir);
-    g.open_error[0] = 0;
     mode_t old = umask(022);
     if (mkdir_p(rawdir, 0755) != 0) {
         umask(old);
-        return open_failed(rank, "cannot create %s (%s)", rawdir, strerror(errno));
+        open_failed(rank, "cannot create %s (%s)", rawdir, strerror(errno));
+        return NULL;
     }
     snprintf(g.raw_path, sizeof g.raw_path, "%s/rank-%05d.hvprof", rawdir, rank);
     int fd = open(g.raw_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     umask(old);
-    size_t meta = meta_region_bytes();
     int ferr = fd < 0 ? errno : posix_fallocate(fd, 0, (off_t)meta); /* returns the error */
     if (ferr != 0) {
         if (fd >= 0) close(fd);
-        return open_failed(rank, "cannot write %s (%s)", g.raw_path, strerror(ferr));
+        open_failed(rank, "cannot write %s (%s)", g.raw_path, strerror(ferr));
+        return NULL;
     }
     void *m = mmap(NULL, meta, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) {
         int e = errno;
         close(fd);
-        return open_failed(rank, "cannot map %s (%s)", g.raw_path, strerror(e));
+        open_failed(rank, "cannot map %s (%s)", g.raw_path, strerror(e));
+        return NULL;
     }
-    hvprof_file_header *h = (hvprof_file_header *)m;
-    memset(h, 0, HVPROF_HEADER_BYTES);
+    *fd_out = fd;
+    return (hvprof_file_header *)m;
+}
 
+/* Bytes per chunk (= per-thread buffer): HOROVOD_PROFILE_CHUNK_KB when
+ * usable, else the default; whole pages. */
+static uint32_t chunk_bytes_setting(void)
+{
     uint32_t chunk = HVPROF_DEFAULT_CHUNK_BYTES;
     const char *ck = getenv("HOROVOD_PROFILE_CHUNK_KB");
     if (ck && int_in(ck, 4, 1 << 20)) chunk = (uint32_t)atol(ck) * 1024u;
     long page = sysconf(_SC_PAGESIZE);
-    chunk = (uint32_t)((chunk + page - 1) / page * page);
+    return (uint32_t)((chunk + page - 1) / page * page);
+}
 
+/* Fill a fresh header (the clock is calibrated here: ~2 ms with the TSC).
+ * The magic is stored last: a reader sees a whole header or none. */
+static void header_init(hvprof_file_header *h, int rank, int world_size, int local_rank,
+                        uint32_t chunk, size_t meta)
+{
+    memset(h, 0, HVPROF_HEADER_BYTES);
     const char *mode = getenv("HOROVOD_PROFILE");
     h->mode = (mode && strcmp(mode, "summary") == 0) ? HVPROF_MODE_SUMMARY : HVPROF_MODE_FULL;
     h->sampling = 1;
@@ -590,7 +633,13 @@ int hvprof_open(int rank, int world_size, int local_rank, const char *dir)
     gethostname(h->hostname, sizeof h->hostname - 1);
     memcpy(h->magic, HVPROF_MAGIC, 8); /* last: a reader sees a whole header */
     __atomic_store_n(&h->state, HVPROF_STATE_OPEN, __ATOMIC_RELEASE);
+}
 
+/* The file is ready: adopt it, forget the previous file's tables (stale TLS
+ * chunks and cached handles are dropped through the generation and epoch),
+ * switch recording on, start the helper thread (g.lock held). */
+static void start_recording(int fd, hvprof_file_header *h, size_t meta, uint32_t chunk, int rank)
+{
     g.fd = fd;
     g.hdr = h;
     g.meta_bytes = meta;
@@ -613,6 +662,33 @@ int hvprof_open(int rank, int world_size, int local_rank, const char *dir)
     atomic_store(&app_active, 1);
     helper_start();
     signals_install();
+}
+
+int hvprof_open(int rank, int world_size, int local_rank, const char *dir)
+{
+    pthread_mutex_lock(&g.lock);
+    if (g.open && g.pid == getpid()) {
+        /* Already open (NCCL first, MPI later): fill in what is now known. */
+        if (rank >= 0) g.hdr->rank = rank;
+        if (world_size > 0) g.hdr->world_size = world_size;
+        if (local_rank >= 0) g.hdr->local_rank = local_rank;
+        pthread_mutex_unlock(&g.lock);
+        return 0;
+    }
+    if (rank < 0) rank = env_int(RANK_VARS, -1);
+    if (world_size < 0) world_size = env_int(SIZE_VARS, -1);
+    if (local_rank < 0) local_rank = env_int(LOCAL_VARS, -1);
+    if (rank < 0) rank = 0;
+
+    choose_dir(dir);
+    g.open_error[0] = 0;
+    size_t meta = meta_region_bytes();
+    int fd = -1;
+    hvprof_file_header *h = create_raw_file(rank, meta, &fd);
+    if (!h) return -1; /* open_failed said why and released the lock */
+    uint32_t chunk = chunk_bytes_setting();
+    header_init(h, rank, world_size, local_rank, chunk, meta);
+    start_recording(fd, h, meta, chunk, rank);
     pthread_mutex_unlock(&g.lock);
     return 0;
 }
@@ -977,9 +1053,9 @@ static int window_on(int64_t now)
 }
 
 /* HOROVOD_PROFILE_WINDOW="A:B": record from A to B seconds after the file
- * was opened (B empty: to the end).  The helper thread switches. */
-/* "A:B", "A:" or "A" (seconds, 0 <= A < B): 0, else -1 (the window is ignored,
- * with a warning from env_check). */
+ * was opened (B empty: to the end); the helper thread switches.  Parses "A:B",
+ * "A:" or "A" (seconds, 0 <= A < B): 0, else -1 (the window is ignored, with
+ * a warning from env_check). */
 static int parse_window(const char *w, double *a, double *b)
 {
     char *end = NULL;
@@ -1162,9 +1238,11 @@ void hvprof_close(uint32_t state_bits)
 {
     pthread_mutex_lock(&g.lock);
     if (g.open && g.pid == getpid()) {
-        /* NCCL device times still in flight: collect them (bounded wait,
-         * never a synchronization of the application's streams). */
-        hvprof_nccl_finish(-1);
+        /* What the backends still have in flight (NCCL device times: a
+         * bounded wait, never a synchronization of the application's
+         * streams), while records are still taken. */
+        FOR_EACH_BACKEND(b)
+            if (b->finish) b->finish();
         atomic_store(&hvprof_active, 0);
         if (state_bits & HVPROF_STATE_CLOSED) atomic_store(&app_active, 0);
         helper_stop();
@@ -1195,6 +1273,8 @@ static void atfork_child(void)
     g.raw_path[0] = 0;
     pthread_mutex_init(&g.lock, NULL);
     pthread_mutex_init(&sampling_lock, NULL); /* the helper may have held it */
+    FOR_EACH_BACKEND(b)
+        if (b->atfork_child) b->atfork_child();
 }
 
 __attribute__((constructor)) static void hvprof_ctor(void)
@@ -1242,27 +1322,12 @@ HVPROF_EXPORT int hvprof_record_app(int op, uint64_t t_start, uint64_t t_end, ui
 {
     if (op != HVPROF_OP_APP_STEP && op != HVPROF_OP_APP_MARK) return -1;
     if (!atomic_load(&app_active) || g.pid != getpid()) return -1;
-    hvprof_tls *t = &hvprof_t;
-    if (t->used >= t->capacity || t->generation != atomic_load(&hvprof_generation))
-        if (hvprof_refill() != 0) return -1;
-    hvprof_record *r = &t->slots[t->used];
-    r->t_start = t_start;
-    r->t_end = t_end;
-    r->bytes = 0;
-    r->count = count;
-    r->seq = seq;
-    r->comm = UINT32_MAX;
-    r->track = hvprof_t.track;
-    r->root = -1;
-    r->op = (uint16_t)op;
-    r->dtype = HVPROF_DT_UNKNOWN;
-    r->redop = HVPROF_REDOP_NONE;
-    r->flags = 0;
-    r->rc = 0;
-    r->dtype_size = 0;
-    r->aux = 0;
-    hvprof_commit();
-    return 0;
+    /* Not gated by hvprof_active: app_active, checked above, is the gate. */
+    return hvprof_emit_record(&(hvprof_record){
+        .t_start = t_start, .t_end = t_end, .bytes = 0, .count = count, .seq = seq,
+        .comm = UINT32_MAX, .track = HVPROF_TRACK_SELF, .root = -1, .op = (uint16_t)op,
+        .dtype = HVPROF_DT_UNKNOWN, .redop = HVPROF_REDOP_NONE, .flags = 0, .rc = 0,
+        .dtype_size = 0, .aux = 0}, 0);
 }
 
 HVPROF_EXPORT void hvprof_process_exit(void)

@@ -24,14 +24,15 @@
  *     call or when under a quarter of the pool is free, at most 4 pairs;
  *   - a helper thread ("hvprof-devtime"), every HOROVOD_PROFILE_NCCL_POLL_MS
  *     (default 5 ms; 0 = no thread), all completed pairs;
- *   - hvprof_nccl_flush(timeout), through hvprof_nccl_finish (nccl.c) at
+ *   - hvprof_dev_finish(timeout), through hvprof_nccl_finish (nccl.c) at
  *     exit: from an atexit handler registered at the first NCCL
  *     communicator (after the CUDA runtime initialised, so it runs before the
- *     runtime's own teardown), and from the Python runtime / hvprof_close
- *     before the raw file is read.  It stops the helper thread, then polls
- *     with cudaEventQuery (sleeping 100 us between rounds) up to the timeout
- *     (default HOROVOD_PROFILE_NCCL_FLUSH_MS, 1000); pairs still pending
- *     after it are counted as `unfinished`.
+ *     runtime's own teardown), and from the Python runtime / hvprof_close (the
+ *     NCCL backend's finish hook) before the raw file is read.  It stops the
+ *     helper thread, then polls (hvprof_dev_flush, which nccl.c exports as
+ *     hvprof_nccl_flush) with cudaEventQuery (sleeping 100 us between
+ *     rounds) up to the timeout (default HOROVOD_PROFILE_NCCL_FLUSH_MS,
+ *     1000); pairs still pending after it are counted as `unfinished`.
  * A collected pair becomes one DEVICE record on the stream's track, written
  * on the collecting thread.  Threads that query events set their stream
  * capture mode to relaxed around it, so a CUDA graph captured by another
@@ -420,15 +421,13 @@ static void write_device_record(devpool *dp, hvprof_devpair *p, int app_thread)
     int64_t start = (int64_t)dp->anchor_ticks + hv_round((double)off_ms * 1e6 * tpn);
     int64_t dur = hv_round((double)dur_ms * 1e6 * tpn);
     if (dur < 0) dur = 0;
-    hvprof_record *r = hvprof_slot();
-    if (!r) {
+    hvprof_record rec = p->rec; /* track: the stream's */
+    rec.t_start = (uint64_t)start;
+    rec.t_end = (uint64_t)(start + dur);
+    if (hvprof_emit(&rec) != 0) {
         atomic_fetch_add(&c_record_dropped, 1);
         return;
     }
-    *r = p->rec;
-    r->t_start = (uint64_t)start;
-    r->t_end = (uint64_t)(start + dur);
-    hvprof_commit();
     atomic_fetch_add(&c_records, 1);
     return;
 error:
@@ -479,7 +478,7 @@ static void *helper_main(void *arg)
             devpool *dp = atomic_load_explicit(&pools[d], memory_order_acquire);
             if (!dp || pending_of(dp) == 0) continue;
             pthread_mutex_lock(&collect_lock);
-            /* Checked under the lock: once hvprof_dev_shutdown() has taken
+            /* Checked under the lock: once hvprof_dev_finish() has taken
              * the lock, this thread makes no further CUDA call. */
             if (atomic_load(&helper_stop)) {
                 pthread_mutex_unlock(&collect_lock);
@@ -731,7 +730,7 @@ void hvprof_dev_poll(int device)
     poll_dev(dp, 4);
 }
 
-int hvprof_nccl_flush(int timeout_ms)
+int hvprof_dev_flush(int timeout_ms)
 {
     if (atomic_load(&cuda_state) != 1 || atomic_load(&forked)) return 0;
     uint64_t any = 0;
@@ -771,7 +770,7 @@ int hvprof_nccl_flush(int timeout_ms)
     return left;
 }
 
-void hvprof_dev_shutdown(void)
+int hvprof_dev_finish(int timeout_ms)
 {
     atomic_store(&helper_stop, 1);
     atomic_store(&helper_alive, 0);
@@ -779,9 +778,10 @@ void hvprof_dev_shutdown(void)
      * lock/unlock it makes no further CUDA call. */
     pthread_mutex_lock(&collect_lock);
     pthread_mutex_unlock(&collect_lock);
+    int left = hvprof_dev_flush(timeout_ms);
+    atomic_store(&c_unfinished, left > 0 ? (uint64_t)left : 0);
+    return left;
 }
-
-void hvprof_dev_set_unfinished(uint64_t n) { atomic_store(&c_unfinished, n); }
 
 size_t hvprof_dev_json(char *buf, size_t n)
 {
@@ -835,7 +835,12 @@ static void dev_atfork_child(void)
     pthread_mutex_init(&load_lock, NULL);
 }
 
+static const hvprof_backend cuda_backend = {
+    .name = "cuda",
+    .atfork_child = dev_atfork_child,
+};
+
 __attribute__((constructor)) static void cuda_rt_ctor(void)
 {
-    pthread_atfork(NULL, NULL, dev_atfork_child);
+    hvprof_register_backend(&cuda_backend);
 }

@@ -63,17 +63,16 @@ HVPROF_HIDDEN int hvprof_cuda_current_device(void);
  * returns the number of characters written (snprintf semantics). */
 HVPROF_HIDDEN size_t hvprof_dev_json(char *buf, size_t n);
 
-/* Stop the helper thread for good (exit): returns once it can make no
- * further CUDA call. */
-HVPROF_HIDDEN void hvprof_dev_shutdown(void);
-
-/* Pairs left pending by the final flush. */
-HVPROF_HIDDEN void hvprof_dev_set_unfinished(uint64_t n);
-
 /* Collect every pending pair, waiting for each by polling cudaEventQuery (no
  * synchronize call) up to timeout_ms in all (negative: the default,
  * HOROVOD_PROFILE_NCCL_FLUSH_MS or 1000).  Returns the number of pairs still
- * pending.  hvprof_nccl_finish (nccl.c) is the exit-time entry point. */
-HVPROF_EXPORT int hvprof_nccl_flush(int timeout_ms);
+ * pending.  nccl.c exports it as hvprof_nccl_flush. */
+HVPROF_HIDDEN int hvprof_dev_flush(int timeout_ms);
+
+/* The end of device timing (exit): stop the helper thread for good (no
+ * further CUDA call from it), collect what is pending (hvprof_dev_flush), and
+ * count the pairs left as `unfinished`.  Returns that number.
+ * hvprof_nccl_finish (nccl.c) is the exit-time entry point. */
+HVPROF_HIDDEN int hvprof_dev_finish(int timeout_ms);
 
 #endif

@@ -1,6 +1,9 @@
 /*
- * hvprof_internal.h -- what the backend files (mpi.c, nccl.c) share with the
- * core (core.c: buffers, files, tables; clock.h: the clock).  Not installed.
+ * hvprof_internal.h -- what the backend files (mpi.c, nccl.c, and cuda_rt.c,
+ * NCCL's device-time helper) share with the core (core.c: buffers, files,
+ * tables, the backend registry; clock.h: the clock).  Not installed.  The
+ * core names no backend: each registers its lifecycle hooks
+ * (hvprof_register_backend) from its constructor.
  */
 #ifndef HVPROF_INTERNAL_H
 #define HVPROF_INTERNAL_H
@@ -25,7 +28,6 @@ typedef struct hvprof_tls {
     uint32_t capacity;           /* slots per chunk; 0 = no chunk yet */
     uint32_t track;              /* this thread's track index, UINT32_MAX = none */
     uint32_t generation;         /* == hvprof_generation when chunk valid */
-    int32_t  in_hook;            /* >0 while inside the profiler's own MPI use */
     /* One-entry caches of the last handles seen by this thread: the common
      * case (the same communicator, datatype and op as the previous call)
      * costs a compare each instead of a hash-table probe. */
@@ -68,15 +70,11 @@ HVPROF_HIDDEN void hvprof_divert_call(uint16_t op, uint32_t comm, uint64_t bytes
  * -1 when no chunk can be had (the record is then counted as dropped). */
 HVPROF_HIDDEN int hvprof_refill(void);
 
-/* Reserve the next record slot of the calling thread, or NULL when the
- * profiler is inactive or out of space (the drop is counted).  The caller
- * fills every field of the slot, then calls hvprof_commit(). */
-static inline hvprof_record *hvprof_slot(void)
+/* Reserve the next record slot of the calling thread, or NULL when out of
+ * space (the drop is counted).  No recording check: hvprof_emit makes it. */
+static inline hvprof_record *hvprof_slot_any(void)
 {
     hvprof_tls *t = &hvprof_t;
-    if (HVPROF_UNLIKELY(t->in_hook)) return NULL;
-    if (HVPROF_UNLIKELY(!atomic_load_explicit(&hvprof_active, memory_order_relaxed)))
-        return NULL;
     if (HVPROF_UNLIKELY(t->used >= t->capacity ||
                         t->generation != atomic_load_explicit(&hvprof_generation,
                                                               memory_order_relaxed))) {
@@ -85,13 +83,57 @@ static inline hvprof_record *hvprof_slot(void)
     return &t->slots[t->used];
 }
 
-/* Publish the slot returned by hvprof_slot(). */
-static inline void hvprof_commit(void)
+/* rec->track value meaning "the calling thread's track": known only once a
+ * slot is reserved (a thread's first record registers its track). */
+#define HVPROF_TRACK_SELF UINT32_MAX
+
+/* The one way a record is written, by every backend and the core: reserve
+ * the calling thread's next slot, store *rec there (rec->track ==
+ * HVPROF_TRACK_SELF is replaced by the calling thread's track, in *rec too),
+ * publish it.  gated: 1 = only while recording (hvprof_active); 0 =
+ * application records, which the caller gates itself (core.c: from open to
+ * process exit).  (The profiler's own MPI use calls PMPI_* directly and never
+ * reaches a wrapper.)  Returns 0, or -1 when the record was not written.
+ * Always inlined: with a constant gate and a compound literal the stores go
+ * straight into the slot. */
+static inline __attribute__((always_inline)) int hvprof_emit_record(hvprof_record *rec, int gated)
 {
     hvprof_tls *t = &hvprof_t;
+    if (gated && HVPROF_UNLIKELY(!atomic_load_explicit(&hvprof_active, memory_order_relaxed)))
+        return -1;
+    hvprof_record *r = hvprof_slot_any();
+    if (HVPROF_UNLIKELY(!r)) return -1;
+    if (rec->track == HVPROF_TRACK_SELF) rec->track = t->track;
+    *r = *rec;
     t->used++;
     atomic_store_explicit(t->nrec, t->used, memory_order_release);
+    return 0;
 }
+
+/* A backend's record (gated). */
+static inline __attribute__((always_inline)) int hvprof_emit(hvprof_record *rec)
+{
+    return hvprof_emit_record(rec, 1);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Backends.  Each backend (and backend helper) registers its lifecycle hooks
+ * with the core from its constructor; the core calls them in registration
+ * order.  Every hook may be NULL. */
+typedef struct hvprof_backend {
+    const char *name;         /* "mpi", "nccl", "cuda" */
+    /* File-name prefix of the library the backend wraps ("libmpi"): its
+     * frames are skipped when naming the code that called a wrapper. */
+    const char *library;
+    /* hvprof_close, before recording stops (g.lock held): write what is still
+     * in flight (NCCL device times) while records are still taken. */
+    void (*finish)(void);
+    /* In a forked child, after the core has reset its own state. */
+    void (*atfork_child)(void);
+} hvprof_backend;
+
+/* Register b (kept, not copied); a second registration of b is ignored. */
+HVPROF_HIDDEN void hvprof_register_backend(const hvprof_backend *b);
 
 /* Track of the calling thread (registers it on first use). */
 HVPROF_HIDDEN uint32_t hvprof_track_self(void);
@@ -135,9 +177,8 @@ HVPROF_HIDDEN void hvprof_set_quiet(int on);
 /* Exported to Python (see docs/ARCHITECTURE.md section 6), used here too. */
 HVPROF_EXPORT const char *hvprof_dir(void);
 HVPROF_EXPORT const char *hvprof_raw_path(void);
+HVPROF_EXPORT int hvprof_rank(void);
 HVPROF_HIDDEN int hvprof_python_attached(void);
-/* nccl.c: collect pending device times and write the NCCL sidecar; once. */
-HVPROF_EXPORT int hvprof_nccl_finish(int timeout_ms);
 
 /* 64-bit mixing used for stable communicator ids. */
 static inline uint64_t hvprof_mix(uint64_t h, uint64_t v)

@@ -16,7 +16,17 @@
  *                                             (recvcounts when MPI_IN_PLACE)
  *   reduce_scatter_block                      recvcount x type size x comm size
  *   barrier                                   0
- * `count` is the element count of the same volume.
+ * `count` is the element count of the same volume.  On an intercommunicator
+ * "comm size" above is the remote group's size (the peers; the length of the
+ * counts arrays), except for reduce_scatter(_block), whose counts are per
+ * rank of the local group; an intercommunicator gatherv's root (MPI_ROOT)
+ * counts what it receives, the other ranks of its group (MPI_PROC_NULL) 0.
+ *
+ * Communicator ids are equal on every member rank: derived from the parent's
+ * id at creation (dup, split, create), else a hash of the members' world
+ * ranks (an intercommunicator: of both groups, in an order both sides agree
+ * on).  The comm table's size and rank are MPI_Comm_size / MPI_Comm_rank
+ * (an intercommunicator's: in the local group).
  */
 #define _GNU_SOURCE
 #include <limits.h>
@@ -137,47 +147,110 @@ static inline uint8_t op_code(MPI_Op op)
 #define ID_WORLD 0x574f524c44ull /* "WORLD" */
 #define ID_SELF 0x53454c46ull    /* "SELF" */
 #define ID_ANON 0x414e4f4eull    /* "ANON" */
+#define ID_INTER 0x494e544552ull /* "INTER" */
 
-static int world_rank_of(MPI_Comm comm, int r)
+/* World rank of rank r of a group (-1 if it has none: MPI_UNDEFINED too). */
+static int world_rank_in(MPI_Group g, int r)
 {
-    MPI_Group g, wg;
-    int out = -1, inter = 0;
-    PMPI_Comm_test_inter(comm, &inter);
-    if (inter) {
-        if (PMPI_Comm_group(comm, &g) != MPI_SUCCESS) return -1;
-    } else if (PMPI_Comm_group(comm, &g) != MPI_SUCCESS) {
-        return -1;
-    }
-    PMPI_Comm_group(MPI_COMM_WORLD, &wg);
+    MPI_Group wg;
+    int out = -1;
+    if (PMPI_Comm_group(MPI_COMM_WORLD, &wg) != MPI_SUCCESS) return -1;
     PMPI_Group_translate_ranks(g, 1, &r, wg, &out);
-    PMPI_Group_free(&g);
     PMPI_Group_free(&wg);
     return out;
 }
 
+/* A communicator's groups: the local one (MPI_Comm_group: for an
+ * intercommunicator, the group this rank belongs to) and, for an
+ * intercommunicator, the remote one (MPI_Comm_remote_group); MPI_GROUP_NULL
+ * otherwise.  0, or -1 when MPI refuses. */
+static int comm_groups(MPI_Comm comm, MPI_Group *local, MPI_Group *remote)
+{
+    int inter = 0;
+    *local = *remote = MPI_GROUP_NULL;
+    if (PMPI_Comm_group(comm, local) != MPI_SUCCESS) return -1;
+    if (PMPI_Comm_test_inter(comm, &inter) == MPI_SUCCESS && inter &&
+        PMPI_Comm_remote_group(comm, remote) != MPI_SUCCESS) {
+        PMPI_Group_free(local);
+        return -1;
+    }
+    return 0;
+}
+
+static void groups_free(MPI_Group *local, MPI_Group *remote)
+{
+    if (*local != MPI_GROUP_NULL) PMPI_Group_free(local);
+    if (*remote != MPI_GROUP_NULL) PMPI_Group_free(remote);
+}
+
+/* Hash of a group's size and members' world ranks (the first 4096). */
+static uint64_t group_hash(MPI_Group g, uint64_t h)
+{
+    int size = 0;
+    PMPI_Group_size(g, &size);
+    h = hvprof_mix(h, (uint64_t)size);
+    for (int i = 0; i < size && i < 4096; i++) h = hvprof_mix(h, (uint64_t)world_rank_in(g, i));
+    return h;
+}
+
 /* Per comm-table index: how many communicators were created from it so far
- * (the same on every member, since creation is collective over the parent). */
+ * (the same on every member, since creation is collective over the parent),
+ * its id, and for an intercommunicator the size of the remote group (0: an
+ * intracommunicator). */
 static uint32_t children[HVPROF_COMM_TABLE_CAPACITY];
 static uint64_t comm_ids[HVPROF_COMM_TABLE_CAPACITY];
+static int remote_sizes[HVPROF_COMM_TABLE_CAPACITY];
 
+/* The communicator's table entry: size and rank are MPI_Comm_size and
+ * MPI_Comm_rank (for an intercommunicator: in the local group), world_rank0
+ * the world rank of (local) rank 0.  id == 0: first seen in a collective,
+ * not created under the profiler: a hash of its members, so that every
+ * member computes the same id -- for an intercommunicator, of both groups,
+ * the one holding the lower world rank first, so that the two sides agree. */
 static uint32_t comm_register_mpi(MPI_Comm comm, uint64_t id)
 {
-    int size = 0, rank = 0;
+    int size = 0, rank = 0, r0 = -1, rsize = 0;
     PMPI_Comm_size(comm, &size);
     PMPI_Comm_rank(comm, &rank);
     char name[MPI_MAX_OBJECT_NAME] = "";
     int len = 0;
     PMPI_Comm_get_name(comm, name, &len);
-    int r0 = world_rank_of(comm, 0);
-    if (id == 0) {
-        /* First seen in a collective, not created under the profiler: hash
-         * its members, so that every member computes the same id. */
-        id = hvprof_mix(ID_ANON, (uint64_t)size);
-        for (int i = 0; i < size && i < 4096; i++) id = hvprof_mix(id, (uint64_t)world_rank_of(comm, i));
+    MPI_Group local, remote;
+    if (comm_groups(comm, &local, &remote) == 0) {
+        r0 = world_rank_in(local, 0);
+        if (remote != MPI_GROUP_NULL) PMPI_Group_size(remote, &rsize);
+        if (id == 0 && remote == MPI_GROUP_NULL) {
+            id = group_hash(local, ID_ANON); /* == mix(ANON, size), then each member */
+        } else if (id == 0) {
+            unsigned l0 = (unsigned)r0, q0 = (unsigned)world_rank_in(remote, 0);
+            MPI_Group first = l0 <= q0 ? local : remote; /* -1 (none) last */
+            MPI_Group second = first == local ? remote : local;
+            id = group_hash(second, group_hash(first, ID_INTER));
+        }
+        groups_free(&local, &remote);
     }
     uint32_t idx = hvprof_comm_register(H(comm), id, size, rank, r0, 0, name);
-    if (idx < HVPROF_COMM_TABLE_CAPACITY) comm_ids[idx] = id;
+    if (idx < HVPROF_COMM_TABLE_CAPACITY) {
+        comm_ids[idx] = id;
+        remote_sizes[idx] = rsize;
+    }
     return idx;
+}
+
+/* The world rank that tells communicators created by one call apart (split
+ * colours): of the new communicator's rank 0; for an intercommunicator the
+ * lower of its two groups' rank 0 (the same on both sides). */
+static int comm_discriminator(MPI_Comm comm)
+{
+    MPI_Group local, remote;
+    if (comm_groups(comm, &local, &remote) != 0) return -1;
+    int r = world_rank_in(local, 0);
+    if (remote != MPI_GROUP_NULL) {
+        int q = world_rank_in(remote, 0);
+        if ((unsigned)q < (unsigned)r) r = q;
+    }
+    groups_free(&local, &remote);
+    return r;
 }
 
 static uint32_t comm_index_slow(MPI_Comm comm);
@@ -217,6 +290,16 @@ static inline int comm_size_of(uint32_t idx)
     return e->size > 0 ? e->size : 1;
 }
 
+/* The ranks this rank exchanges data with: the communicator's size, or for
+ * an intercommunicator the remote group's (the length of the counts arrays of
+ * allgatherv, gatherv, alltoallv; the multiplier of allgather, gather,
+ * alltoall). */
+static inline int peers_of(uint32_t idx)
+{
+    if (idx < HVPROF_COMM_TABLE_CAPACITY && remote_sizes[idx] > 0) return remote_sizes[idx];
+    return comm_size_of(idx);
+}
+
 /* A communicator was created from `parent`: give it an id derived from the
  * parent's id, the creation number on the parent, and a discriminator (the
  * world rank of the new communicator's rank 0 separates split colours). */
@@ -227,7 +310,7 @@ static void comm_created(MPI_Comm parent, MPI_Comm *newcomm, uint64_t kind)
     uint64_t pid = p < HVPROF_COMM_TABLE_CAPACITY ? comm_ids[p] : 0;
     uint32_t n = p < HVPROF_COMM_TABLE_CAPACITY ? children[p]++ : 0;
     if (!newcomm || *newcomm == MPI_COMM_NULL) return;
-    int r0 = world_rank_of(*newcomm, 0);
+    int r0 = comm_discriminator(*newcomm);
     uint64_t id = hvprof_mix(hvprof_mix(hvprof_mix(pid, n), kind), (uint64_t)(int64_t)r0);
     hvprof_comm_forget(H(*newcomm)); /* the handle of a freed communicator */
     comm_register_mpi(*newcomm, id);
@@ -238,42 +321,33 @@ static void comm_created(MPI_Comm parent, MPI_Comm *newcomm, uint64_t kind)
 
 static inline int16_t sat16(int rc) { return (int16_t)(rc > 32767 ? 32767 : rc < -32768 ? -32768 : rc); }
 
-/* count_mult: multiply the element count by the communicator size. */
-static inline __attribute__((always_inline)) void emit(uint16_t op, uint64_t t0, uint64_t t1, MPI_Comm comm, MPI_Datatype dt,
-                        uint64_t count, int count_mult, MPI_Op mop, int root, int rc,
-                        uint16_t flags)
+/* A call, described in MPI's terms, becomes one record (hvprof_emit) or, in
+ * summary mode and while sampling is paused, one aggregate (hvprof_divert_call).
+ * count_mult: multiply the element count by the communicator size (MULT_SIZE)
+ * or by the number of peers (MULT_PEERS: the remote group's size for an
+ * intercommunicator); 0: not at all. */
+#define MULT_SIZE 1
+#define MULT_PEERS 2
+static inline __attribute__((always_inline)) void emit(uint16_t op, uint64_t t0, uint64_t t1,
+                                                       MPI_Comm comm, MPI_Datatype dt,
+                                                       uint64_t count, int count_mult, MPI_Op mop,
+                                                       int root, int rc, uint16_t flags)
 {
     uint32_t ci = comm_index(comm);
     uint32_t seq = hvprof_comm_next_seq(ci); /* advance even when not recorded */
+    dtinfo d = dt == MPI_DATATYPE_NULL ? (dtinfo){0, HVPROF_DT_UNKNOWN, 0} : dt_info(dt);
+    if (count_mult) count *= (uint64_t)(count_mult == MULT_PEERS ? peers_of(ci) : comm_size_of(ci));
+    uint8_t redop = mop == MPI_OP_NULL ? HVPROF_REDOP_NONE : op_code(mop);
+    flags = (uint16_t)(flags | (d.derived ? HVPROF_FLAG_DERIVED_TYPE : 0));
     if (HVPROF_UNLIKELY(atomic_load_explicit(&hvprof_divert, memory_order_relaxed))) {
-        dtinfo d = dt == MPI_DATATYPE_NULL ? (dtinfo){0, HVPROF_DT_UNKNOWN, 0} : dt_info(dt);
-        if (count_mult) count *= (uint64_t)comm_size_of(ci);
-        hvprof_divert_call(op, ci, count * d.size, d.code,
-                           mop == MPI_OP_NULL ? HVPROF_REDOP_NONE : op_code(mop),
-                           (uint16_t)(flags | (d.derived ? HVPROF_FLAG_DERIVED_TYPE : 0)), rc, t0, t1);
+        hvprof_divert_call(op, ci, count * d.size, d.code, redop, flags, rc, t0, t1);
         return;
     }
-    hvprof_record *r = hvprof_slot();
-    if (HVPROF_UNLIKELY(!r)) return;
-    dtinfo d = dt == MPI_DATATYPE_NULL ? (dtinfo){0, HVPROF_DT_UNKNOWN, 0} : dt_info(dt);
-    if (count_mult) count *= (uint64_t)comm_size_of(ci);
-    r->t_start = t0;
-    r->t_end = t1;
-    r->bytes = count * d.size;
-    r->count = count;
-    r->seq = seq;
-    r->comm = ci;
-    r->track = hvprof_t.track;
-    r->root = root;
-    r->op = op;
-    r->dtype = d.code;
-    r->redop = mop == MPI_OP_NULL ? HVPROF_REDOP_NONE : op_code(mop);
-    r->flags = (uint16_t)(flags | (rc != MPI_SUCCESS ? HVPROF_FLAG_ERROR : 0) |
-                          (d.derived ? HVPROF_FLAG_DERIVED_TYPE : 0));
-    r->rc = sat16(rc);
-    r->dtype_size = d.size;
-    r->aux = 0;
-    hvprof_commit();
+    (void)hvprof_emit(&(hvprof_record){
+        .t_start = t0, .t_end = t1, .bytes = count * d.size, .count = count, .seq = seq,
+        .comm = ci, .track = HVPROF_TRACK_SELF, .root = root, .op = op, .dtype = d.code,
+        .redop = redop, .flags = (uint16_t)(flags | (rc != MPI_SUCCESS ? HVPROF_FLAG_ERROR : 0)),
+        .rc = sat16(rc), .dtype_size = d.size, .aux = 0});
 }
 
 /* A negative count (an erroneous call) is recorded as 0 elements. */
@@ -281,10 +355,13 @@ static inline __attribute__((always_inline)) void emit(uint16_t op, uint64_t t0,
 #define ACTIVE() atomic_load_explicit(&hvprof_active, memory_order_relaxed)
 #define INPLACE(buf) ((buf) == MPI_IN_PLACE ? HVPROF_FLAG_IN_PLACE : 0)
 
-static inline uint64_t sum_counts(const int *counts, MPI_Comm comm)
+/* Sum of a counts array of one entry per peer (peers: 1) or per rank of the
+ * communicator's (local) group (peers: 0; reduce_scatter). */
+static inline uint64_t sum_counts(const int *counts, MPI_Comm comm, int peers)
 {
     if (!counts) return 0;
-    int n = comm_size_of(comm_index(comm));
+    uint32_t ci = comm_index(comm);
+    int n = peers ? peers_of(ci) : comm_size_of(ci);
     uint64_t s = 0;
     for (int i = 0; i < n; i++) s += (uint64_t)(counts[i] > 0 ? counts[i] : 0);
     return s;
@@ -293,172 +370,127 @@ static inline uint64_t sum_counts(const int *counts, MPI_Comm comm)
 /* ------------------------------------------------------------------------ */
 /* Collectives.                                                               */
 
-HVPROF_EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype,
-                  MPI_Op op, MPI_Comm comm)
-{
-    if (!ACTIVE()) return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
-    uint64_t t0 = hvprof_ticks();
-    int rc = PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
-    uint64_t t1 = hvprof_ticks();
-    emit(HVPROF_OP_MPI_ALLREDUCE, t0, t1, comm, datatype, UCOUNT(count), 0, op, -1, rc,
-         INPLACE(sendbuf));
-    return rc;
-}
+/* One wrapper, the same shape for every collective (and the same as nccl.c's
+ * NCCL_WRAPPER): the name after MPI_, the MPI prototype's parameter list and
+ * the same names as the argument list, each written once; the call is
+ * forwarded to PMPI_<NAME> (untimed while the profiler is off).  The
+ * statements after them describe the call once it returned, with t0 and t1
+ * (ticks around the call) and rc (its result) in scope; T1 is where t1 is
+ * taken (MPI_NONBLOCKING: not at all). */
+#define MPI_WRAPPER_(NAME, PARAMS, ARGS, T1, ...)                            \
+    HVPROF_EXPORT int MPI_##NAME PARAMS                                      \
+    {                                                                        \
+        if (!ACTIVE()) return PMPI_##NAME ARGS;                              \
+        uint64_t t0 = hvprof_ticks();                                        \
+        int rc = PMPI_##NAME ARGS;                                           \
+        T1                                                                   \
+        __VA_ARGS__;                                                         \
+        return rc;                                                           \
+    }
+#define MPI_WRAPPER(NAME, PARAMS, ARGS, ...)                                 \
+    MPI_WRAPPER_(NAME, PARAMS, ARGS, uint64_t t1 = hvprof_ticks();, __VA_ARGS__)
+#define MPI_NONBLOCKING(NAME, PARAMS, ARGS, ...) MPI_WRAPPER_(NAME, PARAMS, ARGS, , __VA_ARGS__)
 
-HVPROF_EXPORT int MPI_Reduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
-               int root, MPI_Comm comm)
-{
-    if (!ACTIVE()) return PMPI_Reduce(sendbuf, recvbuf, count, datatype, op, root, comm);
-    uint64_t t0 = hvprof_ticks();
-    int rc = PMPI_Reduce(sendbuf, recvbuf, count, datatype, op, root, comm);
-    uint64_t t1 = hvprof_ticks();
-    emit(HVPROF_OP_MPI_REDUCE, t0, t1, comm, datatype, UCOUNT(count), 0, op, root, rc,
-         INPLACE(sendbuf));
-    return rc;
-}
+MPI_WRAPPER(Allreduce,
+            (const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
+             MPI_Comm comm),
+            (sendbuf, recvbuf, count, datatype, op, comm),
+            emit(HVPROF_OP_MPI_ALLREDUCE, t0, t1, comm, datatype, UCOUNT(count), 0, op, -1, rc,
+                 INPLACE(sendbuf)))
 
-HVPROF_EXPORT int MPI_Bcast(void *buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm)
-{
-    if (!ACTIVE()) return PMPI_Bcast(buffer, count, datatype, root, comm);
-    uint64_t t0 = hvprof_ticks();
-    int rc = PMPI_Bcast(buffer, count, datatype, root, comm);
-    uint64_t t1 = hvprof_ticks();
-    emit(HVPROF_OP_MPI_BCAST, t0, t1, comm, datatype, UCOUNT(count), 0, MPI_OP_NULL, root, rc, 0);
-    return rc;
-}
+MPI_WRAPPER(Reduce,
+            (const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
+             int root, MPI_Comm comm),
+            (sendbuf, recvbuf, count, datatype, op, root, comm),
+            emit(HVPROF_OP_MPI_REDUCE, t0, t1, comm, datatype, UCOUNT(count), 0, op, root, rc,
+                 INPLACE(sendbuf)))
 
-HVPROF_EXPORT int MPI_Allgather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
-                  int recvcount, MPI_Datatype recvtype, MPI_Comm comm)
-{
-    if (!ACTIVE())
-        return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
-    uint64_t t0 = hvprof_ticks();
-    int rc = PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
-    uint64_t t1 = hvprof_ticks();
-    int ip = sendbuf == MPI_IN_PLACE;
-    emit(HVPROF_OP_MPI_ALLGATHER, t0, t1, comm, ip ? recvtype : sendtype,
-         UCOUNT(ip ? recvcount : sendcount), 1, MPI_OP_NULL, -1, rc, INPLACE(sendbuf));
-    return rc;
-}
+MPI_WRAPPER(Bcast,
+            (void *buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm),
+            (buffer, count, datatype, root, comm),
+            emit(HVPROF_OP_MPI_BCAST, t0, t1, comm, datatype, UCOUNT(count), 0, MPI_OP_NULL, root,
+                 rc, 0))
 
-HVPROF_EXPORT int MPI_Allgatherv(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
-                   const int recvcounts[], const int displs[], MPI_Datatype recvtype,
-                   MPI_Comm comm)
-{
-    if (!ACTIVE())
-        return PMPI_Allgatherv(sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs,
-                               recvtype, comm);
-    uint64_t t0 = hvprof_ticks();
-    int rc = PMPI_Allgatherv(sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype,
-                             comm);
-    uint64_t t1 = hvprof_ticks();
-    emit(HVPROF_OP_MPI_ALLGATHERV, t0, t1, comm, recvtype, sum_counts(recvcounts, comm), 0,
-         MPI_OP_NULL, -1, rc, INPLACE(sendbuf));
-    return rc;
-}
+MPI_WRAPPER(Allgather,
+            (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
+             int recvcount, MPI_Datatype recvtype, MPI_Comm comm),
+            (sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm),
+            int ip = sendbuf == MPI_IN_PLACE;
+            emit(HVPROF_OP_MPI_ALLGATHER, t0, t1, comm, ip ? recvtype : sendtype,
+                 UCOUNT(ip ? recvcount : sendcount), MULT_PEERS, MPI_OP_NULL, -1, rc,
+                 INPLACE(sendbuf)))
 
-HVPROF_EXPORT int MPI_Gather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
-               int recvcount, MPI_Datatype recvtype, int root, MPI_Comm comm)
-{
-    if (!ACTIVE())
-        return PMPI_Gather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm);
-    uint64_t t0 = hvprof_ticks();
-    int rc = PMPI_Gather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm);
-    uint64_t t1 = hvprof_ticks();
-    int ip = sendbuf == MPI_IN_PLACE;
-    emit(HVPROF_OP_MPI_GATHER, t0, t1, comm, ip ? recvtype : sendtype,
-         UCOUNT(ip ? recvcount : sendcount), 1, MPI_OP_NULL, root, rc, INPLACE(sendbuf));
-    return rc;
-}
+MPI_WRAPPER(Allgatherv,
+            (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
+             const int recvcounts[], const int displs[], MPI_Datatype recvtype, MPI_Comm comm),
+            (sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm),
+            emit(HVPROF_OP_MPI_ALLGATHERV, t0, t1, comm, recvtype, sum_counts(recvcounts, comm, 1),
+                 0, MPI_OP_NULL, -1, rc, INPLACE(sendbuf)))
 
-HVPROF_EXPORT int MPI_Gatherv(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
-                const int recvcounts[], const int displs[], MPI_Datatype recvtype, int root,
-                MPI_Comm comm)
-{
-    if (!ACTIVE())
-        return PMPI_Gatherv(sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype,
-                            root, comm);
-    uint64_t t0 = hvprof_ticks();
-    int rc = PMPI_Gatherv(sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype,
-                          root, comm);
-    uint64_t t1 = hvprof_ticks();
-    int me = -1;
-    PMPI_Comm_rank(comm, &me);
-    if (me == root)
-        emit(HVPROF_OP_MPI_GATHERV, t0, t1, comm, recvtype, sum_counts(recvcounts, comm), 0,
-             MPI_OP_NULL, root, rc, INPLACE(sendbuf));
-    else
-        emit(HVPROF_OP_MPI_GATHERV, t0, t1, comm, sendtype, UCOUNT(sendcount), 0, MPI_OP_NULL,
-             root, rc, 0);
-    return rc;
-}
+MPI_WRAPPER(Gather,
+            (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
+             int recvcount, MPI_Datatype recvtype, int root, MPI_Comm comm),
+            (sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm),
+            int ip = sendbuf == MPI_IN_PLACE;
+            emit(HVPROF_OP_MPI_GATHER, t0, t1, comm, ip ? recvtype : sendtype,
+                 UCOUNT(ip ? recvcount : sendcount), MULT_PEERS, MPI_OP_NULL, root, rc,
+                 INPLACE(sendbuf)))
 
-HVPROF_EXPORT int MPI_Alltoall(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
-                 int recvcount, MPI_Datatype recvtype, MPI_Comm comm)
-{
-    if (!ACTIVE())
-        return PMPI_Alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
-    uint64_t t0 = hvprof_ticks();
-    int rc = PMPI_Alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
-    uint64_t t1 = hvprof_ticks();
-    int ip = sendbuf == MPI_IN_PLACE;
-    emit(HVPROF_OP_MPI_ALLTOALL, t0, t1, comm, ip ? recvtype : sendtype,
-         UCOUNT(ip ? recvcount : sendcount), 1, MPI_OP_NULL, -1, rc, INPLACE(sendbuf));
-    return rc;
-}
+MPI_WRAPPER(Gatherv,
+            (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
+             const int recvcounts[], const int displs[], MPI_Datatype recvtype, int root,
+             MPI_Comm comm),
+            (sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, root, comm),
+            int me = -1;
+            PMPI_Comm_rank(comm, &me);
+            /* an intercommunicator's root says MPI_ROOT, the rest of its
+             * group MPI_PROC_NULL (they send nothing) */
+            if (me == root || root == MPI_ROOT)
+                emit(HVPROF_OP_MPI_GATHERV, t0, t1, comm, recvtype,
+                     sum_counts(recvcounts, comm, 1), 0, MPI_OP_NULL, root, rc, INPLACE(sendbuf));
+            else if (root == MPI_PROC_NULL)
+                emit(HVPROF_OP_MPI_GATHERV, t0, t1, comm, MPI_DATATYPE_NULL, 0, 0, MPI_OP_NULL,
+                     root, rc, 0);
+            else
+                emit(HVPROF_OP_MPI_GATHERV, t0, t1, comm, sendtype, UCOUNT(sendcount), 0,
+                     MPI_OP_NULL, root, rc, 0))
 
-HVPROF_EXPORT int MPI_Alltoallv(const void *sendbuf, const int sendcounts[], const int sdispls[],
-                  MPI_Datatype sendtype, void *recvbuf, const int recvcounts[],
-                  const int rdispls[], MPI_Datatype recvtype, MPI_Comm comm)
-{
-    if (!ACTIVE())
-        return PMPI_Alltoallv(sendbuf, sendcounts, sdispls, sendtype, recvbuf, recvcounts,
-                              rdispls, recvtype, comm);
-    uint64_t t0 = hvprof_ticks();
-    int rc = PMPI_Alltoallv(sendbuf, sendcounts, sdispls, sendtype, recvbuf, recvcounts, rdispls,
-                            recvtype, comm);
-    uint64_t t1 = hvprof_ticks();
-    int ip = sendbuf == MPI_IN_PLACE;
-    emit(HVPROF_OP_MPI_ALLTOALLV, t0, t1, comm, ip ? recvtype : sendtype,
-         sum_counts(ip ? recvcounts : sendcounts, comm), 0, MPI_OP_NULL, -1, rc,
-         INPLACE(sendbuf));
-    return rc;
-}
+MPI_WRAPPER(Alltoall,
+            (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
+             int recvcount, MPI_Datatype recvtype, MPI_Comm comm),
+            (sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm),
+            int ip = sendbuf == MPI_IN_PLACE;
+            emit(HVPROF_OP_MPI_ALLTOALL, t0, t1, comm, ip ? recvtype : sendtype,
+                 UCOUNT(ip ? recvcount : sendcount), MULT_PEERS, MPI_OP_NULL, -1, rc,
+                 INPLACE(sendbuf)))
 
-HVPROF_EXPORT int MPI_Reduce_scatter(const void *sendbuf, void *recvbuf, const int recvcounts[],
-                       MPI_Datatype datatype, MPI_Op op, MPI_Comm comm)
-{
-    if (!ACTIVE()) return PMPI_Reduce_scatter(sendbuf, recvbuf, recvcounts, datatype, op, comm);
-    uint64_t t0 = hvprof_ticks();
-    int rc = PMPI_Reduce_scatter(sendbuf, recvbuf, recvcounts, datatype, op, comm);
-    uint64_t t1 = hvprof_ticks();
-    emit(HVPROF_OP_MPI_REDUCE_SCATTER, t0, t1, comm, datatype, sum_counts(recvcounts, comm), 0, op,
-         -1, rc, INPLACE(sendbuf));
-    return rc;
-}
+MPI_WRAPPER(Alltoallv,
+            (const void *sendbuf, const int sendcounts[], const int sdispls[],
+             MPI_Datatype sendtype, void *recvbuf, const int recvcounts[], const int rdispls[],
+             MPI_Datatype recvtype, MPI_Comm comm),
+            (sendbuf, sendcounts, sdispls, sendtype, recvbuf, recvcounts, rdispls, recvtype, comm),
+            int ip = sendbuf == MPI_IN_PLACE;
+            emit(HVPROF_OP_MPI_ALLTOALLV, t0, t1, comm, ip ? recvtype : sendtype,
+                 sum_counts(ip ? recvcounts : sendcounts, comm, 1), 0, MPI_OP_NULL, -1, rc,
+                 INPLACE(sendbuf)))
 
-HVPROF_EXPORT int MPI_Reduce_scatter_block(const void *sendbuf, void *recvbuf, int recvcount,
-                             MPI_Datatype datatype, MPI_Op op, MPI_Comm comm)
-{
-    if (!ACTIVE())
-        return PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm);
-    uint64_t t0 = hvprof_ticks();
-    int rc = PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm);
-    uint64_t t1 = hvprof_ticks();
-    emit(HVPROF_OP_MPI_REDUCE_SCATTER_BLOCK, t0, t1, comm, datatype, UCOUNT(recvcount), 1, op,
-         -1, rc, INPLACE(sendbuf));
-    return rc;
-}
+MPI_WRAPPER(Reduce_scatter,
+            (const void *sendbuf, void *recvbuf, const int recvcounts[], MPI_Datatype datatype,
+             MPI_Op op, MPI_Comm comm),
+            (sendbuf, recvbuf, recvcounts, datatype, op, comm),
+            emit(HVPROF_OP_MPI_REDUCE_SCATTER, t0, t1, comm, datatype,
+                 sum_counts(recvcounts, comm, 0), 0, op, -1, rc, INPLACE(sendbuf)))
 
-HVPROF_EXPORT int MPI_Barrier(MPI_Comm comm)
-{
-    if (!ACTIVE()) return PMPI_Barrier(comm);
-    uint64_t t0 = hvprof_ticks();
-    int rc = PMPI_Barrier(comm);
-    uint64_t t1 = hvprof_ticks();
-    emit(HVPROF_OP_MPI_BARRIER, t0, t1, comm, MPI_DATATYPE_NULL, 0, 0, MPI_OP_NULL, -1, rc, 0);
-    return rc;
-}
+MPI_WRAPPER(Reduce_scatter_block,
+            (const void *sendbuf, void *recvbuf, int recvcount, MPI_Datatype datatype, MPI_Op op,
+             MPI_Comm comm),
+            (sendbuf, recvbuf, recvcount, datatype, op, comm),
+            emit(HVPROF_OP_MPI_REDUCE_SCATTER_BLOCK, t0, t1, comm, datatype, UCOUNT(recvcount),
+                 MULT_SIZE, op, -1, rc, INPLACE(sendbuf)))
+
+MPI_WRAPPER(Barrier, (MPI_Comm comm), (comm),
+            emit(HVPROF_OP_MPI_BARRIER, t0, t1, comm, MPI_DATATYPE_NULL, 0, 0, MPI_OP_NULL, -1,
+                 rc, 0))
 
 /* ------------------------------------------------------------------------ */
 /* MPI_Iallreduce: timed from the call to the completion that MPI_Wait/Test*
@@ -486,14 +518,14 @@ static void pending_add(MPI_Request req, uint64_t t0, MPI_Comm comm, MPI_Datatyp
     dtinfo d = dt_info(dt);
     if (rc != MPI_SUCCESS || req == MPI_REQUEST_NULL) {
         /* Nothing to wait for: record the failed start now. */
-        hvprof_record *r = hvprof_slot();
-        if (!r) return;
-        *r = (hvprof_record){t0, hvprof_ticks(), UCOUNT(count) * d.size, UCOUNT(count), seq, ci,
-                             hvprof_t.track, -1, HVPROF_OP_MPI_IALLREDUCE, d.code, op_code(op),
-                             (uint16_t)(flags | HVPROF_FLAG_NONBLOCKING |
-                                        (rc != MPI_SUCCESS ? HVPROF_FLAG_ERROR : 0)),
-                             sat16(rc), d.size, 0};
-        hvprof_commit();
+        uint64_t t1 = hvprof_ticks();
+        (void)hvprof_emit(&(hvprof_record){
+            .t_start = t0, .t_end = t1, .bytes = UCOUNT(count) * d.size, .count = UCOUNT(count),
+            .seq = seq, .comm = ci, .track = HVPROF_TRACK_SELF, .root = -1,
+            .op = HVPROF_OP_MPI_IALLREDUCE, .dtype = d.code, .redop = op_code(op),
+            .flags = (uint16_t)(flags | HVPROF_FLAG_NONBLOCKING |
+                                (rc != MPI_SUCCESS ? HVPROF_FLAG_ERROR : 0)),
+            .rc = sat16(rc), .dtype_size = d.size, .aux = 0});
         return;
     }
     uint32_t start = (uint32_t)(hvprof_mix(0, H(req)) & (PENDING_SLOTS - 1));
@@ -525,34 +557,28 @@ static void pending_done(uint64_t key, uint64_t t1, uint16_t extra_flags)
     for (uint32_t i = 0; i < PENDING_SLOTS; i++) {
         pending_t *p = &pending[(start + i) & (PENDING_SLOTS - 1)];
         if (atomic_load_explicit(&p->req, memory_order_acquire) != key) continue;
-        hvprof_record *r = NULL;
         if (atomic_load_explicit(&hvprof_divert, memory_order_relaxed))
             hvprof_divert_call(HVPROF_OP_MPI_IALLREDUCE, p->comm, p->count * p->dtype_size, p->dtype,
                                p->redop, (uint16_t)(p->flags | extra_flags), p->rc, p->t0, t1);
-        else
-            r = hvprof_slot();
-        if (r) {
-            *r = (hvprof_record){p->t0, t1, p->count * p->dtype_size, p->count, p->seq, p->comm,
-                                 p->track, -1, HVPROF_OP_MPI_IALLREDUCE, p->dtype, p->redop,
-                                 (uint16_t)(p->flags | extra_flags), sat16(p->rc), p->dtype_size, 0};
-            hvprof_commit();
-        }
+        else /* on the issuing thread's track, from whichever thread completes it */
+            (void)hvprof_emit(&(hvprof_record){
+                .t_start = p->t0, .t_end = t1, .bytes = p->count * p->dtype_size,
+                .count = p->count, .seq = p->seq, .comm = p->comm, .track = p->track, .root = -1,
+                .op = HVPROF_OP_MPI_IALLREDUCE, .dtype = p->dtype, .redop = p->redop,
+                .flags = (uint16_t)(p->flags | extra_flags), .rc = sat16(p->rc),
+                .dtype_size = p->dtype_size, .aux = 0});
         atomic_store_explicit(&p->req, 0, memory_order_release);
         atomic_fetch_sub(&n_pending, 1);
         return;
     }
 }
 
-HVPROF_EXPORT int MPI_Iallreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype,
-                   MPI_Op op, MPI_Comm comm, MPI_Request *request)
-{
-    if (!ACTIVE()) return PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request);
-    uint64_t t0 = hvprof_ticks();
-    int rc = PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request);
-    pending_add(rc == MPI_SUCCESS ? *request : MPI_REQUEST_NULL, t0, comm, datatype, count, op,
-                INPLACE(sendbuf), rc);
-    return rc;
-}
+MPI_NONBLOCKING(Iallreduce,
+                (const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
+                 MPI_Comm comm, MPI_Request *request),
+                (sendbuf, recvbuf, count, datatype, op, comm, request),
+                pending_add(rc == MPI_SUCCESS ? *request : MPI_REQUEST_NULL, t0, comm, datatype,
+                            count, op, INPLACE(sendbuf), rc))
 
 #define ANY_PENDING() atomic_load_explicit(&n_pending, memory_order_relaxed)
 
@@ -993,4 +1019,16 @@ HVPROF_EXPORT int MPI_Finalize(void)
         prof_comm = MPI_COMM_NULL;
     }
     return PMPI_Finalize();
+}
+
+/* ------------------------------------------------------------------------ */
+/* Registration with the core: MPI_Finalize closes the file itself, so this
+ * backend has no lifecycle hook; the core skips libmpi's frames (a PMPI
+ * layer in between) when naming a thread's caller. */
+
+static const hvprof_backend mpi_backend = {.name = "mpi", .library = "libmpi"};
+
+__attribute__((constructor)) static void mpi_ctor(void)
+{
+    hvprof_register_backend(&mpi_backend);
 }

@@ -130,10 +130,6 @@ static _Atomic uint32_t comm_splits[HVPROF_COMM_TABLE_CAPACITY];
 static _Atomic uint64_t c_calls[N_OPS];
 static _Atomic uint64_t c_empty_groups, c_comms, c_comms_late, c_nested, c_missing_real;
 
-/* core.c exports */
-int hvprof_rank(void);
-const char *hvprof_raw_path(void);
-
 static void nccl_exit(void);
 static _Atomic int exit_registered;
 static _Atomic int finished;
@@ -236,13 +232,13 @@ static int profile_requested(void)
 static inline int recording(void)
 {
     if (HVPROF_LIKELY(atomic_load_explicit(&hvprof_active, memory_order_relaxed)))
-        return !hvprof_t.in_hook;
+        return 1;
     if (atomic_load_explicit(&open_tried, memory_order_relaxed)) return 0;
     if (atomic_exchange(&open_tried, 1)) return 0;
     /* Once per process.  A file opened earlier (MPI) and since closed or
      * switched off stays so. */
     if (!hvprof_header() && profile_requested()) hvprof_open(-1, -1, -1, NULL);
-    return atomic_load(&hvprof_active) && !hvprof_t.in_hook;
+    return atomic_load(&hvprof_active);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -383,14 +379,9 @@ static inline void call_begin(call *c)
     c->t0 = hvprof_ticks();
 }
 
-static inline void write_host(hvprof_record *rec)
-{
-    hvprof_record *r = hvprof_slot();
-    if (!r) return;
-    rec->track = hvprof_t.track;
-    *r = *rec;
-    hvprof_commit();
-}
+/* The host record, through the common emit path (rec->track is then the
+ * calling thread's: the device record's aux). */
+static inline void write_host(hvprof_record *rec) { (void)hvprof_emit(rec); }
 
 /* Just after the real call. */
 static inline void call_end(call *c, ncclResult_t rc)
@@ -419,7 +410,7 @@ static inline void call_end(call *c, ncclResult_t rc)
         .count = c->count,
         .seq = hvprof_comm_next_seq(c->comm_idx),
         .comm = c->comm_idx,
-        .track = UINT32_MAX,
+        .track = HVPROF_TRACK_SELF,
         .root = c->root,
         .op = c->op,
         .dtype = c->dtype,
@@ -457,120 +448,86 @@ static inline void call_end(call *c, ncclResult_t rc)
 /* ------------------------------------------------------------------------ */
 /* Collectives and point-to-point.                                           */
 
-typedef ncclResult_t (*allreduce_fn)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t,
-                                     ncclComm_t, cudaStream_t);
-HVPROF_EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
-                                         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                                         cudaStream_t stream)
-{
-    REAL(allreduce_fn, ncclAllReduce);
-    PASS_IF_OFF(real(sendbuff, recvbuff, count, datatype, op, comm, stream));
-    call c;
-    call_init(&c, HVPROF_OP_NCCL_ALLREDUCE, count, datatype, op, 1, -1, comm, stream);
-    if (sendbuff == recvbuff) c.flags |= HVPROF_FLAG_IN_PLACE;
-    RECORD_CALL(&c, real(sendbuff, recvbuff, count, datatype, op, comm, stream));
-}
-
-typedef ncclResult_t (*reducescatter_fn)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t,
-                                         ncclComm_t, cudaStream_t);
-HVPROF_EXPORT ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
-                                             ncclDataType_t datatype, ncclRedOp_t op,
-                                             ncclComm_t comm, cudaStream_t stream)
-{
-    REAL(reducescatter_fn, ncclReduceScatter);
-    PASS_IF_OFF(real(sendbuff, recvbuff, recvcount, datatype, op, comm, stream));
-    call c;
-    call_init(&c, HVPROF_OP_NCCL_REDUCESCATTER, recvcount, datatype, op, 1, -1, comm, stream);
-    int n = comm_size(c.comm_idx), r = comm_rank(c.comm_idx);
-    if (n > 0) { /* the send buffer: recvcount per rank */
-        c.count = (uint64_t)recvcount * (uint64_t)n;
-        c.bytes = c.count * c.dtype_size;
+/* One wrapper, the same shape for every call (and the same as mpi.c's
+ * MPI_WRAPPER): the function's name, its parameter list and the same names as
+ * the argument list, each written once; the real function's type comes from
+ * the parameter list.  The statements after them describe the call into
+ * `call c` (call_init, then any adjustment) before the real call is made. */
+#define NCCL_WRAPPER(NAME, PARAMS, ARGS, ...)                                \
+    typedef ncclResult_t (*NAME##_fn) PARAMS;                                \
+    HVPROF_EXPORT ncclResult_t NAME PARAMS                                   \
+    {                                                                        \
+        REAL(NAME##_fn, NAME);                                               \
+        PASS_IF_OFF(real ARGS);                                              \
+        call c;                                                              \
+        __VA_ARGS__;                                                         \
+        RECORD_CALL(&c, real ARGS);                                          \
     }
-    if (r >= 0 && (const char *)recvbuff == (const char *)sendbuff +
-                                                (size_t)r * recvcount * c.dtype_size)
-        c.flags |= HVPROF_FLAG_IN_PLACE;
-    RECORD_CALL(&c, real(sendbuff, recvbuff, recvcount, datatype, op, comm, stream));
-}
 
-typedef ncclResult_t (*allgather_fn)(const void *, void *, size_t, ncclDataType_t, ncclComm_t,
-                                     cudaStream_t);
-HVPROF_EXPORT ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
-                                         ncclDataType_t datatype, ncclComm_t comm,
-                                         cudaStream_t stream)
-{
-    REAL(allgather_fn, ncclAllGather);
-    PASS_IF_OFF(real(sendbuff, recvbuff, sendcount, datatype, comm, stream));
-    call c;
-    call_init(&c, HVPROF_OP_NCCL_ALLGATHER, sendcount, datatype, 0, 0, -1, comm, stream);
-    int r = comm_rank(c.comm_idx);
-    if (r >= 0 && (const char *)sendbuff == (const char *)recvbuff +
-                                                (size_t)r * sendcount * c.dtype_size)
-        c.flags |= HVPROF_FLAG_IN_PLACE;
-    RECORD_CALL(&c, real(sendbuff, recvbuff, sendcount, datatype, comm, stream));
-}
+NCCL_WRAPPER(ncclAllReduce,
+             (const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+              ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream),
+             (sendbuff, recvbuff, count, datatype, op, comm, stream),
+             call_init(&c, HVPROF_OP_NCCL_ALLREDUCE, count, datatype, op, 1, -1, comm, stream);
+             if (sendbuff == recvbuff) c.flags |= HVPROF_FLAG_IN_PLACE)
 
-typedef ncclResult_t (*broadcast_fn)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t,
-                                     cudaStream_t);
-HVPROF_EXPORT ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
-                                         ncclDataType_t datatype, int root, ncclComm_t comm,
-                                         cudaStream_t stream)
-{
-    REAL(broadcast_fn, ncclBroadcast);
-    PASS_IF_OFF(real(sendbuff, recvbuff, count, datatype, root, comm, stream));
-    call c;
-    call_init(&c, HVPROF_OP_NCCL_BROADCAST, count, datatype, 0, 0, root, comm, stream);
-    if (sendbuff == recvbuff) c.flags |= HVPROF_FLAG_IN_PLACE;
-    RECORD_CALL(&c, real(sendbuff, recvbuff, count, datatype, root, comm, stream));
-}
+NCCL_WRAPPER(ncclReduceScatter,
+             (const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype,
+              ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream),
+             (sendbuff, recvbuff, recvcount, datatype, op, comm, stream),
+             call_init(&c, HVPROF_OP_NCCL_REDUCESCATTER, recvcount, datatype, op, 1, -1, comm,
+                       stream);
+             int n = comm_size(c.comm_idx), r = comm_rank(c.comm_idx);
+             if (n > 0) { /* the send buffer: recvcount per rank */
+                 c.count = (uint64_t)recvcount * (uint64_t)n;
+                 c.bytes = c.count * c.dtype_size;
+             }
+             if (r >= 0 && (const char *)recvbuff == (const char *)sendbuff +
+                                                         (size_t)r * recvcount * c.dtype_size)
+                 c.flags |= HVPROF_FLAG_IN_PLACE)
 
-typedef ncclResult_t (*bcast_fn)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
-HVPROF_EXPORT ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root,
-                                     ncclComm_t comm, cudaStream_t stream)
-{
-    REAL(bcast_fn, ncclBcast);
-    PASS_IF_OFF(real(buff, count, datatype, root, comm, stream));
-    call c;
-    call_init(&c, HVPROF_OP_NCCL_BCAST, count, datatype, 0, 0, root, comm, stream);
-    c.flags |= HVPROF_FLAG_IN_PLACE;
-    RECORD_CALL(&c, real(buff, count, datatype, root, comm, stream));
-}
+NCCL_WRAPPER(ncclAllGather,
+             (const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
+              ncclComm_t comm, cudaStream_t stream),
+             (sendbuff, recvbuff, sendcount, datatype, comm, stream),
+             call_init(&c, HVPROF_OP_NCCL_ALLGATHER, sendcount, datatype, 0, 0, -1, comm, stream);
+             int r = comm_rank(c.comm_idx);
+             if (r >= 0 && (const char *)sendbuff == (const char *)recvbuff +
+                                                         (size_t)r * sendcount * c.dtype_size)
+                 c.flags |= HVPROF_FLAG_IN_PLACE)
 
-typedef ncclResult_t (*reduce_fn)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, int,
-                                  ncclComm_t, cudaStream_t);
-HVPROF_EXPORT ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count,
-                                      ncclDataType_t datatype, ncclRedOp_t op, int root,
-                                      ncclComm_t comm, cudaStream_t stream)
-{
-    REAL(reduce_fn, ncclReduce);
-    PASS_IF_OFF(real(sendbuff, recvbuff, count, datatype, op, root, comm, stream));
-    call c;
-    call_init(&c, HVPROF_OP_NCCL_REDUCE, count, datatype, op, 1, root, comm, stream);
-    if (sendbuff == recvbuff) c.flags |= HVPROF_FLAG_IN_PLACE;
-    RECORD_CALL(&c, real(sendbuff, recvbuff, count, datatype, op, root, comm, stream));
-}
+NCCL_WRAPPER(ncclBroadcast,
+             (const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+              int root, ncclComm_t comm, cudaStream_t stream),
+             (sendbuff, recvbuff, count, datatype, root, comm, stream),
+             call_init(&c, HVPROF_OP_NCCL_BROADCAST, count, datatype, 0, 0, root, comm, stream);
+             if (sendbuff == recvbuff) c.flags |= HVPROF_FLAG_IN_PLACE)
 
-typedef ncclResult_t (*send_fn)(const void *, size_t, ncclDataType_t, int, ncclComm_t,
-                                cudaStream_t);
-HVPROF_EXPORT ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype,
-                                    int peer, ncclComm_t comm, cudaStream_t stream)
-{
-    REAL(send_fn, ncclSend);
-    PASS_IF_OFF(real(sendbuff, count, datatype, peer, comm, stream));
-    call c;
-    call_init(&c, HVPROF_OP_NCCL_SEND, count, datatype, 0, 0, peer, comm, stream);
-    RECORD_CALL(&c, real(sendbuff, count, datatype, peer, comm, stream));
-}
+NCCL_WRAPPER(ncclBcast,
+             (void *buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+              cudaStream_t stream),
+             (buff, count, datatype, root, comm, stream),
+             call_init(&c, HVPROF_OP_NCCL_BCAST, count, datatype, 0, 0, root, comm, stream);
+             c.flags |= HVPROF_FLAG_IN_PLACE)
 
-typedef ncclResult_t (*recv_fn)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
-HVPROF_EXPORT ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
-                                    ncclComm_t comm, cudaStream_t stream)
-{
-    REAL(recv_fn, ncclRecv);
-    PASS_IF_OFF(real(recvbuff, count, datatype, peer, comm, stream));
-    call c;
-    call_init(&c, HVPROF_OP_NCCL_RECV, count, datatype, 0, 0, peer, comm, stream);
-    RECORD_CALL(&c, real(recvbuff, count, datatype, peer, comm, stream));
-}
+NCCL_WRAPPER(ncclReduce,
+             (const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+              ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream),
+             (sendbuff, recvbuff, count, datatype, op, root, comm, stream),
+             call_init(&c, HVPROF_OP_NCCL_REDUCE, count, datatype, op, 1, root, comm, stream);
+             if (sendbuff == recvbuff) c.flags |= HVPROF_FLAG_IN_PLACE)
+
+NCCL_WRAPPER(ncclSend,
+             (const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
+              ncclComm_t comm, cudaStream_t stream),
+             (sendbuff, count, datatype, peer, comm, stream),
+             call_init(&c, HVPROF_OP_NCCL_SEND, count, datatype, 0, 0, peer, comm, stream))
+
+NCCL_WRAPPER(ncclRecv,
+             (void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+              cudaStream_t stream),
+             (recvbuff, count, datatype, peer, comm, stream),
+             call_init(&c, HVPROF_OP_NCCL_RECV, count, datatype, 0, 0, peer, comm, stream))
 
 /* ------------------------------------------------------------------------ */
 /* Groups.                                                                   */
@@ -643,7 +600,7 @@ HVPROF_EXPORT ncclResult_t ncclGroupEnd(void)
             .count = nt.g_calls,
             .seq = nt.group,
             .comm = nt.g_comm,
-            .track = UINT32_MAX,
+            .track = HVPROF_TRACK_SELF,
             .root = -1,
             .op = HVPROF_OP_NCCL_GROUP,
             .dtype = HVPROF_DT_UNKNOWN,
@@ -669,97 +626,78 @@ HVPROF_EXPORT ncclResult_t ncclGroupEnd(void)
 /* ------------------------------------------------------------------------ */
 /* Communicator creation and destruction (no records; the comm table).       */
 
-typedef ncclResult_t (*initrank_fn)(ncclComm_t *, int, ncclUniqueId, int);
-HVPROF_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId,
-                                            int rank)
-{
-    REAL(initrank_fn, ncclCommInitRank);
-    if (nt.nest > 0) return real(comm, nranks, commId, rank);
-    int on = recording();
-    nt.nest++;
-    ncclResult_t rc = real(comm, nranks, commId, rank);
-    nt.nest--;
-    if (on && (rc == NCCL_SUCCESS || rc == NCCL_IN_PROGRESS) && comm && *comm)
-        comm_register(*comm, uid_hash(&commId, 0x6e63636c2d756964ull), nranks, rank, -1);
-    return rc;
-}
-
-typedef ncclResult_t (*initrankconfig_fn)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *);
-HVPROF_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks,
-                                                  ncclUniqueId commId, int rank,
-                                                  ncclConfig_t *config)
-{
-    REAL(initrankconfig_fn, ncclCommInitRankConfig);
-    if (nt.nest > 0) return real(comm, nranks, commId, rank, config);
-    int on = recording();
-    nt.nest++;
-    ncclResult_t rc = real(comm, nranks, commId, rank, config);
-    nt.nest--;
-    if (on && (rc == NCCL_SUCCESS || rc == NCCL_IN_PROGRESS) && comm && *comm)
-        comm_register(*comm, uid_hash(&commId, 0x6e63636c2d756964ull), nranks, rank, -1);
-    return rc;
-}
-
-typedef ncclResult_t (*initscalable_fn)(ncclComm_t *, int, int, int, ncclUniqueId *,
-                                        ncclConfig_t *);
-HVPROF_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *comm, int nranks, int rank,
-                                                    int nId, ncclUniqueId *commIds,
-                                                    ncclConfig_t *config)
-{
-    REAL(initscalable_fn, ncclCommInitRankScalable);
-    if (nt.nest > 0) return real(comm, nranks, rank, nId, commIds, config);
-    int on = recording();
-    nt.nest++;
-    ncclResult_t rc = real(comm, nranks, rank, nId, commIds, config);
-    nt.nest--;
-    if (on && (rc == NCCL_SUCCESS || rc == NCCL_IN_PROGRESS) && comm && *comm) {
-        uint64_t h = 0x6e63636c2d756964ull;
-        for (int i = 0; commIds && i < nId; i++) h = uid_hash(&commIds[i], h);
-        comm_register(*comm, h, nranks, rank, -1);
+/* A communicator-creating wrapper, in NCCL_WRAPPER's shape: name, parameter
+ * list and argument list once; the statements after them run once the real
+ * call returned, with rc (its result) and on (recording was on when the call
+ * was made) in scope, and register the new communicator(s). */
+#define NCCL_COMM_WRAPPER(NAME, PARAMS, ARGS, ...)                           \
+    typedef ncclResult_t (*NAME##_fn) PARAMS;                                \
+    HVPROF_EXPORT ncclResult_t NAME PARAMS                                   \
+    {                                                                        \
+        REAL(NAME##_fn, NAME);                                               \
+        if (nt.nest > 0) return real ARGS;                                   \
+        int on = recording();                                                \
+        nt.nest++;                                                           \
+        ncclResult_t rc = real ARGS;                                         \
+        nt.nest--;                                                           \
+        __VA_ARGS__;                                                         \
+        return rc;                                                           \
     }
-    return rc;
-}
 
-typedef ncclResult_t (*initall_fn)(ncclComm_t *, int, const int *);
-HVPROF_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
-{
-    REAL(initall_fn, ncclCommInitAll);
-    if (nt.nest > 0) return real(comms, ndev, devlist);
-    int on = recording();
-    nt.nest++;
-    ncclResult_t rc = real(comms, ndev, devlist);
-    nt.nest--;
-    if (on && rc == NCCL_SUCCESS && comms) {
-        uint64_t id = hvprof_mix(hvprof_mix(0x6e63636c2d616c6cull, (uint64_t)getpid()),
-                                 atomic_fetch_add(&initall_counter, 1));
-        for (int i = 0; i < ndev; i++)
-            comm_register(comms[i], id, ndev, i, devlist ? devlist[i] : i);
-    }
-    return rc;
-}
+/* The call made a communicator (nonblocking ones return ncclInProgress). */
+#define MADE(rc) ((rc) == NCCL_SUCCESS || (rc) == NCCL_IN_PROGRESS)
 
-typedef ncclResult_t (*split_fn)(ncclComm_t, int, int, ncclComm_t *, ncclConfig_t *);
-HVPROF_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
-                                         ncclConfig_t *config)
-{
-    REAL(split_fn, ncclCommSplit);
-    if (nt.nest > 0) return real(comm, color, key, newcomm, config);
-    int on = recording();
-    nt.nest++;
-    ncclResult_t rc = real(comm, color, key, newcomm, config);
-    nt.nest--;
-    if (on && (rc == NCCL_SUCCESS || rc == NCCL_IN_PROGRESS)) {
-        uint32_t parent = comm_index(comm);
-        const hvprof_comm_entry *pe = comm_entry_of(parent);
-        uint32_t n = parent < HVPROF_COMM_TABLE_CAPACITY
-                         ? atomic_fetch_add(&comm_splits[parent], 1) : 0;
-        if (color != NCCL_SPLIT_NOCOLOR && newcomm && *newcomm) {
-            uint64_t id = hvprof_mix(hvprof_mix(pe ? pe->id : 0, n), (uint64_t)(int64_t)color);
-            comm_register(*newcomm, id, -1, -1, comm_device(parent));
-        }
-    }
-    return rc;
-}
+NCCL_COMM_WRAPPER(ncclCommInitRank,
+                  (ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank),
+                  (comm, nranks, commId, rank),
+                  if (on && MADE(rc) && comm && *comm)
+                      comm_register(*comm, uid_hash(&commId, 0x6e63636c2d756964ull), nranks,
+                                    rank, -1))
+
+NCCL_COMM_WRAPPER(ncclCommInitRankConfig,
+                  (ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
+                   ncclConfig_t *config),
+                  (comm, nranks, commId, rank, config),
+                  if (on && MADE(rc) && comm && *comm)
+                      comm_register(*comm, uid_hash(&commId, 0x6e63636c2d756964ull), nranks,
+                                    rank, -1))
+
+NCCL_COMM_WRAPPER(ncclCommInitRankScalable,
+                  (ncclComm_t *comm, int nranks, int rank, int nId, ncclUniqueId *commIds,
+                   ncclConfig_t *config),
+                  (comm, nranks, rank, nId, commIds, config),
+                  if (on && MADE(rc) && comm && *comm) {
+                      uint64_t h = 0x6e63636c2d756964ull;
+                      for (int i = 0; commIds && i < nId; i++) h = uid_hash(&commIds[i], h);
+                      comm_register(*comm, h, nranks, rank, -1);
+                  })
+
+NCCL_COMM_WRAPPER(ncclCommInitAll,
+                  (ncclComm_t *comms, int ndev, const int *devlist),
+                  (comms, ndev, devlist),
+                  if (on && rc == NCCL_SUCCESS && comms) {
+                      uint64_t id = hvprof_mix(hvprof_mix(0x6e63636c2d616c6cull,
+                                                          (uint64_t)getpid()),
+                                               atomic_fetch_add(&initall_counter, 1));
+                      for (int i = 0; i < ndev; i++)
+                          comm_register(comms[i], id, ndev, i, devlist ? devlist[i] : i);
+                  })
+
+NCCL_COMM_WRAPPER(ncclCommSplit,
+                  (ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+                   ncclConfig_t *config),
+                  (comm, color, key, newcomm, config),
+                  if (on && MADE(rc)) {
+                      uint32_t parent = comm_index(comm);
+                      const hvprof_comm_entry *pe = comm_entry_of(parent);
+                      uint32_t n = parent < HVPROF_COMM_TABLE_CAPACITY
+                                       ? atomic_fetch_add(&comm_splits[parent], 1) : 0;
+                      if (color != NCCL_SPLIT_NOCOLOR && newcomm && *newcomm) {
+                          uint64_t id = hvprof_mix(hvprof_mix(pe ? pe->id : 0, n),
+                                                   (uint64_t)(int64_t)color);
+                          comm_register(*newcomm, id, -1, -1, comm_device(parent));
+                      }
+                  })
 
 typedef ncclResult_t (*comm_fn)(ncclComm_t);
 HVPROF_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm)
@@ -867,19 +805,21 @@ static void write_sidecar(void)
     }
 }
 
+/* Collect every pending device time (see hvprof_dev_flush in cuda_rt.h).
+ * Returns the number of pairs still pending. */
+HVPROF_EXPORT int hvprof_nccl_flush(int timeout_ms) { return hvprof_dev_flush(timeout_ms); }
+
 /* The end of NCCL profiling in this process: stop the device-time helper,
  * collect pending device times (polling, up to timeout_ms; negative: the
  * default), and write raw/rank-R.nccl.json (this process's hvprof_nccl_json)
  * when the process used NCCL or CUDA.  Returns the pairs left unfinished.
  * Called at exit (atexit), by the Python runtime before it converts the raw
- * file, and meant for hvprof_close (MPI_Finalize).  Runs once per process:
- * later calls return 0 at once. */
+ * file, and by hvprof_close (MPI_Finalize, exit) through this backend's finish
+ * hook.  Runs once per process: later calls return 0 at once. */
 HVPROF_EXPORT int hvprof_nccl_finish(int timeout_ms)
 {
     if (atomic_exchange(&finished, 1)) return 0; /* once: the first caller wins */
-    hvprof_dev_shutdown();
-    int left = hvprof_nccl_flush(timeout_ms);
-    hvprof_dev_set_unfinished(left > 0 ? (uint64_t)left : 0);
+    int left = hvprof_dev_finish(timeout_ms);
     char p1[256], p2[256], p3[256];
     int used = hvprof_nccl_visible() != 0 || loaded_object("libcuda.so", p1, sizeof p1) ||
                loaded_object("libcudart", p2, sizeof p2) || loaded_object("libnccl", p3, sizeof p3);
@@ -898,7 +838,14 @@ static void nccl_atfork_child(void)
     nt.group = 0;
 }
 
+static const hvprof_backend nccl_backend = {
+    .name = "nccl",
+    .library = "libnccl",
+    .finish = nccl_exit,
+    .atfork_child = nccl_atfork_child,
+};
+
 __attribute__((constructor)) static void nccl_ctor(void)
 {
-    pthread_atfork(NULL, NULL, nccl_atfork_child);
+    hvprof_register_backend(&nccl_backend);
 }

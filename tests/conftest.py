@@ -73,3 +73,16 @@ def profiler_cli(*args: str, cwd: Path | None = None, timeout: float = 120,
 
 
 requires_mpi = pytest.mark.skipif(not mpirun_available(), reason="mpirun not installed")
+
+
+def hooks_cflags() -> list[str]:
+    """The C flags setup.py compiles hooks/*.c with (its CFLAGS list, read from the
+    file without running it), so that libraries the tests build are as strict."""
+    import ast
+
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "CFLAGS" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    raise AssertionError("setup.py has no CFLAGS list")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, base_env, profiler_cli, requires_mpi
+from conftest import ROOT, base_env, hooks_cflags, profiler_cli, requires_mpi
 
 from profiler.collect import native
 from profiler.formats import record as F
@@ -51,21 +51,18 @@ def impl(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     cc, run, xflag = MPI_IMPLS[name]
     out = tmp_path_factory.mktemp(name)
     bins: dict[str, Path] = {}
-    for prog in ("collectives", "threads", "killed"):
+    for prog in ("collectives", "threads", "killed", "intercomm"):
         exe = out / prog
-        subprocess.run([cc, "-O1", "-Wall", "-Werror", "-pthread", str(C_DIR / f"{prog}.c"),
-                        "-o", str(exe)], check=True)
+        subprocess.run([cc, "-O1", "-Wall", "-Wextra", "-Werror", "-pthread",
+                        str(C_DIR / f"{prog}.c"), "-o", str(exe)], check=True)
         bins[prog] = exe
     if name == "openmpi":
         lib = native.library_path()
     else:
         lib = str(out / "libhvprof.so")
         hooks = ROOT / "hooks"
-        subprocess.run([cc, "-std=gnu11", "-O2", "-fPIC", "-shared", "-pthread",
-                        "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
-                        "-Wno-unused-parameter", "-Wno-missing-field-initializers", "-I",
-                        str(hooks), *map(str, sorted(hooks.glob("*.c"))), "-o", lib, "-ldl"],
-                       check=True)
+        subprocess.run([cc, *hooks_cflags(), "-I", str(hooks),
+                        *map(str, sorted(hooks.glob("*.c"))), "-o", lib, "-ldl"], check=True)
     return {"name": name, "bins": bins, "lib": lib, "run": run, "xflag": xflag}
 
 
@@ -288,3 +285,50 @@ def test_profiling_off_with_horovod_profile_0(impl: dict, tmp_path: Path) -> Non
     assert proc.stdout.count("RESULT OK") == 2
     assert not prof.exists()
 
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_intercommunicator_ids_sizes_and_bytes(impl: dict, tmp_path: Path, np_: int) -> None:
+    """tests/c/intercomm.c: world rank 0 is group A, ranks 1.. group B, joined by
+    MPI_Intercomm_create (not wrapped: the communicator is first seen in a
+    collective).  Every member of both groups records the same id for it and
+    for its duplicate; the table's size and rank are the local group's; the
+    allgatherv bytes are what this rank receives from the remote group (its
+    counts array has one entry per remote rank: 3 ranks on one side read 1)."""
+    n = 5
+    prof = tmp_path / "prof"
+    proc = launch(impl, np_, "intercomm", [str(n)], prof, tmp_path)
+    assert proc.stdout.count("RESULT OK") == np_, proc.stdout + proc.stderr
+    ids: dict[str, set[int]] = collections.defaultdict(set)
+    seqs = []
+    for rank in range(np_):
+        raw = read_raw(prof / "raw" / f"rank-{rank:05d}.hvprof")
+        assert raw.problems == [] and raw.header["dropped_records"] == 0
+        recs, comms = raw.records, raw.comms
+        names = np.array([F.op_name(int(o)) for o in recs["op"]])
+        assert len(comms) == 4  # world, the split, the intercommunicator, its dup
+        (inter,) = set(recs[names == "allgatherv"]["comm"].tolist())
+        on_inter = recs[recs["comm"] == inter]
+        assert collections.Counter(names[recs["comm"] == inter].tolist()) == {
+            "allreduce": n, "allgatherv": n, "barrier": 1}
+        dups = set(recs[(names == "allreduce") & (recs["comm"] != inter)]["comm"].tolist())
+        assert len(dups) == 1
+        dup = dups.pop()
+        in_a = rank == 0
+        local_size, local_rank = (1, 0) if in_a else (np_ - 1, rank - 1)
+        remote_size = np_ - 1 if in_a else 1
+        for idx in (inter, dup):
+            e = comms[idx]
+            assert (int(e["size"]), int(e["rank"])) == (local_size, local_rank)
+            assert int(e["world_rank0"]) == (0 if in_a else 1)
+        ids["inter"].add(int(comms[inter]["id"]))
+        ids["dup"].add(int(comms[dup]["id"]))
+        ids["world"].add(int(comms[0]["id"]))
+        # bytes: 4-byte ints, remote local rank i sends i + 1 of them
+        agv = recs[names == "allgatherv"]
+        assert np.all(agv["bytes"] == 4 * remote_size * (remote_size + 1) // 2)
+        assert np.all(on_inter["rc"] == 0)
+        seqs.append(sorted(on_inter["seq"].tolist()))
+    assert all(len(v) == 1 for v in ids.values()), ids  # equal on every member
+    assert len(ids["inter"] | ids["dup"] | ids["world"]) == 3
+    assert seqs == [list(range(2 * n + 1))] * np_

@@ -52,7 +52,8 @@ class Built:
 
 
 def _cc(*args: str) -> None:
-    cmd = ["gcc", "-O1", "-g", "-Wall", "-Wextra", "-Werror", *args]
+    # the library's strictness (setup.py CFLAGS): -Wall -Wextra -Werror, nothing exempted
+    cmd = ["gcc", "-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stderr}"
 
