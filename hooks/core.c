@@ -1320,7 +1320,8 @@ HVPROF_EXPORT void hvprof_set_enabled(int on)
 HVPROF_EXPORT int hvprof_record_app(int op, uint64_t t_start, uint64_t t_end, uint64_t count,
                                     uint32_t seq)
 {
-    if (op != HVPROF_OP_APP_STEP && op != HVPROF_OP_APP_MARK) return -1;
+    if (op != HVPROF_OP_APP_STEP && op != HVPROF_OP_APP_MARK && op != HVPROF_OP_APP_SYNC)
+        return -1;
     if (!atomic_load(&app_active) || g.pid != getpid()) return -1;
     /* Not gated by hvprof_active: app_active, checked above, is the gate. */
     return hvprof_emit_record(&(hvprof_record){

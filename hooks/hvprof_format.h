@@ -64,6 +64,7 @@
     X(15, MPI_FINALIZE,         "finalize",             "mpi")             \
     X(32, APP_STEP,             "step",                 "app")             \
     X(33, APP_MARK,             "mark",                 "app")             \
+    X(34, APP_SYNC,             "sync",                 "app")             \
     X(64, NCCL_ALLREDUCE,       "nccl_allreduce",       "nccl")            \
     X(65, NCCL_REDUCESCATTER,   "nccl_reducescatter",   "nccl")            \
     X(66, NCCL_ALLGATHER,       "nccl_allgather",       "nccl")            \
@@ -212,7 +213,9 @@ typedef struct hvprof_record {
     uint32_t aux;        /* 60 NCCL: group number (0 = none); DEVICE records:
                                 track of the host thread that issued it.
                                 APP_STEP: count = images in the step, seq =
-                                step number; APP_MARK: seq = user mark id    */
+                                step number; APP_MARK: seq = user mark id;
+                                APP_SYNC: the time in hvd.DistributedOptimizer
+                                .step of that step (seq = step number)       */
 } hvprof_record;
 
 /* First 64 bytes of every chunk. */

@@ -3,7 +3,9 @@
 Run under mpirun.  Rank 0 prints one JSON line: {"params": {name: elements},
 "steps": N, "size": world size}.  Steps are found by the profiler's
 hvd.DistributedOptimizer hook (no code change).  Environment: STEPS (default
-6), SLOW_STEP (rank 1 sleeps 50 ms before its backward pass in that step).
+6), SLOW_STEP (rank 1 sleeps 50 ms before its backward pass in that step),
+SLOW_EVERY_MS (rank SLOW_RANK, default 1, sleeps that many ms before its backward
+pass in every step).
 """
 
 from __future__ import annotations
@@ -36,11 +38,15 @@ def main() -> None:
     y = torch.randn(32, 4)
     steps = int(os.environ.get("STEPS", "6"))
     slow = int(os.environ.get("SLOW_STEP", "-1"))
+    every_s = float(os.environ.get("SLOW_EVERY_MS", "0")) / 1e3
+    slow_rank = int(os.environ.get("SLOW_RANK", "1"))
     for step in range(steps):
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(net(x), y)
         if step == slow and hvd.rank() == 1:
             time.sleep(0.05)
+        if every_s and hvd.rank() == slow_rank:
+            time.sleep(every_s)
         loss.backward()
         opt.step()
     # Horovod's timeline writer stops without draining at shutdown: let it drain.

@@ -336,9 +336,12 @@ def test_real_records_from_horovod_are_on_its_background_thread(
         assert t["thread_kind"] == "horovod" and not t["is_main"]
         assert t["tid"] != meta["header"]["pid"]
         assert "mpi_lib" in t["caller"]
-        # The application's main thread made the step records only.
+        # The application's main thread made the step records (and, for each step,
+        # the time inside optimizer.step) only.
         app = df[df["backend"] == "app"]
-        assert len(app) == STEPS - 1
+        assert (app["op"] == "step").sum() == STEPS - 1
+        assert (app["op"] == "sync").sum() == STEPS - 1
+        assert len(app) == 2 * (STEPS - 1)
         assert (app["thread_kind"] == "main").all() and (app["kind"] == "app").all()
         assert horovod_tracks(df) == {hvd_track}
         (main_track,) = set(app["track"].tolist())

@@ -126,3 +126,30 @@ def test_no_steps_trace_costs_nothing_per_step() -> None:
     a = advise_frame(df, {})
     assert a.findings and all(f.cost_ms is None for f in a.findings)
     assert not np.isfinite(a.header["step_ms"]) and a.header["steps"] == 0
+
+
+@pytest.mark.mpi
+@pytest.mark.horovod
+@pytest.mark.slow
+def test_real_horovod_late_rank_is_named_with_the_injected_cost(tmp_path: Path) -> None:
+    """Rank 1 sleeps 20 ms before its backward pass in every step of a real 2-rank
+    Horovod job: advise names it, calls it late-arriving, and the others' wait
+    per step is the injected delay within 25%."""
+    pytest.importorskip("horovod.torch")
+    from conftest import mpirun
+    from profiler.analysis.findings import advise
+
+    delay_ms = 20.0
+    prof = tmp_path / "prof"
+    env = {"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof), "STEPS": "16",
+           "SLOW_EVERY_MS": str(delay_ms), "SLOW_RANK": "1"}
+    job = Path(__file__).parent / "hvd_model_job.py"
+    mpirun(2, [sys.executable, str(job)], env=env, cwd=tmp_path, timeout=240)
+    a = advise(prof / "trace.json")
+    (f,) = _by_key(a, "late_ranks")
+    print(f.headline, f.cost_ms, f.cost_interval_ms, f.numbers)
+    assert f.numbers["source"] == "sync"
+    assert f.numbers["rank"] == 1 and f.significant
+    assert f.numbers["last_share"] >= 0.9
+    assert "reaches optimizer.step later" in f.details[0]
+    assert f.cost_ms == pytest.approx(delay_ms, rel=0.25)

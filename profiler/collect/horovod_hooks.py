@@ -36,11 +36,17 @@ _WRAPPED = "__hvprof_wrapped__"
 def _wrap_step(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            from profiler.collect.steps import now
+
+            entered = now()
+        except Exception:  # never break the training loop
+            entered = None
         result = orig(self, *args, **kwargs)
         try:
             from profiler.collect.steps import hook_step
 
-            hook_step()
+            hook_step(entered)
         except Exception as exc:  # never break the training loop
             _warn_once(f"step hook failed: {exc}")
         return result

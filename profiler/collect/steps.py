@@ -73,6 +73,7 @@ __all__ = [
 ]
 
 APP_STEP = 32  # hvprof_format.h: X(32, APP_STEP, "step", "app")
+APP_SYNC = 34  # hvprof_format.h: X(34, APP_SYNC, "sync", "app")
 BATCH_SIZE_ENV = "HOROVOD_PROFILE_BATCH_SIZE"
 SAMPLE_STEPS_ENV = "HOROVOD_PROFILE_SAMPLE_STEPS"
 
@@ -249,9 +250,20 @@ def batch_size() -> int:
     return _batch_size if _batch_size is not None else _env_batch_size()
 
 
-def hook_step() -> None:
+def now() -> int | None:
+    """The records' clock now (ticks), None when profiling is off: the
+    DistributedOptimizer hook takes it as optimizer.step begins."""
+    lib = _lib if _lib is not _UNRESOLVED else _library()
+    return None if lib is None else int(lib.now())
+
+
+def hook_step(entered: int | None = None) -> None:
     """Called by the DistributedOptimizer hook after each optimizer step.
 
+    entered: the clock (now()) as that optimizer.step began; the interval
+    [entered, now) is recorded as the step's "sync" row: the time this rank
+    waited in synchronize for the others' gradients (a rank that arrives late
+    waits least), and the optimizer update.
     Quiet once the application marks steps itself (:func:`step` or
     :func:`step_context`).  Never raises into the training loop.
     """
@@ -263,6 +275,8 @@ def hook_step() -> None:
         if _explicit:
             return
         _hooked = True
+        if entered is not None and _last is not None:
+            lib.record_app(APP_SYNC, int(entered), int(lib.now()), 0, _next_seq & 0xFFFFFFFF)
         _boundary(lib, batch_size())
 
 

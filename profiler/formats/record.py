@@ -266,6 +266,7 @@ OPS: dict[int, tuple[str, str, str]] = {
     15: ("MPI_FINALIZE", "finalize", "mpi"),
     32: ("APP_STEP", "step", "app"),
     33: ("APP_MARK", "mark", "app"),
+    34: ("APP_SYNC", "sync", "app"),
     64: ("NCCL_ALLREDUCE", "nccl_allreduce", "nccl"),
     65: ("NCCL_REDUCESCATTER", "nccl_reducescatter", "nccl"),
     66: ("NCCL_ALLGATHER", "nccl_allgather", "nccl"),
