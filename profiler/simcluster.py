@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -66,8 +68,8 @@ class SimClusterError(RuntimeError):
     pass
 
 
-def _sh(*cmd: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
-    p = subprocess.run(list(cmd), capture_output=True, text=True, input=input)
+def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run(list(cmd), capture_output=True, text=True)
     if check and p.returncode != 0:
         raise SimClusterError(f"{' '.join(shlex.quote(c) for c in cmd)}: "
                               f"{(p.stderr or p.stdout).strip()}")
@@ -208,10 +210,36 @@ def clusters() -> list[ClusterState]:
     return out
 
 
+@contextlib.contextmanager
+def _locked() -> Any:
+    """One sweep or bring-up at a time on this machine (parallel test workers):
+    a sweep must not take a cluster being made for a leftover."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(STATE_DIR / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def sweep_stale() -> list[str]:
     """Remove clusters whose owner died, and namespaces, /etc/netns entries and
     state folders that belong to no cluster (a run killed half-way).  Returns
     what was removed."""
+    with _locked():
+        return _sweep_stale()
+
+
+def _probe_gone(ns: str) -> bool:
+    """False for the probe namespace of a live process (available())."""
+    if "-probe-" not in ns:
+        return True
+    pid = ns.split("-probe-", 1)[1].split("-", 1)[0]
+    return not (pid.isdigit() and Path(f"/proc/{pid}").exists())
+
+
+def _sweep_stale() -> list[str]:
     removed: list[str] = []
     live: set[str] = set()
     for st in clusters():
@@ -224,7 +252,7 @@ def sweep_stale() -> list[str]:
     # state is written before any namespace is made, so a namespace of ours
     # without live state is left over
     orphans = [ns for ns in _existing_namespaces()
-               if ns.startswith(PREFIX) and ns not in live and "-probe-" not in ns]
+               if ns.startswith(PREFIX) and ns not in live and _probe_gone(ns)]
     _remove_namespaces(orphans)
     removed += orphans
     if NETNS_ETC.is_dir():
@@ -303,7 +331,13 @@ def create(hosts: int = 2, offsets: Sequence[int] | None = None, rate: str | Non
     ok, why = available(rate=bool(rate))
     if not ok:
         raise SimClusterError(why)
-    sweep_stale()
+    with _locked():
+        _sweep_stale()
+        return _create(hosts, offs, rate, slots, owner, names)
+
+
+def _create(hosts: int, offs: list[int], rate: str | None, slots: int, owner: bool,
+            names: Sequence[str] | None) -> ClusterState:
     token = secrets.token_hex(3)
     name = f"{PREFIX}{token}"
     hnames = list(names) if names else [f"h{i}" for i in range(hosts)]
@@ -431,7 +465,8 @@ class SimCluster:
 
     def mpirun(self, np: int, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                timeout: float = 120, per_host: int | None = None, cwd: str | Path | None = None,
-               btl: str = "tcp,self", extra: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+               btl: str = "tcp,self", extra: Sequence[str] = (),
+               ) -> subprocess.CompletedProcess[str]:
         return run(self.st, np, argv, env=env, timeout=timeout, per_host=per_host, cwd=cwd,
                    btl=btl, extra=extra)
 
@@ -524,10 +559,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif a.cmd == "exec":
             args = a.args[1:] if a.args[:1] == ["--"] else a.args
             st = _pick(a.name)
-            h = next((h for h in st.hosts if h.name == a.host), None)
-            if h is None:
+            where = next((h for h in st.hosts if h.name == a.host), None)
+            if where is None:
                 raise SimClusterError(f"no host {a.host} in {st.name}")
-            return subprocess.call(host_cmd(st, h, args or ["/bin/sh"]))
+            return subprocess.call(host_cmd(st, where, args or ["/bin/sh"]))
         elif a.cmd == "down":
             if a.all:
                 for st in clusters():

@@ -50,7 +50,7 @@ if a.kill_host is not None:
     doomed = host == a.kill_host
     sub = c.Split(1 if doomed else 0, r)
     if not doomed:
-        for it in range(a.n):
+        for _ in range(a.n):
             z = np.full(16, 1.0, dtype=np.float32)  # 64 B
             sub.Allreduce(MPI.IN_PLACE, z, op=MPI.SUM)
         sub.Barrier()

@@ -246,3 +246,16 @@ def test_cli_up_run_down(tmp_path: Path) -> None:
     assert down.returncode == 0, down.stderr
     assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True,
                                       text=True).stdout
+
+
+def test_unavailable_namespaces_are_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without `ip` (or root) the harness says why; the fixture skips with that reason."""
+    from profiler import simcluster
+
+    monkeypatch.setattr(simcluster.shutil, "which", lambda tool: None)
+    assert simcluster.available() == (False, "simulated hosts need `ip` (not found)")
+    monkeypatch.setattr(simcluster.os, "geteuid", lambda: 1000)
+    ok, why = simcluster.available()
+    assert not ok and "root" in why
+    with pytest.raises(simcluster.SimClusterError, match="root"):
+        simcluster.create(hosts=2)

@@ -25,10 +25,12 @@ One job per server count S (W workers + S servers, Open MPI over TCP):
   or with --allreduce-algorithm default, whatever Open MPI's tuned rules pick.
 
 Waiting ranks poll their requests with short sleeps, and Open MPI runs with
-mpi_yield_when_idle 1 (the simulated hosts share this machine's cores).  Each time is the median of --rounds timed runs
+mpi_yield_when_idle 1 (the simulated hosts share this machine's cores).
+Each time is the median of --rounds timed runs
 after one warm-up.  The defaults (8 MiB, 200 Mbit/s) keep the run to about
 half a minute on 2 cores while the transfers, not the shared CPUs, set the
-times; faster links make the CPUs that emulate them the bottleneck.  Rank 0 prints one `PSRESULT {json}` line; the launcher
+times; faster links make the CPUs that emulate them the bottleneck.
+Rank 0 prints one `PSRESULT {json}` line; the launcher
 prints the table beside the seed's, with what the link rate alone predicts:
 push then pull through S server links, 2 W P / (S R); a ring allreduce,
 2 (W - 1) P / (W R).  The job runs under HOROVOD_PROFILE=1: DIR/servers-S/
@@ -43,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -221,7 +222,8 @@ def run(workers: int, servers: Sequence[int], nbytes: int, rate: str, out: Path,
             results.append(json.loads(line.split(" ", 1)[1]))
     text = table(results, workers, nbytes, rate, rate_bits, algorithm)
     doc = {"pattern": "ps", "workers": workers, "servers": list(servers), "bytes": nbytes,
-           "rate": rate, "rounds": iters, "allreduce_algorithm": algorithm, "results": results, "table": text,
+           "rate": rate, "rounds": iters, "allreduce_algorithm": algorithm,
+           "results": results, "table": text,
            "seed": {"ps_s": SEED_PS, "allreduce_s": SEED_ALLREDUCE, "label": SEED_LABEL}}
     (out / "bench-ps.json").write_text(json.dumps(doc, indent=1))
     return doc
