@@ -40,6 +40,9 @@ def test_ps_table_has_the_seed_shape(tmp_path: Path) -> None:
     doc = json.loads((out / "bench-ps.json").read_text())
     t = {r["servers"]: r["ps_median_s"] for r in doc["results"]}
     assert t[1] > 1.5 * t[2] > 1.5 * 1.5 * t[4], t  # halves (about) with each doubling
+    # the links are rate-limited: no faster than the rate allows
+    for s, secs in t.items():
+        assert secs >= 0.95 * ps.predicted(4, s, 4 * 2**20, 200e6), (s, secs)
     ar = max(r["allreduce_median_s"] for r in doc["results"])
     assert ar <= t[4], (ar, t)  # allreduce at or below the best server count
     # each job is a profile: its MPI_Allreduce calls are in the trace
