@@ -737,14 +737,17 @@ static int profiling_wanted(void)
  * On a busy machine most round trips are stretched by a descheduled peer;
  * the fastest of many, spread over time, is not.  So rank 0 sends bursts of
  * SYNC_BURST pings with a pause between bursts, up to SYNC_MAX_BURSTS bursts
- * or SYNC_BUDGET_NS per leader, stopping early once the best round trip is
- * below SYNC_GOOD_RTT_NS (a quiet machine: a few bursts) or, after more
- * bursts, below SYNC_OK_RTT_NS.  Both sides of a burst have just woken from
- * a sleep (rank 0's pause, the leader's idle wait), which the scheduler
- * favours over CPU-bound neighbours: the burst's later round trips then run
- * with both on a CPU.  Ranks that are not
+ * or a time budget per leader (SYNC_BUDGET_NS; with many hosts
+ * SYNC_TOTAL_NS shared, at least SYNC_MIN_BUDGET_NS each), stopping early
+ * once the best round trip is below SYNC_GOOD_RTT_NS (a quiet machine: a
+ * few bursts) or, after more bursts, below SYNC_OK_RTT_NS.  Both sides of a
+ * burst have just woken from a sleep (rank 0's pause, the leader's idle
+ * wait), which the scheduler favours over CPU-bound neighbours: the burst's
+ * later round trips then run with both on a CPU.  Ranks that are not
  * measuring wait without spinning (sync_wait_idle), leaving the CPUs to the
- * two that are.  Cost: O(hosts) x at most SYNC_BUDGET_NS at rank 0. */
+ * two that are.  Cost at rank 0: about a millisecond per host on a quiet
+ * machine (SYNC_MIN_BURSTS bursts), at most max(SYNC_TOTAL_NS, hosts x
+ * SYNC_MIN_BUDGET_NS) on a busy one, at MPI_Init and again at MPI_Finalize. */
 typedef struct { int64_t offset, err, at; } clock_sync; /* at: this rank's clock */
 
 enum {
@@ -757,7 +760,9 @@ enum {
 };
 #define SYNC_GOOD_RTT_NS 30000LL      /* bound <= 15 us */
 #define SYNC_OK_RTT_NS 60000LL        /* bound <= 30 us */
-#define SYNC_BUDGET_NS 1000000000LL   /* per leader (a busy machine) */
+#define SYNC_BUDGET_NS 1000000000LL   /* per leader (a busy machine) ... */
+#define SYNC_TOTAL_NS 4000000000LL    /* ... and for all leaders together, */
+#define SYNC_MIN_BUDGET_NS 20000000LL /* but at least this per leader */
 #define SYNC_PAUSE_NS 300000L         /* between bursts */
 
 /* Complete a request without spinning for long: a rank waiting its turn (or
@@ -783,7 +788,8 @@ static int64_t sync_clock_res_ns(void)
 }
 
 /* Rank 0's side for one leader: returns {offset, err, at (leader's clock)}. */
-static void sync_measure_leader(MPI_Comm leaders, int r, int64_t res_ns, int64_t out[3])
+static void sync_measure_leader(MPI_Comm leaders, int r, int64_t res_ns, int64_t budget_ns,
+                                int64_t out[3])
 {
     int64_t best_rtt = INT64_MAX, best_off = 0, best_b = 0;
     int64_t t_start = hvprof_mono_ns();
@@ -803,7 +809,7 @@ static void sync_measure_leader(MPI_Comm leaders, int r, int64_t res_ns, int64_t
         }
         if (burst + 1 >= SYNC_MIN_BURSTS && best_rtt <= SYNC_GOOD_RTT_NS) break;
         if (burst + 1 >= SYNC_OK_BURSTS && best_rtt <= SYNC_OK_RTT_NS) break;
-        if (hvprof_mono_ns() - t_start > SYNC_BUDGET_NS) break;
+        if (hvprof_mono_ns() - t_start > budget_ns) break;
     }
     out[0] = best_off;
     out[1] = (best_rtt + 1) / 2 + res_ns;
@@ -817,9 +823,12 @@ static void ping_pong_leaders(MPI_Comm leaders, clock_sync *out)
     PMPI_Comm_size(leaders, &n);
     int64_t res_ns = sync_clock_res_ns();
     if (me == 0) {
+        int64_t budget = SYNC_TOTAL_NS / (n > 1 ? n - 1 : 1);
+        if (budget > SYNC_BUDGET_NS) budget = SYNC_BUDGET_NS;
+        if (budget < SYNC_MIN_BUDGET_NS) budget = SYNC_MIN_BUDGET_NS;
         for (int r = 1; r < n; r++) {
             int64_t res[3];
-            sync_measure_leader(leaders, r, res_ns, res);
+            sync_measure_leader(leaders, r, res_ns, budget, res);
             PMPI_Send(res, 3, MPI_INT64_T, r, SYNC_TAG_DONE, leaders);
         }
         *out = (clock_sync){0, 0, hvprof_mono_ns()};
