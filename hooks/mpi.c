@@ -740,7 +740,9 @@ static int profiling_wanted(void)
  * or a time budget per leader (SYNC_BUDGET_NS; with many hosts
  * SYNC_TOTAL_NS shared, at least SYNC_MIN_BUDGET_NS each), stopping early
  * once the best round trip is below SYNC_GOOD_RTT_NS (a quiet machine: a
- * few bursts) or, after more bursts, below SYNC_OK_RTT_NS.  Both sides of a
+ * few bursts) or, after more bursts, below SYNC_OK_RTT_NS.  A burst ends
+ * early at a slow round trip (a peer lost its CPU), so the budget buys many
+ * independent tries rather than many slow round trips.  Both sides of a
  * burst have just woken from a sleep (rank 0's pause, the leader's idle
  * wait), which the scheduler favours over CPU-bound neighbours: the burst's
  * later round trips then run with both on a CPU.  Ranks that are not
@@ -753,17 +755,19 @@ typedef struct { int64_t offset, err, at; } clock_sync; /* at: this rank's clock
 enum {
     SYNC_TAG = 7717,      /* ping (rank 0 -> leader) and pong */
     SYNC_TAG_DONE = 7718, /* rank 0 -> leader: {offset, err, at} */
+    SYNC_TAG_END = 7719,  /* rank 0 -> leader: the burst is over */
     SYNC_BURST = 16,
     SYNC_MIN_BURSTS = 4,  /* then stop at a round trip <= SYNC_GOOD_RTT_NS */
     SYNC_OK_BURSTS = 32,  /* then stop at a round trip <= SYNC_OK_RTT_NS */
-    SYNC_MAX_BURSTS = 128,
+    SYNC_MAX_BURSTS = 1024,
 };
 #define SYNC_GOOD_RTT_NS 30000LL      /* bound <= 15 us */
 #define SYNC_OK_RTT_NS 60000LL        /* bound <= 30 us */
 #define SYNC_BUDGET_NS 1000000000LL   /* per leader (a busy machine) ... */
 #define SYNC_TOTAL_NS 4000000000LL    /* ... and for all leaders together, */
 #define SYNC_MIN_BUDGET_NS 20000000LL /* but at least this per leader */
-#define SYNC_PAUSE_NS 300000L         /* between bursts */
+#define SYNC_SLOW_RTT_NS 50000LL      /* a round trip this slow may end a burst */
+#define SYNC_PAUSE_NS 300000L         /* between bursts: 1 to 2 x this */
 
 /* Complete a request without spinning for long: a rank waiting its turn (or
  * for its leader's result) sleeps between tests. */
@@ -793,9 +797,15 @@ static void sync_measure_leader(MPI_Comm leaders, int r, int64_t res_ns, int64_t
 {
     int64_t best_rtt = INT64_MAX, best_off = 0, best_b = 0;
     int64_t t_start = hvprof_mono_ns();
-    struct timespec pause = {0, SYNC_PAUSE_NS};
+    uint64_t seed = (uint64_t)t_start ^ ((uint64_t)r << 32);
     for (int burst = 0; burst < SYNC_MAX_BURSTS; burst++) {
-        if (burst) nanosleep(&pause, NULL);
+        if (burst) {
+            /* a pause of random length: other processes run, and the next
+             * burst does not fall in step with a periodic load */
+            seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+            struct timespec pause = {0, SYNC_PAUSE_NS + (long)((seed >> 33) % SYNC_PAUSE_NS)};
+            nanosleep(&pause, NULL);
+        }
         for (int k = 0; k < SYNC_BURST; k++) {
             int64_t a = hvprof_mono_ns(), b = 0;
             PMPI_Send(&a, 1, MPI_INT64_T, r, SYNC_TAG, leaders);
@@ -806,7 +816,13 @@ static void sync_measure_leader(MPI_Comm leaders, int r, int64_t res_ns, int64_t
                 best_off = b - (a + (c - a) / 2);
                 best_b = b;
             }
+            /* A slow round trip after the first (which wakes the leader):
+             * a peer lost its CPU.  End the burst and try again later,
+             * rather than spend the budget on more slow ones. */
+            if (k > 0 && c - a > 2 * best_rtt && c - a > SYNC_SLOW_RTT_NS) break;
         }
+        int64_t end = 0;
+        PMPI_Send(&end, 1, MPI_INT64_T, r, SYNC_TAG_END, leaders);
         if (burst + 1 >= SYNC_MIN_BURSTS && best_rtt <= SYNC_GOOD_RTT_NS) break;
         if (burst + 1 >= SYNC_OK_BURSTS && best_rtt <= SYNC_OK_RTT_NS) break;
         if (hvprof_mono_ns() - t_start > budget_ns) break;
@@ -834,13 +850,14 @@ static void ping_pong_leaders(MPI_Comm leaders, clock_sync *out)
         *out = (clock_sync){0, 0, hvprof_mono_ns()};
         return;
     }
-    /* A leader answers pings until rank 0 sends the result.  The first
-     * message of each burst may find it asleep (waiting its turn or between
-     * bursts); inside a burst it waits spinning, for the fastest answer. */
-    for (int k = 0;; k++) {
+    /* A leader answers pings until rank 0 sends the result.  Between bursts
+     * (and while waiting its turn) it sleeps, so the first ping of a burst
+     * wakes it; inside a burst it waits spinning, for the fastest answer. */
+    int idle = 1;
+    for (;;) {
         int64_t m[3] = {0, 0, 0};
         MPI_Status st;
-        if (k % SYNC_BURST == 0) {
+        if (idle) {
             MPI_Request req;
             PMPI_Irecv(m, 3, MPI_INT64_T, 0, MPI_ANY_TAG, leaders, &req);
             sync_wait_idle(&req, &st);
@@ -852,6 +869,11 @@ static void ping_pong_leaders(MPI_Comm leaders, clock_sync *out)
             *out = (clock_sync){m[0], m[1] + res_ns, m[2]};
             return;
         }
+        if (st.MPI_TAG == SYNC_TAG_END) {
+            idle = 1;
+            continue;
+        }
+        idle = 0;
         int64_t b = hvprof_mono_ns();
         PMPI_Send(&b, 1, MPI_INT64_T, 0, SYNC_TAG, leaders);
     }
