@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ROOT, hooks_cflags, requires_mpi
-from profiler.raw import read_raw
 from test_capture_c import C_DIR, expected_collectives, launch, op_bytes
 
-from profiler import _format as F
+from profiler.formats import record as F
+from profiler.formats.raw import read_raw
 
 pytestmark = [requires_mpi, pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -12,7 +12,7 @@
 #   LIB: the library to preload (default: the installed package's libhvprof.so)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-LIB=${1:-$("$HERE/../../.venv/bin/python" -I -c 'from profiler import _lib; print(_lib.library_path())')}
+LIB=${1:-$("$HERE/../../.venv/bin/python" -I -c 'from profiler.collect import native; print(native.library_path())')}
 N1=${2:-20000}
 N2=${3:-120000}
 TMP=$(mktemp -d)

@@ -4,6 +4,8 @@
                    [--between 1] [--iters 20] [--warmup 5] [--dtype float32]
                    [--sizes-from app/trace.json] [--backend mpi|nccl]
                    [--transport shm|tcp] [--mpirun mpirun] [--mpirun-args "..."]
+    profiler bench --pattern ps --servers 1,2,4 --workers 4 -o DIR
+                   [--payload 8M] [--rate 200mbit] [--rounds 2]
 
 Runs `mpirun -n NP python -m profiler.bench.sweep` with HOROVOD_PROFILE=1 and
 HOROVOD_PROFILE_DIR=DIR: rank 0 prints nccl-tests' columns (size, count, type,
@@ -21,6 +23,10 @@ count, element size and number of calls, as the trace's lowest rank made them).
 loopback (btl tcp,self), with pml ob1; the trace's metadata records the setting.
 --backend nccl: cupy's NCCL on one GPU per rank (needs cupy and a GPU).
 Already inside an MPI job (launched by mpirun), the sweep runs in this process.
+--pattern ps: parameter-server push+pull (sharded parameters, point-to-point
+messages) through server ranks on simulated hosts of their own, beside
+MPI_Allreduce of the same payload on the same rate-limited links; prints the
+seed's table for this cluster (profiler.bench.ps; needs root for namespaces).
 """
 
 from __future__ import annotations
@@ -63,7 +69,24 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--mpirun-args", default="", help="extra launcher arguments (one string)")
     p.add_argument("--timeout", type=float, default=900.0,
                    help="seconds before the run is abandoned (default 900)")
+    _add_ps_arguments(p)
     return p
+
+
+def _add_ps_arguments(p: argparse.ArgumentParser) -> None:
+    """--pattern ps: parameter server against MPI_Allreduce on simulated hosts
+    (profiler/bench/ps.py)."""
+    g = p.add_argument_group("--pattern ps (parameter server vs MPI_Allreduce on simulated "
+                             "hosts; needs root)")
+    g.add_argument("--pattern", choices=("sweep", "ps"), default="sweep",
+                   help="sweep: the collective sweep (default); ps: push+pull through "
+                        "server ranks beside MPI_Allreduce, the seed's table")
+    g.add_argument("--servers", default="1,2,4", help="server counts (default 1,2,4)")
+    g.add_argument("--workers", type=int, default=4, help="workers (default 4)")
+    g.add_argument("--payload", default="8M", help="parameter bytes (default 8M)")
+    g.add_argument("--rate", default="200mbit", help="per-link rate, tbf (default 200mbit)")
+    g.add_argument("--rounds", type=int, default=2, help="timed rounds (default 2)")
+    g.add_argument("--allreduce-algorithm", choices=("ring", "default"), default="ring")
 
 
 def _check_nccl() -> None:
@@ -83,6 +106,11 @@ def _check_nccl() -> None:
 def run(args: argparse.Namespace) -> int:
     from profiler import bench
     from profiler.errors import UsageError
+
+    if getattr(args, "pattern", "sweep") == "ps":
+        from profiler.bench import ps
+
+        return ps.run_from_args(args)
 
     dtype_size = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "float16": 2,
                   "uint8": 1}[args.dtype]

@@ -115,8 +115,10 @@ def _clock_line(meta: dict[str, Any]) -> str | None:
               if r.get("clock_drift_ppm") is not None]
     line = (f"clock offsets: {len(ranks)} rank(s) aligned to rank 0 within "
             f"{_fmt_us(max(errs) / 1e3)}")
-    if drifts:
+    if drifts and max(drifts) > 0:
         line += f", drift up to {max(drifts):.2f} ppm (corrected linearly)"
+    elif drifts:
+        line += ", no drift beyond the bounds"
     return line
 
 

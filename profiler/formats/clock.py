@@ -48,22 +48,50 @@ MAX_DRIFT_PPM = 1000.0
 def clock_drift_ppm(header: Mapping[str, Any]) -> float | None:
     """How fast this rank's clock ran against rank 0's between the offset
     measurements at MPI_Init and MPI_Finalize (parts per million; None when it
-    was measured once: one host, or an older file)."""
+    was measured once: one host, or an older file).
+
+    Drift is reported only when it is significant: the two offsets must differ
+    by more than the sum of their error bounds (offset_err_ns,
+    offset_end_err_ns), so that no offset consistent with both measurements
+    stands still over the run.  Otherwise the clocks are not known to drift
+    over this run's length and the drift is 0.0 (see offset_ns_at)."""
     t0, t1 = int(header.get("offset_at_ns") or 0), int(header.get("offset_end_at_ns") or 0)
     if t0 <= 0 or t1 <= t0:
         return None
-    ppm = (int(header.get("offset_end_ns") or 0) - int(header["offset_ns"])) / (t1 - t0) * 1e6
+    d = int(header.get("offset_end_ns") or 0) - int(header["offset_ns"])
+    bound = (abs(int(header.get("offset_err_ns") or 0))
+             + abs(int(header.get("offset_end_err_ns") or 0)))
+    if abs(d) <= bound:
+        return 0.0
+    ppm = d / (t1 - t0) * 1e6
     return ppm if abs(ppm) <= MAX_DRIFT_PPM else None
+
+
+def agreed_offset_ns(header: Mapping[str, Any]) -> tuple[int, int]:
+    """(offset, error bound) of this rank's clock to rank 0's when it does not
+    drift: the middle of the offsets consistent with both measurements (the
+    intersection of [offset +- err] at MPI_Init and at MPI_Finalize), or the
+    start-up measurement alone when there is one measurement, the two do not
+    agree, or the drift was refused (clock_drift_ppm)."""
+    o0, e0 = int(header["offset_ns"]), abs(int(header.get("offset_err_ns") or 0))
+    if clock_drift_ppm(header) != 0.0 or not int(header.get("offset_end_at_ns") or 0):
+        return o0, e0
+    o1, e1 = int(header.get("offset_end_ns") or 0), abs(int(header.get("offset_end_err_ns") or 0))
+    lo, hi = max(o0 - e0, o1 - e1), min(o0 + e0, o1 + e1)
+    if lo > hi:
+        return o0, e0
+    return (lo + hi) // 2, (hi - lo + 1) // 2
 
 
 def offset_ns_at(mono_ns: np.ndarray, header: Mapping[str, Any]) -> np.ndarray | int:
     """This rank's offset to rank 0's clock at its own CLOCK_MONOTONIC times:
-    the start-up offset, moved linearly to the one measured at MPI_Finalize
-    when there is one (clock_drift_ppm)."""
-    o0 = int(header["offset_ns"])
+    with significant drift (clock_drift_ppm), the start-up offset moved
+    linearly to the one measured at MPI_Finalize; without, one offset for the
+    run, the best that both measurements allow (agreed_offset_ns)."""
     ppm = clock_drift_ppm(header)
     if ppm is None or ppm == 0.0:
-        return o0
+        return agreed_offset_ns(header)[0]
+    o0 = int(header["offset_ns"])
     t0 = int(header["offset_at_ns"])
     return o0 + np.rint((np.asarray(mono_ns) - t0) * (ppm * 1e-6)).astype(np.int64)
 
