@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 from profiler._version import __version__
 
-__all__ = ["__version__", "step", "step_context", "load", "sampling", "paused"]
+__all__ = ["__version__", "step", "step_context", "set_batch_size", "load", "sampling",
+           "paused"]
 
 
 def step(images: int = 0) -> None:
@@ -34,6 +35,14 @@ def step_context(images: int = 0) -> Any:
     from profiler.collect.steps import step_context as _ctx
 
     return _ctx(images=images)
+
+
+def set_batch_size(n: int | None) -> None:
+    """Images per step for the steps found through hvd.DistributedOptimizer
+    (None: back to HOROVOD_PROFILE_BATCH_SIZE)."""
+    from profiler.collect.steps import set_batch_size as _set
+
+    _set(n)
 
 
 def sampling(on: bool) -> None:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: profile the bundled Horovod training benchmark on 2 local ranks,
 # with tensor fusion on (Horovod's default) and off (HOROVOD_FUSION_THRESHOLD=0),
-# then summarize both, compare them and write a report.
+# then summarize both, compare them, write a report and end with the findings
+# of both runs (profiler advise).
 #
 #   bash scripts/main-job.sh
 #
@@ -73,6 +74,12 @@ if "$PROFILER" report --help >/dev/null 2>&1; then
 else
     say "note: 'profiler report' is not available in this version; report skipped"
 fi
+
+# Last, what a person reads first: the findings of both runs, ranked by cost.
+say "findings, fusion on"
+"$PROFILER" advise "$ON"
+say "findings, fusion off (HOROVOD_FUSION_THRESHOLD=0)"
+"$PROFILER" advise "$OFF"
 
 say "traces:"
 say "  fusion on:  $ON"

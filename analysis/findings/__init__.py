@@ -61,6 +61,20 @@ class Advice:
     def limits(self) -> list[Finding]:
         return [f for f in self.findings if f.kind == "limit"]
 
+    def table(self) -> Any:
+        """The findings as a DataFrame (one row each: key, kind, headline, cost,
+        interval, significant, recommendation), for notebooks and the report."""
+        import pandas as pd
+
+        return pd.DataFrame([{
+            "key": f.key, "kind": f.kind, "headline": f.headline, "cost_ms": f.cost_ms,
+            "cost_lo_ms": f.cost_interval_ms[0] if f.cost_interval_ms else None,
+            "cost_hi_ms": f.cost_interval_ms[1] if f.cost_interval_ms else None,
+            "significant": f.significant, "recommendation": f.recommendation,
+        } for f in self.findings], columns=["key", "kind", "headline", "cost_ms",
+                                            "cost_lo_ms", "cost_hi_ms", "significant",
+                                            "recommendation"])
+
     def to_dict(self) -> dict[str, Any]:
         return {"trace": self.path, **self.header,
                 "findings": [f.to_dict() for f in self.findings]}

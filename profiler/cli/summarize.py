@@ -179,7 +179,7 @@ def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[
     if calls.aggregated:
         console.print("percentiles estimated from log-scale latency histograms "
                       "(summary mode)")
-    lines = []
+    lines: list[str | None] = []
     if has_control:
         lines.append(_control_line(calls, n_ranks))
     lines.append(_rank_line(calls))
