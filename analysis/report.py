@@ -144,6 +144,53 @@ def _summary(df: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
+# which section holds the figure and table behind each kind of finding
+_EVIDENCE = {"step_time": ("steps", "Steps and throughput"),
+             "late_ranks": ("imbalance", "Per-rank imbalance"),
+             "control_plane": ("kinds", "Control vs data"),
+             "latency_cliffs": ("latency", "Latency vs size")}
+
+
+def _findings_section(df: pd.DataFrame, labels: Sequence[str],
+                      metas: Mapping[str, Mapping[str, Any]], multi: bool) -> str:
+    """The findings of each trace (analysis.findings, as `profiler advise` ranks
+    them), each linked to the section that supports it."""
+    from profiler.units import fmt_ms
+
+    from .findings import advise_frame
+
+    out = []
+    for lb in labels:
+        sub = df.loc[isin(df["label"], [lb])] if multi else df
+        advice = advise_frame(sub, dict(metas.get(lb) or {}), path=str(lb))
+        items = []
+        for f in advice.significant + advice.minor:
+            cost = ""
+            if f.cost_ms is not None:
+                cost = f" <span class=\"muted\">[{_e(fmt_ms(f.cost_ms))}/step"
+                if f.cost_interval_ms:
+                    lo, hi = f.cost_interval_ms
+                    cost += f", 95% interval {_e(fmt_ms(lo))} to {_e(fmt_ms(hi))}"
+                cost += "]</span>"
+            link = ""
+            if f.key in _EVIDENCE:
+                anchor, name = _EVIDENCE[f.key]
+                link = f' <a href="#{anchor}">({_e(name)})</a>'
+            body = "".join(f"<br>{_e(d)}" for d in f.details)
+            if f.recommendation:
+                body += f"<br><b>try:</b> {_e(f.recommendation)}"
+            cls = "" if f.significant else ' class="muted"'
+            items.append(f"<li{cls}><b>{_e(f.headline)}</b>{cost}{link}{body}</li>")
+        if not advice.significant:
+            items.insert(0, "<li>no significant finding: nothing measured here costs more "
+                            "than the run-to-run noise</li>")
+        limits = "".join(f"<li>{_e(f.headline)}</li>" for f in advice.limits)
+        head = f"<h3>{_e(str(lb))}</h3>" if multi else ""
+        out.append(head + "<ol>" + "".join(items) + "</ol>"
+                   + (f"<p>Cannot conclude:</p><ul>{limits}</ul>" if limits else ""))
+    return "".join(out)
+
+
 def _lineage_section(paths: Mapping[str, str | None]) -> str:
     """Tensors and fused calls from lineage.parquet next to each trace, if any."""
     from profiler.errors import ProfilerError
@@ -225,6 +272,9 @@ def render_report(
 
     def sec_traces() -> str:
         return _trace_table(metas, df)
+
+    def sec_findings() -> str:
+        return _findings_section(df, labels, metas, multi)
 
     def sec_summary() -> str:
         out = ""
@@ -310,6 +360,7 @@ def render_report(
         return _table(t, max_rows=200)
 
     sections = [
+        ("findings", "Findings", sec_findings),
         ("traces", "Traces", sec_traces),
         ("summary", "Summary per collective and size", sec_summary),
         ("sizes", "Message sizes", sec_sizes),

@@ -170,3 +170,22 @@ def test_report_of_a_trace_too_large_to_load_whole(tmp_path: Path) -> None:
     assert meta["synthetic"]["stragglers"]
     small = summarize(load(big / "trace.json", max_rows=4000))
     assert int(small["calls"].sum()) < int(full["calls"].sum())
+
+
+def test_report_opens_with_the_findings() -> None:
+    """The first section is the findings of each trace (the same analyzers as
+    `profiler advise`), each linked to the section that supports it."""
+    import re
+
+    from analysis_fixtures import training
+    from profiler.analysis.findings import advise_frame
+
+    df = training(steps=14, late_rank=1, late_ns=2_000_000, step_ns=30_000_000)
+    text = render_report(df, progress=False)
+    sections = re.findall(r'<h2 id="([a-z]+)">', text)
+    assert sections[0] == "findings" and sections[1] == "traces"
+    body = text.split('<h2 id="findings">', 1)[1].split("<h2 ", 1)[0]
+    expected = advise_frame(df, {}).significant
+    assert expected and all(f.headline in body for f in expected)
+    assert '<a href="#imbalance">' in body
+    assert not re.search(r"\d[eE][+-]\d", body)

@@ -97,6 +97,8 @@ def _header(ctx: Context) -> dict[str, Any]:
 def advise_frame(df: Any, meta: dict[str, Any] | None = None, *, path: str = "",
                  only: Sequence[str] | None = None) -> Advice:
     """Run the analyzers on a loaded frame (one trace) and rank the findings."""
+    if "label" in df.columns:  # one trace of a multi-trace frame: the label is constant
+        df = df.drop(columns=["label"])
     ctx = Context(df=df, meta=dict(meta or {}), path=path)
     found: list[Finding] = []
     for name, fn in ANALYZERS.items():

@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "synth": "profiler.cli.synth",
     "tensors": "profiler.cli.tensors",
     "advise": "profiler.cli.advise",
+    "check": "profiler.cli.check",
 }
 
 EXIT_OK = 0
