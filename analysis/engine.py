@@ -154,7 +154,10 @@ def connect(memory_limit: str | None = None, threads: int | None = None) -> Any:
     con.execute(f"SET memory_limit = '{mem}'")
     con.execute(f"SET temp_directory = '{tempfile.gettempdir()}/hvprof-duckdb'")
     con.execute("SET preserve_insertion_order = false")
-    con.execute("SET enable_progress_bar = false")
+    try:  # inside Jupyter, DuckDB refuses this setting without ipywidgets
+        con.execute("SET enable_progress_bar = false")
+    except Exception:  # duckdb.Error: its default then stays
+        pass
     if threads is not None:
         con.execute(f"SET threads = {int(threads)}")
     return con

@@ -50,6 +50,7 @@ _Atomic int hvprof_active = 0;
  * is still closing its last step). */
 static _Atomic int app_active = 0;
 _Atomic uint32_t hvprof_generation = 1;
+hvprof_inflight_entry *_Atomic hvprof_inflight_table = NULL;
 _Atomic uint32_t hvprof_comm_epoch = 1;
 _Atomic int hvprof_divert = 0;
 static void agg_snapshot(void);
@@ -619,6 +620,8 @@ static void header_init(hvprof_file_header *h, int rank, int world_size, int loc
     h->comm_table_capacity = HVPROF_COMM_TABLE_CAPACITY;
     h->track_table_offset = HVPROF_HEADER_BYTES + 64 * HVPROF_COMM_TABLE_CAPACITY;
     h->track_table_capacity = HVPROF_TRACK_TABLE_CAPACITY;
+    h->inflight_offset = HVPROF_INFLIGHT_OFFSET;
+    h->inflight_capacity = HVPROF_INFLIGHT_CAPACITY;
     h->first_chunk_offset = meta;
     h->rank = rank;
     h->world_size = world_size;
@@ -642,6 +645,8 @@ static void start_recording(int fd, hvprof_file_header *h, size_t meta, uint32_t
 {
     g.fd = fd;
     g.hdr = h;
+    atomic_store(&hvprof_inflight_table,
+                 (hvprof_inflight_entry *)((char *)h + HVPROF_INFLIGHT_OFFSET));
     g.meta_bytes = meta;
     g.chunk_bytes = chunk;
     g.first_chunk_offset = meta;
@@ -1263,6 +1268,7 @@ static void atfork_child(void)
 {
     atomic_store(&hvprof_active, 0);
     atomic_store(&app_active, 0);
+    atomic_store(&hvprof_inflight_table, (hvprof_inflight_entry *)NULL);
     atomic_fetch_add(&hvprof_generation, 1);
     if (g.fd >= 0) close(g.fd);
     g.fd = -1;
@@ -1397,7 +1403,15 @@ HVPROF_EXPORT const char *hvprof_layout_json(void)
     FIELD(hvprof_file_header, sampling); FIELD(hvprof_file_header, unsampled_calls);
     FIELD(hvprof_file_header, aggregated_calls); FIELD(hvprof_file_header, offset_at_ns);
     FIELD(hvprof_file_header, offset_end_ns); FIELD(hvprof_file_header, offset_end_err_ns);
-    FIELD(hvprof_file_header, offset_end_at_ns); FIELD(hvprof_file_header, reserved);
+    FIELD(hvprof_file_header, offset_end_at_ns); FIELD(hvprof_file_header, inflight_offset);
+    FIELD(hvprof_file_header, inflight_capacity); FIELD(hvprof_file_header, reserved);
+    FIELD(hvprof_file_header, inflight);
+    STRUCT_END();
+    STRUCT_BEGIN(hvprof_inflight_entry, "inflight_entry");
+    FIELD(hvprof_inflight_entry, state); FIELD(hvprof_inflight_entry, op);
+    FIELD(hvprof_inflight_entry, pad0); FIELD(hvprof_inflight_entry, comm);
+    FIELD(hvprof_inflight_entry, t_start); FIELD(hvprof_inflight_entry, calls);
+    FIELD(hvprof_inflight_entry, reserved);
     STRUCT_END();
     STRUCT_BEGIN(hvprof_agg_header, "agg_header");
     FIELD(hvprof_agg_header, magic); FIELD(hvprof_agg_header, version);
@@ -1427,4 +1441,21 @@ HVPROF_EXPORT const char *hvprof_layout_json(void)
 #undef OUT
     done = 1;
     return buf;
+}
+
+
+/* The flight recorder's watchdog asks: how long has the oldest collective of
+ * this process been in flight (ns; 0 when none)?  Read from the in-flight
+ * table, no lock: a call that ends meanwhile reads as in flight once more. */
+HVPROF_EXPORT int64_t hvprof_inflight_oldest_ns(void)
+{
+    hvprof_inflight_entry *tab = atomic_load(&hvprof_inflight_table);
+    if (tab == NULL || g.hdr == NULL) return 0;
+    uint64_t now = hvprof_ticks(), oldest = now;
+    for (uint32_t i = 0; i < HVPROF_INFLIGHT_CAPACITY; i++)
+        if (__atomic_load_n(&tab[i].state, __ATOMIC_ACQUIRE) && tab[i].t_start < oldest)
+            oldest = tab[i].t_start;
+    if (oldest >= now) return 0;
+    double tpn = g.hdr->ticks_per_ns > 0 ? g.hdr->ticks_per_ns : 1.0;
+    return (int64_t)((double)(now - oldest) / tpn);
 }

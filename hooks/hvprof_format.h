@@ -11,7 +11,9 @@
  *
  * File layout (all integers little-endian, native x86-64 / aarch64 layout):
  *
- *   [0, 4096)                       hvprof_file_header
+ *   [0, 4096)                       hvprof_file_header, whose last 2048 bytes
+ *                                   are the in-flight table (inflight_offset):
+ *                                   hvprof_inflight_entry x inflight_capacity
  *   [comm_table_offset, +64*N)      hvprof_comm_entry  x comm_table_capacity
  *   [track_table_offset, +64*N)     hvprof_track_entry x track_table_capacity
  *   [first_chunk_offset, ...)       chunks of chunk_bytes each
@@ -253,6 +255,25 @@ typedef struct hvprof_track_entry {
                                 this thread's first call (e.g. "mpi_lib...") */
 } hvprof_track_entry;
 
+/* The flight recorder: each thread's collective while it is in progress,
+ * stored in the mmapped header before the call and cleared after it, so that
+ * the raw file of a rank that hangs, or was killed with SIGKILL, shows what it
+ * is blocked in.  Entry i belongs to track i; tracks beyond the capacity are
+ * not covered.  The communicator is its handle (the comm table's `handle`),
+ * the sequence number is the reader's: the thread's last completed call on
+ * that communicator, plus one. */
+#define HVPROF_INFLIGHT_OFFSET 2048u
+#define HVPROF_INFLIGHT_CAPACITY 32u
+typedef struct hvprof_inflight_entry {
+    uint32_t state;      /*  0 1 while the call is in progress, 0 otherwise  */
+    uint16_t op;         /*  4 HVPROF_OP_*                                   */
+    uint16_t pad0;       /*  6 zero                                          */
+    uint64_t comm;       /*  8 communicator handle                           */
+    uint64_t t_start;    /* 16 ticks at entry                                */
+    uint64_t calls;      /* 24 calls this thread began (wraps)               */
+    char     reserved[32]; /* 32 zero                                        */
+} hvprof_inflight_entry;
+
 /* The file header: the first 4096 bytes.  Fields written at open are
  * final; fields marked (live) are updated while the job runs. */
 typedef struct hvprof_file_header {
@@ -315,7 +336,12 @@ typedef struct hvprof_file_header {
     int64_t  offset_end_err_ns;    /*  568 its error bound                   */
     int64_t  offset_end_at_ns;     /*  576 this rank's CLOCK_MONOTONIC then
                                            (0: not measured again)           */
-    char     reserved[HVPROF_HEADER_BYTES - 584]; /* 584 zero               */
+    uint32_t inflight_offset;      /*  584 the in-flight table inside this
+                                           header (0: a file without one)    */
+    uint32_t inflight_capacity;    /*  588 entries (threads by track index) */
+    char     reserved[HVPROF_INFLIGHT_OFFSET - 592]; /* 592 zero            */
+    /* 2048: the in-flight table (hvprof_inflight_entry x capacity)          */
+    char     inflight[HVPROF_HEADER_BYTES - HVPROF_INFLIGHT_OFFSET];
 } hvprof_file_header;
 
 #define HVPROF_MODE_FULL    0u  /* one record per call                     */
@@ -389,6 +415,9 @@ HVPROF_STATIC_ASSERT(sizeof(hvprof_chunk_header) == HVPROF_RECORD_BYTES, "chunk 
 HVPROF_STATIC_ASSERT(sizeof(hvprof_comm_entry) == 64, "comm entry");
 HVPROF_STATIC_ASSERT(sizeof(hvprof_track_entry) == 64, "track entry");
 HVPROF_STATIC_ASSERT(sizeof(hvprof_file_header) == HVPROF_HEADER_BYTES, "header");
+HVPROF_STATIC_ASSERT(sizeof(hvprof_inflight_entry) == 64, "in-flight entry");
+HVPROF_STATIC_ASSERT(HVPROF_INFLIGHT_OFFSET + 64 * HVPROF_INFLIGHT_CAPACITY == HVPROF_HEADER_BYTES,
+                     "in-flight table fills the header's end");
 HVPROF_STATIC_ASSERT(sizeof(hvprof_agg_header) == 64, "agg header");
 HVPROF_STATIC_ASSERT(sizeof(hvprof_agg_entry) == 64 + 4 * HVPROF_AGG_BUCKETS, "agg entry");
 

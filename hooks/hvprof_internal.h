@@ -191,4 +191,30 @@ static inline uint64_t hvprof_mix(uint64_t h, uint64_t v)
 /* Diagnostics go to stderr, one line, prefixed; never from the hot path. */
 HVPROF_HIDDEN void hvprof_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* The flight recorder (hvprof_format.h): this process's in-flight table in
+ * the mmapped header, NULL while no file is open (and in a forked child).
+ * A few stores per call, no system call. */
+extern hvprof_inflight_entry *_Atomic hvprof_inflight_table;
+
+static inline hvprof_inflight_entry *hvprof_inflight_begin(uint16_t op, uint64_t comm,
+                                                           uint64_t t0)
+{
+    hvprof_inflight_entry *tab =
+        atomic_load_explicit(&hvprof_inflight_table, memory_order_relaxed);
+    uint32_t i = hvprof_t.track;
+    if (HVPROF_UNLIKELY(tab == NULL || i >= HVPROF_INFLIGHT_CAPACITY)) return NULL;
+    hvprof_inflight_entry *e = &tab[i];
+    e->op = op;
+    e->comm = comm;
+    e->t_start = t0;
+    e->calls++;
+    __atomic_store_n(&e->state, 1u, __ATOMIC_RELEASE);
+    return e;
+}
+
+static inline void hvprof_inflight_end(hvprof_inflight_entry *e)
+{
+    if (e) __atomic_store_n(&e->state, 0u, __ATOMIC_RELEASE);
+}
+
 #endif

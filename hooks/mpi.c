@@ -377,41 +377,45 @@ static inline uint64_t sum_counts(const int *counts, MPI_Comm comm, int peers)
  * statements after them describe the call once it returned, with t0 and t1
  * (ticks around the call) and rc (its result) in scope; T1 is where t1 is
  * taken (MPI_NONBLOCKING: not at all). */
-#define MPI_WRAPPER_(NAME, PARAMS, ARGS, T1, ...)                            \
+#define MPI_WRAPPER_(NAME, OP, PARAMS, ARGS, T1, ...)                        \
     HVPROF_EXPORT int MPI_##NAME PARAMS                                      \
     {                                                                        \
         if (!ACTIVE()) return PMPI_##NAME ARGS;                              \
         uint64_t t0 = hvprof_ticks();                                        \
+        hvprof_inflight_entry *inflight_ =                                   \
+            hvprof_inflight_begin(HVPROF_OP_##OP, (uint64_t)(uintptr_t)comm, t0); \
         int rc = PMPI_##NAME ARGS;                                           \
+        hvprof_inflight_end(inflight_);                                      \
         T1                                                                   \
         __VA_ARGS__;                                                         \
         return rc;                                                           \
     }
-#define MPI_WRAPPER(NAME, PARAMS, ARGS, ...)                                 \
-    MPI_WRAPPER_(NAME, PARAMS, ARGS, uint64_t t1 = hvprof_ticks();, __VA_ARGS__)
-#define MPI_NONBLOCKING(NAME, PARAMS, ARGS, ...) MPI_WRAPPER_(NAME, PARAMS, ARGS, , __VA_ARGS__)
+#define MPI_WRAPPER(NAME, OP, PARAMS, ARGS, ...)                             \
+    MPI_WRAPPER_(NAME, OP, PARAMS, ARGS, uint64_t t1 = hvprof_ticks();, __VA_ARGS__)
+#define MPI_NONBLOCKING(NAME, OP, PARAMS, ARGS, ...)                         \
+    MPI_WRAPPER_(NAME, OP, PARAMS, ARGS, , __VA_ARGS__)
 
-MPI_WRAPPER(Allreduce,
+MPI_WRAPPER(Allreduce, MPI_ALLREDUCE,
             (const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
              MPI_Comm comm),
             (sendbuf, recvbuf, count, datatype, op, comm),
             emit(HVPROF_OP_MPI_ALLREDUCE, t0, t1, comm, datatype, UCOUNT(count), 0, op, -1, rc,
                  INPLACE(sendbuf)))
 
-MPI_WRAPPER(Reduce,
+MPI_WRAPPER(Reduce, MPI_REDUCE,
             (const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
              int root, MPI_Comm comm),
             (sendbuf, recvbuf, count, datatype, op, root, comm),
             emit(HVPROF_OP_MPI_REDUCE, t0, t1, comm, datatype, UCOUNT(count), 0, op, root, rc,
                  INPLACE(sendbuf)))
 
-MPI_WRAPPER(Bcast,
+MPI_WRAPPER(Bcast, MPI_BCAST,
             (void *buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm),
             (buffer, count, datatype, root, comm),
             emit(HVPROF_OP_MPI_BCAST, t0, t1, comm, datatype, UCOUNT(count), 0, MPI_OP_NULL, root,
                  rc, 0))
 
-MPI_WRAPPER(Allgather,
+MPI_WRAPPER(Allgather, MPI_ALLGATHER,
             (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
              int recvcount, MPI_Datatype recvtype, MPI_Comm comm),
             (sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm),
@@ -420,14 +424,14 @@ MPI_WRAPPER(Allgather,
                  UCOUNT(ip ? recvcount : sendcount), MULT_PEERS, MPI_OP_NULL, -1, rc,
                  INPLACE(sendbuf)))
 
-MPI_WRAPPER(Allgatherv,
+MPI_WRAPPER(Allgatherv, MPI_ALLGATHERV,
             (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
              const int recvcounts[], const int displs[], MPI_Datatype recvtype, MPI_Comm comm),
             (sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm),
             emit(HVPROF_OP_MPI_ALLGATHERV, t0, t1, comm, recvtype, sum_counts(recvcounts, comm, 1),
                  0, MPI_OP_NULL, -1, rc, INPLACE(sendbuf)))
 
-MPI_WRAPPER(Gather,
+MPI_WRAPPER(Gather, MPI_GATHER,
             (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
              int recvcount, MPI_Datatype recvtype, int root, MPI_Comm comm),
             (sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm),
@@ -436,7 +440,7 @@ MPI_WRAPPER(Gather,
                  UCOUNT(ip ? recvcount : sendcount), MULT_PEERS, MPI_OP_NULL, root, rc,
                  INPLACE(sendbuf)))
 
-MPI_WRAPPER(Gatherv,
+MPI_WRAPPER(Gatherv, MPI_GATHERV,
             (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
              const int recvcounts[], const int displs[], MPI_Datatype recvtype, int root,
              MPI_Comm comm),
@@ -455,7 +459,7 @@ MPI_WRAPPER(Gatherv,
                 emit(HVPROF_OP_MPI_GATHERV, t0, t1, comm, sendtype, UCOUNT(sendcount), 0,
                      MPI_OP_NULL, root, rc, 0))
 
-MPI_WRAPPER(Alltoall,
+MPI_WRAPPER(Alltoall, MPI_ALLTOALL,
             (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
              int recvcount, MPI_Datatype recvtype, MPI_Comm comm),
             (sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm),
@@ -464,7 +468,7 @@ MPI_WRAPPER(Alltoall,
                  UCOUNT(ip ? recvcount : sendcount), MULT_PEERS, MPI_OP_NULL, -1, rc,
                  INPLACE(sendbuf)))
 
-MPI_WRAPPER(Alltoallv,
+MPI_WRAPPER(Alltoallv, MPI_ALLTOALLV,
             (const void *sendbuf, const int sendcounts[], const int sdispls[],
              MPI_Datatype sendtype, void *recvbuf, const int recvcounts[], const int rdispls[],
              MPI_Datatype recvtype, MPI_Comm comm),
@@ -474,21 +478,21 @@ MPI_WRAPPER(Alltoallv,
                  sum_counts(ip ? recvcounts : sendcounts, comm, 1), 0, MPI_OP_NULL, -1, rc,
                  INPLACE(sendbuf)))
 
-MPI_WRAPPER(Reduce_scatter,
+MPI_WRAPPER(Reduce_scatter, MPI_REDUCE_SCATTER,
             (const void *sendbuf, void *recvbuf, const int recvcounts[], MPI_Datatype datatype,
              MPI_Op op, MPI_Comm comm),
             (sendbuf, recvbuf, recvcounts, datatype, op, comm),
             emit(HVPROF_OP_MPI_REDUCE_SCATTER, t0, t1, comm, datatype,
                  sum_counts(recvcounts, comm, 0), 0, op, -1, rc, INPLACE(sendbuf)))
 
-MPI_WRAPPER(Reduce_scatter_block,
+MPI_WRAPPER(Reduce_scatter_block, MPI_REDUCE_SCATTER_BLOCK,
             (const void *sendbuf, void *recvbuf, int recvcount, MPI_Datatype datatype, MPI_Op op,
              MPI_Comm comm),
             (sendbuf, recvbuf, recvcount, datatype, op, comm),
             emit(HVPROF_OP_MPI_REDUCE_SCATTER_BLOCK, t0, t1, comm, datatype, UCOUNT(recvcount),
                  MULT_SIZE, op, -1, rc, INPLACE(sendbuf)))
 
-MPI_WRAPPER(Barrier, (MPI_Comm comm), (comm),
+MPI_WRAPPER(Barrier, MPI_BARRIER, (MPI_Comm comm), (comm),
             emit(HVPROF_OP_MPI_BARRIER, t0, t1, comm, MPI_DATATYPE_NULL, 0, 0, MPI_OP_NULL, -1,
                  rc, 0))
 
@@ -573,7 +577,7 @@ static void pending_done(uint64_t key, uint64_t t1, uint16_t extra_flags)
     }
 }
 
-MPI_NONBLOCKING(Iallreduce,
+MPI_NONBLOCKING(Iallreduce, MPI_IALLREDUCE,
                 (const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
                  MPI_Comm comm, MPI_Request *request),
                 (sendbuf, recvbuf, count, datatype, op, comm, request),

@@ -114,6 +114,15 @@ def test_cli_compare_json_and_table(tmp_path: Path) -> None:
     p = profiler_cli("compare", a, b, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert "data_calls_per_step" in p.stdout and "95% CI" in p.stdout
+    # the verdict first: images/sec and step time with their intervals
+    lines = p.stdout.splitlines()
+    assert lines[0] == "unfused vs fused:"
+    assert lines[1].startswith("  images/sec: ") and lines[2].startswith("  step time (ms): ")
+    assert "e-0" not in p.stdout and "e+" not in p.stdout
+    full = profiler_cli("compare", a, b, "--all", cwd=tmp_path)
+    assert full.returncode == 0, full.stderr
+    assert full.stdout.startswith(p.stdout.split("(--all")[0].splitlines()[0])
+    assert "exposed_ms_per_step" in full.stdout and len(full.stdout) > len(p.stdout)
 
 
 @pytest.mark.parametrize("args", [["only-one.json"], ["a.json", "b.json"],

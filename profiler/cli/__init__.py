@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "tensors": "profiler.cli.tensors",
     "advise": "profiler.cli.advise",
     "check": "profiler.cli.check",
+    "hang": "profiler.cli.hang",
 }
 
 EXIT_OK = 0

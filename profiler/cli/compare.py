@@ -41,6 +41,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--labels", default=None, help="comma-separated, one per trace")
     p.add_argument("--baseline", default=None, help="label to compare against (default: first)")
     p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--all", action="store_true",
+                   help="the full table of every metric and size bucket after the verdict")
     p.add_argument("--warmup", type=int, default=1, help="steps left out at the start (1)")
     p.add_argument("--ranks", default=None, metavar="LIST", help="only these ranks, e.g. 0-7")
     p.add_argument("--steps", default=None, metavar="A-B", help="only these steps, e.g. 10-50")
@@ -59,7 +61,6 @@ def run(args: argparse.Namespace) -> int:
     from profiler.analysis import load
     from profiler.analysis.compare import compare
     from profiler.errors import UsageError
-    from profiler.units import fmt_bytes
 
     if len(args.traces) < 2:
         raise UsageError(None, "compare needs at least two traces")
@@ -89,32 +90,26 @@ def run(args: argparse.Namespace) -> int:
             print(f"profiler: note: {label or 'the trace'}: compared on a window of "
                   f"{w['rows']} of {w['rows_total']} rows (--max-rows)", file=sys.stderr)
         return 0
-    from rich.console import Console
-    from rich.table import Table
+    import shutil
 
-    console = Console(width=max(120, Console().width))
+    from rich.console import Console
+
+    tty = sys.stdout.isatty()
+    width = shutil.get_terminal_size((120, 24)).columns if tty else 120
+    console = Console(highlight=False, soft_wrap=False, width=width if tty else 10_000)
     for label, part in table.groupby("label", sort=False):
         base = str(part["baseline"].iloc[0])
-        t = Table(title=f"{label} vs {base}", title_justify="left")
-        for col, just in (("metric", "left"), ("bucket", "right"), (str(label), "right"),
-                          (base, "right"), ("diff", "right"), ("rel", "right"),
-                          ("95% CI of diff", "right"), ("p", "right"), ("", "left")):
-            t.add_column(col, justify=just)  # type: ignore[arg-type]
-        for r in part.itertuples(index=False):
-            bucket = f"\u2264 {fmt_bytes(int(r.bucket))}" if r.bucket else ""
-            ci = (f"[{_fmt(r.ci_low, r.metric)}, {_fmt(r.ci_high, r.metric)}]"
-                  if not (isinstance(r.ci_low, float) and math.isnan(r.ci_low)) else "-")
-            rel = ("-" if isinstance(r.rel_diff, float) and math.isnan(r.rel_diff)
-                   else f"{r.rel_diff:+.1%}")
-            sig = "*" if r.significant is True else ""
-            t.add_row(str(r.metric), bucket, _fmt(r.value, r.metric),
-                      _fmt(r.baseline_value, r.metric), _fmt(r.diff, r.metric), rel, ci,
-                      _fmt(r.p_value), sig)
-        console.print(t)
+        for line in _verdict(str(label), base, part):
+            console.print(line, markup=False, highlight=False)
+        if args.all:
+            console.print(_full_table(str(label), base, part, width if tty else None),
+                          crop=False)
         steps = part.loc[part["bucket"] == "", "n"]
         if len(steps) and int(steps.min()) < 10:
             console.print(f"note: run-to-run noise estimated from only {int(steps.min())} "
                           "step(s); intervals are rough below 10 steps", style="yellow")
+    if not args.all and not table.empty:
+        console.print("(--all: every metric and size bucket)")
     if table.empty:
         console.print("no comparable calls or steps")
     for label, w in windows.items():
@@ -123,6 +118,88 @@ def run(args: argparse.Namespace) -> int:
                       f"{_ranks_text(w['ranks'])}{_steps_text(w['steps'])}; --max-rows)",
                       style="yellow")
     return 0
+
+
+_VERDICT_METRICS = (("images_per_s", "images/sec"), ("step_ms", "step time (ms)"))
+SHOWN = 5
+
+
+def _row_text(name: str, r: Any) -> str:
+    rel = ("" if isinstance(r.rel_diff, float) and math.isnan(r.rel_diff)
+           else f" ({r.rel_diff:+.1%}")
+    ci = ("" if isinstance(r.ci_low, float) and math.isnan(r.ci_low)
+          else f", 95% CI of the difference [{_fmt(r.ci_low, r.metric)}, "
+               f"{_fmt(r.ci_high, r.metric)}]")
+    verdict = ("significant" if r.significant is True
+               else "within run-to-run noise")
+    return (f"  {name}: {_fmt(r.value, r.metric)} vs {_fmt(r.baseline_value, r.metric)}"
+            f"{rel}{ci}{')' if rel else ''}: {verdict}")
+
+
+def _verdict(label: str, base: str, part: Any) -> list[str]:
+    """Images/sec and step time with their intervals first, then the few other
+    differences larger than the noise (largest first)."""
+    from profiler.errors import printable
+
+    out = [printable(f"{label} vs {base}:")]
+    steps = part.loc[part["bucket"] == ""]
+    for metric, name in _VERDICT_METRICS:
+        rows = steps.loc[steps["metric"] == metric]
+        if len(rows):
+            out.append(_row_text(name, next(rows.itertuples(index=False))))
+    if len(out) == 1:
+        out.append("  no steps recorded in both traces: no images/sec or step-time verdict")
+    sig = part.loc[(part["significant"] == True)  # noqa: E712 - the column holds None too
+                   & ~part["metric"].isin([m for m, _ in _VERDICT_METRICS])]
+    if len(sig):
+        sig = sig.assign(_size=sig["rel_diff"].abs()).sort_values("_size", ascending=False)
+        out.append(f"  {len(sig)} other difference(s) beyond the noise"
+                   + (f", the {SHOWN} largest:" if len(sig) > SHOWN else ":"))
+        from profiler.units import fmt_bytes
+
+        for r in sig.head(SHOWN).itertuples(index=False):
+            where = f" at \u2264 {fmt_bytes(int(r.bucket))}" if r.bucket else ""
+            out.append(printable(_row_text(f"{r.metric}{where}", r)).replace("  ", "    ", 1))
+    else:
+        out.append("  no other difference beyond the run-to-run noise")
+    return out
+
+
+def _full_table(label: str, base: str, part: Any, width: int | None) -> Any:
+    """Every metric and bucket; at a narrow width the CI and p columns go first."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from profiler.errors import printable
+    from profiler.units import fmt_bytes
+
+    names = ["metric", "bucket", label, base, "diff", "rel", "95% CI of diff", "p", ""]
+    rows = []
+    for r in part.itertuples(index=False):
+        bucket = f"\u2264 {fmt_bytes(int(r.bucket))}" if r.bucket else ""
+        ci = (f"[{_fmt(r.ci_low, r.metric)}, {_fmt(r.ci_high, r.metric)}]"
+              if not (isinstance(r.ci_low, float) and math.isnan(r.ci_low)) else "-")
+        rel = ("-" if isinstance(r.rel_diff, float) and math.isnan(r.rel_diff)
+               else f"{r.rel_diff:+.1%}")
+        rows.append([str(r.metric), bucket, _fmt(r.value, r.metric),
+                     _fmt(r.baseline_value, r.metric), _fmt(r.diff, r.metric), rel, ci,
+                     _fmt(r.p_value), "*" if r.significant is True else ""])
+    keep = list(range(len(names)))
+
+    def need(cols: list[int]) -> int:
+        return sum(max([len(names[c])] + [len(row[c]) for row in rows]) + 3
+                   for c in cols) + 1
+
+    for drop in (6, 7, 4):  # CI, p, diff
+        if width is not None and need(keep) > width:
+            keep.remove(drop)
+    t = Table(title=Text(printable(f"{label} vs {base}")), title_justify="left")
+    for c in keep:
+        t.add_column(printable(names[c]), justify="left" if c in (0, 8) else "right",
+                     no_wrap=width is None, overflow="fold")
+    for row in rows:
+        t.add_row(*(Text(printable(row[c])) for c in keep))
+    return t
 
 
 def _ranks_text(ranks: list[int]) -> str:

@@ -46,6 +46,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         f"rank, thread, comm, kind, track, dtype, backend, step "
                         f"(default {DEFAULT_BY})")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.add_argument("--wide", action="store_true",
+                   help="every column, however wide the terminal (csv and json always "
+                        "hold every column)")
     p.add_argument("--rank", action="append", type=int, metavar="R",
                    help="only rank R (repeatable)")
     p.add_argument("--ranks", default=None, metavar="LIST", help="only these ranks, e.g. 0-7,12")
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "csv":
         _printable(calls.table(by)).to_csv(sys.stdout, index=False)
         return 0
-    _print_table(args.trace, meta, calls, by)
+    _print_table(args.trace, meta, calls, by, wide=args.wide)
     return 0
 
 
@@ -149,14 +152,22 @@ def _fmt_bw(v: float) -> str:
     return fmt_bw(v)
 
 
-def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[str]) -> None:
+def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[str], *,
+                 wide: bool = False) -> None:
     """The terminal summary: the table of data traffic, then one line each for
     control traffic, per-rank time, what the trace lacks, clocks and GPUs."""
+    import shutil
+
     from rich.console import Console
 
-    # A pipe or a file gets the full table, not an 80-column squeeze.
+    # A terminal gets the columns that fit its width, every cell whole; a pipe
+    # or a file (or --wide) gets every column.
+    tty = sys.stdout.isatty()
+    width = shutil.get_terminal_size((200, 24)).columns if tty else 200
+    # every column in full: a console as wide as the table needs (the terminal
+    # wraps long lines; rich would otherwise squeeze cells into "...")
     console = Console(highlight=False, soft_wrap=False,
-                      width=None if sys.stdout.isatty() else 200)
+                      width=10_000 if wide or not tty else width)
     data_kinds = None
     has_control = False
     if calls.has_kind and "kind" not in by:
@@ -172,8 +183,12 @@ def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[
         title += " - data traffic"
     if calls.aggregated:
         title += " (summary mode)"
-    table, irregular = _rich_table(title, table_df, by)
-    console.print(table)
+    table, irregular, hidden = _rich_table(title, table_df, by,
+                                           None if wide or not tty else width)
+    console.print(table, crop=False)
+    if hidden:
+        console.print(f"(not shown at this width: {', '.join(hidden)}; --wide or "
+                      "--format csv shows every column)")
     if irregular:
         console.print("* sizes that are not powers of two")
     if calls.aggregated:
@@ -200,8 +215,12 @@ def _finding_lines(path: str, calls: Calls) -> list[str]:
     from profiler.errors import ProfilerError, printable
     from profiler.units import fmt_ms
 
+    import warnings
+
     try:
-        advice = advise(path)
+        with warnings.catch_warnings():  # what loading says was said above
+            warnings.simplefilter("ignore")
+            advice = advise(path)
     except (ProfilerError, ValueError, KeyError):
         return []
     top = advice.significant[:3]
@@ -214,26 +233,27 @@ def _finding_lines(path: str, calls: Calls) -> list[str]:
     return out
 
 
-def _rich_table(title: str, table_df: Any, by: list[str]) -> tuple[Any, bool]:
-    """The summary table as a rich Table; True when a size is not a power of two."""
+# Metric columns, most important first: at a narrow width the last are left out.
+_METRIC_COLUMNS = ("calls", "bytes", "total", "p50", "p99", "share", "busbw GB/s", "mean",
+                   "p95", "max", "algbw GB/s")
+
+
+def _rich_table(title: str, table_df: Any, by: list[str],
+                width: int | None) -> tuple[Any, bool, list[str]]:
+    """The summary table as a rich Table with the columns that fit `width` (None:
+    all); every cell whole.  Returns (table, a size is not a power of two, the
+    names of the columns left out)."""
     from rich.table import Table
     from rich.text import Text
 
-    from profiler.analysis._frame import fmt_bytes
     from profiler.formats.raw import printable
+    from profiler.units import fmt_bw, fmt_bytes, fmt_us
 
-    t = Table(title=Text(printable(title)), title_justify="left")
-    for k in by:
-        t.add_column(k, justify="right" if k in ("bytes", "rank", "track", "step") else "left",
-                     no_wrap=True)
-    for name in ("calls", "bytes", "total", "mean", "p50", "p95", "p99", "max",
-                 "algbw GB/s", "busbw GB/s", "share"):
-        t.add_column("total bytes" if name == "bytes" and "bytes" in by else name,
-                     justify="right", no_wrap=True)
     irregular = False
+    cols: dict[str, list[str]] = {k: [] for k in by}
+    cols.update({m: [] for m in _METRIC_COLUMNS})
     for row in table_df.itertuples(index=False):
         r = row._asdict()
-        cells = []
         for k in by:
             v = r[k]
             if k == "bytes":
@@ -246,13 +266,38 @@ def _rich_table(title: str, table_df: Any, by: list[str]) -> tuple[Any, bool]:
                 irregular |= not r["pow2"]
             else:
                 text = str(v)
-            cells.append(text)
-        cells += [f"{r['calls']}", fmt_bytes(r["total_bytes"]), _fmt_us(r["total_us"]),
-                  _fmt_us(r["mean_us"]), _fmt_us(r["p50_us"]), _fmt_us(r["p95_us"]),
-                  _fmt_us(r["p99_us"]), _fmt_us(r["max_us"]), _fmt_bw(r["algbw_gbps"]),
-                  _fmt_bw(r["busbw_gbps"]), f"{100 * r['time_share']:.1f}%"]
-        t.add_row(*(Text(c) for c in cells))  # names are text, never rich markup
-    return t, irregular
+            cols[k].append(text)
+        for name, text in (("calls", f"{r['calls']}"), ("bytes", fmt_bytes(r["total_bytes"])),
+                           ("total", fmt_us(r["total_us"])), ("mean", fmt_us(r["mean_us"])),
+                           ("p50", fmt_us(r["p50_us"])), ("p95", fmt_us(r["p95_us"])),
+                           ("p99", fmt_us(r["p99_us"])), ("max", fmt_us(r["max_us"])),
+                           ("algbw GB/s", fmt_bw(r["algbw_gbps"])),
+                           ("busbw GB/s", fmt_bw(r["busbw_gbps"])),
+                           ("share", f"{100 * r['time_share']:.1f}%")):
+            cols[name].append(text)
+
+    def header(name: str) -> str:
+        return "total bytes" if name == "bytes" and "bytes" in by else name
+
+    def need(names: list[str]) -> int:  # rich's heavy-head box: 3 per column, 1 border
+        return sum(max([len(header(n))] + [len(c) for c in cols[n]]) + 3 for n in names) + 1
+
+    shown = list(cols)
+    hidden: list[str] = []
+    if width is not None:
+        droppable = [m for m in reversed(_METRIC_COLUMNS) if m not in ("calls",)]
+        while need(shown) > width and droppable:
+            m = droppable.pop(0)
+            shown.remove(m)
+            hidden.append(m)
+    t = Table(title=Text(printable(title)), title_justify="left")
+    for name in shown:
+        left = name in by and name not in ("bytes", "rank", "track", "step")
+        t.add_column(header(name), justify="left" if left else "right",
+                     no_wrap=width is None, overflow="fold")
+    for i in range(len(table_df)):
+        t.add_row(*(Text(cols[n][i]) for n in shown))  # names are text, never rich markup
+    return t, irregular, sorted(hidden, key=_METRIC_COLUMNS.index)
 
 
 def _control_line(calls: Calls, n_ranks: int) -> str:

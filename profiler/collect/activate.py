@@ -236,6 +236,12 @@ def activate() -> None:
             hooks.install()
         except Exception as exc:
             _say(f"warning: Horovod hooks not installed: {_one_line(exc)}")
+    try:
+        from profiler.collect import watchdog
+
+        watchdog.start()
+    except Exception as exc:  # never break the job
+        _say(f"warning: hang watchdog not started: {_one_line(exc)}")
     atexit.register(_at_exit)
     _registered = True
 

@@ -43,6 +43,11 @@ _MAX_CLOCK_NS = 1 << 62  # about 146 years
 MAX_AGG_BYTES = 2 << 30
 
 
+#: A thread's call in progress, as read: its track, then the entry's fields.
+INFLIGHT_DTYPE = np.dtype([("track", "<i4"), ("state", "<u4"), ("op", "<u2"), ("comm", "<u8"),
+                           ("t_start", "<u8"), ("calls", "<u8")])
+
+
 @dataclass
 class RawFile:
     """One rank's raw file, read."""
@@ -54,6 +59,9 @@ class RawFile:
     records: np.ndarray  # RECORD_DTYPE, chunk order (per track: call order)
     problems: list[str] = field(default_factory=list)
     file_size: int = 0
+    # INFLIGHT_ENTRY_DTYPE, the entries whose state says a call is in progress
+    # (the flight recorder; empty for files written before it)
+    inflight: np.ndarray = field(default_factory=lambda: np.zeros(0, INFLIGHT_DTYPE))
 
     @property
     def rank(self) -> int:
@@ -79,7 +87,7 @@ def header_to_dict(h: np.void) -> dict[str, Any]:
     out: dict[str, Any] = {}
     names = h.dtype.names or ()
     for name in names:
-        if name == "reserved":
+        if name in ("reserved", "inflight"):
             continue
         v = h[name]
         if isinstance(v, bytes):
@@ -293,7 +301,25 @@ def _read_mapped(p: Path, buf: mmap.mmap, size: int) -> RawFile:
         problems.append(f"{header['dropped_records']} record(s) dropped by the writer "
                         "(disk full, write error or no free buffer)")
     return RawFile(path=p, header=header, comms=comms, tracks=tracks, records=records,
-                   problems=problems, file_size=size)
+                   problems=problems, file_size=size, inflight=_inflight(p, buf, header,
+                                                                         problems))
+
+
+def _inflight(p: Path, buf: mmap.mmap, header: dict[str, Any],
+              problems: list[str]) -> np.ndarray:
+    """The flight recorder's entries in progress (index = track), from the header."""
+    off, cap = int(header.get("inflight_offset") or 0), int(header.get("inflight_capacity") or 0)
+    if off == 0 and cap == 0:
+        return np.zeros(0, INFLIGHT_DTYPE)
+    if off != F.INFLIGHT_OFFSET or off + cap * F.INFLIGHT_ENTRY_DTYPE.itemsize > F.HEADER_BYTES:
+        problems.append(f"corrupt in-flight table (offset {off}, {cap} entries): ignored")
+        return np.zeros(0, INFLIGHT_DTYPE)
+    tab = np.frombuffer(buf, dtype=F.INFLIGHT_ENTRY_DTYPE, count=cap, offset=off).copy()
+    out = np.zeros(cap, dtype=INFLIGHT_DTYPE)
+    out["track"] = np.arange(cap, dtype=np.int32)
+    for n in ("state", "op", "comm", "t_start", "calls"):
+        out[n] = tab[n]
+    return out[out["state"] != 0]
 
 
 def writer_state(header: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ FORMAT_VERSION = 1
 MAGIC = b"HVPROF\0\0"
 CHUNK_MAGIC = 0x4B434F52  # "ROCK" little-endian
 HEADER_BYTES = 4096
+INFLIGHT_OFFSET = 2048  # hvprof_format.h HVPROF_INFLIGHT_OFFSET: the in-flight table
 RECORD_BYTES = 64
 CHUNK_HEADER_BYTES = 64
 COMM_ENTRY_BYTES = 64
@@ -163,9 +164,27 @@ HEADER_DTYPE = _struct(
         ("offset_end_ns", "<i8", 560),
         ("offset_end_err_ns", "<i8", 568),
         ("offset_end_at_ns", "<i8", 576),
-        ("reserved", f"S{HEADER_BYTES - 584}", 584),
+        ("inflight_offset", "<u4", 584),
+        ("inflight_capacity", "<u4", 588),
+        ("reserved", f"S{INFLIGHT_OFFSET - 592}", 592),
+        ("inflight", f"S{HEADER_BYTES - INFLIGHT_OFFSET}", INFLIGHT_OFFSET),
     ],
     HEADER_BYTES,
+)
+
+# The flight recorder: each thread's collective while it is in progress
+# (hvprof_format.h hvprof_inflight_entry), the table inside the header.
+INFLIGHT_ENTRY_DTYPE = _struct(
+    [
+        ("state", "<u4", 0),
+        ("op", "<u2", 4),
+        ("pad0", "<u2", 6),
+        ("comm", "<u8", 8),
+        ("t_start", "<u8", 16),
+        ("calls", "<u8", 24),
+        ("reserved", "S32", 32),
+    ],
+    64,
 )
 
 # Summary mode (HOROVOD_PROFILE=summary): raw/rank-R.agg = header + entries.
@@ -240,6 +259,7 @@ STRUCTS: Mapping[str, np.dtype] = {
     "hvprof_comm_entry": COMM_ENTRY_DTYPE,
     "hvprof_track_entry": TRACK_ENTRY_DTYPE,
     "hvprof_file_header": HEADER_DTYPE,
+    "hvprof_inflight_entry": INFLIGHT_ENTRY_DTYPE,
     "hvprof_agg_header": AGG_HEADER_DTYPE,
     "hvprof_agg_entry": AGG_ENTRY_DTYPE,
 }

@@ -1,0 +1,225 @@
+"""Why a job hangs, from its profile directory alone: a live job's, one killed
+by a scheduler, or one whose every rank was killed with SIGKILL.
+
+Each rank's raw file holds its completed calls and, in the flight recorder,
+the collective each thread is blocked in.  For every communicator:
+
+* each member rank's completed calls (its next sequence number) and its call
+  in flight;
+* the first sequence number at which the ranks disagree: the ranks that
+  entered it (completed it, or are in it) and the ranks that never did, with
+  what those are doing instead (their own call in flight, their last completed
+  call, their Python stack from the hang snapshot);
+* mismatches at one (communicator, sequence): different collectives;
+* ranks that died (their process is gone and the file says it never finished).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from profiler import layout
+from profiler.errors import EmptyProfileError, ProfilerError
+from profiler.formats import record as F
+from profiler.formats.clock import ticks_to_job_ns
+from profiler.formats.raw import RawFile, read_raw, writer_state
+
+__all__ = ["RankState", "CommState", "Diagnosis", "diagnose"]
+
+
+@dataclass
+class Call:
+    op: str
+    seq: int
+    t_start_s: float  # job axis
+    age_s: float | None = None  # in flight: for how long (from the file's last clock)
+
+
+@dataclass
+class RankState:
+    rank: int
+    host: str
+    state: str                      # running, dead, finalized, closed, unknown
+    in_flight: list[dict[str, Any]] = field(default_factory=list)  # comm, op, seq, since
+    last: dict[str, Any] | None = None  # the last completed collective
+    stack: str | None = None         # the main thread's Python stack (hang snapshot)
+    problems: list[str] = field(default_factory=list)
+    completed_ops: dict[tuple[int, int], str] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class CommState:
+    comm: int
+    name: str
+    size: int
+    ranks: list[int]
+    seq: int                                # the first sequence where ranks disagree
+    entered: dict[int, str] = field(default_factory=dict)   # rank -> "op (in flight 35 s)"
+    never: list[int] = field(default_factory=list)
+    mismatch: dict[str, list[int]] = field(default_factory=dict)  # op -> ranks
+
+
+@dataclass
+class Diagnosis:
+    directory: str
+    world_size: int
+    ranks: list[RankState]
+    comms: list[CommState]
+    missing_ranks: list[int]
+    snapshot: bool
+
+    @property
+    def stuck(self) -> bool:
+        return bool(self.comms) or any(r.state == "dead" for r in self.ranks)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self) | {"stuck": self.stuck}
+        for r in d["ranks"]:
+            r.pop("completed_ops", None)
+        return d
+
+
+def _comm_index(raw: RawFile) -> tuple[dict[int, int], dict[int, tuple[str, int]]]:
+    """handle -> comm id (the latest valid entry), id -> (name, size)."""
+    by_handle: dict[int, int] = {}
+    info: dict[int, tuple[str, int]] = {}
+    from profiler.formats.raw import c_string
+
+    for c in raw.comms:
+        cid = int(c["id"])
+        by_handle[int(c["handle"])] = cid
+        info[cid] = (c_string(c["name"]), int(c["size"]))
+    return by_handle, info
+
+
+def _stack(directory: Path, rank: int) -> str | None:
+    p = directory / "hang" / f"rank-{rank:05d}.stacks.txt"
+    try:
+        text = p.read_text(errors="replace")
+    except OSError:
+        return None
+    # faulthandler: one block per thread, "Current thread" or "Thread 0x..."; keep
+    # the main thread's (the last block faulthandler writes), first lines only
+    blocks = [b for b in text.split("\n\n") if b.strip()]
+    main = [b for b in blocks if "<module>" in b] or blocks[-1:]
+    lines = [ln.strip() for ln in main[0].splitlines() if ln.strip().startswith("File")]
+    return "; ".join(lines[:3]) if lines else None
+
+
+def _rank(directory: Path, raw: RawFile) -> tuple[RankState, dict[int, int], dict[int, Any],
+                                                 dict[int, tuple[str, int]]]:
+    """A rank's state; its next sequence number per communicator; its call in
+    flight per communicator (op, seq); the names and sizes of its communicators."""
+    h = raw.header
+    r = RankState(rank=raw.rank, host=str(h.get("hostname", "")), state=writer_state(h),
+                  problems=list(raw.problems))
+    rec = raw.records
+    by_handle, info = _comm_index(raw)
+    host = np.isin(rec["op"], [o for o, (_, name, b) in F.OPS.items()
+                               if b in ("mpi", "nccl") and name not in ("init", "finalize")])
+    host &= rec["comm"] != np.uint32(0xFFFFFFFF)
+    if "flags" in rec.dtype.names:
+        host &= (rec["flags"] & F.FLAG_DEVICE) == 0
+    ids = raw.comms["id"].astype(np.uint64) if len(raw.comms) else np.zeros(0, np.uint64)
+    nxt: dict[int, int] = {}
+    r_ops: dict[tuple[int, int], str] = {}  # (comm, seq) -> op of the last calls
+    sel = rec[host]
+    last_t = -1
+    for idx in np.unique(sel["comm"]) if len(sel) else []:
+        if int(idx) >= len(ids):
+            continue
+        part = sel[sel["comm"] == idx]
+        cid = int(ids[int(idx)])
+        nxt[cid] = max(nxt.get(cid, 0), int(part["seq"].max()) + 1)
+        recent = part[np.argsort(part["seq"], kind="stable")[-64:]]
+        for s_, o_ in zip(recent["seq"].tolist(), recent["op"].tolist()):
+            r_ops[(cid, int(s_))] = F.op_name(int(o_))
+        j = int(np.argmax(part["t_end"]))
+        if int(part["t_end"][j]) > last_t:
+            last_t = int(part["t_end"][j])
+            t = float(ticks_to_job_ns(np.array([part["t_start"][j]]), h)[0]) / 1e9
+            r.last = {"comm": cid, "op": F.op_name(int(part["op"][j])),
+                      "seq": int(part["seq"][j]), "t_start_s": t}
+    flying: dict[int, Any] = {}
+    for e in raw.inflight:
+        cid = by_handle.get(int(e["comm"]))
+        if cid is None:
+            continue
+        seq = nxt.get(cid, 0)
+        t = float(ticks_to_job_ns(np.array([e["t_start"]]), h)[0]) / 1e9
+        entry = {"comm": cid, "op": F.op_name(int(e["op"])), "seq": seq, "since_s": t,
+                 "track": int(e["track"])}
+        r.in_flight.append(entry)
+        flying[cid] = entry
+    r.stack = _stack(directory, raw.rank)
+    r.completed_ops = r_ops
+    return r, nxt, flying, info
+
+
+def diagnose(path: str | os.PathLike[str]) -> Diagnosis:
+    """Read every rank's raw file under `path` (a profile directory) and say who
+    is stuck where (module doc)."""
+    d = layout.check_profile_dir(path)
+    problems: list[str] = []
+    raws = layout.rank_files(d, layout.RAW_DIR, "hvprof", problems)
+    if not raws:
+        raise EmptyProfileError(d, "no raw files: a hang is diagnosed from raw/rank-*.hvprof")
+    states: list[RankState] = []
+    nxt: dict[int, dict[int, int]] = {}
+    flying: dict[int, dict[int, Any]] = {}
+    names: dict[int, tuple[str, int]] = {}
+    world = 0
+    for rank, p in sorted(raws.items()):
+        try:
+            raw = read_raw(p)
+        except ProfilerError as exc:
+            states.append(RankState(rank=rank, host="", state="unreadable",
+                                    problems=[exc.line()]))
+            continue
+        world = max(world, int(raw.header.get("world_size") or 0))
+        st, n, f, info = _rank(d, raw)
+        states.append(st)
+        nxt[rank], flying[rank] = n, f
+        names.update(info)
+    by_rank = {s.rank: s for s in states}
+    members: dict[int, list[int]] = {}
+    for rank in nxt:
+        for cid in set(nxt[rank]) | set(flying[rank]):
+            members.setdefault(cid, []).append(rank)
+    comms: list[CommState] = []
+    for cid, ranks in sorted(members.items()):
+        name, size = names.get(cid, ("", len(ranks)))
+        ranks = sorted(ranks)
+        done = {r: nxt[r].get(cid, 0) for r in ranks}
+        if not any(cid in flying[r] for r in ranks) and len(set(done.values())) <= 1:
+            continue  # nothing in flight and everyone at the same place
+        s = min(done.values())
+        cs = CommState(comm=cid, name=name, size=size, ranks=ranks, seq=s)
+        ops: dict[str, list[int]] = {}
+        for r in ranks:
+            f = flying[r].get(cid)
+            if f is not None and f["seq"] == s:
+                cs.entered[r] = f"{f['op']} (in flight since {f['since_s']:.3f} s)"
+                ops.setdefault(f["op"], []).append(r)
+            elif done[r] > s:
+                op = by_rank[r].completed_ops.get((cid, s), "?")
+                cs.entered[r] = f"{op} (completed it)"
+                if op != "?":
+                    ops.setdefault(op, []).append(r)
+            else:
+                cs.never.append(r)
+        if len(ops) > 1:
+            cs.mismatch = ops
+        if not cs.never and not cs.mismatch and len(cs.entered) == len(ranks) and \
+                all(v.endswith("(completed it)") for v in cs.entered.values()):
+            continue
+        comms.append(cs)
+    present = {s.rank for s in states}
+    missing = [r for r in range(world) if r not in present]
+    return Diagnosis(directory=str(d), world_size=world, ranks=states, comms=comms,
+                     missing_ranks=missing, snapshot=(d / "hang").is_dir())

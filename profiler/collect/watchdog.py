@@ -1,0 +1,118 @@
+"""The hang watchdog: notices a collective in flight longer than
+HOROVOD_PROFILE_HANG_S (default 120 s; 0 turns it off) and writes a hang
+snapshot into the profile directory, then says so in one line.  It never kills
+or changes the job.
+
+A daemon thread polls the library's flight recorder (hvprof_inflight_oldest_ns:
+the age of this process's oldest call in flight) every few seconds.  When a
+call is stuck it writes
+
+    <dir>/hang/rank-R.json          when, which rank, how long in flight, the step
+    <dir>/hang/rank-R.stacks.txt    the Python stacks of every thread (faulthandler)
+
+and creates <dir>/hang/HANG.  Every rank's watchdog also looks for that marker
+and then writes its own snapshot, so the ranks that are not in a collective
+(the ones the others wait for) leave their stacks too.  The in-flight calls
+themselves are in each rank's raw file; `profiler hang DIR` reads all of it.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from profiler._env import setting
+
+HANG_ENV = "HOROVOD_PROFILE_HANG_S"
+DEFAULT_HANG_S = 120.0
+MARKER = "HANG"
+
+_thread: threading.Thread | None = None
+
+
+def hang_seconds() -> float:
+    """HOROVOD_PROFILE_HANG_S (seconds; 0 = off)."""
+    def parse(text: str) -> float:
+        v = float(text)
+        if not v >= 0 or v == float("inf"):
+            raise ValueError(text)
+        return v
+
+    return setting(HANG_ENV, DEFAULT_HANG_S, parse, "seconds >= 0; 0 turns the watchdog off")
+
+
+def start() -> None:
+    """Start the watchdog thread (once per process; nothing when it is off)."""
+    global _thread
+    limit = hang_seconds()
+    if limit <= 0 or _thread is not None:
+        return
+    _thread = threading.Thread(target=_loop, args=(limit,), name="hvprof-watchdog",
+                               daemon=True)
+    _thread.start()
+
+
+def _loop(limit: float) -> None:
+    from profiler.collect import native
+
+    poll = min(5.0, max(0.2, limit / 4))
+    oldest = native.function("hvprof_inflight_oldest_ns")
+    if oldest is None:
+        return
+    fired = False
+    while not fired:
+        time.sleep(poll)
+        try:
+            directory = native.profile_dir()
+            if not directory:
+                continue
+            hang = Path(directory) / "hang"
+            age_s = int(oldest()) / 1e9
+            if age_s > limit:
+                fired = True
+                first = _mark(hang)
+                path = snapshot(hang, native.rank(), age_s, "in flight")
+                if first or native.rank() == 0:
+                    print(f"horovod-profiler: rank {native.rank()}: a collective has been in "
+                          f"flight for {age_s:.0f} s (HOROVOD_PROFILE_HANG_S={limit:g}); "
+                          f"hang snapshot in {path.parent}; run: profiler hang {directory}",
+                          file=sys.stderr, flush=True)
+            elif (hang / MARKER).exists():
+                fired = True
+                snapshot(hang, native.rank(), age_s, "another rank is stuck")
+        except Exception:  # noqa: BLE001 - a watchdog never breaks the job
+            return
+
+
+def _mark(hang: Path) -> bool:
+    """Create the marker; True when this process made it first."""
+    hang.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(hang / MARKER, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    return True
+
+
+def snapshot(hang: Path, rank: int, age_s: float, why: str) -> Path:
+    """Write this rank's hang snapshot (metadata and every thread's Python stack)."""
+    import json
+
+    from profiler.collect import steps
+
+    hang.mkdir(parents=True, exist_ok=True)
+    stem = f"rank-{rank:05d}"
+    with open(hang / f"{stem}.stacks.txt", "w") as f:
+        faulthandler.dump_traceback(file=f, all_threads=True)
+    doc = {"rank": rank, "pid": os.getpid(), "time": time.time(), "why": why,
+           "oldest_in_flight_s": age_s, "steps_recorded": steps.steps_recorded()}
+    out = hang / f"{stem}.json"
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(out)
+    return out
