@@ -200,6 +200,7 @@ HVPROF_HIDDEN uint32_t hvprof_nccl_comm_register_plugin(uint64_t handle, uint64_
 /* The plugin path's state for hvprof_nccl_json: "plugin": {...} (no comma). */
 HVPROF_HIDDEN size_t hvprof_nccl_plugin_json(char *buf, size_t n);
 HVPROF_HIDDEN uint64_t hvprof_nccl_plugin_records(void);
+HVPROF_HIDDEN void hvprof_nccl_plugin_set_records(uint64_t n);
 HVPROF_HIDDEN uint64_t hvprof_nccl_plugin_silent(void);
 
 /* Diagnostics go to stderr, one line, prefixed; never from the hot path. */

@@ -820,8 +820,10 @@ HVPROF_EXPORT const char *hvprof_nccl_json(void)
         /* Which path saw NCCL: "wrappers" (symbol interposition, shared
          * NCCL), "plugin" (NCCL's profiler-plugin interface, any NCCL >= 2.23,
          * static too); recorded_by: the paths that wrote records. */
-        uint64_t wr = atomic_load(&c_wrapper_records);
-        uint64_t pr = hvprof_nccl_plugin_records(), ps = hvprof_nccl_plugin_silent();
+        uint64_t wr = atomic_load(&c_wrapper_records), all = 0;
+        for (int i = 0; i < N_OPS; i++) all += atomic_load(&c_calls[i]);
+        uint64_t pr = all > wr ? all - wr : 0, ps = hvprof_nccl_plugin_silent();
+        hvprof_nccl_plugin_set_records(pr);
         int w_saw = wr > 0, p_saw = pr > 0 || ps > 0;
         OUT(", \"seen_by\": [%s%s%s], \"recorded_by\": \"%s\", \"wrapper_records\": %llu, ",
             w_saw ? "\"wrappers\"" : "", w_saw && p_saw ? ", " : "", p_saw ? "\"plugin\"" : "",

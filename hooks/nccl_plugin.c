@@ -28,7 +28,8 @@
  *     equal on every rank), seq = per-communicator call number, t_start ->
  *     t_end = startEvent -> stopEvent on the host;
  *   - NCCL wraps every call in a Group event, per communicator.  A group with
- *     two calls or more is one NCCL_GROUP record (count = calls, bytes =
+ *     two calls or more is one NCCL_GROUP record (t_start = its first call's
+ *     start, t_end = the Group event's stop; count = calls, bytes =
  *     their sum, seq = aux = group number) and its calls carry GROUPED and
  *     aux = group number; a group of one call records the call alone (as the
  *     wrappers do outside ncclGroupStart/End); empty groups are counted.
@@ -268,8 +269,9 @@ static int dtype_index(const char *s)
 }
 
 /* One-entry per-thread caches: NCCL passes the same static strings each time. */
-static __thread const char *tc_func_s, *tc_dt_s;
-static __thread int tc_func_i = -1, tc_dt_i = -1;
+#define TLS_IE __attribute__((tls_model("initial-exec")))
+static __thread const char *tc_func_s TLS_IE, *tc_dt_s TLS_IE;
+static __thread int tc_func_i TLS_IE = -1, tc_dt_i TLS_IE = -1;
 
 static inline int func_of(const char *s)
 {
@@ -336,7 +338,7 @@ static _Atomic int pinned;
 
 /* Event objects: a per-thread free list, refilled in blocks (never freed:
  * bounded by the events in flight at once). */
-static __thread pev *free_list;
+static __thread pev *free_list TLS_IE;
 
 static pev *ev_alloc(void)
 {
@@ -422,22 +424,26 @@ typedef struct norm {
     int in_place;
 } norm;
 
+/* Approximate counters (a plain relaxed load + store, no locked
+ * instruction on the per-call path: concurrent threads may lose a count). */
+#define BUMP(c) atomic_store_explicit(&(c), atomic_load_explicit(&(c), memory_order_relaxed) + 1, \
+                                      memory_order_relaxed)
+
+/* Every record of this path: counted exactly in nccl.c's per-op counters
+ * (its "calls"); p_records = those less the wrappers' (hvprof_nccl_json). */
 static inline void emit(hvprof_record *r)
 {
-    if (hvprof_emit(r) == 0) {
-        atomic_fetch_add_explicit(&p_records, 1, memory_order_relaxed);
-        hvprof_nccl_count(r->op);
-    }
+    if (hvprof_emit(r) == 0) hvprof_nccl_count(r->op);
 }
 
 static ncclResult_t start_common(void *context, void **eHandle, const norm *n)
 {
     *eHandle = NULL;
-    atomic_fetch_add_explicit(&p_events, 1, memory_order_relaxed);
+    BUMP(p_events);
     pctx *c = context;
     if (HVPROF_UNLIKELY(!c || c->magic != CTX_MAGIC)) return NCCL_OK;
     if (hvprof_nccl_in_wrapper()) { /* the wrapper records this call */
-        atomic_fetch_add_explicit(&p_silent, 1, memory_order_relaxed);
+        BUMP(p_silent);
         return NCCL_OK;
     }
     if (HVPROF_UNLIKELY(!hvprof_nccl_recording())) {
@@ -454,7 +460,7 @@ static ncclResult_t start_common(void *context, void **eHandle, const norm *n)
         e->calls = 0;
         e->gno = 0;
         e->bytes = 0;
-        e->rec.t_start = hvprof_ticks();
+        e->rec.t_start = 0; /* its first call's start: no clock read for a group */
         *eHandle = e;
         return NCCL_OK;
     }
@@ -501,11 +507,10 @@ static ncclResult_t start_common(void *context, void **eHandle, const norm *n)
 
 static ncclResult_t stop_event(void *eHandle)
 {
-    uint64_t t1 = hvprof_ticks();
     pev *e = eHandle;
     if (HVPROF_UNLIKELY(!e || e->magic != EV_MAGIC)) return NCCL_OK;
     if (!e->is_group) {
-        e->rec.t_end = t1;
+        e->rec.t_end = hvprof_ticks();
         e->rec.seq = hvprof_comm_next_seq(e->rec.comm);
         pev *g = e->group;
         if (g && g->magic == EV_MAGIC) {
@@ -513,6 +518,7 @@ static ncclResult_t stop_event(void *eHandle)
             if (g->calls == 0) {
                 g->held = e->rec; /* alone so far: not known to be grouped */
                 g->rec.comm = e->rec.comm;
+                g->rec.t_start = e->rec.t_start;
             } else {
                 if (g->calls == 1) {
                     g->gno = atomic_fetch_add(&p_group_counter, 1) + 1;
@@ -533,11 +539,11 @@ static ncclResult_t stop_event(void *eHandle)
     }
     if (e->calls == 1) {
         emit(&e->held);
-        atomic_fetch_add_explicit(&p_single_groups, 1, memory_order_relaxed);
+        BUMP(p_single_groups);
     } else if (e->calls > 1) {
         hvprof_record r = {
             .t_start = e->rec.t_start,
-            .t_end = t1,
+            .t_end = hvprof_ticks(),
             .bytes = e->bytes,
             .count = e->calls,
             .seq = e->gno,
@@ -704,6 +710,7 @@ EXPORT_ENTRY(7)
 /* State for hvprof_nccl_json.                                               */
 
 uint64_t hvprof_nccl_plugin_records(void) { return atomic_load(&p_records); }
+void hvprof_nccl_plugin_set_records(uint64_t n) { atomic_store(&p_records, n); }
 uint64_t hvprof_nccl_plugin_silent(void) { return atomic_load(&p_silent); }
 
 size_t hvprof_nccl_plugin_json(char *buf, size_t n)
