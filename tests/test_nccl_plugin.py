@@ -248,6 +248,15 @@ def test_metadata_names_path_and_version(static_run: tuple[int, Run]) -> None:
     assert nccl["seen_by"] == ["plugin"] and nccl["recorded_by"] == "plugin"
     assert nccl["plugin"]["interface_version"] == v
     assert nccl["plugin"]["versions_exported"] == [1, 2, 3, 4, 5, 6, 7]
+    from profiler.analysis import gpu
+
+    line = gpu.nccl_path_line({"ranks": [{"rank": 0, "nccl": nccl}]})
+    assert line == (f"NCCL seen through: plugin; recorded by plugin; NCCL profiler-plugin "
+                    f"interface v{v}")
+    both = dict(nccl, seen_by=["wrappers", "plugin"], recorded_by="wrappers")
+    assert gpu.nccl_path_line({"ranks": [{"nccl": both}]}).startswith(  # type: ignore[union-attr]
+        "NCCL seen through: wrappers, plugin; recorded by wrappers")
+    assert gpu.nccl_path_line({"ranks": [{"nccl": {"calls": {}}}]}) is None
 
 
 def test_library_exports_every_version() -> None:
@@ -320,3 +329,40 @@ def test_overhead_per_call_stand_in(pbuilt: PBuilt, tmp_path: Path) -> None:
     print(f"stand-in: plugin path host cost {per_call_ns:.0f} ns per call "
           f"(best of 3, {n} allreduces)")
     assert np.isfinite(per_call_ns) and per_call_ns < 20_000
+
+
+# ---- the real NCCL (nvidia-nccl-cu12), only where it is already on disk -----
+
+def _real_nccl() -> Path | bytes | None:
+    """libnccl.so.2 of nvidia-nccl-cu12: $HVPROF_REAL_NCCL, an installed
+    nvidia.nccl package, or a wheel already in ~/.cache/horovod-profiler/wheels.
+    Nothing is downloaded (the wheel is 350 MB)."""
+    env = os.environ.get("HVPROF_REAL_NCCL")
+    if env and Path(env).is_file():
+        return Path(env)
+    for base in map(Path, sys.path):
+        lib = base / "nvidia" / "nccl" / "lib" / "libnccl.so.2"
+        if lib.is_file():
+            return lib
+    cache = Path.home() / ".cache" / "horovod-profiler" / "wheels"
+    for whl in sorted(cache.glob("**/nvidia_nccl_cu12-*.whl")):
+        import zipfile
+
+        with zipfile.ZipFile(whl) as z:
+            for name in z.namelist():
+                if name.endswith("/libnccl.so.2"):
+                    return z.read(name)
+    return None
+
+
+def test_real_nccl_names_the_versions_exported() -> None:
+    found = _real_nccl()
+    if found is None:
+        pytest.skip("nvidia-nccl-cu12 not on this machine (not downloaded by the tests: "
+                    "set HVPROF_REAL_NCCL or cache the wheel in ~/.cache/horovod-profiler/wheels)")
+    data = found.read_bytes() if isinstance(found, Path) else found
+    assert b"NCCL_PROFILER_PLUGIN" in data
+    named = {v for v in range(1, 20) if b"ncclProfiler_v%d\0" % v in data}
+    assert named, "no ncclProfiler_vN string in libnccl.so.2"
+    # every version that NCCL looks for is one this library exports
+    assert named <= set(range(1, 8)), sorted(named)
