@@ -40,6 +40,10 @@
  * Size and rank come from the init arguments or ncclCommCount /
  * ncclCommUserRank; the device from ncclCommCuDevice.
  *
+ * NCCL's profiler-plugin path (nccl_plugin.c) sees the same calls when NCCL
+ * is shared: it stays silent while a wrapper here is inside the real call on
+ * the same thread (hvprof_nccl_in_wrapper), so each call is recorded once.
+ *
  * A process that never calls MPI_Init (torchrun) opens its raw file at its
  * first NCCL call when HOROVOD_PROFILE is on (rank, world size and local rank
  * from the launcher's environment: hvprof_open).
