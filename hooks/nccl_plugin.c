@@ -707,6 +707,27 @@ EXPORT_ENTRY(6)
 EXPORT_ENTRY(7)
 
 /* ------------------------------------------------------------------------ */
+/* Activation of a program started with LD_PRELOAD of this library (Python
+ * processes: profiler.collect.activate does it, and says when the user's own
+ * plugin takes precedence): with HOROVOD_PROFILE on and NCCL_PROFILER_PLUGIN
+ * unset, point it at this library, so that a statically linked NCCL loads
+ * it.  Only when preloaded: the constructor then runs before the program
+ * has threads (setenv is not safe beside a concurrent getenv). */
+__attribute__((constructor)) static void plugin_ctor(void)
+{
+    const char *pre = getenv("LD_PRELOAD");
+    const char *on = getenv("HOROVOD_PROFILE");
+    if (!pre || !strstr(pre, "libhvprof") || !on || !*on || strcmp(on, "0") == 0 ||
+        strcmp(on, "off") == 0)
+        return;
+    const char *cur = getenv("NCCL_PROFILER_PLUGIN");
+    if (cur && *cur) return; /* the user's choice */
+    Dl_info info;
+    if (dladdr((void *)&plugin_ctor, &info) && info.dli_fname && info.dli_fname[0] == '/')
+        setenv("NCCL_PROFILER_PLUGIN", info.dli_fname, 0);
+}
+
+/* ------------------------------------------------------------------------ */
 /* State for hvprof_nccl_json.                                               */
 
 uint64_t hvprof_nccl_plugin_records(void) { return atomic_load(&p_records); }

@@ -366,3 +366,21 @@ def test_real_nccl_names_the_versions_exported() -> None:
     assert named, "no ncclProfiler_vN string in libnccl.so.2"
     # every version that NCCL looks for is one this library exports
     assert named <= set(range(1, 8)), sorted(named)
+
+
+def test_preloaded_library_points_nccl_at_itself(pbuilt: PBuilt, tmp_path: Path) -> None:
+    """A non-Python program started with LD_PRELOAD and a static NCCL: the
+    library's constructor sets NCCL_PROFILER_PLUGIN (unset by the user)."""
+    r = run(pbuilt.static_nocuda, tmp_path, "steps", "4", preload=True, plugin=None)
+    assert len(r.host()) == 4
+    assert r.sidecar is not None and r.sidecar["recorded_by"] == "plugin"
+    # the user's own value is kept
+    prof = tmp_path / "theirs"
+    env = base_env(HOROVOD_PROFILE="1", HOROVOD_PROFILE_DIR=str(prof), RANK="0",
+                   WORLD_SIZE="1", LD_PRELOAD=str(library_path()), NCCL_PROFILER_PLUGIN="none")
+    p = subprocess.run([str(pbuilt.static_nocuda), "steps", "4"], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    side = raw.read_sidecar(prof / "raw" / "rank-00000.hvprof") if (prof / "raw").exists() \
+        else None
+    assert side is None or side["calls"]["nccl_allreduce"] == 0
