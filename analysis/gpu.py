@@ -21,6 +21,7 @@ __all__ = [
     "gpu_warnings",
     "job_gpus",
     "nccl_call_count",
+    "nccl_path_line",
     "summary_lines",
     "topology_lines",
 ]
@@ -154,9 +155,38 @@ def device_time_note(meta: Mapping[str, Any] | None) -> str | None:
             f"within +/-{fmt_ns(err)} (anchor error)")
 
 
+def nccl_path_line(meta: Mapping[str, Any] | None) -> str | None:
+    """Which path saw NCCL (symbol wrappers, NCCL's profiler plugin) and the
+    plugin interface version NCCL negotiated, over the ranks; None when the
+    metadata does not say (no NCCL, or a profile from before the plugin path)."""
+    states = [r["nccl"] for r in _ranks_meta(meta) if isinstance(r.get("nccl"), Mapping)]
+    seen: list[str] = []
+    recorded: list[str] = []
+    versions: set[int] = set()
+    for s in states:
+        for p in s.get("seen_by") or ():
+            if p not in seen:
+                seen.append(str(p))
+        rec = s.get("recorded_by")
+        if rec and rec != "none" and rec not in recorded:
+            recorded.append(str(rec))
+        v = (s.get("plugin") or {}).get("interface_version")
+        if v:
+            versions.add(int(v))
+    if not seen:
+        return None
+    line = f"NCCL seen through: {', '.join(seen)}; recorded by {', '.join(recorded) or 'none'}"
+    if versions:
+        line += "; NCCL profiler-plugin interface " + ", ".join(f"v{v}" for v in sorted(versions))
+    return line
+
+
 def summary_lines(meta: Mapping[str, Any] | None, df: Any = None) -> list[str]:
     """Everything GPU-related `profiler summarize` prints after its table."""
     out = gpu_warnings(meta, nccl_call_count(df))
+    path = nccl_path_line(meta)
+    if path:
+        out.append(path)
     note = device_time_note(meta)
     if note:
         out.append(note)

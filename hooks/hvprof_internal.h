@@ -188,6 +188,21 @@ static inline uint64_t hvprof_mix(uint64_t h, uint64_t v)
     return h;
 }
 
+/* ------------------------------------------------------------------------ */
+/* NCCL: the symbol wrappers (nccl.c) and the profiler-plugin path
+ * (nccl_plugin.c) see the same calls when NCCL is shared; each call is
+ * recorded once (the plugin path is silent inside a wrapper). */
+HVPROF_HIDDEN int hvprof_nccl_in_wrapper(void);
+HVPROF_HIDDEN int hvprof_nccl_recording(void);
+HVPROF_HIDDEN void hvprof_nccl_count(uint16_t op);
+HVPROF_HIDDEN uint32_t hvprof_nccl_comm_register_plugin(uint64_t handle, uint64_t id, int size,
+                                                        int rank);
+/* The plugin path's state for hvprof_nccl_json: "plugin": {...} (no comma). */
+HVPROF_HIDDEN size_t hvprof_nccl_plugin_json(char *buf, size_t n);
+HVPROF_HIDDEN uint64_t hvprof_nccl_plugin_records(void);
+HVPROF_HIDDEN void hvprof_nccl_plugin_set_records(uint64_t n);
+HVPROF_HIDDEN uint64_t hvprof_nccl_plugin_silent(void);
+
 /* Diagnostics go to stderr, one line, prefixed; never from the hot path. */
 HVPROF_HIDDEN void hvprof_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -40,6 +40,10 @@
  * Size and rank come from the init arguments or ncclCommCount /
  * ncclCommUserRank; the device from ncclCommCuDevice.
  *
+ * NCCL's profiler-plugin path (nccl_plugin.c) sees the same calls when NCCL
+ * is shared: it stays silent while a wrapper here is inside the real call on
+ * the same thread (hvprof_nccl_in_wrapper), so each call is recorded once.
+ *
  * A process that never calls MPI_Init (torchrun) opens its raw file at its
  * first NCCL call when HOROVOD_PROFILE is on (rank, world size and local rank
  * from the launcher's environment: hvprof_open).
@@ -129,6 +133,8 @@ static _Atomic uint32_t comm_splits[HVPROF_COMM_TABLE_CAPACITY];
 #define N_OPS (HVPROF_OP_NCCL_GROUP - HVPROF_OP_NCCL_ALLREDUCE + 1)
 static _Atomic uint64_t c_calls[N_OPS];
 static _Atomic uint64_t c_empty_groups, c_comms, c_comms_late, c_nested, c_missing_real;
+/* Records written by these wrappers (the plugin path counts its own). */
+static _Atomic uint64_t c_wrapper_records;
 
 static void nccl_exit(void);
 static _Atomic int exit_registered;
@@ -286,6 +292,44 @@ static inline uint32_t comm_index(ncclComm_t c)
     return comm_register(c, id, -1, -1, -1);
 }
 
+/* ------------------------------------------------------------------------ */
+/* What the plugin path (nccl_plugin.c) shares with these wrappers.          */
+
+/* Non-zero while one of these wrappers is inside a real NCCL call on the
+ * calling thread: NCCL's profiler events raised there belong to a call the
+ * wrapper records itself, and the plugin path stays silent (one record). */
+HVPROF_HIDDEN int hvprof_nccl_in_wrapper(void) { return nt.nest > 0; }
+
+/* recording(), for the plugin path (opens the raw file of a process without
+ * MPI at its first NCCL event, as the wrappers do at their first call). */
+HVPROF_HIDDEN int hvprof_nccl_recording(void) { return recording(); }
+
+/* A record written by the plugin path: the per-op call counters ("calls"). */
+HVPROF_HIDDEN void hvprof_nccl_count(uint16_t op)
+{
+    if (op >= HVPROF_OP_NCCL_ALLREDUCE && op <= HVPROF_OP_NCCL_GROUP)
+        atomic_fetch_add_explicit(&c_calls[op - HVPROF_OP_NCCL_ALLREDUCE], 1,
+                                  memory_order_relaxed);
+}
+
+/* A communicator the plugin path learnt of (its handle is the plugin's own
+ * context, never an ncclComm_t: nothing is asked of NCCL about it). */
+HVPROF_HIDDEN uint32_t hvprof_nccl_comm_register_plugin(uint64_t handle, uint64_t id, int size,
+                                                        int rank)
+{
+    if (!atomic_load_explicit(&exit_registered, memory_order_relaxed) &&
+        !atomic_exchange(&exit_registered, 1))
+        atexit(nccl_exit);
+    uint32_t idx = hvprof_comm_register(handle, id, size, rank, rank == 0 ? hvprof_rank() : -1,
+                                        1, "nccl");
+    if (idx < HVPROF_COMM_TABLE_CAPACITY) {
+        atomic_store_explicit(&comm_dev[idx], (int16_t)0, memory_order_relaxed);
+        atomic_store_explicit(&comm_splits[idx], 0, memory_order_relaxed);
+        atomic_fetch_add(&c_comms, 1);
+    }
+    return idx;
+}
+
 static inline int comm_device(uint32_t idx)
 {
     if (idx >= HVPROF_COMM_TABLE_CAPACITY) return -1;
@@ -423,6 +467,7 @@ static inline void call_end(call *c, ncclResult_t rc)
     write_host(&rec);
     atomic_fetch_add_explicit(&c_calls[c->op - HVPROF_OP_NCCL_ALLREDUCE], 1,
                               memory_order_relaxed);
+    atomic_fetch_add_explicit(&c_wrapper_records, 1, memory_order_relaxed);
     if (c->pair) hvprof_dev_submit(c->pair, &rec, c->stream);
     if (c->device >= 0 && !(flags & HVPROF_FLAG_GROUPED)) hvprof_dev_poll(c->device);
 }
@@ -612,6 +657,7 @@ HVPROF_EXPORT ncclResult_t ncclGroupEnd(void)
         };
         write_host(&r);
         atomic_fetch_add_explicit(&c_calls[N_OPS - 1], 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c_wrapper_records, 1, memory_order_relaxed);
         if (pair) hvprof_dev_submit(pair, &r, nt.g_stream);
         if (device >= 0) hvprof_dev_poll(device);
     } else if (nt.group != 0 && nt.g_calls == 0) {
@@ -774,6 +820,21 @@ HVPROF_EXPORT const char *hvprof_nccl_json(void)
         (unsigned long long)atomic_load(&c_comms_late), (unsigned long long)atomic_load(&c_nested),
         (unsigned long long)atomic_load(&c_missing_real), atomic_load(&finished) ? "true" : "false");
     if (k < n) k += hvprof_dev_json(buf + k, n - k);
+    {
+        /* Which path saw NCCL: "wrappers" (symbol interposition, shared
+         * NCCL), "plugin" (NCCL's profiler-plugin interface, any NCCL >= 2.23,
+         * static too); recorded_by: the paths that wrote records. */
+        uint64_t wr = atomic_load(&c_wrapper_records), all = 0;
+        for (int i = 0; i < N_OPS; i++) all += atomic_load(&c_calls[i]);
+        uint64_t pr = all > wr ? all - wr : 0, ps = hvprof_nccl_plugin_silent();
+        hvprof_nccl_plugin_set_records(pr);
+        int w_saw = wr > 0, p_saw = pr > 0 || ps > 0;
+        OUT(", \"seen_by\": [%s%s%s], \"recorded_by\": \"%s\", \"wrapper_records\": %llu, ",
+            w_saw ? "\"wrappers\"" : "", w_saw && p_saw ? ", " : "", p_saw ? "\"plugin\"" : "",
+            wr && pr ? "both" : wr ? "wrappers" : pr ? "plugin" : "none",
+            (unsigned long long)wr);
+        if (k < n) k += hvprof_nccl_plugin_json(buf + k, n - k);
+    }
     OUT("}");
 #undef OUT
     if (k >= n) snprintf(buf, n, "{\"error\": \"nccl json too long\"}");

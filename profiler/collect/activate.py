@@ -211,6 +211,34 @@ def _at_exit() -> None:
             flag.value = interrupted
 
 
+_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "RANK")
+
+
+def nccl_plugin() -> str | None:
+    """Make NCCL (>= 2.23) load this library as its profiler plugin.
+
+    NCCL_PROFILER_PLUGIN is set to the library's path unless the user set it;
+    a user's own value (another plugin, or "none") takes precedence, and one
+    line says so (rank 0 only: every rank would say the same).  Returns the
+    line printed, or None."""
+    from profiler.collect import native
+
+    own = native.library_path()
+    user = os.environ.get("NCCL_PROFILER_PLUGIN")
+    if not user:
+        os.environ["NCCL_PROFILER_PLUGIN"] = own
+        return None
+    if os.path.realpath(user) == os.path.realpath(own):
+        return None
+    rank = next((os.environ[v] for v in _RANK_VARS if os.environ.get(v)), "0")
+    if rank.strip() != "0":
+        return None
+    line = (f"NCCL_PROFILER_PLUGIN={user} is set: the user's NCCL profiler plugin takes "
+            "precedence; NCCL calls are seen only through the symbol wrappers (shared NCCL)")
+    _say(line)
+    return "horovod-profiler: " + line
+
+
 def activate() -> None:
     """Load the library, install the Horovod hooks, register the exit handler."""
     global _registered
@@ -227,6 +255,7 @@ def activate() -> None:
     # started with HOROVOD_PROFILE=1): _allow_late_imports() lets the exit
     # work import it, and frame_to_table converts without a thread pool.
     native.set_python(True)  # rank 0's exit handler merges: the library need not say how
+    nccl_plugin()
     try:
         from profiler.collect import horovod_hooks as hooks
     except ImportError:

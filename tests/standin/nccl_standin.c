@@ -19,7 +19,9 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +47,10 @@ typedef struct standin_comm {
     int rank;
     int device;
     ncclUniqueId id;
+    uint64_t hash;         /* the communicator's id, equal on every rank */
+    void *prof_ctx;        /* the profiler plugin's context (init per comm) */
+    int prof_mask;         /* the events the plugin asked for */
+    uint64_t seq[8];       /* per-function sequence numbers, as NCCL keeps */
 } standin_comm;
 typedef standin_comm *ncclComm_t;
 
@@ -52,12 +58,287 @@ typedef standin_comm *ncclComm_t;
 
 static const int TYPE_SIZE[12] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
 
+
+/* ---- the profiler-plugin loader ------------------------------------------
+ * Built with -DSTANDIN_PROFILER_V=N (1, 4 or 7; 0 or absent: no loader).
+ * Behaves as NCCL's documented loader (plugins/profiler/README.md):
+ * NCCL_PROFILER_PLUGIN unset -> "libnccl-profiler.so"; "none" -> no plugin;
+ * a name -> "libnccl-profiler-<name>.so", then the name as given (a library
+ * name or a path).  dlopen(RTLD_NOW | RTLD_LOCAL), then dlsym of the newest
+ * struct version this stand-in supports down to ncclProfiler_v1.  init per
+ * communicator, Group / Coll / P2p events around each call (every call in a
+ * group of its own unless inside ncclGroupStart/End; a group's calls start
+ * at the outermost ncclGroupEnd, one Group event per communicator), finalize
+ * at ncclCommDestroy/Abort, dlclose after the last communicator.  The
+ * declarations are the stand-in's own, independent of hooks/nccl_plugin.c. */
+#ifndef STANDIN_PROFILER_V
+#define STANDIN_PROFILER_V 0
+#endif
+enum { P_GROUP = 1, P_COLL = 2, P_P2P = 4 };
+static const char *const FUNC_NAMES[8] = {"Broadcast", "Reduce", "AllGather", "ReduceScatter",
+                                          "AllReduce", "SendRecv", "Send", "Recv"};
+static const char *const DT_NAMES[12] = {"ncclInt8", "ncclUint8", "ncclInt32", "ncclUint32",
+                                         "ncclInt64", "ncclUint64", "ncclFloat16", "ncclFloat32",
+                                         "ncclFloat64", "ncclBfloat16", "ncclFloat8e4m3",
+                                         "ncclFloat8e5m2"};
+typedef struct { /* ncclProfilerEventDescr_v1_t, the members used */
+    uint8_t type;
+    void *parentObj;
+    int rank;
+    union {
+        struct {
+            const char *name; uint64_t commHash; uint64_t seqNumber; uint8_t func;
+            const void *sendBuff; void *recvBuff; size_t count; int root; uint8_t datatype;
+            uint32_t op; size_t trafficBytes; uint8_t nMaxChannels, nWarps, algo, proto;
+            int isCollnet, isNvls;
+        } coll;
+        struct {
+            const char *name; uint64_t commHash; uint8_t func; void *buff; uint8_t datatype;
+            size_t count; int peer;
+        } p2p;
+    };
+} sd_v1;
+#define SD_NEW(N, TYPE_T, COLL_TAIL, P2P_TAIL)                                        \
+    typedef struct {                                                                 \
+        TYPE_T type;                                                                 \
+        void *parentObj;                                                             \
+        int rank;                                                                    \
+        union {                                                                      \
+            struct {                                                                 \
+                uint64_t seqNumber; const char *func; const void *sendBuff;          \
+                void *recvBuff; size_t count; int root; const char *datatype;        \
+                uint8_t nChannels, nWarps; const char *algo, *proto; COLL_TAIL       \
+            } coll;                                                                  \
+            struct {                                                                 \
+                const char *func; void *buff; const char *datatype; size_t count;    \
+                int peer; uint8_t nChannels; P2P_TAIL                                \
+            } p2p;                                                                   \
+        };                                                                           \
+    } sd_v##N;
+SD_NEW(4, uint8_t, , )
+SD_NEW(7, uint64_t, void *parentGroup; const char *kernelVariant; bool isSymColl;
+       uint64_t userTag;, void *parentGroup; uint64_t userTag;)
+typedef void (*sd_logger)(int, unsigned long, const char *, int, const char *, ...);
+typedef struct {
+    const char *name;
+    void *init;
+    ncclResult_t (*startEvent)(void *, void **, void *);
+    ncclResult_t (*stopEvent)(void *);
+    ncclResult_t (*recordEventState)(void *, int, void *);
+    ncclResult_t (*finalize)(void *);
+} sd_entry;
+typedef ncclResult_t (*init_old_fn)(void **, int *);
+typedef ncclResult_t (*init_v4_fn)(void **, int *, const char *, uint64_t, int, int, int,
+                                   sd_logger);
+typedef ncclResult_t (*init_v5_fn)(void **, uint64_t, int *, const char *, int, int, int,
+                                   sd_logger);
+
+static pthread_mutex_t plug_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *plug_handle;
+static const sd_entry *plug;
+static int plug_version, plug_refs, plug_tried;
+static char plug_path[512];
+
+static void sd_log(int level, unsigned long flags, const char *file, int line, const char *fmt,
+                   ...)
+{
+    (void)level; (void)flags; (void)file; (void)line; (void)fmt;
+}
+
+static void *open_plugin(void)
+{
+    const char *env = getenv("NCCL_PROFILER_PLUGIN");
+    char buf[512];
+    void *h = NULL;
+    if (env && strcmp(env, "none") == 0) return NULL;
+    if (!env || !*env) {
+        snprintf(buf, sizeof buf, "libnccl-profiler.so");
+        h = dlopen(buf, RTLD_NOW | RTLD_LOCAL);
+    } else {
+        snprintf(buf, sizeof buf, "libnccl-profiler-%s.so", env);
+        h = dlopen(buf, RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            snprintf(buf, sizeof buf, "%s", env);
+            h = dlopen(buf, RTLD_NOW | RTLD_LOCAL);
+        }
+    }
+    if (h) snprintf(plug_path, sizeof plug_path, "%s", buf);
+    return h;
+}
+
+/* Called at each communicator's creation, under no other lock. */
+static void plugin_acquire(void)
+{
+    if (STANDIN_PROFILER_V <= 0) return;
+    pthread_mutex_lock(&plug_lock);
+    if (!plug && !plug_tried) {
+        plug_tried = 1;
+        plug_handle = open_plugin();
+        if (plug_handle) {
+            for (int v = STANDIN_PROFILER_V; v >= 1 && !plug; v--) {
+                if (v != 1 && v != 4 && v != 7) continue; /* the layouts declared here */
+                char name[32];
+                snprintf(name, sizeof name, "ncclProfiler_v%d", v);
+                plug = dlsym(plug_handle, name);
+                if (plug) plug_version = v;
+            }
+            if (!plug) {
+                dlclose(plug_handle);
+                plug_handle = NULL;
+            }
+        }
+    }
+    if (plug) plug_refs++;
+    pthread_mutex_unlock(&plug_lock);
+}
+
+static void plugin_release(void)
+{
+    pthread_mutex_lock(&plug_lock);
+    if (plug && --plug_refs == 0) {
+        dlclose(plug_handle);
+        plug_handle = NULL;
+        plug = NULL;
+        plug_tried = 0;
+    }
+    pthread_mutex_unlock(&plug_lock);
+}
+
+static uint64_t fnv(const void *p, size_t n, uint64_t h)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static void plugin_comm_init(standin_comm *c)
+{
+    plugin_acquire();
+    if (!plug) return;
+    c->prof_mask = 0;
+    ncclResult_t rc = 1;
+    if (plug_version <= 3) {
+        init_old_fn f;
+        memcpy(&f, &plug->init, sizeof f);
+        rc = f(&c->prof_ctx, &c->prof_mask);
+    } else if (plug_version == 4) {
+        init_v4_fn f;
+        memcpy(&f, &plug->init, sizeof f);
+        rc = f(&c->prof_ctx, &c->prof_mask, "standin", c->hash, 1, c->nranks, c->rank, sd_log);
+    } else {
+        init_v5_fn f;
+        memcpy(&f, &plug->init, sizeof f);
+        rc = f(&c->prof_ctx, c->hash, &c->prof_mask, "standin", 1, c->nranks, c->rank, sd_log);
+    }
+    if (rc != ncclSuccess) {
+        c->prof_ctx = NULL;
+        c->prof_mask = 0;
+    }
+}
+
+static void plugin_comm_fini(standin_comm *c)
+{
+    if (!plug) return;
+    if (c->prof_ctx || c->prof_mask) plug->finalize(c->prof_ctx);
+    c->prof_ctx = NULL;
+    plugin_release();
+}
+
+/* A call's description, kept until its group launches. */
+typedef struct callinfo {
+    standin_comm *comm;
+    int func;  /* FUNC_NAMES index */
+    const void *send;
+    void *recv;
+    size_t count;
+    int dt;
+    int op;
+    int root;  /* root, or peer for Send/Recv */
+} callinfo;
+
+static void *prof_group_start(standin_comm *c)
+{
+    void *h = NULL;
+    if (!plug || !(c->prof_mask & P_GROUP)) return NULL;
+    union { sd_v1 v1; sd_v4 v4; sd_v7 v7; } d;
+    memset(&d, 0, sizeof d);
+    if (plug_version <= 4) { d.v1.type = P_GROUP; d.v1.rank = c->rank; }
+    else { d.v7.type = P_GROUP; d.v7.rank = c->rank; }
+    plug->startEvent(c->prof_ctx, &h, &d);
+    return h;
+}
+
+static void prof_stop(void *h)
+{
+    if (plug && h) plug->stopEvent(h);
+}
+
+static void *prof_call_start(const callinfo *ci, void *group)
+{
+    standin_comm *c = ci->comm;
+    int p2p = ci->func == 6 || ci->func == 7;
+    if (!plug || !(c->prof_mask & (p2p ? P_P2P : P_COLL))) return NULL;
+    uint64_t seq = c->seq[ci->func]++;
+    void *h = NULL;
+    union { sd_v1 v1; sd_v4 v4; sd_v7 v7; } d;
+    memset(&d, 0, sizeof d);
+    if (plug_version == 1) {
+        sd_v1 *x = &d.v1;
+        x->type = p2p ? P_P2P : P_COLL; x->parentObj = group; x->rank = c->rank;
+        if (p2p) {
+            x->p2p.name = FUNC_NAMES[ci->func]; x->p2p.commHash = c->hash;
+            x->p2p.func = (uint8_t)ci->func; x->p2p.buff = ci->recv; x->p2p.datatype = (uint8_t)ci->dt;
+            x->p2p.count = ci->count; x->p2p.peer = ci->root;
+        } else {
+            x->coll.name = FUNC_NAMES[ci->func]; x->coll.commHash = c->hash;
+            x->coll.seqNumber = seq; x->coll.func = (uint8_t)ci->func;
+            x->coll.sendBuff = ci->send; x->coll.recvBuff = ci->recv; x->coll.count = ci->count;
+            x->coll.root = ci->root; x->coll.datatype = (uint8_t)ci->dt; x->coll.op = (uint32_t)ci->op;
+            x->coll.trafficBytes = ci->count * TYPE_SIZE[ci->dt];
+        }
+    } else if (plug_version == 4) {
+        sd_v4 *x = &d.v4;
+        x->type = p2p ? P_P2P : P_COLL; x->parentObj = group; x->rank = c->rank;
+        if (p2p) {
+            x->p2p.func = FUNC_NAMES[ci->func]; x->p2p.buff = ci->recv;
+            x->p2p.datatype = DT_NAMES[ci->dt]; x->p2p.count = ci->count; x->p2p.peer = ci->root;
+        } else {
+            x->coll.seqNumber = seq; x->coll.func = FUNC_NAMES[ci->func];
+            x->coll.sendBuff = ci->send; x->coll.recvBuff = ci->recv; x->coll.count = ci->count;
+            x->coll.root = ci->root; x->coll.datatype = DT_NAMES[ci->dt];
+            x->coll.algo = "Ring"; x->coll.proto = "Simple";
+        }
+    } else {
+        sd_v7 *x = &d.v7;
+        x->type = p2p ? P_P2P : P_COLL; x->parentObj = NULL; /* the API event: not asked for */
+        x->rank = c->rank;
+        if (p2p) {
+            x->p2p.func = FUNC_NAMES[ci->func]; x->p2p.buff = ci->recv;
+            x->p2p.datatype = DT_NAMES[ci->dt]; x->p2p.count = ci->count; x->p2p.peer = ci->root;
+            x->p2p.parentGroup = group;
+        } else {
+            x->coll.seqNumber = seq; x->coll.func = FUNC_NAMES[ci->func];
+            x->coll.sendBuff = ci->send; x->coll.recvBuff = ci->recv; x->coll.count = ci->count;
+            x->coll.root = ci->root; x->coll.datatype = DT_NAMES[ci->dt];
+            x->coll.algo = "Ring"; x->coll.proto = "Simple"; x->coll.parentGroup = group;
+            x->coll.kernelVariant = "standin";
+        }
+    }
+    plug->startEvent(c->prof_ctx, &h, &d);
+    return h;
+}
+
+/* ---- stand-in controls for the plugin (not NCCL API) --------------------- */
+API int standin_nccl_profiler_version(void) { return plug ? plug_version : 0; }
+API const char *standin_nccl_profiler_path(void) { return plug_path; }
+
 static _Atomic int delay_override = -1;
 static _Atomic uint64_t n_calls, n_group_launches;
 
 typedef struct item {
     cudaStream_t stream;
     int64_t dur_ns;
+    callinfo ci;
 } item;
 
 static __thread int group_depth;
@@ -86,18 +367,27 @@ static void launch(cudaStream_t s, int64_t dur)
     if (enqueue) enqueue(s, dur);
 }
 
-static ncclResult_t work(ncclComm_t comm, ncclDataType_t dt, cudaStream_t s)
+static ncclResult_t work(const callinfo *ci, cudaStream_t s)
 {
+    ncclComm_t comm = ci->comm;
     if (!comm || comm->magic != COMM_MAGIC) return ncclInvalidArgument;
-    if (dt < 0 || dt >= 12) return ncclInvalidArgument;
+    if (ci->dt < 0 || ci->dt >= 12) return ncclInvalidArgument;
     atomic_fetch_add(&n_calls, 1);
     if (group_depth > 0) {
-        if (n_queued < 256) queued[n_queued++] = (item){s, delay_ns()};
-    } else {
+        if (n_queued < 256) queued[n_queued++] = (item){s, delay_ns(), *ci};
+    } else { /* a group of its own, as NCCL runs every call */
+        void *g = prof_group_start(comm);
+        void *h = prof_call_start(ci, g);
         launch(s, delay_ns());
+        prof_stop(h);
+        prof_stop(g);
     }
     return ncclSuccess;
 }
+
+#define CALL(F, SEND, RECV, COUNT, DT, OP, ROOT)                                     \
+    callinfo ci_ = {comm, F, SEND, RECV, COUNT, DT, OP, ROOT};                       \
+    ncclResult_t rc = work(&ci_, stream)
 
 API ncclResult_t ncclGetVersion(int *v)
 {
@@ -118,7 +408,7 @@ API ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
 }
 
 static ncclResult_t make_comm(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank,
-                              int device)
+                              int device, uint64_t hash)
 {
     if (!out || nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
     standin_comm *c = calloc(1, sizeof *c);
@@ -127,6 +417,8 @@ static ncclResult_t make_comm(ncclComm_t *out, int nranks, const ncclUniqueId *i
     c->rank = rank;
     c->device = device;
     if (id) c->id = *id;
+    c->hash = id ? fnv(id, sizeof *id, 0xcbf29ce484222325ull) : hash;
+    plugin_comm_init(c);
     *out = c;
     return ncclSuccess;
 }
@@ -143,14 +435,14 @@ static int current_device(void)
 
 API ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank)
 {
-    return make_comm(comm, nranks, &id, rank, current_device());
+    return make_comm(comm, nranks, &id, rank, current_device(), 0);
 }
 
 API ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
                                         ncclConfig_t *config)
 {
     (void)config;
-    return make_comm(comm, nranks, &id, rank, current_device());
+    return make_comm(comm, nranks, &id, rank, current_device(), 0);
 }
 
 API ncclResult_t ncclGroupStart(void);
@@ -159,8 +451,12 @@ API ncclResult_t ncclGroupEnd(void);
 API ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
 {
     if (!comms || ndev < 1) return ncclInvalidArgument;
+    static _Atomic uint64_t n_all;
+    uint64_t h = fnv("all", 3, 0xcbf29ce484222325ull + (uint64_t)getpid() * 31 +
+                                   atomic_fetch_add(&n_all, 1));
     ncclGroupStart(); /* through the exported symbol, as NCCL does */
-    for (int i = 0; i < ndev; i++) make_comm(&comms[i], ndev, NULL, i, devlist ? devlist[i] : i);
+    for (int i = 0; i < ndev; i++)
+        make_comm(&comms[i], ndev, NULL, i, devlist ? devlist[i] : i, h);
     return ncclGroupEnd();
 }
 
@@ -174,7 +470,8 @@ API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *
         *newcomm = NULL;
         return ncclSuccess;
     }
-    return make_comm(newcomm, 1, NULL, 0, comm->device);
+    uint64_t h = fnv(&color, sizeof color, comm->hash ^ 0x73706c6974ull);
+    return make_comm(newcomm, 1, NULL, 0, comm->device, h);
 }
 
 API ncclResult_t ncclCommCount(const ncclComm_t comm, int *count)
@@ -201,6 +498,7 @@ API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *device)
 API ncclResult_t ncclCommDestroy(ncclComm_t comm)
 {
     if (!comm || comm->magic != COMM_MAGIC) return ncclInvalidArgument;
+    plugin_comm_fini(comm);
     comm->magic = 0;
     free(comm);
     return ncclSuccess;
@@ -211,8 +509,7 @@ API ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); 
 API ncclResult_t ncclAllReduce(const void *s, void *r, size_t count, ncclDataType_t dt,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
 {
-    (void)op;
-    ncclResult_t rc = work(comm, dt, stream);
+    CALL(4, s, r, count, dt, op, 0);
     if (rc == ncclSuccess && s != r) memmove(r, s, count * TYPE_SIZE[dt]);
     return rc;
 }
@@ -220,8 +517,7 @@ API ncclResult_t ncclAllReduce(const void *s, void *r, size_t count, ncclDataTyp
 API ncclResult_t ncclReduceScatter(const void *s, void *r, size_t recvcount, ncclDataType_t dt,
                                    ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
 {
-    (void)op;
-    ncclResult_t rc = work(comm, dt, stream);
+    CALL(3, s, r, recvcount, dt, op, 0);
     if (rc == ncclSuccess) {
         size_t blk = recvcount * TYPE_SIZE[dt];
         const char *src = (const char *)s + (size_t)comm->rank * blk;
@@ -233,7 +529,7 @@ API ncclResult_t ncclReduceScatter(const void *s, void *r, size_t recvcount, ncc
 API ncclResult_t ncclAllGather(const void *s, void *r, size_t sendcount, ncclDataType_t dt,
                                ncclComm_t comm, cudaStream_t stream)
 {
-    ncclResult_t rc = work(comm, dt, stream);
+    CALL(2, s, r, sendcount, dt, 0, 0);
     if (rc == ncclSuccess) {
         size_t blk = sendcount * TYPE_SIZE[dt];
         for (int i = 0; i < comm->nranks; i++) {
@@ -247,7 +543,7 @@ API ncclResult_t ncclAllGather(const void *s, void *r, size_t sendcount, ncclDat
 API ncclResult_t ncclBroadcast(const void *s, void *r, size_t count, ncclDataType_t dt, int root,
                                ncclComm_t comm, cudaStream_t stream)
 {
-    ncclResult_t rc = work(comm, dt, stream);
+    CALL(0, s, r, count, dt, 0, root);
     if (rc == ncclSuccess && root == comm->rank && s != r) memmove(r, s, count * TYPE_SIZE[dt]);
     return rc;
 }
@@ -261,8 +557,7 @@ API ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t dt, int root
 API ncclResult_t ncclReduce(const void *s, void *r, size_t count, ncclDataType_t dt,
                             ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream)
 {
-    (void)op;
-    ncclResult_t rc = work(comm, dt, stream);
+    CALL(1, s, r, count, dt, op, root);
     if (rc == ncclSuccess && root == comm->rank && s != r) memmove(r, s, count * TYPE_SIZE[dt]);
     return rc;
 }
@@ -270,19 +565,15 @@ API ncclResult_t ncclReduce(const void *s, void *r, size_t count, ncclDataType_t
 API ncclResult_t ncclSend(const void *s, size_t count, ncclDataType_t dt, int peer,
                           ncclComm_t comm, cudaStream_t stream)
 {
-    (void)s;
-    (void)count;
-    (void)peer;
-    return work(comm, dt, stream);
+    CALL(6, s, NULL, count, dt, 0, peer);
+    return rc;
 }
 
 API ncclResult_t ncclRecv(void *r, size_t count, ncclDataType_t dt, int peer, ncclComm_t comm,
                           cudaStream_t stream)
 {
-    (void)r;
-    (void)count;
-    (void)peer;
-    return work(comm, dt, stream);
+    CALL(7, NULL, r, count, dt, 0, peer);
+    return rc;
 }
 
 API ncclResult_t ncclGroupStart(void)
@@ -295,7 +586,22 @@ API ncclResult_t ncclGroupEnd(void)
 {
     if (group_depth <= 0) return ncclInvalidUsage;
     if (--group_depth == 0) {
-        for (int i = 0; i < n_queued; i++) launch(queued[i].stream, queued[i].dur_ns);
+        /* one Group event per communicator, in the order of first use */
+        for (int i = 0; i < n_queued; i++) {
+            standin_comm *c = queued[i].ci.comm;
+            int first = 1;
+            for (int j = 0; j < i; j++)
+                if (queued[j].ci.comm == c) first = 0;
+            if (!first) continue;
+            void *g = prof_group_start(c);
+            for (int j = i; j < n_queued; j++) {
+                if (queued[j].ci.comm != c) continue;
+                void *h = prof_call_start(&queued[j].ci, g);
+                launch(queued[j].stream, queued[j].dur_ns);
+                prof_stop(h);
+            }
+            prof_stop(g);
+        }
         if (n_queued) atomic_fetch_add(&n_group_launches, 1);
         n_queued = 0;
     }

@@ -1,0 +1,757 @@
+/*
+ * nccl_plugin.c -- NCCL's profiler-plugin interface (NCCL >= 2.23).
+ *
+ * NCCL dlopens a profiler plugin (NCCL_PROFILER_PLUGIN: a name or a path;
+ * default libnccl-profiler.so) and looks up a versioned struct of functions,
+ * newest version first: ncclProfiler_v7 ... ncclProfiler_v1.  This library
+ * exports all seven, so NCCL negotiates its own newest; profiler.collect.
+ * activate points NCCL_PROFILER_PLUGIN at this library.  The path works
+ * whether NCCL is linked statically (Horovod's default) or dynamically.
+ *
+ * The declarations below are this project's own, written from NVIDIA's
+ * documentation of the ABI (plugins/profiler/README.md and the version
+ * headers of NVIDIA/nccl); only the members this file reads are named in the
+ * descriptor unions (a union's members all start at its first byte, so the
+ * others need no declaration).
+ *
+ * Events used (the activation mask): Group, Coll, P2p.  Proxy, network and
+ * kernel events are not asked for (no row per proxy step; device times come
+ * from the CUDA-event path of the wrappers where NCCL is shared).
+ *
+ * Records, in the format of nccl.c's rows:
+ *   - one host record per Coll / P2p event: op from the descriptor's func
+ *     (ncclBcast reaches NCCL's core as a Broadcast: nccl_broadcast here),
+ *     count, bytes = count x datatype size (ReduceScatter: x nranks where
+ *     init gave nranks), dtype, redop (v1 only: later descriptors carry no
+ *     reduction operator, redop "none"), root (Broadcast/Reduce) or peer,
+ *     comm = the communicator's table entry (id = NCCL's commHash / commId,
+ *     equal on every rank), seq = per-communicator call number, t_start ->
+ *     t_end = startEvent -> stopEvent on the host;
+ *   - NCCL wraps every call in a Group event, per communicator.  A group with
+ *     two calls or more is one NCCL_GROUP record (t_start = its first call's
+ *     start, t_end = the Group event's stop; count = calls, bytes =
+ *     their sum, seq = aux = group number) and its calls carry GROUPED and
+ *     aux = group number; a group of one call records the call alone (as the
+ *     wrappers do outside ncclGroupStart/End); empty groups are counted.
+ *
+ * Seen by both paths (shared NCCL, wrappers active): the wrapper records the
+ * call; events raised while a wrapper is inside the real NCCL call on the
+ * same thread are counted as "silent" and get no handle (NCCL then sends no
+ * stop for them).  hvprof_nccl_json says which path saw NCCL, which recorded,
+ * and the negotiated interface version.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/types.h>
+
+#include "hvprof_internal.h"
+
+/* ------------------------------------------------------------------------ */
+/* The ABI (this project's declarations).                                    */
+
+typedef int ncclResult_t;
+typedef int plugin_state_t; /* ncclProfilerEventState_vN_t: an int-sized enum */
+typedef void (*plugin_logger_t)(int level, unsigned long flags, const char *file, int line,
+                                const char *fmt, ...);
+
+enum {
+    EV_GROUP = 1 << 0,
+    EV_COLL = 1 << 1,
+    EV_P2P = 1 << 2,
+    EV_PROXY_OP = 1 << 3,
+    EV_PROXY_STEP = 1 << 4,
+    EV_PROXY_CTRL = 1 << 5,
+    EV_KERNEL_CH = 1 << 6,
+    EV_NET_PLUGIN = 1 << 7,
+    EV_GROUP_API = 1 << 8, /* v5 on */
+    EV_COLL_API = 1 << 9,
+    EV_P2P_API = 1 << 10,
+    EV_KERNEL_LAUNCH = 1 << 11,
+};
+#define ACTIVATION_MASK (EV_GROUP | EV_COLL | EV_P2P)
+
+/* v1: func and datatype as NCCL's enums (uint8), the reduction op as uint32. */
+struct coll_v1 {
+    const char *name;
+    uint64_t commHash;
+    uint64_t seqNumber;
+    uint8_t func;
+    const void *sendBuff;
+    void *recvBuff;
+    size_t count;
+    int root;
+    uint8_t datatype;
+    uint32_t op;
+    size_t trafficBytes;
+    uint8_t nMaxChannels, nWarps, algo, proto;
+    int isCollnet, isNvls;
+};
+struct p2p_v1 {
+    const char *name;
+    uint64_t commHash;
+    uint8_t func;
+    void *buff;
+    uint8_t datatype;
+    size_t count;
+    int peer;
+};
+/* v2, v3: strings for func and datatype (v3 drops trafficBytes, after them). */
+struct coll_v2 {
+    const char *name;
+    uint64_t commHash;
+    uint64_t seqNumber;
+    const char *func;
+    const void *sendBuff;
+    void *recvBuff;
+    size_t count;
+    int root;
+    const char *datatype;
+    /* v2: size_t trafficBytes; then channels, warps, algo, proto */
+};
+struct p2p_v2 {
+    const char *name;
+    uint64_t commHash;
+    const char *func;
+    void *buff;
+    const char *datatype;
+    size_t count;
+    int peer;
+};
+/* v4 on: no name/commHash (init gives the communicator). */
+struct coll_v4 {
+    uint64_t seqNumber;
+    const char *func;
+    const void *sendBuff;
+    void *recvBuff;
+    size_t count;
+    int root;
+    const char *datatype;
+    uint8_t nChannels, nWarps;
+    const char *algo, *proto;
+    void *parentGroup; /* v5 on */
+    /* v7: kernelVariant, isSymColl, userTag */
+};
+struct p2p_v4 {
+    const char *func;
+    void *buff;
+    const char *datatype;
+    size_t count;
+    int peer;
+    uint8_t nChannels;
+    void *parentGroup; /* v5 on */
+    /* v7: userTag */
+};
+
+/* The descriptor: v1-v4 begin with a uint8_t type, v5 on with a uint64_t;
+ * either way the union starts at byte 24 on LP64. */
+#define DESCR(N, TYPE_T, COLL, P2P)                                                   \
+    typedef struct {                                                                  \
+        TYPE_T type;                                                                  \
+        void *parentObj;                                                              \
+        int rank;                                                                     \
+        union {                                                                       \
+            struct COLL coll;                                                         \
+            struct P2P p2p;                                                           \
+            struct {                                                                  \
+                pid_t pid;                                                            \
+                uint8_t channelId;                                                    \
+                int peer, nSteps, chunkSize, isSend;                                  \
+            } proxyOp;                                                                \
+        };                                                                            \
+    } descr_v##N;
+DESCR(1, uint8_t, coll_v1, p2p_v1)
+DESCR(2, uint8_t, coll_v2, p2p_v2)
+DESCR(3, uint8_t, coll_v2, p2p_v2)
+DESCR(4, uint8_t, coll_v4, p2p_v4)
+DESCR(5, uint64_t, coll_v4, p2p_v4)
+DESCR(6, uint64_t, coll_v4, p2p_v4)
+DESCR(7, uint64_t, coll_v4, p2p_v4)
+#undef DESCR
+
+/* State arguments (recordEventState): passed through, never read. */
+typedef union {
+    struct { size_t transSize; int steps; } proxyOp;
+    struct { int appendedProxyOps; } proxyCtrl;
+} stargs_v1;
+typedef stargs_v1 stargs_v2, stargs_v3;
+typedef union {
+    struct { size_t transSize; } proxyStep;
+    struct { int appendedProxyOps; } proxyCtrl;
+    struct { void *data; } netPlugin;
+    struct { uint64_t pTimer; } kernelCh;
+} stargs_v4;
+typedef stargs_v4 stargs_v5, stargs_v6, stargs_v7;
+
+/* The entry structs: name, init, startEvent, stopEvent, recordEventState,
+ * finalize.  init: v1-v3 (context, mask); v4 (context, mask, commName,
+ * commHash, nNodes, nranks, rank, logfn); v5 on (context, commId, mask,
+ * commName, nNodes, nranks, rank, logfn). */
+#define ENTRY(N, ...)                                                                 \
+    typedef struct {                                                                  \
+        const char *name;                                                             \
+        ncclResult_t (*init)(__VA_ARGS__);                                            \
+        ncclResult_t (*startEvent)(void *context, void **eHandle, descr_v##N *eDescr); \
+        ncclResult_t (*stopEvent)(void *eHandle);                                     \
+        ncclResult_t (*recordEventState)(void *eHandle, plugin_state_t eState,        \
+                                         stargs_v##N *eStateArgs);                    \
+        ncclResult_t (*finalize)(void *context);                                      \
+    } ncclProfiler_v##N##_t;
+#define INIT_OLD void **context, int *eActivationMask
+#define INIT_V4                                                                        \
+    void **context, int *eActivationMask, const char *commName, uint64_t commHash,     \
+        int nNodes, int nranks, int rank, plugin_logger_t logfn
+#define INIT_V5                                                                        \
+    void **context, uint64_t commId, int *eActivationMask, const char *commName,       \
+        int nNodes, int nranks, int rank, plugin_logger_t logfn
+ENTRY(1, INIT_OLD)
+ENTRY(2, INIT_OLD)
+ENTRY(3, INIT_OLD)
+ENTRY(4, INIT_V4)
+ENTRY(5, INIT_V5)
+ENTRY(6, INIT_V5)
+ENTRY(7, INIT_V5)
+#undef ENTRY
+
+enum { NCCL_OK = 0 };
+
+/* ncclFunc_t (v1): Broadcast, Reduce, AllGather, ReduceScatter, AllReduce,
+ * SendRecv, Send, Recv; v2 on: the same names as strings. */
+static const struct {
+    const char *name;
+    uint16_t op;
+} FUNCS[8] = {
+    {"Broadcast", HVPROF_OP_NCCL_BROADCAST}, {"Reduce", HVPROF_OP_NCCL_REDUCE},
+    {"AllGather", HVPROF_OP_NCCL_ALLGATHER}, {"ReduceScatter", HVPROF_OP_NCCL_REDUCESCATTER},
+    {"AllReduce", HVPROF_OP_NCCL_ALLREDUCE}, {"SendRecv", HVPROF_OP_NCCL_SEND},
+    {"Send", HVPROF_OP_NCCL_SEND},           {"Recv", HVPROF_OP_NCCL_RECV},
+};
+
+/* ncclDataType_t 0..11 and the names NCCL gives them (v2 on). */
+static const struct {
+    const char *name;
+    uint8_t code;
+    uint8_t size;
+} DTYPES[12] = {
+    {"Int8", HVPROF_DT_NCCL_INT8, 1},          {"Uint8", HVPROF_DT_NCCL_UINT8, 1},
+    {"Int32", HVPROF_DT_NCCL_INT32, 4},        {"Uint32", HVPROF_DT_NCCL_UINT32, 4},
+    {"Int64", HVPROF_DT_NCCL_INT64, 8},        {"Uint64", HVPROF_DT_NCCL_UINT64, 8},
+    {"Float16", HVPROF_DT_NCCL_FLOAT16, 2},    {"Float32", HVPROF_DT_NCCL_FLOAT32, 4},
+    {"Float64", HVPROF_DT_NCCL_FLOAT64, 8},    {"Bfloat16", HVPROF_DT_NCCL_BFLOAT16, 2},
+    {"Float8e4m3", HVPROF_DT_NCCL_FLOAT8E4M3, 1}, {"Float8e5m2", HVPROF_DT_NCCL_FLOAT8E5M2, 1},
+};
+
+static int func_index(const char *s)
+{
+    if (!s) return -1;
+    for (int i = 0; i < 8; i++)
+        if (strcmp(s, FUNCS[i].name) == 0) return i;
+    return -1;
+}
+
+static int dtype_index(const char *s)
+{
+    if (!s) return -1;
+    if (strncmp(s, "nccl", 4) == 0) s += 4;
+    for (int i = 0; i < 12; i++)
+        if (strcasecmp(s, DTYPES[i].name) == 0) return i;
+    /* NCCL's aliases */
+    if (strcasecmp(s, "Char") == 0) return 0;
+    if (strcasecmp(s, "Int") == 0) return 2;
+    if (strcasecmp(s, "Half") == 0) return 6;
+    if (strcasecmp(s, "Float") == 0) return 7;
+    if (strcasecmp(s, "Double") == 0) return 8;
+    return -1;
+}
+
+/* One-entry per-thread caches: NCCL passes the same static strings each time. */
+#define TLS_IE __attribute__((tls_model("initial-exec")))
+static __thread const char *tc_func_s TLS_IE, *tc_dt_s TLS_IE;
+static __thread int tc_func_i TLS_IE = -1, tc_dt_i TLS_IE = -1;
+
+static inline int func_of(const char *s)
+{
+    if (HVPROF_LIKELY(s == tc_func_s && s)) return tc_func_i;
+    tc_func_i = func_index(s);
+    tc_func_s = s;
+    return tc_func_i;
+}
+
+static inline int dtype_of(const char *s)
+{
+    if (HVPROF_LIKELY(s == tc_dt_s && s)) return tc_dt_i;
+    tc_dt_i = dtype_index(s);
+    tc_dt_s = s;
+    return tc_dt_i;
+}
+
+static inline uint8_t map_redop(uint32_t op)
+{
+    switch (op) {
+    case 0: return HVPROF_REDOP_SUM;
+    case 1: return HVPROF_REDOP_PROD;
+    case 2: return HVPROF_REDOP_MAX;
+    case 3: return HVPROF_REDOP_MIN;
+    case 4: return HVPROF_REDOP_AVG;
+    default: return HVPROF_REDOP_PREMULSUM;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* State.                                                                    */
+
+#define CTX_MAGIC 0x68767063u /* "hvpc" */
+#define EV_MAGIC 0x68767065u  /* "hvpe" */
+
+typedef struct pctx {
+    uint32_t magic;
+    int version;
+    int nranks;         /* -1: not given (v1-v3) */
+    int rank;
+    uint64_t id;        /* commHash / commId; 0 until known (v1-v3: first event) */
+    _Atomic uint32_t comm_idx; /* UINT32_MAX until registered */
+} pctx;
+
+typedef struct pev {
+    uint32_t magic;
+    uint8_t is_group;
+    struct pev *next_free;
+    struct pev *group;      /* a call: its group event, or NULL */
+    pctx *ctx;
+    hvprof_record rec;      /* a call: the record, t_end at stop */
+    /* a group: */
+    uint32_t calls;
+    uint32_t gno;
+    uint64_t bytes;
+    hvprof_record held;     /* its first call, until a second one comes */
+} pev;
+
+static _Atomic int negotiated;          /* version of the first init */
+static _Atomic uint64_t p_inits, p_finals, p_records, p_silent, p_events, p_unknown,
+    p_empty_groups, p_single_groups, p_not_recording;
+static _Atomic uint32_t p_group_counter;
+static _Atomic int pinned;
+
+/* Event objects: a per-thread free list, refilled in blocks (never freed:
+ * bounded by the events in flight at once). */
+static __thread pev *free_list TLS_IE;
+
+static pev *ev_alloc(void)
+{
+    pev *e = free_list;
+    if (HVPROF_LIKELY(e)) {
+        free_list = e->next_free;
+        return e;
+    }
+    enum { BLOCK = 64 };
+    pev *b = calloc(BLOCK, sizeof *b);
+    if (!b) return NULL;
+    for (int i = 1; i < BLOCK - 1; i++) b[i].next_free = &b[i + 1];
+    b[BLOCK - 1].next_free = NULL;
+    free_list = BLOCK > 1 ? &b[1] : NULL;
+    return &b[0];
+}
+
+static inline void ev_free(pev *e)
+{
+    e->magic = 0;
+    e->next_free = free_list;
+    free_list = e;
+}
+
+/* NCCL dlcloses its plugin when its last communicator is gone; this library
+ * also holds the raw file and exit handlers: keep it loaded. */
+static void pin_self(void)
+{
+    if (atomic_exchange(&pinned, 1)) return;
+    Dl_info info;
+    if (dladdr((void *)&pin_self, &info) && info.dli_fname)
+        (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+}
+
+static ncclResult_t ctx_new(void **context, int version, uint64_t id, int nranks, int rank,
+                            int *mask)
+{
+    pin_self();
+    int expect = 0;
+    atomic_compare_exchange_strong(&negotiated, &expect, version);
+    atomic_fetch_add(&p_inits, 1);
+    if (mask) *mask = ACTIVATION_MASK;
+    pctx *c = calloc(1, sizeof *c);
+    if (!c) {
+        if (context) *context = NULL;
+        if (mask) *mask = 0;
+        return NCCL_OK; /* never fail NCCL's communicator creation */
+    }
+    c->magic = CTX_MAGIC;
+    c->version = version;
+    c->nranks = nranks;
+    c->rank = rank;
+    c->id = id;
+    atomic_store(&c->comm_idx, UINT32_MAX);
+    if (context) *context = c;
+    (void)hvprof_nccl_recording(); /* a process without MPI opens its file here */
+    return NCCL_OK;
+}
+
+/* The communicator's table index (registered at its first recorded event). */
+static inline uint32_t ctx_comm(pctx *c, uint64_t hash, int rank)
+{
+    uint32_t idx = atomic_load_explicit(&c->comm_idx, memory_order_relaxed);
+    if (HVPROF_LIKELY(idx != UINT32_MAX)) return idx;
+    if (!c->id) c->id = hash;
+    if (c->rank < 0) c->rank = rank;
+    idx = hvprof_nccl_comm_register_plugin((uint64_t)(uintptr_t)c, c->id, c->nranks, c->rank);
+    atomic_store_explicit(&c->comm_idx, idx, memory_order_relaxed);
+    return idx;
+}
+
+/* Normalized event, from any version's descriptor. */
+typedef struct norm {
+    uint64_t type;
+    void *group;      /* the parent group handle (one of ours, or NULL) */
+    int rank;
+    uint64_t hash;    /* v1-v3: the descriptor's commHash */
+    int func;         /* FUNCS index */
+    size_t count;
+    int dtype;        /* DTYPES index */
+    uint8_t redop;
+    int root;         /* root or peer */
+    int in_place;
+} norm;
+
+/* Approximate counters (a plain relaxed load + store, no locked
+ * instruction on the per-call path: concurrent threads may lose a count). */
+#define BUMP(c) atomic_store_explicit(&(c), atomic_load_explicit(&(c), memory_order_relaxed) + 1, \
+                                      memory_order_relaxed)
+
+/* Every record of this path: counted exactly in nccl.c's per-op counters
+ * (its "calls"); p_records = those less the wrappers' (hvprof_nccl_json). */
+static inline void emit(hvprof_record *r)
+{
+    if (hvprof_emit(r) == 0) hvprof_nccl_count(r->op);
+}
+
+static ncclResult_t start_common(void *context, void **eHandle, const norm *n)
+{
+    *eHandle = NULL;
+    BUMP(p_events);
+    pctx *c = context;
+    if (HVPROF_UNLIKELY(!c || c->magic != CTX_MAGIC)) return NCCL_OK;
+    if (hvprof_nccl_in_wrapper()) { /* the wrapper records this call */
+        BUMP(p_silent);
+        return NCCL_OK;
+    }
+    if (HVPROF_UNLIKELY(!hvprof_nccl_recording())) {
+        atomic_fetch_add_explicit(&p_not_recording, 1, memory_order_relaxed);
+        return NCCL_OK;
+    }
+    if (n->type == EV_GROUP) {
+        pev *e = ev_alloc();
+        if (!e) return NCCL_OK;
+        e->magic = EV_MAGIC;
+        e->is_group = 1;
+        e->ctx = c;
+        e->group = NULL;
+        e->calls = 0;
+        e->gno = 0;
+        e->bytes = 0;
+        e->rec.t_start = 0; /* its first call's start: no clock read for a group */
+        *eHandle = e;
+        return NCCL_OK;
+    }
+    if (n->type != EV_COLL && n->type != EV_P2P) {
+        atomic_fetch_add_explicit(&p_unknown, 1, memory_order_relaxed);
+        return NCCL_OK;
+    }
+    pev *e = ev_alloc();
+    if (!e) return NCCL_OK;
+    e->magic = EV_MAGIC;
+    e->is_group = 0;
+    e->ctx = c;
+    pev *g = n->group;
+    e->group = (g && g->magic == EV_MAGIC && g->is_group) ? g : NULL;
+    uint16_t op = n->func >= 0 ? FUNCS[n->func].op : HVPROF_OP_NCCL_ALLREDUCE;
+    uint8_t code = HVPROF_DT_UNKNOWN, size = 0;
+    if (n->dtype >= 0) {
+        code = DTYPES[n->dtype].code;
+        size = DTYPES[n->dtype].size;
+    }
+    uint32_t comm = ctx_comm(c, n->hash, n->rank);
+    uint64_t count = n->count;
+    if (op == HVPROF_OP_NCCL_REDUCESCATTER && c->nranks > 0) count *= (uint64_t)c->nranks;
+    int has_root = op == HVPROF_OP_NCCL_BROADCAST || op == HVPROF_OP_NCCL_REDUCE ||
+                   op == HVPROF_OP_NCCL_SEND || op == HVPROF_OP_NCCL_RECV;
+    int has_redop = op == HVPROF_OP_NCCL_ALLREDUCE || op == HVPROF_OP_NCCL_REDUCE ||
+                    op == HVPROF_OP_NCCL_REDUCESCATTER;
+    e->rec = (hvprof_record){
+        .bytes = count * size,
+        .count = count,
+        .comm = comm,
+        .track = HVPROF_TRACK_SELF,
+        .root = has_root ? n->root : -1,
+        .op = op,
+        .dtype = code,
+        .redop = has_redop ? n->redop : HVPROF_REDOP_NONE,
+        .flags = n->in_place ? HVPROF_FLAG_IN_PLACE : 0,
+        .dtype_size = size,
+    };
+    *eHandle = e;
+    e->rec.t_start = hvprof_ticks();
+    return NCCL_OK;
+}
+
+static ncclResult_t stop_event(void *eHandle)
+{
+    pev *e = eHandle;
+    if (HVPROF_UNLIKELY(!e || e->magic != EV_MAGIC)) return NCCL_OK;
+    if (!e->is_group) {
+        e->rec.t_end = hvprof_ticks();
+        e->rec.seq = hvprof_comm_next_seq(e->rec.comm);
+        pev *g = e->group;
+        if (g && g->magic == EV_MAGIC) {
+            g->bytes += e->rec.bytes;
+            if (g->calls == 0) {
+                g->held = e->rec; /* alone so far: not known to be grouped */
+                g->rec.comm = e->rec.comm;
+                g->rec.t_start = e->rec.t_start;
+            } else {
+                if (g->calls == 1) {
+                    g->gno = atomic_fetch_add(&p_group_counter, 1) + 1;
+                    g->held.flags |= HVPROF_FLAG_GROUPED;
+                    g->held.aux = g->gno;
+                    emit(&g->held);
+                }
+                e->rec.flags |= HVPROF_FLAG_GROUPED;
+                e->rec.aux = g->gno;
+                emit(&e->rec);
+            }
+            g->calls++;
+        } else {
+            emit(&e->rec);
+        }
+        ev_free(e);
+        return NCCL_OK;
+    }
+    if (e->calls == 1) {
+        emit(&e->held);
+        BUMP(p_single_groups);
+    } else if (e->calls > 1) {
+        hvprof_record r = {
+            .t_start = e->rec.t_start,
+            .t_end = hvprof_ticks(),
+            .bytes = e->bytes,
+            .count = e->calls,
+            .seq = e->gno,
+            .comm = e->rec.comm,
+            .track = HVPROF_TRACK_SELF,
+            .root = -1,
+            .op = HVPROF_OP_NCCL_GROUP,
+            .dtype = HVPROF_DT_UNKNOWN,
+            .redop = HVPROF_REDOP_NONE,
+            .aux = e->gno,
+        };
+        emit(&r);
+    } else {
+        atomic_fetch_add_explicit(&p_empty_groups, 1, memory_order_relaxed);
+    }
+    ev_free(e);
+    return NCCL_OK;
+}
+
+static ncclResult_t finalize_ctx(void *context)
+{
+    pctx *c = context;
+    if (!c || c->magic != CTX_MAGIC) return NCCL_OK;
+    atomic_fetch_add(&p_finals, 1);
+    if (atomic_load(&c->comm_idx) != UINT32_MAX) hvprof_comm_forget((uint64_t)(uintptr_t)c);
+    c->magic = 0;
+    free(c);
+    return NCCL_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Per-version entry points.                                                 */
+
+static ncclResult_t init_v1(void **context, int *mask) { return ctx_new(context, 1, 0, -1, -1, mask); }
+static ncclResult_t init_v2(void **context, int *mask) { return ctx_new(context, 2, 0, -1, -1, mask); }
+static ncclResult_t init_v3(void **context, int *mask) { return ctx_new(context, 3, 0, -1, -1, mask); }
+
+static ncclResult_t init_v4(void **context, int *mask, const char *commName, uint64_t commHash,
+                            int nNodes, int nranks, int rank, plugin_logger_t logfn)
+{
+    (void)commName;
+    (void)nNodes;
+    (void)logfn;
+    return ctx_new(context, 4, commHash, nranks, rank, mask);
+}
+
+#define INIT_NEW(N)                                                                   \
+    static ncclResult_t init_v##N(void **context, uint64_t commId, int *mask,         \
+                                  const char *commName, int nNodes, int nranks, int rank, \
+                                  plugin_logger_t logfn)                              \
+    {                                                                                 \
+        (void)commName;                                                               \
+        (void)nNodes;                                                                 \
+        (void)logfn;                                                                  \
+        return ctx_new(context, N, commId, nranks, rank, mask);                       \
+    }
+INIT_NEW(5)
+INIT_NEW(6)
+INIT_NEW(7)
+
+static ncclResult_t start_v1(void *context, void **eHandle, descr_v1 *d)
+{
+    norm n = {.type = d->type, .group = d->parentObj, .rank = d->rank, .func = -1, .dtype = -1};
+    if (d->type == EV_COLL) {
+        n.hash = d->coll.commHash;
+        n.func = d->coll.func < 8 ? d->coll.func : -1;
+        n.count = d->coll.count;
+        n.dtype = d->coll.datatype < 12 ? d->coll.datatype : -1;
+        n.redop = map_redop(d->coll.op);
+        n.root = d->coll.root;
+        n.in_place = d->coll.sendBuff == d->coll.recvBuff;
+    } else if (d->type == EV_P2P) {
+        n.hash = d->p2p.commHash;
+        n.func = d->p2p.func < 8 ? d->p2p.func : -1;
+        n.count = d->p2p.count;
+        n.dtype = d->p2p.datatype < 12 ? d->p2p.datatype : -1;
+        n.root = d->p2p.peer;
+    }
+    return start_common(context, eHandle, &n);
+}
+
+#define START_V2(N)                                                                   \
+    static ncclResult_t start_v##N(void *context, void **eHandle, descr_v##N *d)      \
+    {                                                                                 \
+        norm n = {.type = d->type, .group = d->parentObj, .rank = d->rank, .func = -1, \
+                  .dtype = -1};                                                       \
+        if (d->type == EV_COLL) {                                                     \
+            n.hash = d->coll.commHash;                                                \
+            n.func = func_of(d->coll.func);                                           \
+            n.count = d->coll.count;                                                  \
+            n.dtype = dtype_of(d->coll.datatype);                                     \
+            n.root = d->coll.root;                                                    \
+            n.in_place = d->coll.sendBuff == d->coll.recvBuff;                        \
+        } else if (d->type == EV_P2P) {                                               \
+            n.hash = d->p2p.commHash;                                                 \
+            n.func = func_of(d->p2p.func);                                            \
+            n.count = d->p2p.count;                                                   \
+            n.dtype = dtype_of(d->p2p.datatype);                                      \
+            n.root = d->p2p.peer;                                                     \
+        }                                                                             \
+        return start_common(context, eHandle, &n);                                    \
+    }
+START_V2(2)
+START_V2(3)
+
+/* v4: the group is parentObj; v5 on: parentGroup (parentObj is the API event). */
+#define START_V4(N, GROUP_OF)                                                         \
+    static ncclResult_t start_v##N(void *context, void **eHandle, descr_v##N *d)      \
+    {                                                                                 \
+        norm n = {.type = d->type, .group = d->parentObj, .rank = d->rank, .func = -1, \
+                  .dtype = -1};                                                       \
+        if (d->type == EV_COLL) {                                                     \
+            n.group = GROUP_OF(d->coll);                                              \
+            n.func = func_of(d->coll.func);                                           \
+            n.count = d->coll.count;                                                  \
+            n.dtype = dtype_of(d->coll.datatype);                                     \
+            n.root = d->coll.root;                                                    \
+            n.in_place = d->coll.sendBuff == d->coll.recvBuff;                        \
+        } else if (d->type == EV_P2P) {                                               \
+            n.group = GROUP_OF(d->p2p);                                               \
+            n.func = func_of(d->p2p.func);                                            \
+            n.count = d->p2p.count;                                                   \
+            n.dtype = dtype_of(d->p2p.datatype);                                      \
+            n.root = d->p2p.peer;                                                     \
+        }                                                                             \
+        return start_common(context, eHandle, &n);                                    \
+    }
+#define PARENT_OBJ(x) d->parentObj
+#define PARENT_GROUP(x) (x).parentGroup
+START_V4(4, PARENT_OBJ)
+START_V4(5, PARENT_GROUP)
+START_V4(6, PARENT_GROUP)
+START_V4(7, PARENT_GROUP)
+
+#define RECORD_STATE(N)                                                               \
+    static ncclResult_t record_state_v##N(void *eHandle, plugin_state_t s, stargs_v##N *a) \
+    {                                                                                 \
+        (void)eHandle;                                                                \
+        (void)s;                                                                      \
+        (void)a;                                                                      \
+        return NCCL_OK;                                                               \
+    }
+RECORD_STATE(1)
+RECORD_STATE(2)
+RECORD_STATE(3)
+RECORD_STATE(4)
+RECORD_STATE(5)
+RECORD_STATE(6)
+RECORD_STATE(7)
+
+#define PLUGIN_NAME "horovod-profiler"
+#define EXPORT_ENTRY(N)                                                               \
+    HVPROF_EXPORT const ncclProfiler_v##N##_t ncclProfiler_v##N = {                   \
+        PLUGIN_NAME, init_v##N, start_v##N, stop_event, record_state_v##N, finalize_ctx};
+EXPORT_ENTRY(1)
+EXPORT_ENTRY(2)
+EXPORT_ENTRY(3)
+EXPORT_ENTRY(4)
+EXPORT_ENTRY(5)
+EXPORT_ENTRY(6)
+EXPORT_ENTRY(7)
+
+/* ------------------------------------------------------------------------ */
+/* Activation of a program started with LD_PRELOAD of this library (Python
+ * processes: profiler.collect.activate does it, and says when the user's own
+ * plugin takes precedence): with HOROVOD_PROFILE on and NCCL_PROFILER_PLUGIN
+ * unset, point it at this library, so that a statically linked NCCL loads
+ * it.  Only when preloaded: the constructor then runs before the program
+ * has threads (setenv is not safe beside a concurrent getenv). */
+__attribute__((constructor)) static void plugin_ctor(void)
+{
+    const char *pre = getenv("LD_PRELOAD");
+    const char *on = getenv("HOROVOD_PROFILE");
+    if (!pre || !strstr(pre, "libhvprof") || !on || !*on || strcmp(on, "0") == 0 ||
+        strcmp(on, "off") == 0)
+        return;
+    const char *cur = getenv("NCCL_PROFILER_PLUGIN");
+    if (cur && *cur) return; /* the user's choice */
+    Dl_info info;
+    if (dladdr((void *)&plugin_ctor, &info) && info.dli_fname && info.dli_fname[0] == '/')
+        setenv("NCCL_PROFILER_PLUGIN", info.dli_fname, 0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* State for hvprof_nccl_json.                                               */
+
+uint64_t hvprof_nccl_plugin_records(void) { return atomic_load(&p_records); }
+void hvprof_nccl_plugin_set_records(uint64_t n) { atomic_store(&p_records, n); }
+uint64_t hvprof_nccl_plugin_silent(void) { return atomic_load(&p_silent); }
+
+size_t hvprof_nccl_plugin_json(char *buf, size_t n)
+{
+    int k = snprintf(buf, n,
+                     "\"plugin\": {\"interface_version\": %d, \"versions_exported\": [1, 2, 3, 4, "
+                     "5, 6, 7], \"activation_mask\": %d, \"comms_init\": %llu, "
+                     "\"comms_finalized\": %llu, \"events\": %llu, \"records\": %llu, "
+                     "\"silent_in_wrapper\": %llu, \"not_recording\": %llu, "
+                     "\"other_events\": %llu, \"single_call_groups\": %llu, "
+                     "\"empty_groups\": %llu}",
+                     atomic_load(&negotiated), ACTIVATION_MASK,
+                     (unsigned long long)atomic_load(&p_inits),
+                     (unsigned long long)atomic_load(&p_finals),
+                     (unsigned long long)atomic_load(&p_events),
+                     (unsigned long long)atomic_load(&p_records),
+                     (unsigned long long)atomic_load(&p_silent),
+                     (unsigned long long)atomic_load(&p_not_recording),
+                     (unsigned long long)atomic_load(&p_unknown),
+                     (unsigned long long)atomic_load(&p_single_groups),
+                     (unsigned long long)atomic_load(&p_empty_groups));
+    return k < 0 ? 0 : (size_t)k;
+}
