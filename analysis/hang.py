@@ -123,8 +123,7 @@ def _rank(directory: Path, raw: RawFile) -> tuple[RankState, dict[int, int], dic
     host = np.isin(rec["op"], [o for o, (_, name, b) in F.OPS.items()
                                if b in ("mpi", "nccl") and name not in ("init", "finalize")])
     host &= rec["comm"] != np.uint32(0xFFFFFFFF)
-    if "flags" in rec.dtype.names:
-        host &= (rec["flags"] & F.FLAG_DEVICE) == 0
+    host &= (rec["flags"] & F.FLAG_DEVICE) == 0
     ids = raw.comms["id"].astype(np.uint64) if len(raw.comms) else np.zeros(0, np.uint64)
     nxt: dict[int, int] = {}
     r_ops: dict[tuple[int, int], str] = {}  # (comm, seq) -> op of the last calls
@@ -147,15 +146,15 @@ def _rank(directory: Path, raw: RawFile) -> tuple[RankState, dict[int, int], dic
                       "seq": int(part["seq"][j]), "t_start_s": t}
     flying: dict[int, Any] = {}
     for e in raw.inflight:
-        cid = by_handle.get(int(e["comm"]))
-        if cid is None:
+        found = by_handle.get(int(e["comm"]))
+        if found is None:
             continue
-        seq = nxt.get(cid, 0)
+        seq = nxt.get(found, 0)
         t = float(ticks_to_job_ns(np.array([e["t_start"]]), h)[0]) / 1e9
-        entry = {"comm": cid, "op": F.op_name(int(e["op"])), "seq": seq, "since_s": t,
+        entry = {"comm": found, "op": F.op_name(int(e["op"])), "seq": seq, "since_s": t,
                  "track": int(e["track"])}
         r.in_flight.append(entry)
-        flying[cid] = entry
+        flying[found] = entry
     r.stack = _stack(directory, raw.rank)
     r.completed_ops = r_ops
     return r, nxt, flying, info
@@ -202,10 +201,10 @@ def diagnose(path: str | os.PathLike[str]) -> Diagnosis:
         cs = CommState(comm=cid, name=name, size=size, ranks=ranks, seq=s)
         ops: dict[str, list[int]] = {}
         for r in ranks:
-            f = flying[r].get(cid)
-            if f is not None and f["seq"] == s:
-                cs.entered[r] = f"{f['op']} (in flight since {f['since_s']:.3f} s)"
-                ops.setdefault(f["op"], []).append(r)
+            fl = flying[r].get(cid)
+            if fl is not None and fl["seq"] == s:
+                cs.entered[r] = f"{fl['op']} (in flight since {fl['since_s']:.3f} s)"
+                ops.setdefault(fl["op"], []).append(r)
             elif done[r] > s:
                 op = by_rank[r].completed_ops.get((cid, s), "?")
                 cs.entered[r] = f"{op} (completed it)"

@@ -24,6 +24,7 @@ C_TYPES: dict[str, object] = {
     "int": ctypes.c_int,
     "const char *": ctypes.c_char_p,
     "uint64_t": ctypes.c_uint64,
+    "int64_t": ctypes.c_int64,
     "uint32_t": ctypes.c_uint32,
 }
 _PROTO = re.compile(r"HVPROF_EXPORT\s+([\w\s\*]+?)\s*\b(hvprof_\w+)\s*\(([^)]*)\)", re.S)

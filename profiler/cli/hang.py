@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         import orjson
 
         sys.stdout.buffer.write(orjson.dumps(dg.to_dict(), option=orjson.OPT_INDENT_2
+                                             | orjson.OPT_NON_STR_KEYS
                                              | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
     else:
         print("\n".join(render(dg)))

@@ -211,11 +211,11 @@ def _finding_lines(path: str, calls: Calls) -> list[str]:
     line each; nothing for summary-mode traces or when they cannot be drawn."""
     if calls.aggregated:
         return []
+    import warnings
+
     from profiler.analysis.findings import advise
     from profiler.errors import ProfilerError, printable
     from profiler.units import fmt_ms
-
-    import warnings
 
     try:
         with warnings.catch_warnings():  # what loading says was said above
