@@ -49,18 +49,27 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2
                                              | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
         return 0 if ok else 1
+    import shutil
+    import textwrap
+
+    width = max(60, shutil.get_terminal_size((120, 24)).columns)
+
+    def say(text: str) -> None:
+        print("\n".join(textwrap.wrap(printable(text), width=width, subsequent_indent="    ",
+                                       break_on_hyphens=False, break_long_words=True)))
+
     n_calls = int(((df["seq"] >= 0) & (df["backend"] != "app")).sum()) if len(df) else 0
     if ok:
-        print(printable(f"{args.trace}: consistent: every rank made the same calls "
-                        f"({n_calls} records, {df['rank'].nunique()} ranks)"))
+        say(f"{args.trace}: consistent: every rank made the same calls "
+            f"({n_calls} records, {df['rank'].nunique()} ranks)")
         return 0
-    print(printable(f"{args.trace}: INCONSISTENT: {len(bad)} mismatched call field(s), "
-                    f"{len(short)} rank(s) with missing calls"))
+    say(f"{args.trace}: INCONSISTENT: {len(bad)} mismatched call field(s), "
+        f"{len(short)} rank(s) with missing calls")
     for r in bad.head(SHOWN).itertuples(index=False):
-        print(printable(f"  comm {r.comm:#x} seq {r.seq}: {r.field} differs ({r.values})"))
+        say(f"  comm {r.comm:#x} seq {r.seq}: {r.field} differs ({r.values})")
     if len(bad) > SHOWN:
         print(f"  ... {len(bad) - SHOWN} more (--format json lists every one)")
     for r in short.head(SHOWN).itertuples(index=False):
-        print(printable(f"  comm {int(r.comm):#x}: rank {r.rank} made {r.calls} calls, "
-                        f"others {r.expected} (its last seq {r.last_seq})"))
+        say(f"  comm {int(r.comm):#x}: rank {r.rank} made {r.calls} calls, "
+            f"others {r.expected} (its last seq {r.last_seq})")
     return 1
