@@ -1410,8 +1410,7 @@ HVPROF_EXPORT const char *hvprof_layout_json(void)
     STRUCT_BEGIN(hvprof_inflight_entry, "inflight_entry");
     FIELD(hvprof_inflight_entry, state); FIELD(hvprof_inflight_entry, op);
     FIELD(hvprof_inflight_entry, pad0); FIELD(hvprof_inflight_entry, comm);
-    FIELD(hvprof_inflight_entry, t_start); FIELD(hvprof_inflight_entry, calls);
-    FIELD(hvprof_inflight_entry, reserved);
+    FIELD(hvprof_inflight_entry, t_start); FIELD(hvprof_inflight_entry, reserved);
     STRUCT_END();
     STRUCT_BEGIN(hvprof_agg_header, "agg_header");
     FIELD(hvprof_agg_header, magic); FIELD(hvprof_agg_header, version);

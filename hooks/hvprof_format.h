@@ -270,8 +270,7 @@ typedef struct hvprof_inflight_entry {
     uint16_t pad0;       /*  6 zero                                          */
     uint64_t comm;       /*  8 communicator handle                           */
     uint64_t t_start;    /* 16 ticks at entry                                */
-    uint64_t calls;      /* 24 calls this thread began (wraps)               */
-    char     reserved[32]; /* 32 zero                                        */
+    char     reserved[40]; /* 24 zero                                        */
 } hvprof_inflight_entry;
 
 /* The file header: the first 4096 bytes.  Fields written at open are

@@ -222,7 +222,6 @@ static inline hvprof_inflight_entry *hvprof_inflight_begin(uint16_t op, uint64_t
     e->op = op;
     e->comm = comm;
     e->t_start = t0;
-    e->calls++;
     __atomic_store_n(&e->state, 1u, __ATOMIC_RELEASE);
     return e;
 }
@@ -230,6 +229,32 @@ static inline hvprof_inflight_entry *hvprof_inflight_begin(uint16_t op, uint64_t
 static inline void hvprof_inflight_end(hvprof_inflight_entry *e)
 {
     if (e) __atomic_store_n(&e->state, 0u, __ATOMIC_RELEASE);
+}
+
+/* NCCL's ncclDataType_t values 0..11 (ncclInt8 .. ncclFloat8e5m2): the
+ * format's code, bytes per element, and the name NCCL's profiler descriptors
+ * give the type (v2 on).  One table for the symbol wrappers (nccl.c, indexed
+ * by the enum) and the profiler plugin (nccl_plugin.c, looked up by name). */
+#define HVPROF_NCCL_N_DTYPES 12
+typedef struct hvprof_nccl_dtype {
+    const char *name;
+    uint8_t code;
+    uint8_t size;
+} hvprof_nccl_dtype;
+HVPROF_HIDDEN extern const hvprof_nccl_dtype hvprof_nccl_dtypes[HVPROF_NCCL_N_DTYPES];
+
+/* ncclRedOp_t: ncclSum 0, ncclProd 1, ncclMax 2, ncclMin 3, ncclAvg 4; values
+ * from ncclNumOps (5) up are ops made by ncclRedOpCreatePreMulSum. */
+static inline uint8_t hvprof_nccl_redop(int64_t op)
+{
+    switch (op) {
+    case 0: return HVPROF_REDOP_SUM;
+    case 1: return HVPROF_REDOP_PROD;
+    case 2: return HVPROF_REDOP_MAX;
+    case 3: return HVPROF_REDOP_MIN;
+    case 4: return HVPROF_REDOP_AVG;
+    default: return op >= 5 ? HVPROF_REDOP_PREMULSUM : HVPROF_REDOP_USER;
+    }
 }
 
 #endif

@@ -80,31 +80,14 @@ enum {
     NCCL_SPLIT_NOCOLOR = -1,
 };
 
-/* ncclDataType_t values 0..11 (ncclInt8 .. ncclFloat8e5m2). */
-static const struct {
-    uint8_t code;
-    uint8_t size;
-} DTYPES[] = {
-    {HVPROF_DT_NCCL_INT8, 1},     {HVPROF_DT_NCCL_UINT8, 1},   {HVPROF_DT_NCCL_INT32, 4},
-    {HVPROF_DT_NCCL_UINT32, 4},   {HVPROF_DT_NCCL_INT64, 8},   {HVPROF_DT_NCCL_UINT64, 8},
-    {HVPROF_DT_NCCL_FLOAT16, 2},  {HVPROF_DT_NCCL_FLOAT32, 4}, {HVPROF_DT_NCCL_FLOAT64, 8},
-    {HVPROF_DT_NCCL_BFLOAT16, 2}, {HVPROF_DT_NCCL_FLOAT8E4M3, 1}, {HVPROF_DT_NCCL_FLOAT8E5M2, 1},
+const hvprof_nccl_dtype hvprof_nccl_dtypes[HVPROF_NCCL_N_DTYPES] = {
+    {"Int8", HVPROF_DT_NCCL_INT8, 1},          {"Uint8", HVPROF_DT_NCCL_UINT8, 1},
+    {"Int32", HVPROF_DT_NCCL_INT32, 4},        {"Uint32", HVPROF_DT_NCCL_UINT32, 4},
+    {"Int64", HVPROF_DT_NCCL_INT64, 8},        {"Uint64", HVPROF_DT_NCCL_UINT64, 8},
+    {"Float16", HVPROF_DT_NCCL_FLOAT16, 2},    {"Float32", HVPROF_DT_NCCL_FLOAT32, 4},
+    {"Float64", HVPROF_DT_NCCL_FLOAT64, 8},    {"Bfloat16", HVPROF_DT_NCCL_BFLOAT16, 2},
+    {"Float8e4m3", HVPROF_DT_NCCL_FLOAT8E4M3, 1}, {"Float8e5m2", HVPROF_DT_NCCL_FLOAT8E5M2, 1},
 };
-#define N_DTYPES ((int)(sizeof DTYPES / sizeof *DTYPES))
-
-/* ncclRedOp_t: ncclSum 0, ncclProd 1, ncclMax 2, ncclMin 3, ncclAvg 4; values
- * from ncclNumOps (5) up are ops made by ncclRedOpCreatePreMulSum. */
-static inline uint8_t map_redop(ncclRedOp_t op)
-{
-    switch (op) {
-    case 0: return HVPROF_REDOP_SUM;
-    case 1: return HVPROF_REDOP_PROD;
-    case 2: return HVPROF_REDOP_MAX;
-    case 3: return HVPROF_REDOP_MIN;
-    case 4: return HVPROF_REDOP_AVG;
-    default: return op >= 5 ? HVPROF_REDOP_PREMULSUM : HVPROF_REDOP_USER;
-    }
-}
 
 /* ------------------------------------------------------------------------ */
 /* State.                                                                    */
@@ -384,14 +367,14 @@ static inline void call_init(call *c, uint16_t op, uint64_t count, ncclDataType_
                              cudaStream_t stream)
 {
     c->op = op;
-    if (dt >= 0 && dt < N_DTYPES) {
-        c->dtype = DTYPES[dt].code;
-        c->dtype_size = DTYPES[dt].size;
+    if (dt >= 0 && dt < HVPROF_NCCL_N_DTYPES) {
+        c->dtype = hvprof_nccl_dtypes[dt].code;
+        c->dtype_size = hvprof_nccl_dtypes[dt].size;
     } else {
         c->dtype = HVPROF_DT_UNKNOWN;
         c->dtype_size = 0;
     }
-    c->redop = has_redop ? map_redop(redop) : HVPROF_REDOP_NONE;
+    c->redop = has_redop ? hvprof_nccl_redop(redop) : HVPROF_REDOP_NONE;
     c->root = root;
     c->flags = 0;
     c->count = count;

@@ -231,20 +231,6 @@ static const struct {
     {"Send", HVPROF_OP_NCCL_SEND},           {"Recv", HVPROF_OP_NCCL_RECV},
 };
 
-/* ncclDataType_t 0..11 and the names NCCL gives them (v2 on). */
-static const struct {
-    const char *name;
-    uint8_t code;
-    uint8_t size;
-} DTYPES[12] = {
-    {"Int8", HVPROF_DT_NCCL_INT8, 1},          {"Uint8", HVPROF_DT_NCCL_UINT8, 1},
-    {"Int32", HVPROF_DT_NCCL_INT32, 4},        {"Uint32", HVPROF_DT_NCCL_UINT32, 4},
-    {"Int64", HVPROF_DT_NCCL_INT64, 8},        {"Uint64", HVPROF_DT_NCCL_UINT64, 8},
-    {"Float16", HVPROF_DT_NCCL_FLOAT16, 2},    {"Float32", HVPROF_DT_NCCL_FLOAT32, 4},
-    {"Float64", HVPROF_DT_NCCL_FLOAT64, 8},    {"Bfloat16", HVPROF_DT_NCCL_BFLOAT16, 2},
-    {"Float8e4m3", HVPROF_DT_NCCL_FLOAT8E4M3, 1}, {"Float8e5m2", HVPROF_DT_NCCL_FLOAT8E5M2, 1},
-};
-
 static int func_index(const char *s)
 {
     if (!s) return -1;
@@ -257,8 +243,8 @@ static int dtype_index(const char *s)
 {
     if (!s) return -1;
     if (strncmp(s, "nccl", 4) == 0) s += 4;
-    for (int i = 0; i < 12; i++)
-        if (strcasecmp(s, DTYPES[i].name) == 0) return i;
+    for (int i = 0; i < HVPROF_NCCL_N_DTYPES; i++)
+        if (strcasecmp(s, hvprof_nccl_dtypes[i].name) == 0) return i;
     /* NCCL's aliases */
     if (strcasecmp(s, "Char") == 0) return 0;
     if (strcasecmp(s, "Int") == 0) return 2;
@@ -287,18 +273,6 @@ static inline int dtype_of(const char *s)
     tc_dt_i = dtype_index(s);
     tc_dt_s = s;
     return tc_dt_i;
-}
-
-static inline uint8_t map_redop(uint32_t op)
-{
-    switch (op) {
-    case 0: return HVPROF_REDOP_SUM;
-    case 1: return HVPROF_REDOP_PROD;
-    case 2: return HVPROF_REDOP_MAX;
-    case 3: return HVPROF_REDOP_MIN;
-    case 4: return HVPROF_REDOP_AVG;
-    default: return HVPROF_REDOP_PREMULSUM;
-    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -478,8 +452,8 @@ static ncclResult_t start_common(void *context, void **eHandle, const norm *n)
     uint16_t op = n->func >= 0 ? FUNCS[n->func].op : HVPROF_OP_NCCL_ALLREDUCE;
     uint8_t code = HVPROF_DT_UNKNOWN, size = 0;
     if (n->dtype >= 0) {
-        code = DTYPES[n->dtype].code;
-        size = DTYPES[n->dtype].size;
+        code = hvprof_nccl_dtypes[n->dtype].code;
+        size = hvprof_nccl_dtypes[n->dtype].size;
     }
     uint32_t comm = ctx_comm(c, n->hash, n->rank);
     uint64_t count = n->count;
@@ -612,7 +586,7 @@ static ncclResult_t start_v1(void *context, void **eHandle, descr_v1 *d)
         n.func = d->coll.func < 8 ? d->coll.func : -1;
         n.count = d->coll.count;
         n.dtype = d->coll.datatype < 12 ? d->coll.datatype : -1;
-        n.redop = map_redop(d->coll.op);
+        n.redop = hvprof_nccl_redop(d->coll.op);
         n.root = d->coll.root;
         n.in_place = d->coll.sendBuff == d->coll.recvBuff;
     } else if (d->type == EV_P2P) {

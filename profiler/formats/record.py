@@ -181,8 +181,7 @@ INFLIGHT_ENTRY_DTYPE = _struct(
         ("pad0", "<u2", 6),
         ("comm", "<u8", 8),
         ("t_start", "<u8", 16),
-        ("calls", "<u8", 24),
-        ("reserved", "S32", 32),
+        ("reserved", "S40", 24),
     ],
     64,
 )
