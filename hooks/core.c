@@ -1337,6 +1337,23 @@ HVPROF_EXPORT int hvprof_record_app(int op, uint64_t t_start, uint64_t t_end, ui
         .dtype_size = 0, .aux = 0}, 0);
 }
 
+/* A tensor handed to Horovod (profiler.collect.tensors, from Horovod's Python
+ * entry points): one APP_TENSOR record on the calling thread, at the cost of
+ * any record.  Gated like the app records. */
+HVPROF_EXPORT int hvprof_record_tensor(uint64_t t_start, uint64_t t_end, uint64_t bytes,
+                                       uint64_t count, uint32_t name_id, int32_t root,
+                                       uint32_t dtype, uint32_t dtype_size, uint32_t redop,
+                                       int32_t process_set, uint64_t output)
+{
+    if (!atomic_load(&app_active) || g.pid != getpid()) return -1;
+    return hvprof_emit_record(&(hvprof_record){
+        .t_start = t_start, .t_end = t_end, .bytes = bytes, .count = count, .seq = name_id,
+        .comm = UINT32_MAX, .track = HVPROF_TRACK_SELF, .root = root,
+        .op = HVPROF_OP_APP_TENSOR, .dtype = (uint8_t)dtype, .redop = (uint8_t)redop,
+        .flags = 0, .rc = (int16_t)(process_set > 32767 ? 32767 : process_set),
+        .dtype_size = dtype_size, .aux = hvprof_fold_ptr((const void *)(uintptr_t)output)}, 0);
+}
+
 HVPROF_EXPORT void hvprof_process_exit(void)
 {
     hvprof_close(HVPROF_STATE_CLOSED);

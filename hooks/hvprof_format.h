@@ -27,7 +27,8 @@
  * (header.dropped_records), never into an error for the application.
  *
  * Version history:
- *   1  first version.
+ *   1  first version.  (Compatible additions since: op APP_TENSOR, MPI
+ *      records' aux = folded receive buffer; files written before carry 0.)
  */
 #ifndef HVPROF_FORMAT_H
 #define HVPROF_FORMAT_H
@@ -67,6 +68,7 @@
     X(32, APP_STEP,             "step",                 "app")             \
     X(33, APP_MARK,             "mark",                 "app")             \
     X(34, APP_SYNC,             "sync",                 "app")             \
+    X(35, APP_TENSOR,           "tensor",               "app")             \
     X(64, NCCL_ALLREDUCE,       "nccl_allreduce",       "nccl")            \
     X(65, NCCL_REDUCESCATTER,   "nccl_reducescatter",   "nccl")            \
     X(66, NCCL_ALLGATHER,       "nccl_allgather",       "nccl")            \
@@ -212,12 +214,23 @@ typedef struct hvprof_record {
     uint16_t flags;      /* 52 enum hvprof_flag bits                         */
     int16_t  rc;         /* 54 return code, saturated to int16               */
     uint32_t dtype_size; /* 56 bytes per element (MPI_Type_size)             */
-    uint32_t aux;        /* 60 NCCL: group number (0 = none); DEVICE records:
-                                track of the host thread that issued it.
+    uint32_t aux;        /* 60 MPI: the receive buffer's address as passed
+                                (Bcast: the buffer), folded to 32 bits by
+                                hvprof_fold_ptr; NCCL: group number (0 =
+                                none); DEVICE records: track of the host
+                                thread that issued it.
                                 APP_STEP: count = images in the step, seq =
                                 step number; APP_MARK: seq = user mark id;
                                 APP_SYNC: the time in hvd.DistributedOptimizer
-                                .step of that step (seq = step number)       */
+                                .step of that step (seq = step number).
+                                APP_TENSOR (a tensor handed to Horovod, from
+                                its Python entry point): t_start/t_end around
+                                the enqueue, bytes and count of the tensor,
+                                seq = the tensor's name id in the rank's
+                                names file (rank-R.tensors), root = broadcast
+                                root or -1, dtype (NCCL codes), dtype_size,
+                                redop (Horovod's op), rc = process set id,
+                                aux = hvprof_fold_ptr(output data)           */
 } hvprof_record;
 
 /* First 64 bytes of every chunk. */
@@ -389,6 +402,15 @@ typedef struct hvprof_agg_entry {
     uint16_t errors;         /* 62 calls with rc != 0 (saturating)           */
     uint32_t hist[HVPROF_AGG_BUCKETS]; /* 64 duration histogram (ticks)      */
 } hvprof_agg_entry;
+
+/* A buffer address in 32 bits (low half XOR high half): MPI records keep
+ * the receive buffer this way, APP_TENSOR records the tensor's output, so
+ * that a call can be matched to the tensor whose memory it used. */
+static inline uint32_t hvprof_fold_ptr(const void *p)
+{
+    uint64_t v = (uint64_t)(uintptr_t)p;
+    return (uint32_t)(v ^ (v >> 32));
+}
 
 static inline uint32_t hvprof_agg_bucket(uint64_t d)
 {

@@ -331,7 +331,8 @@ static inline int16_t sat16(int rc) { return (int16_t)(rc > 32767 ? 32767 : rc <
 static inline __attribute__((always_inline)) void emit(uint16_t op, uint64_t t0, uint64_t t1,
                                                        MPI_Comm comm, MPI_Datatype dt,
                                                        uint64_t count, int count_mult, MPI_Op mop,
-                                                       int root, int rc, uint16_t flags)
+                                                       int root, int rc, uint16_t flags,
+                                                       const void *buf)
 {
     uint32_t ci = comm_index(comm);
     uint32_t seq = hvprof_comm_next_seq(ci); /* advance even when not recorded */
@@ -347,7 +348,7 @@ static inline __attribute__((always_inline)) void emit(uint16_t op, uint64_t t0,
         .t_start = t0, .t_end = t1, .bytes = count * d.size, .count = count, .seq = seq,
         .comm = ci, .track = HVPROF_TRACK_SELF, .root = root, .op = op, .dtype = d.code,
         .redop = redop, .flags = (uint16_t)(flags | (rc != MPI_SUCCESS ? HVPROF_FLAG_ERROR : 0)),
-        .rc = sat16(rc), .dtype_size = d.size, .aux = 0});
+        .rc = sat16(rc), .dtype_size = d.size, .aux = hvprof_fold_ptr(buf)});
 }
 
 /* A negative count (an erroneous call) is recorded as 0 elements. */
@@ -400,20 +401,20 @@ MPI_WRAPPER(Allreduce, MPI_ALLREDUCE,
              MPI_Comm comm),
             (sendbuf, recvbuf, count, datatype, op, comm),
             emit(HVPROF_OP_MPI_ALLREDUCE, t0, t1, comm, datatype, UCOUNT(count), 0, op, -1, rc,
-                 INPLACE(sendbuf)))
+                 INPLACE(sendbuf), recvbuf))
 
 MPI_WRAPPER(Reduce, MPI_REDUCE,
             (const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
              int root, MPI_Comm comm),
             (sendbuf, recvbuf, count, datatype, op, root, comm),
             emit(HVPROF_OP_MPI_REDUCE, t0, t1, comm, datatype, UCOUNT(count), 0, op, root, rc,
-                 INPLACE(sendbuf)))
+                 INPLACE(sendbuf), recvbuf))
 
 MPI_WRAPPER(Bcast, MPI_BCAST,
             (void *buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm),
             (buffer, count, datatype, root, comm),
             emit(HVPROF_OP_MPI_BCAST, t0, t1, comm, datatype, UCOUNT(count), 0, MPI_OP_NULL, root,
-                 rc, 0))
+                 rc, 0, buffer))
 
 MPI_WRAPPER(Allgather, MPI_ALLGATHER,
             (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
@@ -422,14 +423,14 @@ MPI_WRAPPER(Allgather, MPI_ALLGATHER,
             int ip = sendbuf == MPI_IN_PLACE;
             emit(HVPROF_OP_MPI_ALLGATHER, t0, t1, comm, ip ? recvtype : sendtype,
                  UCOUNT(ip ? recvcount : sendcount), MULT_PEERS, MPI_OP_NULL, -1, rc,
-                 INPLACE(sendbuf)))
+                 INPLACE(sendbuf), recvbuf))
 
 MPI_WRAPPER(Allgatherv, MPI_ALLGATHERV,
             (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
              const int recvcounts[], const int displs[], MPI_Datatype recvtype, MPI_Comm comm),
             (sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm),
             emit(HVPROF_OP_MPI_ALLGATHERV, t0, t1, comm, recvtype, sum_counts(recvcounts, comm, 1),
-                 0, MPI_OP_NULL, -1, rc, INPLACE(sendbuf)))
+                 0, MPI_OP_NULL, -1, rc, INPLACE(sendbuf), recvbuf))
 
 MPI_WRAPPER(Gather, MPI_GATHER,
             (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
@@ -438,7 +439,7 @@ MPI_WRAPPER(Gather, MPI_GATHER,
             int ip = sendbuf == MPI_IN_PLACE;
             emit(HVPROF_OP_MPI_GATHER, t0, t1, comm, ip ? recvtype : sendtype,
                  UCOUNT(ip ? recvcount : sendcount), MULT_PEERS, MPI_OP_NULL, root, rc,
-                 INPLACE(sendbuf)))
+                 INPLACE(sendbuf), recvbuf))
 
 MPI_WRAPPER(Gatherv, MPI_GATHERV,
             (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
@@ -451,13 +452,13 @@ MPI_WRAPPER(Gatherv, MPI_GATHERV,
              * group MPI_PROC_NULL (they send nothing) */
             if (me == root || root == MPI_ROOT)
                 emit(HVPROF_OP_MPI_GATHERV, t0, t1, comm, recvtype,
-                     sum_counts(recvcounts, comm, 1), 0, MPI_OP_NULL, root, rc, INPLACE(sendbuf));
+                     sum_counts(recvcounts, comm, 1), 0, MPI_OP_NULL, root, rc, INPLACE(sendbuf), recvbuf);
             else if (root == MPI_PROC_NULL)
                 emit(HVPROF_OP_MPI_GATHERV, t0, t1, comm, MPI_DATATYPE_NULL, 0, 0, MPI_OP_NULL,
-                     root, rc, 0);
+                     root, rc, 0, recvbuf);
             else
                 emit(HVPROF_OP_MPI_GATHERV, t0, t1, comm, sendtype, UCOUNT(sendcount), 0,
-                     MPI_OP_NULL, root, rc, 0))
+                     MPI_OP_NULL, root, rc, 0, recvbuf))
 
 MPI_WRAPPER(Alltoall, MPI_ALLTOALL,
             (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
@@ -466,7 +467,7 @@ MPI_WRAPPER(Alltoall, MPI_ALLTOALL,
             int ip = sendbuf == MPI_IN_PLACE;
             emit(HVPROF_OP_MPI_ALLTOALL, t0, t1, comm, ip ? recvtype : sendtype,
                  UCOUNT(ip ? recvcount : sendcount), MULT_PEERS, MPI_OP_NULL, -1, rc,
-                 INPLACE(sendbuf)))
+                 INPLACE(sendbuf), recvbuf))
 
 MPI_WRAPPER(Alltoallv, MPI_ALLTOALLV,
             (const void *sendbuf, const int sendcounts[], const int sdispls[],
@@ -476,25 +477,25 @@ MPI_WRAPPER(Alltoallv, MPI_ALLTOALLV,
             int ip = sendbuf == MPI_IN_PLACE;
             emit(HVPROF_OP_MPI_ALLTOALLV, t0, t1, comm, ip ? recvtype : sendtype,
                  sum_counts(ip ? recvcounts : sendcounts, comm, 1), 0, MPI_OP_NULL, -1, rc,
-                 INPLACE(sendbuf)))
+                 INPLACE(sendbuf), recvbuf))
 
 MPI_WRAPPER(Reduce_scatter, MPI_REDUCE_SCATTER,
             (const void *sendbuf, void *recvbuf, const int recvcounts[], MPI_Datatype datatype,
              MPI_Op op, MPI_Comm comm),
             (sendbuf, recvbuf, recvcounts, datatype, op, comm),
             emit(HVPROF_OP_MPI_REDUCE_SCATTER, t0, t1, comm, datatype,
-                 sum_counts(recvcounts, comm, 0), 0, op, -1, rc, INPLACE(sendbuf)))
+                 sum_counts(recvcounts, comm, 0), 0, op, -1, rc, INPLACE(sendbuf), recvbuf))
 
 MPI_WRAPPER(Reduce_scatter_block, MPI_REDUCE_SCATTER_BLOCK,
             (const void *sendbuf, void *recvbuf, int recvcount, MPI_Datatype datatype, MPI_Op op,
              MPI_Comm comm),
             (sendbuf, recvbuf, recvcount, datatype, op, comm),
             emit(HVPROF_OP_MPI_REDUCE_SCATTER_BLOCK, t0, t1, comm, datatype, UCOUNT(recvcount),
-                 MULT_SIZE, op, -1, rc, INPLACE(sendbuf)))
+                 MULT_SIZE, op, -1, rc, INPLACE(sendbuf), recvbuf))
 
 MPI_WRAPPER(Barrier, MPI_BARRIER, (MPI_Comm comm), (comm),
             emit(HVPROF_OP_MPI_BARRIER, t0, t1, comm, MPI_DATATYPE_NULL, 0, 0, MPI_OP_NULL, -1,
-                 rc, 0))
+                 rc, 0, NULL))
 
 /* ------------------------------------------------------------------------ */
 /* MPI_Iallreduce: timed from the call to the completion that MPI_Wait/Test*
@@ -1058,7 +1059,7 @@ static void mpi_started(uint64_t t0, int provided)
     h->init_end_ticks = (int64_t)t1;
     __atomic_or_fetch(&h->state, HVPROF_STATE_MPI_INIT, __ATOMIC_RELEASE);
     emit(HVPROF_OP_MPI_INIT, t0, t1, MPI_COMM_WORLD, MPI_DATATYPE_NULL, 0, 0, MPI_OP_NULL, -1,
-         MPI_SUCCESS, 0);
+         MPI_SUCCESS, 0, NULL);
 }
 
 HVPROF_EXPORT int MPI_Init(int *argc, char ***argv)
@@ -1093,7 +1094,7 @@ HVPROF_EXPORT int MPI_Finalize(void)
                     if (k > 2) pending_done(k, t0, HVPROF_FLAG_NO_COMPLETION);
                 }
             emit(HVPROF_OP_MPI_FINALIZE, t0, hvprof_ticks(), MPI_COMM_WORLD, MPI_DATATYPE_NULL,
-                 0, 0, MPI_OP_NULL, -1, MPI_SUCCESS, 0);
+                 0, 0, MPI_OP_NULL, -1, MPI_SUCCESS, 0, NULL);
             h->finalize_ticks = (int64_t)t0;
         }
         int me = 0, size = 1;

@@ -26,6 +26,7 @@ C_TYPES: dict[str, object] = {
     "uint64_t": ctypes.c_uint64,
     "int64_t": ctypes.c_int64,
     "uint32_t": ctypes.c_uint32,
+    "int32_t": ctypes.c_int32,
 }
 _PROTO = re.compile(r"HVPROF_EXPORT\s+([\w\s\*]+?)\s*\b(hvprof_\w+)\s*\(([^)]*)\)", re.S)
 

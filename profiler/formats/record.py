@@ -232,6 +232,14 @@ MODE_SUMMARY = 1
 MODES: dict[int, str] = {MODE_FULL: "full", MODE_SUMMARY: "summary"}
 
 
+def fold_ptr(address: int) -> int:
+    """hvprof_fold_ptr: a buffer address in 32 bits (low half XOR high half),
+    as MPI records keep their receive buffer (aux) and APP_TENSOR records the
+    tensor's output."""
+    v = int(address) & 0xFFFFFFFFFFFFFFFF
+    return (v ^ (v >> 32)) & 0xFFFFFFFF
+
+
 def agg_bucket(d: int) -> int:
     """Histogram bucket of a duration in ticks (hvprof_agg_bucket): 4 per power of two."""
     d = int(d)
@@ -286,6 +294,7 @@ OPS: dict[int, tuple[str, str, str]] = {
     32: ("APP_STEP", "step", "app"),
     33: ("APP_MARK", "mark", "app"),
     34: ("APP_SYNC", "sync", "app"),
+    35: ("APP_TENSOR", "tensor", "app"),
     64: ("NCCL_ALLREDUCE", "nccl_allreduce", "nccl"),
     65: ("NCCL_REDUCESCATTER", "nccl_reducescatter", "nccl"),
     66: ("NCCL_ALLGATHER", "nccl_allgather", "nccl"),
