@@ -534,8 +534,8 @@ static void env_check(int rank)
     if ((v = getenv("HOROVOD_PROFILE_CLOCK_SYNC")) && !one_of(v, syncs))
         hvprof_warn("warning: ignoring HOROVOD_PROFILE_CLOCK_SYNC=%.64s (host or rank)", v);
     if ((v = getenv("HOROVOD_PROFILE_TIMELINE")) && !one_of(v, timeline))
-        hvprof_warn("warning: HOROVOD_PROFILE_TIMELINE=%.64s is not 0 or 1: the timeline is "
-                    "written", v);
+        hvprof_warn("warning: HOROVOD_PROFILE_TIMELINE=%.64s is not 0 or 1: Horovod's "
+                    "timeline is not written", v);
     double a, b;
     if ((v = getenv("HOROVOD_PROFILE_WINDOW")) && *v && parse_window(v, &a, &b) != 0)
         hvprof_warn("warning: ignoring HOROVOD_PROFILE_WINDOW=%.64s (A:B seconds after start, "

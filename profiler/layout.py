@@ -29,7 +29,8 @@ from profiler.errors import EmptyProfileError, NotATraceError, NotFoundError, Us
 __all__ = [
     "RAW_DIR", "RANKS_DIR", "TRACE_FILE", "TIMELINE_FILE", "LINEAGE_FILE",
     "rank_stem", "raw_path", "parquet_path", "meta_path", "agg_parquet_path",
-    "agg_path_for", "sidecar_path", "rank_files", "file_rank", "check_profile_dir",
+    "agg_path_for", "sidecar_path", "tensor_names_path", "rank_files", "file_rank",
+    "check_profile_dir",
     "resolve_trace", "format_ranges", "parse_ranges",
 ]
 
@@ -76,6 +77,12 @@ def _beside_raw(raw: str | os.PathLike[str], suffix: str) -> Path:
 def agg_path_for(raw: str | os.PathLike[str]) -> Path:
     """raw/rank-R.hvprof -> raw/rank-R.agg."""
     return _beside_raw(raw, ".agg")
+
+
+def tensor_names_path(raw: str | os.PathLike[str]) -> Path:
+    """raw/rank-R.hvprof -> raw/rank-R.tensors: the names of the tensors the
+    rank handed to Horovod (profiler.collect.tensors), one JSON string per line."""
+    return _beside_raw(raw, ".tensors")
 
 
 def sidecar_path(raw: str | os.PathLike[str]) -> Path:

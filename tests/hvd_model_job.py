@@ -5,7 +5,8 @@ Run under mpirun.  Rank 0 prints one JSON line: {"params": {name: elements},
 hvd.DistributedOptimizer hook (no code change).  Environment: STEPS (default
 6), SLOW_STEP (rank 1 sleeps 50 ms before its backward pass in that step),
 SLOW_EVERY_MS (rank SLOW_RANK, default 1, sleeps that many ms before its backward
-pass in every step).
+pass in every step), MODEL=repeated (four layers of one shape: tensors of
+equal sizes).
 """
 
 from __future__ import annotations
@@ -20,6 +21,14 @@ import torch
 
 def model() -> torch.nn.Module:
     torch.manual_seed(0)
+    if os.environ.get("MODEL") == "repeated":
+        # Four layers of one shape: tensors of equal sizes, where which ones
+        # rode in a fused call can be ambiguous from bytes alone.
+        return torch.nn.Sequential(
+            torch.nn.Linear(8, 32), torch.nn.ReLU(),
+            *[m for _ in range(4) for m in (torch.nn.Linear(32, 32), torch.nn.ReLU())],
+            torch.nn.Linear(32, 4),
+        )
     return torch.nn.Sequential(
         torch.nn.Linear(8, 16), torch.nn.ReLU(),
         torch.nn.Linear(16, 16), torch.nn.ReLU(),

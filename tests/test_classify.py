@@ -341,7 +341,9 @@ def test_real_records_from_horovod_are_on_its_background_thread(
         app = df[df["backend"] == "app"]
         assert (app["op"] == "step").sum() == STEPS - 1
         assert (app["op"] == "sync").sum() == STEPS - 1
-        assert len(app) == 2 * (STEPS - 1)
+        # ... and one record per tensor handed to Horovod (profiler.collect.tensors)
+        assert len(app) == 2 * (STEPS - 1) + int((app["op"] == "tensor").sum())
+        assert (app["op"] == "tensor").sum() > 0
         assert (app["thread_kind"] == "main").all() and (app["kind"] == "app").all()
         assert horovod_tracks(df) == {hvd_track}
         (main_track,) = set(app["track"].tolist())

@@ -39,8 +39,9 @@ requires_horovod = pytest.mark.skipif(not HAVE_HOROVOD, reason="Horovod not inst
 
 def run_job(tmp: Path, **env: str) -> tuple[Path, dict[str, Any]]:
     prof = tmp / "prof"
+    # Horovod's timeline is opt-in: these tests are about the timeline's join
     full = {"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof), "STEPS": str(STEPS),
-            **env}
+            "HOROVOD_PROFILE_TIMELINE": "1", **env}
     proc = mpirun(2, [sys.executable, str(JOB)], env=full, cwd=tmp, timeout=240)
     info = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
     ensure_datasets(prof, 2, proc.stderr)
@@ -107,9 +108,9 @@ def check_every_parameter_once_per_step(lin: pd.DataFrame, params: dict[str, int
 def test_unfused_lineage_one_tensor_per_call(unfused: tuple[Path, dict[str, Any]]) -> None:
     prof, info = unfused
     params: dict[str, int] = info["params"]
-    assert (prof / "timeline.json").is_file()  # written by default when profiling
+    assert (prof / "timeline.json").is_file()  # HOROVOD_PROFILE_TIMELINE=1
     lin, meta = lineage_of(prof)
-    assert meta["status"] == "ok" and meta["anchor"] is True
+    assert meta["status"] == "ok" and meta["timeline"]["anchor"] is True
     assert meta["fusion_threshold"] == (0 if env_recorded(prof) else None)
     check_every_parameter_once_per_step(lin, params)
     ar = lin[lin["op"] == "ALLREDUCE"]
@@ -122,7 +123,7 @@ def test_unfused_lineage_one_tensor_per_call(unfused: tuple[Path, dict[str, Any]
     assert len(car) == STEPS * len(params)
     assert car[["call_comm", "call_seq"]].drop_duplicates().shape[0] == len(car)
     # The join agrees with the timeline clock to well under a millisecond.
-    fam = meta["families"]["MPI_ALLREDUCE"]
+    fam = meta["timeline"]["families"]["MPI_ALLREDUCE"]
     assert fam["matched"] == fam["instances"] == fam["records"] == STEPS * len(params)
     assert fam["residual_p50_ns"] < 200_000
     # Broadcasts: matched, sized from the call.
@@ -199,20 +200,26 @@ def test_fused_lineage(fused: tuple[Path, dict[str, Any]]) -> None:
 @pytest.mark.horovod
 @requires_mpi
 @requires_horovod
-def test_lineage_absent_without_timeline(fused: tuple[Path, dict[str, Any]],
-                                         tmp_path: Path) -> None:
-    prof, _ = fused
+def test_lineage_without_timeline(fused: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    prof, info = fused
     bare = tmp_path / "bare"
     shutil.copytree(prof / "ranks", bare / "ranks")
     meta: dict[str, Any] = {}
-    assert L.build(bare, metadata=meta) is None
-    assert meta["lineage"]["status"] == "absent"
-    assert "no Horovod timeline" in meta["lineage"]["reason"]
+    # The profiler's own records give the lineage without the timeline.
+    assert L.build(bare, metadata=meta) == bare / "lineage.parquet"
+    assert meta["lineage"]["status"] == "ok" and meta["lineage"]["source"] == "records"
+    check_every_parameter_once_per_step(LF.load(bare), info["params"])
+    (bare / "lineage.parquet").unlink()
+    # The timeline alone: absent, with the reason.
+    out = L.build_lineage(bare, sources=("timeline",))
+    assert out.path is None and "no Horovod timeline" in out.reason
     assert not (bare / "lineage.parquet").exists()
     # A broken timeline: absent, with the parser's reason.
     (bare / "timeline.json").write_text("{not json")
-    assert L.build(bare, metadata=meta) is None
-    assert "unusable" in meta["lineage"]["reason"]
+    out = L.build_lineage(bare, sources=("timeline",))
+    assert out.path is None and "unusable" in out.reason
+    # ... and beside the records: the records' lineage, the reason kept in the info
+    assert L.build(bare, metadata=meta) is not None
     # No rank-0 dataset.
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -423,11 +430,12 @@ def test_user_timeline_is_respected(tmp_path: Path) -> None:
     assert mine.is_file() and not (prof / "timeline.json").exists()
     meta: dict[str, Any] = {}
     path = L.build(prof, metadata=meta)
-    if not env_recorded(prof):  # datasets rebuilt after the fact: no env, no user path
-        assert path is None and "no Horovod timeline" in meta["lineage"]["reason"]
-        return
     assert path is not None, meta
-    assert meta["lineage"]["timeline_file"] == str(mine)
+    if not env_recorded(prof):  # datasets rebuilt after the fact: no env, no user path
+        assert meta["lineage"]["source"] == "records"
+        return
+    assert meta["lineage"]["source"] == "records+timeline"
+    assert meta["lineage"]["timeline"]["timeline_file"] == str(mine)
     check_every_parameter_once_per_step(LF.load(path), info["params"])
 
 

@@ -1,17 +1,20 @@
-"""`profiler tensors TRACE`: per-tensor table from Horovod's fusion lineage.
+"""`profiler tensors TRACE`: per-tensor table from the fusion lineage.
 
-    profiler tensors trace.json [--sort bytes|calls|negotiation|wait|fused|name]
+    profiler tensors trace.json [--sort bytes|calls|queued|negotiation|wait|fused|name]
                      [--top N] [--op ALLREDUCE] [--format table|csv|json]
 
 TRACE is a trace.json or a profile directory.  The lineage is the
-lineage.parquet the merge wrote next to the trace (from Horovod's timeline
-joined with rank 0's records); when it is missing but the profile directory
-still holds timeline.json and rank 0's dataset, it is computed on the fly
-(nothing is written).  One row per tensor and Horovod operation:
-calls (operations of that tensor), bytes (per operation), negotiation time
-(mean and max), wait-for-data time (mean; GPU tensors only), fused-with (mean
-number of other tensors in the same collective call), and the rank most often
-last ready (from per-rank readiness, when the timeline has it).
+lineage.parquet the merge wrote next to the trace (from the profiler's own
+tensor and call records, plus Horovod's timeline when the job wrote one);
+when it is missing but the profile directory still holds the ranks'
+datasets, it is computed on the fly (nothing is written).  One row per tensor
+and Horovod operation: calls (operations of that tensor), bytes (per
+operation), queued (mean and max time from the tensor's enqueue to the start
+of the call that carried it: negotiation, waiting for other ranks, the cycle),
+negotiation and wait-for-data (only with Horovod's timeline), fused-with (mean
+number of other tensors in the same collective call), ambiguous (operations
+whose call has more than one tensor set that fits the records), and the rank
+most often last ready (the last to enqueue the tensor).
 """
 
 from __future__ import annotations
@@ -24,14 +27,15 @@ from typing import Any
 SORT_KEYS = {
     "bytes": ("total_bytes", False),
     "calls": ("calls", False),
+    "queued": ("queued_mean_us", False),
     "negotiation": ("negotiation_mean_us", False),
     "wait": ("wait_mean_us", False),
     "fused": ("fused_with_mean", False),
     "name": ("tensor", True),
 }
-JSON_COLUMNS = ["tensor", "op", "calls", "bytes", "total_bytes", "negotiation_mean_us",
-                "negotiation_max_us", "wait_mean_us", "fused_with_mean", "calls_matched",
-                "last_ready_rank"]
+JSON_COLUMNS = ["tensor", "op", "calls", "bytes", "total_bytes", "queued_mean_us",
+                "queued_max_us", "negotiation_mean_us", "negotiation_max_us", "wait_mean_us",
+                "fused_with_mean", "calls_matched", "ambiguous", "last_ready_rank"]
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -93,6 +97,7 @@ def per_tensor(lin: Any) -> Any:
         return pd.DataFrame({c: [] for c in JSON_COLUMNS})
     df = lin.copy()
     df["fused_with"] = df["n_tensors"] - 1
+    df["ambiguous"] = df["matched"] & (df["confidence"] < 1.0)
     g = df.groupby(["tensor", "op"], sort=False)
     out = g.agg(
         calls=("tensor", "size"),
@@ -103,8 +108,13 @@ def per_tensor(lin: Any) -> Any:
         wait_mean_us=("wait_for_data_ns", "mean"),
         fused_with_mean=("fused_with", "mean"),
         calls_matched=("matched", "sum"),
+        ambiguous=("ambiguous", "sum"),
+        queued_mean_us=("queue_ns", "mean"),
+        queued_max_us=("queue_ns", "max"),
     ).reset_index()
-    for c in ("negotiation_mean_us", "negotiation_max_us", "wait_mean_us"):
+    out["ambiguous"] = out["ambiguous"].astype(np.int64)
+    for c in ("negotiation_mean_us", "negotiation_max_us", "wait_mean_us", "queued_mean_us",
+              "queued_max_us"):
         out[c] = out[c] / 1000.0
     ready = df[df["last_ready_rank"] >= 0]
     if len(ready):
@@ -158,18 +168,32 @@ def _print_table(path: str, table: Any, lin: Any) -> None:
 
     console = Console(highlight=False, soft_wrap=False,
                       width=None if sys.stdout.isatty() else 200)
-    n_calls = int(lin.loc[lin["matched"], ["call_comm", "call_seq"]].drop_duplicates().shape[0])
-    t = Table(title=Text(printable(f"{path}: {lin['tensor'].nunique()} tensors, {len(lin)} "
-                                   f"tensor operations, {n_calls} collective calls matched")),
-              title_justify="left")
-    for name in ("tensor", "op", "calls", "bytes", "negotiation", "neg max", "wait for data",
-                 "fused with", "last ready"):
+    matched = lin.loc[lin["matched"]]
+    n_calls = int(matched[["call_comm", "call_seq"]].drop_duplicates().shape[0])
+    amb = matched.loc[matched["confidence"] < 1.0, ["call_comm", "call_seq"]]
+    n_amb = int(amb.drop_duplicates().shape[0])
+    source = "/".join(sorted(set(lin["source"].astype(str)))) if len(lin) else "-"
+    t = Table(title=Text(printable(
+        f"{path}: {lin['tensor'].nunique()} tensors, {len(lin)} tensor operations, "
+        f"{n_calls} collective calls matched ({source}"
+        + (f"; {n_amb} ambiguous: see --format json" if n_amb else "") + ")")),
+        title_justify="left")
+    timeline = bool(table["negotiation_mean_us"].notna().any())
+    cols = ["tensor", "op", "calls", "bytes", "queued", "queued max"]
+    if timeline:
+        cols += ["negotiation", "neg max", "wait for data"]
+    cols += ["fused with", "ambiguous", "last ready"]
+    for name in cols:
         t.add_column(name, justify="left" if name in ("tensor", "op") else "right",
                      no_wrap=True)
     for r in table.itertuples(index=False):
         # names are text (escaped when read), never rich markup
-        t.add_row(Text(str(r.tensor)), Text(str(r.op)), str(r.calls), fmt_bytes(r.bytes),
-                  fmt_us(r.negotiation_mean_us), fmt_us(r.negotiation_max_us),
-                  fmt_us(r.wait_mean_us), f"{r.fused_with_mean:.1f}",
-                  "-" if r.last_ready_rank < 0 else f"rank {r.last_ready_rank}")
+        cells: list[Any] = [Text(str(r.tensor)), Text(str(r.op)), str(r.calls), fmt_bytes(r.bytes),
+                 fmt_us(r.queued_mean_us), fmt_us(r.queued_max_us)]
+        if timeline:
+            cells += [fmt_us(r.negotiation_mean_us), fmt_us(r.negotiation_max_us),
+                      fmt_us(r.wait_mean_us)]
+        cells += [f"{r.fused_with_mean:.1f}", str(r.ambiguous) if r.ambiguous else "-",
+                  "-" if r.last_ready_rank < 0 else f"rank {r.last_ready_rank}"]
+        t.add_row(*cells)
     console.print(t)

@@ -18,10 +18,17 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from profiler._version import __version__
-from profiler.collect import nvml
+from profiler.collect import nvml, selfcost
 from profiler.formats import record as F
 from profiler.formats.dataset import frame_to_table, read_meta, write_parquet
-from profiler.formats.raw import RawFile, read_agg, read_header, read_raw, writer_state
+from profiler.formats.raw import (
+    RawFile,
+    read_agg,
+    read_header,
+    read_raw,
+    read_tensor_names,
+    writer_state,
+)
 from profiler.formats.rows import agg_to_frame, comm_table, raw_to_frame, track_table
 from profiler.layout import agg_parquet_path, agg_path_for, meta_path, parquet_path
 
@@ -101,6 +108,8 @@ def rank_metadata(raw: RawFile, df: pd.DataFrame, *, own_process: bool,
         "unsampled_calls": int(raw.header.get("unsampled_calls", 0)),
         "aggregates": (agg_parquet_path(".", raw.rank).name if agg is not None else None),
         "problems": [*raw.problems, *problems],
+        "tensor_names": read_tensor_names(raw.path),
+        "self_cost": selfcost.snapshot() if own_process else None,
         **nvml.process_metadata(raw.path, own_process=own_process),
         "env": env_whitelist() if own_process else None,
         "argv": list(sys.argv) if own_process else None,

@@ -1,8 +1,14 @@
-"""Fusion lineage: Horovod's timeline joined with rank 0's MPI data records.
+"""Fusion lineage: which tensors rode in which collective.
 
 `build(profile_dir)` writes ``<dir>/lineage.parquet``: one row per tensor
-operation of the timeline (one tensor through one Horovod response), with the
-collective call that carried it.  From it:
+operation (one tensor through one Horovod response), with the collective call
+that carried it.  It comes from the profiler's own records
+(profiler.collect.fusion: tensors handed to Horovod, and the calls' bytes and
+buffers), on by default and at no measurable cost; when the job also wrote
+Horovod's timeline (HOROVOD_PROFILE_TIMELINE=1, or the user's own
+HOROVOD_TIMELINE), the timeline is joined with rank 0's records as below,
+adds the per-tensor negotiation and wait-for-data phases only it has, and
+the two answers are compared call by call.  From the table:
 
 * each data call (rank 0's record, identified on every rank by (comm, seq))
   gets the tensors it carried, their count, their total bytes and the fill
@@ -382,6 +388,12 @@ def join(
         "call_bytes": call_bytes,
         "bytes_agree": agree,
         "complete": ops["complete"].astype(bool),
+        "source": "timeline",
+        "confidence": np.where(matched, 1.0, 0.0),
+        "candidates": "",
+        "method": "timeline",
+        "enqueue_ns": np.nan,
+        "queue_ns": np.nan,
     })
     out["call_op"] = out["call_op"].astype(str)
     info["rows"] = int(len(out))
@@ -429,6 +441,26 @@ def _env_from_other_ranks(profile_dir: Path) -> dict[str, Any] | None:
     return None
 
 
+def _read_evidence(profile_dir: Path, ranks: int) -> tuple[dict[int, pd.DataFrame],
+                                                           dict[int, list[str]]]:
+    """Ranks 1..ranks-1's rows that the records' lineage uses (tensor and data
+    call rows; missing or unreadable ranks are skipped) and tensor names."""
+    frames: dict[int, pd.DataFrame] = {}
+    names: dict[int, list[str]] = {}
+    for r in range(1, ranks):
+        pq_path = profile_dir / "ranks" / f"rank-{r:05d}.parquet"
+        js_path = profile_dir / "ranks" / f"rank-{r:05d}.json"
+        if not pq_path.is_file() or not js_path.is_file():
+            continue
+        try:
+            meta = _read_json(js_path)
+            frames[r] = pq.read_table(pq_path).to_pandas()
+        except Exception:  # evidence from another rank is optional
+            continue
+        names[r] = list(meta.get("tensor_names") or [])
+    return frames, names
+
+
 def build_lineage(
     profile_dir: PathLike,
     *,
@@ -436,13 +468,24 @@ def build_lineage(
     rank_meta: Mapping[str, Any] | None = None,
     tolerance_ns: float = DEFAULT_TOLERANCE_NS,
     write: bool = True,
+    sources: tuple[str, ...] = ("records", "timeline"),
 ) -> LineageOutcome:
     """Write <dir>/lineage.parquet; the outcome says what was written or why not.
+
+    From the profiler's own records (tensor records and data calls of rank 0
+    and up to fusion.MAX_RANKS - 1 more ranks: profiler.collect.fusion) and,
+    when the job wrote one, Horovod's timeline: it adds the per-tensor phases
+    only it has, and the two are compared call by call (info["agreement"]).
+    Without tensor records (a job recorded before they existed, or not from
+    horovod.torch) the timeline alone gives the lineage.  `sources` limits
+    what is used (tests compare the two).
 
     Never raises for what the profile directory holds (no timeline, a bad
     timeline, no rank-0 dataset): those give path None and a reason.  With
     write=False nothing is written: the table is in the outcome (path None).
     """
+    from profiler.collect import fusion
+
     d = Path(os.fspath(profile_dir))
     try:
         if frame is None or rank_meta is None:
@@ -455,25 +498,63 @@ def build_lineage(
     if env is None:
         env = _env_from_other_ranks(d)
     header = rank_meta.get("header") or {}
-    tl_path = find_timeline(d, env)
-    if tl_path is None:
-        return LineageOutcome(
-            None,
-            "no Horovod timeline in the profile directory (HOROVOD_PROFILE_TIMELINE=0, "
-            "HOROVOD_TIMELINE set elsewhere, or not a Horovod job)",
-        )
-    try:
-        tl = T.parse(tl_path)
-    except ProfilerError as exc:
-        return LineageOutcome(None, f"Horovod timeline unusable: {exc.line()}")
-    table, info = join(tl, frame, header=header, env=env, tolerance_ns=tolerance_ns)
-    info["timeline_file"] = os.path.relpath(tl_path, d) if tl_path.is_relative_to(d) \
-        else str(tl_path)
-    if table.empty:
-        return LineageOutcome(None, "the Horovod timeline holds no tensor operations", None, info)
-    matched = info.get("matched_calls", 0)
+    threshold = fusion_threshold(env)
+    info: dict[str, Any] = {"fusion_threshold": threshold}
+    reasons: list[str] = []
+
+    rec_table: pd.DataFrame | None = None
+    names0 = list(rank_meta.get("tensor_names") or [])
+    if "records" in sources and names0:
+        world = int(header.get("world_size", 0) or 0) or None
+        frames, names = _read_evidence(d, min(world or 1, fusion.MAX_RANKS))
+        frames[0], names[0] = frame, names0
+        rec_table, rinfo = fusion.infer(frames, names, threshold=threshold, world_size=world)
+        info["records"] = rinfo
+        if rec_table.empty:
+            rec_table = None
+            reasons.append(rinfo.get("reason", "no tensor carried by a recorded call"))
+    elif "records" in sources:
+        reasons.append("no tensor records (a job that did not use horovod.torch, or "
+                       "recorded by an older profiler)")
+
+    tl_table: pd.DataFrame | None = None
+    tl_path = find_timeline(d, env) if "timeline" in sources else None
+    if tl_path is not None:
+        try:
+            tl = T.parse(tl_path)
+        except ProfilerError as exc:
+            reasons.append(f"Horovod timeline unusable: {exc.line()}")
+        else:
+            tl_table, tinfo = join(tl, frame, header=header, env=env, tolerance_ns=tolerance_ns)
+            tinfo["timeline_file"] = os.path.relpath(tl_path, d) \
+                if tl_path.is_relative_to(d) else str(tl_path)
+            info["timeline"] = tinfo
+            if tl_table.empty:
+                tl_table = None
+                reasons.append("the Horovod timeline holds no tensor operations")
+    elif "timeline" in sources and rec_table is None:
+        reasons.append("no Horovod timeline (HOROVOD_PROFILE_TIMELINE=1 writes one)")
+
+    if rec_table is not None and tl_table is not None:
+        info["agreement"] = fusion.compare(rec_table, tl_table)
+        table = fusion.with_timeline(rec_table, tl_table)
+        info["source"] = "records+timeline"
+    elif rec_table is not None:
+        table, info["source"] = rec_table, "records"
+    elif tl_table is not None:
+        table, info["source"] = tl_table, "timeline"
+    else:
+        return LineageOutcome(None, "; ".join(reasons) or "no lineage", None, info)
+    # the summary counts of the table written, at the top level
+    m = table[table["matched"]]
+    info["rows"] = int(len(table))
+    info["tensors"] = int(table["tensor"].nunique())
+    info["matched_calls"] = int(m.groupby(["call_comm", "call_seq"]).ngroups) if len(m) else 0
+    amb = m[m["confidence"] < 1.0]
+    info["ambiguous_calls"] = int(amb.groupby(["call_comm", "call_seq"]).ngroups) \
+        if len(amb) else 0
     reason = (f"{info['rows']} tensor operations, {info['tensors']} tensors, "
-              f"{matched} of {info.get('instances', 0)} calls matched")
+              f"{info['matched_calls']} calls, from {info['source']}")
     if not write:
         return LineageOutcome(None, reason, table, info)
     out = d / LINEAGE_FILE

@@ -1,5 +1,7 @@
-"""lineage.parquet: one row per tensor operation of Horovod's timeline with the
-collective that carried it (written by profiler.collect.lineage at merge).
+"""lineage.parquet: one row per tensor operation (one tensor through one
+Horovod collective) with the call that carried it (written by
+profiler.collect.lineage at merge, from the profiler's own records and, when
+there is one, Horovod's timeline).
 Its columns, Horovod's fusion threshold as the environment sets it, and the
 reader."""
 
@@ -27,6 +29,18 @@ LINEAGE_COLUMNS = [
     "wait_for_data_ns", "ready_ranks", "last_ready_rank", "ready_spread_ns",
     "matched", "call_op", "call_comm", "call_seq", "call_t_start_ns", "call_t_end_ns",
     "call_dur_ns", "call_bytes", "bytes_agree", "complete",
+    # how the row was found: "records" (the profiler's own tensor and call
+    # records, profiler.collect.fusion) or "timeline" (Horovod's timeline)
+    "source",
+    # 1 when only one set of tensors fits the evidence for this call; else
+    # 1 / the number that fit (0: unresolved); candidates: every tensor some
+    # fitting set holds (";"-joined, "" when certain); method: buffer, bytes,
+    # order, elimination (records) or timeline
+    "confidence", "candidates", "method",
+    # the tensor's enqueue into Horovod on rank 0, and how long it waited
+    # there before the call that carried it started (negotiation, other
+    # ranks, the cycle, fusion)
+    "enqueue_ns", "queue_ns",
 ]
 
 
@@ -53,7 +67,8 @@ def load(path: PathLike) -> pd.DataFrame:
     elif p.suffix == ".json":
         p = p.parent / LINEAGE_FILE
     if not p.is_file():
-        raise NotFoundError(p, "no lineage (run with Horovod's timeline on; see trace metadata)")
+        raise NotFoundError(p, "no lineage (no tensor records and no Horovod timeline; see "
+                               "the trace metadata's lineage reason)")
     try:
         frame = pq.read_table(p).to_pandas()
     except (OSError, pa.ArrowException, ValueError, KeyError, TypeError) as exc:
@@ -62,4 +77,15 @@ def load(path: PathLike) -> pd.DataFrame:
     # another tool gets the same treatment here
     from profiler.formats.dataset import printable_columns
 
-    return printable_columns(frame, ("tensor", "op", "call_op", "dtype", "shape"))
+    frame = _with_defaults(frame)
+    return printable_columns(frame, ("tensor", "op", "call_op", "dtype", "shape", "candidates"))
+
+
+def _with_defaults(frame: pd.DataFrame) -> pd.DataFrame:
+    """A lineage file written before the source columns existed: the timeline's."""
+    defaults = {"source": "timeline", "confidence": 1.0, "candidates": "",
+                "method": "timeline", "enqueue_ns": float("nan"), "queue_ns": float("nan")}
+    for col, value in defaults.items():
+        if col not in frame.columns:
+            frame[col] = value
+    return frame

@@ -421,3 +421,26 @@ def read_sidecar(raw_path: str | os.PathLike[str]) -> dict[str, Any] | None:
     except (OSError, orjson.JSONDecodeError):
         return None
     return doc if isinstance(doc, dict) else None
+
+
+def read_tensor_names(raw_path: str | os.PathLike[str]) -> list[str]:
+    """The names of the tensors a rank handed to Horovod (raw/rank-R.tensors,
+    written by profiler.collect.tensors: one JSON string per line, line i is
+    the name of id i, the seq of its APP_TENSOR records).  [] when absent; a
+    line cut short by a crash ends the list."""
+    from profiler.layout import tensor_names_path
+
+    try:
+        data = tensor_names_path(raw_path).read_bytes()
+    except OSError:
+        return []
+    out: list[str] = []
+    for line in data.split(b"\n"):
+        if not line:
+            continue
+        try:
+            name = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            break
+        out.append(name if isinstance(name, str) else str(name))
+    return out

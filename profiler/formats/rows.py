@@ -20,6 +20,7 @@ from profiler.formats.clock import ns_per_tick, ticks_to_job_ns
 from profiler.formats.raw import AggFile, RawFile, c_string
 from profiler.formats.schema import AGG_COLUMNS, COLUMNS
 
+_OP_TENSOR = next(v for v, (name, _, _) in F.OPS.items() if name == "APP_TENSOR")
 HOROVOD_CALLERS = ("mpi_lib", "horovod")
 
 
@@ -152,6 +153,9 @@ def raw_to_frame(raw: RawFile) -> pd.DataFrame:
     backend_arr = np.asarray(backend, dtype=object) if n else np.zeros(0, dtype=object)
     is_nccl = backend_arr == "nccl"
     group = np.where(is_nccl & ((flags & F.FLAG_DEVICE) == 0), rec["aux"], 0).astype(np.int32)
+    # MPI records: the receive buffer; APP_TENSOR: the tensor's output (both
+    # folded to 32 bits, hvprof_fold_ptr); 0 for everything else
+    buf = np.where((backend_arr == "mpi") | (op_vals == _OP_TENSOR), rec["aux"], 0).astype(np.int64)
 
     rank = np.full(n, int(h["rank"]), dtype=np.int32)
     df = pd.DataFrame(
@@ -182,6 +186,7 @@ def raw_to_frame(raw: RawFile) -> pd.DataFrame:
             "thread_kind": ctx["thread_kind"],
             "thread_name": ctx["thread_name"],
             "group": group,
+            "buf": buf,
         }
     )
     order = np.argsort(t_start, kind="stable")

@@ -1,0 +1,281 @@
+"""Tensors handed to Horovod, recorded from its Python entry points.
+
+Every public collective of ``horovod.torch`` (``allreduce``, ``allreduce_async_``,
+``grouped_allreduce``, ``broadcast_``, ``allgather``, ``alltoall``,
+``reducescatter``, and ``DistributedOptimizer``, which uses them) reaches
+Horovod's C++ core through one of the private functions of
+``horovod.torch.mpi_ops`` named in :data:`ENTRY_POINTS`; the public functions
+look them up in the module's globals at each call, so wrapping those names
+reaches every caller.  The wrapper calls the original and then writes one
+APP_TENSOR record per tensor (hvprof_record_tensor: the same per-thread
+buffers and the same cost as an MPI record): enqueue time, bytes, element
+count, dtype, Horovod's reduction op, broadcast root, process set and the
+tensor's output address folded to 32 bits (hvprof_format.h
+``hvprof_fold_ptr``), which is the receive buffer of a single-tensor
+MPI_Allreduce or MPI_Bcast that Horovod makes for it.
+
+Names are Horovod's own (``horovod/torch/mpi_ops_v2.cc`` GetOpName): the
+operation prefix, then the user's name, or ``noname.<handle>``; a grouped
+operation's tensors are ``<base>_<i>of<n>``.  They are the names Horovod's
+timeline uses.  Each name is given an id the first time it is seen and
+appended to ``raw/rank-R.tensors`` (one JSON string per line; line i is id i;
+read back by profiler.formats.raw.read_tensor_names) with one write: it is on
+disk as soon as a record can refer to it, so a rank that dies keeps its names.
+
+Nothing here may change what the application sees: the original's result and
+exceptions pass through untouched, and a failure of the recording is reported
+once on stderr and then ignored.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import sys
+import threading
+from types import ModuleType
+from typing import Any, Callable
+
+import orjson
+
+from profiler.collect.selfcost import add_python as _add_cost
+from profiler.collect.selfcost import clock as _clock
+
+__all__ = ["TARGET", "ENTRY_POINTS", "patch_module", "unpatch_module", "TORCH_DTYPES",
+           "REDUCE_OPS", "tensors_recorded"]
+
+TARGET = "horovod.torch.mpi_ops"
+_WRAPPED = "__hvprof_wrapped__"
+
+#: private entry point -> (name prefix, grouped, then the positions of its
+#: arguments: output (None: Horovod allocates it), root_rank, op, name, process_set)
+ENTRY_POINTS: dict[str, tuple[str, bool, int | None, int | None, int | None, int, int]] = {
+    "_allreduce_async": ("allreduce", False, 1, None, 3, 2, 6),
+    "_grouped_allreduce_async": ("grouped_allreduce", True, 1, None, 3, 2, 6),
+    "_allgather_async": ("allgather", False, None, None, None, 2, 3),
+    "_grouped_allgather_async": ("grouped_allgather", True, None, None, None, 2, 3),
+    "_broadcast_async": ("broadcast", False, 1, 2, None, 3, 4),
+    "_alltoall_async": ("alltoall", False, None, None, None, 4, 5),
+    "_reducescatter_async": ("reducescatter", False, None, None, 3, 2, 4),
+    "_grouped_reducescatter_async": ("grouped_reducescatter", True, None, None, 3, 2, 4),
+}
+
+#: torch dtype name -> hvprof dtype code (the NCCL codes of hvprof_format.h)
+TORCH_DTYPES: dict[str, int] = {
+    "int8": 64, "uint8": 65, "bool": 65, "int32": 66, "int64": 68, "float16": 70,
+    "float32": 71, "float64": 72, "bfloat16": 73,
+}
+#: Horovod ReduceOp value (Average 0, Sum 1, Adasum 2, Min 3, Max 4, Product 5)
+#: -> hvprof redop code (hvprof_format.h HVPROF_REDOPS)
+REDUCE_OPS: dict[int, int] = {0: 15, 1: 1, 2: 255, 3: 3, 4: 4, 5: 2}
+
+_lock = threading.Lock()
+_ids: dict[str, int] = {}
+_fd: int | None = None
+_record: Any = None  # native hvprof_record_tensor, resolved once
+_now: Any = None
+_warned = False
+_count = 0
+# handle -> (time.monotonic() at enqueue, name): the tensors this process
+# handed to Horovod that may still be waiting; entries whose handle has left
+# Horovod's _handle_map (synchronized) are dropped by oldest_pending()
+_pending: dict[Any, tuple[float, str]] = {}
+_module: ModuleType | None = None
+
+
+def tensors_recorded() -> int:
+    """APP_TENSOR records this process wrote (for tests and the cost line)."""
+    return _count
+
+
+def _warn_once(message: str) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        print(f"profiler: warning: {message}", file=sys.stderr)
+
+
+def _library() -> bool:
+    """Resolve the native functions once; False when profiling is off.
+
+    profiler._fastrec (a CPython extension: ~0.1 us a record) when it was
+    built, else the same exports through ctypes (~4 us)."""
+    global _record, _now
+    if _record is None:
+        mod = sys.modules.get("profiler.collect.native")
+        lib = mod.loaded() if mod is not None else None  # type: ignore[attr-defined]
+        if lib is None:
+            _record = False
+            return False
+        try:
+            # a compiled extension: no source for the import graph to follow
+            _fastrec = importlib.import_module("profiler._fastrec")
+            if _fastrec.available():
+                _record, _now = _fastrec.record, _fastrec.now
+                return True
+        except ImportError:
+            pass
+        rec = mod.function("hvprof_record_tensor", lib)  # type: ignore[union-attr]
+        now = mod.function("hvprof_now", lib)  # type: ignore[union-attr]
+        if rec is None or now is None:
+            _record = False
+            return False
+        _now = now
+
+        def record(t0: int, *rest: int) -> int:  # the _fastrec signature
+            return int(rec(t0, now(), *rest))
+
+        _record = record
+    return _record is not False
+
+
+def _name_id(name: str) -> int:
+    """The id of `name`, appending it to the names file the first time."""
+    global _fd
+    got = _ids.get(name)
+    if got is not None:
+        return got
+    with _lock:
+        if _fd is None:  # the first name of this process (a forked child starts over)
+            mod = sys.modules["profiler.collect.native"]
+            raw = mod.function("hvprof_raw_path")()  # type: ignore[attr-defined]
+            if not raw:
+                raise OSError("no raw file open")
+            from profiler.layout import tensor_names_path
+
+            path = tensor_names_path(raw.decode())
+            _fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        got = _ids.get(name)
+        if got is None:
+            got = len(_ids)
+            os.write(_fd, orjson.dumps(name) + b"\n")
+            _ids[name] = got
+        return got
+
+
+def _after_fork() -> None:
+    """A forked child writes its own raw file: its names start over."""
+    global _fd
+    _ids.clear()
+    _fd = None
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+_DTYPES: dict[Any, int] = {}
+
+
+def _tensor_fields(t: Any) -> tuple[int, int, int, int]:
+    """(bytes, elements, dtype code, element size) of a torch tensor."""
+    n = int(t.numel())
+    size = int(t.element_size())
+    dt = t.dtype
+    code = _DTYPES.get(dt)
+    if code is None:
+        code = _DTYPES[dt] = TORCH_DTYPES.get(str(dt).rpartition(".")[2], 0)
+    return n * size, n, code, size
+
+
+def _emit(t0: int, name: str, tensor: Any, output: Any, root: int, op: Any,
+          process_set: Any) -> None:
+    global _count
+    nbytes, count, dtype, size = _tensor_fields(tensor)
+    try:
+        ptr = int(output.data_ptr()) if output is not None else 0
+    except Exception:
+        ptr = 0
+    try:
+        ps = int(getattr(process_set, "process_set_id", 0) or 0)
+    except (TypeError, ValueError):
+        ps = 0
+    redop = REDUCE_OPS.get(int(op), 255) if op is not None else 0
+    _record(t0, nbytes, count, _name_id(name), root, dtype, size, redop, ps, ptr)
+    _count += 1
+
+
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], i: int | None, key: str) -> Any:
+    if i is not None and i < len(args):
+        return args[i]
+    return kwargs.get(key)
+
+
+def _wrap(fname: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+    prefix, grouped, out_i, root_i, op_i, name_i, ps_i = ENTRY_POINTS[fname]
+    out_key = "outputs" if grouped else "output"
+
+    @functools.wraps(orig)
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        if not _library():
+            return orig(*args, **kwargs)
+        c0 = _clock()
+        t0 = _now()
+        c1 = _clock()
+        handle = orig(*args, **kwargs)  # Horovod's result and errors, untouched
+        c2 = _clock()
+        try:
+            tensors = args[0] if args else kwargs.get("tensors" if grouped else "tensor")
+            outputs = _arg(args, kwargs, out_i, out_key) if out_i is not None else None
+            name = _arg(args, kwargs, name_i, "name")
+            base = f"{prefix}.{name}" if name else f"{prefix}.noname.{handle}"
+            root = _arg(args, kwargs, root_i, "root_rank") if root_i is not None else -1
+            op = _arg(args, kwargs, op_i, "op") if op_i is not None else None
+            ps = _arg(args, kwargs, ps_i, "process_set")
+            _pending[handle] = (c0 / 1e9, base)
+            if grouped and tensors is not None:
+                n = len(tensors)
+                outs = list(outputs) if outputs is not None else [None] * n
+                for i, t in enumerate(tensors):
+                    _emit(t0, f"{base}_{i + 1}of{n}", t, outs[i], -1, op, ps)
+            else:
+                _emit(t0, base, tensors, outputs, int(root), op, ps)
+        except Exception as exc:  # never break the training loop
+            _warn_once(f"tensor record failed ({fname}): {exc}")
+        _add_cost(c1 - c0 + _clock() - c2)
+        return handle
+
+    setattr(entry, _WRAPPED, orig)
+    return entry
+
+
+def oldest_pending() -> tuple[float, str] | None:
+    """(seconds, name) of the oldest tensor this process handed to Horovod that
+    Horovod has not handed back (still in horovod.torch.mpi_ops._handle_map:
+    not synchronized yet); None when there is none.  For the hang watchdog:
+    a tensor that one rank never submits keeps the others waiting here while
+    every MPI call completes."""
+    live = getattr(_module, "_handle_map", None)
+    if live is None or not _pending:
+        return None
+    now = _clock() / 1e9
+    oldest: tuple[float, str] | None = None
+    for handle, (t, name) in list(_pending.items()):
+        if handle not in live:
+            _pending.pop(handle, None)
+        elif oldest is None or now - t > oldest[0]:
+            oldest = (now - t, name)
+    return oldest
+
+
+def patch_module(module: ModuleType) -> int:
+    """Wrap the entry points of horovod.torch.mpi_ops.  Idempotent; returns the
+    number newly wrapped."""
+    global _module
+    _module = module
+    n = 0
+    for fname in ENTRY_POINTS:
+        orig = module.__dict__.get(fname)
+        if orig is None or getattr(orig, _WRAPPED, None) is not None:
+            continue
+        setattr(module, fname, _wrap(fname, orig))
+        n += 1
+    return n
+
+
+def unpatch_module(module: ModuleType) -> None:
+    """Undo :func:`patch_module` (for tests)."""
+    for fname in ENTRY_POINTS:
+        orig = getattr(module.__dict__.get(fname), _WRAPPED, None)
+        if orig is not None:
+            setattr(module, fname, orig)
