@@ -388,10 +388,16 @@ def render_report(
                         if multi else "horovod-profiler report")
     nav = "".join(f'<a href="#{a}">{_e(h)}</a>' for a, h, _ in sections)
     created = time.strftime("%Y-%m-%d %H:%M:%S")
+    from .selfcost import cost_line
+
+    costs = "".join(
+        f'<p class="muted" id="self-cost">{_e((str(lb) + ": ") if lb else "")}'
+        f'{_e(line)}</p>'
+        for lb in labels if (line := cost_line(dict(metas.get(lb) or {}))))
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{_e(heading)}</title><style>{CSS}</style></head><body>"
             f"<h1>{_e(heading)}</h1><p class=\"muted\">generated {created} by horovod-profiler "
-            f"{_e(__version__)}; {len(df):,} rows</p><nav>{nav}</nav>"
+            f"{_e(__version__)}; {len(df):,} rows</p>{costs}<nav>{nav}</nav>"
             + "".join(body) + "</body></html>\n")
 
 

@@ -357,6 +357,11 @@ def _trace_lines(meta: dict[str, Any] | None) -> list[str]:
     clock = _clock_line(meta)
     if clock:
         out.append(clock)
+    from profiler.analysis.selfcost import cost_line
+
+    cost = cost_line(meta)
+    if cost:
+        out.append(cost)
     ev = meta.get("events") or {}
     if ev.get("selection", "all") != "all":
         out.append(f"note: trace.json holds {ev.get('included')} of "

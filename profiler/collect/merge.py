@@ -139,6 +139,9 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
     meta = job_metadata(d, trace_path, rank_meta, world, missing, partial, calls)
     meta["created"] = now_iso()
     meta["problems"] = problems
+    from profiler.collect.selfcost import job_summary
+
+    meta["self_cost"] = job_summary(rank_meta)
     # Horovod's timeline joined with rank 0's records: lineage.parquet, and
     # meta["lineage"] says what was written or why not (never raises).
     from profiler.collect.lineage import build as build_lineage

@@ -1,0 +1,102 @@
+"""The profiler's own cost in this process, measured where it is spent.
+
+The Python hooks (tensor records from Horovod's entry points, the
+DistributedOptimizer step hook) add the time they spend outside the code they
+wrap to :data:`python_ns` (time.perf_counter_ns around the hook's own work,
+the clock reads included).  The C side states its share in the raw file's
+header: the per-call cost calibrated at start-up (call_cost_ns) and the
+helper thread's CPU time (helper_cpu_ns).  :func:`snapshot` is written into
+ranks/rank-R.json by the rank itself at exit (profiler.collect.convert), with
+the process's CPU time to relate them to.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from typing import Any
+
+__all__ = ["add_python", "snapshot", "clock"]
+
+clock = time.perf_counter_ns
+python_ns = 0
+python_calls = 0
+
+
+def add_python(ns: int) -> None:
+    """Account `ns` nanoseconds of one Python hook invocation."""
+    global python_ns, python_calls
+    python_ns += ns
+    python_calls += 1
+
+
+def snapshot() -> dict[str, Any]:
+    """This process's figures so far: Python hooks (ns, invocations) and the
+    process's CPU time (user + system, all threads)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return {"python_hook_ns": int(python_ns), "python_hook_calls": int(python_calls),
+            "process_cpu_ns": int((ru.ru_utime + ru.ru_stime) * 1e9)}
+
+
+def _dict(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
+def _num(v: Any) -> float | None:
+    """A positive finite number from rank metadata, else None (absent, 0 =
+    not measured, or not a number: metadata edited by hand is not trusted)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    f = float(v)
+    return f if f > 0 and f != float("inf") else None
+
+
+def job_summary(rank_meta: list[dict[str, Any]]) -> dict[str, Any]:
+    """The trace metadata's ``self_cost``: per rank and for the job, what the
+    profiler cost this run: records x the calibrated cost per record, the
+    helper thread's CPU time, the Python hooks' time; as a share of the rank's
+    CPU time and of its step time.  Figures the run did not measure (an older
+    library, a rank converted after the fact) are None, never guessed."""
+    ranks: list[dict[str, Any]] = []
+    for m in rank_meta:
+        h = _dict(m.get("header"))
+        own = _dict(m.get("self_cost"))
+        per_call = _num(h.get("call_cost_ns"))
+        records = int(_num(m.get("rows")) or 0) + int(_num(m.get("aggregated_calls")) or 0)
+        record_ns = per_call * records if per_call is not None else None
+        helper = _num(h.get("helper_cpu_ns"))
+        python = _num(own.get("python_hook_ns"))
+        parts = [v for v in (record_ns, helper, python) if v is not None]
+        total = float(sum(parts)) if parts else None
+        cpu = _num(own.get("process_cpu_ns"))
+        step_s = _num(_dict(m.get("steps")).get("seconds"))
+        # the share of the timed steps: records and hooks made during them are
+        # not told apart from the rest, so the whole run's cost over the
+        # whole run's wall time in steps bounds it from above
+        ranks.append({
+            "rank": int(m.get("rank", -1)),
+            "call_cost_ns": per_call,
+            "records": records,
+            "record_ns": record_ns,
+            "helper_cpu_ns": helper,
+            "python_hook_ns": python,
+            "python_hook_calls": _num(own.get("python_hook_calls")),
+            "total_ns": total,
+            "process_cpu_ns": cpu,
+            "cpu_share": (total / cpu) if total is not None and cpu else None,
+            "step_share": (total / (step_s * 1e9)) if total is not None and step_s else None,
+        })
+    shares = [r["cpu_share"] for r in ranks if r["cpu_share"] is not None]
+    steps_sh = [r["step_share"] for r in ranks if r["step_share"] is not None]
+    costs = [r["call_cost_ns"] for r in ranks if r["call_cost_ns"] is not None]
+    return {
+        "ranks": ranks,
+        "call_cost_ns": max(costs) if costs else None,
+        "cpu_share_max": max(shares) if shares else None,
+        "step_share_max": max(steps_sh) if steps_sh else None,
+        "total_ns": sum(r["total_ns"] for r in ranks if r["total_ns"] is not None) or None,
+        "method": "records x the per-record cost calibrated at start-up (call_cost_ns), "
+                  "+ the helper thread's CPU time (its thread clock), + the Python hooks' "
+                  "own time (perf_counter around them); shares of the rank's CPU time "
+                  "(getrusage at exit) and of its timed steps' wall time",
+    }
