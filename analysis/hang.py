@@ -11,7 +11,13 @@ the collective each thread is blocked in.  For every communicator:
   what those are doing instead (their own call in flight, their last completed
   call, their Python stack from the hang snapshot);
 * mismatches at one (communicator, sequence): different collectives;
-* ranks that died (their process is gone and the file says it never finished).
+* ranks that died (their process is gone and the file says it never finished);
+* tensors handed to Horovod by some ranks and not by others (the tensor
+  records, profiler.collect.tensors): Horovod's own hang, where every MPI call
+  completes (the response-cache allreduce goes on each cycle) but a tensor one
+  rank never submits keeps the others waiting in hvd.synchronize.  The n-th
+  submission of a name on one rank is the n-th on every other; the first
+  names (in submission time) that some rank lacks are reported.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from profiler.formats import record as F
 from profiler.formats.clock import ticks_to_job_ns
 from profiler.formats.raw import RawFile, read_raw, writer_state
 
-__all__ = ["RankState", "CommState", "Diagnosis", "diagnose"]
+__all__ = ["RankState", "CommState", "TensorGap", "Diagnosis", "diagnose"]
 
 
 @dataclass
@@ -65,6 +71,15 @@ class CommState:
 
 
 @dataclass
+class TensorGap:
+    tensor: str
+    occurrence: int                         # the n-th submission of that name (from 0)
+    submitted: dict[int, float] = field(default_factory=dict)  # rank -> job time (s)
+    missing: list[int] = field(default_factory=list)           # ranks that never did
+    missing_last: dict[int, str] = field(default_factory=dict)  # rank -> its last tensor
+
+
+@dataclass
 class Diagnosis:
     directory: str
     world_size: int
@@ -72,10 +87,12 @@ class Diagnosis:
     comms: list[CommState]
     missing_ranks: list[int]
     snapshot: bool
+    tensors: list[TensorGap] = field(default_factory=list)
 
     @property
     def stuck(self) -> bool:
-        return bool(self.comms) or any(r.state == "dead" for r in self.ranks)
+        return bool(self.comms) or bool(self.tensors) or any(r.state == "dead"
+                                                              for r in self.ranks)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self) | {"stuck": self.stuck}
@@ -160,6 +177,71 @@ def _rank(directory: Path, raw: RawFile) -> tuple[RankState, dict[int, int], dic
     return r, nxt, flying, info
 
 
+_OP_TENSOR = next(v for v, (name, _, _) in F.OPS.items() if name == "APP_TENSOR")
+#: Tensor gaps reported at most (the earliest first).
+MAX_TENSOR_GAPS = 5
+#: A tensor the others submitted this long before the job's last record, and
+#: one rank never did, is a gap even when that rank did not move on.
+STALE_S = 1.0
+
+
+def _tensors(raw: RawFile) -> dict[tuple[str, int], float]:
+    """(name, occurrence) -> job time in s of each tensor this rank handed to Horovod."""
+    from profiler.formats.raw import read_tensor_names
+
+    rec = raw.records
+    sel = rec[rec["op"] == _OP_TENSOR]
+    if not len(sel):
+        return {}
+    names = read_tensor_names(raw.path)
+    sel = sel[np.argsort(sel["t_start"], kind="stable")]
+    t = ticks_to_job_ns(sel["t_start"], raw.header) / 1e9
+    seen: dict[str, int] = {}
+    out: dict[tuple[str, int], float] = {}
+    for i, ts in zip(sel["seq"].tolist(), t.tolist()):
+        name = names[i] if 0 <= i < len(names) else f"<name {i}>"
+        n = seen.get(name, 0)
+        seen[name] = n + 1
+        out[(name, n)] = float(ts)
+    return out
+
+
+def _tensor_gaps(subs: dict[int, dict[tuple[str, int], float]], now_s: float
+                 ) -> list[TensorGap]:
+    """Tensors some ranks submitted and others did not, earliest first.
+
+    A rank that lacks a tensor counts when it moved on without it (it handed
+    Horovod a later tensor) or when the others submitted it more than
+    STALE_S before the job's last record (`now_s`): a rank that is only a
+    little behind, in a live job, is not reported."""
+    ranks = sorted(subs)
+    if len(ranks) < 2 or not any(subs.values()):
+        return []
+    first: dict[tuple[str, int], float] = {}
+    for r in ranks:
+        for k, t in subs[r].items():
+            first[k] = min(t, first.get(k, t))
+    last: dict[int, tuple[float, str]] = {}
+    for r in ranks:
+        if subs[r]:
+            k, t = max(subs[r].items(), key=lambda kv: kv[1])
+            last[r] = (t, f"{k[0]} #{k[1]} at {t:.3f} s")
+    gaps: list[TensorGap] = []
+    for key, t0 in sorted(first.items(), key=lambda kv: kv[1]):
+        lack = [r for r in ranks if key not in subs[r]
+                and ((r in last and last[r][0] > t0) or now_s - t0 > STALE_S)]
+        if not lack:
+            continue
+        have = [r for r in ranks if key in subs[r]]
+        gaps.append(TensorGap(tensor=key[0], occurrence=key[1],
+                              submitted={r: subs[r][key] for r in have}, missing=lack,
+                              missing_last={r: last[r][1] if r in last else "no tensor at all"
+                                            for r in lack}))
+        if len(gaps) >= MAX_TENSOR_GAPS:
+            break
+    return gaps
+
+
 def diagnose(path: str | os.PathLike[str]) -> Diagnosis:
     """Read every rank's raw file under `path` (a profile directory) and say who
     is stuck where (module doc)."""
@@ -172,6 +254,8 @@ def diagnose(path: str | os.PathLike[str]) -> Diagnosis:
     nxt: dict[int, dict[int, int]] = {}
     flying: dict[int, dict[int, Any]] = {}
     names: dict[int, tuple[str, int]] = {}
+    subs: dict[int, dict[tuple[str, int], float]] = {}
+    now_s = float("-inf")
     world = 0
     for rank, p in sorted(raws.items()):
         try:
@@ -182,6 +266,11 @@ def diagnose(path: str | os.PathLike[str]) -> Diagnosis:
             continue
         world = max(world, int(raw.header.get("world_size") or 0))
         st, n, f, info = _rank(d, raw)
+        subs[rank] = _tensors(raw)
+        if len(raw.records):
+            end = float(ticks_to_job_ns(np.array([raw.records["t_end"].max()]),
+                                        raw.header)[0]) / 1e9
+            now_s = max(now_s, end)
         states.append(st)
         nxt[rank], flying[rank] = n, f
         names.update(info)
@@ -221,4 +310,5 @@ def diagnose(path: str | os.PathLike[str]) -> Diagnosis:
     present = {s.rank for s in states}
     missing = [r for r in range(world) if r not in present]
     return Diagnosis(directory=str(d), world_size=world, ranks=states, comms=comms,
-                     missing_ranks=missing, snapshot=(d / "hang").is_dir())
+                     missing_ranks=missing, snapshot=(d / "hang").is_dir(),
+                     tensors=_tensor_gaps(subs, now_s))

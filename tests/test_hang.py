@@ -133,3 +133,48 @@ def test_hang_bad_input_is_one_line(tmp_path: Path) -> None:
         p = subprocess.run([sys.executable, "-P", "-m", "profiler.cli", "hang", str(arg)],
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+HVD_JOB = """
+    import horovod.torch as hvd
+    import torch
+    hvd.init()
+    x = torch.ones(4)
+    for i in range(4):
+        if hvd.rank() == 1 and i == SKIP:
+            hvd.allreduce(torch.ones(8), name="other")  # a tensor rank 0 never submits
+        else:
+            hvd.allreduce(x, name="grad.x")
+    print("done", flush=True)
+"""
+
+
+@pytest.mark.horovod
+@pytest.mark.parametrize("skip", [2, -1], ids=["rank1-skips", "clean"])
+def test_horovod_tensor_one_rank_never_submits(tmp_path: Path, skip: int) -> None:
+    """Horovod's own hang: rank 1 hands Horovod a different tensor at step 2.
+    Every MPI call completes (the response-cache allreduce goes on each cycle),
+    so no collective is in flight; the tensor records name what is missing."""
+    pytest.importorskip("horovod.torch")
+    prof, out = run_until_killed(tmp_path, HVD_JOB.replace("SKIP", str(skip)), after_s=12.0,
+                                 env={"HOROVOD_CYCLE_TIME": "5", "HOROVOD_PROFILE_HANG_S": "2"})
+    rc, text, doc = hang_cli(prof)
+    if skip < 0:
+        assert out.count("done") == 2, out
+        assert rc == 0 and doc["tensors"] == [], text
+        return
+    assert "done" not in out, out
+    # the watchdog fired although no collective was in flight
+    assert "allreduce.grad.x has waited in Horovod for" in out or \
+        "allreduce.other has waited in Horovod for" in out, out
+    assert (prof / "hang" / "rank-00000.stacks.txt").is_file()
+    assert (prof / "hang" / "rank-00001.stacks.txt").is_file()
+    assert rc == 1, text
+    gaps = {(g["tensor"], g["occurrence"]): g for g in doc["tensors"]}
+    assert set(gaps) == {("allreduce.grad.x", 2), ("allreduce.other", 0)}, gaps
+    g = gaps[("allreduce.grad.x", 2)]
+    assert g["missing"] == [1] and list(g["submitted"]) == ["0"]
+    assert "allreduce.other #0" in g["missing_last"]["1"]
+    assert gaps[("allreduce.other", 0)]["missing"] == [0]
+    assert "tensor allreduce.grad.x (submission #2): handed to Horovod by rank 0" in text
+    assert "NEVER by rank(s) 1" in text

@@ -9,8 +9,10 @@ collective each thread is blocked in (the flight recorder).  For each
 communicator it names the first sequence number at which the ranks disagree,
 the ranks that entered it and the ranks that never did, with what those are
 doing instead; different collectives at the same sequence number; ranks that
-died.  With a hang snapshot (the watchdog, HOROVOD_PROFILE_HANG_S) it adds each
-rank's Python stack.  Exit status 0 when nothing is stuck, 1 when something is.
+died; tensors handed to Horovod by some ranks and never by others (Horovod's
+own hang: every MPI call completes, hvd.synchronize waits).  With a hang
+snapshot (the watchdog, HOROVOD_PROFILE_HANG_S) it adds each rank's Python
+stack.  Exit status 0 when nothing is stuck, 1 when something is.
 """
 
 from __future__ import annotations
@@ -71,6 +73,13 @@ def render(dg: Any) -> list[str]:
                            + (f"; Python: {r.stack}" if r.stack else ""))
         elif not c.mismatch:
             out.append(f"{head} every rank entered it: {entered}")
+    for g in dg.tensors:
+        when = ", ".join(f"rank {r} at {t:.3f} s" for r, t in sorted(g.submitted.items()))
+        out.append(f"tensor {g.tensor} (submission #{g.occurrence}): handed to Horovod by "
+                   f"{when}; NEVER by rank(s) {','.join(map(str, g.missing))}: Horovod "
+                   "waits for every rank to submit a tensor (hvd.synchronize blocks)")
+        for rk in g.missing:
+            out.append(f"  rank {rk}'s last tensor: {g.missing_last.get(rk, '?')}")
     if not dg.stuck:
         out.append("nothing is stuck: no collective in flight, every rank at the same call")
     elif not dg.snapshot:

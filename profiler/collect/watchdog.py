@@ -1,6 +1,8 @@
 """The hang watchdog: notices a collective in flight longer than
-HOROVOD_PROFILE_HANG_S (default 120 s; 0 turns it off) and writes a hang
-snapshot into the profile directory, then says so in one line.  It never kills
+HOROVOD_PROFILE_HANG_S (default 120 s; 0 turns it off), or a tensor handed to
+Horovod and not handed back for that long (profiler.collect.tensors: the
+hang where one rank never submits a tensor and every MPI call completes), and
+writes a hang snapshot into the profile directory, then says so in one line.  It never kills
 or changes the job.
 
 A daemon thread polls the library's flight recorder (hvprof_inflight_oldest_ns:
@@ -72,7 +74,17 @@ def _loop(limit: float) -> None:
                 continue
             hang = Path(directory) / "hang"
             age_s = int(oldest()) / 1e9
-            if age_s > limit:
+            tensor = _oldest_tensor()
+            if tensor is not None and tensor[0] > limit and age_s <= limit:
+                fired = True
+                first = _mark(hang)
+                path = snapshot(hang, native.rank(), tensor[0], f"tensor {tensor[1]} waiting")
+                if first or native.rank() == 0:
+                    print(f"horovod-profiler: rank {native.rank()}: tensor {tensor[1]} has "
+                          f"waited in Horovod for {tensor[0]:.0f} s (HOROVOD_PROFILE_HANG_S="
+                          f"{limit:g}); hang snapshot in {path.parent}; run: profiler hang "
+                          f"{directory}", file=sys.stderr, flush=True)
+            elif age_s > limit:
                 fired = True
                 first = _mark(hang)
                 path = snapshot(hang, native.rank(), age_s, "in flight")
@@ -86,6 +98,12 @@ def _loop(limit: float) -> None:
                 snapshot(hang, native.rank(), age_s, "another rank is stuck")
         except Exception:  # noqa: BLE001 - a watchdog never breaks the job
             return
+
+
+def _oldest_tensor() -> tuple[float, str] | None:
+    """The oldest tensor handed to Horovod and not handed back (seconds, name)."""
+    mod = sys.modules.get("profiler.collect.tensors")
+    return mod.oldest_pending() if mod is not None else None  # type: ignore[attr-defined]
 
 
 def _mark(hang: Path) -> bool:
