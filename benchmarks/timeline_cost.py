@@ -6,10 +6,19 @@ local ranks under mpirun, four configurations run alternately in one sitting
 spreads over all of them):
 
   unprofiled         plain Horovod
-  profiled           HOROVOD_PROFILE=1, HOROVOD_PROFILE_TIMELINE=0
-  profiled+timeline  HOROVOD_PROFILE=1 (the hooks point HOROVOD_TIMELINE into
-                     the profile directory)
+  profiled           HOROVOD_PROFILE=1 (the default: no Horovod timeline; the
+                     lineage from the profiler's own records)
+  profiled+timeline  HOROVOD_PROFILE=1, HOROVOD_PROFILE_TIMELINE=1 (the hooks
+                     point HOROVOD_TIMELINE into the profile directory)
   timeline only      HOROVOD_TIMELINE=<tmp>/timeline.json, no profiler
+  timeline idle      HOROVOD_TIMELINE=DYNAMIC, no profiler, never started: what
+                     a bounded window (hvd.start_timeline / stop_timeline for a
+                     few steps) costs outside the window.  DYNAMIC is what
+                     start_timeline needs (horovod_start_timeline returns -2
+                     without HOROVOD_TIMELINE at init), and it starts the
+                     writer thread at hvd.init (operations.cc, timeline.cc
+                     Initialize("")): WriterLoop spins while healthy, with or
+                     without a file, and stop_timeline leaves it healthy
 
 Each run's figure is train_bench's total images/sec (mean over its timed
 iterations); a configuration's figure is the median over rounds, with the
@@ -36,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-CONFIGS = ("unprofiled", "profiled", "profiled+timeline", "timeline only")
+CONFIGS = ("unprofiled", "profiled", "profiled+timeline", "timeline only", "timeline idle")
 
 MPI_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
@@ -55,12 +64,14 @@ def config_env(name: str, work: Path) -> dict[str, str]:
     # Bounds rank 0's wait for the others' datasets at exit (after the timed part).
     env["HOROVOD_PROFILE_MERGE_TIMEOUT"] = "20"
     if name == "profiled":
-        env.update(HOROVOD_PROFILE="1", HOROVOD_PROFILE_TIMELINE="0",
-                   HOROVOD_PROFILE_DIR=str(work / "prof"))
-    elif name == "profiled+timeline":
         env.update(HOROVOD_PROFILE="1", HOROVOD_PROFILE_DIR=str(work / "prof"))
+    elif name == "profiled+timeline":
+        env.update(HOROVOD_PROFILE="1", HOROVOD_PROFILE_TIMELINE="1",
+                   HOROVOD_PROFILE_DIR=str(work / "prof"))
     elif name == "timeline only":
         env.update(HOROVOD_TIMELINE=str(work / "timeline.json"))
+    elif name == "timeline idle":
+        env.update(HOROVOD_TIMELINE="DYNAMIC")
     return env
 
 

@@ -1,0 +1,166 @@
+"""Images/sec profiled with the default settings vs unprofiled, and the
+profiler's own CPU share measured directly.
+
+The bundled benchmark (profiler.workloads.train_bench) under mpirun, in paired
+rounds: each round runs the unprofiled and the profiled job back to back, in
+an order that alternates from round to round, and gives one ratio (profiled /
+unprofiled images/sec).  The figure per workload is the median ratio with a
+95% interval of the median (bootstrap over the rounds' ratios): on this
+machine the same unprofiled command varies by 25-50% from run to run, so a
+single pair says little, and the interval says how much the rounds can tell.
+
+Beside it, the cost the profiler states in each profiled trace
+(trace.json "self_cost", profiler.collect.selfcost): records x the per-record
+cost calibrated at start-up, the helper thread's CPU time, the Python hooks'
+own time, as a share of the rank's CPU time and of its step time (the worst
+rank).  That share is a direct measurement and does not move with the
+machine's load the way wall-clock ratios do.  Targets (issue #13): ratio >= 99%
+(bar 97%), CPU share <= 1%.  Not a test.
+
+    .venv/bin/python benchmarks/images_per_sec.py [--rounds 5]
+        [--workloads resnet8:2,resnet18:2,cnn:1] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+MPI_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OMPI_MCA_rmaps_base_oversubscribe": "1",
+    "OMPI_MCA_hwloc_base_binding_policy": "none",
+    "OMPI_MCA_btl_tcp_if_include": "lo",
+    "OMPI_MCA_oob_tcp_if_include": "lo",
+}
+#: model -> train_bench arguments (sizes that keep a run near 10-20 s here)
+MODEL_ARGS = {
+    "cnn": ["--batch-size", "32", "--image-size", "32", "--num-iters", "8"],
+    "resnet8": ["--batch-size", "32", "--image-size", "32", "--num-iters", "8"],
+    "resnet18": ["--batch-size", "8", "--image-size", "32", "--num-iters", "4"],
+}
+
+
+def run_once(model: str, np_: int, profiled: bool, timeout: float) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="hvprof-ips-"))
+    try:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("HOROVOD_PROFILE", "HOROVOD_TIMELINE"))}
+        env.update(MPI_ENV)
+        if profiled:
+            env.update(HOROVOD_PROFILE="1", HOROVOD_PROFILE_DIR=str(work / "prof"),
+                       HOROVOD_PROFILE_MERGE_TIMEOUT="20")
+        cmd = ["mpirun", "-n", str(np_), sys.executable, "-m", "profiler.workloads.train_bench",
+               "--model", model, "--num-warmup-batches", "5", "--num-batches-per-iter", "5",
+               *MODEL_ARGS.get(model, []), "--quiet"]
+        if np_ == 1:
+            cmd = cmd[3:]  # one process, no launcher: as a user runs a 1-GPU job
+        load = os.getloadavg()[0]
+        proc = subprocess.run(cmd, env=env, cwd=work, capture_output=True, text=True,
+                              timeout=timeout)
+        if proc.returncode != 0:
+            raise SystemExit(f"images_per_sec: {model} np={np_} "
+                             f"{'profiled' if profiled else 'unprofiled'} failed "
+                             f"({proc.returncode}):\n{proc.stderr[-3000:]}")
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+        result = json.loads(line[len("RESULT "):])
+        out: dict[str, Any] = {"images_per_sec": float(result["images_per_sec"]),
+                               "load_before": load}
+        trace = work / "prof" / "trace.json"
+        if profiled and trace.is_file():
+            meta = json.loads(trace.read_bytes()).get("horovod_profiler", {})
+            sc = meta.get("self_cost") or {}
+            out.update(cpu_share=sc.get("cpu_share_max"), step_share=sc.get("step_share_max"),
+                       call_cost_ns=sc.get("call_cost_ns"),
+                       timeline=(work / "prof" / "timeline.json").exists(),
+                       lineage=(meta.get("lineage") or {}).get("source"))
+        return out
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def median_interval(values: list[float], n_boot: int = 4000) -> tuple[float, float, float]:
+    """The median and a 95% bootstrap interval of it."""
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n_boot))
+    return statistics.median(values), meds[int(0.025 * n_boot)], meds[int(0.975 * n_boot) - 1]
+
+
+def bar(done: int, total: int, label: str) -> None:
+    width = 30
+    fill = int(width * done / total)
+    print(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {label:40s}", end="",
+          file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--workloads", default="resnet8:2,resnet18:2,cnn:1",
+                   help="model:ranks, comma-separated")
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--json", metavar="PATH")
+    args = p.parse_args(argv)
+    if shutil.which("mpirun") is None:
+        print("images_per_sec: mpirun not found", file=sys.stderr)
+        return 2
+    loads = [(w.split(":")[0], int(w.split(":")[1])) for w in args.workloads.split(",")]
+    total = len(loads) * args.rounds * 2
+    done = 0
+    results: dict[str, Any] = {}
+    t0 = time.monotonic()
+    for model, np_ in loads:
+        rounds = []
+        for r in range(args.rounds):
+            pair = {}
+            for profiled in ((False, True) if r % 2 == 0 else (True, False)):
+                bar(done, total, f"{model} np={np_} round {r} "
+                    f"{'profiled' if profiled else 'unprofiled'}")
+                pair["p" if profiled else "u"] = run_once(model, np_, profiled, args.timeout)
+                done += 1
+            rounds.append(pair)
+        ratios = [x["p"]["images_per_sec"] / x["u"]["images_per_sec"] for x in rounds]
+        med, lo, hi = median_interval(ratios)
+        u = [x["u"]["images_per_sec"] for x in rounds]
+        cpu = [x["p"].get("cpu_share") for x in rounds if x["p"].get("cpu_share") is not None]
+        step = [x["p"].get("step_share") for x in rounds if x["p"].get("step_share") is not None]
+        results[f"{model}:{np_}"] = {
+            "rounds": rounds, "ratios": ratios, "ratio_median": med, "ratio_ci95": [lo, hi],
+            "unprofiled_median": statistics.median(u),
+            "noise": (max(u) - min(u)) / statistics.median(u),
+            "cpu_share_median": statistics.median(cpu) if cpu else None,
+            "cpu_share_max": max(cpu) if cpu else None,
+            "step_share_median": statistics.median(step) if step else None,
+            "timeline_written": any(x["p"].get("timeline") for x in rounds),
+            "lineage": sorted({str(x["p"].get("lineage")) for x in rounds}),
+        }
+    bar(done, total, f"done in {time.monotonic() - t0:.0f} s")
+    print(file=sys.stderr)
+    print(f"{'workload':14s} {'unprofiled img/s':>16s} {'noise':>6s} {'profiled/unprof.':>17s} "
+          f"{'95% interval':>16s} {'CPU share':>10s} {'step share':>10s}")
+    for key, v in results.items():
+        cpu = "-" if v["cpu_share_median"] is None else f"{100 * v['cpu_share_median']:.2f}%"
+        step = "-" if v["step_share_median"] is None else f"{100 * v['step_share_median']:.2f}%"
+        print(f"{key:14s} {v['unprofiled_median']:16.1f} {100 * v['noise']:5.0f}% "
+              f"{100 * v['ratio_median']:16.1f}% "
+              f"[{100 * v['ratio_ci95'][0]:5.1f}, {100 * v['ratio_ci95'][1]:5.1f}]% "
+              f"{cpu:>10s} {step:>10s}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results},
+                                              indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
