@@ -41,22 +41,25 @@ _WRAPPED = "__hvprof_wrapped__"
 def _wrap_step(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def step(self: Any, *args: Any, **kwargs: Any) -> Any:
-        c0 = time.perf_counter_ns()
+        from profiler.collect import selfcost
+
+        measured = selfcost.sample()
+        c0 = selfcost.clock() if measured else 0
         try:
             from profiler.collect.steps import now
 
             entered = now()
         except Exception:  # never break the training loop
             entered = None
-        c1 = time.perf_counter_ns()
+        c1 = selfcost.clock() if measured else 0
         result = orig(self, *args, **kwargs)
-        c2 = time.perf_counter_ns()
+        c2 = selfcost.clock() if measured else 0
         try:
-            from profiler.collect.selfcost import add_python
             from profiler.collect.steps import hook_step
 
             hook_step(entered)
-            add_python(c1 - c0 + time.perf_counter_ns() - c2)
+            if measured:
+                selfcost.add_python(c1 - c0 + selfcost.clock() - c2)
         except Exception as exc:  # never break the training loop
             _warn_once(f"step hook failed: {exc}")
         return result

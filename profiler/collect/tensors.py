@@ -34,6 +34,7 @@ import importlib
 import os
 import sys
 import threading
+from time import monotonic as _monotonic
 from types import ModuleType
 from typing import Any, Callable
 
@@ -41,6 +42,7 @@ import orjson
 
 from profiler.collect.selfcost import add_python as _add_cost
 from profiler.collect.selfcost import clock as _clock
+from profiler.collect.selfcost import sample as _sample
 
 __all__ = ["TARGET", "ENTRY_POINTS", "patch_module", "unpatch_module", "TORCH_DTYPES",
            "REDUCE_OPS", "tensors_recorded"]
@@ -209,11 +211,12 @@ def _wrap(fname: str, orig: Callable[..., Any]) -> Callable[..., Any]:
     def entry(*args: Any, **kwargs: Any) -> Any:
         if not _library():
             return orig(*args, **kwargs)
-        c0 = _clock()
+        measured = _sample()
+        c0 = _clock() if measured else 0
         t0 = _now()
-        c1 = _clock()
+        c1 = _clock() if measured else 0
         handle = orig(*args, **kwargs)  # Horovod's result and errors, untouched
-        c2 = _clock()
+        c2 = _clock() if measured else 0
         try:
             tensors = args[0] if args else kwargs.get("tensors" if grouped else "tensor")
             outputs = _arg(args, kwargs, out_i, out_key) if out_i is not None else None
@@ -222,7 +225,7 @@ def _wrap(fname: str, orig: Callable[..., Any]) -> Callable[..., Any]:
             root = _arg(args, kwargs, root_i, "root_rank") if root_i is not None else -1
             op = _arg(args, kwargs, op_i, "op") if op_i is not None else None
             ps = _arg(args, kwargs, ps_i, "process_set")
-            _pending[handle] = (c0 / 1e9, base)
+            _pending[handle] = (_monotonic(), base)
             if grouped and tensors is not None:
                 n = len(tensors)
                 outs = list(outputs) if outputs is not None else [None] * n
@@ -232,7 +235,8 @@ def _wrap(fname: str, orig: Callable[..., Any]) -> Callable[..., Any]:
                 _emit(t0, base, tensors, outputs, int(root), op, ps)
         except Exception as exc:  # never break the training loop
             _warn_once(f"tensor record failed ({fname}): {exc}")
-        _add_cost(c1 - c0 + _clock() - c2)
+        if measured:
+            _add_cost(c1 - c0 + _clock() - c2)
         return handle
 
     setattr(entry, _WRAPPED, orig)
@@ -248,7 +252,7 @@ def oldest_pending() -> tuple[float, str] | None:
     live = getattr(_module, "_handle_map", None)
     if live is None or not _pending:
         return None
-    now = _clock() / 1e9
+    now = _monotonic()
     oldest: tuple[float, str] | None = None
     for handle, (t, name) in list(_pending.items()):
         if handle not in live:
