@@ -112,6 +112,18 @@ else
     fi
 fi
 
+# A real browser for the HTML report's test (tests/test_report_browser.py):
+# Debian's chromium, run headless.  HVPROF_NO_CHROMIUM=1 skips it (the test
+# is then skipped, saying so).
+if command -v chromium >/dev/null 2>&1; then
+    say "  chromium present (the report's browser test)"
+elif [ "${HVPROF_NO_CHROMIUM:-0}" = 1 ]; then
+    say "  chromium skipped (HVPROF_NO_CHROMIUM=1): the report's browser test will be skipped"
+else
+    say "  chromium missing: installing Debian's chromium (the report's browser test)"
+    apt_install chromium
+fi
+
 # --------------------------------------------------------------------------
 say "[2/5] Python virtual environment ($VENV)"
 if [ -x "$PY" ] && "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 9))' 2>/dev/null; then
