@@ -68,11 +68,31 @@ table.data th{background:#f4f4f4} table.data td:first-child{text-align:left}
 .note{color:#8a6d3b;background:#fcf8e3;padding:.4em .8em;border-radius:4px}
 .muted{color:#777;font-size:.85em} code{background:#f4f4f4;padding:0 .3em}
 nav a{margin-right:1em} details{margin:.5em 0}
+details.long summary{cursor:pointer;color:#336} input.filter{margin:.3em 0;width:20em}
 """
 
 
 def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
+
+
+#: Tables longer than this open folded, with a filter box.
+FOLD_ROWS = 15
+# Filters the rows of folded tables as the reader types; "#filter=TEXT" in
+# the address fills every filter box (a link that opens the report filtered).
+TABLE_SCRIPT = """<script>
+(function(){
+ function apply(box){var q=box.value.toLowerCase(),n=0;
+  var rows=box.parentNode.querySelectorAll('table.data tbody tr');
+  rows.forEach(function(r){var ok=!q||r.textContent.toLowerCase().indexOf(q)>=0;
+   r.style.display=ok?'':'none';if(ok)n++;});
+  var c=box.parentNode.querySelector('.count');if(c)c.textContent=n+' of '+rows.length+' rows';}
+ var boxes=document.querySelectorAll('input.filter');
+ var m=/[#&]filter=([^&]*)/.exec(location.hash);
+ boxes.forEach(function(b){b.addEventListener('input',function(){apply(b);});
+  if(m){b.value=decodeURIComponent(m[1]);b.parentNode.parentNode.open=true;apply(b);}});
+})();
+</script>"""
 
 
 def _table(df: pd.DataFrame, *, max_rows: int = MAX_TABLE_ROWS) -> str:
@@ -84,6 +104,15 @@ def _table(df: pd.DataFrame, *, max_rows: int = MAX_TABLE_ROWS) -> str:
                         float_format=fmt_number, na_rep="-")
     if more > 0:
         out += f'<p class="muted">{more} more row(s) not shown</p>'
+    if len(shown) > FOLD_ROWS:
+        # the first rows stay in view; the whole table folds, with a filter
+        head = shown.head(FOLD_ROWS).to_html(index=False, escape=True, classes="data",
+                                              border=0, float_format=fmt_number, na_rep="-")
+        out = (f'{head}<details class="long"><summary>all {len(shown)} rows'
+               f'{f" (of {len(df)})" if more > 0 else ""}, with a filter</summary>'
+               '<div class="folded"><input class="filter" type="search" '
+               'placeholder="filter rows (any text)"> <span class="count muted"></span>'
+               f'{out}</div></details>')
     return out
 
 
@@ -398,7 +427,7 @@ def render_report(
             f"<title>{_e(heading)}</title><style>{CSS}</style></head><body>"
             f"<h1>{_e(heading)}</h1><p class=\"muted\">generated {created} by horovod-profiler "
             f"{_e(__version__)}; {len(df):,} rows</p>{costs}<nav>{nav}</nav>"
-            + "".join(body) + "</body></html>\n")
+            + "".join(body) + TABLE_SCRIPT + "</body></html>\n")
 
 
 def write_report(

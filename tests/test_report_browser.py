@@ -26,12 +26,12 @@ def chromium() -> str:
     return path
 
 
-def render(page: Path, tmp: Path) -> tuple[str, list[str]]:
+def render(page: Path, tmp: Path, fragment: str = "") -> tuple[str, list[str]]:
     """(DOM after the page's scripts ran, the console's messages)."""
     p = subprocess.run(
         [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
          f"--user-data-dir={tmp / 'chrome-profile'}", "--virtual-time-budget=15000",
-         "--enable-logging=stderr", "--v=0", "--dump-dom", page.resolve().as_uri()],
+         "--enable-logging=stderr", "--v=0", "--dump-dom", page.resolve().as_uri() + fragment],
         capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     console = [ln for ln in p.stderr.splitlines() if ":CONSOLE" in ln]
@@ -67,3 +67,25 @@ def test_report_renders_every_figure(tmp_path: Path, traces: list[str]) -> None:
     # the findings section is the first section of the page
     sections = re.findall(r'<h2 id="([^"]+)"', dom)
     assert sections and sections[0] == "findings", sections[:3]
+
+
+def test_long_tables_fold_and_filter(tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    p = profiler_cli("report", str(DATA / "fused/trace.json"), "-o", str(out), timeout=300)
+    assert p.returncode == 0, p.stderr
+    html = out.read_text()
+    assert '<details class="long">' in html and 'class="filter"' in html
+    # "#filter=TEXT" fills the filter boxes: rows without TEXT are hidden
+    dom, console = render(out, tmp_path, "#filter=bcast")
+    assert [c for c in console if "Uncaught" in c] == []
+    folded = re.findall(r'<details class="long" open="">(.*?)</details>', dom, re.S)
+    assert folded, "no folded table opened by the filter"
+    for part in folded:
+        tbody = part[part.index("<tbody>"):]
+        body = re.findall(r"<tr( style=\"display: none;\")?>(.*?)</tr>", tbody, re.S)
+        shown = [r for hidden, r in body if not hidden]
+        hidden = [r for h, r in body if h]
+        assert all("bcast" in r for r in shown), shown[:2]
+        assert hidden and all("bcast" not in r for r in hidden)
+        m = re.search(r'class="count muted">(\d+) of (\d+) rows<', part)
+        assert m and int(m.group(1)) == len(shown) and int(m.group(2)) == len(body)
