@@ -76,8 +76,10 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-#: Tables longer than this open folded, with a filter box.
+#: Tables longer than this show their first rows and fold the whole, with a
+#: filter box; a folded table holds at most MAX_FOLDED_ROWS rows.
 FOLD_ROWS = 15
+MAX_FOLDED_ROWS = 5000
 # Filters the rows of folded tables as the reader types; "#filter=TEXT" in
 # the address fills every filter box (a link that opens the report filtered).
 TABLE_SCRIPT = """<script>
@@ -96,24 +98,28 @@ TABLE_SCRIPT = """<script>
 
 
 def _table(df: pd.DataFrame, *, max_rows: int = MAX_TABLE_ROWS) -> str:
+    """A table: the first min(FOLD_ROWS, max_rows) rows in view; when there are
+    more, every row (up to MAX_FOLDED_ROWS, beyond which the page says how to
+    get the rest) in a folded block with a filter box.  Never silently cut."""
     if df is None or df.empty:
         return '<p class="muted">(nothing to show)</p>'
-    more = len(df) - max_rows
-    shown = df.head(max_rows) if more > 0 else df
-    out = shown.to_html(index=False, escape=True, classes="data", border=0,
-                        float_format=fmt_number, na_rep="-")
-    if more > 0:
-        out += f'<p class="muted">{more} more row(s) not shown</p>'
-    if len(shown) > FOLD_ROWS:
-        # the first rows stay in view; the whole table folds, with a filter
-        head = shown.head(FOLD_ROWS).to_html(index=False, escape=True, classes="data",
-                                              border=0, float_format=fmt_number, na_rep="-")
-        out = (f'{head}<details class="long"><summary>all {len(shown)} rows'
-               f'{f" (of {len(df)})" if more > 0 else ""}, with a filter</summary>'
-               '<div class="folded"><input class="filter" type="search" '
-               'placeholder="filter rows (any text)"> <span class="count muted"></span>'
-               f'{out}</div></details>')
-    return out
+
+    def html_of(part: pd.DataFrame) -> str:
+        return part.to_html(index=False, escape=True, classes="data", border=0,
+                            float_format=fmt_number, na_rep="-")
+
+    visible = min(FOLD_ROWS, max_rows)
+    if len(df) <= visible:
+        return html_of(df)
+    every = df.head(MAX_FOLDED_ROWS)
+    rest = len(df) - len(every)
+    note = (f'<p class="muted">{rest} more row(s) beyond {MAX_FOLDED_ROWS}: the CLI '
+            "(<code>profiler summarize --format csv</code>, <code>profiler tensors "
+            "--format csv</code>) gives every row</p>" if rest > 0 else "")
+    return (f'{html_of(df.head(visible))}<details class="long"><summary>all {len(df)} rows, '
+            'with a filter</summary><div class="folded"><input class="filter" '
+            'type="search" placeholder="filter rows (any text)"> '
+            f'<span class="count muted"></span>{html_of(every)}{note}</div></details>')
 
 
 class _Figures:
