@@ -48,6 +48,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, metavar="N", help="only the first N rows")
     p.add_argument("--op", metavar="OP", help="only this Horovod operation (ALLREDUCE, ...)")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.add_argument("--whatif", action="store_true",
+                   help="data calls and transfer time per step at other fusion thresholds "
+                        "and cycle times, predicted from this run")
     return p
 
 
@@ -135,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
     if args.top is not None and args.top < 1:
         raise UsageError(None, f"--top must be >= 1, not {args.top}")
     lin = load_lineage(args.trace)
+    if args.whatif:
+        return _whatif(args, lin)
     table = per_tensor(lin)
     if args.op:
         known = sorted(set(table["op"]))
@@ -197,3 +202,47 @@ def _print_table(path: str, table: Any, lin: Any) -> None:
                   "-" if r.last_ready_rank < 0 else f"rank {r.last_ready_rank}"]
         t.add_row(*cells)
     console.print(t)
+
+
+def _whatif(args: argparse.Namespace, lin: Any) -> int:
+    """`--whatif`: profiler.analysis.fusion_whatif on this run."""
+    import pandas as pd
+
+    from profiler.analysis.fusion_whatif import whatif
+    from profiler.errors import NotFoundError
+    from profiler.formats.dataset import read_meta
+    from profiler.layout import meta_path, parquet_path
+    from profiler.units import fmt_bytes, fmt_ms
+
+    p = Path(args.trace)
+    d = p if p.is_dir() else p.parent
+    try:
+        rows = pd.read_parquet(parquet_path(d, 0))
+        env = read_meta(meta_path(d, 0)).get("env") or {}
+    except (OSError, ValueError) as exc:
+        raise NotFoundError(parquet_path(d, 0), f"rank 0's dataset is needed: {exc}") from None
+    w = whatif(lin, rows, env)
+    if w is None:
+        raise NotFoundError(p, "no what-if: the run has no allreduce lineage with readiness "
+                               "(tensor records) or too few allreduce sizes to fit")
+    if args.format == "json":
+        import orjson
+
+        doc = {k: v for k, v in vars(w).items() if k != "table"}
+        doc["table"] = w.table.to_dict(orient="records")
+        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
+        return 0
+    if args.format == "csv":
+        w.table.to_csv(sys.stdout, index=False)
+        return 0
+    print(f"{args.trace}: {w.steps} steps at HOROVOD_FUSION_THRESHOLD={fmt_bytes(w.threshold)}, "
+          f"HOROVOD_CYCLE_TIME={w.cycle_ms:g} ms")
+    print(f"  this run: {w.actual_calls:.1f} data calls/step (predicted {w.base_calls:.1f}, "
+          f"error {100 * w.calls_error:.0f}%); allreduce time {fmt_ms(w.actual_comm_ms)}/step "
+          f"measured, {fmt_ms(w.base_comm_ms)} of it transfer (the model: no waits)")
+    print(f"  {'threshold':>10s} {'cycle':>7s} {'calls/step':>11s} {'transfer/step':>14s}")
+    for r in w.table.itertuples(index=False):
+        th = fmt_bytes(r.threshold) if r.threshold else "0 (off)"
+        print(f"  {th:>10s} {r.cycle_ms:5g} ms {r.calls_per_step:11.1f} "
+              f"{fmt_ms(r.transfer_ms_per_step):>14s}" + ("  (this run)" if r.current else ""))
+    return 0

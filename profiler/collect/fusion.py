@@ -514,6 +514,7 @@ def _rows(fam: Family, subs: pd.DataFrame, calls: pd.DataFrame, sub_t: np.ndarra
         "candidates": cands,
         "method": method,
         "enqueue_ns": enq,
+        "ready_ns": t_max,
         "queue_ns": np.where(matched, c_start - enq, np.nan),
     })
 

@@ -393,6 +393,7 @@ def join(
         "candidates": "",
         "method": "timeline",
         "enqueue_ns": np.nan,
+        "ready_ns": np.nan,
         "queue_ns": np.nan,
     })
     out["call_op"] = out["call_op"].astype(str)

@@ -37,10 +37,11 @@ LINEAGE_COLUMNS = [
     # fitting set holds (";"-joined, "" when certain); method: buffer, bytes,
     # order, elimination (records) or timeline
     "confidence", "candidates", "method",
-    # the tensor's enqueue into Horovod on rank 0, and how long it waited
-    # there before the call that carried it started (negotiation, other
+    # the tensor's enqueue into Horovod on rank 0, the last enqueue over the
+    # ranks read (when it was ready everywhere), and how long it waited on
+    # rank 0 before the call that carried it started (negotiation, other
     # ranks, the cycle, fusion)
-    "enqueue_ns", "queue_ns",
+    "enqueue_ns", "ready_ns", "queue_ns",
 ]
 
 
@@ -84,7 +85,8 @@ def load(path: PathLike) -> pd.DataFrame:
 def _with_defaults(frame: pd.DataFrame) -> pd.DataFrame:
     """A lineage file written before the source columns existed: the timeline's."""
     defaults = {"source": "timeline", "confidence": 1.0, "candidates": "",
-                "method": "timeline", "enqueue_ns": float("nan"), "queue_ns": float("nan")}
+                "method": "timeline", "enqueue_ns": float("nan"), "ready_ns": float("nan"),
+                "queue_ns": float("nan")}
     for col, value in defaults.items():
         if col not in frame.columns:
             frame[col] = value
