@@ -178,6 +178,8 @@ def _rank(directory: Path, raw: RawFile) -> tuple[RankState, dict[int, int], dic
 
 
 _OP_TENSOR = next(v for v, (name, _, _) in F.OPS.items() if name == "APP_TENSOR")
+#: The largest world size a raw header is believed about.
+MAX_WORLD = 1 << 20
 #: Tensor gaps reported at most (the earliest first).
 MAX_TENSOR_GAPS = 5
 #: A tensor the others submitted this long before the job's last record, and
@@ -308,6 +310,10 @@ def diagnose(path: str | os.PathLike[str]) -> Diagnosis:
             continue
         comms.append(cs)
     present = {s.rank for s in states}
+    if world > MAX_WORLD:  # a header that cannot be right: the files say who is there
+        for st in states:
+            st.problems.append(f"world size {world} in a raw header is not believable")
+        world = max(present) + 1 if present else 0
     missing = [r for r in range(world) if r not in present]
     return Diagnosis(directory=str(d), world_size=world, ranks=states, comms=comms,
                      missing_ranks=missing, snapshot=(d / "hang").is_dir(),

@@ -20,6 +20,10 @@ Readers (what `profiler merge`, `summarize` and the analysis API run):
     trace     trace.json          -> profiler.analysis.load_meta + load
     timeline  Horovod timeline    -> timeline.parse + tensor_ops
     plan      bench plan          -> profiler.bench.sweep.read_plan
+    tensors   raw/rank-R.tensors  -> merge(profile dir): names of the tensor records
+    hang      raw/rank-R.hvprof   -> profiler.analysis.hang.diagnose (flight recorder,
+                                     tensor records): never refuses, says what it
+                                     could not read
 
 Mutations: truncation at every byte boundary (strided for big files), seeded
 random bit flips and byte splats, every header field set to extreme values
@@ -116,6 +120,12 @@ def make_seeds(work: Path) -> dict[str, Path]:
             seeds["agg"] = prof / "raw" / "rank-00000.agg"
             seeds["_summary_raw"] = prof / "raw" / "rank-00000.hvprof"
     seeds["timeline"] = ROOT / "tests" / "data" / "horovod_timeline_fused.json"
+    names = work / "seed.tensors"
+    names.write_bytes(b"".join(json.dumps(n).encode() + b"\n" for n in (
+        "allreduce.conv1.weight", "allreduce.fc.bias", "broadcast.0.weight",
+        "grouped_allreduce.noname.3_1of2")))
+    seeds["tensors"] = names
+    seeds["hang"] = seeds["raw"]
     from profiler.bench import write_plan
 
     plan = work / "plan.json"
@@ -434,6 +444,17 @@ def _api_timeline(f: Path, case: Path) -> Any:
     return tensor_ops(parse(f))
 
 
+def _place_names(case: Path, seeds: dict[str, Path]) -> Path:
+    prof = _copy_profile(case, seeds)
+    return prof / "raw" / "rank-00000.tensors"
+
+
+def _api_hang(f: Path, case: Path) -> Any:
+    from profiler.analysis.hang import diagnose
+
+    return diagnose(case / "prof")
+
+
 def _api_plan(f: Path, case: Path) -> Any:
     from profiler.bench.sweep import read_plan
 
@@ -457,6 +478,9 @@ TARGETS: dict[str, Target] = {t.name: t for t in [
            lambda f, c: []),
     Target("plan", False, _place_plain("plan", "plan.json"), _api_plan,
            lambda f, c: []),
+    Target("tensors", True, _place_names, _api_merge,
+           lambda f, c: ["merge", str(c / "prof")]),
+    Target("hang", True, _place_raw, _api_hang, lambda f, c: []),
 ]}
 
 
@@ -498,7 +522,7 @@ def cases_for(name: str, seed: bytes, rng: random.Random, n_random: int, trunc_b
     yield from truncations(seed, len(seed) if TARGETS[name].every_byte else trunc_budget)
     yield from bit_flips(seed, rng, n_random)
     yield from version_cases(name, seed)
-    if name in ("raw", "header"):
+    if name in ("raw", "header", "hang"):
         yield from raw_structs(seed)
     if name == "agg":
         yield from agg_structs(seed)

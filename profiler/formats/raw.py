@@ -430,8 +430,12 @@ def read_tensor_names(raw_path: str | os.PathLike[str]) -> list[str]:
     line cut short by a crash ends the list."""
     from profiler.layout import tensor_names_path
 
+    path = tensor_names_path(raw_path)
     try:
-        data = tensor_names_path(raw_path).read_bytes()
+        # a regular file only: a FIFO in its place would block the reader
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return []
+        data = path.read_bytes()
     except OSError:
         return []
     out: list[str] = []
