@@ -226,6 +226,34 @@ def _findings_section(df: pd.DataFrame, labels: Sequence[str],
     return "".join(out)
 
 
+def _hang_section(paths: Mapping[str, str | None]) -> str:
+    """What `profiler hang` says, for a trace whose profile directory still
+    holds its raw files and shows something stuck (a collective in flight, a
+    dead rank, a tensor one rank never submitted) or a hang snapshot; "" when
+    none does."""
+    from profiler.errors import ProfilerError
+
+    from .hang import diagnose, render
+
+    out = []
+    for lb, path in paths.items():
+        if not path:
+            continue
+        d = Path(path)
+        d = d if d.is_dir() else d.parent
+        if not (d / "raw").is_dir():
+            continue
+        try:
+            dg = diagnose(d)
+        except ProfilerError:
+            continue
+        if not dg.stuck and not dg.snapshot:
+            continue
+        head = f"<h3>{_e(str(lb))}</h3>" if len(paths) > 1 else ""
+        out.append(head + "<pre>" + _e("\n".join(render(dg))) + "</pre>")
+    return "".join(out)
+
+
 def _lineage_section(paths: Mapping[str, str | None]) -> str:
     """Tensors and fused calls from lineage.parquet next to each trace, if any."""
     from profiler.errors import ProfilerError
@@ -394,7 +422,12 @@ def render_report(
         t["bucket"] = [f"\u2264 {fmt_bytes(int(b))}" if b else "" for b in t["bucket"]]
         return _table(t, max_rows=200)
 
-    sections = [
+    def sec_hang() -> str:
+        return _hang_section(paths or {})
+
+    hang_text = sec_hang()
+    sections = [("hang", "The job hangs", lambda: hang_text)] if hang_text else []
+    sections += [
         ("findings", "Findings", sec_findings),
         ("traces", "Traces", sec_traces),
         ("summary", "Summary per collective and size", sec_summary),

@@ -178,3 +178,13 @@ def test_horovod_tensor_one_rank_never_submits(tmp_path: Path, skip: int) -> Non
     assert gaps[("allreduce.other", 0)]["missing"] == [0]
     assert "tensor allreduce.grad.x (submission #2): handed to Horovod by rank 0" in text
     assert "NEVER by rank(s) 1" in text
+    # the report of the killed job (merged after the fact) opens with the hang
+    from conftest import profiler_cli
+
+    assert profiler_cli("merge", str(prof), timeout=300).returncode == 0
+    html_path = tmp_path / "report.html"
+    p = profiler_cli("report", str(prof / "trace.json"), "-o", str(html_path), timeout=300)
+    assert p.returncode == 0, p.stderr
+    html = html_path.read_text()
+    assert html.index('id="hang"') < html.index('id="findings"')
+    assert "NEVER by rank(s) 1" in html

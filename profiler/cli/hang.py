@@ -32,64 +32,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _comm_label(c: Any) -> str:
-    return f"{c.name} ({c.comm:#x})" if c.name else f"{c.comm:#x}"
-
-
-def render(dg: Any) -> list[str]:
-    from profiler.errors import printable
-
-    out = [f"{dg.directory}: {len(dg.ranks)} rank file(s) of {dg.world_size}"
-           + (", hang snapshot present" if dg.snapshot else "")]
-    if dg.missing_ranks:
-        out.append(f"  ranks with no file: {dg.missing_ranks}")
-    by_rank = {r.rank: r for r in dg.ranks}
-    for r in dg.ranks:
-        what = ", ".join(f"{f['op']} seq {f['seq']}" for f in r.in_flight) or "no collective"
-        out.append(f"  rank {r.rank} ({r.host or '?'}): {r.state}; in flight: {what}")
-    for r in dg.ranks:
-        if r.state == "dead":
-            out.append(f"rank {r.rank} DIED (its process is gone and its file says it never "
-                       "finished): the others wait for a rank that will not come")
-    for c in dg.comms:
-        head = f"comm {_comm_label(c)}, seq {c.seq}:"
-        if c.mismatch:
-            parts = "; ".join(f"rank(s) {','.join(map(str, rs))} in {op}"
-                              for op, rs in sorted(c.mismatch.items()))
-            out.append(f"{head} MISMATCH: different collectives at the same call: {parts}")
-        entered = ", ".join(f"rank {r} {v}" for r, v in sorted(c.entered.items()))
-        if c.never:
-            out.append(f"{head} entered by {entered or 'no rank'}; NEVER entered by rank(s) "
-                       f"{','.join(map(str, c.never))}")
-            for rk in c.never:
-                r = by_rank.get(rk)
-                if r is None:
-                    continue
-                doing = ", ".join(f"{f['op']} on comm {f['comm']:#x} seq {f['seq']}"
-                                  for f in r.in_flight) or "no collective in flight"
-                last = (f"last completed: {r.last['op']} seq {r.last['seq']} at "
-                        f"{r.last['t_start_s']:.3f} s" if r.last else "no completed call")
-                out.append(f"  rank {rk} instead: {doing}; {last}"
-                           + (f"; Python: {r.stack}" if r.stack else ""))
-        elif not c.mismatch:
-            out.append(f"{head} every rank entered it: {entered}")
-    for g in dg.tensors:
-        when = ", ".join(f"rank {r} at {t:.3f} s" for r, t in sorted(g.submitted.items()))
-        out.append(f"tensor {g.tensor} (submission #{g.occurrence}): handed to Horovod by "
-                   f"{when}; NEVER by rank(s) {','.join(map(str, g.missing))}: Horovod "
-                   "waits for every rank to submit a tensor (hvd.synchronize blocks)")
-        for rk in g.missing:
-            out.append(f"  rank {rk}'s last tensor: {g.missing_last.get(rk, '?')}")
-    if not dg.stuck:
-        out.append("nothing is stuck: no collective in flight, every rank at the same call")
-    elif not dg.snapshot:
-        out.append("no hang snapshot (Python stacks): the watchdog writes one after "
-                   "HOROVOD_PROFILE_HANG_S seconds (default 120)")
-    return [printable(x) for x in out]
-
-
 def run(args: argparse.Namespace) -> int:
-    from profiler.analysis.hang import diagnose
+    from profiler.analysis.hang import diagnose, render
 
     dg = diagnose(args.directory)
     if args.format == "json":
