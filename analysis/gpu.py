@@ -21,6 +21,7 @@ __all__ = [
     "gpu_warnings",
     "job_gpus",
     "nccl_call_count",
+    "nccl_version_text",
     "nccl_path_line",
     "summary_lines",
     "topology_lines",
@@ -29,6 +30,18 @@ __all__ = [
 #: What to tell a user whose NCCL calls are invisible.
 REMEDY = ("rebuild Horovod with HOROVOD_NCCL_LINK=SHARED (Horovod links NCCL statically by "
           "default, which hides ncclAllReduce from the profiler)")
+
+
+#: NCCL_VERSION_CODE of 2.23.0, the first NCCL with the profiler-plugin interface.
+PLUGIN_MIN_VERSION = 22300
+
+
+def nccl_version_text(code: int) -> str:
+    """NCCL_VERSION_CODE -> "2.18.3" (major*10000 + minor*100 + patch since
+    2.9; major*1000 + minor*100 + patch before)."""
+    if code >= 10000:
+        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
 
 
 def topology_lines(gpus: Sequence[Mapping[str, Any]], host: str = "") -> list[str]:
@@ -134,6 +147,17 @@ def gpu_warnings(meta: Mapping[str, Any] | None, nccl_calls: int | None = None) 
             why = f" ({len(hidden)} of them:{why})"
         out.append(f"warning: {n} rank(s) used GPUs but no NCCL call was recorded{why}; "
                    f"GPU communication is missing from this profile: {REMEDY}")
+        codes = sorted({int(s.get("nccl_version") or 0) for s in states} - {0})
+        old = [c for c in codes if c < PLUGIN_MIN_VERSION]
+        if old:
+            out.append(f"note: NCCL {', '.join(nccl_version_text(c) for c in old)} predates "
+                       "NCCL's profiler-plugin interface (2.23), through which the profiler "
+                       "sees NCCL even when it is linked statically; with this NCCL only "
+                       "HOROVOD_NCCL_LINK=SHARED (or NCCL >= 2.23) makes its calls visible")
+        elif codes:
+            out.append(f"note: NCCL {', '.join(nccl_version_text(c) for c in codes)} has the "
+                       "profiler-plugin interface but did not load the profiler's plugin: "
+                       "check that NCCL_PROFILER_PLUGIN was not overridden")
     lost = 0
     for s in states:
         miss = s.get("miss") or {}

@@ -149,6 +149,20 @@ def test_warning_when_gpus_used_and_no_nccl_call() -> None:
     assert "HOROVOD_NCCL_LINK=SHARED" in w[0]
 
 
+def test_invisible_nccl_names_its_version() -> None:
+    assert gpu.nccl_version_text(21803) == "2.18.3"
+    assert gpu.nccl_version_text(23203) == "2.32.3"
+    assert gpu.nccl_version_text(2708) == "2.7.8"
+    old = {"ranks": [{"rank": 0, "nccl": _state(nccl_version=21803, nccl_loaded=True)}]}
+    w = gpu.gpu_warnings(old)
+    assert len(w) == 2 and w[1].startswith("note: NCCL 2.18.3 predates NCCL's "
+                                           "profiler-plugin interface (2.23)")
+    new = {"ranks": [{"rank": 0, "nccl": _state(nccl_version=22304, nccl_loaded=True)}]}
+    w = gpu.gpu_warnings(new)
+    assert len(w) == 2 and "NCCL 2.23.4 has the profiler-plugin interface but did not" in w[1]
+    assert len(gpu.gpu_warnings({"ranks": [{"rank": 0, "nccl": _state()}]})) == 1
+
+
 def test_no_warning_for_cpu_jobs_or_visible_nccl() -> None:
     cpu = {"ranks": [{"rank": 0, "nccl": _state(cuda_driver_loaded=False)}]}
     assert gpu.gpu_warnings(cpu) == []
