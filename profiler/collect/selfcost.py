@@ -5,9 +5,10 @@ DistributedOptimizer step hook) measure the time they spend outside the code
 they wrap, as this thread's CPU time (time.thread_time_ns): wall time would
 count the time the thread waits for a core, which on a busy node (Horovod's
 background threads poll) is many times the work.  A thread-clock read is a
-system call (~0.3 us), so one invocation in SAMPLE_EVERY is measured and
-counted SAMPLE_EVERY times (an unbiased estimate; every invocation is
-counted in python_calls).  The C side states its share in the raw file's
+system call (~0.3 us), so after the first MEASURE_FIRST invocations (all
+measured: the one-off costs are there) one in SAMPLE_EVERY is measured and
+counted SAMPLE_EVERY times (an unbiased estimate of the steady state; every
+invocation is counted in python_calls).  The C side states its share in the raw file's
 header: the per-call cost calibrated at start-up (call_cost_ns) and the
 helper thread's CPU time (helper_cpu_ns).  :func:`snapshot` is written into
 ranks/rank-R.json by the rank itself at exit (profiler.collect.convert), with
@@ -28,18 +29,24 @@ python_ns = 0
 python_calls = 0
 
 
+#: The first invocations are all measured (one-off costs: imports, opening
+#: the names file, a name's first write), then one in SAMPLE_EVERY.
+MEASURE_FIRST = 256
+
+
 def sample() -> bool:
     """Count one hook invocation; True when this one is to be measured."""
     global python_calls
     python_calls += 1
-    return python_calls % SAMPLE_EVERY == 0
+    return python_calls <= MEASURE_FIRST or python_calls % SAMPLE_EVERY == 0
 
 
 def add_python(ns: int) -> None:
-    """Account the measured `ns` (this thread's CPU time) of one sampled hook
-    invocation: it stands for SAMPLE_EVERY invocations."""
+    """Account the measured `ns` (this thread's CPU time) of one measured hook
+    invocation: itself among the first MEASURE_FIRST, else SAMPLE_EVERY
+    invocations."""
     global python_ns
-    python_ns += ns * SAMPLE_EVERY
+    python_ns += ns if python_calls <= MEASURE_FIRST else ns * SAMPLE_EVERY
 
 
 def snapshot() -> dict[str, Any]:
