@@ -52,7 +52,7 @@ _Atomic int hvprof_active = 0;
 static _Atomic int app_active = 0;
 _Atomic uint32_t hvprof_generation = 1;
 hvprof_inflight_entry *_Atomic hvprof_inflight_table = NULL;
-_Atomic uint32_t hvprof_comm_epoch = 1;
+_Atomic uint32_t hvprof_handle_epoch = 1;
 _Atomic int hvprof_divert = 0;
 static void agg_snapshot(void);
 static void window_init(void);
@@ -263,6 +263,8 @@ uint32_t hvprof_track_self(void)
         t->nrec = NULL;
         t->used = t->capacity = 0;
         t->track = UINT32_MAX;
+        t->inflight = NULL;
+        t->open_sp = 0;
         t->generation = gen;
     }
     if (t->track != UINT32_MAX) return t->track;
@@ -280,6 +282,8 @@ uint32_t hvprof_track_self(void)
         pthread_setspecific(exit_key, (void *)1); /* thread_exit() hands over its buffer */
         __atomic_store_n(&e->valid, 1, __ATOMIC_RELEASE);
     }
+    hvprof_inflight_entry *tab = atomic_load_explicit(&hvprof_inflight_table, memory_order_relaxed);
+    t->inflight = tab && idx < HVPROF_INFLIGHT_CAPACITY ? &tab[idx] : NULL;
     t->track = idx;
     return idx;
 }
@@ -399,7 +403,7 @@ uint32_t hvprof_comm_register(uint64_t handle, uint64_t id, int size, int rank,
             __atomic_store_n(&e->valid, 1, __ATOMIC_RELEASE);
         }
         atomic_store_explicit(&comm_vals[h], idx + 1, memory_order_release);
-        atomic_fetch_add(&hvprof_comm_epoch, 1);
+        atomic_fetch_add(&hvprof_handle_epoch, 1);
         return idx;
     }
     return HVPROF_COMM_TABLE_CAPACITY - 1;
@@ -413,7 +417,7 @@ void hvprof_comm_forget(uint64_t handle)
         if (k == 0) return;
         if (k == handle) {
             atomic_store_explicit(&comm_keys[h], COMM_TOMBSTONE, memory_order_release);
-            atomic_fetch_add(&hvprof_comm_epoch, 1);
+            atomic_fetch_add(&hvprof_handle_epoch, 1);
             return;
         }
     }
@@ -663,11 +667,12 @@ static void start_recording(int fd, hvprof_file_header *h, size_t meta, uint32_t
     memset(comm_vals, 0, sizeof comm_vals);
     memset(stream_keys, 0, sizeof stream_keys);
     memset(stream_vals, 0, sizeof stream_vals);
-    atomic_fetch_add(&hvprof_comm_epoch, 1);
+    atomic_fetch_add(&hvprof_handle_epoch, 1);
     atomic_fetch_add(&hvprof_generation, 1);
     window_init();
     env_check(rank);
-    atomic_store(&hvprof_divert, h->mode == HVPROF_MODE_SUMMARY || !h->sampling);
+    atomic_store(&hvprof_divert, !h->sampling ? HVPROF_DIVERT_PAUSED
+                                 : h->mode == HVPROF_MODE_SUMMARY ? HVPROF_DIVERT_SUMMARY : 0);
     atomic_store(&hvprof_active, 1);
     atomic_store(&app_active, 1);
     helper_start();
@@ -978,6 +983,7 @@ static void thread_exit(void *arg)
     /* The thread's buffer stays readable: hand it to the helper. */
     hvprof_tls *t = &hvprof_t;
     (void)arg;
+    hvprof_abandon_open(); /* a thread cancelled inside a call */
     if (t->slots && t->generation == atomic_load(&hvprof_generation) && g.hdr) {
         retire((hvprof_chunk_header *)((char *)t->slots - HVPROF_RECORD_BYTES), t->track);
         t->slots = NULL;
@@ -1117,7 +1123,8 @@ static void sampling_apply(void) /* sampling_lock held */
     if (!g.hdr) return;
     int on = sampling_app && sampling_window;
     g.hdr->sampling = on ? 1u : 0u;
-    atomic_store(&hvprof_divert, g.hdr->mode == HVPROF_MODE_SUMMARY || !on);
+    atomic_store(&hvprof_divert, !on ? HVPROF_DIVERT_PAUSED
+                                 : g.hdr->mode == HVPROF_MODE_SUMMARY ? HVPROF_DIVERT_SUMMARY : 0);
 }
 
 static void set_sampling(int on)
@@ -1199,12 +1206,21 @@ void hvprof_divert_call(uint16_t op, uint32_t comm, uint64_t bytes, uint8_t dtyp
             return;
         }
         t->agg = m;
+        t->agg_last = NULL;
         t->agg_generation = gen;
         atomic_store_explicit(&agg_tables[track], (uintptr_t)m, memory_order_release);
     }
+    uint64_t d = t1 - t0;
+    /* The same (op, communicator, size, datatype, reduction) as this thread's
+     * previous call: its entry, without hashing (3 mixes) and probing. */
+    hvprof_agg_entry *last = (hvprof_agg_entry *)t->agg_last;
+    if (HVPROF_LIKELY(last && last->bytes == bytes && last->op == op && last->comm == comm &&
+                      last->dtype == dtype && last->redop == redop)) {
+        hvprof_agg_add(last, d, flags, rc);
+        return;
+    }
     hvprof_agg_entry *tab = (hvprof_agg_entry *)t->agg;
     uint64_t key = hvprof_mix(hvprof_mix(hvprof_mix(op, comm), bytes), (uint64_t)dtype << 8 | redop);
-    uint64_t d = t1 - t0;
     for (uint32_t i = 0; i < AGG_PROBES; i++) {
         hvprof_agg_entry *e = &tab[(key + i) & (AGG_SLOTS - 1)];
         uint64_t calls = __atomic_load_n(&e->calls, __ATOMIC_RELAXED);
@@ -1221,13 +1237,8 @@ void hvprof_divert_call(uint16_t op, uint32_t comm, uint64_t bytes, uint8_t dtyp
                    e->redop != redop) {
             continue;
         }
-        e->sum_ticks += d;
-        if (d < e->min_ticks) e->min_ticks = d;
-        if (d > e->max_ticks) e->max_ticks = d;
-        e->hist[hvprof_agg_bucket(d)]++;
-        e->flags_or |= flags;
-        if (rc != 0 && e->errors < UINT16_MAX) e->errors++;
-        __atomic_store_n(&e->calls, calls + 1, __ATOMIC_RELEASE); /* last: readers trust it */
+        hvprof_agg_add(e, d, flags, rc);
+        t->agg_last = e;
         return;
     }
     atomic_fetch_add(&agg_overflow, 1);
@@ -1280,6 +1291,27 @@ static void agg_snapshot(void)
     munmap(buf, bytes);
 }
 
+/* Close the calling thread's open call (hvprof_tls.open_sp) that never
+ * returned normally: its record keeps what was known before the call, with
+ * t_end = t_start and HVPROF_FLAG_NO_COMPLETION; its flight-recorder entry is
+ * cleared; everything recorded since is published. */
+void hvprof_abandon_open(void)
+{
+    hvprof_tls *t = &hvprof_t;
+    if (!t->open_sp) return;
+    t->open_sp = 0;
+    if (t->inflight) hvprof_inflight_end(t->inflight);
+    /* (open_idx UINT32_MAX: summary mode, no record to close) */
+    if (t->generation != atomic_load_explicit(&hvprof_generation, memory_order_acquire) ||
+        !t->slots || t->open_idx >= t->used)
+        return;
+    hvprof_record *r = &t->slots[t->open_idx];
+    r->t_end = r->t_start;
+    r->flags = (uint16_t)(r->flags | HVPROF_FLAG_NO_COMPLETION);
+    r->rc = 0;
+    hvprof_publish(t);
+}
+
 int hvprof_refill(void)
 {
     hvprof_tls *t = &hvprof_t;
@@ -1287,6 +1319,12 @@ int hvprof_refill(void)
           atomic_load_explicit(&app_active, memory_order_acquire)) || !g.hdr)
         return -1;
     uint32_t gen = atomic_load_explicit(&hvprof_generation, memory_order_acquire);
+    if (t->open_sp && t->generation == gen) {
+        /* Inside an open call (its slot is in this chunk, completed after
+         * it): no switch now; this record is lost, and counted. */
+        __atomic_fetch_add(&g.hdr->dropped_records, 1, __ATOMIC_RELAXED);
+        return -1;
+    }
     /* The next buffer first, then the full one to the helper: were it
      * retired first, the helper could recycle it into a queue this thread
      * had not yet taken from, find no slot and unmap it. */
@@ -1349,6 +1387,8 @@ static void atfork_child(void)
     atomic_store(&app_active, 0);
     atomic_store(&hvprof_inflight_table, (hvprof_inflight_entry *)NULL);
     atomic_fetch_add(&hvprof_generation, 1);
+    hvprof_t.inflight = NULL; /* the forking thread's: the parent's header */
+    hvprof_t.open_sp = 0;
     if (g.fd >= 0) close(g.fd);
     g.fd = -1;
     g.open = 0;
