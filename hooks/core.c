@@ -1291,17 +1291,16 @@ static void agg_snapshot(void)
     munmap(buf, bytes);
 }
 
-/* Close the calling thread's open call (hvprof_tls.open_sp) that never
- * returned normally: its record keeps what was known before the call, with
- * t_end = t_start and HVPROF_FLAG_NO_COMPLETION; its flight-recorder entry is
- * cleared; everything recorded since is published. */
+/* Close the calling thread's open call (hvprof_tls.open_sp) as it stands:
+ * its record keeps what was known before the call, with t_end = t_start and
+ * HVPROF_FLAG_NO_COMPLETION, and is published; its flight-recorder entry is
+ * cleared. */
 void hvprof_abandon_open(void)
 {
     hvprof_tls *t = &hvprof_t;
     if (!t->open_sp) return;
     t->open_sp = 0;
     if (t->inflight) hvprof_inflight_end(t->inflight);
-    /* (open_idx UINT32_MAX: summary mode, no record to close) */
     if (t->generation != atomic_load_explicit(&hvprof_generation, memory_order_acquire) ||
         !t->slots || t->open_idx >= t->used)
         return;
@@ -1319,12 +1318,7 @@ int hvprof_refill(void)
           atomic_load_explicit(&app_active, memory_order_acquire)) || !g.hdr)
         return -1;
     uint32_t gen = atomic_load_explicit(&hvprof_generation, memory_order_acquire);
-    if (t->open_sp && t->generation == gen) {
-        /* Inside an open call (its slot is in this chunk, completed after
-         * it): no switch now; this record is lost, and counted. */
-        __atomic_fetch_add(&g.hdr->dropped_records, 1, __ATOMIC_RELAXED);
-        return -1;
-    }
+    if (t->open_sp) hvprof_abandon_open(); /* its slot is in the chunk retired below */
     /* The next buffer first, then the full one to the helper: were it
      * retired first, the helper could recycle it into a queue this thread
      * had not yet taken from, find no slot and unmap it. */

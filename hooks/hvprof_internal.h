@@ -52,14 +52,18 @@ typedef struct hvprof_tls {
     /* This thread's flight-recorder entry (NULL: none), valid with `generation`. */
     hvprof_inflight_entry *inflight;
     /* A call whose record slot (open_idx) was taken before the call and is
-     * completed after it (mpi.c): the stack pointer of its wrapper, 0 when
-     * none.  A record made while one is open comes from inside that call (a
-     * deeper stack: a user-defined reduction calling back) and is published
-     * with it; one from a shallower or equal stack finds a call that never
-     * returned normally (longjmp, an exception, a cancelled thread), whose
-     * record is then closed with HVPROF_FLAG_NO_COMPLETION. */
+     * completed after it (mpi.c's fast path): a token of it (the stack
+     * pointer of its wrapper), 0 when none.  Any other record this thread
+     * makes while one is open first closes the open one as it stands
+     * (hvprof_abandon_open: t_end = t_start, HVPROF_FLAG_NO_COMPLETION),
+     * and the open call, if it ever returns, leaves its record so: that
+     * covers a call made from inside a call (a user-defined reduction that
+     * calls MPI) and a call that never returned (longjmp or an exception out
+     * of an MPI error handler, a cancelled thread: closed at thread exit),
+     * rare both, without a record lost or a chunk switched under an open
+     * slot. */
     uintptr_t open_sp;
-    uint32_t open_idx;           /* UINT32_MAX: the open call has no record slot (summary mode) */
+    uint32_t open_idx;
     uint32_t agg_generation;     /* summary mode: agg valid while equal to hvprof_generation */
     void    *agg;                /* summary mode: this thread's aggregate table */
     void    *agg_last;           /* ... and the entry of its last call (NULL: none) */
@@ -86,17 +90,8 @@ static inline __attribute__((always_inline)) uintptr_t hvprof_sp(void)
     return sp;
 }
 
-/* A call is open on this thread (t->open_sp != 0): 1 when the caller runs
- * inside it (its record must not be published, nor the chunk switched, until
- * the open call completes); 0 when that call was abandoned, which closes it
- * (hvprof_abandon_open) so that recording goes on. */
+/* Close the calling thread's open call as it stands (see open_sp). */
 HVPROF_HIDDEN void hvprof_abandon_open(void);
-static inline int hvprof_inside_open(hvprof_tls *t, uintptr_t sp)
-{
-    if (sp < t->open_sp) return 1;
-    hvprof_abandon_open();
-    return 0;
-}
 
 static inline void hvprof_publish(hvprof_tls *t)
 {
@@ -172,13 +167,13 @@ static inline __attribute__((always_inline)) int hvprof_emit_record(hvprof_recor
     hvprof_tls *t = &hvprof_t;
     if (gated && HVPROF_UNLIKELY(!atomic_load_explicit(&hvprof_active, memory_order_relaxed)))
         return -1;
-    int inside = HVPROF_UNLIKELY(t->open_sp != 0) && hvprof_inside_open(t, hvprof_sp());
+    if (HVPROF_UNLIKELY(t->open_sp != 0)) hvprof_abandon_open();
     hvprof_record *r = hvprof_slot_any();
     if (HVPROF_UNLIKELY(!r)) return -1;
     if (rec->track == HVPROF_TRACK_SELF) rec->track = t->track;
     *r = *rec;
     t->used++;
-    if (HVPROF_LIKELY(!inside)) hvprof_publish(t);
+    hvprof_publish(t);
     return 0;
 }
 

@@ -448,8 +448,8 @@ call_open(hvprof_tls *t, hvprof_record *r, uint16_t op, MPI_Comm comm, MPI_Datat
 }
 
 /* After the call: the stack pointer is the one call_slot saw (same frame);
- * when open_sp no longer equals it, the call was closed meanwhile (by a
- * record made on another stack: see open_sp) and is left alone. */
+ * when open_sp no longer equals it, the call was closed meanwhile (another
+ * record was made from inside it: see open_sp) and its record is left so. */
 static inline __attribute__((always_inline)) void call_close(hvprof_tls *t, hvprof_record *r,
                                                              int rc)
 {
@@ -491,8 +491,6 @@ agg_open(hvprof_tls *t, uint64_t *t0, uint16_t *fl, uint16_t op, MPI_Comm comm, 
         return NULL;
     uint32_t seq = atomic_load_explicit(&hvprof_comm_seq[ci], memory_order_relaxed);
     atomic_store_explicit(&hvprof_comm_seq[ci], seq + 1, memory_order_relaxed);
-    t->open_idx = UINT32_MAX;
-    t->open_sp = hvprof_sp();
     *fl = (uint16_t)(flags | d->dt_flags);
     hvprof_inflight_entry *i = t->inflight;
     *t0 = hvprof_fast_ticks();
@@ -506,17 +504,15 @@ static inline __attribute__((always_inline)) void agg_close(hvprof_tls *t, hvpro
     hvprof_inflight_entry *i = t->inflight;
     if (i) hvprof_inflight_end(i);
     uint64_t t1 = hvprof_fast_ticks();
-    if (HVPROF_UNLIKELY(t->open_sp != hvprof_sp())) return;
-    t->open_sp = 0;
     if (HVPROF_UNLIKELY(rc != MPI_SUCCESS)) flags = (uint16_t)(flags | HVPROF_FLAG_ERROR);
     hvprof_agg_add(e, t1 - t0, flags, rc);
 }
 
-/* The general path's flight-recorder entry (NULL: none; a call made inside
- * an open call leaves the open call's entry alone). */
+/* The general path's flight-recorder entry (NULL: none).  A call open on
+ * this thread is closed first (see hvprof_tls.open_sp). */
 static inline hvprof_inflight_entry *general_inflight(hvprof_tls *t)
 {
-    if (HVPROF_UNLIKELY(t->open_sp != 0) && hvprof_inside_open(t, hvprof_sp())) return NULL;
+    if (HVPROF_UNLIKELY(t->open_sp != 0)) hvprof_abandon_open();
     if (t->generation != atomic_load_explicit(&hvprof_generation, memory_order_relaxed))
         return NULL;
     return t->inflight;
