@@ -938,6 +938,15 @@ static void helper_spread(void)
     sched_setaffinity(0, sizeof parent, &parent);
 }
 
+/* The helper's own CPU time so far, into the header (helper_cpu_ns). */
+static void helper_cpu_store(void)
+{
+    struct timespec ts;
+    if (g.hdr && clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0)
+        __atomic_store_n(&g.hdr->helper_cpu_ns, (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec,
+                         __ATOMIC_RELAXED);
+}
+
 static void *helper_main(void *arg)
 {
     (void)arg;
@@ -971,6 +980,7 @@ static void *helper_main(void *arg)
             agg_snapshot();
             last_cal = now;
         }
+        helper_cpu_store();
         if (!run) break; /* drained once more after the stop request */
         struct timespec ts = {flush_ms / 1000, (long)(flush_ms % 1000) * 1000000L};
         syscall(SYS_futex, &helper_futex, FUTEX_WAIT_PRIVATE, seen, &ts, NULL, 0);
@@ -1534,7 +1544,8 @@ HVPROF_EXPORT const char *hvprof_layout_json(void)
     FIELD(hvprof_file_header, aggregated_calls); FIELD(hvprof_file_header, offset_at_ns);
     FIELD(hvprof_file_header, offset_end_ns); FIELD(hvprof_file_header, offset_end_err_ns);
     FIELD(hvprof_file_header, offset_end_at_ns); FIELD(hvprof_file_header, inflight_offset);
-    FIELD(hvprof_file_header, inflight_capacity); FIELD(hvprof_file_header, reserved);
+    FIELD(hvprof_file_header, inflight_capacity); FIELD(hvprof_file_header, call_cost_ns);
+    FIELD(hvprof_file_header, helper_cpu_ns); FIELD(hvprof_file_header, reserved);
     FIELD(hvprof_file_header, inflight);
     STRUCT_END();
     STRUCT_BEGIN(hvprof_inflight_entry, "inflight_entry");

@@ -1181,6 +1181,115 @@ static void report_open_failures(int rank, int size, int ok)
                     size, first);
 }
 
+/* The profiler states its own cost: call_cost_ns in the raw file's header,
+ * measured here at MPI_Init, off the hot path.  Method: blocks of CAL_ITERS
+ * calls of cal_wrapped -- exactly the wrapper's fast path (the same inline
+ * functions in the same order: active check, cached description, slot,
+ * fill, two clock reads, flight recorder, publish; summary mode: the
+ * aggregate update) around an empty non-inlined stand-in for the MPI call --
+ * alternate with blocks calling the stand-in directly, as an unprofiled
+ * program calls MPI; the median of CAL_PAIRS block differences, per call.
+ * Everything it writes is scratch that nobody reads: a private thread state
+ * whose chunk is a static array (never published, never flushed), a private
+ * flight-recorder entry, a private aggregate; the communicator's call
+ * counter it advances is put back.  Left out: the helper thread's copy of
+ * each record to the file (its CPU time is helper_cpu_ns) and the cache
+ * misses of a real chunk (the scratch slots stay warm).  About 0.3 ms. */
+#define CAL_ITERS 512
+#define CAL_PAIRS 15
+static hvprof_record cal_slots[CAL_ITERS];
+static float cal_buf[1];
+
+__attribute__((noinline)) static int cal_stand_in(int i)
+{
+    int r; /* opaque to the compiler, like the MPI call it stands for */
+    __asm__ volatile("" : "=r"(r) : "0"(i == -1) : "memory");
+    return r;
+}
+
+__attribute__((noinline)) static int cal_wrapped(hvprof_tls *t, int i, int summary)
+{
+    if (!ACTIVE()) return cal_stand_in(i);
+    int div;
+    if (!desc_hit(t, MPI_COMM_WORLD, MPI_FLOAT, MPI_SUM) || !call_fast(t, &div))
+        return cal_stand_in(i);
+    if (!summary) {
+        hvprof_record *r;
+        if (!call_slot(t, &r)) return cal_stand_in(i);
+        call_open(t, r, HVPROF_OP_MPI_ALLREDUCE, MPI_COMM_WORLD, MPI_FLOAT, 0, 0, MPI_SUM, -1, 0,
+                  cal_buf);
+        int rc = cal_stand_in(i);
+        call_close(t, r, rc);
+        return rc;
+    }
+    uint64_t t0;
+    uint16_t fl;
+    hvprof_agg_entry *a = agg_open(t, &t0, &fl, HVPROF_OP_MPI_ALLREDUCE, MPI_COMM_WORLD,
+                                   MPI_FLOAT, 0, 0, MPI_SUM, -1, 0, cal_buf);
+    if (!a) return cal_stand_in(i);
+    int rc = cal_stand_in(i);
+    agg_close(t, a, t0, fl, rc);
+    return rc;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double calibrate_call_cost(const hvprof_file_header *h)
+{
+    if (!hvprof_fast_clock()) return 0; /* the general path would be timed: not calibrated */
+    int summary = h->mode == HVPROF_MODE_SUMMARY;
+    static hvprof_tls c; /* a stand-in thread, not hvprof_t: nothing of it is published */
+    static hvprof_inflight_entry cal_inflight;
+    static hvprof_agg_entry cal_agg;
+    static _Atomic uint64_t cal_nrec;
+    memset(&c, 0, sizeof c);
+    uint32_t gen = atomic_load(&hvprof_generation);
+    uint32_t epoch = atomic_load(&hvprof_handle_epoch);
+    describe_slow(&c.desc, MPI_COMM_WORLD, MPI_FLOAT, MPI_SUM, epoch);
+    uint32_t ci = c.desc.ci;
+    if (ci >= HVPROF_COMM_TABLE_CAPACITY || c.desc.epoch != atomic_load(&hvprof_handle_epoch))
+        return 0;
+    c.slots = cal_slots;
+    c.nrec = &cal_nrec;
+    c.capacity = CAL_ITERS;
+    c.track = 0;
+    c.generation = gen;
+    c.inflight = &cal_inflight;
+    memset(&cal_agg, 0, sizeof cal_agg);
+    cal_agg.op = HVPROF_OP_MPI_ALLREDUCE;
+    cal_agg.comm = ci;
+    cal_agg.dtype = c.desc.dt_code;
+    cal_agg.redop = c.desc.redop;
+    cal_agg.calls = 1;
+    c.agg = &cal_agg;
+    c.agg_last = &cal_agg;
+    c.agg_generation = gen;
+    uint32_t seq = atomic_load_explicit(&hvprof_comm_seq[ci], memory_order_relaxed);
+    double diff[CAL_PAIRS];
+    int sink = 0;
+    for (int p = -1; p < CAL_PAIRS; p++) { /* p = -1: warm-up */
+        c.used = 0;
+        int64_t a = hvprof_mono_ns();
+        for (int i = 0; i < CAL_ITERS; i++) sink += cal_wrapped(&c, i, summary);
+        int64_t b = hvprof_mono_ns();
+        for (int i = 0; i < CAL_ITERS; i++) sink += cal_stand_in(i);
+        int64_t e = hvprof_mono_ns();
+        if (p >= 0) diff[p] = (double)((b - a) - (e - b)) / CAL_ITERS;
+    }
+    atomic_store_explicit(&hvprof_comm_seq[ci], seq, memory_order_relaxed);
+    /* every call took the fast path, or this was not what the job runs */
+    if (sink != 0 || c.used != (summary ? 0u : CAL_ITERS) ||
+        cal_agg.calls != (summary ? 1u + (CAL_PAIRS + 1u) * CAL_ITERS : 1u))
+        return 0;
+    qsort(diff, CAL_PAIRS, sizeof diff[0], cmp_double);
+    double med = diff[CAL_PAIRS / 2];
+    return med > 0 ? med : 0;
+}
+
 static void mpi_started(uint64_t t0, int provided)
 {
     if (!profiling_wanted()) return;
@@ -1246,6 +1355,7 @@ static void mpi_started(uint64_t t0, int provided)
         h->mpi_version[k] = 0;
     }
     comm_index(MPI_COMM_WORLD); /* table entry 0: the world */
+    h->call_cost_ns = calibrate_call_cost(h);
 
     /* Horovod's own timeline, into the profile directory (rank 0 writes it;
      * Horovod reads the variable after MPI is initialized). */
