@@ -722,16 +722,20 @@ hvprof_file_header *hvprof_header(void) { return g.open ? g.hdr : NULL; }
  * Without the helper (HOROVOD_PROFILE_HELPER=0, or it failed to start), a
  * thread flushes its own buffer when it is full.                           */
 
-/* Ready buffers.  The helper keeps up to FREE_TARGET of them, fewer while
- * the threads use few (free_target), none before the first chunk (summary
- * mode writes none); the queue holds twice that, so that a recycled buffer
- * always finds a slot (no munmap of a buffer only to mmap a fresh one).  A
- * thread that takes one and leaves fewer than FREE_LOW wakes the helper;
- * otherwise full buffers wait for its next tick (within the flush period,
- * like the live ones), and a thread pays no futex call per chunk. */
-#define FREE_SLOTS 16u
-#define FREE_TARGET 8u
-#define FREE_LOW 3u
+/* Ready buffers.  The helper keeps FREE_TARGET of them (free_target); the
+ * queue holds more than that, so that a recycled buffer always finds a slot
+ * (no munmap of a buffer only to mmap a fresh one).  A thread that takes one
+ * and leaves fewer than FREE_LOW wakes the helper; otherwise full buffers
+ * wait for its next tick (within the flush period, like the live ones), and
+ * a thread pays no futex call per chunk.  When the queue is empty the thread
+ * maps a buffer itself (an mmap that zeroes 256 KiB, ~50 us).  Counted in a
+ * 0-byte loop of 74 chunks: with 8 ready (once a chunk was taken) and a wake
+ * under 3, the thread mapped 11-29 itself; with 12 from the start, a wake
+ * under 6 and a bounded top-up (helper_main), 1-3 when the helper gets a
+ * core, more when other work keeps it off one. */
+#define FREE_SLOTS 32u
+#define FREE_TARGET 12u
+#define FREE_LOW 6u
 #define FULL_SLOTS 256u
 #define MAX_BUFFERS 512u /* x chunk_bytes: the profiler's memory bound */
 static _Atomic uintptr_t freeq[FREE_SLOTS];
@@ -888,16 +892,15 @@ static void retire(hvprof_chunk_header *ch, uint32_t track)
     }
 }
 
-/* How many ready buffers the helper keeps: none before the first chunk was
- * taken (summary mode takes none; a thread's first chunk is mapped by the
- * thread itself), then twice the chunks taken since the last tick, at least
- * one, at most FREE_TARGET: a job at Horovod's rates (a chunk every few
- * seconds) keeps one, a tight loop of calls eight. */
-static int free_target(uint64_t chunks, uint64_t recent)
+/* How many ready buffers the helper keeps: FREE_TARGET when recording one
+ * record per call, from the start (3 MiB mapped by the helper at its first
+ * tick, so that the first chunks are not mapped by the calling threads);
+ * in summary mode, where only app records (steps) take chunks, one once a
+ * chunk was taken. */
+static int free_target(uint64_t chunks)
 {
-    if (chunks == 0) return 0;
-    uint64_t t = 2 * recent + 1;
-    return t < FREE_TARGET ? (int)t : (int)FREE_TARGET;
+    if (g.hdr->mode == HVPROF_MODE_FULL) return (int)FREE_TARGET;
+    return chunks ? 1 : 0;
 }
 
 /* Blocks for the chunks taken so far, reserved in one fallocate per tick
@@ -955,16 +958,17 @@ static void *helper_main(void *arg)
     pthread_sigmask(SIG_BLOCK, &all, NULL); /* the application's signals are not ours */
     helper_spread();
     int64_t last_cal = hvprof_mono_ns();
-    uint64_t chunks_seen = 0;
     for (;;) {
         int run = atomic_load(&helper_run);
         uint32_t seen = atomic_load(&helper_futex);
         uint64_t chunks = __atomic_load_n(&g.hdr->n_chunks, __ATOMIC_RELAXED);
         reserve_chunks(chunks);
         flush_all();
-        int target = free_target(chunks, chunks - chunks_seen);
-        chunks_seen = chunks;
-        while (run && atomic_load(&n_free) < target) {
+        int target = free_target(chunks);
+        /* at most the shortfall seen now: were it "until the queue is
+         * full", a thread taking buffers as fast as they come would keep the
+         * helper mapping new ones, its full buffers never recycled */
+        for (int k = target - atomic_load(&n_free); run && k > 0; k--) {
             hvprof_chunk_header *c = buffer_new();
             if (!c) break;
             if (free_put(c) != 0) {
