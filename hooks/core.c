@@ -2,10 +2,12 @@
  * core.c -- the raw file, per-thread chunks, communicator and track tables,
  * the clock, and the functions Python calls through ctypes.
  *
- * Hot path (hvprof_emit in hvprof_internal.h): a relaxed load of
- * hvprof_active, a TLS bounds check, stores into a cache-warm buffer and a
- * release store of the chunk's record count.  No lock, no allocation, no
- * system call.  Everything else here runs once per thread, per communicator
+ * Hot path (hvprof_emit in hvprof_internal.h; the MPI wrappers' fast path in
+ * mpi.c: call_slot/call_open/call_close): relaxed loads of a few globals
+ * (hvprof_active, hvprof_divert, hvprof_generation, hvprof_handle_epoch),
+ * TLS compares, stores into a cache-warm buffer and a release store of the
+ * chunk's record count.  No lock, no allocation, no system call, no locked
+ * instruction.  Everything else here runs once per thread, per communicator
  * or per chunk (4095 records with the default 256 KiB chunk:
  * HVPROF_DEFAULT_CHUNK_BYTES / HVPROF_RECORD_BYTES - 1 for the chunk header).
  *
@@ -264,7 +266,7 @@ uint32_t hvprof_track_self(void)
         t->used = t->capacity = 0;
         t->track = UINT32_MAX;
         t->inflight = NULL;
-        t->open_sp = 0;
+        t->open_rec = NULL;
         t->generation = gen;
     }
     if (t->track != UINT32_MAX) return t->track;
@@ -1305,15 +1307,15 @@ static void agg_snapshot(void)
     munmap(buf, bytes);
 }
 
-/* Close the calling thread's open call (hvprof_tls.open_sp) as it stands:
+/* Close the calling thread's open call (hvprof_tls.open_rec) as it stands:
  * its record keeps what was known before the call, with t_end = t_start and
  * HVPROF_FLAG_NO_COMPLETION, and is published; its flight-recorder entry is
  * cleared. */
 void hvprof_abandon_open(void)
 {
     hvprof_tls *t = &hvprof_t;
-    if (!t->open_sp) return;
-    t->open_sp = 0;
+    if (!t->open_rec) return;
+    t->open_rec = NULL;
     if (t->inflight) hvprof_inflight_end(t->inflight);
     if (t->generation != atomic_load_explicit(&hvprof_generation, memory_order_acquire) ||
         !t->slots || t->open_idx >= t->used)
@@ -1332,7 +1334,7 @@ int hvprof_refill(void)
           atomic_load_explicit(&app_active, memory_order_acquire)) || !g.hdr)
         return -1;
     uint32_t gen = atomic_load_explicit(&hvprof_generation, memory_order_acquire);
-    if (t->open_sp) hvprof_abandon_open(); /* its slot is in the chunk retired below */
+    if (t->open_rec) hvprof_abandon_open(); /* its slot is in the chunk retired below */
     /* The next buffer first, then the full one to the helper: were it
      * retired first, the helper could recycle it into a queue this thread
      * had not yet taken from, find no slot and unmap it. */
@@ -1396,7 +1398,7 @@ static void atfork_child(void)
     atomic_store(&hvprof_inflight_table, (hvprof_inflight_entry *)NULL);
     atomic_fetch_add(&hvprof_generation, 1);
     hvprof_t.inflight = NULL; /* the forking thread's: the parent's header */
-    hvprof_t.open_sp = 0;
+    hvprof_t.open_rec = NULL;
     if (g.fd >= 0) close(g.fd);
     g.fd = -1;
     g.open = 0;

@@ -51,18 +51,17 @@ typedef struct hvprof_tls {
     uint32_t generation;         /* == hvprof_generation when chunk valid */
     /* This thread's flight-recorder entry (NULL: none), valid with `generation`. */
     hvprof_inflight_entry *inflight;
-    /* A call whose record slot (open_idx) was taken before the call and is
-     * completed after it (mpi.c's fast path): a token of it (the stack
-     * pointer of its wrapper), 0 when none.  Any other record this thread
-     * makes while one is open first closes the open one as it stands
-     * (hvprof_abandon_open: t_end = t_start, HVPROF_FLAG_NO_COMPLETION),
-     * and the open call, if it ever returns, leaves its record so: that
-     * covers a call made from inside a call (a user-defined reduction that
-     * calls MPI) and a call that never returned (longjmp or an exception out
-     * of an MPI error handler, a cancelled thread: closed at thread exit),
-     * rare both, without a record lost or a chunk switched under an open
-     * slot. */
-    uintptr_t open_sp;
+    /* A call whose record slot (open_rec, index open_idx) was taken before
+     * the call and is completed after it (mpi.c's fast path); NULL when
+     * none.  Any other record this thread makes while one is open first
+     * closes the open one as it stands (hvprof_abandon_open: t_end =
+     * t_start, HVPROF_FLAG_NO_COMPLETION), and the open call, if it ever
+     * returns, finds open_rec changed and leaves its record so: that covers
+     * a call made from inside a call (a user-defined reduction that calls
+     * MPI) and a call that never returned (longjmp or an exception out of an
+     * MPI error handler; a cancelled thread: closed at thread exit), both
+     * rare, without a record lost or a chunk switched under an open slot. */
+    hvprof_record *open_rec;
     uint32_t open_idx;
     uint32_t agg_generation;     /* summary mode: agg valid while equal to hvprof_generation */
     void    *agg;                /* summary mode: this thread's aggregate table */
@@ -76,21 +75,7 @@ extern _Atomic uint32_t hvprof_handle_epoch;
 
 extern __thread hvprof_tls hvprof_t __attribute__((tls_model("initial-exec")));
 
-/* The stack pointer (for hvprof_tls.open_sp). */
-static inline __attribute__((always_inline)) uintptr_t hvprof_sp(void)
-{
-    uintptr_t sp;
-#if defined(__x86_64__)
-    __asm__ volatile("mov %%rsp, %0" : "=r"(sp));
-#elif defined(__aarch64__)
-    __asm__ volatile("mov %0, sp" : "=r"(sp));
-#else
-    sp = (uintptr_t)__builtin_frame_address(0);
-#endif
-    return sp;
-}
-
-/* Close the calling thread's open call as it stands (see open_sp). */
+/* Close the calling thread's open call as it stands (see open_rec). */
 HVPROF_HIDDEN void hvprof_abandon_open(void);
 
 static inline void hvprof_publish(hvprof_tls *t)
@@ -167,7 +152,7 @@ static inline __attribute__((always_inline)) int hvprof_emit_record(hvprof_recor
     hvprof_tls *t = &hvprof_t;
     if (gated && HVPROF_UNLIKELY(!atomic_load_explicit(&hvprof_active, memory_order_relaxed)))
         return -1;
-    if (HVPROF_UNLIKELY(t->open_sp != 0)) hvprof_abandon_open();
+    if (HVPROF_UNLIKELY(t->open_rec != NULL)) hvprof_abandon_open();
     hvprof_record *r = hvprof_slot_any();
     if (HVPROF_UNLIKELY(!r)) return -1;
     if (rec->track == HVPROF_TRACK_SELF) rec->track = t->track;

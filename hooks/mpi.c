@@ -376,9 +376,8 @@ static inline __attribute__((always_inline)) void emit(uint16_t op, uint64_t t0,
 /* The fast path: the record's slot is taken before the call and filled with
  * everything known then (the handles looked up, the sequence number, sizes,
  * t_start); after the call only t_end, rc and the error flag are stored and
- * the count published.  Across the call the wrapper keeps three values (the
- * slot, the flight-recorder entry, the stack pointer), not the call's
- * arguments.  Taken when recording one record per call, on this thread's
+ * the count published.  Across the call the wrapper keeps the slot and the
+ * thread state, not the call's arguments.  Taken when recording one record per call, on this thread's
  * current chunk with a free slot, and no call open on this thread (else the
  * general path: emit after the call, as for every other record). */
 /* 1 when this thread's hvprof_desc holds the call's handles (checked first:
@@ -401,7 +400,7 @@ static inline __attribute__((always_inline)) int call_fast(hvprof_tls *t, int *d
 {
     uint32_t gen = atomic_load_explicit(&hvprof_generation, memory_order_relaxed);
     *divert = atomic_load_explicit(&hvprof_divert, memory_order_relaxed);
-    return HVPROF_LIKELY(t->open_sp == 0 && t->generation == gen && hvprof_fast_clock());
+    return HVPROF_LIKELY(t->open_rec == NULL && t->generation == gen && hvprof_fast_clock());
 }
 
 /* One record per call: take the next slot of the thread's current chunk
@@ -414,7 +413,7 @@ static inline __attribute__((always_inline)) int call_slot(hvprof_tls *t, hvprof
     *out = &t->slots[i];
     t->open_idx = i;
     t->used = i + 1;
-    t->open_sp = hvprof_sp();
+    t->open_rec = *out;
     return 1;
 }
 
@@ -447,16 +446,16 @@ call_open(hvprof_tls *t, hvprof_record *r, uint16_t op, MPI_Comm comm, MPI_Datat
     if (e) hvprof_inflight_begin(e, op, H(comm), t0);
 }
 
-/* After the call: the stack pointer is the one call_slot saw (same frame);
- * when open_sp no longer equals it, the call was closed meanwhile (another
- * record was made from inside it: see open_sp) and its record is left so. */
+/* After the call: when open_rec is no longer this call's slot, the call was
+ * closed meanwhile (another record was made from inside it: see open_rec)
+ * and its record is left so. */
 static inline __attribute__((always_inline)) void call_close(hvprof_tls *t, hvprof_record *r,
                                                              int rc)
 {
     hvprof_inflight_entry *e = t->inflight;
     if (e) hvprof_inflight_end(e);
     uint64_t t1 = hvprof_fast_ticks();
-    if (HVPROF_UNLIKELY(t->open_sp != hvprof_sp())) return;
+    if (HVPROF_UNLIKELY(t->open_rec != r)) return;
     r->t_end = t1;
     if (HVPROF_LIKELY(rc == MPI_SUCCESS)) {
         r->rc = 0;
@@ -464,7 +463,7 @@ static inline __attribute__((always_inline)) void call_close(hvprof_tls *t, hvpr
         r->rc = sat16(rc);
         r->flags = (uint16_t)(r->flags | HVPROF_FLAG_ERROR);
     }
-    t->open_sp = 0;
+    t->open_rec = NULL;
     hvprof_publish(t);
 }
 
@@ -509,10 +508,10 @@ static inline __attribute__((always_inline)) void agg_close(hvprof_tls *t, hvpro
 }
 
 /* The general path's flight-recorder entry (NULL: none).  A call open on
- * this thread is closed first (see hvprof_tls.open_sp). */
+ * this thread is closed first (see hvprof_tls.open_rec). */
 static inline hvprof_inflight_entry *general_inflight(hvprof_tls *t)
 {
-    if (HVPROF_UNLIKELY(t->open_sp != 0)) hvprof_abandon_open();
+    if (HVPROF_UNLIKELY(t->open_rec != NULL)) hvprof_abandon_open();
     if (t->generation != atomic_load_explicit(&hvprof_generation, memory_order_relaxed))
         return NULL;
     return t->inflight;
