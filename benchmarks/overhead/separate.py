@@ -13,6 +13,8 @@ mpirun (Open MPI), one process per measurement:
   full         LD_PRELOAD=libhvprof.so, HOROVOD_PROFILE=1 (one record per call)
   summary      LD_PRELOAD=libhvprof.so, HOROVOD_PROFILE=summary
   mpip         LD_PRELOAD=libmpiP.so, MPIP="-k 0" (only with --mpip)
+  full-base,   the same with another build of libhvprof.so (only with
+  summary-base --baseline PATH: a before/after in the same rounds)
 
 at 0 B, 8 B, 4 KiB and 1 MiB, 1 and 2 ranks.  Each round runs every cell
 (size, ranks) once in every configuration, in an order that rotates from
@@ -37,7 +39,8 @@ HOROVOD_PROFILE and HOROVOD_PROFILE_DIR) are passed to the profiled ranks.
 
 Usage:
   separate.py [--rounds 5] [--sizes 0,8,4096,1048576] [--ranks 1,2]
-              [--calls N] [--mpip PATH] [--lib PATH] [--bind default|none]
+              [--calls N] [--mpip PATH] [--lib PATH] [--baseline PATH]
+              [--bind default|none]
               [--dir DIR] [--json OUT] [--idle 0.25] [--max-wait 20]
 
 mpiP is not part of this repository: build it in a scratch folder (see
@@ -67,7 +70,9 @@ MPI_ENV = {
 }
 SIZES = (0, 8, 4096, 1 << 20)
 LABELS = {"unprofiled": "unprofiled", "full": "+ full trace", "summary": "+ summary mode",
+          "full-base": "+ full (--baseline)", "summary-base": "+ summary (--baseline)",
           "mpip": "+ mpiP"}
+PROFILED = ("full", "summary", "full-base", "summary-base")
 
 
 def default_calls(nbytes: int) -> int:
@@ -157,10 +162,11 @@ def run_once(exe: Path, nbytes: int, calls: int, np_: int, config: str, args: ar
     if args.bind == "none":
         cmd += ["--bind-to", "none"]
     prof = work / "prof"
-    if config in ("full", "summary"):
-        env["HOROVOD_PROFILE"] = "1" if config == "full" else "summary"
+    if config in PROFILED:
+        env["HOROVOD_PROFILE"] = "summary" if config.startswith("summary") else "1"
         env["HOROVOD_PROFILE_DIR"] = str(prof)
-        cmd += ["-x", f"LD_PRELOAD={args.lib}", "-x", "HOROVOD_PROFILE",
+        lib = args.baseline if config.endswith("-base") else args.lib
+        cmd += ["-x", f"LD_PRELOAD={lib}", "-x", "HOROVOD_PROFILE",
                 "-x", "HOROVOD_PROFILE_DIR"]
         for k, v in os.environ.items():
             if k.startswith("HOROVOD_PROFILE_") and k != "HOROVOD_PROFILE_DIR":
@@ -178,7 +184,7 @@ def run_once(exe: Path, nbytes: int, calls: int, np_: int, config: str, args: ar
                              f"(exit {p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
         parts = lines[0].split()[1:]
         out: dict[str, Any] = {k: float(v) for k, v in zip(parts[::2], parts[1::2])}
-        if config in ("full", "summary"):
+        if config in PROFILED:
             out.update(profiler_says(prof, np_))
         return out
     finally:
@@ -210,6 +216,8 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=0, help="calls per run (default: by size)")
     ap.add_argument("--mpip", help="path of libmpiP.so (adds the mpiP column)")
     ap.add_argument("--lib", help="profiler library to preload (default: the installed one)")
+    ap.add_argument("--baseline", help="another build of the library, measured in the same "
+                    "rounds (before/after columns)")
     ap.add_argument("--bind", choices=("default", "none"), default="default")
     ap.add_argument("--dir", type=Path, help="scratch folder for the runs (default: a temp dir)")
     ap.add_argument("--json", type=Path, help="write every sample here")
@@ -222,7 +230,9 @@ def main() -> int:
     args.lib = args.lib or library()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     ranks = [int(r) for r in args.ranks.split(",") if r]
-    configs = ["unprofiled", "full", "summary"] + (["mpip"] if args.mpip else [])
+    configs = ["unprofiled", "full", "summary"]
+    configs += ["full-base", "summary-base"] if args.baseline else []
+    configs += ["mpip"] if args.mpip else []
     if args.mpip and not Path(args.mpip).is_file():
         raise SystemExit(f"separate.py: --mpip {args.mpip}: no such file")
     cells = [(b, n) for b in sizes for n in ranks]
@@ -263,7 +273,8 @@ def main() -> int:
               f"CPUs were busy with other work (waited {args.max_wait:.0f} s each)")
     if args.json:
         args.json.write_text(json.dumps({
-            "library": args.lib, "mpip": args.mpip, "rounds": args.rounds, "bind": args.bind,
+            "library": args.lib, "baseline": args.baseline, "mpip": args.mpip,
+            "rounds": args.rounds, "bind": args.bind,
             "samples": [{"bytes": b, "ranks": n, "config": c, "runs": v}
                         for (b, n, c), v in samples.items()]}, indent=1))
     return 0
@@ -316,7 +327,7 @@ def report(cells: list[tuple[int, int]], configs: list[str],
 
     says = []
     for b, n in cells:
-        for c in ("full", "summary"):
+        for c in (x for x in configs if x in PROFILED):
             runs = samples[(b, n, c)]
             cost = [x["call_cost_ns"] for x in runs if x.get("call_cost_ns")]
             dropped = sum(int(x.get("dropped", 0)) for x in runs)
