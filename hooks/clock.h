@@ -38,6 +38,16 @@ static inline uint64_t hvprof_ticks(void)
     return (uint64_t)hvprof_mono_ns();
 }
 
+/* The fast path's clock (mpi.c): taken only when hvprof_fast_clock() says
+ * so, it reads the TSC without testing the clock kind again. */
+#if defined(__x86_64__) || defined(__i386__)
+static inline int hvprof_fast_clock(void) { return hvprof_clock_kind == HVPROF_CLOCK_TSC; }
+static inline uint64_t hvprof_fast_ticks(void) { return __rdtsc(); }
+#else
+static inline int hvprof_fast_clock(void) { return 1; }
+static inline uint64_t hvprof_fast_ticks(void) { return hvprof_ticks(); }
+#endif
+
 /* Choose the clock and measure ticks per nanosecond (about 2 ms of spinning
  * for the TSC).  Returns ticks_per_ns; fills the first calibration pair. */
 double hvprof_clock_init(int64_t *ticks0, int64_t *mono0, int64_t *realtime0);

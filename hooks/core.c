@@ -2,10 +2,12 @@
  * core.c -- the raw file, per-thread chunks, communicator and track tables,
  * the clock, and the functions Python calls through ctypes.
  *
- * Hot path (hvprof_emit in hvprof_internal.h): a relaxed load of
- * hvprof_active, a TLS bounds check, stores into a cache-warm buffer and a
- * release store of the chunk's record count.  No lock, no allocation, no
- * system call.  Everything else here runs once per thread, per communicator
+ * Hot path (hvprof_emit in hvprof_internal.h; the MPI wrappers' fast path in
+ * mpi.c: call_slot/call_open/call_close): relaxed loads of a few globals
+ * (hvprof_active, hvprof_divert, hvprof_generation, hvprof_handle_epoch),
+ * TLS compares, stores into a cache-warm buffer and a release store of the
+ * chunk's record count.  No lock, no allocation, no system call, no locked
+ * instruction.  Everything else here runs once per thread, per communicator
  * or per chunk (4095 records with the default 256 KiB chunk:
  * HVPROF_DEFAULT_CHUNK_BYTES / HVPROF_RECORD_BYTES - 1 for the chunk header).
  *
@@ -21,6 +23,7 @@
 #include <signal.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,7 +54,7 @@ _Atomic int hvprof_active = 0;
 static _Atomic int app_active = 0;
 _Atomic uint32_t hvprof_generation = 1;
 hvprof_inflight_entry *_Atomic hvprof_inflight_table = NULL;
-_Atomic uint32_t hvprof_comm_epoch = 1;
+_Atomic uint32_t hvprof_handle_epoch = 1;
 _Atomic int hvprof_divert = 0;
 static void agg_snapshot(void);
 static void window_init(void);
@@ -80,6 +83,8 @@ static struct {
 } g = {.fd = -1, .lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void helper_start(void);
+static uint64_t reserved_chunks; /* chunks with blocks reserved (reserve_chunks; helper only) */
+static int reserve_refused;      /* the file system refused once: not asked again */
 static void helper_stop(void);
 static void signals_install(void);
 static pthread_key_t exit_key; /* its destructor hands an exiting thread's buffer over */
@@ -260,6 +265,8 @@ uint32_t hvprof_track_self(void)
         t->nrec = NULL;
         t->used = t->capacity = 0;
         t->track = UINT32_MAX;
+        t->inflight = NULL;
+        t->open_rec = NULL;
         t->generation = gen;
     }
     if (t->track != UINT32_MAX) return t->track;
@@ -277,6 +284,8 @@ uint32_t hvprof_track_self(void)
         pthread_setspecific(exit_key, (void *)1); /* thread_exit() hands over its buffer */
         __atomic_store_n(&e->valid, 1, __ATOMIC_RELEASE);
     }
+    hvprof_inflight_entry *tab = atomic_load_explicit(&hvprof_inflight_table, memory_order_relaxed);
+    t->inflight = tab && idx < HVPROF_INFLIGHT_CAPACITY ? &tab[idx] : NULL;
     t->track = idx;
     return idx;
 }
@@ -396,7 +405,7 @@ uint32_t hvprof_comm_register(uint64_t handle, uint64_t id, int size, int rank,
             __atomic_store_n(&e->valid, 1, __ATOMIC_RELEASE);
         }
         atomic_store_explicit(&comm_vals[h], idx + 1, memory_order_release);
-        atomic_fetch_add(&hvprof_comm_epoch, 1);
+        atomic_fetch_add(&hvprof_handle_epoch, 1);
         return idx;
     }
     return HVPROF_COMM_TABLE_CAPACITY - 1;
@@ -410,7 +419,7 @@ void hvprof_comm_forget(uint64_t handle)
         if (k == 0) return;
         if (k == handle) {
             atomic_store_explicit(&comm_keys[h], COMM_TOMBSTONE, memory_order_release);
-            atomic_fetch_add(&hvprof_comm_epoch, 1);
+            atomic_fetch_add(&hvprof_handle_epoch, 1);
             return;
         }
     }
@@ -652,17 +661,20 @@ static void start_recording(int fd, hvprof_file_header *h, size_t meta, uint32_t
     g.first_chunk_offset = meta;
     g.broken = 0;
     g.write_errno = 0;
+    reserved_chunks = 0;
+    reserve_refused = 0;
     g.pid = getpid();
     g.open = 1;
     memset(comm_keys, 0, sizeof comm_keys);
     memset(comm_vals, 0, sizeof comm_vals);
     memset(stream_keys, 0, sizeof stream_keys);
     memset(stream_vals, 0, sizeof stream_vals);
-    atomic_fetch_add(&hvprof_comm_epoch, 1);
+    atomic_fetch_add(&hvprof_handle_epoch, 1);
     atomic_fetch_add(&hvprof_generation, 1);
     window_init();
     env_check(rank);
-    atomic_store(&hvprof_divert, h->mode == HVPROF_MODE_SUMMARY || !h->sampling);
+    atomic_store(&hvprof_divert, !h->sampling ? HVPROF_DIVERT_PAUSED
+                                 : h->mode == HVPROF_MODE_SUMMARY ? HVPROF_DIVERT_SUMMARY : 0);
     atomic_store(&hvprof_active, 1);
     atomic_store(&app_active, 1);
     helper_start();
@@ -712,10 +724,24 @@ hvprof_file_header *hvprof_header(void) { return g.open ? g.hdr : NULL; }
  * Without the helper (HOROVOD_PROFILE_HELPER=0, or it failed to start), a
  * thread flushes its own buffer when it is full.                           */
 
-#define FREE_SLOTS 8u
+/* Ready buffers.  The helper keeps FREE_TARGET of them (free_target); the
+ * queue holds more than that, so that a recycled buffer always finds a slot
+ * (no munmap of a buffer only to mmap a fresh one).  A thread that takes one
+ * and leaves fewer than FREE_LOW wakes the helper; otherwise full buffers
+ * wait for its next tick (within the flush period, like the live ones), and
+ * a thread pays no futex call per chunk.  When the queue is empty the thread
+ * maps a buffer itself (an mmap that zeroes 256 KiB, ~50 us).  Counted in a
+ * 0-byte loop of 74 chunks: with 8 ready (once a chunk was taken) and a wake
+ * under 3, the thread mapped 11-29 itself; with 12 from the start, a wake
+ * under 6 and a bounded top-up (helper_main), 1-3 when the helper gets a
+ * core, more when other work keeps it off one. */
+#define FREE_SLOTS 32u
+#define FREE_TARGET 12u
+#define FREE_LOW 6u
 #define FULL_SLOTS 256u
 #define MAX_BUFFERS 512u /* x chunk_bytes: the profiler's memory bound */
 static _Atomic uintptr_t freeq[FREE_SLOTS];
+static _Atomic int n_free; /* buffers in freeq */
 static _Atomic uintptr_t fullq[FULL_SLOTS];
 static _Atomic uintptr_t live[HVPROF_TRACK_TABLE_CAPACITY];
 static _Atomic int n_buffers;
@@ -753,7 +779,10 @@ static hvprof_chunk_header *free_take(void)
 {
     for (uint32_t i = 0; i < FREE_SLOTS; i++) {
         uintptr_t c = atomic_load_explicit(&freeq[i], memory_order_acquire);
-        if (c && atomic_compare_exchange_strong(&freeq[i], &c, 0)) return (hvprof_chunk_header *)c;
+        if (c && atomic_compare_exchange_strong(&freeq[i], &c, 0)) {
+            atomic_fetch_sub(&n_free, 1);
+            return (hvprof_chunk_header *)c;
+        }
     }
     return NULL;
 }
@@ -762,7 +791,10 @@ static int free_put(hvprof_chunk_header *ch)
 {
     for (uint32_t i = 0; i < FREE_SLOTS; i++) {
         uintptr_t expect = 0;
-        if (atomic_compare_exchange_strong(&freeq[i], &expect, (uintptr_t)ch)) return 0;
+        if (atomic_compare_exchange_strong(&freeq[i], &expect, (uintptr_t)ch)) {
+            atomic_fetch_add(&n_free, 1);
+            return 0;
+        }
     }
     return -1;
 }
@@ -851,7 +883,7 @@ static void retire(hvprof_chunk_header *ch, uint32_t track)
     for (uint32_t i = 0; helper_started && i < FULL_SLOTS; i++) {
         uintptr_t expect = 0;
         if (atomic_compare_exchange_strong(&fullq[i], &expect, (uintptr_t)ch)) {
-            helper_wake();
+            if (atomic_load_explicit(&n_free, memory_order_relaxed) < (int)FREE_LOW) helper_wake();
             return;
         }
     }
@@ -862,19 +894,83 @@ static void retire(hvprof_chunk_header *ch, uint32_t track)
     }
 }
 
+/* How many ready buffers the helper keeps: FREE_TARGET when recording one
+ * record per call, from the start (3 MiB mapped by the helper at its first
+ * tick, so that the first chunks are not mapped by the calling threads);
+ * in summary mode, where only app records (steps) take chunks, one once a
+ * chunk was taken. */
+static int free_target(uint64_t chunks)
+{
+    if (g.hdr->mode == HVPROF_MODE_FULL) return (int)FREE_TARGET;
+    return chunks ? 1 : 0;
+}
+
+/* Blocks for the chunks taken so far, reserved in one fallocate per tick
+ * before their first write (FALLOC_FL_KEEP_SIZE: the file's size is still
+ * what was written).  Measured on ext4 here: pwrite of 256 KiB pieces of a
+ * new file costs the helper ~21 ns of CPU per 64-byte record, ~15 ns when the
+ * range was reserved first (the file system maps one extent instead of
+ * reserving block by block).  Only chunks already taken are reserved, so no
+ * block is left past the file's end (at most the unwritten tail of each
+ * thread's last chunk).  A file system that refuses (no fallocate, no space,
+ * RLIMIT_FSIZE is not checked with KEEP_SIZE) is not asked again: writes go
+ * on as before and fail, if they fail, with the real reason. */
+static void reserve_chunks(uint64_t chunks)
+{
+    if (reserve_refused || g.broken || chunks <= reserved_chunks) return;
+    off_t from = (off_t)(g.first_chunk_offset + reserved_chunks * g.chunk_bytes);
+    off_t len = (off_t)((chunks - reserved_chunks) * g.chunk_bytes);
+    if (fallocate(g.fd, FALLOC_FL_KEEP_SIZE, from, len) != 0) reserve_refused = 1;
+    else reserved_chunks = chunks;
+}
+
+/* The helper runs where the launcher could run anything, not only on the
+ * rank's own core: Open MPI binds each rank to a core (at 1 or 2 ranks by
+ * default) and a thread inherits its creator's binding, so a rank's helper
+ * competed with that rank for one core while others idled (measured here, 1
+ * rank: the loop took main-thread + helper time, +30 ns per call).  The set
+ * is the parent process's affinity (mpirun's daemon, slurmstepd, the shell:
+ * what the user gave the job, isolated cores excluded) when it contains the
+ * rank's own; otherwise, or when anything fails, the inherited one stays. */
+static void helper_spread(void)
+{
+    cpu_set_t mine, parent;
+    if (sched_getaffinity(0, sizeof mine, &mine) != 0) return;
+    if (sched_getaffinity(getppid(), sizeof parent, &parent) != 0) return;
+    cpu_set_t both;
+    CPU_AND(&both, &mine, &parent);
+    if (!CPU_EQUAL(&both, &mine) || CPU_EQUAL(&parent, &mine)) return;
+    sched_setaffinity(0, sizeof parent, &parent);
+}
+
+/* The helper's own CPU time so far, into the header (helper_cpu_ns). */
+static void helper_cpu_store(void)
+{
+    struct timespec ts;
+    if (g.hdr && clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0)
+        __atomic_store_n(&g.hdr->helper_cpu_ns, (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec,
+                         __ATOMIC_RELAXED);
+}
+
 static void *helper_main(void *arg)
 {
     (void)arg;
     sigset_t all;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL); /* the application's signals are not ours */
+    helper_spread();
     int64_t last_cal = hvprof_mono_ns();
     for (;;) {
         int run = atomic_load(&helper_run);
         uint32_t seen = atomic_load(&helper_futex);
+        uint64_t chunks = __atomic_load_n(&g.hdr->n_chunks, __ATOMIC_RELAXED);
+        reserve_chunks(chunks);
         flush_all();
-        for (uint32_t i = 0; run && i < FREE_SLOTS; i++) {
-            if (atomic_load(&freeq[i])) continue;
+        int target = free_target(chunks);
+        /* at most the shortfall seen now: were it "until the queue is
+         * full", a thread taking buffers as fast as they come would keep the
+         * helper mapping new ones, its full buffers never recycled */
+        for (int k = target - atomic_load(&n_free); run && k > 0; k--) {
             hvprof_chunk_header *c = buffer_new();
             if (!c) break;
             if (free_put(c) != 0) {
@@ -890,6 +986,7 @@ static void *helper_main(void *arg)
             agg_snapshot();
             last_cal = now;
         }
+        helper_cpu_store();
         if (!run) break; /* drained once more after the stop request */
         struct timespec ts = {flush_ms / 1000, (long)(flush_ms % 1000) * 1000000L};
         syscall(SYS_futex, &helper_futex, FUTEX_WAIT_PRIVATE, seen, &ts, NULL, 0);
@@ -902,6 +999,7 @@ static void thread_exit(void *arg)
     /* The thread's buffer stays readable: hand it to the helper. */
     hvprof_tls *t = &hvprof_t;
     (void)arg;
+    hvprof_abandon_open(); /* a thread cancelled inside a call */
     if (t->slots && t->generation == atomic_load(&hvprof_generation) && g.hdr) {
         retire((hvprof_chunk_header *)((char *)t->slots - HVPROF_RECORD_BYTES), t->track);
         t->slots = NULL;
@@ -1041,7 +1139,8 @@ static void sampling_apply(void) /* sampling_lock held */
     if (!g.hdr) return;
     int on = sampling_app && sampling_window;
     g.hdr->sampling = on ? 1u : 0u;
-    atomic_store(&hvprof_divert, g.hdr->mode == HVPROF_MODE_SUMMARY || !on);
+    atomic_store(&hvprof_divert, !on ? HVPROF_DIVERT_PAUSED
+                                 : g.hdr->mode == HVPROF_MODE_SUMMARY ? HVPROF_DIVERT_SUMMARY : 0);
 }
 
 static void set_sampling(int on)
@@ -1123,12 +1222,21 @@ void hvprof_divert_call(uint16_t op, uint32_t comm, uint64_t bytes, uint8_t dtyp
             return;
         }
         t->agg = m;
+        t->agg_last = NULL;
         t->agg_generation = gen;
         atomic_store_explicit(&agg_tables[track], (uintptr_t)m, memory_order_release);
     }
+    uint64_t d = t1 - t0;
+    /* The same (op, communicator, size, datatype, reduction) as this thread's
+     * previous call: its entry, without hashing (3 mixes) and probing. */
+    hvprof_agg_entry *last = (hvprof_agg_entry *)t->agg_last;
+    if (HVPROF_LIKELY(last && last->bytes == bytes && last->op == op && last->comm == comm &&
+                      last->dtype == dtype && last->redop == redop)) {
+        hvprof_agg_add(last, d, flags, rc);
+        return;
+    }
     hvprof_agg_entry *tab = (hvprof_agg_entry *)t->agg;
     uint64_t key = hvprof_mix(hvprof_mix(hvprof_mix(op, comm), bytes), (uint64_t)dtype << 8 | redop);
-    uint64_t d = t1 - t0;
     for (uint32_t i = 0; i < AGG_PROBES; i++) {
         hvprof_agg_entry *e = &tab[(key + i) & (AGG_SLOTS - 1)];
         uint64_t calls = __atomic_load_n(&e->calls, __ATOMIC_RELAXED);
@@ -1145,13 +1253,8 @@ void hvprof_divert_call(uint16_t op, uint32_t comm, uint64_t bytes, uint8_t dtyp
                    e->redop != redop) {
             continue;
         }
-        e->sum_ticks += d;
-        if (d < e->min_ticks) e->min_ticks = d;
-        if (d > e->max_ticks) e->max_ticks = d;
-        e->hist[hvprof_agg_bucket(d)]++;
-        e->flags_or |= flags;
-        if (rc != 0 && e->errors < UINT16_MAX) e->errors++;
-        __atomic_store_n(&e->calls, calls + 1, __ATOMIC_RELEASE); /* last: readers trust it */
+        hvprof_agg_add(e, d, flags, rc);
+        t->agg_last = e;
         return;
     }
     atomic_fetch_add(&agg_overflow, 1);
@@ -1204,6 +1307,26 @@ static void agg_snapshot(void)
     munmap(buf, bytes);
 }
 
+/* Close the calling thread's open call (hvprof_tls.open_rec) as it stands:
+ * its record keeps what was known before the call, with t_end = t_start and
+ * HVPROF_FLAG_NO_COMPLETION, and is published; its flight-recorder entry is
+ * cleared. */
+void hvprof_abandon_open(void)
+{
+    hvprof_tls *t = &hvprof_t;
+    if (!t->open_rec) return;
+    t->open_rec = NULL;
+    if (t->inflight) hvprof_inflight_end(t->inflight);
+    if (t->generation != atomic_load_explicit(&hvprof_generation, memory_order_acquire) ||
+        !t->slots || t->open_idx >= t->used)
+        return;
+    hvprof_record *r = &t->slots[t->open_idx];
+    r->t_end = r->t_start;
+    r->flags = (uint16_t)(r->flags | HVPROF_FLAG_NO_COMPLETION);
+    r->rc = 0;
+    hvprof_publish(t);
+}
+
 int hvprof_refill(void)
 {
     hvprof_tls *t = &hvprof_t;
@@ -1211,6 +1334,12 @@ int hvprof_refill(void)
           atomic_load_explicit(&app_active, memory_order_acquire)) || !g.hdr)
         return -1;
     uint32_t gen = atomic_load_explicit(&hvprof_generation, memory_order_acquire);
+    if (t->open_rec) hvprof_abandon_open(); /* its slot is in the chunk retired below */
+    /* The next buffer first, then the full one to the helper: were it
+     * retired first, the helper could recycle it into a queue this thread
+     * had not yet taken from, find no slot and unmap it. */
+    hvprof_chunk_header *ch = free_take();
+    if (!ch) ch = buffer_new();
     if (t->generation == gen && t->slots) {
         retire((hvprof_chunk_header *)((char *)t->slots - HVPROF_RECORD_BYTES), t->track);
         t->slots = NULL;
@@ -1218,8 +1347,6 @@ int hvprof_refill(void)
         t->used = t->capacity = 0;
     }
     uint32_t track = hvprof_track_self();
-    hvprof_chunk_header *ch = free_take();
-    if (!ch) ch = buffer_new();
     if (!ch || g.broken) {
         if (ch) free_put(ch);
         __atomic_fetch_add(&g.hdr->dropped_records, 1, __ATOMIC_RELAXED);
@@ -1270,6 +1397,8 @@ static void atfork_child(void)
     atomic_store(&app_active, 0);
     atomic_store(&hvprof_inflight_table, (hvprof_inflight_entry *)NULL);
     atomic_fetch_add(&hvprof_generation, 1);
+    hvprof_t.inflight = NULL; /* the forking thread's: the parent's header */
+    hvprof_t.open_rec = NULL;
     if (g.fd >= 0) close(g.fd);
     g.fd = -1;
     g.open = 0;
@@ -1421,7 +1550,8 @@ HVPROF_EXPORT const char *hvprof_layout_json(void)
     FIELD(hvprof_file_header, aggregated_calls); FIELD(hvprof_file_header, offset_at_ns);
     FIELD(hvprof_file_header, offset_end_ns); FIELD(hvprof_file_header, offset_end_err_ns);
     FIELD(hvprof_file_header, offset_end_at_ns); FIELD(hvprof_file_header, inflight_offset);
-    FIELD(hvprof_file_header, inflight_capacity); FIELD(hvprof_file_header, reserved);
+    FIELD(hvprof_file_header, inflight_capacity); FIELD(hvprof_file_header, call_cost_ns);
+    FIELD(hvprof_file_header, helper_cpu_ns); FIELD(hvprof_file_header, reserved);
     FIELD(hvprof_file_header, inflight);
     STRUCT_END();
     STRUCT_BEGIN(hvprof_inflight_entry, "inflight_entry");

@@ -28,7 +28,8 @@
  *
  * Version history:
  *   1  first version.  (Compatible additions since: op APP_TENSOR, MPI
- *      records' aux = folded receive buffer; files written before carry 0.)
+ *      records' aux = folded receive buffer; header call_cost_ns and
+ *      helper_cpu_ns, from the reserved area; files written before carry 0.)
  */
 #ifndef HVPROF_FORMAT_H
 #define HVPROF_FORMAT_H
@@ -351,7 +352,20 @@ typedef struct hvprof_file_header {
     uint32_t inflight_offset;      /*  584 the in-flight table inside this
                                            header (0: a file without one)    */
     uint32_t inflight_capacity;    /*  588 entries (threads by track index) */
-    char     reserved[HVPROF_INFLIGHT_OFFSET - 592]; /* 592 zero            */
+    double   call_cost_ns;         /*  592 the profiler's own cost per
+                                           recorded call on the calling
+                                           thread, calibrated at MPI_Init
+                                           (mpi.c: calibrate_call_cost); the
+                                           helper thread's work is not in it
+                                           (helper_cpu_ns).  0: not
+                                           calibrated (no MPI_Init, a clock
+                                           other than the TSC)              */
+    int64_t  helper_cpu_ns;        /*  600 (live) CPU time of the helper
+                                           (flush) thread so far, from
+                                           CLOCK_THREAD_CPUTIME_ID at each of
+                                           its wake-ups and at close.  0: no
+                                           helper thread                     */
+    char     reserved[HVPROF_INFLIGHT_OFFSET - 608]; /* 608 zero            */
     /* 2048: the in-flight table (hvprof_inflight_entry x capacity)          */
     char     inflight[HVPROF_HEADER_BYTES - HVPROF_INFLIGHT_OFFSET];
 } hvprof_file_header;

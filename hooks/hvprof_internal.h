@@ -20,34 +20,68 @@
 #define HVPROF_LIKELY(x) __builtin_expect(!!(x), 1)
 #define HVPROF_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
-/* Per-thread writing state.  initial-exec TLS: no __tls_get_addr per call. */
+/* What a call's handles mean (communicator, datatype, reduction op), as this
+ * thread last looked them up: the common case -- the same three handles as
+ * the previous call -- costs four compares instead of three table probes.
+ * Valid while hvprof_handle_epoch equals `epoch` (bumped when a communicator
+ * is registered or forgotten and when a datatype is freed, so that a handle
+ * reused by a new communicator or derived datatype is looked up again). */
+typedef struct hvprof_desc {
+    uint64_t comm, dt, op;       /* the handles (the cache key) */
+    uint32_t epoch;              /* hvprof_handle_epoch when looked up */
+    uint32_t ci;                 /* communicator table index (UINT32_MAX: none) */
+    uint32_t dt_size;            /* bytes per element (MPI_Type_size) */
+    uint8_t  dt_code;            /* enum hvprof_dtype */
+    uint8_t  redop;              /* enum hvprof_redop */
+    uint8_t  dt_flags;           /* HVPROF_FLAG_DERIVED_TYPE for a derived datatype, else 0 */
+    uint8_t  pad;
+} hvprof_desc;
+
+/* Per-thread writing state.  initial-exec TLS: no __tls_get_addr per call.
+ * The library's whole TLS segment is about 200 bytes: it is loaded with
+ * dlopen by Python's start-up hook, and dlopen'ed initial-exec TLS comes out
+ * of glibc's small static-TLS surplus (a few hundred bytes shared with, e.g.,
+ * torch's libgomp): keep it small. */
 typedef struct hvprof_tls {
     hvprof_record *slots;        /* first record slot of the current chunk */
     _Atomic uint64_t *nrec;      /* the chunk header's published count */
-    uint32_t used;               /* == *nrec, kept here to avoid a reload */
+    uint32_t used;               /* slots taken (== *nrec unless a call is open) */
     uint32_t capacity;           /* slots per chunk; 0 = no chunk yet */
     uint32_t track;              /* this thread's track index, UINT32_MAX = none */
     uint32_t generation;         /* == hvprof_generation when chunk valid */
-    /* One-entry caches of the last handles seen by this thread: the common
-     * case (the same communicator, datatype and op as the previous call)
-     * costs a compare each instead of a hash-table probe. */
-    uint64_t last_comm;          /* communicator handle ... */
-    uint32_t last_comm_idx;      /* ... its table index ... */
-    uint32_t last_comm_epoch;    /* ... valid while hvprof_comm_epoch equals this */
-    uint64_t last_dt;            /* predefined datatype handle ... */
-    uint32_t last_dt_size;       /* ... its size ... */
-    uint32_t last_dt_code;       /* ... its enum */
-    uint64_t last_op;            /* predefined op handle ... */
-    uint32_t last_op_code;       /* ... its enum */
+    /* This thread's flight-recorder entry (NULL: none), valid with `generation`. */
+    hvprof_inflight_entry *inflight;
+    /* A call whose record slot (open_rec, index open_idx) was taken before
+     * the call and is completed after it (mpi.c's fast path); NULL when
+     * none.  Any other record this thread makes while one is open first
+     * closes the open one as it stands (hvprof_abandon_open: t_end =
+     * t_start, HVPROF_FLAG_NO_COMPLETION), and the open call, if it ever
+     * returns, finds open_rec changed and leaves its record so: that covers
+     * a call made from inside a call (a user-defined reduction that calls
+     * MPI) and a call that never returned (longjmp or an exception out of an
+     * MPI error handler; a cancelled thread: closed at thread exit), both
+     * rare, without a record lost or a chunk switched under an open slot. */
+    hvprof_record *open_rec;
+    uint32_t open_idx;
+    uint32_t agg_generation;     /* summary mode: agg valid while equal to hvprof_generation */
     void    *agg;                /* summary mode: this thread's aggregate table */
-    uint32_t agg_generation;     /* ... valid while equal to hvprof_generation */
+    void    *agg_last;           /* ... and the entry of its last call (NULL: none) */
+    hvprof_desc desc;            /* the last call's handles, looked up */
 } hvprof_tls;
 
-/* Bumped whenever a communicator handle is registered or forgotten: a
- * thread's cached (handle -> index) is valid only within one epoch. */
-extern _Atomic uint32_t hvprof_comm_epoch;
+/* Bumped whenever a communicator handle is registered or forgotten, and when
+ * a datatype is freed: a thread's hvprof_desc is valid only within one epoch. */
+extern _Atomic uint32_t hvprof_handle_epoch;
 
 extern __thread hvprof_tls hvprof_t __attribute__((tls_model("initial-exec")));
+
+/* Close the calling thread's open call as it stands (see open_rec). */
+HVPROF_HIDDEN void hvprof_abandon_open(void);
+
+static inline void hvprof_publish(hvprof_tls *t)
+{
+    atomic_store_explicit(t->nrec, t->used, memory_order_release);
+}
 
 /* 1 while records are being written (file open, not finalized). Read with a
  * relaxed load on every call: the only global the hot path touches. */
@@ -56,7 +90,10 @@ extern _Atomic int hvprof_active;
 extern _Atomic uint32_t hvprof_generation;
 
 /* Non-zero when calls are not written one record each: summary mode
- * (HOROVOD_PROFILE=summary) or sampling paused.  One relaxed load per call. */
+ * (HOROVOD_PROFILE=summary: HVPROF_DIVERT_SUMMARY) or sampling paused
+ * (HVPROF_DIVERT_PAUSED, whatever the mode).  One relaxed load per call. */
+#define HVPROF_DIVERT_SUMMARY 1
+#define HVPROF_DIVERT_PAUSED 2
 extern _Atomic int hvprof_divert;
 
 /* A call while hvprof_divert is set: fold it into this thread's aggregates
@@ -65,6 +102,20 @@ extern _Atomic int hvprof_divert;
 HVPROF_HIDDEN void hvprof_divert_call(uint16_t op, uint32_t comm, uint64_t bytes, uint8_t dtype,
                                       uint8_t redop, uint16_t flags, int rc, uint64_t t0,
                                       uint64_t t1);
+
+/* One more call of duration d (ticks) in aggregate entry e (summary mode);
+ * the call count last, so that a reader trusts the entry. */
+static inline void hvprof_agg_add(hvprof_agg_entry *e, uint64_t d, uint16_t flags, int rc)
+{
+    uint64_t calls = __atomic_load_n(&e->calls, __ATOMIC_RELAXED);
+    e->sum_ticks += d;
+    if (d < e->min_ticks) e->min_ticks = d;
+    if (d > e->max_ticks) e->max_ticks = d;
+    e->hist[hvprof_agg_bucket(d)]++;
+    e->flags_or |= flags;
+    if (HVPROF_UNLIKELY(rc != 0) && e->errors < UINT16_MAX) e->errors++;
+    __atomic_store_n(&e->calls, calls + 1, __ATOMIC_RELEASE);
+}
 
 /* Slow path: give the calling thread a fresh chunk.  Returns 0 on success,
  * -1 when no chunk can be had (the record is then counted as dropped). */
@@ -101,12 +152,13 @@ static inline __attribute__((always_inline)) int hvprof_emit_record(hvprof_recor
     hvprof_tls *t = &hvprof_t;
     if (gated && HVPROF_UNLIKELY(!atomic_load_explicit(&hvprof_active, memory_order_relaxed)))
         return -1;
+    if (HVPROF_UNLIKELY(t->open_rec != NULL)) hvprof_abandon_open();
     hvprof_record *r = hvprof_slot_any();
     if (HVPROF_UNLIKELY(!r)) return -1;
     if (rec->track == HVPROF_TRACK_SELF) rec->track = t->track;
     *r = *rec;
     t->used++;
-    atomic_store_explicit(t->nrec, t->used, memory_order_release);
+    hvprof_publish(t);
     return 0;
 }
 
@@ -211,24 +263,27 @@ HVPROF_HIDDEN void hvprof_warn(const char *fmt, ...) __attribute__((format(print
  * A few stores per call, no system call. */
 extern hvprof_inflight_entry *_Atomic hvprof_inflight_table;
 
-static inline hvprof_inflight_entry *hvprof_inflight_begin(uint16_t op, uint64_t comm,
-                                                           uint64_t t0)
+/* A thread's entry is hvprof_tls.inflight (set when its track is
+ * registered: &table[track] for the first HVPROF_INFLIGHT_CAPACITY tracks).
+ * Begin: the communicator and start, then state and op in one 8-byte release
+ * store (state at offset 0, op at 4, pad0 at 6), so that a reader that sees
+ * state 1 sees the rest; end: state 0. */
+static inline void hvprof_inflight_begin(hvprof_inflight_entry *e, uint16_t op, uint64_t comm,
+                                         uint64_t t0)
 {
-    hvprof_inflight_entry *tab =
-        atomic_load_explicit(&hvprof_inflight_table, memory_order_relaxed);
-    uint32_t i = hvprof_t.track;
-    if (HVPROF_UNLIKELY(tab == NULL || i >= HVPROF_INFLIGHT_CAPACITY)) return NULL;
-    hvprof_inflight_entry *e = &tab[i];
-    e->op = op;
     e->comm = comm;
     e->t_start = t0;
-    __atomic_store_n(&e->state, 1u, __ATOMIC_RELEASE);
-    return e;
+    typedef uint64_t __attribute__((may_alias)) word;
+    __atomic_store_n((word *)(void *)e, 1u | (uint64_t)op << 32, __ATOMIC_RELEASE);
 }
+
+HVPROF_STATIC_ASSERT(offsetof(hvprof_inflight_entry, state) == 0 &&
+                         offsetof(hvprof_inflight_entry, op) == 4,
+                     "state and op share the first 8 bytes");
 
 static inline void hvprof_inflight_end(hvprof_inflight_entry *e)
 {
-    if (e) __atomic_store_n(&e->state, 0u, __ATOMIC_RELEASE);
+    __atomic_store_n(&e->state, 0u, __ATOMIC_RELEASE);
 }
 
 /* NCCL's ncclDataType_t values 0..11 (ncclInt8 .. ncclFloat8e5m2): the

@@ -101,41 +101,32 @@ static void build_tables(void)
 
 typedef struct { uint32_t size; uint8_t code; uint8_t derived; } dtinfo;
 
-static inline dtinfo dt_info(MPI_Datatype dt)
+/* A datatype's size and code: predefined types from the table; a derived
+ * type (Horovod's float16 is one) is DERIVED, its size from MPI.  Called
+ * when a thread's hvprof_desc misses (describe_slow). */
+static dtinfo dt_lookup(MPI_Datatype dt)
 {
+    if (dt == MPI_DATATYPE_NULL) return (dtinfo){0, HVPROF_DT_UNKNOWN, 0};
     uint64_t k = H(dt);
-    hvprof_tls *t = &hvprof_t;
-    if (HVPROF_LIKELY(t->last_dt == k && k))
-        return (dtinfo){t->last_dt_size, (uint8_t)t->last_dt_code, 0};
     uint32_t h = hslot(k, DT_SLOTS - 1);
     while (dt_table[h].used) {
-        if (dt_table[h].key == k) {
-            /* predefined types live as long as MPI: safe to cache */
-            t->last_dt = k;
-            t->last_dt_size = dt_table[h].size;
-            t->last_dt_code = dt_table[h].code;
-            return (dtinfo){dt_table[h].size, dt_table[h].code, 0};
-        }
+        if (dt_table[h].key == k) return (dtinfo){dt_table[h].size, dt_table[h].code, 0};
         h = (h + 1) & (DT_SLOTS - 1);
     }
-    /* A derived type (Horovod's float16 is one): its size from MPI. */
     int size = 0;
-    if (dt == MPI_DATATYPE_NULL || PMPI_Type_size(dt, &size) != MPI_SUCCESS) size = 0;
+    if (PMPI_Type_size(dt, &size) != MPI_SUCCESS || size < 0) size = 0;
     return (dtinfo){(uint32_t)size, HVPROF_DT_DERIVED, 1};
 }
 
-static inline uint8_t op_code(MPI_Op op)
+/* A reduction op's code: predefined from the table, else USER (a handle
+ * freed and reused can only be another user-defined op). */
+static uint8_t op_lookup(MPI_Op op)
 {
+    if (op == MPI_OP_NULL) return HVPROF_REDOP_NONE;
     uint64_t k = H(op);
-    hvprof_tls *t = &hvprof_t;
-    if (HVPROF_LIKELY(t->last_op == k && k)) return (uint8_t)t->last_op_code;
     uint32_t h = hslot(k, OP_SLOTS - 1);
     while (op_table[h].used) {
-        if (op_table[h].key == k) {
-            t->last_op = k;
-            t->last_op_code = op_table[h].code;
-            return op_table[h].code;
-        }
+        if (op_table[h].key == k) return op_table[h].code;
         h = (h + 1) & (OP_SLOTS - 1);
     }
     return HVPROF_REDOP_USER;
@@ -255,17 +246,14 @@ static int comm_discriminator(MPI_Comm comm)
 
 static uint32_t comm_index_slow(MPI_Comm comm);
 
+/* The communicator's table index: this thread's hvprof_desc when it holds
+ * this communicator, else the table (registering it when new). */
 static inline uint32_t comm_index(MPI_Comm comm)
 {
-    hvprof_tls *t = &hvprof_t;
-    uint32_t epoch = atomic_load_explicit(&hvprof_comm_epoch, memory_order_relaxed);
-    if (HVPROF_LIKELY(t->last_comm == H(comm) && t->last_comm_epoch == epoch))
-        return t->last_comm_idx;
-    uint32_t idx = comm_index_slow(comm);
-    t->last_comm = H(comm);
-    t->last_comm_idx = idx;
-    t->last_comm_epoch = epoch; /* read before the lookup: a change since then invalidates */
-    return idx;
+    const hvprof_desc *d = &hvprof_t.desc;
+    uint32_t epoch = atomic_load_explicit(&hvprof_handle_epoch, memory_order_relaxed);
+    if (HVPROF_LIKELY(d->comm == H(comm) && d->epoch == epoch)) return d->ci;
+    return comm_index_slow(comm);
 }
 
 static uint32_t comm_index_slow(MPI_Comm comm)
@@ -321,39 +309,216 @@ static void comm_created(MPI_Comm parent, MPI_Comm *newcomm, uint64_t kind)
 
 static inline int16_t sat16(int rc) { return (int16_t)(rc > 32767 ? 32767 : rc < -32768 ? -32768 : rc); }
 
+#define MULT_SIZE 1
+#define MULT_PEERS 2
+#define ACTIVE() atomic_load_explicit(&hvprof_active, memory_order_relaxed)
+
+static void describe_slow(hvprof_desc *d, MPI_Comm comm, MPI_Datatype dt, MPI_Op op,
+                          uint32_t epoch)
+{
+    dtinfo i = dt_lookup(dt);
+    d->ci = comm_index_slow(comm);
+    d->dt_size = i.size;
+    d->dt_code = i.code;
+    d->dt_flags = i.derived ? HVPROF_FLAG_DERIVED_TYPE : 0;
+    d->redop = op_lookup(op);
+    d->comm = H(comm);
+    d->dt = H(dt);
+    d->op = H(op);
+    /* read before the lookups: a change since invalidates; a communicator
+     * without a table entry is never cached (the fast path indexes by ci) */
+    d->epoch = d->ci < HVPROF_COMM_TABLE_CAPACITY ? epoch : 0;
+}
+
+/* What (comm, dt, op) mean: this thread's last lookup when it holds the
+ * same three handles within the current epoch, else a fresh one. */
+static inline __attribute__((always_inline)) const hvprof_desc *describe(MPI_Comm comm,
+                                                                        MPI_Datatype dt,
+                                                                        MPI_Op op)
+{
+    hvprof_desc *d = &hvprof_t.desc;
+    uint32_t epoch = atomic_load_explicit(&hvprof_handle_epoch, memory_order_relaxed);
+    if (HVPROF_UNLIKELY(d->comm != H(comm) || d->dt != H(dt) || d->op != H(op) ||
+                        d->epoch != epoch))
+        describe_slow(d, comm, dt, op, epoch);
+    return d;
+}
+
 /* A call, described in MPI's terms, becomes one record (hvprof_emit) or, in
  * summary mode and while sampling is paused, one aggregate (hvprof_divert_call).
  * count_mult: multiply the element count by the communicator size (MULT_SIZE)
  * or by the number of peers (MULT_PEERS: the remote group's size for an
- * intercommunicator); 0: not at all. */
-#define MULT_SIZE 1
-#define MULT_PEERS 2
+ * intercommunicator); 0: not at all.  The general path (wrappers' fast path:
+ * call_open / call_close below). */
 static inline __attribute__((always_inline)) void emit(uint16_t op, uint64_t t0, uint64_t t1,
                                                        MPI_Comm comm, MPI_Datatype dt,
                                                        uint64_t count, int count_mult, MPI_Op mop,
-                                                       int root, int rc, uint16_t flags,
-                                                       const void *buf)
+                                                       int root, uint16_t flags,
+                                                       const void *buf, int rc)
 {
-    uint32_t ci = comm_index(comm);
+    const hvprof_desc *d = describe(comm, dt, mop);
+    uint32_t ci = d->ci;
     uint32_t seq = hvprof_comm_next_seq(ci); /* advance even when not recorded */
-    dtinfo d = dt == MPI_DATATYPE_NULL ? (dtinfo){0, HVPROF_DT_UNKNOWN, 0} : dt_info(dt);
     if (count_mult) count *= (uint64_t)(count_mult == MULT_PEERS ? peers_of(ci) : comm_size_of(ci));
-    uint8_t redop = mop == MPI_OP_NULL ? HVPROF_REDOP_NONE : op_code(mop);
-    flags = (uint16_t)(flags | (d.derived ? HVPROF_FLAG_DERIVED_TYPE : 0));
+    flags = (uint16_t)(flags | d->dt_flags);
     if (HVPROF_UNLIKELY(atomic_load_explicit(&hvprof_divert, memory_order_relaxed))) {
-        hvprof_divert_call(op, ci, count * d.size, d.code, redop, flags, rc, t0, t1);
+        hvprof_divert_call(op, ci, count * d->dt_size, d->dt_code, d->redop, flags, rc, t0, t1);
         return;
     }
     (void)hvprof_emit(&(hvprof_record){
-        .t_start = t0, .t_end = t1, .bytes = count * d.size, .count = count, .seq = seq,
-        .comm = ci, .track = HVPROF_TRACK_SELF, .root = root, .op = op, .dtype = d.code,
-        .redop = redop, .flags = (uint16_t)(flags | (rc != MPI_SUCCESS ? HVPROF_FLAG_ERROR : 0)),
-        .rc = sat16(rc), .dtype_size = d.size, .aux = hvprof_fold_ptr(buf)});
+        .t_start = t0, .t_end = t1, .bytes = count * d->dt_size, .count = count, .seq = seq,
+        .comm = ci, .track = HVPROF_TRACK_SELF, .root = root, .op = op, .dtype = d->dt_code,
+        .redop = d->redop,
+        .flags = (uint16_t)(flags | (rc != MPI_SUCCESS ? HVPROF_FLAG_ERROR : 0)),
+        .rc = sat16(rc), .dtype_size = d->dt_size, .aux = hvprof_fold_ptr(buf)});
+}
+
+/* The fast path: the record's slot is taken before the call and filled with
+ * everything known then (the handles looked up, the sequence number, sizes,
+ * t_start); after the call only t_end, rc and the error flag are stored and
+ * the count published.  Across the call the wrapper keeps the slot and the
+ * thread state, not the call's arguments.  Taken when recording one record per call, on this thread's
+ * current chunk with a free slot, and no call open on this thread (else the
+ * general path: emit after the call, as for every other record). */
+/* 1 when this thread's hvprof_desc holds the call's handles (checked first:
+ * the fast path then calls nothing before the MPI call, so the arguments
+ * need not be saved; a miss takes the general path, which looks them up). */
+static inline __attribute__((always_inline)) int desc_hit(hvprof_tls *t, MPI_Comm comm,
+                                                          MPI_Datatype dt, MPI_Op op)
+{
+    const hvprof_desc *d = &t->desc;
+    uint32_t epoch = atomic_load_explicit(&hvprof_handle_epoch, memory_order_relaxed);
+    return HVPROF_LIKELY(d->comm == H(comm) && d->dt == H(dt) && d->op == H(op) &&
+                         d->epoch == epoch);
+}
+#define DESC_HIT_(t, comm, dt, count, mult, op, root, flags, buf) desc_hit(t, comm, dt, op)
+#define APPLY(m, ...) m(__VA_ARGS__)
+
+/* The fast paths' common conditions: no call open on this thread, its TLS
+ * state of the current file, the TSC clock; *divert: hvprof_divert. */
+static inline __attribute__((always_inline)) int call_fast(hvprof_tls *t, int *divert)
+{
+    uint32_t gen = atomic_load_explicit(&hvprof_generation, memory_order_relaxed);
+    *divert = atomic_load_explicit(&hvprof_divert, memory_order_relaxed);
+    return HVPROF_LIKELY(t->open_rec == NULL && t->generation == gen && hvprof_fast_clock());
+}
+
+/* One record per call: take the next slot of the thread's current chunk
+ * (0: none free, the general path switches chunks).  Published after the
+ * call (call_close). */
+static inline __attribute__((always_inline)) int call_slot(hvprof_tls *t, hvprof_record **out)
+{
+    uint32_t i = t->used;
+    if (HVPROF_UNLIKELY(i >= t->capacity)) return 0;
+    *out = &t->slots[i];
+    t->open_idx = i;
+    t->used = i + 1;
+    t->open_rec = *out;
+    return 1;
+}
+
+static inline __attribute__((always_inline)) void
+call_open(hvprof_tls *t, hvprof_record *r, uint16_t op, MPI_Comm comm, MPI_Datatype dt,
+          uint64_t count, int count_mult, MPI_Op mop, int root, uint16_t flags, const void *buf)
+{
+    (void)dt;
+    (void)mop;
+    const hvprof_desc *d = &t->desc;
+    uint32_t ci = d->ci; /* < HVPROF_COMM_TABLE_CAPACITY: describe_slow caches no other */
+    if (count_mult) count *= (uint64_t)(count_mult == MULT_PEERS ? peers_of(ci) : comm_size_of(ci));
+    r->bytes = count * d->dt_size;
+    r->count = count;
+    uint32_t seq = atomic_load_explicit(&hvprof_comm_seq[ci], memory_order_relaxed);
+    atomic_store_explicit(&hvprof_comm_seq[ci], seq + 1, memory_order_relaxed);
+    r->seq = seq;
+    r->comm = ci;
+    r->track = t->track;
+    r->root = root;
+    r->op = op;
+    r->dtype = d->dt_code;
+    r->redop = d->redop;
+    r->flags = (uint16_t)(flags | d->dt_flags);
+    r->dtype_size = d->dt_size;
+    r->aux = hvprof_fold_ptr(buf);
+    hvprof_inflight_entry *e = t->inflight;
+    uint64_t t0 = hvprof_fast_ticks();
+    r->t_start = t0;
+    if (e) hvprof_inflight_begin(e, op, H(comm), t0);
+}
+
+/* After the call: when open_rec is no longer this call's slot, the call was
+ * closed meanwhile (another record was made from inside it: see open_rec)
+ * and its record is left so. */
+static inline __attribute__((always_inline)) void call_close(hvprof_tls *t, hvprof_record *r,
+                                                             int rc)
+{
+    hvprof_inflight_entry *e = t->inflight;
+    if (e) hvprof_inflight_end(e);
+    uint64_t t1 = hvprof_fast_ticks();
+    if (HVPROF_UNLIKELY(t->open_rec != r)) return;
+    r->t_end = t1;
+    if (HVPROF_LIKELY(rc == MPI_SUCCESS)) {
+        r->rc = 0;
+    } else {
+        r->rc = sat16(rc);
+        r->flags = (uint16_t)(r->flags | HVPROF_FLAG_ERROR);
+    }
+    t->open_rec = NULL;
+    hvprof_publish(t);
+}
+
+/* Summary mode: the aggregate this call goes into when it is the same
+ * (op, communicator, bytes, datatype, reduction) as this thread's previous
+ * call (NULL: the general path, which finds or makes the entry).  Across
+ * the call the wrapper keeps the entry, the start and the flags. */
+static inline __attribute__((always_inline)) hvprof_agg_entry *
+agg_open(hvprof_tls *t, uint64_t *t0, uint16_t *fl, uint16_t op, MPI_Comm comm, MPI_Datatype dt,
+         uint64_t count, int count_mult, MPI_Op mop, int root, uint16_t flags, const void *buf)
+{
+    (void)dt;
+    (void)mop;
+    (void)root;
+    (void)buf;
+    const hvprof_desc *d = &t->desc;
+    hvprof_agg_entry *e = (hvprof_agg_entry *)t->agg_last;
+    uint32_t gen = atomic_load_explicit(&hvprof_generation, memory_order_relaxed);
+    uint32_t ci = d->ci;
+    if (count_mult) count *= (uint64_t)(count_mult == MULT_PEERS ? peers_of(ci) : comm_size_of(ci));
+    if (HVPROF_UNLIKELY(!e || t->agg_generation != gen || e->bytes != count * d->dt_size ||
+                        e->op != op || e->comm != ci || e->dtype != d->dt_code ||
+                        e->redop != d->redop))
+        return NULL;
+    uint32_t seq = atomic_load_explicit(&hvprof_comm_seq[ci], memory_order_relaxed);
+    atomic_store_explicit(&hvprof_comm_seq[ci], seq + 1, memory_order_relaxed);
+    *fl = (uint16_t)(flags | d->dt_flags);
+    hvprof_inflight_entry *i = t->inflight;
+    *t0 = hvprof_fast_ticks();
+    if (i) hvprof_inflight_begin(i, op, H(comm), *t0);
+    return e;
+}
+
+static inline __attribute__((always_inline)) void agg_close(hvprof_tls *t, hvprof_agg_entry *e,
+                                                            uint64_t t0, uint16_t flags, int rc)
+{
+    hvprof_inflight_entry *i = t->inflight;
+    if (i) hvprof_inflight_end(i);
+    uint64_t t1 = hvprof_fast_ticks();
+    if (HVPROF_UNLIKELY(rc != MPI_SUCCESS)) flags = (uint16_t)(flags | HVPROF_FLAG_ERROR);
+    hvprof_agg_add(e, t1 - t0, flags, rc);
+}
+
+/* The general path's flight-recorder entry (NULL: none).  A call open on
+ * this thread is closed first (see hvprof_tls.open_rec). */
+static inline hvprof_inflight_entry *general_inflight(hvprof_tls *t)
+{
+    if (HVPROF_UNLIKELY(t->open_rec != NULL)) hvprof_abandon_open();
+    if (t->generation != atomic_load_explicit(&hvprof_generation, memory_order_relaxed))
+        return NULL;
+    return t->inflight;
 }
 
 /* A negative count (an erroneous call) is recorded as 0 elements. */
 #define UCOUNT(c) ((uint64_t)((c) > 0 ? (c) : 0))
-#define ACTIVE() atomic_load_explicit(&hvprof_active, memory_order_relaxed)
 #define INPLACE(buf) ((buf) == MPI_IN_PLACE ? HVPROF_FLAG_IN_PLACE : 0)
 
 /* Sum of a counts array of one entry per peer (peers: 1) or per rank of the
@@ -374,73 +539,96 @@ static inline uint64_t sum_counts(const int *counts, MPI_Comm comm, int peers)
 /* One wrapper, the same shape for every collective (and the same as nccl.c's
  * NCCL_WRAPPER): the name after MPI_, the MPI prototype's parameter list and
  * the same names as the argument list, each written once; the call is
- * forwarded to PMPI_<NAME> (untimed while the profiler is off).  The
- * statements after them describe the call once it returned, with t0 and t1
- * (ticks around the call) and rc (its result) in scope; T1 is where t1 is
- * taken (MPI_NONBLOCKING: not at all). */
-#define MPI_WRAPPER_(NAME, OP, PARAMS, ARGS, T1, ...)                        \
-    HVPROF_EXPORT int MPI_##NAME PARAMS                                      \
-    {                                                                        \
-        if (!ACTIVE()) return PMPI_##NAME ARGS;                              \
-        uint64_t t0 = hvprof_ticks();                                        \
-        hvprof_inflight_entry *inflight_ =                                   \
-            hvprof_inflight_begin(HVPROF_OP_##OP, (uint64_t)(uintptr_t)comm, t0); \
-        int rc = PMPI_##NAME ARGS;                                           \
-        hvprof_inflight_end(inflight_);                                      \
-        T1                                                                   \
-        __VA_ARGS__;                                                         \
-        return rc;                                                           \
+ * forwarded to PMPI_<NAME> (untimed while the profiler is off).  PRE:
+ * statements run first (locals the description needs); DESC: the call
+ * described, the arguments of emit() after t0 and t1 in parentheses:
+ * (comm, datatype, count, count_mult, op, root, flags, buffer), evaluated
+ * before the call on the fast path, after it on the general path. */
+#define ARGS_OF(...) __VA_ARGS__
+#define MPI_WRAPPER(NAME, OP, PARAMS, ARGS, PRE, DESC)                         \
+    static __attribute__((noinline)) int general_##NAME PARAMS                 \
+    {                                                                          \
+        PRE                                                                    \
+        hvprof_inflight_entry *e_ = general_inflight(&hvprof_t);               \
+        uint64_t t0 = hvprof_ticks();                                          \
+        if (e_) hvprof_inflight_begin(e_, HVPROF_OP_##OP, H(comm), t0);        \
+        int rc = PMPI_##NAME ARGS;                                             \
+        if (e_) hvprof_inflight_end(e_);                                       \
+        uint64_t t1 = hvprof_ticks();                                          \
+        emit(HVPROF_OP_##OP, t0, t1, ARGS_OF DESC, rc);                        \
+        return rc;                                                             \
+    }                                                                          \
+    HVPROF_EXPORT int MPI_##NAME PARAMS                                        \
+    {                                                                          \
+        if (!ACTIVE()) return PMPI_##NAME ARGS;                                \
+        hvprof_tls *t_ = &hvprof_t;                                            \
+        PRE                                                                    \
+        int div_;                                                              \
+        if (HVPROF_UNLIKELY(!APPLY(DESC_HIT_, t_, ARGS_OF DESC) ||             \
+                            !call_fast(t_, &div_)))                            \
+            return general_##NAME ARGS;                                        \
+        if (HVPROF_LIKELY(div_ == 0)) {                                        \
+            hvprof_record *r_;                                                 \
+            if (HVPROF_UNLIKELY(!call_slot(t_, &r_))) return general_##NAME ARGS; \
+            call_open(t_, r_, HVPROF_OP_##OP, ARGS_OF DESC);                   \
+            int rc = PMPI_##NAME ARGS;                                         \
+            call_close(t_, r_, rc);                                            \
+            return rc;                                                         \
+        }                                                                      \
+        uint64_t t0_;                                                          \
+        uint16_t fl_;                                                          \
+        hvprof_agg_entry *a_;                                                  \
+        if (div_ != HVPROF_DIVERT_SUMMARY ||                                   \
+            !(a_ = agg_open(t_, &t0_, &fl_, HVPROF_OP_##OP, ARGS_OF DESC)))    \
+            return general_##NAME ARGS;                                        \
+        int rc = PMPI_##NAME ARGS;                                             \
+        agg_close(t_, a_, t0_, fl_, rc);                                       \
+        return rc;                                                             \
     }
-#define MPI_WRAPPER(NAME, OP, PARAMS, ARGS, ...)                             \
-    MPI_WRAPPER_(NAME, OP, PARAMS, ARGS, uint64_t t1 = hvprof_ticks();, __VA_ARGS__)
-#define MPI_NONBLOCKING(NAME, OP, PARAMS, ARGS, ...)                         \
-    MPI_WRAPPER_(NAME, OP, PARAMS, ARGS, , __VA_ARGS__)
 
 MPI_WRAPPER(Allreduce, MPI_ALLREDUCE,
             (const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
              MPI_Comm comm),
-            (sendbuf, recvbuf, count, datatype, op, comm),
-            emit(HVPROF_OP_MPI_ALLREDUCE, t0, t1, comm, datatype, UCOUNT(count), 0, op, -1, rc,
-                 INPLACE(sendbuf), recvbuf))
+            (sendbuf, recvbuf, count, datatype, op, comm), ,
+            (comm, datatype, UCOUNT(count), 0, op, -1, INPLACE(sendbuf), recvbuf))
 
 MPI_WRAPPER(Reduce, MPI_REDUCE,
             (const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
              int root, MPI_Comm comm),
-            (sendbuf, recvbuf, count, datatype, op, root, comm),
-            emit(HVPROF_OP_MPI_REDUCE, t0, t1, comm, datatype, UCOUNT(count), 0, op, root, rc,
-                 INPLACE(sendbuf), recvbuf))
+            (sendbuf, recvbuf, count, datatype, op, root, comm), ,
+            (comm, datatype, UCOUNT(count), 0, op, root, INPLACE(sendbuf), recvbuf))
 
 MPI_WRAPPER(Bcast, MPI_BCAST,
             (void *buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm),
-            (buffer, count, datatype, root, comm),
-            emit(HVPROF_OP_MPI_BCAST, t0, t1, comm, datatype, UCOUNT(count), 0, MPI_OP_NULL, root,
-                 rc, 0, buffer))
+            (buffer, count, datatype, root, comm), ,
+            (comm, datatype, UCOUNT(count), 0, MPI_OP_NULL, root, 0, buffer))
 
 MPI_WRAPPER(Allgather, MPI_ALLGATHER,
             (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
              int recvcount, MPI_Datatype recvtype, MPI_Comm comm),
             (sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm),
-            int ip = sendbuf == MPI_IN_PLACE;
-            emit(HVPROF_OP_MPI_ALLGATHER, t0, t1, comm, ip ? recvtype : sendtype,
-                 UCOUNT(ip ? recvcount : sendcount), MULT_PEERS, MPI_OP_NULL, -1, rc,
-                 INPLACE(sendbuf), recvbuf))
+            int ip = sendbuf == MPI_IN_PLACE;,
+            (comm, ip ? recvtype : sendtype, UCOUNT(ip ? recvcount : sendcount), MULT_PEERS,
+             MPI_OP_NULL, -1, INPLACE(sendbuf), recvbuf))
 
 MPI_WRAPPER(Allgatherv, MPI_ALLGATHERV,
             (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
              const int recvcounts[], const int displs[], MPI_Datatype recvtype, MPI_Comm comm),
-            (sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm),
-            emit(HVPROF_OP_MPI_ALLGATHERV, t0, t1, comm, recvtype, sum_counts(recvcounts, comm, 1),
-                 0, MPI_OP_NULL, -1, rc, INPLACE(sendbuf), recvbuf))
+            (sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm), ,
+            (comm, recvtype, sum_counts(recvcounts, comm, 1), 0, MPI_OP_NULL, -1,
+             INPLACE(sendbuf), recvbuf))
 
 MPI_WRAPPER(Gather, MPI_GATHER,
             (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
              int recvcount, MPI_Datatype recvtype, int root, MPI_Comm comm),
             (sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm),
-            int ip = sendbuf == MPI_IN_PLACE;
-            emit(HVPROF_OP_MPI_GATHER, t0, t1, comm, ip ? recvtype : sendtype,
-                 UCOUNT(ip ? recvcount : sendcount), MULT_PEERS, MPI_OP_NULL, root, rc,
-                 INPLACE(sendbuf), recvbuf))
+            int ip = sendbuf == MPI_IN_PLACE;,
+            (comm, ip ? recvtype : sendtype, UCOUNT(ip ? recvcount : sendcount), MULT_PEERS,
+             MPI_OP_NULL, root, INPLACE(sendbuf), recvbuf))
 
+/* The root counts what it receives; an intercommunicator's root says
+ * MPI_ROOT, the rest of its group MPI_PROC_NULL (they send nothing); the
+ * other ranks count what they send. */
 MPI_WRAPPER(Gatherv, MPI_GATHERV,
             (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
              const int recvcounts[], const int displs[], MPI_Datatype recvtype, int root,
@@ -448,54 +636,44 @@ MPI_WRAPPER(Gatherv, MPI_GATHERV,
             (sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, root, comm),
             int me = -1;
             PMPI_Comm_rank(comm, &me);
-            /* an intercommunicator's root says MPI_ROOT, the rest of its
-             * group MPI_PROC_NULL (they send nothing) */
-            if (me == root || root == MPI_ROOT)
-                emit(HVPROF_OP_MPI_GATHERV, t0, t1, comm, recvtype,
-                     sum_counts(recvcounts, comm, 1), 0, MPI_OP_NULL, root, rc, INPLACE(sendbuf), recvbuf);
-            else if (root == MPI_PROC_NULL)
-                emit(HVPROF_OP_MPI_GATHERV, t0, t1, comm, MPI_DATATYPE_NULL, 0, 0, MPI_OP_NULL,
-                     root, rc, 0, recvbuf);
-            else
-                emit(HVPROF_OP_MPI_GATHERV, t0, t1, comm, sendtype, UCOUNT(sendcount), 0,
-                     MPI_OP_NULL, root, rc, 0, recvbuf))
+            int at_root = me == root || root == MPI_ROOT;
+            int none = !at_root && root == MPI_PROC_NULL;,
+            (comm, at_root ? recvtype : none ? MPI_DATATYPE_NULL : sendtype,
+             at_root ? sum_counts(recvcounts, comm, 1) : none ? 0 : UCOUNT(sendcount), 0,
+             MPI_OP_NULL, root, at_root ? INPLACE(sendbuf) : 0, recvbuf))
 
 MPI_WRAPPER(Alltoall, MPI_ALLTOALL,
             (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
              int recvcount, MPI_Datatype recvtype, MPI_Comm comm),
             (sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm),
-            int ip = sendbuf == MPI_IN_PLACE;
-            emit(HVPROF_OP_MPI_ALLTOALL, t0, t1, comm, ip ? recvtype : sendtype,
-                 UCOUNT(ip ? recvcount : sendcount), MULT_PEERS, MPI_OP_NULL, -1, rc,
-                 INPLACE(sendbuf), recvbuf))
+            int ip = sendbuf == MPI_IN_PLACE;,
+            (comm, ip ? recvtype : sendtype, UCOUNT(ip ? recvcount : sendcount), MULT_PEERS,
+             MPI_OP_NULL, -1, INPLACE(sendbuf), recvbuf))
 
 MPI_WRAPPER(Alltoallv, MPI_ALLTOALLV,
             (const void *sendbuf, const int sendcounts[], const int sdispls[],
              MPI_Datatype sendtype, void *recvbuf, const int recvcounts[], const int rdispls[],
              MPI_Datatype recvtype, MPI_Comm comm),
             (sendbuf, sendcounts, sdispls, sendtype, recvbuf, recvcounts, rdispls, recvtype, comm),
-            int ip = sendbuf == MPI_IN_PLACE;
-            emit(HVPROF_OP_MPI_ALLTOALLV, t0, t1, comm, ip ? recvtype : sendtype,
-                 sum_counts(ip ? recvcounts : sendcounts, comm, 1), 0, MPI_OP_NULL, -1, rc,
-                 INPLACE(sendbuf), recvbuf))
+            int ip = sendbuf == MPI_IN_PLACE;,
+            (comm, ip ? recvtype : sendtype, sum_counts(ip ? recvcounts : sendcounts, comm, 1), 0,
+             MPI_OP_NULL, -1, INPLACE(sendbuf), recvbuf))
 
 MPI_WRAPPER(Reduce_scatter, MPI_REDUCE_SCATTER,
             (const void *sendbuf, void *recvbuf, const int recvcounts[], MPI_Datatype datatype,
              MPI_Op op, MPI_Comm comm),
-            (sendbuf, recvbuf, recvcounts, datatype, op, comm),
-            emit(HVPROF_OP_MPI_REDUCE_SCATTER, t0, t1, comm, datatype,
-                 sum_counts(recvcounts, comm, 0), 0, op, -1, rc, INPLACE(sendbuf), recvbuf))
+            (sendbuf, recvbuf, recvcounts, datatype, op, comm), ,
+            (comm, datatype, sum_counts(recvcounts, comm, 0), 0, op, -1, INPLACE(sendbuf),
+             recvbuf))
 
 MPI_WRAPPER(Reduce_scatter_block, MPI_REDUCE_SCATTER_BLOCK,
             (const void *sendbuf, void *recvbuf, int recvcount, MPI_Datatype datatype, MPI_Op op,
              MPI_Comm comm),
-            (sendbuf, recvbuf, recvcount, datatype, op, comm),
-            emit(HVPROF_OP_MPI_REDUCE_SCATTER_BLOCK, t0, t1, comm, datatype, UCOUNT(recvcount),
-                 MULT_SIZE, op, -1, rc, INPLACE(sendbuf), recvbuf))
+            (sendbuf, recvbuf, recvcount, datatype, op, comm), ,
+            (comm, datatype, UCOUNT(recvcount), MULT_SIZE, op, -1, INPLACE(sendbuf), recvbuf))
 
-MPI_WRAPPER(Barrier, MPI_BARRIER, (MPI_Comm comm), (comm),
-            emit(HVPROF_OP_MPI_BARRIER, t0, t1, comm, MPI_DATATYPE_NULL, 0, 0, MPI_OP_NULL, -1,
-                 rc, 0, NULL))
+MPI_WRAPPER(Barrier, MPI_BARRIER, (MPI_Comm comm), (comm), ,
+            (comm, MPI_DATATYPE_NULL, 0, 0, MPI_OP_NULL, -1, 0, NULL))
 
 /* ------------------------------------------------------------------------ */
 /* MPI_Iallreduce: timed from the call to the completion that MPI_Wait/Test*
@@ -518,16 +696,18 @@ static _Atomic int n_pending;
 static void pending_add(MPI_Request req, uint64_t t0, MPI_Comm comm, MPI_Datatype dt, int count,
                         MPI_Op op, uint16_t flags, int rc)
 {
-    uint32_t ci = comm_index(comm);
+    const hvprof_desc *dd = describe(comm, dt, op);
+    uint32_t ci = dd->ci;
     uint32_t seq = hvprof_comm_next_seq(ci);
-    dtinfo d = dt_info(dt);
+    dtinfo d = {dd->dt_size, dd->dt_code, dd->dt_flags != 0};
+    uint8_t redop = dd->redop;
     if (rc != MPI_SUCCESS || req == MPI_REQUEST_NULL) {
         /* Nothing to wait for: record the failed start now. */
         uint64_t t1 = hvprof_ticks();
         (void)hvprof_emit(&(hvprof_record){
             .t_start = t0, .t_end = t1, .bytes = UCOUNT(count) * d.size, .count = UCOUNT(count),
             .seq = seq, .comm = ci, .track = HVPROF_TRACK_SELF, .root = -1,
-            .op = HVPROF_OP_MPI_IALLREDUCE, .dtype = d.code, .redop = op_code(op),
+            .op = HVPROF_OP_MPI_IALLREDUCE, .dtype = d.code, .redop = redop,
             .flags = (uint16_t)(flags | HVPROF_FLAG_NONBLOCKING |
                                 (rc != MPI_SUCCESS ? HVPROF_FLAG_ERROR : 0)),
             .rc = sat16(rc), .dtype_size = d.size, .aux = 0});
@@ -544,7 +724,7 @@ static void pending_add(MPI_Request req, uint64_t t0, MPI_Comm comm, MPI_Datatyp
         p->seq = seq;
         p->track = hvprof_track_self();
         p->dtype = d.code;
-        p->redop = op_code(op);
+        p->redop = redop;
         p->flags = (uint16_t)(flags | HVPROF_FLAG_NONBLOCKING | (d.derived ? HVPROF_FLAG_DERIVED_TYPE : 0));
         p->dtype_size = d.size;
         p->rc = rc;
@@ -578,12 +758,20 @@ static void pending_done(uint64_t key, uint64_t t1, uint16_t extra_flags)
     }
 }
 
-MPI_NONBLOCKING(Iallreduce, MPI_IALLREDUCE,
-                (const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
-                 MPI_Comm comm, MPI_Request *request),
-                (sendbuf, recvbuf, count, datatype, op, comm, request),
-                pending_add(rc == MPI_SUCCESS ? *request : MPI_REQUEST_NULL, t0, comm, datatype,
-                            count, op, INPLACE(sendbuf), rc))
+HVPROF_EXPORT int MPI_Iallreduce(const void *sendbuf, void *recvbuf, int count,
+                                 MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
+                                 MPI_Request *request)
+{
+    if (!ACTIVE()) return PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request);
+    hvprof_inflight_entry *e = general_inflight(&hvprof_t);
+    uint64_t t0 = hvprof_ticks();
+    if (e) hvprof_inflight_begin(e, HVPROF_OP_MPI_IALLREDUCE, H(comm), t0);
+    int rc = PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request);
+    if (e) hvprof_inflight_end(e);
+    pending_add(rc == MPI_SUCCESS ? *request : MPI_REQUEST_NULL, t0, comm, datatype, count, op,
+                INPLACE(sendbuf), rc);
+    return rc;
+}
 
 #define ANY_PENDING() atomic_load_explicit(&n_pending, memory_order_relaxed)
 
@@ -738,6 +926,17 @@ HVPROF_EXPORT int MPI_Comm_free(MPI_Comm *comm)
     uint64_t key = comm ? H(*comm) : 0;
     int rc = PMPI_Comm_free(comm);
     if (rc == MPI_SUCCESS && key) hvprof_comm_forget(key);
+    return rc;
+}
+
+/* A freed datatype's handle may come back as a new derived type of another
+ * size: every thread's cached description (hvprof_desc) is dropped.  (Frees
+ * that do not pass through the MPI_ symbol, such as Open MPI's Fortran
+ * bindings calling PMPI_Type_free, are not seen.) */
+HVPROF_EXPORT int MPI_Type_free(MPI_Datatype *datatype)
+{
+    int rc = PMPI_Type_free(datatype);
+    atomic_fetch_add(&hvprof_handle_epoch, 1);
     return rc;
 }
 
@@ -981,6 +1180,115 @@ static void report_open_failures(int rank, int size, int ok)
                     size, first);
 }
 
+/* The profiler states its own cost: call_cost_ns in the raw file's header,
+ * measured here at MPI_Init, off the hot path.  Method: blocks of CAL_ITERS
+ * calls of cal_wrapped -- exactly the wrapper's fast path (the same inline
+ * functions in the same order: active check, cached description, slot,
+ * fill, two clock reads, flight recorder, publish; summary mode: the
+ * aggregate update) around an empty non-inlined stand-in for the MPI call --
+ * alternate with blocks calling the stand-in directly, as an unprofiled
+ * program calls MPI; the median of CAL_PAIRS block differences, per call.
+ * Everything it writes is scratch that nobody reads: a private thread state
+ * whose chunk is a static array (never published, never flushed), a private
+ * flight-recorder entry, a private aggregate; the communicator's call
+ * counter it advances is put back.  Left out: the helper thread's copy of
+ * each record to the file (its CPU time is helper_cpu_ns) and the cache
+ * misses of a real chunk (the scratch slots stay warm).  About 0.3 ms. */
+#define CAL_ITERS 512
+#define CAL_PAIRS 15
+static hvprof_record cal_slots[CAL_ITERS];
+static float cal_buf[1];
+
+__attribute__((noinline)) static int cal_stand_in(int i)
+{
+    int r; /* opaque to the compiler, like the MPI call it stands for */
+    __asm__ volatile("" : "=r"(r) : "0"(i == -1) : "memory");
+    return r;
+}
+
+__attribute__((noinline)) static int cal_wrapped(hvprof_tls *t, int i, int summary)
+{
+    if (!ACTIVE()) return cal_stand_in(i);
+    int div;
+    if (!desc_hit(t, MPI_COMM_WORLD, MPI_FLOAT, MPI_SUM) || !call_fast(t, &div))
+        return cal_stand_in(i);
+    if (!summary) {
+        hvprof_record *r;
+        if (!call_slot(t, &r)) return cal_stand_in(i);
+        call_open(t, r, HVPROF_OP_MPI_ALLREDUCE, MPI_COMM_WORLD, MPI_FLOAT, 0, 0, MPI_SUM, -1, 0,
+                  cal_buf);
+        int rc = cal_stand_in(i);
+        call_close(t, r, rc);
+        return rc;
+    }
+    uint64_t t0;
+    uint16_t fl;
+    hvprof_agg_entry *a = agg_open(t, &t0, &fl, HVPROF_OP_MPI_ALLREDUCE, MPI_COMM_WORLD,
+                                   MPI_FLOAT, 0, 0, MPI_SUM, -1, 0, cal_buf);
+    if (!a) return cal_stand_in(i);
+    int rc = cal_stand_in(i);
+    agg_close(t, a, t0, fl, rc);
+    return rc;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double calibrate_call_cost(const hvprof_file_header *h)
+{
+    if (!hvprof_fast_clock()) return 0; /* the general path would be timed: not calibrated */
+    int summary = h->mode == HVPROF_MODE_SUMMARY;
+    static hvprof_tls c; /* a stand-in thread, not hvprof_t: nothing of it is published */
+    static hvprof_inflight_entry cal_inflight;
+    static hvprof_agg_entry cal_agg;
+    static _Atomic uint64_t cal_nrec;
+    memset(&c, 0, sizeof c);
+    uint32_t gen = atomic_load(&hvprof_generation);
+    uint32_t epoch = atomic_load(&hvprof_handle_epoch);
+    describe_slow(&c.desc, MPI_COMM_WORLD, MPI_FLOAT, MPI_SUM, epoch);
+    uint32_t ci = c.desc.ci;
+    if (ci >= HVPROF_COMM_TABLE_CAPACITY || c.desc.epoch != atomic_load(&hvprof_handle_epoch))
+        return 0;
+    c.slots = cal_slots;
+    c.nrec = &cal_nrec;
+    c.capacity = CAL_ITERS;
+    c.track = 0;
+    c.generation = gen;
+    c.inflight = &cal_inflight;
+    memset(&cal_agg, 0, sizeof cal_agg);
+    cal_agg.op = HVPROF_OP_MPI_ALLREDUCE;
+    cal_agg.comm = ci;
+    cal_agg.dtype = c.desc.dt_code;
+    cal_agg.redop = c.desc.redop;
+    cal_agg.calls = 1;
+    c.agg = &cal_agg;
+    c.agg_last = &cal_agg;
+    c.agg_generation = gen;
+    uint32_t seq = atomic_load_explicit(&hvprof_comm_seq[ci], memory_order_relaxed);
+    double diff[CAL_PAIRS];
+    int sink = 0;
+    for (int p = -1; p < CAL_PAIRS; p++) { /* p = -1: warm-up */
+        c.used = 0;
+        int64_t a = hvprof_mono_ns();
+        for (int i = 0; i < CAL_ITERS; i++) sink += cal_wrapped(&c, i, summary);
+        int64_t b = hvprof_mono_ns();
+        for (int i = 0; i < CAL_ITERS; i++) sink += cal_stand_in(i);
+        int64_t e = hvprof_mono_ns();
+        if (p >= 0) diff[p] = (double)((b - a) - (e - b)) / CAL_ITERS;
+    }
+    atomic_store_explicit(&hvprof_comm_seq[ci], seq, memory_order_relaxed);
+    /* every call took the fast path, or this was not what the job runs */
+    if (sink != 0 || c.used != (summary ? 0u : CAL_ITERS) ||
+        cal_agg.calls != (summary ? 1u + (CAL_PAIRS + 1u) * CAL_ITERS : 1u))
+        return 0;
+    qsort(diff, CAL_PAIRS, sizeof diff[0], cmp_double);
+    double med = diff[CAL_PAIRS / 2];
+    return med > 0 ? med : 0;
+}
+
 static void mpi_started(uint64_t t0, int provided)
 {
     if (!profiling_wanted()) return;
@@ -1046,6 +1354,7 @@ static void mpi_started(uint64_t t0, int provided)
         h->mpi_version[k] = 0;
     }
     comm_index(MPI_COMM_WORLD); /* table entry 0: the world */
+    h->call_cost_ns = calibrate_call_cost(h);
 
     /* Horovod's own timeline, into the profile directory, when asked for with
      * HOROVOD_PROFILE_TIMELINE=1 (rank 0 writes it; Horovod reads the variable
@@ -1060,8 +1369,8 @@ static void mpi_started(uint64_t t0, int provided)
     uint64_t t1 = hvprof_ticks();
     h->init_end_ticks = (int64_t)t1;
     __atomic_or_fetch(&h->state, HVPROF_STATE_MPI_INIT, __ATOMIC_RELEASE);
-    emit(HVPROF_OP_MPI_INIT, t0, t1, MPI_COMM_WORLD, MPI_DATATYPE_NULL, 0, 0, MPI_OP_NULL, -1,
-         MPI_SUCCESS, 0, NULL);
+    emit(HVPROF_OP_MPI_INIT, t0, t1, MPI_COMM_WORLD, MPI_DATATYPE_NULL, 0, 0, MPI_OP_NULL, -1, 0,
+         NULL, MPI_SUCCESS);
 }
 
 HVPROF_EXPORT int MPI_Init(int *argc, char ***argv)
@@ -1096,7 +1405,7 @@ HVPROF_EXPORT int MPI_Finalize(void)
                     if (k > 2) pending_done(k, t0, HVPROF_FLAG_NO_COMPLETION);
                 }
             emit(HVPROF_OP_MPI_FINALIZE, t0, hvprof_ticks(), MPI_COMM_WORLD, MPI_DATATYPE_NULL,
-                 0, 0, MPI_OP_NULL, -1, MPI_SUCCESS, 0, NULL);
+                 0, 0, MPI_OP_NULL, -1, 0, NULL, MPI_SUCCESS);
             h->finalize_ticks = (int64_t)t0;
         }
         int me = 0, size = 1;
