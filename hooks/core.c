@@ -59,7 +59,7 @@ _Atomic int hvprof_divert = 0;
 static void agg_snapshot(void);
 static void window_init(void);
 static int parse_window(const char *w, double *a, double *b);
-#define DEFAULT_FLUSH_MS 2
+#define DEFAULT_FLUSH_MS 10
 static void window_tick(int64_t now_mono);
 int hvprof_clock_kind = HVPROF_CLOCK_MONOTONIC;
 

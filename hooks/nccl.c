@@ -463,11 +463,30 @@ static inline void call_end(call *c, ncclResult_t rc)
     }                                                                        \
     if (!recording()) return expr;
 
+/* This thread's flight-recorder entry when it is valid (NULL before the
+ * thread's first record, or when the file it points into was replaced). */
+static inline hvprof_inflight_entry *nccl_inflight(void)
+{
+    hvprof_tls *t = &hvprof_t;
+    if (t->generation != atomic_load_explicit(&hvprof_generation, memory_order_relaxed))
+        return NULL;
+    return t->inflight;
+}
+
+/* The flight recorder (hvprof_inflight_begin/end, as mpi.c): the host call
+ * is in the rank's file header while NCCL has it, so that a call that never
+ * returns (a blocking NCCL, a communicator that hangs in enqueue) shows in
+ * `profiler hang`; a call inside a group is covered by its ncclGroupEnd. */
 #define RECORD_CALL(c, expr)                                                 \
     do {                                                                     \
         nt.nest++;                                                           \
         call_begin(c);                                                       \
+        hvprof_inflight_entry *inflight_ = nt.depth > 0 ? NULL : nccl_inflight(); \
+        if (inflight_)                                                       \
+            hvprof_inflight_begin(inflight_, (c)->op, (uint64_t)(uintptr_t)(c)->comm, \
+                                  (c)->t0);                                  \
         ncclResult_t rc_ = expr;                                             \
+        if (inflight_) hvprof_inflight_end(inflight_);                       \
         call_end(c, rc_);                                                    \
         nt.nest--;                                                           \
         return rc_;                                                          \

@@ -534,3 +534,34 @@ def test_reanchoring_keeps_device_times_on_the_host_axis(built: Built, tmp_path:
     assert np.allclose(dur, 3000.0, rtol=0.01), dur
     gaps = run.us(slow["t_start"][1:].astype(np.int64) - slow["t_end"][:-1].astype(np.int64))
     assert np.all(np.abs(gaps) < 50), gaps
+
+
+def test_an_nccl_call_that_never_completes_is_in_flight(built: Built, tmp_path: Path) -> None:
+    """The stand-in's third allreduce never returns (a blocking NCCL whose peer
+    never comes); the job is killed; `profiler hang` shows it in flight."""
+    import json
+    import signal
+    import sys
+
+    prof = tmp_path / "prof"
+    env = base_env(HOROVOD_PROFILE="1", HOROVOD_PROFILE_DIR=str(prof), RANK="0",
+                   WORLD_SIZE="1", LOCAL_RANK="0", LD_PRELOAD=str(library_path()),
+                   STANDIN_NCCL_NEVER_COMPLETES="3")
+    proc = subprocess.Popen([str(built.app_nocuda), "steps", "5"], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        proc.communicate(timeout=3)
+        raise AssertionError("the stand-in's call returned")
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+    p = subprocess.run([sys.executable, "-P", "-m", "profiler.cli", "hang", str(prof),
+                        "--format", "json"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stdout + p.stderr
+    doc = json.loads(p.stdout)
+    (rank,) = doc["ranks"]
+    assert [f["op"] for f in rank["in_flight"]] == ["nccl_allreduce"]
+    assert rank["in_flight"][0]["seq"] == 2  # two completed before it on its communicator
+    assert rank["last"]["op"] == "nccl_allreduce" and rank["last"]["seq"] == 1
+    (c,) = doc["comms"]
+    assert c["entered"]["0"].startswith("nccl_allreduce (in flight")

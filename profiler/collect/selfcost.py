@@ -54,7 +54,22 @@ def snapshot() -> dict[str, Any]:
     process's CPU time (user + system, all threads)."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return {"python_hook_ns": int(python_ns), "python_hook_calls": int(python_calls),
-            "process_cpu_ns": int((ru.ru_utime + ru.ru_stime) * 1e9)}
+            "process_cpu_ns": int((ru.ru_utime + ru.ru_stime) * 1e9),
+            "process_wall_ns": _process_wall_ns()}
+
+
+def _process_wall_ns() -> int | None:
+    """How long this process has run (Linux: /proc), None when unknown."""
+    import os
+
+    try:
+        with open("/proc/self/stat") as f:
+            start = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            up = float(f.read().split()[0])
+        return max(0, int((up - start / os.sysconf("SC_CLK_TCK")) * 1e9))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _dict(v: Any) -> dict[str, Any]:
@@ -88,10 +103,9 @@ def job_summary(rank_meta: list[dict[str, Any]]) -> dict[str, Any]:
         parts = [v for v in (record_ns, helper, python) if v is not None]
         total = float(sum(parts)) if parts else None
         cpu = _num(own.get("process_cpu_ns"))
-        step_s = _num(_dict(m.get("steps")).get("seconds"))
-        # the share of the timed steps: records and hooks made during them are
-        # not told apart from the rest, so the whole run's cost over the
-        # whole run's wall time in steps bounds it from above
+        # each step's share: the cost spread evenly over the process's life
+        # (records, hooks and the helper's ticks all run throughout)
+        wall = _num(own.get("process_wall_ns"))
         ranks.append({
             "rank": int(m.get("rank", -1)),
             "call_cost_ns": per_call,
@@ -103,7 +117,7 @@ def job_summary(rank_meta: list[dict[str, Any]]) -> dict[str, Any]:
             "total_ns": total,
             "process_cpu_ns": cpu,
             "cpu_share": (total / cpu) if total is not None and cpu else None,
-            "step_share": (total / (step_s * 1e9)) if total is not None and step_s else None,
+            "step_share": (total / wall) if total is not None and wall else None,
         })
     shares = [r["cpu_share"] for r in ranks if r["cpu_share"] is not None]
     steps_sh = [r["step_share"] for r in ranks if r["step_share"] is not None]
@@ -117,5 +131,6 @@ def job_summary(rank_meta: list[dict[str, Any]]) -> dict[str, Any]:
         "method": "records x the per-record cost calibrated at start-up (call_cost_ns), "
                   "+ the helper thread's CPU time (its thread clock), + the Python hooks' "
                   "own time (perf_counter around them); shares of the rank's CPU time "
-                  "(getrusage at exit) and of its timed steps' wall time",
+                  "(getrusage at exit) and of its wall time (each step's share when the cost "
+                  "spreads evenly over the run)",
     }

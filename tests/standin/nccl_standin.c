@@ -367,12 +367,25 @@ static void launch(cudaStream_t s, int64_t dur)
     if (enqueue) enqueue(s, dur);
 }
 
+/* STANDIN_NCCL_NEVER_COMPLETES=N: the N-th collective (from 1) never returns
+ * to its caller, as a blocking NCCL whose peer never comes (a hang). */
+static void maybe_never_complete(unsigned long n)
+{
+    static long at = -2;
+    if (at == -2) {
+        const char *v = getenv("STANDIN_NCCL_NEVER_COMPLETES");
+        at = v && *v ? atol(v) : -1;
+    }
+    if (at > 0 && (long)n == at)
+        for (;;) pause();
+}
+
 static ncclResult_t work(const callinfo *ci, cudaStream_t s)
 {
     ncclComm_t comm = ci->comm;
     if (!comm || comm->magic != COMM_MAGIC) return ncclInvalidArgument;
     if (ci->dt < 0 || ci->dt >= 12) return ncclInvalidArgument;
-    atomic_fetch_add(&n_calls, 1);
+    maybe_never_complete((unsigned long)atomic_fetch_add(&n_calls, 1) + 1);
     if (group_depth > 0) {
         if (n_queued < 256) queued[n_queued++] = (item){s, delay_ns(), *ci};
     } else { /* a group of its own, as NCCL runs every call */
