@@ -83,6 +83,8 @@ _count = 0
 # handed to Horovod that may still be waiting; entries whose handle has left
 # Horovod's _handle_map (synchronized) are dropped by oldest_pending()
 _pending: dict[Any, tuple[float, str]] = {}
+PRUNE_AT = 4096
+_prune_at = PRUNE_AT
 _module: ModuleType | None = None
 
 
@@ -226,6 +228,8 @@ def _wrap(fname: str, orig: Callable[..., Any]) -> Callable[..., Any]:
             op = _arg(args, kwargs, op_i, "op") if op_i is not None else None
             ps = _arg(args, kwargs, ps_i, "process_set")
             _pending[handle] = (_monotonic(), base)
+            if len(_pending) > _prune_at:  # bounded without a watchdog too
+                _prune()
             if grouped and tensors is not None:
                 n = len(tensors)
                 outs = list(outputs) if outputs is not None else [None] * n
@@ -241,6 +245,14 @@ def _wrap(fname: str, orig: Callable[..., Any]) -> Callable[..., Any]:
 
     setattr(entry, _WRAPPED, orig)
     return entry
+
+
+def _prune() -> None:
+    """Drop the handed-back handles; the next pruning at twice what is left
+    (amortised constant time per tensor, whatever Horovod keeps pending)."""
+    global _prune_at
+    oldest_pending()
+    _prune_at = max(PRUNE_AT, 2 * len(_pending))
 
 
 def oldest_pending() -> tuple[float, str] | None:
