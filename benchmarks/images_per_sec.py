@@ -36,14 +36,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-MPI_ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "OMPI_MCA_rmaps_base_oversubscribe": "1",
-    "OMPI_MCA_hwloc_base_binding_policy": "none",
-    "OMPI_MCA_btl_tcp_if_include": "lo",
-    "OMPI_MCA_oob_tcp_if_include": "lo",
-}
+# the launcher settings of the sibling benchmark (run as a script: its folder
+# is on sys.path)
+from timeline_cost import MPI_ENV  # noqa: E402
+
 #: model -> train_bench arguments (sizes that keep a run near 10-20 s here)
 MODEL_ARGS = {
     "cnn": ["--batch-size", "32", "--image-size", "32", "--num-iters", "8"],
