@@ -683,13 +683,14 @@ def _cli(argv: list[str], timeout: float) -> tuple[str, str]:
 
 def run(readers: list[str], *, n_random: int, trunc_budget: int, cli_every: int,
         seed: int, case_timeout: float, work: Path, log: Callable[[str], None] = print,
-        full_every: int = 64) -> Report:
+        full_every: int = 64, seeds: dict[str, Path] | None = None) -> Report:
     """Run the cases; a truncation runs the whole reader every `full_every` cases
     and the parser alone (read_raw) for the others."""
     signal.signal(signal.SIGALRM, _alarm)
     t_start = time.perf_counter()
     rep = Report()
-    seeds = make_seeds(work / "seeds")
+    if seeds is None:
+        seeds = make_seeds(work / "seeds")
     for name in readers:
         target = TARGETS[name]
         rng = random.Random(f"{seed}:{name}")
@@ -763,6 +764,53 @@ def run(readers: list[str], *, n_random: int, trunc_budget: int, cli_every: int,
     return rep
 
 
+# Rough share of a --quick run's time per reader (measured), to split the
+# readers over --jobs processes evenly; an unknown reader counts as 1.
+WEIGHT = {"raw": 30, "header": 14, "trace": 8, "timeline": 9, "tensors": 8, "parquet": 6,
+          "agg": 4, "hang": 4, "meta": 3, "plan": 1}
+
+
+def split(readers: list[str], jobs: int) -> list[list[str]]:
+    """Readers into `jobs` groups of about equal weight (largest first, each to
+    the lightest group)."""
+    groups: list[list[str]] = [[] for _ in range(max(1, jobs))]
+    load = [0] * len(groups)
+    for r in sorted(readers, key=lambda r: -WEIGHT.get(r, 1)):
+        i = load.index(min(load))
+        groups[i].append(r)
+        load[i] += WEIGHT.get(r, 1)
+    return [g for g in groups if g]
+
+
+def run_parallel(readers: list[str], jobs: int, work: Path, **kw: Any) -> Report:
+    """`run` over groups of readers in `jobs` forked processes, sharing one set
+    of seeds; the reports are added up (RSS: the largest process)."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    seeds = make_seeds(work / "seeds")
+    t0 = time.perf_counter()
+    total = Report()
+    with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork")) as pool:
+        futs = []
+        for i, group in enumerate(split(readers, jobs)):
+            sub = work / f"job{i}"
+            sub.mkdir()
+            futs.append(pool.submit(run, group, work=sub, seeds=seeds, **kw))
+        for f in futs:
+            rep = f.result()
+            for name in ("cases", "refused", "accepted", "cli_cases", "slowest_s"):
+                getattr(total, name).update(getattr(rep, name))
+            total.findings.extend(rep.findings)
+            total.max_rss_mb = max(total.max_rss_mb, rep.max_rss_mb)
+    total.seconds = round(time.perf_counter() - t0, 1)
+    return total
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reader", action="append", choices=sorted(TARGETS),
@@ -783,15 +831,21 @@ def main(argv: list[str] | None = None) -> int:
                    help="the CI subset: 60 random cases, truncations every byte up to "
                         "12 KiB, every 40th case through the CLI")
     p.add_argument("--json", help="write the report here")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="processes, each fuzzing some of the readers (default 1)")
     args = p.parse_args(argv)
     if args.quick:
         args.cases, args.trunc_budget, args.cli_every, args.full_every = 40, 400, 150, 256
     readers = args.reader or sorted(TARGETS)
+    kw: dict[str, Any] = dict(n_random=args.cases, trunc_budget=args.trunc_budget,
+                              cli_every=args.cli_every, seed=args.seed,
+                              case_timeout=args.case_timeout, full_every=args.full_every,
+                              log=_say)
     with tempfile.TemporaryDirectory(prefix="hvprof-fuzz-") as tmp:
-        rep = run(readers, n_random=args.cases, trunc_budget=args.trunc_budget,
-                  cli_every=args.cli_every, seed=args.seed, case_timeout=args.case_timeout,
-                  work=Path(tmp), log=lambda s: print(s, file=sys.stderr, flush=True),
-                  full_every=args.full_every)
+        if args.jobs > 1:
+            rep = run_parallel(readers, args.jobs, Path(tmp), **kw)
+        else:
+            rep = run(readers, work=Path(tmp), **kw)
     if rep.max_rss_mb > args.max_rss_mb:
         rep.findings.append(Finding("*", "*", "api", f"max RSS {rep.max_rss_mb:.0f} MB over "
                                     f"{args.max_rss_mb:.0f} MB"))

@@ -49,7 +49,7 @@ def _limit_memory() -> None:
 @pytest.fixture(scope="module")
 def fuzz(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("fuzz") / "report.json"
-    p = subprocess.run([PYTHON, "-P", str(FUZZ), "--quick", "--case-timeout", "10",
+    p = subprocess.run([PYTHON, "-P", str(FUZZ), "--quick", "--jobs", "2", "--case-timeout", "10",
                         "--max-rss-mb", "1536", "--json", str(out)],
                        env=base_env(), capture_output=True, text=True, timeout=280,
                        preexec_fn=_limit_memory)

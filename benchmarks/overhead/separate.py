@@ -300,30 +300,26 @@ def report(cells: list[tuple[int, int]], configs: list[str],
         rows.append(row)
     table(head, rows)
 
-    print("\nWhere the added time goes: CPU per call added on the calling thread / used by the "
-          "process's other threads (the profiler's helper), median ns")
-    head = ["size", "ranks", *(f"{LABELS[c]}: caller / others" for c in configs[1:])]
-    rows = []
-    for b, n in cells:
-        row = [fmt_size(b), str(n)]
-        for c in configs[1:]:
-            main = statistics.median(added(samples, b, n, c, "main_cpu_ns"))
-            other = statistics.median(added(samples, b, n, c, "other_cpu_ns"))
-            row.append(f"{main:.1f} / {other:.1f}")
-        rows.append(row)
-    table(head, rows)
+    def pair_table(title: str, names: str, first: str, second: str) -> None:
+        """One table of "median added first / median added second" per cell and
+        profiled configuration."""
+        print(title)
+        head = ["size", "ranks", *(f"{LABELS[c]}: {names}" for c in configs[1:])]
+        rows = []
+        for b, n in cells:
+            row = [fmt_size(b), str(n)]
+            for c in configs[1:]:
+                x = statistics.median(added(samples, b, n, c, first))
+                y = statistics.median(added(samples, b, n, c, second))
+                row.append(f"{x:.1f} / {y:.1f}")
+            rows.append(row)
+        table(head, rows)
 
-    print("\nAdded per run (set-up in MPI_Init, reports in MPI_Finalize), median ms")
-    head = ["size", "ranks", *(f"{LABELS[c]}: init / finalize" for c in configs[1:])]
-    rows = []
-    for b, n in cells:
-        row = [fmt_size(b), str(n)]
-        for c in configs[1:]:
-            i = statistics.median(added(samples, b, n, c, "init_ms"))
-            f = statistics.median(added(samples, b, n, c, "finalize_ms"))
-            row.append(f"{i:.1f} / {f:.1f}")
-        rows.append(row)
-    table(head, rows)
+    pair_table("\nWhere the added time goes: CPU per call added on the calling thread / used "
+               "by the process's other threads (the profiler's helper), median ns",
+               "caller / others", "main_cpu_ns", "other_cpu_ns")
+    pair_table("\nAdded per run (set-up in MPI_Init, reports in MPI_Finalize), median ms",
+               "init / finalize", "init_ms", "finalize_ms")
 
     says = []
     for b, n in cells:
