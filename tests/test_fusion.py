@@ -141,6 +141,35 @@ def test_inference_says_when_it_cannot_tell() -> None:
     assert not table["matched"].any() and info["unexplained"] == 1
 
 
+def test_evidence_keeps_what_inference_reads() -> None:
+    # Horovod's thread known only by its signature (a bit-vector allreduce,
+    # thread_kind "other"), plus a rank-0 main-thread allreduce that is not
+    # Horovod's: the reduced frame drops the control and foreign rows, keeps
+    # the tensor records and Horovod's data calls, and infers the same table
+    frame, names = _frame(
+        [("allreduce.w1", 10, 4096, 0x11), ("allreduce.b1", 11, 128, 0x12),
+         ("allreduce.w2", 12, 4096, 0x13)],
+        [(100, 4096 + 128, 0xF00), (200, 4096, 0x13)])
+    frame["thread_kind"] = np.where(frame["op"] == "tensor", "main", "other")
+    frame["redop"] = "sum"
+    extra = pd.DataFrame([
+        {**frame.iloc[-1].to_dict(), "t_start_ns": 50, "bytes": 8, "redop": "bor",
+         "kind": "control", "buf": 0, "seq": 9},
+        {**frame.iloc[-1].to_dict(), "t_start_ns": 60, "bytes": 4096, "track": 0,
+         "thread_kind": "main", "buf": 0x13, "seq": 0, "comm": 3}])
+    full = pd.concat([frame, extra], ignore_index=True)
+    ev = fusion.evidence(full)
+    assert set(ev.columns) <= set(fusion.EVIDENCE_COLUMNS)
+    assert (ev["op"] == "tensor").sum() == 3
+    calls = ev[ev["op"] != "tensor"]
+    assert calls["t_start_ns"].tolist() == [100, 200]
+    assert (calls["thread_kind"] == "horovod").all()
+    a, _ = fusion.infer({0: full}, {0: names}, threshold=1 << 20, world_size=1)
+    b, _ = fusion.infer({0: ev}, {0: names}, threshold=1 << 20, world_size=1)
+    assert _sets(a) == _sets(b) == {0: {"allreduce.w1", "allreduce.b1"},
+                                    1: {"allreduce.w2"}}
+
+
 # ---------------------------------------------------------------------------
 # end to end: real Horovod, the timeline as the oracle
 # ---------------------------------------------------------------------------

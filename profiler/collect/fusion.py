@@ -54,10 +54,15 @@ import pandas as pd
 from profiler.formats.classify import classify, is_horovod_row
 from profiler.formats.lineage import LINEAGE_COLUMNS
 
-__all__ = ["FAMILIES", "infer", "solve_subset", "compare", "with_timeline", "MAX_RANKS"]
+__all__ = ["FAMILIES", "infer", "solve_subset", "compare", "with_timeline", "MAX_RANKS",
+           "EVIDENCE_COLUMNS", "evidence"]
 
 #: Ranks whose records are read as evidence (rank 0 and the next ones).
 MAX_RANKS = 8
+#: The per-rank columns the inference reads (the rest of a rank's dataset is
+#: not loaded for the other ranks' evidence).
+EVIDENCE_COLUMNS = ("op", "backend", "kind", "seq", "comm", "track", "thread_kind",
+                    "t_start_ns", "bytes", "dtype", "redop", "root", "buf")
 #: Search budget per call (nodes of the subset search) before giving up.
 SEARCH_BUDGET = 200_000
 #: Alternative subsets remembered per call.
@@ -203,6 +208,27 @@ def _data_calls(frame: pd.DataFrame) -> pd.DataFrame:
     kind = frame["kind"] if "kind" in frame.columns else classify(frame)
     mask = (np.asarray(kind.astype(str)) == "data") & is_horovod_row(frame)
     return frame.loc[mask].sort_values("t_start_ns", kind="stable").reset_index(drop=True)
+
+
+def evidence(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of one rank's frame that `infer` reads: its tensor records
+    and the data calls of Horovod's thread, in EVIDENCE_COLUMNS.  Which
+    thread is Horovod's is decided on the whole frame (it may take the
+    control rows' signature), so the kept calls are marked thread_kind
+    "horovod": the reduced frame gives `infer` the same answer."""
+    cols = [c for c in EVIDENCE_COLUMNS if c in frame.columns]
+    if len(frame) == 0:
+        return frame.loc[:, cols]
+    kind = frame["kind"] if "kind" in frame.columns else classify(frame)
+    calls = (np.asarray(kind.astype(str)) == "data") & is_horovod_row(frame)
+    keep = calls | (frame["op"] == "tensor").to_numpy(dtype=bool)
+    out = frame.loc[keep, cols].copy()
+    out["kind"] = np.where(calls[keep], "data", "app")
+    tk = np.where(calls[keep], "horovod",
+                  out["thread_kind"].astype(str).to_numpy() if "thread_kind" in out.columns
+                  else "other")
+    out["thread_kind"] = tk
+    return out.reset_index(drop=True)
 
 
 @dataclass

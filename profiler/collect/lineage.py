@@ -444,8 +444,12 @@ def _env_from_other_ranks(profile_dir: Path) -> dict[str, Any] | None:
 
 def _read_evidence(profile_dir: Path, ranks: int) -> tuple[dict[int, pd.DataFrame],
                                                            dict[int, list[str]]]:
-    """Ranks 1..ranks-1's rows that the records' lineage uses (tensor and data
-    call rows; missing or unreadable ranks are skipped) and tensor names."""
+    """Ranks 1..ranks-1's rows that the records' lineage uses (fusion.evidence:
+    the columns it reads, tensor and data call rows; missing or unreadable
+    ranks are skipped) and tensor names.  One rank's columns are in memory at
+    a time."""
+    from profiler.collect.fusion import EVIDENCE_COLUMNS, evidence
+
     frames: dict[int, pd.DataFrame] = {}
     names: dict[int, list[str]] = {}
     for r in range(1, ranks):
@@ -455,7 +459,9 @@ def _read_evidence(profile_dir: Path, ranks: int) -> tuple[dict[int, pd.DataFram
             continue
         try:
             meta = _read_json(js_path)
-            frames[r] = pq.read_table(pq_path).to_pandas()
+            present = set(pq.read_schema(pq_path).names)
+            cols = [c for c in EVIDENCE_COLUMNS if c in present]
+            frames[r] = evidence(pq.read_table(pq_path, columns=cols).to_pandas())
         except Exception:  # evidence from another rank is optional
             continue
         names[r] = list(meta.get("tensor_names") or [])
