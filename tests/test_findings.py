@@ -77,6 +77,54 @@ def test_what_the_trace_cannot_support_is_said() -> None:
     assert all(f.kind == "limit" for f in advise_frame(df, meta).limits)
 
 
+def test_slow_transfers_against_the_runs_own_fastest() -> None:
+    # the 1 MiB allreduce takes 2 ms longer in every other step: the run's own
+    # fastest transfers of that size (p10) are the reference, the cost is the
+    # injected 1 ms per step on average; waiting for a late rank is not counted
+    extra = [0, 2_000_000] * 7
+    df = training(steps=14, extra_comm_ns=extra, late_rank=1, late_ns=300_000,
+                  step_ns=30_000_000)
+    a = advise_frame(df, {})
+    (f,) = _by_key(a, "efficiency")
+    assert f.numbers["source"] == "own"
+    steps = a.header["steps"]
+    steady_extra = np.mean(extra[-steps:]) / 1e6
+    assert f.cost_ms == pytest.approx(steady_extra, rel=0.05)
+    lo, hi = f.cost_interval_ms
+    assert lo <= f.cost_ms <= hi and f.significant
+    # steady transfers: 4 KiB 200 us, 1 MiB 1 ms or 3 ms
+    assert 0.3 < f.numbers["efficiency"] < 0.8
+    # a run whose transfers never vary has no efficiency cost
+    (g,) = _by_key(advise_frame(training(steps=14), {}), "efficiency")
+    assert g.cost_ms == pytest.approx(0.0, abs=1e-9) and not g.significant
+
+
+def test_transfers_against_a_bench_of_the_same_fabric() -> None:
+    from profiler.analysis.findings import Context
+
+    df = training(steps=14, step_ns=30_000_000)
+    sizes = [1 << k for k in range(10, 23)]
+    bench = sweep(sizes, alpha_us=2.0, bw_gbps=5.0, iters=5)
+    a = advise_frame(df, {}, bench=Context(df=bench, meta={}))
+    (f,) = _by_key(a, "efficiency")
+    assert f.numbers["source"] == "bench"
+    fast = {4096: 2_000 + 4096 / 5.0, 1 << 20: 2_000 + (1 << 20) / 5.0}  # ns, the bench's line
+    excess_ms = ((200_000 - fast[4096]) + (1_000_000 - fast[1 << 20])) / 1e6
+    assert f.cost_ms == pytest.approx(excess_ms, rel=0.03)
+    assert f.numbers["efficiency"] == pytest.approx(sum(fast.values()) / 1_200_000, rel=0.03)
+    by = {s["bytes"]: s for s in f.numbers["sizes"]}
+    # allreduce bus bandwidth 2(n-1)/n x bytes / time, n = 2: the app's 1 MiB in 1 ms
+    assert by[1 << 20]["busbw_gbps"] == pytest.approx((1 << 20) / 1e6, rel=1e-6)
+    assert by[1 << 20]["reference_busbw_gbps"] == pytest.approx(
+        (1 << 20) / fast[1 << 20], rel=0.03)
+    # a bench of another rank count does not describe this fabric: a limit, no claim
+    other = sweep(sizes, iters=5, ranks=4)
+    b = advise_frame(df, {}, bench=Context(df=other, meta={}))
+    assert _by_key(b, "efficiency") == []
+    (lim,) = _by_key(b, "efficiency_bench")
+    assert lim.kind == "limit" and "4 ranks against 2" in lim.details[0]
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-P", "-m", "profiler.cli", *args],
                           capture_output=True, text=True, timeout=120)
@@ -119,6 +167,18 @@ def test_advise_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
     bad.write_text("{not json")
     p = _cli("advise", str(bad))
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+    p = _cli("advise", str(DATA / "fused" / "trace.json"), "--bench", str(bad))
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_advise_cli_measures_against_a_bench_trace() -> None:
+    # the recorded unfused run stands in for a bench of the same fabric (same
+    # ranks and host): the efficiency finding says it was measured against it
+    p = _cli("advise", str(DATA / "fused" / "trace.json"), "--bench",
+             str(DATA / "unfused" / "trace.json"), "--format", "json")
+    assert p.returncode == 0, p.stderr
+    (f,) = [f for f in json.loads(p.stdout)["findings"] if f["key"] == "efficiency"]
+    assert f["numbers"]["source"] == "bench" and "bench" in f["headline"]
 
 
 def test_no_steps_trace_costs_nothing_per_step() -> None:

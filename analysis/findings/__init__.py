@@ -5,6 +5,8 @@ with `analyze(ctx) -> list[Finding]`:
 * late_ranks: which rank the others wait for, why, and what it costs;
 * control_plane: Horovod's negotiation and response-cache traffic;
 * latency_cliffs: message sizes far above the latency fit, and padding;
+* efficiency: transfers against what the fabric delivers (a bench trace of
+  the same fabric, or the run's own fastest transfers);
 * limits: what the trace cannot support (dropped records, no steps, clocks,
   NCCL invisible, summary mode, no lineage).
 
@@ -21,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import cliffs, control, late_ranks, limits, step_time
+from . import cliffs, control, efficiency, late_ranks, limits, step_time
 from .base import Context, Finding
 
 __all__ = ["Finding", "Context", "Advice", "ANALYZERS", "advise", "advise_frame", "COLUMNS"]
@@ -31,6 +33,7 @@ ANALYZERS = {
     "late_ranks": late_ranks.analyze,
     "control_plane": control.analyze,
     "latency_cliffs": cliffs.analyze,
+    "efficiency": efficiency.analyze,
     "limits": limits.analyze,
 }
 
@@ -95,8 +98,9 @@ def _header(ctx: Context) -> dict[str, Any]:
 
 
 def advise_frame(df: Any, meta: dict[str, Any] | None = None, *, path: str = "",
-                 only: Sequence[str] | None = None) -> Advice:
-    """Run the analyzers on a loaded frame (one trace) and rank the findings."""
+                 only: Sequence[str] | None = None, bench: Context | None = None) -> Advice:
+    """Run the analyzers on a loaded frame (one trace) and rank the findings;
+    `bench`: a bench trace of the same fabric, for the efficiency finding."""
     if "label" in df.columns:  # one trace of a multi-trace frame: the label is constant
         df = df.drop(columns=["label"])
     ctx = Context(df=df, meta=dict(meta or {}), path=path)
@@ -104,18 +108,30 @@ def advise_frame(df: Any, meta: dict[str, Any] | None = None, *, path: str = "",
     for name, fn in ANALYZERS.items():
         if only is not None and name not in only:
             continue
+        if name == "efficiency" and bench is not None:
+            found.extend(efficiency.analyze(ctx, bench))
+            continue
         found.extend(fn(ctx))
     found.sort(key=_rank_key)
     return Advice(path=path, header=_header(ctx), findings=found)
 
 
-def advise(path: str | os.PathLike[str], *, only: Sequence[str] | None = None,
-           max_rows: int = MAX_ROWS) -> Advice:
-    """Open a trace (trace.json, profile directory or parquet file), load what the
-    analyzers read (a bounded window above `max_rows` calls) and advise."""
+def _open(path: str | os.PathLike[str], max_rows: int) -> tuple[Any, dict[str, Any]]:
     from ..facade import trace_meta
     from ..load import load
 
-    meta = trace_meta(path) or {}
-    df = load(path, columns=COLUMNS, max_rows=max_rows)
-    return advise_frame(df, meta, path=os.fspath(path), only=only)
+    return load(path, columns=COLUMNS, max_rows=max_rows), trace_meta(path) or {}
+
+
+def advise(path: str | os.PathLike[str], *, only: Sequence[str] | None = None,
+           max_rows: int = MAX_ROWS, bench: str | os.PathLike[str] | None = None) -> Advice:
+    """Open a trace (trace.json, profile directory or parquet file), load what the
+    analyzers read (a bounded window above `max_rows` calls) and advise;
+    `bench`: a `profiler bench` trace of the same fabric (hosts, ranks,
+    transport), the reference of the efficiency finding."""
+    df, meta = _open(path, max_rows)
+    ref = None
+    if bench is not None:
+        bdf, bmeta = _open(bench, max_rows)
+        ref = Context(df=bdf, meta=bmeta, path=os.fspath(bench))
+    return advise_frame(df, meta, path=os.fspath(path), only=only, bench=ref)

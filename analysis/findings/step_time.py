@@ -33,8 +33,13 @@ def analyze(ctx: Context) -> list[Finding]:
         per = rs.groupby("rank")[["comm_union_ms", "wall_ms"]].mean()
         share = per["comm_union_ms"] / per["wall_ms"].where(per["wall_ms"] > 0, np.nan)
         hi_r, lo_r = int(share.idxmax()), int(share.idxmin())
-        details.append(f"per rank: communication {fmt_share(float(share.max()))} of the step "
-                       f"on rank {hi_r}, {fmt_share(float(share.min()))} on rank {lo_r}.")
+        if fmt_share(float(share.max())) == fmt_share(float(share.min())):
+            details.append(f"per rank: communication {fmt_share(float(share.max()))} of the "
+                           "step on every rank.")
+        else:
+            details.append(f"per rank: communication {fmt_share(float(share.max()))} of the "
+                           f"step on rank {hi_r}, {fmt_share(float(share.min()))} on rank "
+                           f"{lo_r}.")
     if allc > 0 and ctrl / allc > 0.5:
         details.append(f"{fmt_share(ctrl / allc)} of the time in MPI calls is Horovod's "
                        "control plane (negotiation, response cache), not gradient data.")

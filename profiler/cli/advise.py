@@ -2,6 +2,7 @@
 
     profiler advise out/main-job/fusion-on/trace.json
     profiler advise fused/trace.json unfused/trace.json --format json
+    profiler advise TRACE --bench bench/trace.json   # transfers against the fabric
 
 Each finding says what was found, the numbers behind it, its cost in ms per step
 (with a 95% interval) and in images/sec, what to change and the command that
@@ -26,13 +27,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("traces", nargs="+", help="trace.json files or profile directories")
     p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--bench", metavar="BENCH",
+                   help="a `profiler bench` trace of the same fabric (hosts, ranks, "
+                        "transport): what the transfers are measured against")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     from profiler.analysis.findings import advise
 
-    advices = [advise(t) for t in args.traces]
+    advices = [advise(t, bench=args.bench) for t in args.traces]
     if args.format == "json":
         import orjson
 
