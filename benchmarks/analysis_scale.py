@@ -11,10 +11,11 @@ RSS = the child's ru_maxrss):
 
   load        profiler.analysis.load(trace) -> DataFrame (all columns)
   summarize   load (the columns summarize needs) + summarize(by op, bucket)
+  advise      profiler.analysis.findings.advise(trace) (every analyzer)
   report      profiler.analysis.report.write_report(trace) (every section)
 
 Targets (issue 4): 1M calls loaded and summarized in < 2 s; 10M in < 20 s and
-< 4 GB.  Not a test.
+< 4 GB.  Issue 12: advise of 1M calls < 2 s and < 1 GB.  Not a test.
 
     .venv/bin/python benchmarks/analysis_scale.py [--calls 1000000 10000000] [--ranks 8]
 """
@@ -122,6 +123,8 @@ STEP = {
     "summarize": ("from profiler.analysis import load, summarize; "
                   f"df = load({{t!r}}, columns={COLUMNS_SUMMARIZE!r}); "
                   "print(len(summarize(df, by=['op', 'bucket'])))"),
+    "advise": ("from profiler.analysis.findings import advise; "
+               "print(len(advise({t!r}).findings))"),
     "report": ("from profiler.analysis.report import write_report; "
                "write_report([{t!r}], {o!r}, progress=False)"),
 }

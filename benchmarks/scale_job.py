@@ -9,6 +9,8 @@ time, peak RSS = the child's ru_maxrss):
   summ-json   `profiler summarize DIR --format json --by rank,op` (many groups)
   stragglers  profiler.analysis.stragglers_dataset(DIR) (cross-rank matching of
               every collective)
+  advise      `profiler advise DIR --format json` (the findings over the bounded
+              window advise loads: findings.MAX_ROWS rows)
   report      the report as profiler.analysis.report would build it for a big
               trace: load(DIR, columns=REPORT_COLUMNS, max_rows=5M) -> render_report,
               plus the exact summary table and straggler ranking from the engine
@@ -18,7 +20,7 @@ time, peak RSS = the child's ru_maxrss):
               same calls per rank, and the conversion every rank does of its own raw
               file (profiler.formats.dataset.convert_raw of a 100k-call raw file)
 
-Targets: summarize and report < 60 s and < 4 GB at 1024 x 100k; finalize per rank
+Targets: summarize, advise and report < 60 s and < 4 GB at 1024 x 100k; finalize per rank
 independent of the number of ranks.  Not a test: run it alone, late; the machine
 is shared (the load average is printed with every figure).
 
@@ -131,7 +133,7 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=1024)
     ap.add_argument("--calls", type=int, default=100_000)
     ap.add_argument("--skip", default="", help="comma-separated: synth,summarize,json,"
-                                               "stragglers,report,finalize")
+                                               "stragglers,advise,report,finalize")
     ap.add_argument("--keep", action="store_true", help="keep the generated datasets")
     args = ap.parse_args()
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
@@ -164,6 +166,10 @@ def main() -> None:
                  str(big)], "stragglers_dataset")
         print("    top 4:", str(r["stdout"]).strip(), "injected:",
               meta.get("synthetic", {}).get("stragglers"))
+    if "advise" not in skip:
+        r = run([*cli, "advise", str(big), "--format", "json"], "advise (json)")
+        found = orjson.loads(str(r["stdout"]) or "{}").get("findings", [])
+        print("    findings:", ", ".join(f["key"] for f in found))
     if "report" not in skip:
         r = run([PY, "-P", "-c", REPORT, str(big)], "report (bounded, see doc)")
         print("   ", str(r["stdout"]).strip())

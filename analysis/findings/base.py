@@ -51,19 +51,29 @@ class Finding:
         return d
 
 
+#: Above this many values the interval is the normal one (mean +- 1.96
+#: standard errors): the bootstrap's would agree, at n x len(values) memory.
+BOOTSTRAP_MAX = 4096
+
+
 def bootstrap_mean(values: np.ndarray, *, n: int = 1000, seed: int = 7
                    ) -> tuple[float, float, float]:
-    """(mean, lo, hi): the mean and its 95% percentile-bootstrap interval."""
+    """(mean, lo, hi): the mean and its 95% percentile-bootstrap interval
+    (the normal interval above BOOTSTRAP_MAX values)."""
     v = np.asarray(values, dtype=np.float64)
     v = v[np.isfinite(v)]
     if not len(v):
         return float("nan"), float("nan"), float("nan")
     if len(v) == 1:
         return float(v[0]), float(v[0]), float(v[0])
+    mean = float(v.mean())
+    if len(v) > BOOTSTRAP_MAX:
+        half = 1.96 * float(v.std(ddof=1)) / np.sqrt(len(v))
+        return mean, mean - half, mean + half
     rng = np.random.default_rng(seed)
     means = v[rng.integers(0, len(v), size=(n, len(v)))].mean(axis=1)
     lo, hi = np.percentile(means, [2.5, 97.5])
-    return float(v.mean()), float(lo), float(hi)
+    return mean, float(lo), float(hi)
 
 
 @dataclass
@@ -112,6 +122,17 @@ class Context:
         lo, hi = int(s["t_start_ns"].min()), int(s["t_end_ns"].max())
         t = self.df["t_start_ns"].to_numpy()
         return self.df.loc[(t >= lo) & (t < hi)]
+
+    @cached_property
+    def matched(self) -> pd.DataFrame:
+        """The steady data collectives matched across ranks
+        (analysis.imbalance.match_calls; every call where the trace does not
+        classify calls).  Horovod's per-cycle control allreduce waits for the
+        other background threads' cycle phase, not for a rank: left out."""
+        from ..imbalance import match_calls
+
+        kinds = ["data"] if "kind" in self.df.columns else None
+        return match_calls(self.steady_df, kinds=kinds)
 
     @property
     def n_steps(self) -> int:

@@ -3,7 +3,7 @@ what the fabric delivers.
 
 A collective's transfer is the part after its last rank arrived (the waiting
 before it is the late-rank finding's): last end minus last start of the
-matched call (analysis.imbalance.match_calls).  Its reference, per call:
+matched call (Context.matched).  Its reference, per call:
 
 * with a bench trace of the same fabric (`profiler advise TRACE --bench
   BENCH`, from `profiler bench` on the same hosts and ranks): the bench's
@@ -41,13 +41,10 @@ BENCH_REACH = 2.0
 SHOWN = 3
 
 
-def transfers(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per matched data collective: op, bytes, comm_size, start (of the
-    last arrival) and transfer_ns (last end minus last start)."""
-    from ..imbalance import match_calls
-
-    kinds = ["data"] if "kind" in df.columns else None
-    m = match_calls(df, kinds=kinds)
+def transfers(m: pd.DataFrame) -> pd.DataFrame:
+    """One row per complete matched collective (analysis.imbalance.match_calls
+    rows; barriers left out): op, bytes, comm_size, start (of the last
+    arrival) and transfer_ns (last end minus last start)."""
     cols = ["op", "bytes", "comm_size", "start_ns", "transfer_ns"]
     if m.empty:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
@@ -138,7 +135,7 @@ def analyze(ctx: Context, bench: Context | None = None) -> list[Finding]:
                             headline="the bench trace is not of this run's fabric",
                             details=[f"{why}: run `profiler bench` with the job's ranks, "
                                      "hosts and transport."])]
-    t = transfers(ctx.steady_df)
+    t = transfers(ctx.matched)
     if t.empty:
         return []
     source = "bench" if bench is not None else "own"

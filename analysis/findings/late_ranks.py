@@ -70,12 +70,9 @@ def _from_sync(ctx: Context, w: pd.DataFrame) -> Finding | None:
 
 
 def _from_matched(ctx: Context) -> Finding | None:
-    from ..imbalance import match_calls, stragglers
+    from ..imbalance import stragglers
 
-    # data calls only where the trace classifies calls: Horovod's per-cycle control
-    # allreduce waits for the other background threads' cycle phase, not for a rank
-    kinds = ["data"] if "kind" in ctx.df.columns else None
-    m = match_calls(ctx.steady_df, kinds=kinds)
+    m = ctx.matched
     if m.empty:
         return None
     ranking = stragglers(matched=m)
