@@ -213,3 +213,14 @@ def test_real_horovod_late_rank_is_named_with_the_injected_cost(tmp_path: Path) 
     assert f.numbers["last_share"] >= 0.9
     assert "reaches optimizer.step later" in f.details[0]
     assert f.cost_ms == pytest.approx(delay_ms, rel=0.25)
+
+
+def test_large_samples_get_the_normal_interval_the_bootstrap_would_give() -> None:
+    from profiler.analysis.findings import base
+
+    v = np.random.default_rng(3).exponential(2.0, size=base.BOOTSTRAP_MAX + 1)
+    mean, lo, hi = base.bootstrap_mean(v)
+    assert mean == pytest.approx(float(v.mean()))
+    _, blo, bhi = base.bootstrap_mean(v[:base.BOOTSTRAP_MAX])  # the bootstrap's own
+    assert hi - lo == pytest.approx(bhi - blo, rel=0.15)
+    assert lo < mean < hi
