@@ -128,14 +128,60 @@ def calls_per_size(df: pd.DataFrame, *, kinds: str | Sequence[str] | None = ("da
     return fig
 
 
+#: Operations drawn as panels of the latency figure (the most time first);
+#: the others are named in the title, and are in the report's tables.
+MAX_PANELS = 4
+
+
+def _time_ticks(lo_us: float, hi_us: float) -> tuple[list[float], list[str]]:
+    """Log-axis ticks in human units (1 us, 10 us, 100 us, 1 ms, ...)."""
+    from profiler.units import fmt_us
+
+    lo = 10 ** np.floor(np.log10(max(lo_us, 1e-3)))
+    vals = []
+    v = float(lo)
+    while v <= max(hi_us, lo) * 10:
+        vals.append(v)
+        v *= 10
+    return vals, [fmt_us(x) for x in vals]
+
+
+def _op_panels(st: pd.DataFrame, title: str) -> tuple[go.Figure, dict[str, tuple[int, int]],
+                                                         list[str]]:
+    """One panel per operation (the MAX_PANELS with the most time): the
+    figure, each shown op's (row, col), and the ops left out."""
+    total = (st["calls"] * st["median_us"]).groupby(st["op"].astype(str)).sum()
+    ops = [str(o) for o in total.sort_values(ascending=False).index]
+    shown, rest = ops[:MAX_PANELS], ops[MAX_PANELS:]
+    cols = 1 if len(shown) == 1 else 2
+    rows = (len(shown) + cols - 1) // cols
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[esc(o) for o in shown],
+                        shared_xaxes=False, horizontal_spacing=0.08,
+                        vertical_spacing=0.14 if rows > 1 else 0.1)
+    pos = {o: (i // cols + 1, i % cols + 1) for i, o in enumerate(shown)}
+    if rest:
+        title += f"; {len(rest)} more op(s) in the tables: " + esc(", ".join(rest))
+    fig.update_layout(title=title, template=TEMPLATE, height=max(380, 330 * rows),
+                      legend={"orientation": "h", "y": -0.12})
+    return fig, pos, rest
+
+
+def _finish_panels(fig: go.Figure, st: pd.DataFrame) -> None:
+    _log_size_axis(fig)
+    vals, text = _time_ticks(float(st["p5_us"].min()), float(st["p95_us"].max()))
+    fig.update_yaxes(type="log", tickvals=vals, ticktext=text, title_text="latency")
+
+
 def latency_vs_size(df: pd.DataFrame, *, kinds: str | Sequence[str] | None = ("data",),
                     ops: str | Sequence[str] | None = None,
                     models: dict[tuple[str, ...], AlphaBetaModel] | None = None,
                     mark_anomalies: bool = True, stats: pd.DataFrame | None = None
                     ) -> go.Figure:
     """Median latency per exact size with a p5-p95 band, the fitted piecewise
-    alpha-beta model (dashed) and anomalous sizes marked, per label and op.
-    ``stats``/``models``: latency_by_size / fit_models results to reuse."""
+    alpha-beta model (dashed) and anomalous sizes marked: one panel per
+    operation (the MAX_PANELS that take the most time; the title names the
+    others), one colour per label.  ``stats``/``models``: latency_by_size /
+    fit_models results to reuse."""
     st = stats if stats is not None else latency_by_size(df, kinds=kinds, ops=ops)
     title = "Latency vs message size (median, p5-p95 band, alpha-beta fit)"
     if st.empty:
@@ -145,46 +191,56 @@ def latency_vs_size(df: pd.DataFrame, *, kinds: str | Sequence[str] | None = ("d
         models = fit_models(df, kinds=kinds, ops=ops, stats=st)
     an = (anomalies(df, kinds=kinds, ops=ops, models=models, stats=st) if mark_anomalies
           else None)
-    fig = go.Figure()
-    for i, (key, part) in enumerate(st.groupby(keys, sort=True)):
+    fig, pos, _ = _op_panels(st, title)
+    labels = _labels(st)
+    seen: set[str] = set()
+    for key, part in st.groupby(keys, sort=True):
         k = tuple(str(v) for v in (key if isinstance(key, tuple) else (key,)))
-        name = esc(" / ".join(x for x in k if x))
-        c = _color(i)
+        op, label = k[-1], (k[0] if len(k) > 1 else "")
+        if op not in pos:
+            continue
+        row, col = pos[op]
+        c = _color(labels.index(label) if label in labels else 0)
+        name = esc(label) if label else "median"
+        first = name not in seen
+        seen.add(name)
+        at = {"row": row, "col": col}
         x = part["bytes"].clip(lower=1).to_numpy()
         fig.add_trace(go.Scatter(x=np.concatenate([x, x[::-1]]),
                                  y=np.concatenate([part["p95_us"], part["p5_us"][::-1]]),
-                                 fill="toself", fillcolor=_rgba(c, 0.15),
+                                 fill="toself", fillcolor=_rgba(c, 0.15), mode="lines",
                                  line={"width": 0}, hoverinfo="skip", name=f"{name} p5-p95",
-                                 legendgroup=name, showlegend=False))
+                                 legendgroup=name, showlegend=False), **at)
         fig.add_trace(go.Scatter(
-            x=x, y=part["median_us"], mode="lines+markers", name=f"{name} median",
-            legendgroup=name, line={"color": c}, marker={"size": 5},
+            x=x, y=part["median_us"], mode="lines+markers", name=name,
+            legendgroup=name, showlegend=first, line={"color": c}, marker={"size": 5},
             customdata=np.stack([part["calls"], part["p5_us"], part["p95_us"]], axis=1),
-            hovertemplate="%{x:,} B<br>median %{y:.2f} us<br>p5 %{customdata[1]:.2f} / "
-                          "p95 %{customdata[2]:.2f} us<br>%{customdata[0]} calls<extra></extra>"))
+            hovertemplate=f"{esc(op)} " + "%{x:,} B<br>median %{y:.2f} us<br>p5 "
+                          "%{customdata[1]:.2f} / p95 %{customdata[2]:.2f} us<br>"
+                          "%{customdata[0]} calls<extra></extra>"), **at)
         m = models.get(k)
         if m is not None:
             grid = np.unique(np.geomspace(max(x.min(), 1), x.max(), 200))
             fig.add_trace(go.Scatter(x=grid, y=predict(m, grid), mode="lines",
-                                     name=f"{name} fit", legendgroup=name,
+                                     name=f"{name} fit", legendgroup=name, showlegend=False,
                                      line={"color": c, "dash": "dash", "width": 1.5},
-                                     hovertemplate="fit %{y:.2f} us<extra></extra>"))
+                                     hovertemplate="fit %{y:.2f} us<extra></extra>"), **at)
         if an is not None:
             mask = np.ones(len(an), dtype=bool)
-            for col, v in zip(keys, k):
-                mask &= an[col].astype(str).to_numpy() == v
+            for colname, v in zip(keys, k):
+                mask &= an[colname].astype(str).to_numpy() == v
             flagged = an.loc[mask & an["anomalous"].to_numpy(dtype=bool)]
             if len(flagged):
                 fig.add_trace(go.Scatter(
                     x=flagged["bytes"].clip(lower=1), y=flagged["median_us"], mode="markers",
-                    name=f"{name} anomalies", legendgroup=name,
+                    name="above the fit", legendgroup="anomalies",
+                    showlegend="anomalies" not in seen,
                     marker={"symbol": "x", "size": 12, "color": "#d62728"},
                     customdata=np.stack([flagged["ratio"], flagged["is_pow2"]], axis=1),
                     hovertemplate="%{x:,} B: %{customdata[0]:.2f}x the fit<br>power of two: "
-                                  "%{customdata[1]}<extra>anomaly</extra>"))
-    _log_size_axis(fig)
-    fig.update_layout(title=title, template=TEMPLATE, yaxis_type="log",
-                      yaxis_title="latency (us)")
+                                  "%{customdata[1]}<extra>anomaly</extra>"), **at)
+                seen.add("anomalies")
+    _finish_panels(fig, st)
     return fig
 
 
@@ -290,23 +346,37 @@ def control_vs_data(df: pd.DataFrame) -> go.Figure:
 def bench_overlay(app: pd.DataFrame, bench: pd.DataFrame, *,
                   ops: str | Sequence[str] | None = None) -> go.Figure:
     """The application's data calls (median latency per exact size, marker area by
-    number of calls) over the benchmark's latency curve (median, p5-p95 band, fit).
-    Both frames may hold several labels (e.g. one bench per interconnect)."""
-    fig = latency_vs_size(bench, ops=ops, mark_anomalies=False)
-    fig.update_layout(title="Application calls over the benchmark curve")
+    number of calls) over the benchmark's latency curve (median, p5-p95 band, fit),
+    in the benchmark's panel of each operation.  Both frames may hold several
+    labels (e.g. one bench per interconnect)."""
+    st_bench = latency_by_size(bench, ops=ops)
+    fig = latency_vs_size(bench, ops=ops, mark_anomalies=False, stats=st_bench)
     st = latency_by_size(app, ops=ops)
-    if st.empty:
+    if st.empty or st_bench.empty:
+        fig.update_layout(title="Application calls over the benchmark curve")
         return fig
+    _, pos, _ = _op_panels(st_bench, "")
+    title = "Application calls over the benchmark curve"
+    left = sorted(set(st["op"].astype(str)) - set(pos))
+    if left:
+        title += "; not benchmarked or not shown: " + esc(", ".join(left))
+    fig.update_layout(title=title)
     keys = [*label_keys(st), "op"]
     cmax = float(st["calls"].max())
     for i, (key, part) in enumerate(st.groupby(keys, sort=True)):
-        k = key if isinstance(key, tuple) else (key,)
-        name = "application " + esc(" / ".join(str(x) for x in k if str(x)))
+        k = tuple(str(v) for v in (key if isinstance(key, tuple) else (key,)))
+        if k[-1] not in pos:
+            continue
+        row, col = pos[k[-1]]
+        name = "application " + esc(" / ".join(x for x in k if x))
         fig.add_trace(go.Scatter(
             x=part["bytes"].clip(lower=1), y=part["median_us"], mode="markers", name=name,
             marker={"size": 6 + 24 * np.sqrt(part["calls"] / cmax), "color": _color(i + 5),
                     "line": {"width": 1, "color": "#333"}, "opacity": 0.75},
             customdata=part["calls"],
             hovertemplate="%{x:,} B<br>median %{y:.2f} us<br>%{customdata} calls"
-                          "<extra>application</extra>"))
+                          "<extra>application</extra>"), row=row, col=col)
+    both = pd.concat([st_bench[["p5_us", "p95_us"]],
+                      st[["median_us", "median_us"]].set_axis(["p5_us", "p95_us"], axis=1)])
+    _finish_panels(fig, both)
     return fig

@@ -189,3 +189,28 @@ def test_report_opens_with_the_findings() -> None:
     assert expected and all(f.headline in body for f in expected)
     assert '<a href="#imbalance">' in body
     assert not re.search(r"\d[eE][+-]\d", body)
+
+
+def test_latency_figure_one_panel_per_operation_the_rest_named() -> None:
+    """Six operations: the four with the most time get a panel each (labels as
+    colours), the other two are named in the title; the y axis reads in
+    human units; a band is a filled area, never a row of dots."""
+    import pandas as pd
+    from analysis_fixtures import sweep
+    from profiler.analysis import figures as F
+
+    sizes = [1 << k for k in range(3, 16)]
+    ops = ["allreduce", "allgather", "bcast", "alltoall", "reduce", "gather"]
+    # more iterations for the first ops: more time, so they get the panels
+    df = pd.concat([sweep(sizes, iters=12 - 2 * i, op=op, seed=i) for i, op in enumerate(ops)],
+                   ignore_index=True)
+    fig = F.latency_vs_size(df)
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles == ops[:4]
+    assert "2 more op(s) in the tables: reduce, gather" in fig.layout.title.text
+    axes = {t.xaxis for t in fig.data}
+    assert axes == {"x", "x2", "x3", "x4"}
+    bands = [t for t in fig.data if t.fill == "toself"]
+    assert len(bands) == 4 and all(t.mode == "lines" for t in bands)
+    ticks = [str(x) for x in fig.layout.yaxis.ticktext]
+    assert all(x.endswith((" us", " ms", " s")) for x in ticks) and "e" not in "".join(ticks)
