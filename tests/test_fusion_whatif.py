@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import mpirun, profiler_cli, requires_mpi
+from profiler.analysis.findings import advise
 from profiler.analysis.fusion_whatif import simulate, whatif
 
 from profiler.formats import lineage as LF
@@ -63,6 +64,19 @@ def _run(tmp: Path, threshold: str | None) -> Path:
     return prof
 
 
+def _advise_fusion_off(prof: Path, calls: float) -> None:
+    """advise on the unfused run: its fusion finding replays fusion on, with
+    fewer calls per step than the run made."""
+    (f,) = [f for f in advise(prof / "trace.json").findings if f.key == "fusion"]
+    n = f.numbers
+    assert n["threshold"] == 0 and n["calls_per_step"] == calls, n
+    assert n["best_threshold"] > 0 and n["best_calls_per_step"] < calls / 2, n
+    assert n["saved_ms"] >= 0 and n["error_ms"] >= 0
+    if f.significant:  # recommended only above the replay's own error
+        assert n["saved_ms"] > n["error_ms"]
+        assert f.recommendation == f"HOROVOD_FUSION_THRESHOLD={n['best_threshold']}"
+
+
 def _inputs(prof: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     meta = json.loads((prof / "ranks" / "rank-00000.json").read_text())
     return (LF.load(prof), pd.read_parquet(prof / "ranks" / "rank-00000.parquet"),
@@ -82,8 +96,11 @@ def test_predicted_calls_match_real_runs(tmp_path: Path) -> None:
     assert w.calls_error <= 0.10, (w.actual_calls, w.base_calls)
     at_zero = 0.0
     for th in ("0", "16384"):
-        real = whatif(*_inputs(_run(tmp_path / th, th)), thresholds=())
+        run_dir = _run(tmp_path / th, th)
+        real = whatif(*_inputs(run_dir), thresholds=())
         assert real is not None
+        if th == "0":
+            _advise_fusion_off(run_dir, real.actual_calls)
         row = w.table[(w.table["threshold"] == int(th)) & w.table["current"].eq(False)
                       & (w.table["cycle_ms"] == w.cycle_ms)].iloc[0]
         print(f"threshold {th}: predicted {row.calls_per_step:.2f} calls/step, real "
@@ -95,6 +112,9 @@ def test_predicted_calls_match_real_runs(tmp_path: Path) -> None:
         else:  # split: fewer calls than unfused, no fewer than at the default
             assert w.base_calls <= row.calls_per_step <= at_zero
             assert real.actual_calls < at_zero
+    # advise, at the default threshold: nothing to gain from another
+    (f,) = [f for f in advise(base / "trace.json").findings if f.key == "fusion"]
+    assert not f.significant and f.numbers["threshold"] == w.threshold, f.headline
     # the command
     p = profiler_cli("tensors", str(base), "--whatif")
     assert p.returncode == 0 and "calls/step" in p.stdout and "(this run)" in p.stdout, p.stdout

@@ -5,6 +5,8 @@ with `analyze(ctx) -> list[Finding]`:
 * late_ranks: which rank the others wait for, why, and what it costs;
 * control_plane: Horovod's negotiation and response-cache traffic;
 * latency_cliffs: message sizes far above the latency fit, and padding;
+* fusion: another HOROVOD_FUSION_THRESHOLD, replayed from the run's fusion
+  lineage (analysis.fusion_whatif), recommended only above its own error;
 * efficiency: transfers against what the fabric delivers (a bench trace of
   the same fabric, or the run's own fastest transfers);
 * limits: what the trace cannot support (dropped records, no steps, clocks,
@@ -23,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import cliffs, control, efficiency, late_ranks, limits, step_time
+from . import cliffs, control, efficiency, fusion, late_ranks, limits, step_time
 from .base import Context, Finding
 
 __all__ = ["Finding", "Context", "Advice", "ANALYZERS", "advise", "advise_frame", "COLUMNS"]
@@ -34,12 +36,13 @@ ANALYZERS = {
     "control_plane": control.analyze,
     "latency_cliffs": cliffs.analyze,
     "efficiency": efficiency.analyze,
+    "fusion": fusion.analyze,
     "limits": limits.analyze,
 }
 
 #: What the analyzers read: load() asks for these columns only.
 COLUMNS = ["rank", "backend", "op", "t_start_ns", "t_end_ns", "dur_ns", "bytes", "count",
-           "comm", "comm_size", "seq", "kind", "step", "device", "thread_kind"]
+           "comm", "comm_size", "seq", "kind", "step", "device", "thread_kind", "track"]
 MAX_ROWS = 2_000_000
 
 

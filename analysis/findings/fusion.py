@@ -1,0 +1,112 @@
+"""Tensor fusion: would another HOROVOD_FUSION_THRESHOLD buy anything?
+
+From the run's fusion lineage (lineage.parquet beside the trace, written at
+merge) and rank 0's Horovod allreduces, analysis.fusion_whatif replays
+Horovod's packing at other thresholds, at the run's own cycle time.  Its
+figure is transfer time (the fitted latency of each predicted call; no waits
+for other ranks or cores), so the finding's cost is the transfer time per
+step that the best threshold would save over the run's own, and its error is
+the prediction's error on the run itself (the calls it predicts at the run's
+own setting against the calls the run made); the saving is capped by the
+step's exposed communication.  A threshold is recommended only
+when the saving exceeds that error and the noise floor.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profiler.units import fmt_bytes, fmt_ms
+
+from .base import MIN_STEPS, Context, Finding
+
+
+def _lineage(ctx: Context) -> pd.DataFrame | None:
+    """The lineage table written beside the trace (None when there is none)."""
+    from profiler import layout
+    from profiler.errors import ProfilerError
+    from profiler.formats import lineage as LF
+
+    if not ctx.path:
+        return None
+    p = Path(ctx.path)
+    d = p if p.is_dir() else p.parent
+    info = ctx.meta.get("lineage")
+    name = info.get("file") if isinstance(info, dict) else None
+    for c in ([d / name] if isinstance(name, str) and "/" not in name else []) + [
+            d / layout.LINEAGE_FILE]:
+        if c.is_file():
+            try:
+                return LF.load(c)
+            except ProfilerError:
+                return None
+    return None
+
+
+def _label(th: int) -> str:
+    return fmt_bytes(th) if th else "0 (fusion off)"
+
+
+def analyze(ctx: Context, lineage: pd.DataFrame | None = None) -> list[Finding]:
+    from ..fusion_whatif import whatif
+
+    if ctx.n_steps < MIN_STEPS or "rank" not in ctx.df.columns:
+        return []
+    lin = lineage if lineage is not None else _lineage(ctx)
+    if lin is None or lin.empty:
+        return []
+    rows = ctx.df.loc[(ctx.df["rank"] == 0).to_numpy(dtype=bool)]
+    try:
+        w = whatif(lin, rows, ctx.meta.get("env") or {})
+    except (KeyError, ValueError):  # a lineage or frame without what the replay reads
+        return []
+    if w is None or not np.isfinite(w.calls_error):
+        return []
+    t = w.table.loc[w.table["cycle_ms"] == w.cycle_ms]
+    best = t.sort_values(["transfer_ms_per_step", "threshold"]).iloc[0]
+    gain = max(0.0, w.base_comm_ms - float(best["transfer_ms_per_step"]))
+    if "exposed_ms" in ctx.steady.columns:  # time that overlaps compute costs nothing
+        gain = min(gain, float(ctx.steady["exposed_ms"].mean()))
+    err = w.calls_error * w.base_comm_ms
+    lo, hi = max(0.0, gain - err), gain + err
+    better = int(best["threshold"]) != w.threshold and gain > err
+    significant = better and ctx.significant(lo)
+    if better:
+        headline = (f"HOROVOD_FUSION_THRESHOLD={_label(int(best['threshold']))} would cut data "
+                    f"calls from {w.base_calls:.1f} to {float(best['calls_per_step']):.1f} "
+                    "per step")
+    else:
+        headline = (f"The fusion threshold ({_label(w.threshold)}) is as good as any tried "
+                    "for this job")
+    tried = ", ".join(f"{_label(int(r.threshold))}: {r.calls_per_step:.1f} calls, "
+                      f"{fmt_ms(r.transfer_ms_per_step)}"
+                      for r in t.sort_values("threshold").itertuples(index=False))
+    return [Finding(
+        key="fusion",
+        headline=headline,
+        details=[f"predicted per step at HOROVOD_CYCLE_TIME={w.cycle_ms:g} ms: {tried}.",
+                 f"the prediction for this run's own setting is {w.base_calls:.1f} calls per "
+                 f"step against {w.actual_calls:.1f} made ({100 * w.calls_error:.0f}% error); "
+                 f"times are transfer only: the run's allreduces took "
+                 f"{fmt_ms(w.actual_comm_ms)}/step with their waits."],
+        cost_ms=gain if better else 0.0, cost_interval_ms=(lo, hi) if better else None,
+        cost_img_s=ctx.cost_img_s(gain) if better else None,
+        confidence=f"replay of {w.steps} steps; error = the replay's own error on this run",
+        recommendation=(f"HOROVOD_FUSION_THRESHOLD={int(best['threshold'])}" if significant
+                        else "keep the threshold"),
+        check="profiler tensors TRACE --whatif; then profiler compare BEFORE AFTER",
+        numbers={"threshold": w.threshold, "best_threshold": int(best["threshold"]),
+                 "calls_per_step": w.base_calls, "best_calls_per_step":
+                 float(best["calls_per_step"]), "saved_ms": gain, "error_ms": err,
+                 "calls_error": w.calls_error, "table": _records(t)},
+        significant=significant,
+    )]
+
+
+def _records(t: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()}
+            for r in t.to_dict(orient="records")]
