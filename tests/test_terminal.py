@@ -50,6 +50,7 @@ COMMANDS = {
     "compare": ["compare", FUSED, UNFUSED, "--labels", "fused,unfused"],
     "compare-all": ["compare", FUSED, UNFUSED, "--all"],
     "check": ["check", FUSED],
+    "tensors": ["tensors", FUSED],
 }
 
 

@@ -156,18 +156,13 @@ def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[
                  wide: bool = False) -> None:
     """The terminal summary: the table of data traffic, then one line each for
     control traffic, per-rank time, what the trace lacks, clocks and GPUs."""
-    import shutil
-
-    from rich.console import Console
+    from ._table import console as make_console
+    from ._table import terminal_width
 
     # A terminal gets the columns that fit its width, every cell whole; a pipe
     # or a file (or --wide) gets every column.
-    tty = sys.stdout.isatty()
-    width = shutil.get_terminal_size((200, 24)).columns if tty else 200
-    # every column in full: a console as wide as the table needs (the terminal
-    # wraps long lines; rich would otherwise squeeze cells into "...")
-    console = Console(highlight=False, soft_wrap=False,
-                      width=10_000 if wide or not tty else width)
+    width = terminal_width(wide)
+    console = make_console(width)
     data_kinds = None
     has_control = False
     if calls.has_kind and "kind" not in by:
@@ -183,8 +178,7 @@ def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[
         title += " - data traffic"
     if calls.aggregated:
         title += " (summary mode)"
-    table, irregular, hidden = _rich_table(title, table_df, by,
-                                           None if wide or not tty else width)
+    table, irregular, hidden = _rich_table(title, table_df, by, width)
     console.print(table, crop=False)
     if hidden:
         console.print(f"(not shown at this width: {', '.join(hidden)}; --wide or "
@@ -243,11 +237,9 @@ def _rich_table(title: str, table_df: Any, by: list[str],
     """The summary table as a rich Table with the columns that fit `width` (None:
     all); every cell whole.  Returns (table, a size is not a power of two, the
     names of the columns left out)."""
-    from rich.table import Table
-    from rich.text import Text
-
-    from profiler.formats.raw import printable
     from profiler.units import fmt_bw, fmt_bytes, fmt_us
+
+    from ._table import fit, rich_table
 
     irregular = False
     cols: dict[str, list[str]] = {k: [] for k in by}
@@ -276,27 +268,11 @@ def _rich_table(title: str, table_df: Any, by: list[str],
                            ("share", f"{100 * r['time_share']:.1f}%")):
             cols[name].append(text)
 
-    def header(name: str) -> str:
-        return "total bytes" if name == "bytes" and "bytes" in by else name
-
-    def need(names: list[str]) -> int:  # rich's heavy-head box: 3 per column, 1 border
-        return sum(max([len(header(n))] + [len(c) for c in cols[n]]) + 3 for n in names) + 1
-
-    shown = list(cols)
-    hidden: list[str] = []
-    if width is not None:
-        droppable = [m for m in reversed(_METRIC_COLUMNS) if m not in ("calls",)]
-        while need(shown) > width and droppable:
-            m = droppable.pop(0)
-            shown.remove(m)
-            hidden.append(m)
-    t = Table(title=Text(printable(title)), title_justify="left")
-    for name in shown:
-        left = name in by and name not in ("bytes", "rank", "track", "step")
-        t.add_column(header(name), justify="left" if left else "right",
-                     no_wrap=width is None, overflow="fold")
-    for i in range(len(table_df)):
-        t.add_row(*(Text(cols[n][i]) for n in shown))  # names are text, never rich markup
+    headers = {"bytes": "total bytes"} if "bytes" in by else {}
+    droppable = [m for m in reversed(_METRIC_COLUMNS) if m not in ("calls",)]
+    shown, hidden = fit(cols, headers, width, droppable)
+    left = [n for n in by if n not in ("bytes", "rank", "track", "step")]
+    t = rich_table(title, cols, shown, headers=headers, left=left, width=width)
     return t, irregular, sorted(hidden, key=_METRIC_COLUMNS.index)
 
 

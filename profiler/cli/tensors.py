@@ -163,45 +163,47 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_table(path: str, table: Any, lin: Any) -> None:
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
+#: Columns left out first when the terminal is narrow (tensor, op and calls stay).
+_DROP_FIRST = ("queued max", "neg max", "wait for data", "last ready", "ambiguous",
+               "negotiation", "fused with", "queued", "bytes")
 
-    from profiler.errors import printable
+
+def _print_table(path: str, table: Any, lin: Any) -> None:
     from profiler.units import fmt_bytes, fmt_us
 
-    console = Console(highlight=False, soft_wrap=False,
-                      width=None if sys.stdout.isatty() else 200)
+    from ._table import console, fit, rich_table, terminal_width
+
+    width = terminal_width()
     matched = lin.loc[lin["matched"]]
     n_calls = int(matched[["call_comm", "call_seq"]].drop_duplicates().shape[0])
     amb = matched.loc[matched["confidence"] < 1.0, ["call_comm", "call_seq"]]
     n_amb = int(amb.drop_duplicates().shape[0])
     source = "/".join(sorted(set(lin["source"].astype(str)))) if len(lin) else "-"
-    t = Table(title=Text(printable(
-        f"{path}: {lin['tensor'].nunique()} tensors, {len(lin)} tensor operations, "
-        f"{n_calls} collective calls matched ({source}"
-        + (f"; {n_amb} ambiguous: see --format json" if n_amb else "") + ")")),
-        title_justify="left")
+    title = (f"{path}: {lin['tensor'].nunique()} tensors, {len(lin)} tensor operations, "
+             f"{n_calls} collective calls matched ({source}"
+             + (f"; {n_amb} ambiguous: see --format json" if n_amb else "") + ")")
     timeline = bool(table["negotiation_mean_us"].notna().any())
-    cols = ["tensor", "op", "calls", "bytes", "queued", "queued max"]
+    names = ["tensor", "op", "calls", "bytes", "queued", "queued max"]
     if timeline:
-        cols += ["negotiation", "neg max", "wait for data"]
-    cols += ["fused with", "ambiguous", "last ready"]
-    for name in cols:
-        t.add_column(name, justify="left" if name in ("tensor", "op") else "right",
-                     no_wrap=True)
+        names += ["negotiation", "neg max", "wait for data"]
+    names += ["fused with", "ambiguous", "last ready"]
+    cols: dict[str, list[str]] = {n: [] for n in names}
     for r in table.itertuples(index=False):
-        # names are text (escaped when read), never rich markup
-        cells: list[Any] = [Text(str(r.tensor)), Text(str(r.op)), str(r.calls), fmt_bytes(r.bytes),
+        cells = [str(r.tensor), str(r.op), str(r.calls), fmt_bytes(r.bytes),
                  fmt_us(r.queued_mean_us), fmt_us(r.queued_max_us)]
         if timeline:
             cells += [fmt_us(r.negotiation_mean_us), fmt_us(r.negotiation_max_us),
                       fmt_us(r.wait_mean_us)]
         cells += [f"{r.fused_with_mean:.1f}", str(r.ambiguous) if r.ambiguous else "-",
                   "-" if r.last_ready_rank < 0 else f"rank {r.last_ready_rank}"]
-        t.add_row(*cells)
-    console.print(t)
+        for n, c in zip(names, cells):
+            cols[n].append(c)
+    shown, hidden = fit(cols, {}, width, _DROP_FIRST)
+    out = console(width)
+    out.print(rich_table(title, cols, shown, left=("tensor", "op"), width=width), crop=False)
+    if hidden:
+        out.print(f"(not shown at this width: {', '.join(n for n in names if n in hidden)}; "
+                  "--format csv shows every column)", markup=False)
 
 
 def _whatif(args: argparse.Namespace, lin: Any) -> int:
