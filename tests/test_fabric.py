@@ -132,3 +132,43 @@ def test_tcp_between_hosts_shared_memory_within(sim_cluster: ClusterFactory,  # 
     out1 = " ".join(profiler_cli("summarize", str(tmp_path / "one-host" / "trace.json"),
                                  cwd=tmp_path).stdout.split())
     assert f"interconnect (MPI_T): within {h0} sm/vader (inferred)" in out1
+
+
+def test_step_comm_predicts_from_the_fit_and_the_replay() -> None:
+    """The application's data calls per step (lowest rank, inside its steps, the
+    first step left out) times each fabric's alpha-beta fit, and times the
+    replay's median latency per size: exact on noise-free curves."""
+    from analysis_fixtures import alpha_beta_ns, concat, sweep, training
+    from profiler.analysis.interconnect import step_comm, step_traffic
+
+    app = training(steps=6, sizes=(4096, 1 << 20))
+    traffic = step_traffic(app)
+    assert traffic[["bytes", "calls_per_step"]].values.tolist() == [[4096, 1.0],
+                                                                     [1 << 20, 1.0]]
+    sizes = [1 << k for k in range(3, 23)]
+    fabrics = {"fast": (2.0, 5.0), "slow": (30.0, 0.125)}
+    bench = concat(*[sweep(sizes, alpha_us=a, bw_gbps=bw, label=lb, iters=3)
+                     for lb, (a, bw) in fabrics.items()])
+    out = step_comm(app, bench, replay=bench).set_index("label")
+    for lb, (a, bw) in fabrics.items():
+        want = float(alpha_beta_ns(4096, a, bw) + alpha_beta_ns(1 << 20, a, bw)) / 1e6
+        assert out.loc[lb, "predicted_ms_per_step"] == pytest.approx(want, rel=0.01)
+        assert out.loc[lb, "replayed_ms_per_step"] == pytest.approx(want, rel=0.001)
+        assert out.loc[lb, "bytes_per_step"] == 4096 + (1 << 20)
+
+
+def test_fabric_catalogue_and_bad_combinations(tmp_path: Path) -> None:
+    """Every fabric says what it emulates and how; --fabric with a conflicting
+    --transport is refused in one line."""
+    from profiler.analysis.interconnect import FABRICS, fabric_of
+
+    assert set(FABRICS) == {"shm", "tcp", "tcp-10gbit", "tcp-1gbit"}
+    for f in FABRICS.values():
+        assert f.label and (f.hosts == 1 or "netem is unavailable" in f.label)
+    assert FABRICS["tcp-1gbit"].rate == "1gbit" and "emulates 1 GbE" in FABRICS[
+        "tcp-1gbit"].label
+    assert fabric_of({"env": {"HOROVOD_BENCH_FABRIC": "tcp-10gbit"}}) is FABRICS["tcp-10gbit"]
+    assert fabric_of({}) is None
+    p = profiler_cli("bench", "-o", str(tmp_path / "o"), "--fabric", "tcp",
+                     "--transport", "shm", cwd=tmp_path)
+    assert p.returncode == 2 and p.stderr.strip().startswith("profiler: error: --fabric tcp")

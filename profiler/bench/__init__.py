@@ -188,8 +188,10 @@ def run_bench_on_hosts(fabric: Fabric, *, np: int, out_dir: Path, sweep_args: Se
     """The sweep across `fabric.hosts` simulated hosts (profiler.simcluster: one
     network namespace per host, veth links through a bridge, tbf at `fabric.rate`
     on both ends of every link), Open MPI over TCP (btl tcp,self, pml ob1), ranks
-    spread evenly; profiled into out_dir.  Prints rank 0's table; returns
-    mpirun's exit status."""
+    spread evenly; profiled into out_dir.  Ranks blocked in MPI yield the CPU
+    (OMPI_MCA_mpi_yield_when_idle=1, recorded in the trace's environment): the
+    simulated hosts and the kernel's packet processing share this machine's
+    cores.  Prints rank 0's table; returns mpirun's exit status."""
     from profiler import simcluster
 
     ok, why = simcluster.available(rate=bool(fabric.rate))
@@ -197,7 +199,7 @@ def run_bench_on_hosts(fabric: Fabric, *, np: int, out_dir: Path, sweep_args: Se
         raise UsageError(None, f"--fabric {fabric.name} needs simulated hosts: {why}")
     per_host = -(-np // fabric.hosts)
     env = {**extra_env, "HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(out_dir.resolve()),
-           "HOROVOD_PROFILE_MERGE_TIMEOUT": "60"}
+           "HOROVOD_PROFILE_MERGE_TIMEOUT": "60", "OMPI_MCA_mpi_yield_when_idle": "1"}
     try:
         with simcluster.SimCluster(hosts=fabric.hosts, rate=fabric.rate,
                                    slots=per_host) as c:

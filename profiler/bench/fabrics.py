@@ -23,9 +23,8 @@ Full run: sizes 8 B..4 MiB (powers of two and one size between), 20 calls per
 size, resnet8, one job at a time; about 5 minutes on 2 cores.  --quick (the
 notebook's CI path): powers of two 8 B..64 KiB, 5 calls per size, the small
 cnn model, the fabrics' jobs run concurrently (--jobs, default 4 with --quick):
-its figures exercise the pipeline and are not for reading.  Ranks yield the
-CPU when idle (Open MPI's mpi_yield_when_idle 1, recorded in each trace's
-environment): the simulated hosts share this machine's cores.
+its figures exercise the pipeline and are not for reading.  On simulated
+hosts the ranks yield the CPU when idle (profiler.bench.run_bench_on_hosts).
 """
 
 from __future__ import annotations
@@ -55,7 +54,6 @@ def _env() -> dict[str, str]:
     if os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     for k in [k for k in env if k.startswith("HOROVOD_PROFILE")]:
         del env[k]
     return env
