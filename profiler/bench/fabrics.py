@@ -90,6 +90,7 @@ def generate(out: Path, fabrics: Sequence[str], *, quick: bool, np: int = 2,
     width = jobs or (4 if quick else 1)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    load0 = [round(x, 2) for x in os.getloadavg()]
 
     def profile_app() -> Path:
         app_dir = out / "app"
@@ -132,17 +133,20 @@ def generate(out: Path, fabrics: Sequence[str], *, quick: bool, np: int = 2,
             runner.shutdown(wait=True)
         app = app_f.result()
     doc = figures(out, fabrics, app)
+    doc["load_average_at_start"] = load0  # 1, 5, 15 min: how busy the machine was
     doc["command"] = ("python -m profiler.bench.fabrics " + str(out)
                       + (" --quick" if quick else "") + " --fabrics " + ",".join(fabrics))
     doc["seconds"] = round(time.monotonic() - t0, 1)
+    doc["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     (out / "fabrics.json").write_text(json.dumps(doc, indent=1))
     return doc
 
 
 def figures(out: Path, fabrics: Sequence[str], app: Path) -> dict[str, Any]:
-    """Per fabric: the fitted latency (smallest sizes' region) and bandwidth (largest
-    sizes' region) of MPI_Allreduce, and the application's communication per step
-    predicted from the fit and replayed."""
+    """Per fabric: the fitted latency (the smallest sizes' region's alpha) and
+    bandwidth (1/beta of the largest sizes' region that has one: a flat region,
+    beta 0, has none) of MPI_Allreduce, and the application's communication per
+    step predicted from the fit and replayed."""
     from profiler.analysis import load
     from profiler.analysis.interconnect import FABRICS, step_comm
     from profiler.analysis.model import fit_alpha_beta
@@ -160,7 +164,8 @@ def figures(out: Path, fabrics: Sequence[str], app: Path) -> dict[str, Any]:
         rows.append({
             "fabric": f, "label": FABRICS[f].label,
             "latency_us": float(regions["alpha_us"].iloc[0]),
-            "bandwidth_gbps": float(regions["bandwidth_gbps"].iloc[-1]),
+            "bandwidth_gbps": float(regions["bandwidth_gbps"].dropna().iloc[-1])
+            if regions["bandwidth_gbps"].notna().any() else float("nan"),
             "regions": int(len(regions)),
             "calls_per_step": float(per_step.loc[f, "calls_per_step"]),
             "bytes_per_step": float(per_step.loc[f, "bytes_per_step"]),
@@ -200,7 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = generate(Path(a.out), fabrics, quick=a.quick, np=a.np,
                    app=Path(a.app) if a.app else None, jobs=a.jobs)
     print(table(doc))
-    print(f"fabrics: {Path(a.out) / 'fabrics.json'} ({doc['seconds']:.0f} s)", file=sys.stderr)
+    print(f"fabrics: {Path(a.out) / 'fabrics.json'} ({doc['seconds']:.0f} s; load average "
+          f"{doc['load_average_at_start'][0]} at the start, "
+          f"{doc['load_average_at_end'][0]} at the end)", file=sys.stderr)
     return 0
 
 
