@@ -43,12 +43,13 @@ def build_library(out_dir: Path) -> Path:
     """Compile hooks/*.c into one shared library with strict flags.
 
     HVPROF_NO_MPI=1 builds without MPI (a GPU machine with NCCL only): the
-    MPI wrappers are left out and the plain C compiler ($CC, else cc) is used.
+    MPI wrappers (and the MPI_T query) are left out and the plain C compiler ($CC, else cc) is used.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / LIB_NAME
     no_mpi = os.environ.get("HVPROF_NO_MPI", "") not in ("", "0")
-    sources = sorted(str(p) for p in HOOKS.glob("*.c") if not (no_mpi and p.name == "mpi.c"))
+    mpi_only = ("mpi.c", "mpit.c")  # the PMPI wrappers; the MPI_T interconnect query
+    sources = sorted(str(p) for p in HOOKS.glob("*.c") if not (no_mpi and p.name in mpi_only))
     compiler = shlex.split(os.environ.get("CC") or "cc") if no_mpi else find_mpicc()
     cflags = CFLAGS
     extra = shlex.split(os.environ.get("HVPROF_CFLAGS", ""))

@@ -9,6 +9,7 @@ section 2:
     <dir>/raw/rank-00000.hvprof       records (the hooks, while the job runs)
     <dir>/raw/rank-00000.agg          summary-mode aggregates
     <dir>/raw/rank-00000.nccl.json    NCCL/CUDA state of the process
+    <dir>/raw/rank-00000.mpit.json    the MPI library's transports (MPI_T), TCP peers
     <dir>/ranks/rank-00000.parquet    rows (each rank at its exit, or merge)
     <dir>/ranks/rank-00000.json       that rank's metadata
     <dir>/ranks/rank-00000.agg.parquet  summary-mode aggregates as rows
@@ -88,6 +89,12 @@ def tensor_names_path(raw: str | os.PathLike[str]) -> Path:
 def sidecar_path(raw: str | os.PathLike[str]) -> Path:
     """raw/rank-R.hvprof -> raw/rank-R.nccl.json."""
     return _beside_raw(raw, ".nccl.json")
+
+
+def mpit_path(raw: str | os.PathLike[str]) -> Path:
+    """raw/rank-R.hvprof -> raw/rank-R.mpit.json: what the MPI library said about
+    its transports (MPI_T) and the TCP connections the rank held (hooks/mpit.c)."""
+    return _beside_raw(raw, ".mpit.json")
 
 
 def file_rank(path: Path) -> int | None:

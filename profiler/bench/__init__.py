@@ -23,13 +23,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from profiler.analysis.interconnect import TRANSPORTS
+from profiler.analysis.interconnect import FABRIC_ENV, TRANSPORTS, Fabric
 from profiler.errors import NotFoundError, UsageError
 
 __all__ = [
     "TRANSPORTS", "parse_size", "parse_sizes", "default_sizes", "plan_from_frame",
     "plan_from_trace", "write_plan", "transport_env", "sweep_command",
-    "run_bench", "under_mpi",
+    "run_bench", "run_bench_on_hosts", "under_mpi", "FABRIC_ENV",
 ]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
@@ -180,3 +180,38 @@ def run_bench(cmd: Sequence[str], *, out_dir: Path, extra_env: Mapping[str, str]
         raise UsageError(None, f"benchmark did not finish within {timeout:g} s "
                                "(raise --timeout)") from None
     return proc.returncode
+
+
+def run_bench_on_hosts(fabric: Fabric, *, np: int, out_dir: Path, sweep_args: Sequence[str],
+                       extra_env: Mapping[str, str], mpirun_args: Sequence[str] = (),
+                       timeout: float) -> int:
+    """The sweep across `fabric.hosts` simulated hosts (profiler.simcluster: one
+    network namespace per host, veth links through a bridge, tbf at `fabric.rate`
+    on both ends of every link), Open MPI over TCP (btl tcp,self, pml ob1), ranks
+    spread evenly; profiled into out_dir.  Ranks blocked in MPI yield the CPU
+    (OMPI_MCA_mpi_yield_when_idle=1, recorded in the trace's environment): the
+    simulated hosts and the kernel's packet processing share this machine's
+    cores.  Prints rank 0's table; returns mpirun's exit status."""
+    from profiler import simcluster
+
+    ok, why = simcluster.available(rate=bool(fabric.rate))
+    if not ok:
+        raise UsageError(None, f"--fabric {fabric.name} needs simulated hosts: {why}")
+    per_host = -(-np // fabric.hosts)
+    env = {**extra_env, "HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(out_dir.resolve()),
+           "HOROVOD_PROFILE_MERGE_TIMEOUT": "60", "OMPI_MCA_mpi_yield_when_idle": "1"}
+    try:
+        with simcluster.SimCluster(hosts=fabric.hosts, rate=fabric.rate,
+                                   slots=per_host) as c:
+            p = c.mpirun(np, [sys.executable, "-P", "-m", "profiler.bench.sweep", *sweep_args],
+                         env=env, timeout=timeout, per_host=per_host, cwd=out_dir.resolve(),
+                         extra=list(mpirun_args))
+    except subprocess.TimeoutExpired:
+        raise UsageError(None, f"benchmark did not finish within {timeout:g} s "
+                               "(raise --timeout)") from None
+    except simcluster.SimClusterError as exc:
+        raise UsageError(None, f"--fabric {fabric.name}: {exc}") from None
+    sys.stdout.write(p.stdout)
+    if p.returncode != 0:
+        sys.stderr.write(p.stderr[-3000:])
+    return p.returncode

@@ -4,6 +4,7 @@
                    [--between 1] [--iters 20] [--warmup 5] [--dtype float32]
                    [--sizes-from app/trace.json] [--backend mpi|nccl]
                    [--transport shm|tcp] [--mpirun mpirun] [--mpirun-args "..."]
+                   [--fabric shm|tcp|tcp-10gbit|tcp-1gbit]
     profiler bench --pattern ps --servers 1,2,4 --workers 4 -o DIR
                    [--payload 8M] [--rate 200mbit] [--rounds 2]
 
@@ -21,6 +22,12 @@ records it (allgather/gather/alltoall: the gathered total).
 count, element size and number of calls, as the trace's lowest rank made them).
 --transport shm|tcp: Open MPI over shared memory (btl vader,self) or TCP
 loopback (btl tcp,self), with pml ob1; the trace's metadata records the setting.
+--fabric NAME: an emulated interconnect (profiler.analysis.interconnect.FABRICS):
+shm (one host, shared memory), tcp (2 simulated hosts, TCP over veth, no rate
+limit), tcp-10gbit / tcp-1gbit (the same with tbf on every link: 10 GbE, 1 GbE
+bandwidth; latency is not emulated, netem is not in this kernel).  Ranks are
+spread over the simulated hosts (needs root); the trace's metadata records
+the fabric (HOROVOD_BENCH_FABRIC).  scripts/fabrics.sh runs all four.
 --backend nccl: cupy's NCCL on one GPU per rank (needs cupy and a GPU).
 Already inside an MPI job (launched by mpirun), the sweep runs in this process.
 --pattern ps: parameter-server push+pull (sharded parameters, point-to-point
@@ -65,6 +72,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("mpi", "nccl"), default="mpi")
     p.add_argument("--transport", choices=("shm", "tcp"), default=None,
                    help="Open MPI transport: shared memory or TCP loopback")
+    p.add_argument("--fabric", choices=("shm", "tcp", "tcp-10gbit", "tcp-1gbit"), default=None,
+                   help="emulated interconnect: shared memory, or TCP between simulated "
+                        "hosts, unlimited or tbf-limited (needs root)")
     p.add_argument("--mpirun", default="mpirun", help="MPI launcher (default mpirun)")
     p.add_argument("--mpirun-args", default="", help="extra launcher arguments (one string)")
     p.add_argument("--timeout", type=float, default=900.0,
@@ -125,6 +135,17 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(out, "already holds a profile; choose a new directory")
     if args.backend == "nccl":
         _check_nccl()
+    fabric = None
+    if args.fabric:
+        from profiler.analysis.interconnect import FABRICS
+
+        fabric = FABRICS[args.fabric]
+        if args.transport and args.transport != fabric.transport:
+            raise UsageError(None, f"--fabric {fabric.name} uses --transport "
+                                   f"{fabric.transport}; give one of them")
+        if args.backend != "mpi":
+            raise UsageError(None, "--fabric needs --backend mpi")
+        args.transport = fabric.transport
     allowed = bench.NCCL_COLLECTIVES if args.backend == "nccl" else bench.MPI_COLLECTIVES
     sweep_args = ["--iters", str(args.iters), "--warmup", str(args.warmup),
                   "--dtype", args.dtype, "--backend", args.backend, "--out",
@@ -150,6 +171,23 @@ def run(args: argparse.Namespace) -> int:
                                    f"{args.dtype} element size ({dtype_size} B)")
         sweep_args += ["--collectives", ",".join(ops), "--sizes", ",".join(map(str, sizes))]
     env = bench.transport_env(args.transport)
+    if fabric is not None:
+        env[bench.FABRIC_ENV] = fabric.name
+    if fabric is not None and fabric.hosts > 1:
+        if bench.under_mpi():
+            raise UsageError(None, f"--fabric {fabric.name} launches its own job on "
+                                   "simulated hosts; run it outside mpirun")
+        out.mkdir(parents=True, exist_ok=True)
+        rc = bench.run_bench_on_hosts(fabric, np=args.np, out_dir=out, sweep_args=sweep_args,
+                                      extra_env={bench.FABRIC_ENV: fabric.name},
+                                      mpirun_args=shlex.split(args.mpirun_args),
+                                      timeout=args.timeout)
+        if rc != 0:
+            print(f"profiler: error: benchmark failed: mpirun exited with status {rc}",
+                  file=sys.stderr)
+            return 1
+        print(f"profiler: bench trace: {out / 'trace.json'} ({fabric.label})", file=sys.stderr)
+        return 0
     if bench.under_mpi():
         # already a rank of an MPI job (mpirun ... profiler bench): MPI is not initialized
         # yet, so the transport and the profile directory still take effect here; the

@@ -333,6 +333,11 @@ def _trace_lines(meta: dict[str, Any] | None) -> list[str]:
     clock = _clock_line(meta)
     if clock:
         out.append(clock)
+    from profiler.analysis.interconnect import interconnect_line
+
+    fabric = interconnect_line(meta)
+    if fabric:
+        out.append(fabric)
     from profiler.analysis.selfcost import cost_line
 
     cost = cost_line(meta)

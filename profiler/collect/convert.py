@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from profiler._version import __version__
 from profiler.collect import nvml, selfcost
+from profiler.formats import fabric
 from profiler.formats import record as F
 from profiler.formats.dataset import frame_to_table, read_meta, write_parquet
 from profiler.formats.raw import (
@@ -111,6 +112,7 @@ def rank_metadata(raw: RawFile, df: pd.DataFrame, *, own_process: bool,
         "tensor_names": read_tensor_names(raw.path),
         "self_cost": selfcost.snapshot() if own_process else None,
         **nvml.process_metadata(raw.path, own_process=own_process),
+        "interconnect": fabric.rank_doc(raw.path, own_process=own_process),
         "env": env_whitelist() if own_process else None,
         "argv": list(sys.argv) if own_process else None,
         "executable": sys.executable if own_process else None,

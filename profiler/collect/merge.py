@@ -22,6 +22,7 @@ from typing import Any
 
 from profiler.errors import EmptyProfileError, ProfilerError
 from profiler.formats import record as F
+from profiler.formats.fabric import job_doc as job_interconnect
 from profiler.layout import check_profile_dir, format_ranges, rank_files
 
 NO_FILE_GRACE_S = 5.0
@@ -205,6 +206,7 @@ def job_metadata(d: Path, trace_path: Path, rank_meta: list[dict[str, Any]], wor
             "problems": m.get("problems", []),
             "nccl": m.get("nccl"),
             "gpus": m.get("gpus"),
+            "interconnect": m.get("interconnect"),
         })
     return {
         "format_version": TRACE_FORMAT_VERSION,
@@ -222,6 +224,7 @@ def job_metadata(d: Path, trace_path: Path, rank_meta: list[dict[str, Any]], wor
                   "cal0_realtime_ns": r0["header"].get("cal0_realtime_ns"),
                   "axis": "ns since rank 0's MPI_Init return"},
         "env": env,
+        "interconnect": job_interconnect(ranks, env),
         "mode": modes[0] if len(modes) == 1 else "mixed",
         **_throughput(rank_meta),
         "dataset": {"format": "parquet", "files": files, "calls": calls,

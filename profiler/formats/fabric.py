@@ -1,0 +1,177 @@
+"""The interconnect a job used, from what each rank's MPI library said (MPI_T) and
+the TCP connections each rank held (raw/rank-R.mpit.json, written by
+hooks/mpit.c before MPI_Finalize), as trace metadata.
+
+Per rank (``ranks[i]["interconnect"]`` in trace.json, :func:`rank_doc`): the PML,
+BTLs and MTLs still open after MPI_Init (Open MPI closes the components it did
+not select, and their MPI_T control variables become invalid), the TCP BTL's
+interfaces, the requested selections (cvars ``pml``, ``btl``,
+``MPIR_CVAR_CH4_NETMOD`` ...), the names of the performance variables, and
+the established TCP connections with their local interface and its kind
+(veth, physical, virtual: read from /sys/class/net by the rank itself).
+
+Per host pair (``interconnect`` in trace.json, :func:`job_doc`): the transport
+between two hosts and how it is known:
+
+- ``observed``: TCP connections from ranks on one host to the other host's
+  addresses were open at MPI_Finalize (Open MPI's TCP BTL connects on the
+  first message to a peer, so they carried the job's traffic);
+- ``inferred``: from the components open after MPI_Init and Open MPI's
+  selection rule (for peers on the same host the shared-memory BTL, vader,
+  outranks tcp by exclusivity; a host pair with no connection seen but tcp
+  open is ``tcp`` inferred);
+- ``launcher``: no MPI_T document (not Open MPI, an old library): the
+  launcher's settings (OMPI_MCA_btl in the recorded environment), labelled so.
+
+MPI_T holds no per-BTL byte counts in Open MPI 4.1 (its 46 pvars: ob1 queue
+lengths, psm2 counters, osc retries) and no pvars at all in MPICH 4.0, so
+bytes per transport are not known; this module says which transport, not how
+much.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from profiler.layout import mpit_path
+
+# Open MPI components -> the short transport name used in the one-line summary
+SHM_BTLS = ("vader", "sm", "smcuda")
+NET_BTLS = ("tcp", "openib", "uct", "ofi", "usnic", "portals4", "ugni")
+
+
+def read_mpit(raw_path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """raw/rank-R.mpit.json as the library wrote it, or None."""
+    try:
+        doc = orjson.loads(mpit_path(raw_path).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def interface_kind(name: str, sys_net: str | os.PathLike[str] = "/sys/class/net") -> str:
+    """loopback, physical (has a device), veth (a virtual link with a peer:
+    iflink differs from ifindex), virtual, or '' (not found).  Meaningful only in
+    the rank's own network namespace."""
+    if not name:
+        return ""
+    base = Path(sys_net) / name.split(":", 1)[0]
+    if not base.exists():
+        return ""
+    if name.startswith("lo"):
+        return "loopback"
+    if (base / "device").exists():
+        return "physical"
+    try:
+        iflink = (base / "iflink").read_text().strip()
+        ifindex = (base / "ifindex").read_text().strip()
+    except OSError:
+        return "virtual"
+    return "veth" if iflink != ifindex else "virtual"
+
+
+def rank_doc(raw_path: str | os.PathLike[str], *, own_process: bool) -> dict[str, Any] | None:
+    """The rank's ``interconnect`` entry: the sidecar, with the kind of each
+    interface (own_process only: sysfs of this namespace)."""
+    doc = read_mpit(raw_path)
+    if doc is None:
+        return None
+    if own_process:
+        names = {str(a.get("interface", "")) for a in doc.get("addresses", [])}
+        names |= {str(i) for i in (doc.get("mpit") or {}).get("tcp_interfaces", [])}
+        doc["interface_kinds"] = {n: interface_kind(n) for n in sorted(names) if n}
+    return doc
+
+
+def _components(doc: Mapping[str, Any], fw: str) -> list[str]:
+    comps = (doc.get("mpit") or {}).get("open_components") or []
+    return sorted(str(c).split("/", 1)[1] for c in comps if str(c).startswith(fw + "/"))
+
+
+def job_doc(ranks: Sequence[Mapping[str, Any]], env: Mapping[str, Any] | None = None
+            ) -> dict[str, Any]:
+    """The job's interconnect per host pair.  ranks: dicts with rank, host and
+    interconnect (the rank_doc, or None)."""
+    docs = {int(r["rank"]): r.get("interconnect") for r in ranks}
+    host_of = {int(r["rank"]): str(r.get("host", "")) for r in ranks}
+    hosts = sorted(set(host_of.values()))
+    have = {k: v for k, v in docs.items() if isinstance(v, dict) and v.get("mpit")}
+    if not have:
+        btl = str((env or {}).get("OMPI_MCA_btl", ""))
+        return {"source": "launcher", "library": "", "pml": [], "btl": [],
+                "pairs": [], "note": ("no MPI_T document from any rank; the launcher's "
+                                      f"setting: btl={btl or 'default'}")}
+    ip_host: dict[str, str] = {}
+    for rk, d in have.items():
+        for a in d.get("addresses", []):
+            ip = str(a.get("ip", ""))
+            if ip and not ip.startswith("127."):
+                ip_host[ip] = host_of[rk]
+    btls = sorted({b for d in have.values() for b in _components(d, "btl")})
+    pmls = sorted({p for d in have.values() for p in _components(d, "pml")})
+    # MTLs carry data only under the cm PML; ob1 leaves the framework open unused
+    mtls = sorted({m for d in have.values() for m in _components(d, "mtl")}
+                  if "cm" in pmls else ())
+    pairs: dict[tuple[str, str], dict[str, Any]] = {}
+    seen: set[tuple[tuple[str, int], ...]] = set()  # a connection shows at both ends
+    for rk, d in have.items():
+        me = host_of[rk]
+        kinds = d.get("interface_kinds") or {}
+        for c in d.get("tcp_connections", []):
+            other = ip_host.get(str(c.get("remote", "")))
+            if other is None or other == me:
+                continue  # the launcher's own connections, loopback, unknown peers
+            ends = tuple(sorted([(str(c.get("local", "")), int(c.get("local_port") or 0)),
+                                 (str(c.get("remote", "")), int(c.get("remote_port") or 0))]))
+            key = (min(me, other), max(me, other))
+            p = pairs.setdefault(key, {"hosts": list(key), "transport": "tcp",
+                                       "how": "observed", "connections": 0,
+                                       "interfaces": []})
+            if ends not in seen:
+                seen.add(ends)
+                p["connections"] += 1
+            ifn = str(c.get("interface", ""))
+            label = f"{ifn} ({kinds[ifn]})" if kinds.get(ifn) else ifn
+            if ifn and label not in p["interfaces"]:
+                p["interfaces"].append(label)
+    shm = next((b for b in btls if b in SHM_BTLS), None)
+    net = next((b for b in btls if b in NET_BTLS), None)
+    mpit0 = next(iter(have.values()))
+    mpich = str(mpit0.get("library", "")).startswith("MPICH")
+    sel0 = (mpit0.get("mpit") or {}).get("selected", {}) or {}
+    if mpich and not net:
+        dev = str(mpit0.get("device", ""))  # "ch4:ucx": the netmod it was built with
+        net = f"{dev.split(':', 1)[0] or 'ch4'} netmod " + (
+            sel0.get("MPIR_CVAR_CH4_NETMOD") or (dev.split(":", 1)[1] if ":" in dev
+                                                 else "default"))
+    if mpich and not shm:
+        shm = str(sel0.get("MPIR_CVAR_CH4_SHM") or "posix")
+    for i, a in enumerate(hosts):
+        for b in hosts[i:]:
+            if (a, b) in pairs:
+                continue
+            if a == b:
+                ranks_here = sum(1 for h in host_of.values() if h == a)
+                if ranks_here < 2:
+                    continue
+                t = f"sm/{shm}" if shm else (net or (f"pml {pmls[0]}" if pmls else "unknown"))
+                pairs[(a, b)] = {"hosts": [a, b], "transport": t, "how": "inferred",
+                                 "connections": 0, "interfaces": []}
+            else:
+                t = net or (f"mtl {mtls[0]}" if mtls else f"pml {pmls[0]}" if pmls else "unknown")
+                pairs[(a, b)] = {"hosts": [a, b], "transport": t, "how": "inferred",
+                                 "connections": 0, "interfaces": []}
+    return {
+        "source": "MPI_T",
+        "library": str(mpit0.get("library", "")),
+        "pml": pmls, "btl": btls, "mtl": mtls,
+        "selected": (mpit0.get("mpit") or {}).get("selected", {}),
+        "pvars": int((mpit0.get("mpit") or {}).get("pvars", 0)),
+        "ranks_reporting": len(have), "ranks": len(docs),
+        "pairs": [pairs[k] for k in sorted(pairs)],
+    }
