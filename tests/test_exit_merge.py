@@ -194,3 +194,22 @@ def test_failed_merge_keeps_raw_files_and_says_one_line(prog: Path, tmp_path: Pa
         m = profiler_cli("merge", str(prof), cwd=tmp_path)
         assert m.returncode == 0, m.stderr
         assert_exact(prof / "trace.json")
+
+
+def test_closed_ranks_on_other_hosts_are_converted_at_once(tmp_path: Path) -> None:
+    """Without Python no rank converts its own file: the exit merge converts a
+    CLOSED file at once, also one written on another host (whose pid cannot be
+    checked), instead of waiting out the merge timeout for it."""
+    import rawgen
+
+    from profiler.collect.merge import wait_and_merge
+
+    d = tmp_path / "job"
+    for r, host in enumerate(["here", "another-host"]):
+        rawgen.simple_rank(r, 2, n=5, hostname=host, pid=1, state=0xF).write(
+            d / "raw" / f"rank-{r:05d}.hvprof")
+    t0 = time.monotonic()
+    res = wait_and_merge(d, world_size=2, own_rank=0, timeout=30, convert_closed=True)
+    assert time.monotonic() - t0 < 10
+    assert res.ranks == [0, 1] and res.partial_ranks == [] == res.missing_ranks
+    assert (d / "ranks" / "rank-00001.parquet").is_file()

@@ -61,12 +61,14 @@ def no_space_line(directory: str, exc: OSError) -> str:
 
 
 def convert_and_merge(directory: str, raw: str, rank: int, world: int, *,
-                      own_process: bool = True) -> str | None:
+                      own_process: bool = True, others_convert: bool = True) -> str | None:
     """Convert this rank's raw file; rank 0 then waits (bounded by
     HOROVOD_PROFILE_MERGE_TIMEOUT) for the others and writes trace.json.
     Returns the line printed by rank 0 (None elsewhere).  own_process: the
     caller is the rank itself (its argv, environment and Python self-cost go
-    into the rank's metadata), not a helper converting for it."""
+    into the rank's metadata), not a helper converting for it.  others_convert:
+    the other ranks convert their own files at exit (Python); if not, rank 0
+    converts each as soon as it is closed."""
     if not os.path.exists(raw):
         # The profile directory (or this raw file) was removed while the job
         # ran: the records went into a file nobody can open any more.  Rank 0
@@ -95,7 +97,7 @@ def convert_and_merge(directory: str, raw: str, rank: int, world: int, *,
 
     try:
         result = wait_and_merge(directory, world_size=max(world, 1), own_rank=0,
-                                timeout=merge_timeout())
+                                timeout=merge_timeout(), convert_closed=not others_convert)
     except OSError as exc:
         if not no_space(exc):
             raise
@@ -144,7 +146,7 @@ def main(argv: list[str]) -> int:
     # Nothing it writes is world- or group-writable (as in the Python exit work).
     os.umask(os.umask(0o022) | 0o022)
     try:
-        convert_and_merge(directory, raw, 0, world, own_process=False)
+        convert_and_merge(directory, raw, 0, world, own_process=False, others_convert=False)
     except BaseException as exc:  # noqa: BLE001 - one line, the raw files kept
         say(f"error: cannot build the trace at exit: {one_line(exc)}; the raw files are "
             f"kept: build it with: profiler merge {directory}")
