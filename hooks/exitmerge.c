@@ -207,6 +207,7 @@ HVPROF_HIDDEN void hvprof_exit_merge(const char *dir, const char *raw, int world
 {
     char python[PATH_MAX], lib[PATH_MAX];
     const char *why = NULL;
+    lib[0] = 0;
     if (find_python(python, sizeof python, lib, sizeof lib, &why) != 0) {
         failed(dir, "%s (%s)", why, lib[0] ? lib : "libhvprof.so");
         return;

@@ -98,6 +98,12 @@ def test_c_program_gets_its_trace_at_exit(prog: Path, tmp_path: Path, late_ms: i
                           f"{2 * (N + 3)} calls)"], proc.stderr
     assert_exact(prof / "trace.json")
     assert_raw_exact(prof)
+    # the program's command and settings, read by the merge from rank 0's /proc
+    meta = json.loads((prof / "trace.json").read_bytes())["horovod_profiler"]
+    assert meta["command"] == [str(prog), str(N), "0", str(late_ms)]
+    assert meta["executable"] == str(prog)
+    assert meta["env"]["HOROVOD_PROFILE"] == "1"
+    assert meta["env"]["HOROVOD_PROFILE_DIR"] == str(prof)
 
 
 def test_exit_status_3_after_finalize_is_kept(prog: Path, tmp_path: Path) -> None:

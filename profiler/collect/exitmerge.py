@@ -61,14 +61,16 @@ def no_space_line(directory: str, exc: OSError) -> str:
 
 
 def convert_and_merge(directory: str, raw: str, rank: int, world: int, *,
-                      own_process: bool = True, others_convert: bool = True) -> str | None:
+                      own_process: bool = True, others_convert: bool = True,
+                      process: dict[str, Any] | None = None) -> str | None:
     """Convert this rank's raw file; rank 0 then waits (bounded by
     HOROVOD_PROFILE_MERGE_TIMEOUT) for the others and writes trace.json.
     Returns the line printed by rank 0 (None elsewhere).  own_process: the
     caller is the rank itself (its argv, environment and Python self-cost go
     into the rank's metadata), not a helper converting for it.  others_convert:
     the other ranks convert their own files at exit (Python); if not, rank 0
-    converts each as soon as it is closed."""
+    converts each as soon as it is closed.  process: the rank's argv,
+    executable and environment when the caller is not the rank."""
     if not os.path.exists(raw):
         # The profile directory (or this raw file) was removed while the job
         # ran: the records went into a file nobody can open any more.  Rank 0
@@ -80,7 +82,7 @@ def convert_and_merge(directory: str, raw: str, rank: int, world: int, *,
     from profiler.collect.convert import convert_raw
 
     try:
-        convert_raw(raw, directory, own_process=own_process)
+        convert_raw(raw, directory, own_process=own_process, process=process)
     except OSError as exc:
         if no_space(exc):
             # The other ranks' conversions fail the same way: rank 0 alone
@@ -107,6 +109,21 @@ def convert_and_merge(directory: str, raw: str, rank: int, world: int, *,
     line = f"trace written to {result.summary_line()}"
     say(line)
     return line
+
+
+def process_info(pid: int) -> dict[str, Any] | None:
+    """The command line, executable and environment (as it started) of the
+    process `pid`, from /proc; None where they cannot be read."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0")[:-1]]
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            pairs = [e.decode(errors="replace").partition("=")
+                     for e in f.read().split(b"\0") if e]
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+    return {"argv": argv, "executable": exe, "environ": {k: v for k, _, v in pairs}}
 
 
 class _Tolerant:
@@ -139,14 +156,15 @@ def main(argv: list[str]) -> int:
     sys.stdout = _Tolerant(sys.stdout)
     sys.stderr = _Tolerant(sys.stderr)
     try:
-        directory, raw, world, _pid = argv[0], argv[1], int(argv[2]), int(argv[3])
+        directory, raw, world, pid = argv[0], argv[1], int(argv[2]), int(argv[3])
     except (IndexError, ValueError):
         say(f"error: cannot build the trace at exit: bad arguments {argv!r}")
         return 2
     # Nothing it writes is world- or group-writable (as in the Python exit work).
     os.umask(os.umask(0o022) | 0o022)
     try:
-        convert_and_merge(directory, raw, 0, world, own_process=False, others_convert=False)
+        convert_and_merge(directory, raw, 0, world, own_process=False, others_convert=False,
+                          process=process_info(pid))
     except BaseException as exc:  # noqa: BLE001 - one line, the raw files kept
         say(f"error: cannot build the trace at exit: {one_line(exc)}; the raw files are "
             f"kept: build it with: profiler merge {directory}")
