@@ -131,7 +131,7 @@ def test_mpich(tmp_path: Path) -> None:
         pytest.skip("MPICH is not installed")
     lib = tmp_path / "libhvprof.so"
     hooks = ROOT / "hooks"
-    flags = [f for f in hooks_cflags() if not f.startswith("-O")] + ["-O0"]  # build time
+    flags = [f for f in hooks_cflags() if not f.startswith("-O") and f != "-g"] + ["-O0"]
     subprocess.run([cc, *flags, "-I", str(hooks), *map(str, sorted(hooks.glob("*.c"))),
                     "-o", str(lib), "-ldl"], check=True)
     (tmp_path / "libhvprof.python").write_text(sys.executable + "\n")
