@@ -15,6 +15,9 @@ from setuptools.command.build_py import build_py
 HERE = Path(__file__).resolve().parent
 HOOKS = HERE / "hooks"
 LIB_NAME = "libhvprof.so"
+# Next to the library: the interpreter that builds trace.json when a program
+# without Python (C, Fortran, under LD_PRELOAD) exits (hooks/exitmerge.c).
+PYTHON_NAME = "libhvprof.python"
 PTH_NAME = "horovod_profiler.pth"
 
 
@@ -60,6 +63,17 @@ def build_library(out_dir: Path) -> Path:
     return target
 
 
+def record_python(lib_dir: Path, python: str | None = None) -> Path:
+    """Write the interpreter's path (default: the one building, which pip runs
+    with the target environment's Python) into libhvprof.python beside the
+    library, for its exit merge."""
+    import sys
+
+    target = lib_dir / PYTHON_NAME
+    target.write_text((python or sys.executable) + "\n")
+    return target
+
+
 def build_fastrec(out_dir: Path) -> Path:
     """profiler/_fastrec (profiler/_ext/fastrec.c): a CPython extension the
     Python hooks call instead of ctypes (3.8 us -> ~0.1 us per tensor record).
@@ -80,6 +94,7 @@ class BuildPy(build_py):
         super().run()
         build_lib = Path(self.build_lib)
         build_library(build_lib / "profiler" / "_lib")
+        record_python(build_lib / "profiler" / "_lib")
         build_fastrec(build_lib / "profiler")
         # The start-up hook lands at the root of site-packages.
         shutil.copy(HERE / "profiler" / PTH_NAME, build_lib / PTH_NAME)
@@ -102,7 +117,7 @@ setup(
         "profiler.bench", "profiler.workloads",
     ],
     package_dir={"profiler.analysis": "analysis"},
-    package_data={"profiler": ["_lib/*.so", "_fastrec*.so", "py.typed"],
+    package_data={"profiler": ["_lib/*.so", "_lib/*.python", "_fastrec*.so", "py.typed"],
                   "profiler.analysis": ["*.js"]},
     include_package_data=False,
     install_requires=[

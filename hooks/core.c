@@ -1419,10 +1419,15 @@ __attribute__((constructor)) static void hvprof_ctor(void)
     pthread_atfork(NULL, NULL, atfork_child);
 }
 
-/* exit() without MPI_Finalize (an NCCL-only job, a C program): drain. */
+/* Process exit (after MPI_Finalize, or without it: an NCCL-only job, a C
+ * program): drain, then rank 0 of a process without a Python runtime builds
+ * trace.json (exitmerge.c; Python's exit handler does it otherwise). */
 __attribute__((destructor)) static void hvprof_dtor(void)
 {
-    if (g.open && g.pid == getpid()) hvprof_close(HVPROF_STATE_CLOSED);
+    if (!g.open || g.pid != getpid()) return;
+    hvprof_close(HVPROF_STATE_CLOSED);
+    if (!g.python && g.hdr && g.hdr->rank == 0)
+        hvprof_exit_merge(g.dir, g.raw_path, g.hdr->world_size);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -231,6 +231,9 @@ HVPROF_EXPORT const char *hvprof_dir(void);
 HVPROF_EXPORT const char *hvprof_raw_path(void);
 HVPROF_EXPORT int hvprof_rank(void);
 HVPROF_HIDDEN int hvprof_python_attached(void);
+/* Rank 0's exit without Python: run the Python merge as a child, bounded
+ * (exitmerge.c).  Prints one line; never fails the process. */
+HVPROF_HIDDEN void hvprof_exit_merge(const char *dir, const char *raw, int world);
 
 /* 64-bit mixing used for stable communicator ids. */
 static inline uint64_t hvprof_mix(uint64_t h, uint64_t v)

@@ -1438,9 +1438,8 @@ HVPROF_EXPORT int MPI_Finalize(void)
                 hvprof_warn("%llu records were dropped: no buffer space (the writer could "
                             "not keep up, or too many requests in flight); see %s", all[0],
                             h ? hvprof_dir() : "the profile directory");
-            if (h && !hvprof_python_attached())
-                hvprof_warn("raw records in %s/raw; build the trace with: profiler merge %s",
-                            hvprof_dir(), hvprof_dir());
+            /* trace.json: Python's exit handler, else the library's own
+             * exit merge (exitmerge.c), at process exit. */
         }
         PMPI_Comm_free(&prof_comm);
         prof_comm = MPI_COMM_NULL;

@@ -424,7 +424,8 @@ def test_library_loads_and_works_without_nccl_or_cuda(tmp_path: Path) -> None:
 
 def test_torchrun_style_job_without_mpi(built: Built, tmp_path: Path) -> None:
     """RANK / WORLD_SIZE / LOCAL_RANK name the rank files; both ranks agree on
-    the directory through the launcher's run id; `profiler merge` builds the trace."""
+    the directory through the launcher's run id; rank 0's exit builds the trace
+    (the library's exit merge: no MPI, no Python), and `profiler merge` again."""
     procs = []
     for rank in (0, 1):
         env = base_env(HOROVOD_PROFILE="1", RANK=str(rank), WORLD_SIZE="2",
@@ -432,12 +433,17 @@ def test_torchrun_style_job_without_mpi(built: Built, tmp_path: Path) -> None:
                        STANDIN_UID="job-42", LD_PRELOAD=str(library_path()))
         procs.append(subprocess.Popen([str(built.app), "steps", "5"], env=env, cwd=tmp_path,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    errs = []
     for p in procs:
-        _, err = p.communicate(timeout=60)
+        _, err = p.communicate(timeout=90)
         assert p.returncode == 0, err
+        errs.append(err)
     dirs = list(tmp_path.glob("horovod-profile-*"))
     assert len(dirs) == 1, dirs
     d = dirs[0]
+    assert errs[1] == "" and errs[0].splitlines() == [
+        f"horovod-profiler: trace written to {d.name}/trace.json (2 ranks, 20 calls)"], errs
+    assert (d / "trace.json").is_file()
     raws = [read_raw(d / "raw" / f"rank-{r:05d}.hvprof") for r in (0, 1)]
     assert [(x.header["rank"], x.header["world_size"], x.header["local_rank"]) for x in raws] \
         == [(0, 2, 0), (1, 2, 1)]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +59,9 @@ def san(tmp_path_factory: pytest.TempPathFactory) -> dict:
                             *map(str, sorted(hooks.glob("*.c"))), "-o", str(lib), "-ldl"],
                            capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
+    # the interpreter beside the library, as setup.py records it: the exit
+    # merge (hooks/exitmerge.c) runs under the sanitizers too
+    (out / "libhvprof.python").write_text(sys.executable + "\n")
     bins = {}
     for prog in ("collectives", "threads", "intercomm"):
         exe = out / prog
@@ -74,6 +78,7 @@ def run_sanitized(san: dict, np_: int, prog: str, args: list[str], prof: Path,
     proc = launch(san, np_, prog, args, prof, cwd, extra_env=SAN_ENV)  # asserts exit 0
     for mark in REPORT_MARKS:
         assert mark not in proc.stderr, proc.stderr[-6000:]
+    assert f"horovod-profiler: trace written to {prof}/trace.json" in proc.stderr, proc.stderr
     return proc.stdout
 
 

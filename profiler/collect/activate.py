@@ -20,7 +20,9 @@ mpi4py's finalization handlers registered later):
 * this rank's raw file becomes ranks/rank-R.parquet + .json;
 * rank 0 waits, bounded by HOROVOD_PROFILE_MERGE_TIMEOUT (default 60 s), for
   the other ranks' datasets, converts those of ranks that died, writes
-  trace.json and prints one line to stderr.
+  trace.json and prints one line to stderr (profiler.collect.exitmerge, which
+  the library's own exit merge runs too for processes without Python: this
+  module tells the library, hvprof_set_python, that Python merges here).
 
 Any failure is reported in one line; the application's exit status never changes.
 """
@@ -32,24 +34,12 @@ import ctypes  # already loaded: profiler.collect.native uses it
 import os
 import sys
 
-DEFAULT_MERGE_TIMEOUT_S = 60.0
+from profiler.collect.exitmerge import convert_and_merge
+from profiler.collect.exitmerge import one_line as _one_line
+from profiler.collect.exitmerge import say as _say
+
 _PID = os.getpid()
 _registered = False
-
-
-def _say(message: str) -> None:
-    try:
-        sys.stderr.write("horovod-profiler: " + " ".join(message.split()) + "\n")
-        sys.stderr.flush()
-    except Exception:
-        pass
-
-
-def merge_timeout() -> float:
-    from profiler._env import at_least, setting
-
-    return setting("HOROVOD_PROFILE_MERGE_TIMEOUT", DEFAULT_MERGE_TIMEOUT_S,
-                   at_least(0.0, float), "seconds, 0 or more")
 
 
 def finish() -> str | None:
@@ -81,63 +71,9 @@ def finish() -> str | None:
     mask = os.umask(0o022)
     os.umask(mask | 0o022)
     try:
-        return _convert_and_merge(directory, raw, rank, world)
+        return convert_and_merge(directory, raw, rank, world)
     finally:
         os.umask(mask)
-
-
-def _convert_and_merge(directory: str, raw: str, rank: int, world: int) -> str | None:
-    if not os.path.exists(raw):
-        # The profile directory (or this raw file) was removed while the job
-        # ran: the records went into a file nobody can open any more.  Rank 0
-        # says so once; the other ranks' records went the same way.
-        if rank == 0:
-            _say(f"warning: the profile directory {directory} was removed while the job "
-                 "ran: the records of this job are lost (no dataset, no trace)")
-        return None
-    from profiler.collect.convert import convert_raw
-
-    try:
-        convert_raw(raw, directory, own_process=True)
-    except OSError as exc:
-        if _no_space(exc):
-            # The other ranks' conversions fail the same way: rank 0 alone
-            # says what is kept, and merging would fail again.
-            if rank == 0:
-                _say(_no_space_line(directory, exc))
-            return None
-        _say(f"error: rank {rank}: cannot convert {raw}: {_one_line(exc)}")
-    except Exception as exc:  # rank 0 still merges what is there
-        _say(f"error: rank {rank}: cannot convert {raw}: {_one_line(exc)}")
-    if rank != 0:
-        return None
-    from profiler.collect.merge import wait_and_merge
-
-    try:
-        result = wait_and_merge(directory, world_size=max(world, 1), own_rank=0,
-                                timeout=merge_timeout())
-    except OSError as exc:
-        if not _no_space(exc):
-            raise
-        line = _no_space_line(directory, exc)
-        _say(line)
-        return line
-    line = f"trace written to {result.summary_line()}"
-    _say(line)
-    return line
-
-
-def _no_space(exc: OSError) -> bool:
-    import errno
-
-    return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
-
-
-def _no_space_line(directory: str, exc: OSError) -> str:
-    what = os.strerror(exc.errno) if exc.errno else str(exc)
-    return (f"error: cannot write the dataset or trace in {directory} ({what}): the raw "
-            f"files are kept; build the trace where there is space with: profiler merge "
-            f"{directory}")
 
 
 def _finalize_mpi4py() -> None:
@@ -150,15 +86,6 @@ def _finalize_mpi4py() -> None:
         return  # the application keeps MPI's lifetime to itself
     if mpi.Is_initialized() and not mpi.Is_finalized():
         mpi.Finalize()
-
-
-def _one_line(exc: BaseException) -> str:
-    from profiler.errors import ProfilerError
-
-    if isinstance(exc, ProfilerError):
-        return exc.line()
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _allow_late_imports() -> None:

@@ -82,8 +82,11 @@ def step_totals(df: pd.DataFrame) -> dict[str, Any]:
 
 def rank_metadata(raw: RawFile, df: pd.DataFrame, *, own_process: bool,
                   agg: pd.DataFrame | None = None,
-                  problems: Sequence[str] = ()) -> dict[str, Any]:
-    """The ranks/rank-R.json document.  env/argv only when this process is the rank.
+                  problems: Sequence[str] = (),
+                  process: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The ranks/rank-R.json document.  env/argv only when this process is the
+    rank, or when `process` describes it ({"environ", "argv", "executable"}:
+    the library's exit merge, converting for its parent, reads them there).
 
     calls = per-call rows (application rows excluded) + summary-mode aggregated calls."""
     st = raw.path.stat()
@@ -113,9 +116,12 @@ def rank_metadata(raw: RawFile, df: pd.DataFrame, *, own_process: bool,
         "self_cost": selfcost.snapshot() if own_process else None,
         **nvml.process_metadata(raw.path, own_process=own_process),
         "interconnect": fabric.rank_doc(raw.path, own_process=own_process),
-        "env": env_whitelist() if own_process else None,
-        "argv": list(sys.argv) if own_process else None,
-        "executable": sys.executable if own_process else None,
+        "env": (env_whitelist() if own_process else
+                env_whitelist(process["environ"]) if process else None),
+        "argv": (list(sys.argv) if own_process else
+                 list(process["argv"]) if process else None),
+        "executable": (sys.executable if own_process else
+                       process["executable"] if process else None),
         "parquet": parquet_path(".", raw.rank).name,
         "source": {
             "raw": f"raw/{raw.path.name}",
@@ -154,8 +160,10 @@ class Converted:
 
 
 def convert_raw(path: str | os.PathLike[str], profile_dir: str | os.PathLike[str] | None = None,
-                *, own_process: bool = False) -> Converted:
-    """raw/rank-R.hvprof -> ranks/rank-R.parquet + ranks/rank-R.json."""
+                *, own_process: bool = False,
+                process: Mapping[str, Any] | None = None) -> Converted:
+    """raw/rank-R.hvprof -> ranks/rank-R.parquet + ranks/rank-R.json.
+    process: see rank_metadata."""
     raw = read_raw(path)
     base = Path(profile_dir) if profile_dir is not None else Path(path).resolve().parent.parent
     df = raw_to_frame(raw)
@@ -169,7 +177,8 @@ def convert_raw(path: str | os.PathLike[str], profile_dir: str | os.PathLike[str
         else:
             problems = ["summary mode, but no aggregate file (killed before its first "
                         "snapshot?)"]
-    meta = rank_metadata(raw, df, own_process=own_process, agg=agg_df, problems=problems)
+    meta = rank_metadata(raw, df, own_process=own_process, agg=agg_df, problems=problems,
+                         process=process)
     pq_out = parquet_path(base, raw.rank)
     js_out = meta_path(base, raw.rank)
     pq_out.parent.mkdir(parents=True, exist_ok=True)

@@ -259,9 +259,13 @@ def _throughput(rank_meta: list[dict[str, Any]]) -> dict[str, Any]:
 
 def wait_and_merge(profile_dir: str | os.PathLike[str], *, world_size: int, own_rank: int,
                    timeout: float, poll: float = 0.05,
-                   sleep: Callable[[float], None] = time.sleep) -> MergeResult:
+                   sleep: Callable[[float], None] = time.sleep,
+                   convert_closed: bool = False) -> MergeResult:
     """Rank 0 at exit: wait (bounded) for the other ranks' datasets, converting
-    those whose raw header shows they died, then merge."""
+    those whose raw header shows they died, then merge.  convert_closed: the
+    ranks have no Python to convert their own files (the library's exit merge
+    of a C program): a file marked CLOSED is complete, converted here at once,
+    wherever its process ran (another host's pid cannot be checked)."""
     from profiler.collect.convert import is_up_to_date
     from profiler.formats.raw import _pid_alive, read_header, writer_state
 
@@ -287,7 +291,8 @@ def wait_and_merge(profile_dir: str | os.PathLike[str], *, world_size: int, own_
             st = writer_state(header)
             if st == "closed" and is_up_to_date(raws[r], d):
                 pending.discard(r)
-            elif st == "dead" or (st == "closed" and _pid_alive(header) is False):
+            elif st == "dead" or (st == "closed" and (convert_closed
+                                                      or _pid_alive(header) is False)):
                 # Killed, or exited without leaving its dataset (its own
                 # conversion failed: disk full...): it will never convert itself.
                 convert_pending(d, ranks=[r])

@@ -1,0 +1,172 @@
+"""The exit work that turns raw files into the dataset and trace.json, shared
+by the two ways a profiled process ends:
+
+* a Python process: its exit handler (profiler.collect.activate) converts its
+  own raw file and, on rank 0, waits for the other ranks and merges;
+* any other process (C, Fortran, anything LD_PRELOADed, NCCL-only): rank 0's
+  library runs `main` in a child interpreter from its destructor
+  (hooks/exitmerge.c), after closing its own file, with that file's path, the
+  world size and its pid; the child converts rank 0's file on its behalf and
+  merges the same way.  Its "horovod-profiler:" lines are what the library
+  prints; exit status 0 when it said how it went (a trace, or why not), 2
+  after a failure it reported in one line itself, anything else (a crash, a
+  broken interpreter) makes the library say one line of its own.
+
+Nothing heavy at import: imported by the start-up hook's activation."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+DEFAULT_MERGE_TIMEOUT_S = 60.0
+
+
+def say(message: str) -> None:
+    try:
+        sys.stderr.write("horovod-profiler: " + " ".join(message.split()) + "\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def merge_timeout() -> float:
+    from profiler._env import at_least, setting
+
+    return setting("HOROVOD_PROFILE_MERGE_TIMEOUT", DEFAULT_MERGE_TIMEOUT_S,
+                   at_least(0.0, float), "seconds, 0 or more")
+
+
+def one_line(exc: BaseException) -> str:
+    from profiler.errors import ProfilerError
+
+    if isinstance(exc, ProfilerError):
+        return exc.line()
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def no_space(exc: OSError) -> bool:
+    import errno
+
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+
+
+def no_space_line(directory: str, exc: OSError) -> str:
+    what = os.strerror(exc.errno) if exc.errno else str(exc)
+    return (f"error: cannot write the dataset or trace in {directory} ({what}): the raw "
+            f"files are kept; build the trace where there is space with: profiler merge "
+            f"{directory}")
+
+
+def convert_and_merge(directory: str, raw: str, rank: int, world: int, *,
+                      own_process: bool = True, others_convert: bool = True,
+                      process: dict[str, Any] | None = None) -> str | None:
+    """Convert this rank's raw file; rank 0 then waits (bounded by
+    HOROVOD_PROFILE_MERGE_TIMEOUT) for the others and writes trace.json.
+    Returns the line printed by rank 0 (None elsewhere).  own_process: the
+    caller is the rank itself (its argv, environment and Python self-cost go
+    into the rank's metadata), not a helper converting for it.  others_convert:
+    the other ranks convert their own files at exit (Python); if not, rank 0
+    converts each as soon as it is closed.  process: the rank's argv,
+    executable and environment when the caller is not the rank."""
+    if not os.path.exists(raw):
+        # The profile directory (or this raw file) was removed while the job
+        # ran: the records went into a file nobody can open any more.  Rank 0
+        # says so once; the other ranks' records went the same way.
+        if rank == 0:
+            say(f"warning: the profile directory {directory} was removed while the job "
+                "ran: the records of this job are lost (no dataset, no trace)")
+        return None
+    from profiler.collect.convert import convert_raw
+
+    try:
+        convert_raw(raw, directory, own_process=own_process, process=process)
+    except OSError as exc:
+        if no_space(exc):
+            # The other ranks' conversions fail the same way: rank 0 alone
+            # says what is kept, and merging would fail again.
+            if rank == 0:
+                say(no_space_line(directory, exc))
+            return None
+        say(f"error: rank {rank}: cannot convert {raw}: {one_line(exc)}")
+    except Exception as exc:  # rank 0 still merges what is there
+        say(f"error: rank {rank}: cannot convert {raw}: {one_line(exc)}")
+    if rank != 0:
+        return None
+    from profiler.collect.merge import wait_and_merge
+
+    try:
+        result = wait_and_merge(directory, world_size=max(world, 1), own_rank=0,
+                                timeout=merge_timeout(), convert_closed=not others_convert)
+    except OSError as exc:
+        if not no_space(exc):
+            raise
+        line = no_space_line(directory, exc)
+        say(line)
+        return line
+    line = f"trace written to {result.summary_line()}"
+    say(line)
+    return line
+
+
+def process_info(pid: int) -> dict[str, Any] | None:
+    """The command line, executable and environment (as it started) of the
+    process `pid`, from /proc; None where they cannot be read."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0")[:-1]]
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            pairs = [e.decode(errors="replace").partition("=")
+                     for e in f.read().split(b"\0") if e]
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+    return {"argv": argv, "executable": exe, "environ": {k: v for k, _, v in pairs}}
+
+
+class _Tolerant:
+    """A stream whose writes never raise: the library that reads this process's
+    output may be gone (ended by its launcher, or it stopped waiting), and a
+    warning printed then must not cost the trace."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._broken = False
+
+    def write(self, text: str) -> int:
+        if not self._broken:
+            try:
+                self._stream.write(text)
+                self._stream.flush()
+            except (OSError, ValueError):
+                self._broken = True
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def main(argv: list[str]) -> int:
+    """The library's exit merge (hooks/exitmerge.c): DIR RAW WORLD PID."""
+    sys.stdout = _Tolerant(sys.stdout)
+    sys.stderr = _Tolerant(sys.stderr)
+    try:
+        directory, raw, world, pid = argv[0], argv[1], int(argv[2]), int(argv[3])
+    except (IndexError, ValueError):
+        say(f"error: cannot build the trace at exit: bad arguments {argv!r}")
+        return 2
+    # Nothing it writes is world- or group-writable (as in the Python exit work).
+    os.umask(os.umask(0o022) | 0o022)
+    try:
+        convert_and_merge(directory, raw, 0, world, own_process=False, others_convert=False,
+                          process=process_info(pid))
+    except BaseException as exc:  # noqa: BLE001 - one line, the raw files kept
+        say(f"error: cannot build the trace at exit: {one_line(exc)}; the raw files are "
+            f"kept: build it with: profiler merge {directory}")
+        return 2
+    return 0

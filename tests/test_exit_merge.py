@@ -1,0 +1,221 @@
+"""trace.json at exit for programs without Python (hooks/exitmerge.c): a C
+program under LD_PRELOAD and real mpirun leaves a merged trace with its exact
+counts and one line on stderr, keeps its exit status (also 3, after
+MPI_Finalize), waits for a rank that ends later; a Python job still merges
+once; a merge that fails (unwritable output, a broken interpreter) says one
+line and keeps the raw files."""
+
+from __future__ import annotations
+
+import collections
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, base_env, hooks_cflags, profiler_cli, requires_mpi
+
+from profiler.collect import native
+from profiler.formats import record as F
+from profiler.formats.raw import read_raw
+
+pytestmark = [requires_mpi, pytest.mark.mpi, pytest.mark.timeout(180)]
+
+N = 7  # allreduces per rank (8 bytes each), then one barrier
+PREFIX = "horovod-profiler: "
+
+
+@pytest.fixture(scope="module")
+def prog(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cc = "mpicc.openmpi" if shutil.which("mpicc.openmpi") else "mpicc"
+    exe = tmp_path_factory.mktemp("exitmerge") / "exit_status"
+    subprocess.run([cc, "-O1", "-Wall", "-Wextra", "-Werror",
+                    str(ROOT / "tests" / "c" / "exit_status.c"), "-o", str(exe)], check=True)
+    return exe
+
+
+def run_c(prog: Path, prof: Path, cwd: Path, status: int = 0, late_ms: int = 0, *,
+          lib: str | None = None, run: str = "mpirun",
+          env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`mpirun -n 2 prog N STATUS LATE_MS` with the library preloaded into the ranks."""
+    lib = lib or native.library_path()
+    ranks_env = {"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof), **(env or {})}
+    if run == "mpirun.mpich":
+        fwd = ["-genvlist", ",".join([*ranks_env, "LD_PRELOAD"])]
+        full = base_env(**ranks_env, LD_PRELOAD=lib)
+    else:  # Open MPI: only the ranks get LD_PRELOAD, not the launcher
+        fwd = ["-x", f"LD_PRELOAD={lib}"] + [a for k in ranks_env for a in ("-x", k)]
+        full = base_env(**ranks_env)
+    cmd = [run, "-n", "2", *fwd, str(prog), str(N), str(status), str(late_ms)]
+    return subprocess.run(cmd, env=full, cwd=cwd, capture_output=True, text=True, timeout=150)
+
+
+def said(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    return [ln for ln in proc.stderr.splitlines() if ln.startswith(PREFIX)]
+
+
+def counts_in_trace(trace: Path) -> dict[int, collections.Counter[tuple[str, int]]]:
+    from profiler.analysis import load
+
+    df = load(trace)
+    out: dict[int, collections.Counter[tuple[str, int]]] = collections.defaultdict(
+        collections.Counter)
+    for r, op, b in zip(df["rank"], df["op"].astype(str), df["bytes"]):
+        out[int(r)][(op, int(b))] += 1
+    return dict(out)
+
+
+def assert_exact(trace: Path) -> None:
+    meta = json.loads(trace.read_bytes())["horovod_profiler"]
+    assert meta["world_size"] == 2 and meta["missing_ranks"] == [] == meta["partial_ranks"]
+    got = counts_in_trace(trace)
+    for rank in (0, 1):
+        c = got[rank]
+        assert c[("allreduce", 8)] == N and c[("barrier", 0)] == 1, (rank, c)
+        assert sum(n for (op, _), n in c.items() if op not in ("init", "finalize")) == N + 1
+
+
+def assert_raw_exact(prof: Path) -> None:
+    for rank in (0, 1):
+        raw = read_raw(prof / "raw" / f"rank-{rank:05d}.hvprof")
+        assert raw.state & F.STATE_CLOSED
+        ops = collections.Counter(F.op_name(int(o)) for o in raw.records["op"])
+        assert ops["allreduce"] == N and ops["barrier"] == 1
+
+
+@pytest.mark.parametrize("late_ms", [0, 1500], ids=["together", "rank1-late"])
+def test_c_program_gets_its_trace_at_exit(prog: Path, tmp_path: Path, late_ms: int) -> None:
+    """rank1-late: rank 1 exits 1.5 s after rank 0 reached its exit; rank 0
+    waits for it (its raw file's state), so nothing of rank 1 is partial."""
+    prof = tmp_path / "prof"
+    proc = run_c(prog, prof, tmp_path, 0, late_ms)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("RESULT OK") == 2
+    assert said(proc) == [f"{PREFIX}trace written to {prof}/trace.json (2 ranks, "
+                          f"{2 * (N + 3)} calls)"], proc.stderr
+    assert_exact(prof / "trace.json")
+    assert_raw_exact(prof)
+    # the program's command and settings, read by the merge from rank 0's /proc
+    meta = json.loads((prof / "trace.json").read_bytes())["horovod_profiler"]
+    assert meta["command"] == [str(prog), str(N), "0", str(late_ms)]
+    assert meta["executable"] == str(prog)
+    assert meta["env"]["HOROVOD_PROFILE"] == "1"
+    assert meta["env"]["HOROVOD_PROFILE_DIR"] == str(prof)
+
+
+def test_exit_status_3_after_finalize_is_kept(prog: Path, tmp_path: Path) -> None:
+    """Open MPI aborts the job when a rank exits non-zero: rank 0, still
+    waiting for its merge, is ended by mpirun; the merge (its own session)
+    goes on and the one line says so.  Either way: status 3, one line, the trace."""
+    prof = tmp_path / "prof"
+    proc = run_c(prog, prof, tmp_path, 3)
+    assert proc.returncode == 3, proc.stderr
+    lines = said(proc)
+    assert len(lines) == 1, proc.stderr
+    assert ("trace written to" in lines[0]
+            or f"left running): {prof}/trace.json appears when it ends" in lines[0]), lines
+    deadline = time.time() + 60
+    while not (prof / "trace.json").is_file() and time.time() < deadline:
+        time.sleep(0.2)  # written whole (a temporary file renamed)
+    assert_exact(prof / "trace.json")
+
+
+def test_mpich(tmp_path: Path) -> None:
+    """MPICH's launcher (hydra), a library built against MPICH with the
+    interpreter recorded beside it as setup.py does; exit status 3 kept."""
+    cc, run = "mpicc.mpich", "mpirun.mpich"
+    if shutil.which(cc) is None or shutil.which(run) is None:
+        pytest.skip("MPICH is not installed")
+    lib = tmp_path / "libhvprof.so"
+    hooks = ROOT / "hooks"
+    flags = [f for f in hooks_cflags() if not f.startswith("-O") and f != "-g"] + ["-O0"]
+    subprocess.run([cc, *flags, "-I", str(hooks), *map(str, sorted(hooks.glob("*.c"))),
+                    "-o", str(lib), "-ldl"], check=True)
+    (tmp_path / "libhvprof.python").write_text(sys.executable + "\n")
+    exe = tmp_path / "exit_status"
+    subprocess.run([cc, "-O1", str(ROOT / "tests" / "c" / "exit_status.c"), "-o", str(exe)],
+                   check=True)
+    prof = tmp_path / "prof"
+    proc = run_c(exe, prof, tmp_path, 3, lib=str(lib), run=run)
+    assert proc.returncode == 3, proc.stderr
+    assert said(proc) == [f"{PREFIX}trace written to {prof}/trace.json (2 ranks, "
+                          f"{2 * (N + 3)} calls)"], proc.stderr
+    assert_exact(prof / "trace.json")
+
+
+def test_python_job_merges_once(tmp_path: Path) -> None:
+    """An mpi4py job under HOROVOD_PROFILE=1 *and* LD_PRELOAD: Python's exit
+    handler merges and tells the library, which does not merge again."""
+    prof = tmp_path / "prof"
+    code = ("from mpi4py import MPI\n"
+            "for _ in range(5): MPI.COMM_WORLD.Barrier()\n")
+    ranks_env = {"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof)}
+    cmd = ["mpirun", "-n", "2", "-x", f"LD_PRELOAD={native.library_path()}",
+           *[a for k in ranks_env for a in ("-x", k)], sys.executable, "-c", code]
+    proc = subprocess.run(cmd, env=base_env(**ranks_env), cwd=tmp_path, capture_output=True,
+                          text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr
+    lines = said(proc)
+    assert len(lines) == 1 and lines[0].startswith(f"{PREFIX}trace written to"), proc.stderr
+    got = counts_in_trace(prof / "trace.json")
+    assert got[0][("barrier", 0)] == got[1][("barrier", 0)] == 5
+
+
+def _lib_copy(tmp_path: Path, python: str) -> str:
+    d = tmp_path / "lib"
+    d.mkdir()
+    shutil.copy(native.library_path(), d / "libhvprof.so")
+    (d / "libhvprof.python").write_text(python + "\n")
+    return str(d / "libhvprof.so")
+
+
+@pytest.mark.parametrize("fault", ["trace-unwritable", "interpreter-missing",
+                                   "interpreter-fails"])
+def test_failed_merge_keeps_raw_files_and_says_one_line(prog: Path, tmp_path: Path,
+                                                        fault: str) -> None:
+    prof = tmp_path / "prof"
+    lib = None
+    if fault == "trace-unwritable":
+        (prof / "trace.json").mkdir(parents=True)  # root writes anywhere: a directory
+    elif fault == "interpreter-missing":
+        lib = _lib_copy(tmp_path, "/nonexistent/python3")
+    else:
+        lib = _lib_copy(tmp_path, shutil.which("false") or "/bin/false")
+    proc = run_c(prog, prof, tmp_path, 0, lib=lib)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("RESULT OK") == 2
+    lines = said(proc)
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"{PREFIX}error: cannot build the trace at exit: ")
+    assert lines[0].endswith(f"the raw files are kept: build it with: profiler merge {prof}")
+    expect = {"trace-unwritable": "IsADirectoryError", "interpreter-missing":
+              "cannot start /nonexistent/python3 (No such file or directory)",
+              "interpreter-fails": "exited with status 1"}[fault]
+    assert expect in lines[0], lines
+    assert_raw_exact(prof)
+    if fault == "interpreter-fails":  # the records are all there for a later merge
+        m = profiler_cli("merge", str(prof), cwd=tmp_path)
+        assert m.returncode == 0, m.stderr
+        assert_exact(prof / "trace.json")
+
+
+def test_closed_ranks_on_other_hosts_are_converted_at_once(tmp_path: Path) -> None:
+    """Without Python no rank converts its own file: the exit merge converts a
+    CLOSED file at once, also one written on another host (whose pid cannot be
+    checked), instead of waiting out the merge timeout for it."""
+    import rawgen
+
+    from profiler.collect.merge import wait_and_merge
+
+    d = tmp_path / "job"
+    for r, host in enumerate(["here", "another-host"]):
+        rawgen.simple_rank(r, 2, n=5, hostname=host, pid=1, state=0xF).write(
+            d / "raw" / f"rank-{r:05d}.hvprof")
+    t0 = time.monotonic()
+    res = wait_and_merge(d, world_size=2, own_rank=0, timeout=30, convert_closed=True)
+    assert time.monotonic() - t0 < 10
+    assert res.ranks == [0, 1] and res.partial_ranks == [] == res.missing_ranks
+    assert (d / "ranks" / "rank-00001.parquet").is_file()
