@@ -882,6 +882,7 @@ HVPROF_EXPORT int hvprof_nccl_flush(int timeout_ms) { return hvprof_dev_flush(ti
 HVPROF_EXPORT int hvprof_nccl_finish(int timeout_ms)
 {
     if (atomic_exchange(&finished, 1)) return 0; /* once: the first caller wins */
+    hvprof_nccl_plugin_flush();
     int left = hvprof_dev_finish(timeout_ms);
     char p1[256], p2[256], p3[256];
     int used = hvprof_nccl_visible() != 0 || loaded_object("libcuda.so", p1, sizeof p1) ||

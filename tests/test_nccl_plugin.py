@@ -384,3 +384,91 @@ def test_preloaded_library_points_nccl_at_itself(pbuilt: PBuilt, tmp_path: Path)
     side = raw.read_sidecar(prof / "raw" / "rank-00000.hvprof") if (prof / "raw").exists() \
         else None
     assert side is None or side["calls"]["nccl_allreduce"] == 0
+
+
+# ---- proxy, network and kernel-channel events (the stand-in's proxy thread) ----
+
+SD_CHANNELS, SD_STEPS = 2, 4  # tests/standin/nccl_standin.c
+
+
+def _fake_kernel_ns(nbytes: int) -> int:
+    return 20000 + nbytes // 16  # SD_FAKE_KERNEL_NS: a stand-in's FAKE kernel time
+
+
+@pytest.mark.parametrize("v", VERSIONS, ids=[f"v{v}" for v in VERSIONS])
+def test_proxy_events_summed_per_call(pbuilt: PBuilt, tmp_path: Path, v: int) -> None:
+    """The stand-in's proxy thread raises, after each collective's Coll event
+    stopped, 2 channels x (send, receive) ProxyOps of 4 steps (v4 on: each
+    with a NetPlugin event, and a KernelCh event per channel with FAKE GPU
+    timers).  Each call gets one NCCL_NET record (never a row per step) and,
+    v4 on, one DEVICE record; v1 has no kernel timers."""
+    n = 6
+    r = run(pbuilt.static_nocuda if v == 7 else pbuilt.static[v], tmp_path, "steps", str(n),
+            STANDIN_NCCL_PROXY="1")
+    rec = r.raw.records
+    host = rec[((rec["flags"] & F.FLAG_DEVICE) == 0) & (rec["op"] == OP["NCCL_ALLREDUCE"])]
+    net = rec[rec["op"] == 73]  # NCCL_NET (hvprof_format.h)
+    dev = rec[(rec["flags"] & F.FLAG_DEVICE) != 0]
+    assert len(host) == n and len(net) == n
+    assert sorted(net["seq"].tolist()) == sorted(host["seq"].tolist())
+    assert (net["comm"] == host["comm"][0]).all()
+    assert (net["bytes"] == 4096).all() and (net["count"] == 4096).all()  # sent, received
+    assert (net["root"] == SD_CHANNELS * 2 * SD_STEPS).all()  # steps
+    assert (net["dtype_size"] == SD_CHANNELS * 2).all()  # proxy ops
+    assert (net["aux"] == (SD_CHANNELS * 2 * SD_STEPS if v >= 4 else 0)).all()  # net events
+    side = r.sidecar
+    assert side is not None
+    p = side["plugin"]
+    assert p["net_records"] == n and p["child_orphans"] == 0 and p["child_remote_pid"] == 0
+    assert side["calls"]["nccl_allreduce"] == n  # the auxiliary records are no calls
+    if v < 4:
+        assert len(dev) == 0 and p["device_time"] == "cuda_events_of_the_wrappers"
+        return
+    assert p["device_time"] == "kernel_channel_timers" and p["device_records"] == n
+    assert len(dev) == n and sorted(dev["seq"].tolist()) == sorted(host["seq"].tolist())
+    tpn = float(r.raw.header["ticks_per_ns"])
+    dur = (dev["t_end"].astype(np.int64) - dev["t_start"].astype(np.int64)) / tpn
+    assert np.allclose(dur, _fake_kernel_ns(4096), atol=2.0), dur
+    # on the host axis: after the call's enqueue began, within the report delay
+    hs = {int(x["seq"]): int(x["t_start"]) for x in host}
+    lag = np.array([(int(d["t_start"]) - hs[int(d["seq"])]) / tpn for d in dev])
+    assert (lag >= 0).all() and (lag < 50e6).all(), lag
+
+
+def test_proxy_aggregates_carried_to_parquet_trace_and_summarize(pbuilt: PBuilt,
+                                                                 tmp_path: Path) -> None:
+    from conftest import profiler_cli
+    from profiler.analysis import load
+
+    r = run(pbuilt.static_nocuda, tmp_path, "steps", "5", STANDIN_NCCL_PROXY="1")
+    res = profiler_cli("merge", str(r.profile_dir), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    df = load(r.profile_dir / "trace.json")
+    assert "nccl_net" not in set(df["op"].astype(str))  # folded, not rows
+    host = df[~df["device"].astype(bool)]
+    assert len(host) == 5 and (host["net_send_bytes"] == 4096).all()
+    assert (host["net_recv_bytes"] == 4096).all() and (host["net_steps"] == 16).all()
+    assert (host["net_ns"] > 0).all()
+    dev = df[df["device"].astype(bool)]
+    assert len(dev) == 5 and (dev["dur_ns"] - _fake_kernel_ns(4096)).abs().max() <= 2
+    # the trace itself (not only the parquet files) carries both
+    from profiler.formats.tracejson import events_to_frame, read_trace
+
+    _, events = read_trace(r.profile_dir / "trace.json")
+    tf = events_to_frame(events)
+    assert int((tf["net_send_bytes"] == 4096).sum()) == 5 and int(tf["device"].sum()) == 5
+    out = profiler_cli("summarize", str(r.profile_dir / "trace.json"), cwd=tmp_path,
+                       env={"COLUMNS": "80"})
+    assert out.returncode == 0, out.stderr
+    assert "NCCL network (proxy events, plugin path):" in out.stdout
+    line = next(x for x in out.stdout.splitlines() if x.startswith("  nccl_allreduce: 5 calls"))
+    assert "sent 20 KiB" in line and "received 20 KiB" in line and len(line) <= 80
+
+
+def test_proxy_events_off(pbuilt: PBuilt, tmp_path: Path) -> None:
+    r = run(pbuilt.static_nocuda, tmp_path, "steps", "3", STANDIN_NCCL_PROXY="1",
+            HOROVOD_PROFILE_NCCL_PROXY="0")
+    assert r.sidecar is not None
+    p = r.sidecar["plugin"]
+    assert p["activation_mask"] == 7 and p["child_events"] == 0 and p["net_records"] == 0
+    assert len(r.raw.records) == 3
