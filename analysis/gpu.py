@@ -197,6 +197,10 @@ def nccl_path_line(meta: Mapping[str, Any] | None) -> str | None:
         v = (s.get("plugin") or {}).get("interface_version")
         if v:
             versions.add(int(v))
+    tl = (meta or {}).get("nccl_timeline")
+    if isinstance(tl, Mapping) and tl.get("status") == "added":
+        seen.append("timeline")  # Horovod's timeline spans: coarse rows added at merge
+        recorded.append("timeline")
     if not seen:
         return None
     line = f"NCCL seen through: {', '.join(seen)}; recorded by {', '.join(recorded) or 'none'}"
@@ -217,11 +221,11 @@ def network_lines(df: Any) -> list[str]:
     if not sel.any():
         return []
     part = df.loc[sel]
-    out = ["NCCL network (proxy events, plugin path):"]
+    out = ["NCCL network (plugin proxy events; time: mean span per call):"]
     for op, g in part.groupby(part["op"].astype(str), sort=True):
         out.append(f"  {op}: {len(g)} calls, sent {fmt_bytes(int(g['net_send_bytes'].sum()))}, "
-                   f"received {fmt_bytes(int(g['net_recv_bytes'].sum()))}, "
-                   f"{fmt_ns(float(g['net_ns'].mean()))}/call")
+                   f"recv {fmt_bytes(int(g['net_recv_bytes'].sum()))}, "
+                   f"{fmt_ns(float(g['net_ns'].mean()))}")
     return out
 
 
@@ -232,8 +236,7 @@ def timeline_note(df: Any) -> str | None:
     n = int((df["source"].astype(str) == "timeline").sum())
     if not n:
         return None
-    return (f"NCCL: {n} call(s) from Horovod's timeline activity spans (coarse: "
-            "neither the wrappers nor the plugin saw NCCL)")
+    return f"NCCL: {n} call(s) from Horovod's timeline (coarse; no path saw NCCL)"
 
 
 def summary_lines(meta: Mapping[str, Any] | None, df: Any = None) -> list[str]:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import pandas as pd
 import pytest
 from conftest import base_env
 from test_nccl_standin import NCCL_DTYPES, OP, STANDIN, Run, _cc
@@ -492,9 +493,15 @@ def test_proxy_aggregates_carried_to_parquet_trace_and_summarize(pbuilt: PBuilt,
     out = profiler_cli("summarize", str(r.profile_dir / "trace.json"), cwd=tmp_path,
                        env={"COLUMNS": "80"})
     assert out.returncode == 0, out.stderr
-    assert "NCCL network (proxy events, plugin path):" in out.stdout
+    assert "NCCL network (plugin proxy events; time: mean span per call):" in out.stdout
     line = next(x for x in out.stdout.splitlines() if x.startswith("  nccl_allreduce: 5 calls"))
-    assert "sent 20 KiB" in line and "received 20 KiB" in line and len(line) <= 80
+    assert "sent 20 KiB" in line and "recv 20 KiB" in line and len(line) <= 80
+    from profiler.analysis import gpu
+
+    worst = gpu.network_lines(pd.DataFrame({
+        "op": ["nccl_reducescatter"] * 2, "net_send_bytes": [1 << 40] * 2,
+        "net_recv_bytes": [(1 << 40) - 1] * 2, "net_ns": [999_999_999] * 2}))
+    assert max(len(x) for x in worst) <= 80, worst
 
 
 def test_proxy_events_off(pbuilt: PBuilt, tmp_path: Path) -> None:
