@@ -339,6 +339,8 @@ struct pev {
     uint8_t kind;
     uint8_t is_send;        /* K_POP, K_STEP */
     uint8_t has_stop;       /* K_KCH: a stop timer came */
+    uint8_t version;        /* a call: its context's interface version (the
+                               context may be gone when a late child stops) */
     pev *next_free;
     pev *group;             /* a call: its group event, or NULL */
     pev *call;              /* a child: the call it belongs to */
@@ -734,7 +736,7 @@ static void stop_child(pev *e)
         atomic_max64(&call->net_t1, now);
         /* bytes: v1-v3 from the op (so far = all, at its stop); v4 on from
          * the steps (their ops' state arguments are deprecated) */
-        int from_op = call->ctx->version < 4;
+        int from_op = call->version < 4;
         if (e->kind == K_POP) {
             atomic_fetch_add_explicit(&call->n_ops, 1, memory_order_relaxed);
         } else {
@@ -787,6 +789,7 @@ static ncclResult_t start_common(void *context, void **eHandle, const norm *n)
     e->magic = EV_MAGIC;
     e->kind = K_CALL;
     e->ctx = c;
+    e->version = (uint8_t)c->version;
     pev *g = n->group;
     e->group = (g && g->magic == EV_MAGIC && g->kind == K_GROUP) ? g : NULL;
     if (c->mask & EV_PROXY_OP) { /* children may come: the call lives on in the ring */

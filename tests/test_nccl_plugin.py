@@ -221,6 +221,18 @@ def test_shared_nccl_both_paths_record_each_call_once(pbuilt: PBuilt, tmp_path: 
     assert len(r.device()) > 0  # the wrappers' CUDA-event path still runs
 
 
+def test_wrappers_off_leaves_the_plugin_path_alone(pbuilt: PBuilt, tmp_path: Path) -> None:
+    """HOROVOD_PROFILE_NCCL_WRAPPERS=0 (gpu_check's "plugin" path in Python,
+    where activation loads the library globally): the wrappers pass through,
+    the plugin records every call once."""
+    r = run(pbuilt.dynamic, tmp_path, "all", preload=True, HOROVOD_PROFILE_NCCL_WRAPPERS="0")
+    assert Counter(F.op_name(int(op)) for op in r.host()["op"]) == PLUGIN_CALLS
+    side = r.sidecar
+    assert side is not None and side["seen_by"] == ["plugin"]
+    assert side["recorded_by"] == "plugin" and side["wrapper_records"] == 0
+    assert side["plugin"]["silent_in_wrapper"] == 0
+
+
 def test_default_name_and_none(pbuilt: PBuilt, tmp_path: Path) -> None:
     libdir = tmp_path / "lib"
     libdir.mkdir()

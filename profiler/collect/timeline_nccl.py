@@ -118,15 +118,17 @@ def add(profile_dir: Path, rank_meta: Sequence[Mapping[str, Any]],
     tl_path = find_timeline(profile_dir, env)
     if tl_path is None:
         return {"status": "absent", "reason": "no Horovod timeline"}
-    df0 = read_dataset([rank0_parquet])
-    own = (df0["source"].astype(str) == SOURCE).to_numpy() if "source" in df0.columns \
-        else np.zeros(len(df0), bool)
     recorded = _recorded_nccl(rank_meta)
-    in_data = int(((df0["backend"].astype(str) == "nccl").to_numpy() & ~own).sum())
-    if recorded or in_data:
-        n = recorded or in_data
-        return {"status": "absent", "reason": f"NCCL recorded by the profiler ({n} call(s)): "
-                                              "the timeline is not counted again"}
+    if recorded:  # the counters say so: rank 0's rows are not read
+        return {"status": "absent", "reason": f"NCCL recorded by the profiler ({recorded} "
+                                              "call(s)): the timeline is not counted again"}
+    cols = read_dataset([rank0_parquet], columns=["backend", "source"])
+    own = (cols["source"].astype(str) == SOURCE).to_numpy() if "source" in cols.columns \
+        else np.zeros(len(cols), bool)
+    in_data = int(((cols["backend"].astype(str) == "nccl").to_numpy() & ~own).sum())
+    if in_data:
+        return {"status": "absent", "reason": f"NCCL recorded by the profiler ({in_data} "
+                                              "call(s)): the timeline is not counted again"}
     try:
         tl = T.parse(tl_path)
     except ProfilerError as exc:
@@ -139,6 +141,7 @@ def add(profile_dir: Path, rank_meta: Sequence[Mapping[str, Any]],
     if not len(rows) and not own.any():
         return {"status": "absent", "reason": "no NCCL activity in the Horovod timeline",
                 "unknown_activities": unknown}
+    df0 = read_dataset([rank0_parquet])
     keep = df0.loc[~own]
     if "source" not in keep.columns:
         keep = keep.assign(source=pd.Categorical(["records"] * len(keep)))
