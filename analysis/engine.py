@@ -194,6 +194,27 @@ def has_device_rows(con: Any, ds: Dataset) -> bool:
     return bool(len(got) and got["d"].iloc[0] is True)
 
 
+def nccl_extras(ds: Dataset, con: Any = None) -> pd.DataFrame | None:
+    """The NCCL host rows that carry the plugin path's network columns
+    (net_*) or come from Horovod's timeline (source), with those columns;
+    None when the dataset has neither column."""
+    have = set(ds.columns)
+    cols = [c for c in ("net_send_bytes", "net_recv_bytes", "net_ns", "net_steps", "source")
+            if c in have]
+    if not cols:
+        return None
+    con = con or connect()
+    conds = []
+    if "net_send_bytes" in have:
+        conds.append("net_send_bytes >= 0")
+    if "source" in have:
+        conds.append("source = 'timeline'")
+    dev = " AND NOT device" if "device" in have else ""
+    sql = (f"SELECT op, {', '.join(cols)} FROM {_source(ds)} "
+           f"WHERE ({' OR '.join(conds)}){dev}")
+    return query(con, ds, sql)
+
+
 def calls_sql(ds: Dataset, filters: RowFilter | None, *, device_rows: bool,
               columns: Sequence[str]) -> str:
     """SQL for the communication calls (summary.comm_calls), selecting `columns`

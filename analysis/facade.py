@@ -35,7 +35,9 @@ from profiler.layout import format_ranges
 
 # comm and seq: a device row (NCCL) times its host call through (rank, comm, seq, op)
 _BASE_COLUMNS = ["rank", "backend", "op", "bytes", "dur_ns", "comm_size", "kind", "device",
-                 "t_start_ns", "t_end_ns", "comm", "seq"]
+                 "t_start_ns", "t_end_ns", "comm", "seq",
+                 # present only where the data has them (NCCL's plugin path; timeline)
+                 "net_send_bytes", "net_recv_bytes", "net_ns", "net_steps", "source"]
 
 
 _KEY_COLUMNS = {"thread": ["thread_kind"], "comm": ["comm", "comm_name"], "track": ["track"],
@@ -165,8 +167,14 @@ class DatasetCalls(Calls):
 
     def gpu_lines(self, meta: dict[str, Any] | None) -> list[str]:
         from . import gpu
+        from .engine import nccl_extras
 
         out = gpu.gpu_warnings(meta, self.overview.nccl_calls())
+        extras = nccl_extras(self.dataset)
+        tl = gpu.timeline_note(extras)
+        if tl:
+            out.append(tl)
+        out += gpu.network_lines(extras)
         note = gpu.device_time_note(meta)
         if note:
             out.append(note)

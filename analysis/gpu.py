@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from profiler.layout import format_ranges
-from profiler.units import fmt_ns
+from profiler.units import fmt_bytes, fmt_ns
 
 __all__ = [
     "REMEDY",
@@ -197,6 +197,10 @@ def nccl_path_line(meta: Mapping[str, Any] | None) -> str | None:
         v = (s.get("plugin") or {}).get("interface_version")
         if v:
             versions.add(int(v))
+    tl = (meta or {}).get("nccl_timeline")
+    if isinstance(tl, Mapping) and tl.get("status") == "added":
+        seen.append("timeline")  # Horovod's timeline spans: coarse rows added at merge
+        recorded.append("timeline")
     if not seen:
         return None
     line = f"NCCL seen through: {', '.join(seen)}; recorded by {', '.join(recorded) or 'none'}"
@@ -205,12 +209,46 @@ def nccl_path_line(meta: Mapping[str, Any] | None) -> str | None:
     return line
 
 
+def network_lines(df: Any) -> list[str]:
+    """Per NCCL op, the network activity NCCL's proxy events reported to the
+    plugin path (the net_* columns): bytes sent and received, the mean span of
+    the proxy activity per call.  Nothing when the data has none."""
+    if df is None or "net_send_bytes" not in getattr(df, "columns", ()):
+        return []
+    sel = df["net_send_bytes"].to_numpy() >= 0
+    if "device" in df.columns:
+        sel &= ~df["device"].to_numpy(dtype=bool)
+    if not sel.any():
+        return []
+    part = df.loc[sel]
+    out = ["NCCL network (plugin proxy events; time: mean span per call):"]
+    for op, g in part.groupby(part["op"].astype(str), sort=True):
+        out.append(f"  {op}: {len(g)} calls, sent {fmt_bytes(int(g['net_send_bytes'].sum()))}, "
+                   f"recv {fmt_bytes(int(g['net_recv_bytes'].sum()))}, "
+                   f"{fmt_ns(float(g['net_ns'].mean()))}")
+    return out
+
+
+def timeline_note(df: Any) -> str | None:
+    """One line when NCCL rows came from Horovod's timeline (coarse)."""
+    if df is None or "source" not in getattr(df, "columns", ()):
+        return None
+    n = int((df["source"].astype(str) == "timeline").sum())
+    if not n:
+        return None
+    return f"NCCL: {n} call(s) from Horovod's timeline (coarse; no path saw NCCL)"
+
+
 def summary_lines(meta: Mapping[str, Any] | None, df: Any = None) -> list[str]:
     """Everything GPU-related `profiler summarize` prints after its table."""
     out = gpu_warnings(meta, nccl_call_count(df))
     path = nccl_path_line(meta)
     if path:
         out.append(path)
+    tl = timeline_note(df)
+    if tl:
+        out.append(tl)
+    out += network_lines(df)
     note = device_time_note(meta)
     if note:
         out.append(note)

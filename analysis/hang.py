@@ -138,7 +138,8 @@ def _rank(directory: Path, raw: RawFile) -> tuple[RankState, dict[int, int], dic
     rec = raw.records
     by_handle, info = _comm_index(raw)
     host = np.isin(rec["op"], [o for o, (_, name, b) in F.OPS.items()
-                               if b in ("mpi", "nccl") and name not in ("init", "finalize")])
+                               if b in ("mpi", "nccl")
+                               and name not in ("init", "finalize", "nccl_net")])
     host &= rec["comm"] != np.uint32(0xFFFFFFFF)
     host &= (rec["flags"] & F.FLAG_DEVICE) == 0
     ids = raw.comms["id"].astype(np.uint64) if len(raw.comms) else np.zeros(0, np.uint64)

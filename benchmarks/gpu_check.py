@@ -17,6 +17,17 @@ at least --min-us, below which event resolution dominates).  Three more
 worker runs measure the host time per NCCL call without the profiler, with
 host records only (HOROVOD_PROFILE_NCCL_DEVICE=0) and with device timing.
 
+NCCL's profiler-plugin path (issue 16), for torch.distributed (and the
+stand-in in --dry-run), --paths: "wrappers" (LD_PRELOAD, NCCL_PROFILER_PLUGIN=
+none: the symbol wrappers alone), "plugin" (no LD_PRELOAD: NCCL loads the
+library through NCCL_PROFILER_PLUGIN, as a statically linked NCCL would; the
+wrappers see nothing), "both" (each call must be recorded once): exact counts
+and bytes each, device times against the workload's CUDA events where the
+negotiated interface gives kernel timers (v4 on; older: reported, not judged),
+the metadata's seen_by / recorded_by / interface version, the host time per
+call with and without the plugin, and (torch, --pair) two processes sharing
+the GPU through the plugin path, where NCCL allows it.
+
 Writes to OUT: summary.txt, summary.json, <backend>-trace.json, topology.json.
 Exit status 0 when every check passed, 1 otherwise.
 """
@@ -48,6 +59,10 @@ MIN_US = {"cupy": 100.0, "torch": 300.0, "standin": 20.0}
 DRY_SIZES = [8 * 4**k for k in range(11)]                     # 8 B .. 8 MiB
 NCCL_FLOAT32 = 7
 NCCL_SUM = 0
+# Backends whose NCCL is checked through the profiler-plugin paths too (issue 16)
+PLUGIN_BACKENDS = ("torch", "standin")
+PLUGIN_MAX_BYTES = 512 << 20  # the plugin paths' sweeps stop here (time)
+PAIR_MAX_BYTES = 64 << 20     # the two-process sweep stops here
 
 
 # ---------------------------------------------------------------------------
@@ -136,9 +151,11 @@ class TorchBackend(Backend):
 
         self.torch, self.dist = torch, dist
         torch.cuda.set_device(0)
-        port = _free_port()
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                                world_size=1, device_id=torch.device("cuda:0"))
+        port = int(os.environ.get("GPU_CHECK_PORT", "0")) or _free_port()
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+        # world 2: two processes sharing GPU 0 (--pair), where NCCL allows it
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, device_id=torch.device("cuda:0"))
         self.buf = torch.ones(max_bytes // 4, dtype=torch.float32, device="cuda")
         self.out = torch.zeros(max_bytes // 4, dtype=torch.float32, device="cuda")
         self.stream = torch.cuda.current_stream()
@@ -148,7 +165,8 @@ class TorchBackend(Backend):
         if op == "allreduce":
             self.dist.all_reduce(self.buf[:n])
         else:
-            self.dist.all_gather_into_tensor(self.out[:n], self.buf[:n])
+            w = self.dist.get_world_size()
+            self.dist.all_gather_into_tensor(self.out[:n * w], self.buf[:n])
 
     def event_pair(self) -> tuple[Any, Any]:
         e = self.torch.cuda.Event
@@ -200,10 +218,12 @@ class StandinBackend(Backend):
         self.ncclso.ncclGetUniqueId(c.byref(uid))
         init = (g.ncclCommInitRank if hasattr(g, "ncclCommInitRank")
                 else self.ncclso.ncclCommInitRank)
-        init.argtypes = [c.POINTER(c.c_void_p), c.c_int, UniqueId, c.c_int]
-        assert init(c.byref(self.comm), 1, uid, 0) == 0
+        # resolved before the communicator exists, as a program linked to NCCL
+        # binds it: NCCL's plugin loading must not make the wrappers the target
         self.allreduce = (g.ncclAllReduce if hasattr(g, "ncclAllReduce")
                           else self.ncclso.ncclAllReduce)
+        init.argtypes = [c.POINTER(c.c_void_p), c.c_int, UniqueId, c.c_int]
+        assert init(c.byref(self.comm), 1, uid, 0) == 0
         self.allreduce.argtypes = [c.c_void_p, c.c_void_p, c.c_size_t, c.c_int, c.c_int,
                                    c.c_void_p, c.c_void_p]
         self.bufs = (c.c_char * 16)(), (c.c_char * 16)()  # the stand-in copies count*4 bytes
@@ -343,25 +363,39 @@ def build_standins(work: Path) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     cc = os.environ.get("CC", "gcc")
     for src, name, extra in (("cudart_standin.c", "libcudart.so.12", []),
-                             ("nccl_standin.c", "libnccl.so.2", ["-ldl"])):
+                             ("nccl_standin.c", "libnccl.so.2",
+                              ["-DSTANDIN_PROFILER_V=7", "-ldl"])):
         subprocess.run([cc, "-O1", "-fPIC", "-shared", "-pthread", f"-Wl,-soname,{name}",
                         str(STANDIN / src), "-o", str(d / name), *extra], check=True)
     return d
 
 
-def run_worker(rep: Report, backend: str, mode: str, work: Path, lib: Path | None,
-               args: argparse.Namespace, extra_env: dict[str, str], tag: str) -> dict[str, Any]:
-    result = work / f"{tag}.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_PROFILE")}
+def worker_env(work: Path, lib: Path | None, tag: str, path: str) -> dict[str, str]:
+    """The environment of a worker: path "wrappers" (LD_PRELOAD, NCCL's plugin
+    loading off), "plugin" (NCCL loads the library as its profiler plugin, no
+    LD_PRELOAD: the wrappers see nothing, as with a static NCCL), "both"."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("HOROVOD_PROFILE") and k != "NCCL_PROFILER_PLUGIN"}
     env.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "PYTHONUNBUFFERED": "1"})
+    env.pop("LD_PRELOAD", None)
     if lib is not None:
-        env.update({"LD_PRELOAD": str(lib), "HOROVOD_PROFILE": "1",
-                    "HOROVOD_PROFILE_DIR": str(work / f"{tag}-profile")})
-    else:
-        env.pop("LD_PRELOAD", None)
+        env.update({"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(work / f"{tag}-profile")})
+        if path in ("wrappers", "both"):
+            env["LD_PRELOAD"] = str(lib)
+        env["NCCL_PROFILER_PLUGIN"] = str(lib) if path in ("plugin", "both") else "none"
+        if path == "plugin":  # the Python activation loads the library globally: no wrappers
+            env["HOROVOD_PROFILE_NCCL_WRAPPERS"] = "0"
+    return env
+
+
+def run_worker(rep: Report, backend: str, mode: str, work: Path, lib: Path | None,
+               args: argparse.Namespace, extra_env: dict[str, str], tag: str,
+               path: str = "wrappers", sizes: list[int] | None = None) -> dict[str, Any]:
+    result = work / f"{tag}.json"
+    env = worker_env(work, lib, tag, path)
     env.update(extra_env)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", backend, "--mode", mode,
-           "--sizes", ",".join(map(str, args.sizes)), "--iters", str(args.iters),
+           "--sizes", ",".join(map(str, sizes or args.sizes)), "--iters", str(args.iters),
            "--warmup", str(args.warmup), "--calls", str(args.calls), "--rounds",
            str(args.rounds), "--result", str(result)]
     t = time.time()
@@ -398,23 +432,59 @@ def host_calls_with_device(df: Any) -> tuple[Any, Any]:
 
 
 def check_sweep(rep: Report, backend: str, res: dict[str, Any], work: Path, tag: str,
-                args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
+                args: argparse.Namespace, out_dir: Path, path: str = "wrappers",
+                ranks: int = 1) -> dict[str, Any]:
     import numpy as np
     from profiler.analysis import load
+
+    from profiler.formats import raw as rawfmt
+
+    name = backend if path == "wrappers" else f"{backend}+{path}"
 
     prof = work / f"{tag}-profile"
     m = subprocess.run([sys.executable, "-m", "profiler.cli", "merge", str(prof)],
                        capture_output=True, text=True, timeout=300)
-    rep.check(f"{backend}: profiler merge", m.returncode == 0,
+    rep.check(f"{name}: profiler merge", m.returncode == 0,
               (m.stderr or m.stdout).strip().splitlines()[-1] if (m.stderr or m.stdout) else "")
     trace = prof / "trace.json"
     if trace.is_file():
-        shutil.copy(trace, out_dir / f"{backend}-trace.json")
+        shutil.copy(trace, out_dir / f"{name}-trace.json")
     df = load(prof)
-    host, dev = host_calls_with_device(df)
+    sides = [rawfmt.read_sidecar(prof / "raw" / f"rank-{r:05d}.hvprof") for r in range(ranks)]
     st = res.get("profiler") or {}
-    summary: dict[str, Any] = {"backend": backend, "versions": res.get("versions"),
-                               "profiler": st, "sizes": []}
+    summary: dict[str, Any] = {"backend": backend, "path": path, "ranks": ranks,
+                               "versions": res.get("versions"), "profiler": st,
+                               "nccl_sidecars": sides, "sizes": []}
+    # which path saw and recorded NCCL, as the metadata says
+    plug = [(sd or {}).get("plugin") or {} for sd in sides]
+    seen = [list((sd or {}).get("seen_by") or []) for sd in sides]
+    by = [(sd or {}).get("recorded_by") for sd in sides]
+    want = {"wrappers": (["wrappers"], "wrappers"), "plugin": (["plugin"], "plugin"),
+            "both": (["wrappers", "plugin"], "wrappers")}[path]
+    rep.check(f"{name}: metadata says which path saw NCCL",
+              all(x == want[0] for x in seen) and all(b == want[1] for b in by),
+              f"seen_by {seen}, recorded_by {by}, interface "
+              f"{[q.get('interface_version') for q in plug]}, device time from "
+              f"{[q.get('device_time') for q in plug]}")
+    # the plugin path alone has device time only from NCCL's kernel-channel
+    # timers (interface v4 on): judged where they came
+    judge_device = path != "plugin" or all(int(q.get("device_records") or 0) > 0 for q in plug)
+    if path == "plugin" and not judge_device and not args.dry_run:
+        rep.check(f"{name}: kernel-channel timers gave device times", False,
+                  f"interface {[q.get('interface_version') for q in plug]}, device records "
+                  f"{[q.get('device_records') for q in plug]} (none: NCCL sent no KernelCh "
+                  "event with timers, or the interface predates v4)")
+    if path != "wrappers":
+        rep.say(f"  plugin: events {[q.get('events') for q in plug]}, children "
+                f"{[q.get('child_events') for q in plug]}, network aggregates "
+                f"{[q.get('net_records') for q in plug]}, kernel-timer device records "
+                f"{[q.get('device_records') for q in plug]}, silent in a wrapper "
+                f"{[q.get('silent_in_wrapper') for q in plug]}")
+    per_rank = []
+    for r in range(ranks):
+        h, _ = host_calls_with_device(df[df["rank"] == r])
+        per_rank.append(h)
+    host = per_rank[0]
     # every issued call recorded exactly once, with its bytes
     opname = {"allreduce": "nccl_allreduce", "allgather": "nccl_allgather"}
     ok_counts = True
@@ -442,26 +512,36 @@ def check_sweep(rep: Report, backend: str, res: dict[str, Any], work: Path, tag:
     expect_bytes = sum(s["calls"] * s["bytes"] for s in res["sweep"])
     sweep_ops = {opname[s["op"]] for s in res["sweep"]}
     rec = host[host["op"].astype(str).isin(sweep_ops)]
-    rep.check(f"{backend}: calls recorded", ok_counts and len(rec) == issued,
+    rep.check(f"{name}: calls recorded", ok_counts and len(rec) == issued,
               f"{len(rec)} host records for {issued} calls issued "
               f"({len(res['sweep'])} (op, size) points)")
-    rep.check(f"{backend}: bytes", int(rec["bytes"].sum()) == expect_bytes,
+    rep.check(f"{name}: bytes", int(rec["bytes"].sum()) == expect_bytes,
               f"{int(rec['bytes'].sum())} recorded, {expect_bytes} issued")
+    for r in range(1, ranks):  # the other ranks: the same calls and bytes
+        rr = per_rank[r][per_rank[r]["op"].astype(str).isin(sweep_ops)]
+        rep.check(f"{name}: rank {r} calls and bytes", len(rr) == issued
+                  and int(rr["bytes"].sum()) == expect_bytes,
+                  f"{len(rr)} host records, {int(rr['bytes'].sum())} bytes")
     missing = int(np.isnan(rec["device_us"].to_numpy()).sum()) if len(rec) else -1
-    rep.check(f"{backend}: device time for every call", missing == 0,
-              f"{missing} calls without a device interval; misses {st.get('miss')}, "
-              f"unfinished {res.get('unfinished')}")
     min_us = args.min_us if args.min_us is not None else MIN_US.get(backend, 20.0)
     judged = [r for r in rows if r["app_median_us"] >= min_us]
     worst = max((abs(r["rel_diff"]) for r in judged), default=float("nan"))
     ok = bool(judged) and all(abs(r["rel_diff"]) <= args.tolerance for r in judged)
-    rep.check(f"{backend}: device time vs the workload's CUDA events", ok,
-              f"{len(judged)} sizes >= {min_us:g} us judged, worst |diff| "
-              f"{100 * worst:.2f}% (tolerance {100 * args.tolerance:g}%)")
-    rep.check(f"{backend}: no CUDA error left to the application", res.get("last_error") == 0,
+    if judge_device:
+        rep.check(f"{name}: device time for every call", missing == 0,
+                  f"{missing} calls without a device interval; misses {st.get('miss')}, "
+                  f"unfinished {res.get('unfinished')}")
+        rep.check(f"{name}: device time vs the workload's CUDA events", ok,
+                  f"{len(judged)} sizes >= {min_us:g} us judged, worst |diff| "
+                  f"{100 * worst:.2f}% (tolerance {100 * args.tolerance:g}%)")
+    else:
+        rep.say(f"  [SKIP] {name}: device time: no kernel-channel timer came ({missing} "
+                "calls without one; the stand-in raises none without STANDIN_NCCL_PROXY=1): "
+                "not judged")
+    rep.check(f"{name}: no CUDA error left to the application", res.get("last_error") == 0,
               f"cudaGetLastError = {res.get('last_error')}")
     if "standin_syncs" in res:
-        rep.check(f"{backend}: no synchronization by the profiler",
+        rep.check(f"{name}: no synchronization by the profiler",
                   res["standin_syncs"] == res["app_syncs"],
                   f"{res['standin_syncs']} synchronizations, all {res['app_syncs']} the "
                   "application's own")
@@ -488,14 +568,61 @@ def overhead(rep: Report, backend: str, work: Path, lib: Path,
         "device": run_worker(rep, backend, "overhead", work, lib, args, {},
                              f"{backend}-ovh-device"),
     }
+    if backend in PLUGIN_BACKENDS and "plugin" in args.paths:
+        # NCCL's plugin path alone (no LD_PRELOAD): with its proxy / kernel
+        # events, and with calls only (HOROVOD_PROFILE_NCCL_PROXY=0)
+        runs["plugin"] = run_worker(rep, backend, "overhead", work, lib, args, {},
+                                    f"{backend}-ovh-plugin", path="plugin")
+        runs["plugin_calls_only"] = run_worker(rep, backend, "overhead", work, lib, args,
+                                               {"HOROVOD_PROFILE_NCCL_PROXY": "0"},
+                                               f"{backend}-ovh-plugin-calls", path="plugin")
     med = {k: statistics.median(v["host_us_per_call"]) for k, v in runs.items()}
     rep.say(f"  host time per NCCL call ({args.calls} x {args.rounds} calls of 8 bytes, "
             f"median of rounds): no profiler {med['none']:.2f} us, host records "
             f"{med['host']:.2f} us (+{med['host'] - med['none']:.2f}), with device timing "
             f"{med['device']:.2f} us (+{med['device'] - med['none']:.2f})")
-    return {"us_per_call": med, "rounds": {k: v["host_us_per_call"] for k, v in runs.items()},
-            "added_host_only_us": med["host"] - med["none"],
-            "added_with_device_us": med["device"] - med["none"]}
+    if "plugin" in med:
+        rep.say(f"  plugin path alone: {med['plugin']:.2f} us "
+                f"(+{med['plugin'] - med['none']:.2f}) with proxy/kernel events, "
+                f"{med['plugin_calls_only']:.2f} us "
+                f"(+{med['plugin_calls_only'] - med['none']:.2f}) calls only")
+    out = {"us_per_call": med, "rounds": {k: v["host_us_per_call"] for k, v in runs.items()},
+           "added_host_only_us": med["host"] - med["none"],
+           "added_with_device_us": med["device"] - med["none"]}
+    if "plugin" in med:
+        out["added_plugin_us"] = med["plugin"] - med["none"]
+        out["added_plugin_calls_only_us"] = med["plugin_calls_only"] - med["none"]
+    return out
+
+
+def run_pair(rep: Report, backend: str, work: Path, lib: Path, args: argparse.Namespace,
+             sizes: list[int], tag: str) -> list[dict[str, Any]] | None:
+    """Two worker processes sharing GPU 0 through the plugin path (world 2);
+    None, said once, where NCCL refuses two ranks on one device."""
+    port = str(_free_port())
+    procs = []
+    for r in (0, 1):
+        env = worker_env(work, lib, tag, "plugin")
+        env.update({"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "GPU_CHECK_PORT": port})
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", backend, "--mode",
+               "sweep", "--sizes", ",".join(map(str, sizes)), "--iters", str(args.iters),
+               "--warmup", str(args.warmup), "--result", str(work / f"{tag}-{r}.json")]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+        outs.append((p.returncode, out or ""))
+    if any(rc != 0 for rc, _ in outs):
+        tail = " | ".join(o.strip().splitlines()[-1] if o.strip() else "?" for _, o in outs)
+        rep.say(f"  [SKIP] {backend}+pair: two processes on one GPU did not run "
+                f"(NCCL may refuse two ranks on one device): {tail[:300]}")
+        return None
+    return [json.loads((work / f"{tag}-{r}.json").read_text()) for r in (0, 1)]
 
 
 def available(name: str) -> str | None:
@@ -554,10 +681,39 @@ def orchestrate(args: argparse.Namespace) -> int:
             results["backends"][b] = summ
         except Exception as exc:  # report and go on with the next backend
             rep.check(f"{b}: ran", False, f"{type(exc).__name__}: {exc}")
+        if b not in PLUGIN_BACKENDS:
+            continue
+        small = [x for x in args.sizes if x <= PLUGIN_MAX_BYTES]
+        for path in [x for x in args.paths if x != "wrappers"]:
+            name, tag = f"{b}+{path}", f"{b}-{path}-sweep"
+            rep.say(f"\n== {name}")
+            try:
+                res = run_worker(rep, b, "sweep", work, lib, args, {}, tag, path=path,
+                                 sizes=small)
+                rep.say(f"  worker: {res['wall_s']:.1f} s, versions {res.get('versions')}")
+                summ = check_sweep(rep, b, res, work, tag, args, out_dir, path=path)
+                summ["profile_dir"] = str(work / f"{tag}-profile")
+                results["backends"][name] = summ
+            except Exception as exc:
+                rep.check(f"{name}: ran", False, f"{type(exc).__name__}: {exc}")
+        if args.pair and b == "torch" and "plugin" in args.paths:
+            rep.say(f"\n== {b}+pair (2 processes on GPU 0, plugin path)")
+            pair_sizes = [x for x in args.sizes if x <= PAIR_MAX_BYTES]
+            try:
+                got = run_pair(rep, b, work, lib, args, pair_sizes, f"{b}-pair-sweep")
+                if got is not None:
+                    summ = check_sweep(rep, b, got[0], work, f"{b}-pair-sweep", args, out_dir,
+                                       path="plugin", ranks=2)
+                    summ["profile_dir"] = str(work / f"{b}-pair-sweep-profile")
+                    results["backends"][f"{b}+pair"] = summ
+            except Exception as exc:
+                rep.check(f"{b}+pair: ran", False, f"{type(exc).__name__}: {exc}")
     ok = bool(rep.checks) and all(c["ok"] for c in rep.checks) and bool(results["backends"])
     rep.say(f"\n{'ALL CHECKS PASSED' if ok else 'SOME CHECKS FAILED'} "
             f"({sum(c['ok'] for c in rep.checks)}/{len(rep.checks)}) in {time.time() - t0:.0f} s")
     for b, summ in results["backends"].items():
+        if args.dry_run and "+" in b:
+            continue  # the stand-in's plugin paths: their checks are enough (time)
         prof = Path(summ["profile_dir"])
         if (prof / "trace.json").is_file():
             s = subprocess.run([sys.executable, "-m", "profiler.cli", "summarize", str(prof)],
@@ -565,9 +721,21 @@ def orchestrate(args: argparse.Namespace) -> int:
             rep.say(f"\n$ profiler summarize {b}-sweep-profile\n{s.stdout}{s.stderr}")
     results["checks"] = rep.checks
     results["ok"] = ok
-    (out_dir / "summary.json").write_text(json.dumps(results, indent=1, default=str))
+    (out_dir / "summary.json").write_text(json.dumps(_finite(results), indent=1, default=str))
     (out_dir / "summary.txt").write_text("\n".join(rep.lines) + "\n")
     return 0 if ok else 1
+
+
+def _finite(x: Any) -> Any:
+    """NaN / inf as null: summary.json stays strict JSON (a size without a
+    device time has NaN medians)."""
+    if isinstance(x, float):
+        return x if x == x and abs(x) != float("inf") else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -587,6 +755,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="judge device-time agreement for calls at least this long "
                          "(default per backend: cupy 100, torch 300)")
     ap.add_argument("--timeout", type=float, default=240.0, help="per worker, seconds")
+    ap.add_argument("--paths", default="wrappers,plugin,both",
+                    help="NCCL paths checked for torch (and the stand-in): wrappers, plugin, both")
+    ap.add_argument("--no-pair", dest="pair", action="store_false",
+                    help="skip the two-process (one GPU) plugin-path check")
     ap.add_argument("--worker", choices=sorted(BACKENDS), help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=("sweep", "overhead"), default="sweep",
                     help=argparse.SUPPRESS)
@@ -594,6 +766,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.worker:
         return worker(args)
+    args.paths = [x for x in args.paths.split(",") if x]
     if args.sizes is None:
         args.sizes = DRY_SIZES if args.dry_run else GPU_SIZES
     elif isinstance(args.sizes, str):

@@ -1,7 +1,21 @@
 #!/usr/bin/env bash
-# The GPU check of issue 5, as one prepared script for a bare single-GPU machine
-# (the `device` tool's H200: CUDA image, python3 with torch + cupy + nvidia-ml-py,
-# no network).  Under 10 minutes; typically 2-3.
+# The GPU checks of issues 5 and 16, as one prepared script for a bare
+# single-GPU machine (the `device` tool's H200: CUDA image, python3 with torch +
+# cupy + nvidia-ml-py, no network).  Bounded to 8 minutes (timeout 480 on the
+# check); not yet run on a GPU (no device was lent to the sessions so far).
+#
+#   issue 5:  cupy and torch.distributed NCCL through the symbol wrappers
+#             (NCCL_PROFILER_PLUGIN=none): exact counts and bytes, device times
+#             against the workload's own CUDA events (5%), host cost per call.
+#   issue 16: torch.distributed NCCL through NCCL's profiler-plugin path alone
+#             (no LD_PRELOAD, HOROVOD_PROFILE_NCCL_WRAPPERS=0: it stands for a
+#             static NCCL) and through both paths (each call once): exact counts
+#             and bytes, which path the metadata says saw NCCL and the
+#             negotiated interface version, device times from the kernel-channel
+#             timers against the CUDA events (5%, where NCCL sends them), host
+#             time per call without / with the plugin (with and without proxy
+#             events), 2 processes sharing the GPU through the plugin (where
+#             NCCL allows it; --no-pair skips), the pynvml topology block.
 #
 #   benchmarks/gpu_check.sh [--dry-run] [--fetch-wheels] [-- gpu_check.py options]
 #
@@ -117,7 +131,7 @@ $PY -c 'import profiler, profiler.analysis, profiler.analysis.gpu' || { say "pac
 # 4. The check.
 ARGS=(--out "$OUT" --work "$SCRATCH/work" --lib "$LIB")
 [ "$DRY" = 1 ] && ARGS+=(--dry-run)
-timeout 540 $PY "$ROOT/benchmarks/gpu_check.py" "${ARGS[@]}" "${PASS[@]}"
+timeout 480 $PY "$ROOT/benchmarks/gpu_check.py" "${ARGS[@]}" "${PASS[@]}"
 rc=$?
 say "finished in $(( $(date +%s) - T0 )) s, status $rc; results in $OUT"
 rm -rf "$SCRATCH"

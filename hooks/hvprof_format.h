@@ -29,7 +29,9 @@
  * Version history:
  *   1  first version.  (Compatible additions since: op APP_TENSOR, MPI
  *      records' aux = folded receive buffer; header call_cost_ns and
- *      helper_cpu_ns, from the reserved area; files written before carry 0.)
+ *      helper_cpu_ns, from the reserved area; files written before carry 0;
+ *      op NCCL_NET, an auxiliary record of the profiler-plugin path: one
+ *      NCCL call's proxy (network) activity, see hvprof_record.)
  */
 #ifndef HVPROF_FORMAT_H
 #define HVPROF_FORMAT_H
@@ -78,7 +80,8 @@
     X(69, NCCL_REDUCE,          "nccl_reduce",          "nccl")            \
     X(70, NCCL_SEND,            "nccl_send",            "nccl")            \
     X(71, NCCL_RECV,            "nccl_recv",            "nccl")            \
-    X(72, NCCL_GROUP,           "nccl_group",           "nccl")
+    X(72, NCCL_GROUP,           "nccl_group",           "nccl")            \
+    X(73, NCCL_NET,             "nccl_net",             "nccl")
 
 enum hvprof_op {
 #define HVPROF_X(v, N, s, b) HVPROF_OP_##N = v,
@@ -231,7 +234,17 @@ typedef struct hvprof_record {
                                 names file (rank-R.tensors), root = broadcast
                                 root or -1, dtype (NCCL codes), dtype_size,
                                 redop (Horovod's op), rc = process set id,
-                                aux = hvprof_fold_ptr(output data)           */
+                                aux = hvprof_fold_ptr(output data).
+                                NCCL_NET (auxiliary, not a call: the network
+                                activity of the NCCL call with the same comm
+                                and seq, summed from NCCL's ProxyOp/ProxyStep
+                                events by the plugin path): t_start/t_end =
+                                first proxy event's start .. last one's stop
+                                (host ticks), bytes = bytes sent, count =
+                                bytes received, root = proxy steps,
+                                dtype_size = proxy ops, aux = network-plugin
+                                events.  Readers fold it into the call's row
+                                (net_* columns) and drop it               */
 } hvprof_record;
 
 /* First 64 bytes of every chunk. */

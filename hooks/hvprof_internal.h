@@ -257,6 +257,9 @@ HVPROF_HIDDEN size_t hvprof_nccl_plugin_json(char *buf, size_t n);
 HVPROF_HIDDEN uint64_t hvprof_nccl_plugin_records(void);
 HVPROF_HIDDEN void hvprof_nccl_plugin_set_records(uint64_t n);
 HVPROF_HIDDEN uint64_t hvprof_nccl_plugin_silent(void);
+/* Write the network / device records of the calls still waiting for late
+ * proxy events (exit: hvprof_nccl_finish). */
+HVPROF_HIDDEN void hvprof_nccl_plugin_flush(void);
 
 /* Diagnostics go to stderr, one line, prefixed; never from the hot path. */
 HVPROF_HIDDEN void hvprof_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -455,13 +455,28 @@ static inline void call_end(call *c, ncclResult_t rc)
     if (c->device >= 0 && !(flags & HVPROF_FLAG_GROUPED)) hvprof_dev_poll(c->device);
 }
 
+/* HOROVOD_PROFILE_NCCL_WRAPPERS=0: every wrapper passes straight through
+ * (NCCL is then seen only through its profiler plugin, as a statically
+ * linked NCCL is: benchmarks/gpu_check.py's "plugin" path in a Python
+ * process, where activation puts the library in the global scope). */
+static _Atomic int w_off = -1;
+static inline int wrappers_off(void)
+{
+    int v = atomic_load_explicit(&w_off, memory_order_relaxed);
+    if (HVPROF_LIKELY(v >= 0)) return v;
+    const char *e = getenv("HOROVOD_PROFILE_NCCL_WRAPPERS");
+    v = e && strcmp(e, "0") == 0;
+    atomic_store_explicit(&w_off, v, memory_order_relaxed);
+    return v;
+}
+
 /* Wrapper bodies: pass through when not recording or nested. */
 #define PASS_IF_OFF(expr)                                                    \
     if (HVPROF_UNLIKELY(nt.nest > 0)) {                                      \
         atomic_fetch_add_explicit(&c_nested, 1, memory_order_relaxed);       \
         return expr;                                                         \
     }                                                                        \
-    if (!recording()) return expr;
+    if (HVPROF_UNLIKELY(wrappers_off()) || !recording()) return expr;
 
 /* This thread's flight-recorder entry when it is valid (NULL before the
  * thread's first record, or when the file it points into was replaced). */
@@ -584,7 +599,7 @@ typedef ncclResult_t (*void_fn)(void);
 HVPROF_EXPORT ncclResult_t ncclGroupStart(void)
 {
     REAL(void_fn, ncclGroupStart);
-    if (nt.nest > 0) return real();
+    if (nt.nest > 0 || wrappers_off()) return real();
     uint64_t t = hvprof_ticks();
     nt.nest++;
     ncclResult_t rc = real();
@@ -683,7 +698,7 @@ HVPROF_EXPORT ncclResult_t ncclGroupEnd(void)
     HVPROF_EXPORT ncclResult_t NAME PARAMS                                   \
     {                                                                        \
         REAL(NAME##_fn, NAME);                                               \
-        if (nt.nest > 0) return real ARGS;                                   \
+        if (nt.nest > 0 || wrappers_off()) return real ARGS;                 \
         int on = recording();                                                \
         nt.nest++;                                                           \
         ncclResult_t rc = real ARGS;                                         \
@@ -882,6 +897,7 @@ HVPROF_EXPORT int hvprof_nccl_flush(int timeout_ms) { return hvprof_dev_flush(ti
 HVPROF_EXPORT int hvprof_nccl_finish(int timeout_ms)
 {
     if (atomic_exchange(&finished, 1)) return 0; /* once: the first caller wins */
+    hvprof_nccl_plugin_flush();
     int left = hvprof_dev_finish(timeout_ms);
     char p1[256], p2[256], p3[256];
     int used = hvprof_nccl_visible() != 0 || loaded_object("libcuda.so", p1, sizeof p1) ||

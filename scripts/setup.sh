@@ -13,6 +13,11 @@
 #   4. Horovod, built from its source package into a wheel cache outside the
 #      checkout (once: it takes minutes), then installed from that cache.
 #   5. horovod-profiler itself (compiles hooks/*.c through setup.py).
+#   +  NCCL's own libnccl.so.2 (nvidia-nccl-cu12, a 350 MB wheel: about 6 s
+#      to download here), cached outside the checkout once, for the check
+#      that the profiler exports every ncclProfiler_vN that NCCL looks for
+#      (tests/test_nccl_plugin.py).  HVPROF_NO_REAL_NCCL=1 skips it (the
+#      check is then skipped); a failed download only says so.
 #
 # Environment knobs:
 #   HVPROF_HOROVOD_VERSION  Horovod release to build (default 0.28.1)
@@ -305,6 +310,38 @@ else
         2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
     echo "$src_hash" >"$PKG_STAMP"
     say "  installed: horovod-profiler $("$PY" -c 'import importlib.metadata as m; print(m.version("horovod-profiler"))')"
+fi
+
+# --------------------------------------------------------------------------
+NCCL_WHEEL_VERSION=2.32.3
+NCCL_DIR=$CACHE_ROOT/nccl-$NCCL_WHEEL_VERSION
+if [ "${HVPROF_NO_REAL_NCCL:-0}" = 1 ]; then
+    say "  real NCCL skipped (HVPROF_NO_REAL_NCCL=1): its symbol check will be skipped"
+elif [ -f "$NCCL_DIR/libnccl.so.2" ]; then
+    say "  present: NCCL $NCCL_WHEEL_VERSION's libnccl.so.2 in $NCCL_DIR"
+else
+    t_nccl=$(date +%s)
+    tmp_nccl=$(mktemp -d)
+    if "$PY" -m pip download -q --no-deps -d "$tmp_nccl" "nvidia-nccl-cu12==$NCCL_WHEEL_VERSION" \
+            2> >(grep -v "is ignored: it is neither a file nor a directory" >&2) \
+            && "$PY" - "$tmp_nccl" "$NCCL_DIR" <<'PYEOF'
+import glob, os, sys, zipfile
+whl = glob.glob(os.path.join(sys.argv[1], "nvidia_nccl_cu12-*.whl"))[0]
+os.makedirs(sys.argv[2], exist_ok=True)
+with zipfile.ZipFile(whl) as z:
+    name = next(n for n in z.namelist() if n.endswith("/libnccl.so.2"))
+    tmp = os.path.join(sys.argv[2], ".libnccl.so.2.tmp")
+    with z.open(name) as src, open(tmp, "wb") as dst:
+        while chunk := src.read(1 << 20):
+            dst.write(chunk)
+    os.replace(tmp, os.path.join(sys.argv[2], "libnccl.so.2"))  # never seen half-written
+PYEOF
+    then
+        say "  cached NCCL $NCCL_WHEEL_VERSION's libnccl.so.2 in $NCCL_DIR ($(( $(date +%s) - t_nccl )) s)"
+    else
+        say "  warning: could not fetch nvidia-nccl-cu12 $NCCL_WHEEL_VERSION: the real-NCCL check will be skipped"
+    fi
+    rm -rf "$tmp_nccl"
 fi
 
 say "set-up complete in $(( $(date +%s) - T0 )) s (python: $PY)"

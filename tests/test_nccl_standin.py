@@ -522,7 +522,14 @@ def test_gpu_check_dry_run(tmp_path: Path) -> None:
     sizes = summary["backends"]["standin"]["sizes"]
     assert [s["calls_recorded"] for s in sizes] == [15] * 11
     ovh = summary["backends"]["standin"]["overhead"]["us_per_call"]
-    assert set(ovh) == {"none", "host", "device"}
+    assert set(ovh) == {"none", "host", "device", "plugin", "plugin_calls_only"}
+    # the profiler-plugin paths (issue 16): NCCL loads the library itself (no
+    # LD_PRELOAD), and both paths at once; each call once, exact bytes
+    for path in ("standin+plugin", "standin+both"):
+        assert {f"{path}: calls recorded", f"{path}: bytes",
+                f"{path}: metadata says which path saw NCCL"} <= names
+        assert [s["calls_recorded"] for s in summary["backends"][path]["sizes"]] == [15] * 11
+    assert "standin: metadata says which path saw NCCL" in names
     assert (out / "standin-trace.json").is_file() and (out / "summary.txt").is_file()
 
 

@@ -152,6 +152,20 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
     except Exception as exc:  # lineage is an extra: never the reason a merge fails
         meta["lineage"] = {"status": "absent",
                            "reason": "cannot build: " + " ".join(str(exc).split())[:200]}
+    # Horovod's timeline as a coarse NCCL source when no path recorded NCCL
+    # (rank 0's dataset gains rows with source "timeline"; never raises).
+    from profiler.collect import timeline_nccl
+
+    try:
+        meta["nccl_timeline"] = timeline_nccl.add(d, rank_meta, parquets.get(0))
+    except Exception as exc:  # an extra, as the lineage
+        meta["nccl_timeline"] = {"status": "absent",
+                                 "reason": "cannot add: " + " ".join(str(exc).split())[:200]}
+    if meta["nccl_timeline"].get("status") == "added":
+        import pyarrow.parquet as pq
+
+        m0 = next(m for m in rank_meta if int(m["rank"]) == 0)
+        m0["rows"] = int(pq.ParquetFile(parquets[0]).metadata.num_rows)  # the event budget
     write_trace(trace_path, meta, frames, rank_meta, limit=limit)
     return MergeResult(trace=trace_path, ranks=present, world_size=world, calls=calls,
                        missing_ranks=missing, partial_ranks=partial, converted=converted,

@@ -306,6 +306,7 @@ OPS: dict[int, tuple[str, str, str]] = {
     70: ("NCCL_SEND", "nccl_send", "nccl"),
     71: ("NCCL_RECV", "nccl_recv", "nccl"),
     72: ("NCCL_GROUP", "nccl_group", "nccl"),
+    73: ("NCCL_NET", "nccl_net", "nccl"),
 }
 
 # value -> (C NAME, "name")

@@ -134,10 +134,51 @@ def _table_columns(raw: RawFile, comm_idx: np.ndarray,
     }
 
 
+_OP_NET = 73  # NCCL_NET: auxiliary records of the plugin path (hvprof_format.h)
+NET_COLUMNS = ("net_send_bytes", "net_recv_bytes", "net_ns", "net_steps")
+
+
+def _net_columns(rec: np.ndarray, net: np.ndarray, h: Any) -> dict[str, np.ndarray]:
+    """The NCCL_NET records folded into the columns of the calls they describe
+    (same comm index and seq, a host NCCL row other than a group): bytes sent
+    and received on the network, the proxy activity's span, proxy steps.
+    Calls without one get -1."""
+    n = len(rec)
+    out = {c: np.full(n, -1, dtype=np.int64) for c in NET_COLUMNS}
+    ops = rec["op"].astype(np.int64)
+    cand = ((ops >= 64) & (ops < 72) & ((rec["flags"].astype(np.int64) & F.FLAG_DEVICE) == 0))
+    idx = np.flatnonzero(cand)
+    if not len(idx) or not len(net):
+        return out
+    key = (rec["comm"][idx].astype(np.uint64) << np.uint64(32)) | rec["seq"][idx].astype(np.uint64)
+    nkey = (net["comm"].astype(np.uint64) << np.uint64(32)) | net["seq"].astype(np.uint64)
+    order = np.argsort(key, kind="stable")
+    pos = np.searchsorted(key[order], nkey)
+    ok = pos < len(order)
+    ok[ok] = key[order][pos[ok]] == nkey[ok]
+    rows = idx[order[pos[ok]]]
+    sel = net[ok]
+    t0 = ticks_to_job_ns(sel["t_start"], h)
+    t1 = ticks_to_job_ns(sel["t_end"], h)
+    out["net_send_bytes"][rows] = sel["bytes"].astype(np.int64)
+    out["net_recv_bytes"][rows] = sel["count"].astype(np.int64)
+    out["net_ns"][rows] = np.maximum(t1 - t0, 0)
+    out["net_steps"][rows] = sel["root"].astype(np.int64)
+    return out
+
+
 def raw_to_frame(raw: RawFile) -> pd.DataFrame:
-    """One rank's records as a DataFrame with the row schema, sorted by t_start_ns."""
+    """One rank's records as a DataFrame with the row schema, sorted by t_start_ns.
+    NCCL_NET records (the plugin path's network activity per NCCL call) are not
+    rows: where there are any, they become the net_* columns of their calls."""
     rec = raw.records
     h = raw.header
+    is_net = rec["op"] == _OP_NET
+    net_cols: dict[str, np.ndarray] | None = None
+    if is_net.any():
+        net = rec[is_net]
+        rec = rec[~is_net]
+        net_cols = _net_columns(rec, net, h)
     n = len(rec)
     t_start = ticks_to_job_ns(rec["t_start"], h)
     t_end = ticks_to_job_ns(rec["t_end"], h)
@@ -187,6 +228,7 @@ def raw_to_frame(raw: RawFile) -> pd.DataFrame:
             "thread_name": ctx["thread_name"],
             "group": group,
             "buf": buf,
+            **(net_cols or {}),
         }
     )
     order = np.argsort(t_start, kind="stable")

@@ -97,6 +97,9 @@ _EVENT = ('{"name":%s,"cat":%s,"ph":"X","pid":%d,"tid":%d,"ts":%r,"dur":%r,"args
           '"rc":%d}}')
 
 
+_NET_ARGS = ("net_send_bytes", "net_recv_bytes", "net_ns", "net_steps")
+
+
 def _json_strings(df: pd.DataFrame, name: str, default: str) -> list[str]:
     """A (categorical) string column as JSON-encoded strings, one per row, encoding
     each distinct value once."""
@@ -141,6 +144,11 @@ def call_events_json(df: pd.DataFrame) -> bytes:
         _json_strings(df, "kind", "data"), _ints(df, "step", -1), _ints(df, "flags", 0),
         _ints(df, "rc", 0),
     )
+    if all(c in df.columns for c in _NET_ARGS):
+        # the plugin path's network activity per NCCL call (-1: none)
+        extra = zip(*(_ints(df, c, -1) for c in _NET_ARGS))
+        tmpl = _EVENT[:-2] + "".join(f',"{c}":%d' for c in _NET_ARGS) + "}}"
+        return ",".join([tmpl % (*row, *x) for row, x in zip(rows, extra)]).encode()
     tmpl = _EVENT
     return ",".join([tmpl % row for row in rows]).encode()
 
@@ -430,6 +438,9 @@ def events_to_frame(events: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         "kind": pd.Categorical(a("kind", "data")),
         "step": np.array(a("step", -1), dtype=np.int32),
     })
+    if any(_NET_ARGS[0] in x for x in args):
+        for c in _NET_ARGS:
+            df[c] = np.array(a(c, -1), dtype=np.int64)
     return df
 
 

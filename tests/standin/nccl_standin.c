@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define API __attribute__((visibility("default")))
@@ -74,7 +75,8 @@ static const int TYPE_SIZE[12] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
 #ifndef STANDIN_PROFILER_V
 #define STANDIN_PROFILER_V 0
 #endif
-enum { P_GROUP = 1, P_COLL = 2, P_P2P = 4 };
+enum { P_GROUP = 1, P_COLL = 2, P_P2P = 4, P_PROXY_OP = 8, P_PROXY_STEP = 16, P_KERNEL_CH = 64,
+       P_NET_PLUGIN = 128 };
 static const char *const FUNC_NAMES[8] = {"Broadcast", "Reduce", "AllGather", "ReduceScatter",
                                           "AllReduce", "SendRecv", "Send", "Recv"};
 static const char *const DT_NAMES[12] = {"ncclInt8", "ncclUint8", "ncclInt32", "ncclUint32",
@@ -96,8 +98,17 @@ typedef struct { /* ncclProfilerEventDescr_v1_t, the members used */
             const char *name; uint64_t commHash; uint8_t func; void *buff; uint8_t datatype;
             size_t count; int peer;
         } p2p;
+        struct { pid_t pid; uint8_t channelId; int peer, nSteps, chunkSize, isSend; } proxyOp;
+        struct { int step; } proxyStep;
     };
 } sd_v1;
+/* the state arguments: v1 (a proxy op's bytes so far), v4 on (a step's
+ * bytes, a kernel channel's stop timer) */
+typedef union { struct { size_t transSize; int steps; } proxyOp; } sd_args_v1;
+typedef union {
+    struct { size_t transSize; } proxyStep;
+    struct { uint64_t pTimer; } kernelCh;
+} sd_args_v4;
 #define SD_NEW(N, TYPE_T, COLL_TAIL, P2P_TAIL)                                        \
     typedef struct {                                                                 \
         TYPE_T type;                                                                 \
@@ -113,6 +124,12 @@ typedef struct { /* ncclProfilerEventDescr_v1_t, the members used */
                 const char *func; void *buff; const char *datatype; size_t count;    \
                 int peer; uint8_t nChannels; P2P_TAIL                                \
             } p2p;                                                                   \
+            struct {                                                                 \
+                pid_t pid; uint8_t channelId; int peer, nSteps, chunkSize, isSend;   \
+            } proxyOp;                                                               \
+            struct { int step; } proxyStep;                                          \
+            struct { uint8_t channelId; uint64_t pTimer; } kernelCh;                 \
+            struct { int64_t id; void *data; } netPlugin;                            \
         };                                                                           \
     } sd_v##N;
 SD_NEW(4, uint8_t, , )
@@ -236,9 +253,12 @@ static void plugin_comm_init(standin_comm *c)
     }
 }
 
+static void proxy_drain(void);
+
 static void plugin_comm_fini(standin_comm *c)
 {
     if (!plug) return;
+    proxy_drain();
     if (c->prof_ctx || c->prof_mask) plug->finalize(c->prof_ctx);
     c->prof_ctx = NULL;
     plugin_release();
@@ -328,6 +348,211 @@ static void *prof_call_start(const callinfo *ci, void *group)
     return h;
 }
 
+/* ---- the stand-in's proxy thread (STANDIN_NCCL_PROXY=1) -----------------
+ * As NCCL's proxy progress thread does (plugins/profiler/README.md, "Event
+ * hierarchy"), after a collective's Coll event has stopped (NCCL stops it
+ * once the call is enqueued) this thread raises, for each of SD_CHANNELS
+ * channels: a KernelCh event (v4 on, when asked for) whose start and stop
+ * timers are FAKE GPU timestamps (CLOCK_MONOTONIC ns + SD_FAKE_EPOCH: the
+ * stand-in has no GPU), reported after the fake times have passed as the
+ * proxy thread reports a kernel's counters; and a send and a receive ProxyOp
+ * (parent: the Coll event) of SD_STEPS ProxySteps (parent: the ProxyOp),
+ * each step with its bytes (v4 on: the step's state arguments; v1: the op's
+ * running total) and, v4 on, one NetPlugin event (parent: the step).  Each
+ * direction carries the call's bytes, split over channels and steps.  Only
+ * collectives with bytes; none for point-to-point calls.  The FAKE kernel
+ * of a call runs SD_FAKE_KERNEL_NS(bytes) ns from SD_FAKE_LAUNCH_NS after its
+ * Coll event stopped.  Not NCCL's numbers: a stand-in's. */
+#define SD_CHANNELS 2
+#define SD_STEPS 4
+#define SD_FAKE_EPOCH 0x1000000000000000ull
+#define SD_FAKE_LAUNCH_NS 1000
+#define SD_FAKE_KERNEL_NS(bytes) (20000 + (int64_t)(bytes) / 16)
+
+typedef struct pwork {
+    standin_comm *c;
+    void *coll;
+    size_t bytes;
+    int64_t t_stop; /* host ns when the Coll event stopped */
+} pwork;
+
+static pthread_mutex_t pq_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pq_cond = PTHREAD_COND_INITIALIZER, pq_idle = PTHREAD_COND_INITIALIZER;
+static pwork pq[1024];
+static unsigned pq_head, pq_tail;
+static int pq_busy, pq_started, proxy_on = -1;
+
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void wait_until(int64_t t)
+{
+    while (mono_ns() < t) {
+    }
+}
+
+static void sd_state(void *h, int state, size_t trans, int steps, uint64_t timer)
+{
+    if (!h || !plug->recordEventState) return;
+    if (plug_version < 4) {
+        sd_args_v1 a = {.proxyOp = {trans, steps}};
+        plug->recordEventState(h, state, &a);
+    } else {
+        sd_args_v4 a;
+        memset(&a, 0, sizeof a);
+        if (timer) a.kernelCh.pTimer = timer;
+        else a.proxyStep.transSize = trans;
+        plug->recordEventState(h, state, &a);
+    }
+}
+
+static void *sd_child(standin_comm *c, int type, void *parent, int ch, int is_send,
+                      int step, int nsteps, int chunk, uint64_t timer)
+{
+    union { sd_v1 v1; sd_v4 v4; sd_v7 v7; } d;
+    memset(&d, 0, sizeof d);
+    void *h = NULL;
+    if (plug_version < 4) {
+        d.v1.type = (uint8_t)type; d.v1.parentObj = parent; d.v1.rank = c->rank;
+        if (type == P_PROXY_OP) {
+            d.v1.proxyOp.pid = getpid(); d.v1.proxyOp.channelId = (uint8_t)ch;
+            d.v1.proxyOp.peer = (c->rank + 1) % (c->nranks > 0 ? c->nranks : 1);
+            d.v1.proxyOp.nSteps = nsteps; d.v1.proxyOp.chunkSize = chunk;
+            d.v1.proxyOp.isSend = is_send;
+        } else {
+            d.v1.proxyStep.step = step;
+        }
+    } else {
+#define SD_FILL(x)                                                                        \
+        x.type = (uint8_t)type; x.parentObj = parent; x.rank = c->rank;                  \
+        if (type == P_PROXY_OP) {                                                        \
+            x.proxyOp.pid = getpid(); x.proxyOp.channelId = (uint8_t)ch;                 \
+            x.proxyOp.peer = (c->rank + 1) % (c->nranks > 0 ? c->nranks : 1);           \
+            x.proxyOp.nSteps = nsteps; x.proxyOp.chunkSize = chunk;                      \
+            x.proxyOp.isSend = is_send;                                                  \
+        } else if (type == P_PROXY_STEP) {                                               \
+            x.proxyStep.step = step;                                                     \
+        } else if (type == P_KERNEL_CH) {                                                \
+            x.kernelCh.channelId = (uint8_t)ch; x.kernelCh.pTimer = timer;               \
+        } else {                                                                         \
+            x.netPlugin.id = (1 << 16) | 1; x.netPlugin.data = NULL;                     \
+        }
+        if (plug_version == 4) { SD_FILL(d.v4) }
+        else { SD_FILL(d.v7) }
+#undef SD_FILL
+    }
+    plug->startEvent(c->prof_ctx, &h, &d);
+    return h;
+}
+
+static void proxy_one(const pwork *w)
+{
+    standin_comm *c = w->c;
+    int mask = c->prof_mask;
+    int64_t k0 = w->t_stop + SD_FAKE_LAUNCH_NS, k1 = k0 + SD_FAKE_KERNEL_NS(w->bytes);
+    void *kch[SD_CHANNELS] = {0};
+    int kernel = plug_version >= 4 && (mask & P_KERNEL_CH);
+    if (kernel) {
+        wait_until(k0);
+        for (int ch = 0; ch < SD_CHANNELS; ch++)
+            kch[ch] = sd_child(c, P_KERNEL_CH, w->coll, ch, 0, 0, 0, 0,
+                               (uint64_t)k0 + SD_FAKE_EPOCH);
+    }
+    if (mask & P_PROXY_OP) {
+        for (int ch = 0; ch < SD_CHANNELS; ch++) {
+            size_t per_ch = w->bytes / SD_CHANNELS + (ch == SD_CHANNELS - 1 ? w->bytes % SD_CHANNELS : 0);
+            size_t per_step = per_ch / SD_STEPS;
+            for (int is_send = 1; is_send >= 0; is_send--) {
+                void *op = sd_child(c, P_PROXY_OP, w->coll, ch, is_send, 0, SD_STEPS,
+                                    (int)per_step, 0);
+                size_t sofar = 0;
+                for (int i = 0; i < SD_STEPS; i++) {
+                    size_t b = per_step + (i == SD_STEPS - 1 ? per_ch % SD_STEPS : 0);
+                    sofar += b;
+                    void *st = (mask & P_PROXY_STEP)
+                                   ? sd_child(c, P_PROXY_STEP, op, ch, is_send, i, SD_STEPS,
+                                              (int)per_step, 0)
+                                   : NULL;
+                    if (plug_version >= 4) {
+                        sd_state(st, is_send ? 9 : 10, b, 0, 0); /* Send/RecvWait */
+                        if (st && (mask & P_NET_PLUGIN)) {
+                            void *nh = sd_child(c, P_NET_PLUGIN, st, ch, is_send, i, 0, 0, 0);
+                            if (nh) plug->stopEvent(nh);
+                        }
+                    } else {
+                        sd_state(op, is_send ? 2 : 5, sofar, i + 1, 0); /* Transmitted / Received */
+                    }
+                    if (st) plug->stopEvent(st);
+                }
+                if (plug_version < 4) sd_state(op, is_send ? 3 : 7, sofar, SD_STEPS, 0); /* Done */
+                if (op) plug->stopEvent(op);
+            }
+        }
+    }
+    if (kernel) {
+        wait_until(k1);
+        for (int ch = 0; ch < SD_CHANNELS; ch++) {
+            if (!kch[ch]) continue;
+            sd_state(kch[ch], 22 /* KernelChStop */, 0, 0, (uint64_t)k1 + SD_FAKE_EPOCH);
+            plug->stopEvent(kch[ch]);
+        }
+    }
+}
+
+static void *proxy_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&pq_lock);
+    for (;;) {
+        while (pq_head == pq_tail) pthread_cond_wait(&pq_cond, &pq_lock);
+        pwork w = pq[pq_head % 1024];
+        pq_busy = 1;
+        pq_head++;
+        pthread_mutex_unlock(&pq_lock);
+        proxy_one(&w);
+        pthread_mutex_lock(&pq_lock);
+        pq_busy = 0;
+        if (pq_head == pq_tail) pthread_cond_broadcast(&pq_idle);
+    }
+    return NULL;
+}
+
+/* After a Coll event stopped: its proxy and kernel events, on the proxy thread. */
+static void proxy_post(standin_comm *c, void *coll, size_t bytes)
+{
+    if (proxy_on < 0) {
+        const char *v = getenv("STANDIN_NCCL_PROXY");
+        proxy_on = v && strcmp(v, "1") == 0;
+    }
+    if (!proxy_on || !plug || !coll || !bytes || !(c->prof_mask & (P_PROXY_OP | P_KERNEL_CH)))
+        return;
+    pthread_mutex_lock(&pq_lock);
+    if (!pq_started) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, proxy_main, NULL) == 0) {
+            pthread_detach(t);
+            pq_started = 1;
+        }
+    }
+    while (pq_tail - pq_head >= 1024) pthread_cond_wait(&pq_idle, &pq_lock);
+    pq[pq_tail % 1024] = (pwork){c, coll, bytes, mono_ns()};
+    pq_tail++;
+    pthread_cond_signal(&pq_cond);
+    pthread_mutex_unlock(&pq_lock);
+}
+
+/* Before a communicator's finalize: its proxy work is done. */
+static void proxy_drain(void)
+{
+    pthread_mutex_lock(&pq_lock);
+    while (pq_started && (pq_head != pq_tail || pq_busy)) pthread_cond_wait(&pq_idle, &pq_lock);
+    pthread_mutex_unlock(&pq_lock);
+}
+
 /* ---- stand-in controls for the plugin (not NCCL API) --------------------- */
 API int standin_nccl_profiler_version(void) { return plug ? plug_version : 0; }
 API const char *standin_nccl_profiler_path(void) { return plug_path; }
@@ -394,6 +619,7 @@ static ncclResult_t work(const callinfo *ci, cudaStream_t s)
         launch(s, delay_ns());
         prof_stop(h);
         prof_stop(g);
+        if (ci->func != 6 && ci->func != 7) proxy_post(comm, h, ci->count * TYPE_SIZE[ci->dt]);
     }
     return ncclSuccess;
 }
@@ -612,6 +838,8 @@ API ncclResult_t ncclGroupEnd(void)
                 void *h = prof_call_start(&queued[j].ci, g);
                 launch(queued[j].stream, queued[j].dur_ns);
                 prof_stop(h);
+                const callinfo *q = &queued[j].ci;
+                if (q->func != 6 && q->func != 7) proxy_post(c, h, q->count * TYPE_SIZE[q->dt]);
             }
             prof_stop(g);
         }
