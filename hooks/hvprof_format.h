@@ -31,7 +31,8 @@
  *      records' aux = folded receive buffer; header call_cost_ns and
  *      helper_cpu_ns, from the reserved area; files written before carry 0;
  *      op NCCL_NET, an auxiliary record of the profiler-plugin path: one
- *      NCCL call's proxy (network) activity, see hvprof_record.)
+ *      NCCL call's proxy (network) activity, see hvprof_record;
+ *      point-to-point ops 16..23, flag FROM_STATUS.)
  */
 #ifndef HVPROF_FORMAT_H
 #define HVPROF_FORMAT_H
@@ -50,6 +51,12 @@
 /* ---------------------------------------------------------------------------
  * Collectives.  X(value, NAME, "name", "backend")
  * Values are part of the format: append only, never renumber.
+ * 16..23 are MPI point-to-point calls (see hvprof_record for their fields):
+ * SEND/ISEND/SENDRECV carry what this rank sends, RECV/IRECV/SENDRECV_RECV
+ * what it receives (MPI_Sendrecv and MPI_Sendrecv_replace make two records
+ * with the same times: SENDRECV, the send half, then SENDRECV_RECV), PROBE
+ * and IPROBE (only an MPI_Iprobe that found a message is recorded) the
+ * message found; none of them takes a per-communicator sequence number.
  * ------------------------------------------------------------------------- */
 #define HVPROF_OPS(X)                                                      \
     X(0,  NONE,                 "none",                 "none")            \
@@ -68,6 +75,14 @@
     X(13, MPI_BARRIER,          "barrier",              "mpi")             \
     X(14, MPI_INIT,             "init",                 "mpi")             \
     X(15, MPI_FINALIZE,         "finalize",             "mpi")             \
+    X(16, MPI_SEND,             "send",                 "mpi")             \
+    X(17, MPI_RECV,             "recv",                 "mpi")             \
+    X(18, MPI_ISEND,            "isend",                "mpi")             \
+    X(19, MPI_IRECV,            "irecv",                "mpi")             \
+    X(20, MPI_SENDRECV,         "sendrecv",             "mpi")             \
+    X(21, MPI_SENDRECV_RECV,    "sendrecv_recv",        "mpi")             \
+    X(22, MPI_PROBE,            "probe",                "mpi")             \
+    X(23, MPI_IPROBE,           "iprobe",               "mpi")             \
     X(32, APP_STEP,             "step",                 "app")             \
     X(33, APP_MARK,             "mark",                 "app")             \
     X(34, APP_SYNC,             "sync",                 "app")             \
@@ -186,7 +201,8 @@ enum hvprof_redop {
     X(0x0010, GROUPED,       "grouped")      /* issued inside ncclGroup */   \
     X(0x0020, DERIVED_TYPE,  "derived_type") /* non-predefined datatype */   \
     X(0x0040, NO_COMPLETION, "no_completion")/* request never completed */   \
-    X(0x0080, DEVICE_PENDING,"device_pending")/* device time not collected */
+    X(0x0080, DEVICE_PENDING,"device_pending")/* device time not collected */\
+    X(0x0100, FROM_STATUS,   "from_status")  /* p2p: from the MPI_Status */
 
 enum hvprof_flag {
 #define HVPROF_X(v, N, s) HVPROF_FLAG_##N = v,
@@ -244,8 +260,38 @@ typedef struct hvprof_record {
                                 bytes received, root = proxy steps,
                                 dtype_size = proxy ops, aux = network-plugin
                                 events.  Readers fold it into the call's row
-                                (net_* columns) and drop it               */
+                                (net_* columns) and drop it.
+                                MPI point-to-point (ops 16..23): root = the
+                                peer, as a rank of `comm` (the destination of
+                                a send, the source of a receive or probe; of
+                                the remote group on an intercommunicator),
+                                or HVPROF_PEER_PROC_NULL, or
+                                HVPROF_PEER_ANY_SOURCE (a receive whose
+                                source is unknown: never completed);
+                                seq = the tag (int32 bits; HVPROF_TAG_ANY
+                                for MPI_ANY_TAG not resolved, or the tag of a
+                                receive from MPI_PROC_NULL): the collective
+                                sequence is not advanced; bytes/count: a
+                                send's count x type size (0 to
+                                MPI_PROC_NULL); a receive/probe with
+                                FROM_STATUS: what arrived (MPI_Get_count of
+                                its status, in bytes; count = bytes / type
+                                size) and root/seq the status's source and
+                                tag; without FROM_STATUS (a receive never
+                                completed): the posted count x type size and
+                                source/tag as posted.  Nonblocking (ISEND,
+                                IRECV: NONBLOCKING): t_start at the post,
+                                t_end at the completion seen (MPI_Wait...,
+                                MPI_Test...), NO_COMPLETION when never seen.
+                                aux = hvprof_fold_ptr(buffer).               */
 } hvprof_record;
+
+/* Peers of point-to-point records (hvprof_record.root): MPI's own values
+ * differ between implementations (Open MPI: MPI_PROC_NULL -2, MPI_ANY_SOURCE
+ * -1; MPICH: -1 and -2), the format's do not. */
+#define HVPROF_PEER_PROC_NULL (-2)
+#define HVPROF_PEER_ANY_SOURCE (-3)
+#define HVPROF_TAG_ANY (-1)
 
 /* First 64 bytes of every chunk. */
 typedef struct hvprof_chunk_header {

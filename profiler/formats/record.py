@@ -293,6 +293,14 @@ OPS: dict[int, tuple[str, str, str]] = {
     13: ("MPI_BARRIER", "barrier", "mpi"),
     14: ("MPI_INIT", "init", "mpi"),
     15: ("MPI_FINALIZE", "finalize", "mpi"),
+    16: ("MPI_SEND", "send", "mpi"),
+    17: ("MPI_RECV", "recv", "mpi"),
+    18: ("MPI_ISEND", "isend", "mpi"),
+    19: ("MPI_IRECV", "irecv", "mpi"),
+    20: ("MPI_SENDRECV", "sendrecv", "mpi"),
+    21: ("MPI_SENDRECV_RECV", "sendrecv_recv", "mpi"),
+    22: ("MPI_PROBE", "probe", "mpi"),
+    23: ("MPI_IPROBE", "iprobe", "mpi"),
     32: ("APP_STEP", "step", "app"),
     33: ("APP_MARK", "mark", "app"),
     34: ("APP_SYNC", "sync", "app"),
@@ -389,6 +397,7 @@ FLAGS: dict[int, tuple[str, str]] = {
     0x0020: ("DERIVED_TYPE", "derived_type"),
     0x0040: ("NO_COMPLETION", "no_completion"),
     0x0080: ("DEVICE_PENDING", "device_pending"),
+    0x0100: ("FROM_STATUS", "from_status"),
 }
 
 FLAG_IN_PLACE = 0x0001
@@ -399,6 +408,19 @@ FLAG_GROUPED = 0x0010
 FLAG_DERIVED_TYPE = 0x0020
 FLAG_NO_COMPLETION = 0x0040
 FLAG_DEVICE_PENDING = 0x0080
+FLAG_FROM_STATUS = 0x0100
+
+# MPI point-to-point (hvprof_format.h, ops 16..23): no per-communicator
+# sequence number; root = the peer (a rank of the record's communicator, or
+# PEER_PROC_NULL / PEER_ANY_SOURCE), seq = the tag (int32 bits).  Sends carry
+# what the rank sends, receives what it received (FROM_STATUS) or posted;
+# probes are neither (they move nothing).
+P2P_SEND_OPS = frozenset({"send", "isend", "sendrecv"})
+P2P_RECV_OPS = frozenset({"recv", "irecv", "sendrecv_recv"})
+P2P_OPS = P2P_SEND_OPS | P2P_RECV_OPS | {"probe", "iprobe"}
+PEER_PROC_NULL = -2
+PEER_ANY_SOURCE = -3
+TAG_ANY = -1
 
 # Name -> value lookups (by the C NAME without prefix and by the short name).
 OP_BY_NAME: dict[str, int] = {v[1]: k for k, v in OPS.items()}
