@@ -13,6 +13,7 @@ from .facade import TraceAnalysis
 from .filters import RowFilter
 from .imbalance import match_calls, rank_times, stragglers
 from .load import load, load_aggregates, load_meta
+from .p2p import match_p2p, p2p_summary
 from .model import anomalies, fit_alpha_beta, latency_by_size, padding_summary, padding_whatif
 from .report import render_report, write_report
 from .sizes import fusion_table, size_distribution, size_summary
@@ -45,6 +46,8 @@ __all__ = [
     "padding_whatif",
     "padding_summary",
     "match_calls",
+    "match_p2p",
+    "p2p_summary",
     "rank_times",
     "stragglers",
     "step_table",

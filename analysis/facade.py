@@ -337,3 +337,23 @@ class TraceAnalysis:
         by_l = [by] if isinstance(by, str) else list(by)
         return self.calls(by=by_l, ranks=ranks, steps=steps, ops=ops).table(
             by_l, list(kinds) if kinds is not None else None)
+
+    def p2p(self, *, ranks: Sequence[int] | None = None,
+            steps: tuple[int, int] | None = None) -> pd.DataFrame:
+        """MPI point-to-point messages matched across ranks (p2p.match_p2p's
+        table: one row per message); empty for a trace with none, or one
+        recorded in summary mode (aggregates carry no peers or tags)."""
+        from profiler.formats.record import P2P_OPS
+
+        from .load import load
+        from .p2p import PAIR_COLUMNS, match_p2p
+
+        empty = pd.DataFrame({c: [] for c in PAIR_COLUMNS})
+        if self.meta and (self.meta.get("dataset") or {}).get("aggregates"):
+            return empty
+        df = load(self.path, columns=["rank", "op", "comm", "comm_rank", "root", "tag",
+                                      "bytes", "flags", "t_start_ns", "t_end_ns"],
+                  ranks=ranks, steps=steps, ops=sorted(P2P_OPS))
+        if df.empty or "tag" not in df.columns:
+            return empty
+        return match_p2p(df)

@@ -92,7 +92,8 @@ class Diagnosis:
     @property
     def stuck(self) -> bool:
         return bool(self.comms) or bool(self.tensors) or any(r.state == "dead"
-                                                              for r in self.ranks)
+                                                              for r in self.ranks) or \
+            any(f.get("seq") is None for r in self.ranks for f in r.in_flight)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self) | {"stuck": self.stuck}
@@ -137,9 +138,11 @@ def _rank(directory: Path, raw: RawFile) -> tuple[RankState, dict[int, int], dic
                   problems=list(raw.problems))
     rec = raw.records
     by_handle, info = _comm_index(raw)
+    # collectives only: point-to-point calls have no sequence number
     host = np.isin(rec["op"], [o for o, (_, name, b) in F.OPS.items()
                                if b in ("mpi", "nccl")
-                               and name not in ("init", "finalize", "nccl_net")])
+                               and name not in ("init", "finalize", "nccl_net")
+                               and name not in F.P2P_OPS])
     host &= rec["comm"] != np.uint32(0xFFFFFFFF)
     host &= (rec["flags"] & F.FLAG_DEVICE) == 0
     ids = raw.comms["id"].astype(np.uint64) if len(raw.comms) else np.zeros(0, np.uint64)
@@ -167,9 +170,15 @@ def _rank(directory: Path, raw: RawFile) -> tuple[RankState, dict[int, int], dic
         found = by_handle.get(int(e["comm"]))
         if found is None:
             continue
-        seq = nxt.get(found, 0)
         t = float(ticks_to_job_ns(np.array([e["t_start"]]), h)[0]) / 1e9
-        entry = {"comm": found, "op": F.op_name(int(e["op"])), "seq": seq, "since_s": t,
+        op = F.op_name(int(e["op"]))
+        if op in F.P2P_OPS:  # no sequence: not matched with the other ranks' collectives
+            r.in_flight.append({"comm": found, "op": op, "seq": None, "since_s": t,
+                                "track": int(e["track"]), "peer": int(e["peer"]),
+                                "tag": int(e["tag"])})
+            continue
+        seq = nxt.get(found, 0)
+        entry = {"comm": found, "op": op, "seq": seq, "since_s": t,
                  "track": int(e["track"])}
         r.in_flight.append(entry)
         flying[found] = entry
@@ -325,6 +334,27 @@ def _comm_label(c: Any) -> str:
     return f"{c.name} ({c.comm:#x})" if c.name else f"{c.comm:#x}"
 
 
+def _peer_text(peer: int) -> str:
+    """A point-to-point peer (a rank of the call's communicator, or the format's
+    special values) in words."""
+    if peer == F.PEER_PROC_NULL:
+        return "MPI_PROC_NULL"
+    if peer == F.PEER_ANY_SOURCE:
+        return "any source"
+    return f"rank {peer}"
+
+
+def _flight_text(f: dict[str, Any], comm: bool = False) -> str:
+    """A call in flight: a collective with its sequence number, a point-to-point
+    call with its peer and tag (no sequence)."""
+    where = f" on comm {f['comm']:#x}" if comm else ""
+    if f.get("seq") is None:
+        tag = "any" if f.get("tag") == F.TAG_ANY else f.get("tag")
+        side = "from" if f["op"] in F.P2P_RECV_OPS or "probe" in f["op"] else "to"
+        return f"{f['op']} {side} {_peer_text(int(f.get('peer', -1)))} tag {tag}{where}"
+    return f"{f['op']}{where} seq {f['seq']}"
+
+
 def render(dg: Any) -> list[str]:
     from profiler.errors import printable
 
@@ -334,7 +364,7 @@ def render(dg: Any) -> list[str]:
         out.append(f"  ranks with no file: {dg.missing_ranks}")
     by_rank = {r.rank: r for r in dg.ranks}
     for r in dg.ranks:
-        what = ", ".join(f"{f['op']} seq {f['seq']}" for f in r.in_flight) or "no collective"
+        what = ", ".join(_flight_text(f) for f in r.in_flight) or "no collective"
         out.append(f"  rank {r.rank} ({r.host or '?'}): {r.state}; in flight: {what}")
     for r in dg.ranks:
         if r.state == "dead":
@@ -354,7 +384,7 @@ def render(dg: Any) -> list[str]:
                 r = by_rank.get(rk)
                 if r is None:
                     continue
-                doing = ", ".join(f"{f['op']} on comm {f['comm']:#x} seq {f['seq']}"
+                doing = ", ".join(_flight_text(f, comm=True)
                                   for f in r.in_flight) or "no collective in flight"
                 last = (f"last completed: {r.last['op']} seq {r.last['seq']} at "
                         f"{r.last['t_start_s']:.3f} s" if r.last else "no completed call")
@@ -369,6 +399,11 @@ def render(dg: Any) -> list[str]:
                    "waits for every rank to submit a tensor (hvd.synchronize blocks)")
         for rk in g.missing:
             out.append(f"  rank {rk}'s last tensor: {g.missing_last.get(rk, '?')}")
+    for r in dg.ranks:
+        for f in r.in_flight:
+            if f.get("seq") is None:
+                out.append(f"rank {r.rank} BLOCKED in point-to-point {_flight_text(f, True)} "
+                           f"since {f['since_s']:.3f} s (peer: a rank of that comm)")
     if not dg.stuck:
         out.append("nothing is stuck: no collective in flight, every rank at the same call")
     elif not dg.snapshot:

@@ -32,7 +32,7 @@
  *      helper_cpu_ns, from the reserved area; files written before carry 0;
  *      op NCCL_NET, an auxiliary record of the profiler-plugin path: one
  *      NCCL call's proxy (network) activity, see hvprof_record;
- *      point-to-point ops 16..23, flag FROM_STATUS.)
+ *      point-to-point ops 16..23, flag FROM_STATUS, in-flight peer and tag.)
  */
 #ifndef HVPROF_FORMAT_H
 #define HVPROF_FORMAT_H
@@ -343,7 +343,11 @@ typedef struct hvprof_inflight_entry {
     uint16_t pad0;       /*  6 zero                                          */
     uint64_t comm;       /*  8 communicator handle                           */
     uint64_t t_start;    /* 16 ticks at entry                                */
-    char     reserved[40]; /* 24 zero                                        */
+    int32_t  peer;       /* 24 point-to-point ops: the peer and the tag as
+                                posted (hvprof_record's root and seq); other
+                                ops: whatever the thread's last p2p call left */
+    int32_t  tag;        /* 28                                               */
+    char     reserved[32]; /* 32 zero                                        */
 } hvprof_inflight_entry;
 
 /* The file header: the first 4096 bytes.  Fields written at open are

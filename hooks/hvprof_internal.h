@@ -287,6 +287,17 @@ HVPROF_STATIC_ASSERT(offsetof(hvprof_inflight_entry, state) == 0 &&
                          offsetof(hvprof_inflight_entry, op) == 4,
                      "state and op share the first 8 bytes");
 
+/* A point-to-point call: its peer and tag too (format values), before the
+ * release store. */
+static inline void hvprof_inflight_begin_p2p(hvprof_inflight_entry *e, uint16_t op,
+                                             uint64_t comm, uint64_t t0, int32_t peer,
+                                             int32_t tag)
+{
+    e->peer = peer;
+    e->tag = tag;
+    hvprof_inflight_begin(e, op, comm, t0);
+}
+
 static inline void hvprof_inflight_end(hvprof_inflight_entry *e)
 {
     __atomic_store_n(&e->state, 0u, __ATOMIC_RELEASE);

@@ -775,7 +775,7 @@ p2p_open(hvprof_tls *t, hvprof_record *r, uint16_t op, MPI_Comm comm, MPI_Dataty
     hvprof_inflight_entry *e = t->inflight;
     uint64_t t0 = hvprof_fast_ticks();
     r->t_start = t0;
-    if (e) hvprof_inflight_begin(e, op, H(comm), t0);
+    if (e) hvprof_inflight_begin_p2p(e, op, H(comm), t0, pr, (int32_t)r->seq);
 }
 
 /* call_close, with a receive's status read into the record first. */
@@ -805,13 +805,16 @@ static inline __attribute__((always_inline)) void p2p_close(hvprof_tls *t, hvpro
  * the wrapper's own when the caller passed MPI_STATUS_IGNORE); DESC: (comm,
  * datatype, count, peer, tag, buffer); ST: the status to read (NULL: none). */
 #define P2P_HIT_(t, comm, dt, count, peer, tag, buf) desc_hit(t, comm, dt, MPI_OP_NULL)
+#define P2P_FLIGHT_(e, op, t0, comm, dt, count, peer, tag, buf)                \
+    hvprof_inflight_begin_p2p(e, op, H(comm), t0, p2p_peer(peer), (int32_t)p2p_tag(tag))
+#define P2P_FLIGHT(e, op, t0, ...) APPLY(P2P_FLIGHT_, e, op, t0, __VA_ARGS__)
 #define P2P_WRAPPER(NAME, OP, PARAMS, ARGS, PRE, CALL, DESC, ST)               \
     static __attribute__((noinline)) int general_##NAME PARAMS                 \
     {                                                                          \
         PRE                                                                    \
         hvprof_inflight_entry *e_ = general_inflight(&hvprof_t);               \
         uint64_t t0 = hvprof_ticks();                                          \
-        if (e_) hvprof_inflight_begin(e_, HVPROF_OP_##OP, H(comm), t0);        \
+        if (e_) P2P_FLIGHT(e_, HVPROF_OP_##OP, t0, ARGS_OF DESC);              \
         int rc = PMPI_##NAME CALL;                                             \
         if (e_) hvprof_inflight_end(e_);                                       \
         uint64_t t1 = hvprof_ticks();                                          \
@@ -863,7 +866,8 @@ HVPROF_EXPORT int MPI_Sendrecv(const void *sendbuf, int sendcount, MPI_Datatype 
     MPI_Status *st = status == MPI_STATUS_IGNORE ? &own : status;
     hvprof_inflight_entry *e = general_inflight(&hvprof_t);
     uint64_t t0 = hvprof_ticks();
-    if (e) hvprof_inflight_begin(e, HVPROF_OP_MPI_SENDRECV, H(comm), t0);
+    if (e) hvprof_inflight_begin_p2p(e, HVPROF_OP_MPI_SENDRECV, H(comm), t0, p2p_peer(dest),
+                                     (int32_t)p2p_tag(sendtag));
     int rc = PMPI_Sendrecv(sendbuf, sendcount, sendtype, dest, sendtag, recvbuf, recvcount,
                            recvtype, source, recvtag, comm, st);
     if (e) hvprof_inflight_end(e);
@@ -886,7 +890,8 @@ HVPROF_EXPORT int MPI_Sendrecv_replace(void *buf, int count, MPI_Datatype dataty
     MPI_Status *st = status == MPI_STATUS_IGNORE ? &own : status;
     hvprof_inflight_entry *e = general_inflight(&hvprof_t);
     uint64_t t0 = hvprof_ticks();
-    if (e) hvprof_inflight_begin(e, HVPROF_OP_MPI_SENDRECV, H(comm), t0);
+    if (e) hvprof_inflight_begin_p2p(e, HVPROF_OP_MPI_SENDRECV, H(comm), t0, p2p_peer(dest),
+                                     (int32_t)p2p_tag(sendtag));
     int rc = PMPI_Sendrecv_replace(buf, count, datatype, dest, sendtag, source, recvtag, comm, st);
     if (e) hvprof_inflight_end(e);
     uint64_t t1 = hvprof_ticks();
@@ -906,7 +911,8 @@ HVPROF_EXPORT int MPI_Probe(int source, int tag, MPI_Comm comm, MPI_Status *stat
     MPI_Status *st = status == MPI_STATUS_IGNORE ? &own : status;
     hvprof_inflight_entry *e = general_inflight(&hvprof_t);
     uint64_t t0 = hvprof_ticks();
-    if (e) hvprof_inflight_begin(e, HVPROF_OP_MPI_PROBE, H(comm), t0);
+    if (e) hvprof_inflight_begin_p2p(e, HVPROF_OP_MPI_PROBE, H(comm), t0, p2p_peer(source),
+                                     (int32_t)p2p_tag(tag));
     int rc = PMPI_Probe(source, tag, comm, st);
     if (e) hvprof_inflight_end(e);
     uint64_t t1 = hvprof_ticks();

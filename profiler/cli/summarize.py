@@ -164,12 +164,15 @@ def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[
     width = terminal_width(wide)
     console = make_console(width)
     data_kinds = None
-    has_control = False
+    has_control = p2p_apart = False
     if calls.has_kind and "kind" not in by:
         kinds = calls.kinds()
         has_control = "control" in kinds
-        if has_control:
-            data_kinds = [k for k in kinds if k != "control"]
+        rest = [k for k in kinds if k not in ("control", "p2p")]
+        # point-to-point gets its own lines, unless it is all there is
+        p2p_apart = "p2p" in kinds and bool(rest)
+        if has_control or p2p_apart:
+            data_kinds = rest if p2p_apart else [k for k in kinds if k != "control"]
     table_df = _printable(calls.table(by, data_kinds))
     n_ranks = len(calls.ranks())
     world = (meta or {}).get("world_size", n_ranks)
@@ -191,6 +194,8 @@ def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[
     lines: list[str | None] = []
     if has_control:
         lines.append(_control_line(calls, n_ranks))
+    if p2p_apart:
+        lines += _p2p_lines(path, calls)
     lines.append(_rank_line(calls))
     lines += _trace_lines(meta)
     lines += calls.gpu_lines(meta)
@@ -290,6 +295,38 @@ def _control_line(calls: Calls, n_ranks: int) -> str:
             rate = f" ({per_s:.1f} calls/s per rank)"
     return (f"control traffic: {n_ctrl} calls{rate}, {_fmt_us(ctrl_ns / 1e3)}, "
             f"{100 * share:.1f}% of communication time")
+
+
+def _p2p_lines(path: str, calls: Calls) -> list[str]:
+    """MPI point-to-point traffic: calls, time and share; then the messages
+    matched across ranks (profiler.analysis.p2p: bytes, transfer time, what
+    was left unmatched), when the trace has per-call rows."""
+    total_ns = calls.time_ns()
+    n = calls.count("p2p")
+    t_ns = calls.time_ns("p2p")
+    share = t_ns / total_ns if total_ns else 0.0
+    out = [f"point-to-point: {n} calls, {_fmt_us(t_ns / 1e3)}, {100 * share:.1f}% of "
+           "communication time"]
+    if calls.aggregated:
+        return out
+    from profiler.analysis.facade import TraceAnalysis
+    from profiler.analysis.p2p import p2p_summary
+    from profiler.errors import ProfilerError
+    from profiler.units import fmt_bytes
+
+    try:
+        s = p2p_summary(TraceAnalysis.open(path, engine="pandas").p2p())
+    except (ProfilerError, ValueError, KeyError):
+        return out
+    line = f"  {s['matched']} messages matched ({fmt_bytes(s['bytes'])})"
+    if s["transfer_p50_ns"] is not None:
+        line += f", transfer p50 {_fmt_us(s['transfer_p50_ns'] / 1e3)}"
+    left = [f"{s[k]} {w}" for k, w in (("unmatched_sends", "send(s)"),
+                                        ("unmatched_recvs", "receive(s)")) if s[k]]
+    out.append(line)
+    if left:
+        out.append(f"  unmatched: {', '.join(left)}")
+    return out
 
 
 def _rank_line(calls: Calls) -> str | None:

@@ -31,7 +31,11 @@ data
 
 Calls from other threads (the application's mpi4py calls, torch.distributed
 NCCL calls) are "data", except MPI_Init/MPI_Finalize which are "control";
-profiler records (backend "app": step, mark) are "app".
+profiler records (backend "app": step, mark) are "app".  MPI point-to-point
+calls (send, recv, isend, irecv, sendrecv, probe, ...; profiler.formats.record
+.P2P_OPS), from any thread, are "p2p": they have no per-communicator sequence
+number, so nothing that matches collectives across ranks by (comm, seq) takes
+them (their own matching: profiler.analysis.p2p).
 
 Horovod's thread is the track the core marks thread_kind == "horovod" (the
 library that made the thread's first call).  When a frame has no such track
@@ -48,9 +52,11 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
+from profiler.formats.record import P2P_OPS
+
 __all__ = ["KINDS", "classify", "horovod_tracks", "horovod_comms", "is_horovod_row"]
 
-KINDS = ["data", "control", "app"]
+KINDS = ["data", "control", "app", "p2p"]
 
 #: MPI datatypes Horovod uses only for its own control messages.
 CONTROL_DTYPES = frozenset({"MPI_LONG_LONG_INT", "MPI_INT", "MPI_BYTE"})
@@ -147,5 +153,6 @@ def classify(df: pd.DataFrame) -> pd.Series:
     )
     control_any = is_mpi & _isin(op, LIFECYCLE_OPS)
     kind[control_hvd | control_any] = "control"
+    kind[is_mpi & _isin(op, P2P_OPS)] = "p2p"
     kind[is_app] = "app"
     return pd.Series(pd.Categorical(kind, categories=KINDS), index=df.index, name="kind")

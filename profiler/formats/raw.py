@@ -45,7 +45,7 @@ MAX_AGG_BYTES = 2 << 30
 
 #: A thread's call in progress, as read: its track, then the entry's fields.
 INFLIGHT_DTYPE = np.dtype([("track", "<i4"), ("state", "<u4"), ("op", "<u2"), ("comm", "<u8"),
-                           ("t_start", "<u8")])
+                           ("t_start", "<u8"), ("peer", "<i4"), ("tag", "<i4")])
 
 
 @dataclass
@@ -317,7 +317,7 @@ def _inflight(p: Path, buf: mmap.mmap, header: dict[str, Any],
     tab = np.frombuffer(buf, dtype=F.INFLIGHT_ENTRY_DTYPE, count=cap, offset=off).copy()
     out = np.zeros(cap, dtype=INFLIGHT_DTYPE)
     out["track"] = np.arange(cap, dtype=np.int32)
-    for n in ("state", "op", "comm", "t_start"):
+    for n in ("state", "op", "comm", "t_start", "peer", "tag"):
         out[n] = tab[n]
     return out[out["state"] != 0]
 

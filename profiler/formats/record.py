@@ -183,7 +183,9 @@ INFLIGHT_ENTRY_DTYPE = _struct(
         ("pad0", "<u2", 6),
         ("comm", "<u8", 8),
         ("t_start", "<u8", 16),
-        ("reserved", "S40", 24),
+        ("peer", "<i4", 24),
+        ("tag", "<i4", 28),
+        ("reserved", "S32", 32),
     ],
     64,
 )

@@ -21,6 +21,8 @@ from profiler.formats.raw import AggFile, RawFile, c_string
 from profiler.formats.schema import AGG_COLUMNS, COLUMNS
 
 _OP_TENSOR = next(v for v, (name, _, _) in F.OPS.items() if name == "APP_TENSOR")
+_P2P_VALUES = np.array(sorted(v for v, (_, name, _) in F.OPS.items() if name in F.P2P_OPS),
+                       dtype=np.uint16)
 HOROVOD_CALLERS = ("mpi_lib", "horovod")
 
 
@@ -89,7 +91,7 @@ def _classify(df: pd.DataFrame) -> pd.Categorical:
         from profiler.formats.classify import classify
     except ImportError:
         kind = np.where(df["backend"].to_numpy(dtype=object) == "app", "app", "data")
-        return pd.Categorical(kind, categories=["data", "control", "app"])
+        return pd.Categorical(kind, categories=["data", "control", "app", "p2p"])
     result = classify(df)
     if isinstance(result, pd.DataFrame):
         result = result["kind"]
@@ -198,6 +200,12 @@ def raw_to_frame(raw: RawFile) -> pd.DataFrame:
     # folded to 32 bits, hvprof_fold_ptr); 0 for everything else
     buf = np.where((backend_arr == "mpi") | (op_vals == _OP_TENSOR), rec["aux"], 0).astype(np.int64)
 
+    # MPI point-to-point: the record's seq is the tag (int32 bits); such rows
+    # have no sequence number (-1), every other row no tag (-1)
+    p2p = np.isin(op_vals, _P2P_VALUES)
+    seq = np.where(p2p, -1, rec["seq"].astype(np.int64))
+    tag = np.where(p2p, rec["seq"].view(np.int32) if n else np.zeros(0, np.int32), -1)
+
     rank = np.full(n, int(h["rank"]), dtype=np.int32)
     df = pd.DataFrame(
         {
@@ -221,7 +229,8 @@ def raw_to_frame(raw: RawFile) -> pd.DataFrame:
             "comm_rank": ctx["comm_rank"],
             "comm_name": ctx["comm_name"],
             "root": rec["root"].astype(np.int32),
-            "seq": rec["seq"].astype(np.int64),
+            "seq": seq,
+            "tag": tag.astype(np.int32),
             "track": track_idx.astype(np.int32),
             "tid": ctx["tid"],
             "thread_kind": ctx["thread_kind"],

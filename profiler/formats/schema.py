@@ -9,7 +9,7 @@ import pyarrow as pa
 COLUMNS = [
     "rank", "backend", "op", "t_start_ns", "t_end_ns", "dur_ns", "bytes", "count",
     "dtype", "dtype_size", "redop", "flags", "in_place", "device", "rc", "comm",
-    "comm_size", "comm_rank", "comm_name", "root", "seq", "track", "tid",
+    "comm_size", "comm_rank", "comm_name", "root", "seq", "tag", "track", "tid",
     "thread_kind", "thread_name", "group", "buf", "kind", "step",
 ]
 

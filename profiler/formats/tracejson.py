@@ -93,7 +93,7 @@ def metadata_events(rank_meta: Sequence[Mapping[str, Any]]) -> list[dict[str, An
 
 _EVENT = ('{"name":%s,"cat":%s,"ph":"X","pid":%d,"tid":%d,"ts":%r,"dur":%r,"args":{'
           '"bytes":%d,"count":%d,"dtype":%s,"dtype_size":%d,"redop":%s,"comm":"%s",'
-          '"comm_size":%d,"comm_rank":%d,"seq":%d,"root":%d,"kind":%s,"step":%d,"flags":%d,'
+          '"comm_size":%d,"comm_rank":%d,"seq":%d,"root":%d,"tag":%d,"kind":%s,"step":%d,"flags":%d,'
           '"rc":%d}}')
 
 
@@ -141,8 +141,8 @@ def call_events_json(df: pd.DataFrame) -> bytes:
         _json_strings(df, "dtype", ""), _ints(df, "dtype_size", 0),
         _json_strings(df, "redop", ""), comm, _ints(df, "comm_size", -1),
         _ints(df, "comm_rank", -1), _ints(df, "seq", -1), _ints(df, "root", -1),
-        _json_strings(df, "kind", "data"), _ints(df, "step", -1), _ints(df, "flags", 0),
-        _ints(df, "rc", 0),
+        _ints(df, "tag", -1), _json_strings(df, "kind", "data"), _ints(df, "step", -1),
+        _ints(df, "flags", 0), _ints(df, "rc", 0),
     )
     if all(c in df.columns for c in _NET_ARGS):
         # the plugin path's network activity per NCCL call (-1: none)
@@ -434,6 +434,7 @@ def events_to_frame(events: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         "comm_rank": np.array(a("comm_rank", -1), dtype=np.int32),
         "root": np.array(a("root", -1), dtype=np.int32),
         "seq": np.array(a("seq", -1), dtype=np.int64),
+        "tag": np.array(a("tag", -1), dtype=np.int32),
         "track": np.array([e.get("tid", 0) for e in xs], dtype=np.int32),
         "kind": pd.Categorical(a("kind", "data")),
         "step": np.array(a("step", -1), dtype=np.int32),
