@@ -156,6 +156,7 @@ def test_p2p_exact_records_and_matching(impl: dict, np_: int, tmp_path: Path,
     check_raw_p2p(prof, n, np_)
 
     from profiler.analysis import TraceAnalysis, p2p_summary
+
     from profiler.collect.merge import merge
 
     merge(prof)
@@ -183,7 +184,8 @@ def test_p2p_exact_records_and_matching(impl: dict, np_: int, tmp_path: Path,
     p2p = df.loc[(df["kind"] == "p2p").to_numpy()]
     assert len(p2p) == sum(expected_p2p(n, np_, 0).values()) * np_
     assert set(p2p["op"].astype(str)) == set(F.P2P_OPS)
-    assert (p2p["seq"] == -1).all() and (df.loc[(df["kind"] != "p2p").to_numpy(), "tag"] == -1).all()
+    assert (p2p["seq"] == -1).all()
+    assert (df.loc[(df["kind"] != "p2p").to_numpy(), "tag"] == -1).all()
     assert sorted(set(p2p["tag"].tolist())) == sorted(
         {t for (_, _, t, _) in expected_p2p(n, np_, 0)} | {7 + r for r in range(np_)})
     # `profiler check` and summarize (in this process): the collectives are

@@ -1,6 +1,6 @@
 """The C library under AddressSanitizer and UndefinedBehaviorSanitizer: hooks/*.c
 built with setup.py's strict flags plus -fsanitize=address,undefined, preloaded
-(after libasan, which must come first) into the C capture programs at np=2 (the
+(after libasan, which must come first) into the C capture programs (tests/c/p2p.c too) at np=2 (the
 intercommunicator program at np=4: uneven groups) under Open MPI.  Each job must
 exit 0 with no sanitizer report on stderr, and the exact record counts of
 tests/test_capture_c.py must still hold.
@@ -63,7 +63,7 @@ def san(tmp_path_factory: pytest.TempPathFactory) -> dict:
     # merge (hooks/exitmerge.c) runs under the sanitizers too
     (out / "libhvprof.python").write_text(sys.executable + "\n")
     bins = {}
-    for prog in ("collectives", "threads", "intercomm"):
+    for prog in ("collectives", "threads", "intercomm", "p2p"):
         exe = out / prog
         subprocess.run([cc, "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread",
                         str(C_DIR / f"{prog}.c"), "-o", str(exe)], check=True)
@@ -107,6 +107,19 @@ def test_threads_clean_under_asan_ubsan(san: dict, tmp_path: Path) -> None:
         assert len(ar) == threads * calls
         assert np.all(ar["bytes"] == 8)
         assert len(set(ar["comm"].tolist())) == threads
+
+
+def test_p2p_clean_under_asan_ubsan(san: dict, tmp_path: Path) -> None:
+    """Point-to-point (tests/c/p2p.c: the profiler's own statuses for
+    MPI_STATUS(ES)_IGNORE, the pending-request table, Testsome/Waitany copies)
+    at np=2, with test_p2p's exact records."""
+    from test_p2p import check_raw_p2p
+
+    n = 3
+    prof = tmp_path / "prof"
+    out = run_sanitized(san, 2, "p2p", [str(n)], prof, tmp_path)
+    assert out.count("RESULT OK") == 1, out
+    check_raw_p2p(prof, n, 2)
 
 
 def test_intercommunicator_clean_under_asan_ubsan(san: dict, tmp_path: Path) -> None:
