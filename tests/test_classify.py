@@ -116,7 +116,7 @@ def test_horovod_patterns_row_by_row() -> None:
     df = frame(rows)
     got = classify(df)
     assert isinstance(got.dtype, pd.CategoricalDtype)
-    assert list(got.cat.categories) == ["data", "control", "app"]
+    assert list(got.cat.categories) == ["data", "control", "app", "p2p"]
     assert got.index.equals(df.index)
     mismatches = [
         (i, r["op"], r["dtype"], r["redop"], e, g)
@@ -176,10 +176,21 @@ def test_main_thread_is_never_horovod() -> None:
         "control", "control", "control", "control", "data", "control"]
 
 
+def test_point_to_point_is_its_own_kind() -> None:
+    """MPI send/recv/... are "p2p" on any thread (even Horovod's, with control
+    dtypes), never "data" or "control": nothing that matches collectives takes
+    them."""
+    ops = ["send", "recv", "isend", "irecv", "sendrecv", "sendrecv_recv", "probe", "iprobe"]
+    rows = [bitvector(), *[row(o, dtype="MPI_INT") for o in ops],
+            *[row(o, track=MAIN) for o in ops], row("allreduce", track=MAIN)]
+    got = classify(frame(rows)).astype(str).tolist()
+    assert got == ["control", *["p2p"] * (2 * len(ops)), "data"]
+
+
 def test_empty_and_minimal_frames() -> None:
     empty = frame([row("allreduce")]).iloc[:0]
     out = classify(empty)
-    assert len(out) == 0 and list(out.cat.categories) == ["data", "control", "app"]
+    assert len(out) == 0 and list(out.cat.categories) == ["data", "control", "app", "p2p"]
     minimal = pd.DataFrame({"op": ["allreduce", "step"], "backend": ["mpi", "app"]})
     assert classify(minimal).astype(str).tolist() == ["data", "app"]
 
