@@ -13,8 +13,8 @@ from .facade import TraceAnalysis
 from .filters import RowFilter
 from .imbalance import match_calls, rank_times, stragglers
 from .load import load, load_aggregates, load_meta
-from .p2p import match_p2p, p2p_summary
 from .model import anomalies, fit_alpha_beta, latency_by_size, padding_summary, padding_whatif
+from .p2p import match_p2p, p2p_summary
 from .report import render_report, write_report
 from .sizes import fusion_table, size_distribution, size_summary
 from .summary import (

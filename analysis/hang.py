@@ -11,6 +11,10 @@ the collective each thread is blocked in.  For every communicator:
   what those are doing instead (their own call in flight, their last completed
   call, their Python stack from the hang snapshot);
 * mismatches at one (communicator, sequence): different collectives;
+* point-to-point calls in flight (a rank blocked in MPI_Recv, MPI_Send,
+  MPI_Sendrecv, MPI_Probe): named with their peer (a rank of their
+  communicator) and tag; they have no sequence number, so they are not
+  matched with the other ranks' collectives (a rank in one counts as stuck);
 * ranks that died (their process is gone and the file says it never finished);
 * tensors handed to Horovod by some ranks and not by others (the tensor
   records, profiler.collect.tensors): Horovod's own hang, where every MPI call
