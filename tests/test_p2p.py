@@ -200,7 +200,9 @@ def test_p2p_exact_records_and_matching(impl: dict, np_: int, tmp_path: Path,
     out = capsys.readouterr().out
     assert f"{13 * n * np_} messages matched" in out, out
     assert f"unmatched: {np_} receive(s)" in out, out
-    assert all(len(line) <= 200 for line in out.splitlines())
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("point-to-point: "))
+    assert all(len(line) <= 80 for line in lines[at:at + 3]), lines[at:at + 3]
 
 
 def test_mpi4py_recv_recorded_and_blocked_recv_in_hang(tmp_path: Path) -> None:
@@ -238,3 +240,31 @@ def test_mpi4py_recv_recorded_and_blocked_recv_in_hang(tmp_path: Path) -> None:
     assert ranks[0]["in_flight"] == []
     assert "rank 1 BLOCKED in point-to-point recv from rank 0 tag 5" in text, text
     assert doc["comms"] == []  # the collectives agree: nothing to match there
+
+
+def test_p2p_summary_mode(impl: dict, tmp_path: Path) -> None:
+    """HOROVOD_PROFILE=summary: the same calls folded into the aggregates, per
+    op (and bytes), kind p2p; the collectives' counts beside them unchanged."""
+    from profiler.analysis import load_aggregates
+
+    from profiler.collect.merge import merge
+
+    n, np_ = 3, 2
+    prof = tmp_path / "prof"
+    proc = launch(impl, np_, "p2p", [str(n)], prof, tmp_path,
+                  extra_env={"HOROVOD_PROFILE": "summary"})
+    assert "RESULT OK" in proc.stdout
+    merge(prof)
+    agg = load_aggregates(prof / "trace.json")
+    for rank in range(np_):
+        mine = agg.loc[(agg["rank"] == rank).to_numpy()]
+        got: collections.Counter[tuple[str, int]] = collections.Counter()
+        for op, b, c in zip(mine["op"].astype(str), mine["bytes"], mine["calls"]):
+            got[(op, int(b))] += int(c)
+        want: collections.Counter[tuple[str, int]] = collections.Counter()
+        for (op, _, _, b), c in expected_p2p(n, np_, rank).items():
+            want[(op, b)] += c
+        assert {k: v for k, v in got.items() if k[0] in F.P2P_OPS} == dict(want)
+        assert got[("barrier", 0)] == 1 and got[("allreduce", 4)] == 1
+        p2p = mine["op"].astype(str).isin(sorted(F.P2P_OPS)).to_numpy()
+        assert set(mine.loc[p2p, "kind"].astype(str)) == {"p2p"}
