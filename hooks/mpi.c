@@ -1081,10 +1081,11 @@ HVPROF_EXPORT int MPI_Test(MPI_Request *request, int *flag, MPI_Status *status)
 }
 
 /* Copies of up to this many request handles (and, for a caller that passed
- * MPI_STATUSES_IGNORE, statuses) live on the stack; a call with more
- * requests is not followed: its requests are reported as never completed
- * at MPI_Finalize. */
-#define MAX_TRACKED 64
+ * MPI_STATUSES_IGNORE, statuses: 8 KiB of stack at most, in the *_tracked
+ * helpers only, never on the path with nothing pending) live on the stack; a
+ * call with more requests is not followed: its requests are reported as
+ * never completed at MPI_Finalize (with the time of MPI_Finalize). */
+#define MAX_TRACKED 256
 
 static __attribute__((noinline)) int waitall_tracked(int count, MPI_Request requests[],
                                                      MPI_Status statuses[])

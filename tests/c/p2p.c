@@ -41,7 +41,7 @@ int main(int argc, char **argv)
     int sb[256], rb[256];
     double ds[16], dr[16];
     MPI_Status st;
-    MPI_Request rq[8];
+    MPI_Request rq[8], big[100];
 
     for (int it = 0; it < n; it++) {
         /* 1. Send 100 ints (400 B, tag 1); Recv posted for 200 (800 B): 400 arrive. */
@@ -155,6 +155,16 @@ int main(int argc, char **argv)
         }
         flag = 0;
         while (!flag) MPI_Testall(2, rq + 2, &flag, statuses_ignore());
+
+        /* 11. One Waitall over 100 requests (50 Irecv + 50 Isend of one int,
+         * tag 90): more than the 64 the profiler once followed per call. */
+        for (int k = 0; k < 50; k++) {
+            MPI_Irecv(rb + k, 1, MPI_INT, left, 90, w, &big[k]);
+            sb[100 + k] = rank * 100 + k;
+        }
+        for (int k = 0; k < 50; k++) MPI_Isend(sb + 100 + k, 1, MPI_INT, right, 90, w, &big[50 + k]);
+        MPI_Waitall(100, big, statuses_ignore());
+        CHECK(rb[0] == left * 100 && rb[49] == left * 100 + 49); /* in order: non-overtaking */
     }
 
     /* A receive never completed: 4 ints from the left, tag 99, cancelled
