@@ -788,15 +788,20 @@ def run_parallel(readers: list[str], jobs: int, work: Path, **kw: Any) -> Report
     import concurrent.futures as cf
     import multiprocessing as mp
 
-    seeds = make_seeds(work / "seeds")
+    base = work / "seeds"
+    seeds = make_seeds(base)
     t0 = time.perf_counter()
     total = Report()
     with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork")) as pool:
         futs = []
         for i, group in enumerate(split(readers, jobs)):
             sub = work / f"job{i}"
-            sub.mkdir()
-            futs.append(pool.submit(run, group, work=sub, seeds=seeds, **kw))
+            # each process its own copy of the seeds: some readers convert
+            # what they are given in place (a summary-mode rank's files)
+            shutil.copytree(base, sub / "seeds", symlinks=True)
+            own = {k: (sub / "seeds" / v.relative_to(base) if v.is_relative_to(base) else v)
+                   for k, v in seeds.items()}
+            futs.append(pool.submit(run, group, work=sub, seeds=own, **kw))
         for f in futs:
             rep = f.result()
             for name in ("cases", "refused", "accepted", "cli_cases", "slowest_s"):

@@ -1311,6 +1311,22 @@ static void agg_snapshot(void)
  * its record keeps what was known before the call, with t_end = t_start and
  * HVPROF_FLAG_NO_COMPLETION, and is published; its flight-recorder entry is
  * cleared. */
+int hvprof_write_text(const char *path, const char *text)
+{
+    char tmp[PATH_MAX + 32];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp) return -1;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return -1;
+    size_t n = strlen(text);
+    int ok = write(fd, text, n) == (ssize_t)n && write(fd, "\n", 1) == 1;
+    ok = (close(fd) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
 void hvprof_abandon_open(void)
 {
     hvprof_tls *t = &hvprof_t;

@@ -78,6 +78,10 @@ extern __thread hvprof_tls hvprof_t __attribute__((tls_model("initial-exec")));
 /* Close the calling thread's open call as it stands (see open_rec). */
 HVPROF_HIDDEN void hvprof_abandon_open(void);
 
+/* Write `text` and a newline to `path` as a whole (a temporary file beside
+ * it, renamed), mode 0644 whatever the umask allows more; 0 or -1. */
+HVPROF_HIDDEN int hvprof_write_text(const char *path, const char *text);
+
 static inline void hvprof_publish(hvprof_tls *t)
 {
     atomic_store_explicit(t->nrec, t->used, memory_order_release);

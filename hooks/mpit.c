@@ -303,13 +303,12 @@ static void write_mpit_sidecar(void)
     if (PMPI_Finalized(&fin) != MPI_SUCCESS || fin) return;
     const char *raw = hvprof_raw_path();
     if (!raw || !*raw) return;
-    char path[4096], tmp[4200];
+    char path[4096];
     size_t n = strlen(raw);
     const char *ext = ".hvprof";
     size_t e = strlen(ext);
     if (n <= e || n - e + 16 >= sizeof path || strcmp(raw + n - e, ext) != 0) return;
     snprintf(path, sizeof path, "%.*s.mpit.json", (int)(n - e), raw);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     char *buf = malloc(MPIT_BUF);
     if (!buf) return;
     jbuf j = {buf, MPIT_BUF, 0};
@@ -336,12 +335,7 @@ static void write_mpit_sidecar(void)
     sockets_section(&j);
     jout(&j, "}");
     if (j.k >= j.n) snprintf(buf, MPIT_BUF, "{\"error\": \"mpit json too long\"}");
-    FILE *f = fopen(tmp, "w");
-    if (f) {
-        int ok = fputs(buf, f) >= 0 && fputc('\n', f) != EOF;
-        ok = (fclose(f) == 0) && ok;
-        if (!ok || rename(tmp, path) != 0) unlink(tmp);
-    }
+    hvprof_write_text(path, buf);
     free(buf);
 }
 

@@ -865,22 +865,14 @@ static void write_sidecar(void)
 {
     const char *raw = hvprof_raw_path();
     if (!raw || !*raw) return;
-    char path[4096], tmp[4200];
+    char path[4096];
     size_t n = strlen(raw);
     const char *ext = ".hvprof";
     size_t e = strlen(ext);
     if (n <= e || n - e + 16 >= sizeof path || strcmp(raw + n - e, ext) != 0) return;
     snprintf(path, sizeof path, "%.*s.nccl.json", (int)(n - e), raw);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    const char *js = hvprof_nccl_json();
-    FILE *f = fopen(tmp, "w");
-    if (!f) return;
-    int ok = fputs(js, f) >= 0 && fputc('\n', f) != EOF;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
+    if (hvprof_write_text(path, hvprof_nccl_json()) != 0)
         hvprof_warn("cannot write %s: NCCL visibility is not recorded", path);
-    }
 }
 
 /* Collect every pending device time (see hvprof_dev_flush in cuda_rt.h).

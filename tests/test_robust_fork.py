@@ -183,7 +183,8 @@ def test_no_foreign_files_and_modes(run: tuple[Path, Path, str]) -> None:
     files = sorted(str(p.relative_to(prof)) for p in prof.rglob("*"))
     assert files == ["ranks", "ranks/rank-00000.json", "ranks/rank-00000.parquet",
                      "ranks/rank-00001.json", "ranks/rank-00001.parquet", "raw",
-                     "raw/rank-00000.hvprof", "raw/rank-00001.hvprof", "trace.json"]
+                     "raw/rank-00000.hvprof", "raw/rank-00000.mpit.json",
+                     "raw/rank-00001.hvprof", "raw/rank-00001.mpit.json", "trace.json"]
     for p in [prof, *prof.rglob("*")]:
         assert not os.stat(p).st_mode & stat.S_IWOTH, p
     meta = json.loads((prof / "trace.json").read_bytes())["horovod_profiler"]

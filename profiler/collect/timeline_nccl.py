@@ -92,6 +92,7 @@ def coarse_rows(tl: T.Timeline, base_ns: float, world: int) -> tuple[pd.DataFram
         "comm_name": pd.Categorical([SOURCE] * n),
         "root": np.full(n, -1, np.int32),
         "seq": np.arange(n, dtype=np.int64),
+        "tag": np.full(n, -1, np.int32),
         "track": np.full(n, -1, np.int32),
         "tid": np.full(n, -1, np.int32),
         "thread_kind": pd.Categorical(["other"] * n),
@@ -146,6 +147,9 @@ def add(profile_dir: Path, rank_meta: Sequence[Mapping[str, Any]],
     if "source" not in keep.columns:
         keep = keep.assign(source=pd.Categorical(["records"] * len(keep)))
     out = pd.concat([keep, rows], ignore_index=True)
+    for c in out.columns:  # a column only the records have (net_*): its zero, not NaN
+        if c not in rows.columns and keep[c].dtype.kind in "iub":
+            out[c] = out[c].fillna(0).astype(keep[c].dtype)
     for c in ("backend", "op", "dtype", "redop", "comm_name", "thread_kind", "thread_name",
               "kind", "source"):
         if c in out.columns:

@@ -96,7 +96,17 @@ def _components(doc: Mapping[str, Any], fw: str) -> list[str]:
 def job_doc(ranks: Sequence[Mapping[str, Any]], env: Mapping[str, Any] | None = None
             ) -> dict[str, Any]:
     """The job's interconnect per host pair.  ranks: dicts with rank, host and
-    interconnect (the rank_doc, or None)."""
+    interconnect (the rank_doc, or None).  Rank files are input: a document of
+    the wrong shape gives a job document that says so, never an exception."""
+    try:
+        return _job_doc(ranks, env)
+    except (AttributeError, TypeError, ValueError, KeyError) as exc:
+        return {"source": "unreadable", "library": "", "pml": [], "btl": [], "pairs": [],
+                "note": f"the ranks' interconnect documents are malformed ({type(exc).__name__})"}
+
+
+def _job_doc(ranks: Sequence[Mapping[str, Any]], env: Mapping[str, Any] | None
+             ) -> dict[str, Any]:
     docs = {int(r["rank"]): r.get("interconnect") for r in ranks}
     host_of = {int(r["rank"]): str(r.get("host", "")) for r in ranks}
     hosts = sorted(set(host_of.values()))

@@ -164,7 +164,8 @@ def read_regular(path: str | os.PathLike[str], what: str, max_bytes: int) -> byt
             if size > max_bytes:
                 raise NotATraceError(p, f"{size} bytes: too large for {what} (limit "
                                         f"{max_bytes} bytes)")
-            data = f.read(max_bytes + 1)
+            # read() of n bytes allocates n first: ask for what the file holds
+            data = f.read(min(size, max_bytes) + 1)
         except OSError as exc:
             raise NotFoundError(p, f"cannot read: {exc.strerror or exc}") from None
     if len(data) > max_bytes:
