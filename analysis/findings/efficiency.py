@@ -182,7 +182,7 @@ def analyze(ctx: Context, bench: Context | None = None) -> list[Finding]:
                  "(after the last rank arrived; waiting for late ranks is not counted)."],
         cost_ms=mean, cost_interval_ms=(lo, hi), cost_img_s=ctx.cost_img_s(mean),
         confidence=f"95% interval over {ctx.n_steps} steady steps; {len(t)} transfers",
-        recommendation=advice if significant else "the fabric is used as well as it allows",
+        recommendation=advice if significant else "nothing above the noise floor to change",
         check=("profiler bench --sizes-from TRACE (on the job's hosts), then "
                "profiler advise TRACE --bench BENCH/trace.json"),
         numbers={"source": source, "efficiency": eff, "excess_ms": mean, "sizes": rows,
