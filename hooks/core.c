@@ -1311,6 +1311,16 @@ static void agg_snapshot(void)
  * its record keeps what was known before the call, with t_end = t_start and
  * HVPROF_FLAG_NO_COMPLETION, and is published; its flight-recorder entry is
  * cleared. */
+int hvprof_sidecar_path(char *out, size_t size, const char *suffix)
+{
+    const char *raw = hvprof_raw_path();
+    const char *ext = ".hvprof";
+    size_t n = raw ? strlen(raw) : 0, e = strlen(ext);
+    if (n <= e || strcmp(raw + n - e, ext) != 0) return -1;
+    int w = snprintf(out, size, "%.*s%s", (int)(n - e), raw, suffix);
+    return w >= 0 && (size_t)w < size ? 0 : -1;
+}
+
 int hvprof_write_text(const char *path, const char *text)
 {
     char tmp[PATH_MAX + 32];

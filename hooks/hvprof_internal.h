@@ -82,6 +82,10 @@ HVPROF_HIDDEN void hvprof_abandon_open(void);
  * it, renamed), mode 0644 whatever the umask allows more; 0 or -1. */
 HVPROF_HIDDEN int hvprof_write_text(const char *path, const char *text);
 
+/* The path of this rank's sidecar file `suffix` next to its raw file
+ * (rank-R.hvprof -> rank-R<suffix>); 0, or -1 without a raw file. */
+HVPROF_HIDDEN int hvprof_sidecar_path(char *out, size_t size, const char *suffix);
+
 static inline void hvprof_publish(hvprof_tls *t)
 {
     atomic_store_explicit(t->nrec, t->used, memory_order_release);

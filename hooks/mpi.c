@@ -449,8 +449,9 @@ call_open(hvprof_tls *t, hvprof_record *r, uint16_t op, MPI_Comm comm, MPI_Datat
 /* After the call: when open_rec is no longer this call's slot, the call was
  * closed meanwhile (another record was made from inside it: see open_rec)
  * and its record is left so. */
-static inline __attribute__((always_inline)) void call_close(hvprof_tls *t, hvprof_record *r,
-                                                             int rc)
+static void from_status(hvprof_record *r, const MPI_Status *st);
+static inline __attribute__((always_inline)) void call_close_st(hvprof_tls *t, hvprof_record *r,
+                                                                int rc, const MPI_Status *st)
 {
     hvprof_inflight_entry *e = t->inflight;
     if (e) hvprof_inflight_end(e);
@@ -459,12 +460,20 @@ static inline __attribute__((always_inline)) void call_close(hvprof_tls *t, hvpr
     r->t_end = t1;
     if (HVPROF_LIKELY(rc == MPI_SUCCESS)) {
         r->rc = 0;
+        if (st) from_status(r, st); /* a receive: bytes, source and tag from its status */
     } else {
         r->rc = sat16(rc);
         r->flags = (uint16_t)(r->flags | HVPROF_FLAG_ERROR);
     }
     t->open_rec = NULL;
     hvprof_publish(t);
+}
+
+/* A collective's close: no status (the NULL folds away, always inline). */
+static inline __attribute__((always_inline)) void call_close(hvprof_tls *t, hvprof_record *r,
+                                                             int rc)
+{
+    call_close_st(t, r, rc, NULL);
 }
 
 /* Summary mode: the aggregate this call goes into when it is the same
@@ -778,26 +787,6 @@ p2p_open(hvprof_tls *t, hvprof_record *r, uint16_t op, MPI_Comm comm, MPI_Dataty
     if (e) hvprof_inflight_begin_p2p(e, op, H(comm), t0, pr, (int32_t)r->seq);
 }
 
-/* call_close, with a receive's status read into the record first. */
-static inline __attribute__((always_inline)) void p2p_close(hvprof_tls *t, hvprof_record *r,
-                                                            int rc, const MPI_Status *st)
-{
-    hvprof_inflight_entry *e = t->inflight;
-    if (e) hvprof_inflight_end(e);
-    uint64_t t1 = hvprof_fast_ticks();
-    if (HVPROF_UNLIKELY(t->open_rec != r)) return;
-    r->t_end = t1;
-    if (HVPROF_LIKELY(rc == MPI_SUCCESS)) {
-        r->rc = 0;
-        if (st) from_status(r, st);
-    } else {
-        r->rc = sat16(rc);
-        r->flags = (uint16_t)(r->flags | HVPROF_FLAG_ERROR);
-    }
-    t->open_rec = NULL;
-    hvprof_publish(t);
-}
-
 /* MPI_Send and MPI_Recv: the collectives' shape (MPI_WRAPPER) and fast path
  * (one record slot taken before the call, completed after it), without a
  * sequence number; summary mode and paused sampling take the general path.
@@ -834,7 +823,7 @@ static inline __attribute__((always_inline)) void p2p_close(hvprof_tls *t, hvpro
         PRE                                                                    \
         p2p_open(t_, r_, HVPROF_OP_##OP, ARGS_OF DESC);                        \
         int rc = PMPI_##NAME CALL;                                             \
-        p2p_close(t_, r_, rc, ST);                                             \
+        call_close_st(t_, r_, rc, ST);                                             \
         return rc;                                                             \
     }
 

@@ -301,14 +301,8 @@ static void write_mpit_sidecar(void)
     int init = 0, fin = 0;
     if (PMPI_Initialized(&init) != MPI_SUCCESS || !init) return;
     if (PMPI_Finalized(&fin) != MPI_SUCCESS || fin) return;
-    const char *raw = hvprof_raw_path();
-    if (!raw || !*raw) return;
     char path[4096];
-    size_t n = strlen(raw);
-    const char *ext = ".hvprof";
-    size_t e = strlen(ext);
-    if (n <= e || n - e + 16 >= sizeof path || strcmp(raw + n - e, ext) != 0) return;
-    snprintf(path, sizeof path, "%.*s.mpit.json", (int)(n - e), raw);
+    if (hvprof_sidecar_path(path, sizeof path, ".mpit.json") != 0) return;
     char *buf = malloc(MPIT_BUF);
     if (!buf) return;
     jbuf j = {buf, MPIT_BUF, 0};

@@ -863,14 +863,8 @@ HVPROF_EXPORT const char *hvprof_nccl_json(void)
  * temporary file and rename: a reader never sees half of it. */
 static void write_sidecar(void)
 {
-    const char *raw = hvprof_raw_path();
-    if (!raw || !*raw) return;
     char path[4096];
-    size_t n = strlen(raw);
-    const char *ext = ".hvprof";
-    size_t e = strlen(ext);
-    if (n <= e || n - e + 16 >= sizeof path || strcmp(raw + n - e, ext) != 0) return;
-    snprintf(path, sizeof path, "%.*s.nccl.json", (int)(n - e), raw);
+    if (hvprof_sidecar_path(path, sizeof path, ".nccl.json") != 0) return;
     if (hvprof_write_text(path, hvprof_nccl_json()) != 0)
         hvprof_warn("cannot write %s: NCCL visibility is not recorded", path);
 }
