@@ -83,16 +83,15 @@ def test_horovod_init_and_allreduce_under_profiler(tmp_path: Path, np_: int) -> 
         "hvd.init()\n"
         "x = hvd.allreduce(torch.ones(5), name='x', op=hvd.Sum)\n"
         "assert x.tolist() == [float(hvd.size())] * 5, x\n"
-        "print('RANK', hvd.rank(), hvd.size(), hvd.mpi_enabled(), flush=True)\n"
+        # one write per line: under PYTHONUNBUFFERED print() writes each
+        # argument separately and the two ranks' words interleave
+        "import os\n"
+        "os.write(1, f'RANK {hvd.rank()} {hvd.size()} {hvd.mpi_enabled()}\\n'.encode())\n"
     )
     prof = tmp_path / "p"
     proc = mpirun(np_, [PYTHON, "-c", script], cwd=tmp_path,
                   env={"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof)})
-    # the ranks' lines may interleave on mpirun's shared stdout: find each one
-    import re
-
-    got = sorted(" ".join(m) for m in re.findall(r"(RANK) (\d+) (\d+) (True|False)",
-                                                   proc.stdout))
+    got = sorted(ln for ln in proc.stdout.splitlines() if ln.startswith("RANK "))
     assert got == [f"RANK {r} {np_} True" for r in range(np_)]
     assert (prof / "trace.json").is_file()
     df = rows_of(prof)
