@@ -55,8 +55,8 @@ def isin(col: pd.Series, values: Iterable[str]) -> np.ndarray:
     vals = [str(v) for v in values]
     if isinstance(col.dtype, pd.CategoricalDtype):
         hit = np.isin(np.asarray(col.cat.categories.astype(str)), vals)
-        codes = col.cat.codes.to_numpy()
-        return np.where(codes >= 0, hit[np.maximum(codes, 0)], False)
+        # code -1 (missing) indexes the appended False
+        return np.append(hit, False)[col.cat.codes.to_numpy()]
     return col.astype(str).isin(vals).to_numpy()
 
 
@@ -73,19 +73,14 @@ def distinct(col: pd.Series) -> list[str]:
     return [str(v) for v in pd.unique(col)]
 
 
-def calls(
+def call_mask(
     df: pd.DataFrame,
     *,
     kinds: str | Sequence[str] | None = ("data",),
     ops: str | Sequence[str] | None = None,
     device: bool = False,
-) -> pd.DataFrame:
-    """Communication calls, one row per call per rank.
-
-    kinds: keep these kinds (None = all); ignored when the frame has no kind column.
-    ops: keep these ops (None = all communication ops).  device: keep NCCL
-    device-time rows instead of host rows.
-    """
+) -> np.ndarray:
+    """Boolean mask of the rows :func:`calls` keeps (same arguments)."""
     require(df, ["backend", "op", "bytes", "dur_ns"], "calls")
     mask = ~isin(df["backend"], ["app"])
     mask = mask & ~isin(df["op"], NON_CALL_OPS)
@@ -100,9 +95,36 @@ def calls(
     ops_l = as_list(ops)
     if ops_l is not None:
         mask = mask & isin(df["op"], ops_l)
-    if mask.all():
-        return df
-    return df.loc[mask]
+    return mask
+
+
+def take(df: pd.DataFrame, mask: np.ndarray | None,
+         columns: Sequence[str] | None = None) -> pd.DataFrame:
+    """The rows of `mask` (None: all), only `columns` of them when given (those
+    the frame has): a row selection copies every column it keeps, so callers that
+    read a few columns of a wide frame name them."""
+    cols = None if columns is None else [c for c in dict.fromkeys(columns) if c in df.columns]
+    if mask is None or mask.all():
+        return df if cols is None else df[cols]
+    return df.loc[mask] if cols is None else df.loc[mask, cols]
+
+
+def calls(
+    df: pd.DataFrame,
+    *,
+    kinds: str | Sequence[str] | None = ("data",),
+    ops: str | Sequence[str] | None = None,
+    device: bool = False,
+    columns: Sequence[str] | None = None,
+) -> pd.DataFrame:
+    """Communication calls, one row per call per rank.
+
+    kinds: keep these kinds (None = all); ignored when the frame has no kind column.
+    ops: keep these ops (None = all communication ops).  device: keep NCCL
+    device-time rows instead of host rows.  columns: keep only these columns
+    (those the frame has; all when None).
+    """
+    return take(df, call_mask(df, kinds=kinds, ops=ops, device=device), columns)
 
 
 def timed_calls(
@@ -110,13 +132,17 @@ def timed_calls(
     *,
     kinds: str | Sequence[str] | None = ("data",),
     ops: str | Sequence[str] | None = None,
+    columns: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """Calls whose dur_ns is the best latency estimate: NCCL device-time rows for ops
-    that have them (ncclAllReduce returns after enqueueing), host rows otherwise."""
-    host = calls(df, kinds=kinds, ops=ops, device=False)
+    that have them (ncclAllReduce returns after enqueueing), host rows otherwise.
+    columns: as in :func:`calls` (op is kept)."""
+    if columns is not None:
+        columns = [*columns, "op"]
+    host = calls(df, kinds=kinds, ops=ops, device=False, columns=columns)
     if "device" not in df.columns or not df["device"].any():
         return host
-    dev = calls(df, kinds=kinds, ops=ops, device=True)
+    dev = calls(df, kinds=kinds, ops=ops, device=True, columns=columns)
     dev_ops = {str(o) for o in pd.unique(dev["op"])}
     return pd.concat([host.loc[~isin(host["op"], dev_ops)], dev], ignore_index=False)
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
+
+if TYPE_CHECKING:  # plotly is imported where a figure is made: advise and summarize never load it
+    import plotly.graph_objects as go
 
 from profiler.units import fmt_bytes
 
@@ -58,6 +60,7 @@ def _sub(df: pd.DataFrame, label: str) -> pd.DataFrame:
 
 
 def _empty(title: str, note: str) -> go.Figure:
+    import plotly.graph_objects as go
     fig = go.Figure()
     fig.update_layout(title=title, template=TEMPLATE, height=300,
                       annotations=[{"text": esc(note), "showarrow": False, "x": 0.5, "y": 0.5,
@@ -76,6 +79,7 @@ def size_histogram(df: pd.DataFrame, *, value: str = "calls", bucket: str = "pow
                    ops: str | Sequence[str] | None = None) -> go.Figure:
     """Calls (or bytes) per power-of-two size bucket, one bar series per label
     (fused vs unfused): the seed paper's central figure."""
+    import plotly.graph_objects as go
     if value not in ("calls", "bytes"):
         from profiler.errors import UsageError
 
@@ -106,6 +110,7 @@ def calls_per_size(df: pd.DataFrame, *, kinds: str | Sequence[str] | None = ("da
                    ops: str | Sequence[str] | None = None) -> go.Figure:
     """Calls per exact message size (one rank), powers of two in one marker style and
     other sizes in another, on a log size axis."""
+    import plotly.graph_objects as go
     d = size_distribution(df, bucket="exact", kinds=kinds, ops=ops)
     title = "Calls per message size (exact sizes)"
     if d.empty:
@@ -150,6 +155,7 @@ def _op_panels(st: pd.DataFrame, title: str) -> tuple[go.Figure, dict[str, tuple
                                                          list[str]]:
     """One panel per operation (the MAX_PANELS with the most time): the
     figure, each shown op's (row, col), and the ops left out."""
+    from plotly.subplots import make_subplots
     total = (st["calls"] * st["median_us"]).groupby(st["op"].astype(str)).sum()
     ops = [str(o) for o in total.sort_values(ascending=False).index]
     shown, rest = ops[:MAX_PANELS], ops[MAX_PANELS:]
@@ -182,6 +188,7 @@ def latency_vs_size(df: pd.DataFrame, *, kinds: str | Sequence[str] | None = ("d
     operation (the MAX_PANELS that take the most time; the title names the
     others), one colour per label.  ``stats``/``models``: latency_by_size /
     fit_models results to reuse."""
+    import plotly.graph_objects as go
     st = stats if stats is not None else latency_by_size(df, kinds=kinds, ops=ops)
     title = "Latency vs message size (median, p5-p95 band, alpha-beta fit)"
     if st.empty:
@@ -249,6 +256,7 @@ def rank_imbalance(df: pd.DataFrame, *, times: pd.DataFrame | None = None,
     """Per rank: data and control communication time (stacked) and the time the
     rank waited in matched calls for later arrivals; the worst straggler is named
     in the title.  ``times``/``ranking``: rank_times / stragglers results to reuse."""
+    import plotly.graph_objects as go
     rt = times if times is not None else rank_times(df)
     title = "Per-rank communication time"
     if rt.empty:
@@ -282,6 +290,8 @@ def rank_imbalance(df: pd.DataFrame, *, times: pd.DataFrame | None = None,
 def step_timeline(df: pd.DataFrame, *, table: pd.DataFrame | None = None) -> go.Figure:
     """Per step: step time, communication and exposed communication (ms, left axis)
     and images/sec (right axis), per label.  ``table``: a step_table to reuse."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
     t = table if table is not None else step_table(df)
     title = "Per-step time, communication and images/sec"
     if t.empty:
@@ -311,6 +321,9 @@ def step_timeline(df: pd.DataFrame, *, table: pd.DataFrame | None = None) -> go.
 
 def control_vs_data(df: pd.DataFrame) -> go.Figure:
     """Share of calls and of communication time by kind (data, control), per label."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
     from ._frame import calls
 
     c = calls(df, kinds=None)
@@ -349,6 +362,7 @@ def bench_overlay(app: pd.DataFrame, bench: pd.DataFrame, *,
     number of calls) over the benchmark's latency curve (median, p5-p95 band, fit),
     in the benchmark's panel of each operation.  Both frames may hold several
     labels (e.g. one bench per interconnect)."""
+    import plotly.graph_objects as go
     st_bench = latency_by_size(bench, ops=ops)
     fig = latency_vs_size(bench, ops=ops, mark_anomalies=False, stats=st_bench)
     st = latency_by_size(app, ops=ops)

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from ._frame import calls, isin, keys_of, label_keys, require
+from ._frame import call_mask, calls, isin, keys_of, label_keys, require, take
 
 __all__ = ["match_calls", "rank_times", "stragglers"]
 
@@ -33,8 +33,30 @@ __all__ = ["match_calls", "rank_times", "stragglers"]
 def _matchable(df: pd.DataFrame, kinds: str | Sequence[str] | None,
                ops: str | Sequence[str] | None) -> pd.DataFrame:
     require(df, ["rank", "comm", "seq", "comm_size", "t_start_ns", "t_end_ns"], "matching")
-    sel = calls(df, kinds=kinds, ops=ops)
-    return sel.loc[(sel["seq"].to_numpy() >= 0) & (sel["comm_size"].to_numpy() > 1)]
+    mask = (call_mask(df, kinds=kinds, ops=ops) & (df["seq"].to_numpy() >= 0)
+            & (df["comm_size"].to_numpy() > 1))
+    return take(df, mask, [*label_keys(df), "rank", "comm", "seq", "comm_size", "t_start_ns",
+                           "t_end_ns", "op", "kind", "bytes"])
+
+
+def _group_order(lab: np.ndarray, comm: np.ndarray, seq: np.ndarray,
+                 t0: np.ndarray) -> np.ndarray:
+    """The order that sorts rows by (label, comm, seq, t_start): the first three
+    folded into one integer (communicators numbered in value order by hashing,
+    not sorting) so that the sort makes two passes, not four."""
+    if not len(seq):
+        return np.zeros(0, np.int64)
+    codes, uniq = pd.factorize(comm)
+    rank_of = np.empty(len(uniq), np.int64)
+    rank_of[np.argsort(np.asarray(uniq), kind="stable")] = np.arange(len(uniq))
+    c = rank_of[codes]
+    span = int(seq.max()) + 1
+    n_comm = len(uniq)
+    if (int(lab.min()) < 0 or int(seq.min()) < 0
+            or (int(lab.max()) + 1) * n_comm * span >= 1 << 62):  # would overflow: four passes
+        return np.lexsort((t0, seq, comm, lab))
+    key = (lab * n_comm + c) * span + seq
+    return np.lexsort((t0, key))
 
 
 class _Matched:
@@ -48,7 +70,7 @@ class _Matched:
         comm = sel["comm"].to_numpy().astype(np.uint64)
         seq = sel["seq"].to_numpy(dtype=np.int64)
         t0 = sel["t_start_ns"].to_numpy(dtype=np.int64)
-        order = np.lexsort((t0, seq, comm, self.lab))
+        order = _group_order(self.lab, comm, seq, t0)
         self.order = order
         self.comm, self.seq, self.t0 = comm[order], seq[order], t0[order]
         self.lab = self.lab[order]
@@ -91,11 +113,14 @@ def match_calls(
     st, en = m.starts, m.ends
     first_rows = m.order[st]
     out = pd.DataFrame({"comm": m.comm[st], "seq": m.seq[st]})
+    def first_of(col: str) -> np.ndarray:  # categoricals taken by code, not per row
+        return np.asarray(pd.Series(sel[col].array).take(first_rows)).astype(str)
+
     if "label" in keys:
-        out.insert(0, "label", np.asarray(sel["label"].to_numpy()[first_rows]).astype(str))
-    out["op"] = np.asarray(sel["op"].to_numpy()[first_rows]).astype(str)
+        out.insert(0, "label", first_of("label"))
+    out["op"] = first_of("op")
     for k in extra:
-        out[k] = np.asarray(sel[k].to_numpy()[first_rows]).astype(str)
+        out[k] = first_of(k)
     nbytes = sel["bytes"].to_numpy(dtype=np.int64)[m.order]
     csize = sel["comm_size"].to_numpy(dtype=np.int64)[m.order]
     out["bytes"] = np.maximum.reduceat(nbytes, st)

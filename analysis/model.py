@@ -291,8 +291,8 @@ def latency_by_size(
 
     Columns: *by, bytes, calls, median_us, mean_us, p5_us, p95_us, p99_us, min_us,
     is_pow2."""
-    sel = timed_calls(df, kinds=kinds, ops=ops)
-    keys = _model_keys(sel, by)
+    keys = _model_keys(df, by)
+    sel = timed_calls(df, kinds=kinds, ops=ops, columns=[*keys, "bytes", "dur_ns"])
     cols = [*keys, "bytes", "calls", "median_us", "mean_us", "p5_us", "p95_us", "p99_us",
             "min_us", "is_pow2"]
     if sel.empty:
@@ -451,7 +451,8 @@ def padding_whatif(
     names = _key_names(df, by)
     if models is None:
         models = fit_models(df, by=by, stats=stats)
-    counted = select_rank(timed_calls(df, kinds=kinds, ops=ops), rank)
+    counted = select_rank(timed_calls(df, kinds=kinds, ops=ops,
+                                      columns=[*names, "rank", "bytes"]), rank)
     cnt = (pd.DataFrame({**{k: keys_of(counted[k]) for k in names},
                          "bytes": counted["bytes"].to_numpy(dtype=np.int64)})
            .groupby([*names, "bytes"], observed=True).size().rename("calls").reset_index())

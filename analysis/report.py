@@ -27,11 +27,12 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-import plotly.graph_objects as go
-import plotly.io as pio
+
+if TYPE_CHECKING:  # plotly is imported where a figure is made: advise and summarize never load it
+    import plotly.graph_objects as go
 
 from profiler._version import __version__
 from profiler.errors import UsageError
@@ -130,6 +131,7 @@ class _Figures:
         self.names: list[str] = []
 
     def __call__(self, name: str, fig: go.Figure) -> str:
+        import plotly.io as pio
         div = pio.to_html(fig, full_html=False, include_plotlyjs=self.first,
                           div_id=f"fig-{name}", config={"displaylogo": False})
         self.first = False

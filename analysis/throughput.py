@@ -97,7 +97,8 @@ def _assign(st: pd.DataFrame, cl: pd.DataFrame, keys: list[str]) -> np.ndarray:
     s_t1 = st["t_end_ns"].to_numpy(dtype=np.int64)
     c_t0 = cl["t_start_ns"].to_numpy(dtype=np.int64)
     s_order = np.lexsort((s_t0, scode))
-    c_order = np.argsort(ccode, kind="stable")
+    c_order = (np.arange(ccode.size) if (np.diff(ccode) >= 0).all()  # rows come by rank
+               else np.argsort(ccode, kind="stable"))
     c_sorted = ccode[c_order]
     s_sorted = scode[s_order]
     for code in np.unique(scode):
@@ -121,8 +122,10 @@ def _union_and_tail(sid: np.ndarray, t0: np.ndarray, t1: np.ndarray, n_steps: in
     tail = np.zeros(n_steps, dtype=np.int64)
     if sid.size == 0:
         return union, tail
-    order = np.lexsort((t0, sid))
-    sid, t0, t1 = sid[order], t0[order], t1[order]
+    d_sid, d_t0 = np.diff(sid), np.diff(t0)
+    if not ((d_sid > 0) | ((d_sid == 0) & (d_t0 >= 0))).all():  # rows come time-sorted
+        order = np.lexsort((t0, sid))
+        sid, t0, t1 = sid[order], t0[order], t1[order]
     # merge overlapping intervals within a step: a new block starts when the interval
     # begins after the running maximum end of the previous ones of the same step
     run_end = pd.Series(t1).groupby(sid).cummax().to_numpy()
@@ -131,16 +134,16 @@ def _union_and_tail(sid: np.ndarray, t0: np.ndarray, t1: np.ndarray, n_steps: in
     prev_end[1:] = run_end[:-1]
     new_block = np.ones(sid.size, dtype=bool)
     new_block[1:] = (sid[1:] != sid[:-1]) | (t0[1:] > prev_end[1:])
-    block = np.cumsum(new_block) - 1
-    nb = int(block[-1]) + 1
-    b_start = np.full(nb, np.iinfo(np.int64).max)
-    b_end = np.zeros(nb, dtype=np.int64)
-    b_sid = np.zeros(nb, dtype=np.int64)
-    np.minimum.at(b_start, block, t0)
-    np.maximum.at(b_end, block, t1)
-    b_sid[block] = sid
+    # rows are sorted by (step, start): a block's first row has its earliest
+    # start, its last row the running maximum end
+    first = np.flatnonzero(new_block)
+    last = np.r_[first[1:], sid.size] - 1
+    nb = first.size
+    b_start = t0[first]
+    b_end = run_end[last]
+    b_sid = sid[first]
     length = b_end - b_start
-    np.add.at(union, b_sid, length)
+    union += np.bincount(b_sid, weights=length, minlength=n_steps).astype(np.int64)
     # the final burst: blocks after the last gap >= gap_ns within the step
     gap_before = np.empty(nb, dtype=np.int64)
     gap_before[0] = np.iinfo(np.int64).max
@@ -153,7 +156,8 @@ def _union_and_tail(sid: np.ndarray, t0: np.ndarray, t1: np.ndarray, n_steps: in
     last_burst = np.full(n_steps, -1, dtype=np.int64)
     np.maximum.at(last_burst, b_sid, burst)
     in_tail = burst == last_burst[b_sid]
-    np.add.at(tail, b_sid[in_tail], length[in_tail])
+    tail += np.bincount(b_sid[in_tail], weights=length[in_tail],
+                        minlength=n_steps).astype(np.int64)
     return union, tail
 
 
@@ -165,54 +169,50 @@ def rank_steps(df: pd.DataFrame, *, gap_ns: int = DEFAULT_GAP_NS) -> pd.DataFram
     data_ms, control_ms, comm_union_ms, exposed_ms, bytes (data)."""
     st = steps(df)
     keys = label_keys(df)
-    cl = calls(df, kinds=None)
-    is_data_all = isin(cl["kind"], ["data"]) if "kind" in cl.columns else np.ones(len(cl), bool)
-    is_ctrl_all = (isin(cl["kind"], ["control"]) if "kind" in cl.columns
-                   else np.zeros(len(cl), bool))
-    cl = pd.DataFrame({**{k: cl[k].array for k in keys},
-                       "rank": cl["rank"].to_numpy(dtype=np.int64),
-                       "t_start_ns": cl["t_start_ns"].to_numpy(dtype=np.int64),
-                       "t_end_ns": cl["t_end_ns"].to_numpy(dtype=np.int64),
-                       "dur_ns": cl["dur_ns"].to_numpy(dtype=np.int64),
-                       "bytes": cl["bytes"].to_numpy(dtype=np.int64)})
+    cl = calls(df, kinds=None,
+               columns=[*keys, "rank", "t_start_ns", "t_end_ns", "dur_ns", "bytes", "kind"])
     sid = _assign(st, cl, keys)
     inside = sid >= 0
-    c = cl.loc[inside]
     s_ix = sid[inside]
-    is_data = is_data_all[inside]
-    is_ctrl = is_ctrl_all[inside]
+    if "kind" in cl.columns:
+        is_data = isin(cl["kind"], ["data"])[inside]
+        is_ctrl = isin(cl["kind"], ["control"])[inside]
+    else:
+        is_data = np.ones(len(s_ix), bool)
+        is_ctrl = np.zeros(len(s_ix), bool)
+
+    def col(name: str) -> np.ndarray:
+        return cl[name].to_numpy(dtype=np.int64)[inside]
+
     n = len(st)
-    dur = c["dur_ns"].to_numpy()
+    dur = col("dur_ns").astype(np.float64)
+    c_t0, c_t1 = col("t_start_ns"), col("t_end_ns")
 
     def per_step(values: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
-        acc = np.zeros(n, dtype=np.float64)
         if mask is None:
-            np.add.at(acc, s_ix, values)
-        else:
-            np.add.at(acc, s_ix[mask], values[mask])
-        return acc
+            return np.bincount(s_ix, weights=values, minlength=n).astype(np.float64)
+        return np.bincount(s_ix[mask], weights=values[mask], minlength=n).astype(np.float64)
 
     out = st.copy()
     wall = (st["t_end_ns"] - st["t_start_ns"]).to_numpy(dtype=np.float64)
     out["wall_ms"] = wall / 1e6
     out["images_per_s"] = np.where(wall > 0, st["images"].to_numpy() / np.where(
         wall > 0, wall, 1.0) * 1e9, np.nan)
-    ones = np.ones(len(c))
-    out["calls"] = per_step(ones).astype(np.int64)
-    out["data_calls"] = per_step(ones, is_data).astype(np.int64)
-    out["control_calls"] = per_step(ones, is_ctrl).astype(np.int64)
-    out["comm_ms"] = per_step(dur.astype(float)) / 1e6
-    out["data_ms"] = per_step(dur.astype(float), is_data) / 1e6
-    out["control_ms"] = per_step(dur.astype(float), is_ctrl) / 1e6
+    out["calls"] = np.bincount(s_ix, minlength=n).astype(np.int64)
+    out["data_calls"] = np.bincount(s_ix[is_data], minlength=n).astype(np.int64)
+    out["control_calls"] = np.bincount(s_ix[is_ctrl], minlength=n).astype(np.int64)
+    out["comm_ms"] = per_step(dur) / 1e6
+    out["data_ms"] = per_step(dur, is_data) / 1e6
+    out["control_ms"] = per_step(dur, is_ctrl) / 1e6
     s_start = st["t_start_ns"].to_numpy()
     s_end = st["t_end_ns"].to_numpy()
     d_sid = s_ix[is_data]
-    t0 = np.maximum(c["t_start_ns"].to_numpy()[is_data], s_start[d_sid])
-    t1 = np.minimum(c["t_end_ns"].to_numpy()[is_data], s_end[d_sid])
+    t0 = np.maximum(c_t0[is_data], s_start[d_sid])
+    t1 = np.minimum(c_t1[is_data], s_end[d_sid])
     union, tail = _union_and_tail(d_sid, t0, np.maximum(t1, t0), n, gap_ns)
     out["comm_union_ms"] = union / 1e6
     out["exposed_ms"] = tail / 1e6
-    out["bytes"] = per_step(c["bytes"].to_numpy().astype(float), is_data).astype(np.int64)
+    out["bytes"] = per_step(col("bytes").astype(np.float64), is_data).astype(np.int64)
     return out
 
 

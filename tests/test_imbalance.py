@@ -82,3 +82,19 @@ def test_missing_columns_raise() -> None:
     df = training(steps=1).drop(columns=["seq"])
     with pytest.raises(ProfilerError):
         match_calls(df)
+
+
+def test_group_order_is_the_four_key_sort() -> None:
+    """The folded (label, comm, seq) key sorts exactly as the four-key lexsort,
+    communicators of any 64-bit value included, and falls back to it where the
+    folded key would overflow."""
+    import numpy as np
+    from profiler.analysis.imbalance import _group_order
+
+    rng = np.random.default_rng(3)
+    n = 20_000
+    lab = rng.integers(0, 3, n)
+    comm = rng.choice(np.array([5, 2**63 + 7, 99, 2**40, 2**64 - 1], dtype=np.uint64), n)
+    t0 = rng.integers(0, 10**12, n)
+    for seq in (rng.integers(0, 1000, n), rng.integers(0, 2**61, n)):  # the second overflows
+        assert (_group_order(lab, comm, seq, t0) == np.lexsort((t0, seq, comm, lab))).all()

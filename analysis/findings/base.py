@@ -53,7 +53,7 @@ class Finding:
 
 #: Above this many values the interval is the normal one (mean +- 1.96
 #: standard errors): the bootstrap's would agree, at n x len(values) memory.
-BOOTSTRAP_MAX = 4096
+BOOTSTRAP_MAX = 1024
 
 
 def bootstrap_mean(values: np.ndarray, *, n: int = 1000, seed: int = 7

@@ -101,7 +101,7 @@ def _slow_transfers(df: pd.DataFrame, rank: int) -> bool:
     """The rank's median data-call duration exceeds every other rank's by half."""
     from .._frame import calls
 
-    c = calls(df, kinds=["data"])
+    c = calls(df, kinds=["data"], columns=["rank", "dur_ns"])
     if c.empty or c["rank"].nunique() < 2:
         return False
     med = c.groupby("rank")["dur_ns"].median()
