@@ -37,7 +37,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from ._frame import calls, distinct, isin, label_keys, require
+from ._frame import call_mask, distinct, isin, label_keys, require
 
 __all__ = ["steps", "rank_steps", "step_table", "steady_steps", "throughput_summary",
            "correlation", "MIN_STEPS_FOR_CORRELATION"]
@@ -169,20 +169,20 @@ def rank_steps(df: pd.DataFrame, *, gap_ns: int = DEFAULT_GAP_NS) -> pd.DataFram
     data_ms, control_ms, comm_union_ms, exposed_ms, bytes (data)."""
     st = steps(df)
     keys = label_keys(df)
-    cl = calls(df, kinds=None,
-               columns=[*keys, "rank", "t_start_ns", "t_end_ns", "dur_ns", "bytes", "kind"])
-    sid = _assign(st, cl, keys)
-    inside = sid >= 0
+    # every row is placed in its step (no copy of the frame), then the calls
+    # inside a step are taken once, column by column
+    sid = _assign(st, df, keys)
+    inside = call_mask(df, kinds=None) & (sid >= 0)
     s_ix = sid[inside]
-    if "kind" in cl.columns:
-        is_data = isin(cl["kind"], ["data"])[inside]
-        is_ctrl = isin(cl["kind"], ["control"])[inside]
+    if "kind" in df.columns:
+        is_data = isin(df["kind"], ["data"])[inside]
+        is_ctrl = isin(df["kind"], ["control"])[inside]
     else:
         is_data = np.ones(len(s_ix), bool)
         is_ctrl = np.zeros(len(s_ix), bool)
 
     def col(name: str) -> np.ndarray:
-        return cl[name].to_numpy(dtype=np.int64)[inside]
+        return df[name].to_numpy(dtype=np.int64)[inside]
 
     n = len(st)
     dur = col("dur_ns").astype(np.float64)

@@ -360,3 +360,18 @@ def test_exact_percentiles_through_sub_buckets(job: Path, frame: pd.DataFrame,
     monkeypatch.setattr(engine, "LIST_BUDGET", 50)
     for by in (["op", "bucket"], []):
         same_table(summarize_dataset(job, by=by), summarize(frame, by=by), by)
+
+
+def test_advise_on_a_window_names_the_whole_job(job: Path) -> None:
+    """advise over a bounded window: the header counts the job's ranks and says
+    how many the window holds; the window itself is a stated limit."""
+    from profiler.analysis.findings import advise
+
+    from profiler.cli.advise import header_line
+
+    a = advise(job, max_rows=20_000)
+    assert a.header["ranks"] == RANKS and a.header["ranks_analysed"] == 18
+    assert f"{RANKS} rank(s) on " in header_line(a)
+    assert "18 of them in the window analysed" in header_line(a)
+    (w,) = [f for f in a.findings if f.key == "window"]
+    assert w.kind == "limit" and "window" in w.headline + " ".join(w.details)

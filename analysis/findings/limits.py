@@ -41,7 +41,13 @@ def analyze(ctx: Context) -> list[Finding]:
     except Exception:  # metadata from another tool: say nothing rather than fail
         pass
     ev = meta.get("events") or {}
-    if ev.get("selection", "all") != "all" and len(df) < int(ev.get("total") or 0):
+    window = next(iter((df.attrs.get("selection") or {}).values()), None)
+    if window:  # the bounded window load() read (analysis.load.window_for)
+        out.append(_limit("window", f"analysed a window of {int(window['rows']):,} of "
+                          f"{int(window['rows_total']):,} records ({len(window['ranks'])} "
+                          "ranks, the middle steps)",
+                          "figures are from that window; profiler summarize counts every call."))
+    elif ev.get("selection", "all") != "all" and len(df) < int(ev.get("total") or 0):
         out.append(_limit("window", f"analysed a window of {len(df):,} of "
                           f"{int(ev.get('total') or 0):,} calls",
                           "figures are from that window; profiler summarize counts every call."))
