@@ -375,3 +375,22 @@ def test_advise_on_a_window_names_the_whole_job(job: Path) -> None:
     assert "18 of them in the window analysed" in header_line(a)
     (w,) = [f for f in a.findings if f.key == "window"]
     assert w.kind == "limit" and "window" in w.headline + " ".join(w.details)
+
+
+def test_advise_on_a_window_ranks_stragglers_over_every_call(job: Path) -> None:
+    """The late-rank finding of a windowed advise also ranks the whole job out
+    of core: the same ranking as engine.stragglers_dataset, the injected
+    stragglers first."""
+    from profiler.analysis import stragglers_dataset
+    from profiler.analysis.findings import advise
+
+    (f,) = [f for f in advise(job, max_rows=20_000).findings if f.key == "late_ranks"]
+    whole = f.numbers["whole_job"]
+    want = stragglers_dataset(job, kinds=["data"])
+    assert whole["rank"] == int(want["rank"].iloc[0]) and whole["ranks"] == RANKS
+    injected = set(load_meta(job)["synthetic"]["stragglers"])
+    assert set(whole["top"][:STRAGGLERS]) == injected
+    assert any("over every matched call of the job (64 ranks" in d for d in f.details)
+    # the whole trace loaded: no second ranking
+    (g,) = [g for g in advise(job, max_rows=10**9).findings if g.key == "late_ranks"]
+    assert "whole_job" not in g.numbers

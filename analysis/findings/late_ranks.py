@@ -140,6 +140,28 @@ def _finding(ctx: Context, late: int, share: float, matched: int, cost: float | 
     )
 
 
+def _whole_job(ctx: Context) -> dict | None:
+    """When the frame is a bounded window of a bigger dataset: the straggler
+    ranking over every matched collective of the job, out of core
+    (engine.stragglers_dataset), so that a late rank outside the window is
+    still named.  None when the frame is the whole trace."""
+    if not ctx.df.attrs.get("selection") or not ctx.path:
+        return None
+    from ..engine import stragglers_dataset
+
+    try:
+        kinds = ["data"] if "kind" in ctx.df.columns else None
+        ranking = stragglers_dataset(ctx.path, kinds=kinds)
+    except Exception:  # a trace without a dataset: the window is all there is
+        return None
+    if ranking.empty or int(ranking["last_count"].max()) == 0:
+        return None
+    top = ranking.iloc[0]
+    return {"rank": int(top["rank"]), "last_share": float(top["last_share"]),
+            "caused_wait_s": float(top["caused_wait_s"]), "ranks": len(ranking),
+            "top": [int(r) for r in ranking["rank"].head(4)]}
+
+
 def analyze(ctx: Context) -> list[Finding]:
     if len(ctx.ranks) < 2:
         return []
@@ -147,4 +169,14 @@ def analyze(ctx: Context) -> list[Finding]:
     f = _from_sync(ctx, w) if w is not None else None
     if f is None:
         f = _from_matched(ctx)
+    job = _whole_job(ctx)
+    if job is not None and f is not None:
+        f.numbers["whole_job"] = job
+        same = "the same rank" if job["rank"] == f.numbers["rank"] else f"rank {job['rank']}"
+        f.details.append(
+            f"over every matched call of the job ({job['ranks']} ranks, not only the "
+            f"window): {same} arrives last most often ({fmt_share(job['last_share'])}, "
+            f"{fmt_ms(job['caused_wait_s'] * 1e3)} of the others' waiting)"
+            + ("; next: " + ", ".join(str(r) for r in job["top"][1:]) if job["top"][1:] else "")
+            + ".")
     return [f] if f is not None else []
