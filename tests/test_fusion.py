@@ -122,6 +122,44 @@ def test_inference_takes_back_a_tensor_named_by_its_buffer() -> None:
     assert _sets(table) == {0: {"allreduce.w2", "allreduce.b1"}, 1: {"allreduce.w1"}}
 
 
+def test_inference_on_nccl_calls_by_bytes() -> None:
+    """A GPU job's data calls are NCCL's, with no receive buffer on record:
+    tensors are matched by bytes and order, a unique split for certain, equal
+    sizes marked with their confidence -- the later of two equal calls too:
+    it is left one tensor only because the earlier one guessed."""
+    frame, names = _frame(
+        [("allreduce.w", 10, 4096, 0x11), ("allreduce.b", 11, 128, 0x12),
+         ("allreduce.x", 150, 64, 0x13), ("allreduce.y", 151, 64, 0x14)],
+        [(100, 4096 + 128, 0), (200, 64, 0), (300, 64, 0)])
+    calls = frame["op"] == "allreduce"
+    frame.loc[calls, "op"] = "nccl_allreduce"
+    frame.loc[calls, "backend"] = "nccl"
+    frame.loc[calls, "dtype"] = "ncclFloat32"
+    table, info = fusion.infer({0: frame}, {0: names}, threshold=1 << 20, world_size=1)
+    got = _sets(table)
+    assert got[0] == {"allreduce.w", "allreduce.b"}
+    assert {len(got[1]), len(got[2])} == {1} and got[1] | got[2] == {"allreduce.x",
+                                                                     "allreduce.y"}
+    conf = table.set_index("tensor")["confidence"].to_dict()
+    assert conf == {"allreduce.w": 1.0, "allreduce.b": 1.0, "allreduce.x": 0.5,
+                    "allreduce.y": 0.5}
+    assert info["by_buffer"] == 0 and info["unexplained"] == 0 and info["ambiguous"] == 2
+    cands = table.set_index("tensor")["candidates"].to_dict()
+    assert set(cands["allreduce.y"].split(";")) == {"allreduce.x", "allreduce.y"}
+
+
+def test_a_call_left_one_choice_by_a_guess_is_not_certain() -> None:
+    """Fused calls of equal tensors (MPI, fusion buffer): the second call's
+    tensors are the only pending ones only because the first call guessed;
+    both are ambiguous, none resolved by elimination."""
+    frame, names = _frame(
+        [(f"allreduce.t{i}", 10 + i, 64, 0x10 + i) for i in range(4)],
+        [(100, 128, 0xF00), (200, 128, 0xF00)])
+    table, info = fusion.infer({0: frame}, {0: names}, threshold=1 << 20, world_size=1)
+    assert info["ambiguous"] == 2 and info["by_elimination"] == 0
+    assert (table.loc[table["matched"], "confidence"] < 1).all()
+
+
 def test_inference_says_when_it_cannot_tell() -> None:
     frame, names = _frame(
         [("allreduce.a", 10, 64, 0x11), ("allreduce.b", 11, 64, 0x12),

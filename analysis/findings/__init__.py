@@ -97,7 +97,8 @@ def _header(ctx: Context) -> dict[str, Any]:
 
     world = ctx.meta.get("world_size")
     ranks = world if isinstance(world, int) and world >= len(ctx.ranks) else len(ctx.ranks)
-    return {"ranks": ranks, "ranks_analysed": len(ctx.ranks), "hosts": len(ctx.hosts) or 1,
+    return {"ranks": ranks, "ranks_analysed": len(ctx.ranks),
+            "window": bool(ctx.df.attrs.get("selection")), "hosts": len(ctx.hosts) or 1,
             "interconnect": interconnect(ctx.meta) or "",
             "steps": ctx.n_steps, "step_ms": ctx.step_ms, "images_per_s": ctx.images_per_s}
 

@@ -75,7 +75,8 @@ def header_line(a: Any) -> str:
     seen = h.get("ranks_analysed", h["ranks"])
     parts = [f"{h['ranks']} rank(s) on {h['hosts']} host(s)"
              + (f" ({h['interconnect']})" if h.get("interconnect") else "")
-             + (f", {seen} of them in the window analysed" if seen < h["ranks"] else "")]
+             + ((f", {seen} of them in the window analysed" if h.get("window")
+                 else f", {seen} of them with records") if seen < h["ranks"] else "")]
     if h.get("steps"):
         parts.append(f"{h['steps']} steps, {fmt_ms(h['step_ms'])}/step")
         if h.get("images_per_s") == h.get("images_per_s") and h.get("images_per_s"):

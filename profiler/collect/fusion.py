@@ -79,7 +79,13 @@ class Family:
     gathered: bool = False  # call bytes = every rank's contribution
 
 
-_AR = Family("allreduce", ("allreduce",), "ALLREDUCE", "MPI_ALLREDUCE", True)
+# NCCL's allreduce and broadcast carry the same bytes as MPI's (count x size of
+# the buffer), and Horovod's GPU ops call them from its background thread as it
+# calls MPI on CPU.  NCCL records keep no receive buffer (their aux is the
+# group number), so the calls of a GPU job are matched by bytes and order,
+# with the confidence that gives.  NCCL's allgather and reduce-scatter count
+# bytes per rank, not as the gathered families here do: not matched.
+_AR = Family("allreduce", ("allreduce", "nccl_allreduce"), "ALLREDUCE", "MPI_ALLREDUCE", True)
 _AG = Family("allgather", ("allgatherv",), "ALLGATHER", "MPI_ALLGATHER", True, True)
 _RS = Family("reducescatter", ("reduce_scatter", "reduce_scatter_block"), "REDUCESCATTER",
              "MPI_REDUCESCATTER", True)
@@ -88,7 +94,8 @@ FAMILIES: dict[str, Family] = {
     "allreduce": _AR, "grouped_allreduce": _AR,
     "allgather": _AG, "grouped_allgather": _AG,
     "reducescatter": _RS, "grouped_reducescatter": _RS,
-    "broadcast": Family("broadcast", ("bcast",), "BROADCAST", "MPI_BCAST", False),
+    "broadcast": Family("broadcast", ("bcast", "nccl_broadcast", "nccl_bcast"), "BROADCAST",
+                        "MPI_BCAST", False),
     "alltoall": Family("alltoall", ("alltoallv", "alltoall"), "ALLTOALL", "MPI_ALLTOALL", False),
 }
 
@@ -270,6 +277,12 @@ def _infer_family(fam: Family, subs: pd.DataFrame, calls: pd.DataFrame,
         ok = before.all(axis=1)
         return order[ok[order]]
 
+    def loose_of(el: np.ndarray) -> list[int]:
+        """Eligible tensors held by an ambiguous call: it might have carried
+        another, leaving this one for the call at hand (a call is certain only
+        when it would be whatever those calls chose)."""
+        return [int(s) for s in el if owner[s] >= 0 and not result[int(owner[s])].certain]
+
     for k in range(len(calls)):
         el = eligible(k)
         pend = el[owner[el] < 0]
@@ -294,10 +307,13 @@ def _infer_family(fam: Family, subs: pd.DataFrame, calls: pd.DataFrame,
                 stats["unexplained"] += 1
                 continue
             s = same[0]
+            rivals = [int(x) for x in same] + [
+                x for x in loose_of(el) if weights[x] == b
+                and (fam.key != "broadcast" or sub_root[x] == call_root[k])]
             owner[s] = k
-            certain = len(same) == 1
-            result[k] = _Call(k, [int(s)], certain, 1.0 / len(same),
-                              [] if certain else [int(x) for x in same], "order")
+            certain = len(rivals) == 1
+            result[k] = _Call(k, [int(s)], certain, 1.0 / len(rivals),
+                              [] if certain else rivals, "order")
             stats["by_order"] += 1
             continue
         # 2. a fused call: a subset of one dtype summing to the call's bytes
@@ -333,6 +349,21 @@ def _infer_family(fam: Family, subs: pd.DataFrame, calls: pd.DataFrame,
             best.certain = False
             best.confidence = 1.0 / ways_all
             best.candidates = sorted(set(best.tensors))
+        if best.certain:  # unique among the pending: also with the loose ones?
+            dt = sub_dtype[best.tensors[0]]
+            wider = [int(s) for s in pend if sub_dtype[s] == dt] + [
+                s for s in loose_of(el) if sub_dtype[s] == dt]
+            groups = {}
+            for s in wider:
+                groups.setdefault(int(weights[s]), []).append(s)
+            ws = list(groups)
+            res = solve_subset(ws, [len(groups[w]) for w in ws], b)
+            if res.assignments > 1 or res.exhausted:
+                best.certain = False
+                best.confidence = 0.0 if res.exhausted else 1.0 / res.assignments
+                best.candidates = sorted({groups[w][i] for v in res.vectors
+                                          for g, w in enumerate(ws) if v[g] > 0
+                                          for i in range(len(groups[w]))})
         for s in best.tensors:
             owner[s] = k
         result[k] = best
