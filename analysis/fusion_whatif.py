@@ -21,7 +21,10 @@ a tensor larger than the threshold alone), against the threshold as Horovod
 rounds it (up to a multiple of 512 bytes x the ranks per host).  At the
 run's own cycle time its recorded cycles are used; at another cycle time T,
 cycles every T plus the run's own overhead per cycle (median gap between its
-cycles minus its cycle time), from its first cycle.
+cycles minus its cycle time), from its first cycle.  Ranks sleep out their
+cycles each on its own clock, so at the run's own cycle time a tensor goes in
+the first cycle every rank began after holding it (each rank's control
+allreduce start against that rank's enqueue, _own_cycles).
 
 Time is transfer time: per call, from the last rank's arrival to the last
 rank's return (transfer_times), which the trace measures for every matched
@@ -31,13 +34,15 @@ summed over its data calls per step (the median step, and the mean).
 
 Measured on this machine (resnet8, 2 ranks, 100 ms cycle, tests/
 test_fusion_whatif.py; see README): data calls per step predicted from a run
-at the default threshold match real runs at 0 and at 20000 bytes exactly.
+at the default threshold match real runs at 0 (exactly) and at 20000 bytes
+(within 2.4%, eight sittings at load 1.5 to 7.8).
 Transfer time is not predicted within 30% on a loaded 2-core machine: one
 call's transfer there is mostly the wait for both ranks to be on a core at
 once, which grows with the protocol's round trips rather than the bytes, and
-changes from one sitting to the next (the fused call of the same run, 0.26 ms
-to 16 ms); the model, fitted at the few sizes a fused run makes, is off by
-factors at others.
+changes from one sitting to the next (the fused call of the same run, 0.13 ms
+to 39 ms); the model, fitted at the few sizes a fused run makes (its fused
+call and the control calls, which follow the cycle's sleep), is off by
+factors at others, 2-3 times too high at 20000 bytes on a calm machine.
 
 The prediction for the run's own settings, against what the run did, gives
 the method's error on this job; a setting is recommended only when its
@@ -225,23 +230,28 @@ def _rank_marks(hvd: pd.DataFrame) -> dict[int, np.ndarray]:
 def _own_cycles(lin: pd.DataFrame, marks: np.ndarray,
                 by_rank: Mapping[int, np.ndarray]) -> np.ndarray:
     """The cycle (index into `marks`, rank 0's cycle starts) each tensor went
-    in: the first that every rank began after holding it, as far as the
-    lineage tells (rank 0's enqueue against rank 0's starts, the last rank's,
-    ready_ns, against that rank's).  Without matched cycles, ready_ns against
-    rank 0's starts."""
+    in: the first that every rank began after holding it.  A rank's enqueue
+    as the lineage tells it: rank 0's (enqueue_ns), the last rank's
+    (ready_ns), any other's the earliest over the ranks (ready_ns -
+    ready_spread_ns: exact at 2 ranks, a lower bound beyond).  Without
+    matched cycles, ready_ns against rank 0's starts."""
     ready = lin["ready_ns"].to_numpy(dtype=float)
     if not by_rank or len(by_rank[min(by_rank)]) != len(marks):
         return np.searchsorted(marks, ready, side="left")
+
+    def col(name: str, default: np.ndarray) -> np.ndarray:
+        v = lin[name].to_numpy(dtype=float) if name in lin.columns else default
+        return np.where(np.isfinite(v), v, default)
+
     r0 = min(by_rank)
-    enq = lin["enqueue_ns"].to_numpy(dtype=float) if "enqueue_ns" in lin.columns else ready
-    enq = np.where(np.isfinite(enq), enq, ready)
-    cyc = np.searchsorted(by_rank[r0], enq, side="left")
+    enq0 = col("enqueue_ns", ready)
+    first = ready - col("ready_spread_ns", np.zeros(len(lin)))
     last = (lin["last_ready_rank"].to_numpy(dtype=np.int64) if "last_ready_rank" in lin.columns
             else np.full(len(lin), -1))
+    cyc = np.zeros(len(lin), dtype=np.int64)
     for r, m in by_rank.items():
-        sel = last == r
-        if sel.any():
-            cyc[sel] = np.maximum(cyc[sel], np.searchsorted(m, ready[sel], side="left"))
+        held = np.where(last == r, ready, enq0 if r == r0 else first)
+        cyc = np.maximum(cyc, np.searchsorted(m, held, side="left"))
     unknown = ~np.isin(last, np.asarray(list(by_rank)))
     cyc[unknown] = np.maximum(cyc[unknown], np.searchsorted(marks, ready[unknown], side="left"))
     return cyc
