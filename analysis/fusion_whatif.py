@@ -35,14 +35,14 @@ summed over its data calls per step (the median step, and the mean).
 Measured on this machine (resnet8, 2 ranks, 100 ms cycle, tests/
 test_fusion_whatif.py; see README): data calls per step predicted from a run
 at the default threshold match real runs at 0 (exactly) and at 20000 bytes
-(within 2.4%, eight sittings at load 1.5 to 7.8).
+(within 4%, ten sittings at load 1.5 to 7.8).
 Transfer time is not predicted within 30% on a loaded 2-core machine: one
 call's transfer there is mostly the wait for both ranks to be on a core at
 once, which grows with the protocol's round trips rather than the bytes, and
 changes from one sitting to the next (the fused call of the same run, 0.13 ms
 to 39 ms); the model, fitted at the few sizes a fused run makes (its fused
 call and the control calls, which follow the cycle's sleep), is off by
-factors at others, 2-3 times too high at 20000 bytes on a calm machine.
+factors at others, 1.4-2.7 times too high at 20000 bytes on a calm machine.
 
 The prediction for the run's own settings, against what the run did, gives
 the method's error on this job; a setting is recommended only when its

@@ -13,21 +13,23 @@ another, not by where a loaded machine's cycles happen to fall, which it
 cannot (at a 20 ms cycle the 16 KiB prediction was 2%, 11% and 19% off in
 three sittings).  20000 is not a multiple of 1024: Horovod packs against
 20480 at 2 ranks per host, 8 calls per step, where 20000 itself would give
-9; the test asserts that packing against 20000 would miss by more than 10%,
-so the prediction holds because the rounding is Horovod's.
+9; the test asserts that packing against 20000 would be at least half a
+call per step farther from the real run (9.00 to 9.31 predicted against
+8.00 to 8.25 real in ten sittings): the prediction holds because the
+rounding is Horovod's.
 
 Communication per step is printed, not asserted.  Both sides are the same
 quantity: transfer time, each data call from the last rank's arrival to the
 last rank's return, summed per step (the median step); the prediction
 prices each predicted call with an alpha-beta fit of that quantity over the
-base run's allreduces.  Measured in nine sittings at load 1.5 to 7.8 on 2
+base run's allreduces.  Measured in eleven sittings at load 1.5 to 7.8 on 2
 cores it is off by factors: calm, 0.54-0.89 ms predicted at 20000 against
-0.22-0.35 real, 1.65-2.71 at 0 against 0.26-0.35 (the base run's only small
+0.22-0.39 real, 1.65-2.71 at 0 against 0.26-0.36 (the base run's only small
 size is the 8-byte control call, which follows a 100 ms sleep: 70-160 us,
-where a small data call takes 5 us); loaded, a hundredfold either way (a
-call's transfer is then mostly the wait for both ranks to be on a core: the
-base run's one fused call 0.13 to 39 ms, the real 20000 run 124 and 269 ms
-against 0.74 and 0.71 predicted).  See README (Fusion what-if)."""
+where a small data call takes 5 us); loaded, up to a hundredfold either way
+(a call's transfer is then mostly the wait for both ranks to be on a core:
+the base run's one fused call 0.13 to 39 ms, the real 20000 run 45, 124 and
+269 ms against 6.9, 0.74 and 0.71 predicted).  See README (Fusion what-if)."""
 
 from __future__ import annotations
 
@@ -219,11 +221,13 @@ def test_predicted_calls_match_real_runs(tmp_path: Path) -> None:
     # the split threshold splits: fewer calls than unfused, more than at the default
     assert w.actual_calls < calls[SPLIT] < calls[0]
     # Horovod's rounding of the threshold is what makes the prediction hold:
-    # packing against 20000 itself predicts a call more per step
+    # packing against 20000 itself predicts a call more per step (9 against
+    # 8, 12.5%), at least half a call per step farther from the real run
     wrong = float(unrounded.table.set_index(["cycle_ms", "threshold"]).loc[
         (w.cycle_ms, SPLIT), "calls_per_step"])
+    right = float(here.loc[SPLIT, "calls_per_step"])
     print(f"threshold {SPLIT} without Horovod's rounding: {wrong:.2f} calls/step predicted")
-    assert abs(wrong - calls[SPLIT]) > 0.10 * calls[SPLIT], (wrong, calls[SPLIT])
+    assert abs(wrong - calls[SPLIT]) > abs(right - calls[SPLIT]) + 0.5, (wrong, right, calls)
     # advise, at the default threshold: nothing to gain from another
     (f,) = [f for f in advise(base / "trace.json").findings if f.key == "fusion"]
     assert not f.significant and f.numbers["threshold"] == w.threshold, f.headline
