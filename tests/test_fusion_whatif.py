@@ -1,15 +1,35 @@
-"""The fusion what-if against real runs: from a resnet8 run at Horovod's
-default threshold, the data calls per step predicted for the run itself are
-within 10% of what it made, exactly one per tensor at threshold 0 as a real
-run at 0 makes, and at 16 KiB (which splits the gradients into several fused
-calls) between the two, as the real run at 16 KiB is.  The test prints the
-predicted and measured figures, the allreduce time per step too (the model's
-transfer time beside the measured time, which includes waits).
+"""The fusion what-if against real runs, and simulate() against Horovod's
+packing (controller.cc FuseResponses, TensorFusionThresholdBytes; the
+response cache's order).
 
-Not asserted: the issue's 10% against the real 16 KiB run.  Measured here
-under load, 2%, 11% and 19% in three sittings: the real run's cycles fall
-differently (a loaded machine stretches them), and more calls fit a cycle,
-which no run can predict for another.  See README."""
+From a resnet8 run at Horovod's default threshold, the data calls per step
+predicted for threshold 0 and for 20000 bytes (8 fused calls) are within 10%
+of real runs at those thresholds (the issue's criterion; 0 exactly), and the
+replay of each real run on its own cycles is within 10% of what it made.
+The runs use a 100 ms cycle and a 2-image 8x8 batch: a step's backward pass
+takes about 10 ms here, so each step's gradients meet in one cycle and the
+split is set by the tensors' sizes and order, which one run can predict for
+another, not by where a loaded machine's cycles happen to fall, which it
+cannot (at a 20 ms cycle the 16 KiB prediction was 2%, 11% and 19% off in
+three sittings).  20000 is not a multiple of 1024: Horovod packs against
+20480 at 2 ranks per host, 8 calls per step, where 20000 itself would give
+9; the test asserts that packing against 20000 would be at least half a
+call per step farther from the real run (9.00 to 9.31 predicted against
+8.00 to 8.25 real in ten sittings): the prediction holds because the
+rounding is Horovod's.
+
+Communication per step is printed, not asserted.  Both sides are the same
+quantity: transfer time, each data call from the last rank's arrival to the
+last rank's return, summed per step (the median step); the prediction
+prices each predicted call with an alpha-beta fit of that quantity over the
+base run's allreduces.  Measured in eleven sittings at load 1.5 to 7.8 on 2
+cores it is off by factors: calm, 0.54-0.89 ms predicted at 20000 against
+0.22-0.39 real, 1.65-2.71 at 0 against 0.26-0.36 (the base run's only small
+size is the 8-byte control call, which follows a 100 ms sleep: 70-160 us,
+where a small data call takes 5 us); loaded, up to a hundredfold either way
+(a call's transfer is then mostly the wait for both ranks to be on a core:
+the base run's one fused call 0.13 to 39 ms, the real 20000 run 45, 124 and
+269 ms against 6.9, 0.74 and 0.71 predicted).  See README (Fusion what-if)."""
 
 from __future__ import annotations
 
@@ -22,7 +42,13 @@ import pandas as pd
 import pytest
 from conftest import mpirun, profiler_cli, requires_mpi
 from profiler.analysis.findings import advise
-from profiler.analysis.fusion_whatif import simulate, whatif
+from profiler.analysis.fusion_whatif import (
+    _own_cycles,
+    fusion_threshold_bytes,
+    ranks_per_host,
+    simulate,
+    whatif,
+)
 
 from profiler.formats import lineage as LF
 
@@ -33,32 +59,101 @@ except Exception:  # pragma: no cover
     HAVE_HOROVOD = False
 
 
+def _lat(b: np.ndarray) -> np.ndarray:
+    return 10.0 + b
+
+
 def test_simulate_packs_per_cycle_and_threshold() -> None:
     ready = np.array([1.0, 2.0, 3.0, 11.0, 12.0])
     size = np.array([100.0, 100.0, 100.0, 50.0, 50.0])
     dts = ["f"] * 5
     marks = np.array([5.0, 15.0])  # two cycles: the first three, then the last two
+    assert simulate(ready, size, dts, marks, _lat, threshold=1 << 20) == (2, 10 + 300 + 10 + 100)
+    assert simulate(ready, size, dts, marks, _lat, threshold=0) == (5, 5 * 10 + 400)
+    assert simulate(ready, size, dts, marks, _lat, threshold=200)[0] == 3  # 200+100 | 100
+    # a tensor larger than the threshold goes alone; the next opens a new call
+    assert simulate(np.array([1.0, 2.0, 3.0]), np.array([50.0, 300.0, 50.0]), ["f"] * 3,
+                    marks, _lat, threshold=100) == (3, 30 + 400)
+    assert simulate(np.array([1.0, 2.0, 3.0]), np.array([300.0, 50.0, 50.0]), ["f"] * 3,
+                    marks, _lat, threshold=100) == (2, 20 + 400)
 
-    def lat(b: np.ndarray) -> np.ndarray:
-        return 10.0 + b
 
-    assert simulate(ready, size, dts, marks, lat, threshold=1 << 20) == (2, 10 + 300 + 10 + 100)
-    assert simulate(ready, size, dts, marks, lat, threshold=0) == (5, 5 * 10 + 400)
-    assert simulate(ready, size, dts, marks, lat, threshold=200)[0] == 3  # 200+100 | 100
-    assert simulate(ready, size, ["f", "h", "f", "f", "f"], marks, lat,
-                    threshold=1 << 20)[0] == 4  # one dtype per fused call
+def test_simulate_looks_past_another_dtype() -> None:
+    """Horovod's FuseResponses skips a tensor of another dtype and goes on
+    fusing the call's own dtype while the call's bytes plus those skipped stay
+    within the threshold; the skipped tensors open the next calls.  (The
+    replay used to close the call at the first other dtype: 4 calls here.)"""
+    ready = np.array([1.0, 2.0, 3.0, 11.0, 12.0])
+    size = np.array([100.0, 100.0, 100.0, 50.0, 50.0])
+    marks = np.array([5.0, 15.0])
+    mixed = ["f", "h", "f", "f", "f"]
+    # cycle 1: f+f (h skipped), then h; cycle 2: f+f
+    assert simulate(ready, size, mixed, marks, _lat, threshold=1 << 20) == (3, 30 + 400)
+    # 100 + 100 skipped = 200 <= 250: the second f joins the first
+    assert simulate(ready, size, mixed, marks, _lat, threshold=250)[0] == 3
+    # 100 + 100 skipped > 150: the h closes the call, then h | f | f+f
+    assert simulate(ready, size, mixed, marks, _lat, threshold=150)[0] == 4
+
+
+def test_simulate_orders_a_cycle_by_the_response_cache() -> None:
+    """Tensors Horovod has sent before are cache hits, taken in the order of
+    their cache bits (the order of the first step's responses), not in this
+    step's readiness order; without names (no cache) readiness order."""
+    a, b, c, d = 60.0, 40.0, 60.0, 40.0
+    size = np.array([a, b, c, d, a, c, b, d])
+    names = ["A", "B", "C", "D", "A", "C", "B", "D"]
+    ready = np.arange(8, dtype=float) + np.array([0, 0, 0, 0, 10, 10, 10, 10])
+    marks = np.array([5.0, 20.0])  # step 1 ready A B C D, step 2 ready A C B D
+    dts = ["f"] * 8
+    # step 1: A+B | C+D; step 2 in cache order A B C D: A+B | C+D
+    assert simulate(ready, size, dts, marks, _lat, threshold=100, key=names) == (4, 40 + 400)
+    # readiness order in step 2: A | C+B | D
+    assert simulate(ready, size, dts, marks, _lat, threshold=100) == (5, 50 + 400)
+
+
+def test_a_cycle_takes_what_every_rank_held_at_its_own_start() -> None:
+    """Ranks sleep out their cycles each on its own clock (a real 2-rank run
+    here: rank 1's cycle began 68 ms before rank 0's): a tensor rank 1
+    enqueued after its own start waits for the next cycle, even though rank
+    0 started after it was ready everywhere, and whichever rank was last."""
+    marks = {0: np.array([76.0, 176.0]), 1: np.array([8.0, 108.0])}
+    lin = pd.DataFrame({"enqueue_ns": [-6.0, -6.0, 13.0, 20.0, 21.0],
+                        "ready_ns": [5.0, 14.0, 14.0, 20.0, 21.0],
+                        # rank 1 enqueued the last two at 20 - 15 and 21 - 1
+                        "ready_spread_ns": [11.0, 20.0, 1.0, 15.0, 1.0],
+                        "last_ready_rank": [1, 1, 1, 0, 0]})
+    # rank 1 held the first and the fourth at its start 8; rank 0 all by 76
+    assert _own_cycles(lin, marks[0], marks).tolist() == [0, 1, 1, 0, 1]
+    # with rank 0's starts alone every tensor would have gone at 76
+    assert _own_cycles(lin, marks[0], {}).tolist() == [0, 0, 0, 0, 0]
+
+
+def test_threshold_rounding_and_local_size() -> None:
+    """controller.cc TensorFusionThresholdBytes: on a homogeneous job the
+    threshold is rounded up to a multiple of local_size x 8 x 64 bytes."""
+    assert fusion_threshold_bytes(20000, 2) == 20480
+    assert fusion_threshold_bytes(16384, 2) == 16384
+    assert fusion_threshold_bytes(1, 3) == 1536
+    assert fusion_threshold_bytes(0, 2) == 0
+    assert fusion_threshold_bytes(20000, None) == 20000
+    assert ranks_per_host(["a", "a", "b", "b"]) == 2
+    assert ranks_per_host(["a", "a", "b"]) is None
+    assert ranks_per_host([]) is None
 
 
 def _run(tmp: Path, threshold: str | None) -> Path:
     tmp.mkdir(parents=True, exist_ok=True)
     prof = tmp / "prof"
-    # a 20 ms cycle: a backward pass's gradients mostly meet in one or two
-    # cycles, so that what the threshold does is not hidden by how the cycles
-    # of a loaded machine happen to fall (which no run can predict for another)
-    env = {"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof), "HOROVOD_CYCLE_TIME": "20"}
+    # a 100 ms cycle and a small batch (2 images of 8x8: a step's backward
+    # pass takes about 10 ms here): every backward pass's gradients meet in
+    # one cycle, so the calls a threshold makes are set by the tensors' sizes
+    # and order, not by where a loaded machine's cycles happen to fall
+    env = {"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof),
+           "HOROVOD_CYCLE_TIME": "100"}
     if threshold is not None:
         env["HOROVOD_FUSION_THRESHOLD"] = threshold
     mpirun(2, [sys.executable, "-m", "profiler.workloads.train_bench", "--model", "resnet8",
+               "--batch-size", "2", "--image-size", "8",
                "--num-warmup-batches", "2", "--num-batches-per-iter", "5", "--num-iters", "3",
                "--quiet"], env=env, cwd=tmp, timeout=300)
     return prof
@@ -78,9 +173,14 @@ def _advise_fusion_off(prof: Path, calls: float) -> None:
 
 
 def _inputs(prof: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """The run's lineage, every rank's rows and rank 0's environment."""
     meta = json.loads((prof / "ranks" / "rank-00000.json").read_text())
-    return (LF.load(prof), pd.read_parquet(prof / "ranks" / "rank-00000.parquet"),
-            meta.get("env") or {})
+    rows = pd.concat([pd.read_parquet(f) for f in sorted((prof / "ranks").glob("*.parquet"))],
+                     ignore_index=True)
+    return LF.load(prof), rows, meta.get("env") or {}
+
+
+SPLIT = 20000  # Horovod packs against 20480 at 2 ranks per host: 8 calls, 9 at 20000
 
 
 @pytest.mark.mpi
@@ -89,32 +189,49 @@ def _inputs(prof: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
 @pytest.mark.skipif(not HAVE_HOROVOD, reason="Horovod not installed")
 def test_predicted_calls_match_real_runs(tmp_path: Path) -> None:
     base = _run(tmp_path / "default", None)
-    w = whatif(*_inputs(base), thresholds=(0, 16384))
-    assert w is not None
+    w = whatif(*_inputs(base), thresholds=(0, SPLIT), local_size=2)
+    assert w is not None and w.basis == "transfer"
     print(f"\ndefault run: {w.actual_calls:.2f} calls/step, predicted {w.base_calls:.2f}; "
-          f"allreduce {w.actual_comm_ms:.2f} ms/step measured, {w.base_comm_ms:.3f} transfer")
+          f"transfer {w.actual_comm_median_ms:.3f} ms in the median step "
+          f"(mean {w.actual_comm_ms:.3f}), predicted {w.base_comm_ms:.3f}; "
+          f"rank 0 with its waits {w.actual_wait_ms:.2f}")
     assert w.calls_error <= 0.10, (w.actual_calls, w.base_calls)
-    at_zero = 0.0
-    for th in ("0", "16384"):
-        run_dir = _run(tmp_path / th, th)
-        real = whatif(*_inputs(run_dir), thresholds=())
-        assert real is not None
-        if th == "0":
+    unrounded = whatif(*_inputs(base), thresholds=(SPLIT,), local_size=None)
+    assert unrounded is not None
+    here = w.table[w.table["cycle_ms"] == w.cycle_ms].set_index("threshold")
+    calls = {}
+    for th in (0, SPLIT):
+        run_dir = _run(tmp_path / str(th), str(th))
+        real = whatif(*_inputs(run_dir), thresholds=(), local_size=2)
+        assert real is not None and real.threshold == th
+        pred = here.loc[th]
+        calls[th] = real.actual_calls
+        print(f"threshold {th}: predicted {pred.calls_per_step:.2f} calls/step, real "
+              f"{real.actual_calls:.2f} (its own replay {real.base_calls:.2f}); transfer "
+              f"predicted {pred.transfer_ms_per_step:.3f} ms/step, real "
+              f"{real.actual_comm_median_ms:.3f} in the median step "
+              f"(mean {real.actual_comm_ms:.3f}); rank 0 with its waits {real.actual_wait_ms:.2f}")
+        # the issue's criterion: within 10% of the real run at that threshold
+        assert abs(pred.calls_per_step - real.actual_calls) <= 0.10 * real.actual_calls, th
+        # and the replay of that run on its own cycles
+        assert real.calls_error <= 0.10, (th, real.base_calls, real.actual_calls)
+        if th == 0:  # one call per tensor: exact, predicted and real
+            assert pred.calls_per_step == real.actual_calls
             _advise_fusion_off(run_dir, real.actual_calls)
-        row = w.table[(w.table["threshold"] == int(th)) & w.table["current"].eq(False)
-                      & (w.table["cycle_ms"] == w.cycle_ms)].iloc[0]
-        print(f"threshold {th}: predicted {row.calls_per_step:.2f} calls/step, real "
-              f"{real.actual_calls:.2f}; transfer {row.transfer_ms_per_step:.3f} ms/step "
-              f"predicted, real run measured {real.actual_comm_ms:.2f} ms/step")
-        if th == "0":  # one call per tensor: exact, predicted and real
-            assert row.calls_per_step == real.actual_calls
-            at_zero = row.calls_per_step
-        else:  # split: fewer calls than unfused, no fewer than at the default
-            assert w.base_calls <= row.calls_per_step <= at_zero
-            assert real.actual_calls < at_zero
+    # the split threshold splits: fewer calls than unfused, more than at the default
+    assert w.actual_calls < calls[SPLIT] < calls[0]
+    # Horovod's rounding of the threshold is what makes the prediction hold:
+    # packing against 20000 itself predicts a call more per step (9 against
+    # 8, 12.5%), at least half a call per step farther from the real run
+    wrong = float(unrounded.table.set_index(["cycle_ms", "threshold"]).loc[
+        (w.cycle_ms, SPLIT), "calls_per_step"])
+    right = float(here.loc[SPLIT, "calls_per_step"])
+    print(f"threshold {SPLIT} without Horovod's rounding: {wrong:.2f} calls/step predicted")
+    assert abs(wrong - calls[SPLIT]) > abs(right - calls[SPLIT]) + 0.5, (wrong, right, calls)
     # advise, at the default threshold: nothing to gain from another
     (f,) = [f for f in advise(base / "trace.json").findings if f.key == "fusion"]
     assert not f.significant and f.numbers["threshold"] == w.threshold, f.headline
     # the command
     p = profiler_cli("tensors", str(base), "--whatif")
     assert p.returncode == 0 and "calls/step" in p.stdout and "(this run)" in p.stdout, p.stdout
+    assert "from the last rank's arrival" in p.stdout, p.stdout

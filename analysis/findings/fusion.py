@@ -1,10 +1,11 @@
 """Tensor fusion: would another HOROVOD_FUSION_THRESHOLD buy anything?
 
 From the run's fusion lineage (lineage.parquet beside the trace, written at
-merge) and rank 0's Horovod allreduces, analysis.fusion_whatif replays
+merge) and every rank's Horovod allreduces, analysis.fusion_whatif replays
 Horovod's packing at other thresholds, at the run's own cycle time.  Its
-figure is transfer time (the fitted latency of each predicted call; no waits
-for other ranks or cores), so the finding's cost is the transfer time per
+figure is transfer time (each predicted call at the fitted latency of the
+run's calls from the last rank's arrival to the last return; no waits for
+late ranks), so the finding's cost is the transfer time per
 step that the best threshold would save over the run's own, and its error is
 the prediction's error on the run itself (the calls it predicts at the run's
 own setting against the calls the run made); the saving is capped by the
@@ -52,16 +53,17 @@ def _label(th: int) -> str:
 
 
 def analyze(ctx: Context, lineage: pd.DataFrame | None = None) -> list[Finding]:
-    from ..fusion_whatif import whatif
+    from ..fusion_whatif import ranks_per_host, whatif
 
     if ctx.n_steps < MIN_STEPS or "rank" not in ctx.df.columns:
         return []
     lin = lineage if lineage is not None else _lineage(ctx)
     if lin is None or lin.empty:
         return []
-    rows = ctx.df.loc[(ctx.df["rank"] == 0).to_numpy(dtype=bool)]
+    hosts = [r.get("host", "") for r in ctx.meta.get("ranks") or [] if isinstance(r, dict)]
     try:
-        w = whatif(lin, rows, ctx.meta.get("env") or {})
+        w = whatif(lin, ctx.df, ctx.meta.get("env") or {},
+                   local_size=ranks_per_host(hosts) if hosts else None)
     except (KeyError, ValueError):  # a lineage or frame without what the replay reads
         return []
     if w is None or not np.isfinite(w.calls_error):
@@ -91,8 +93,9 @@ def analyze(ctx: Context, lineage: pd.DataFrame | None = None) -> list[Finding]:
         details=[f"predicted per step at HOROVOD_CYCLE_TIME={w.cycle_ms:g} ms: {tried}.",
                  f"the prediction for this run's own setting is {w.base_calls:.1f} calls per "
                  f"step against {w.actual_calls:.1f} made ({100 * w.calls_error:.0f}% error); "
-                 f"times are transfer only: the run's allreduces took "
-                 f"{fmt_ms(w.actual_comm_ms)}/step with their waits."],
+                 f"times are transfer only (from the last rank's arrival): this run's data "
+                 f"calls {fmt_ms(w.actual_comm_median_ms)} in the median step, "
+                 f"{fmt_ms(w.actual_wait_ms)}/step on rank 0 with its waits."],
         cost_ms=gain if better else 0.0, cost_interval_ms=(lo, hi) if better else None,
         cost_img_s=ctx.cost_img_s(gain) if better else None,
         confidence=f"replay of {w.steps} steps; error = the replay's own error on this run",

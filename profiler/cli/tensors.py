@@ -206,24 +206,34 @@ def _print_table(path: str, table: Any, lin: Any) -> None:
                   "--format csv shows every column)", markup=False)
 
 
+#: the row columns the what-if reads (Horovod's allreduces, matched over ranks)
+_WHATIF_COLUMNS = ["rank", "backend", "op", "t_start_ns", "t_end_ns", "dur_ns", "bytes", "comm",
+                   "comm_size", "seq", "kind", "thread_kind", "track"]
+
+
 def _whatif(args: argparse.Namespace, lin: Any) -> int:
     """`--whatif`: profiler.analysis.fusion_whatif on this run."""
-    import pandas as pd
-
-    from profiler.analysis.fusion_whatif import whatif
-    from profiler.errors import NotFoundError
-    from profiler.formats.dataset import read_meta
-    from profiler.layout import meta_path, parquet_path
+    from profiler.analysis.fusion_whatif import ranks_per_host, whatif
+    from profiler.errors import NotFoundError, ProfilerError
+    from profiler.formats.dataset import read_dataset, read_meta
+    from profiler.layout import RANKS_DIR, meta_path, parquet_path, rank_files
     from profiler.units import fmt_bytes, fmt_ms
 
     p = Path(args.trace)
     d = p if p.is_dir() else p.parent
     try:
-        rows = pd.read_parquet(parquet_path(d, 0))
         env = read_meta(meta_path(d, 0)).get("env") or {}
-    except (OSError, ValueError) as exc:
-        raise NotFoundError(parquet_path(d, 0), f"rank 0's dataset is needed: {exc}") from None
-    w = whatif(lin, rows, env)
+        files = rank_files(d, RANKS_DIR, "parquet")
+        rows = read_dataset([files[r] for r in sorted(files)], columns=_WHATIF_COLUMNS)
+        metas = rank_files(d, RANKS_DIR, "json")
+        hosts = [str(read_meta(f).get("host", "")) for f in metas.values()]
+    except (OSError, ValueError, ProfilerError) as exc:
+        raise NotFoundError(parquet_path(d, 0), f"the ranks' datasets are needed: {exc}") from None
+    if 0 not in files:
+        raise NotFoundError(parquet_path(d, 0), "rank 0's dataset is needed")
+    # Horovod rounds the threshold by the ranks per host: known when every rank's meta is read
+    w = whatif(lin, rows, env,
+               local_size=ranks_per_host(hosts) if len(hosts) == len(files) else None)
     if w is None:
         raise NotFoundError(p, "no what-if: the run has no allreduce lineage with readiness "
                                "(tensor records) or too few allreduce sizes to fit")
@@ -239,9 +249,12 @@ def _whatif(args: argparse.Namespace, lin: Any) -> int:
         return 0
     print(f"{args.trace}: {w.steps} steps at HOROVOD_FUSION_THRESHOLD={fmt_bytes(w.threshold)}, "
           f"HOROVOD_CYCLE_TIME={w.cycle_ms:g} ms")
+    what = ("transfer (from the last rank's arrival)" if w.basis == "transfer"
+            else "rank 0's call time (one rank read: waits included)")
     print(f"  this run: {w.actual_calls:.1f} data calls/step (predicted {w.base_calls:.1f}, "
-          f"error {100 * w.calls_error:.0f}%); allreduce time {fmt_ms(w.actual_comm_ms)}/step "
-          f"measured, {fmt_ms(w.base_comm_ms)} of it transfer (the model: no waits)")
+          f"error {100 * w.calls_error:.0f}%); {what} {fmt_ms(w.actual_comm_median_ms)} in the "
+          f"median step (predicted {fmt_ms(w.base_comm_ms)}); rank 0 in its data calls "
+          f"{fmt_ms(w.actual_wait_ms)}/step with its waits")
     print(f"  {'threshold':>10s} {'cycle':>7s} {'calls/step':>11s} {'transfer/step':>14s}")
     for r in w.table.itertuples(index=False):
         th = fmt_bytes(r.threshold) if r.threshold else "0 (off)"
