@@ -201,7 +201,7 @@ def test_real_horovod_late_rank_is_named_with_the_injected_cost(tmp_path: Path) 
 
     delay_ms = 20.0
     prof = tmp_path / "prof"
-    env = {"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof), "STEPS": "16",
+    env = {"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof), "STEPS": "24",
            "SLOW_EVERY_MS": str(delay_ms), "SLOW_RANK": "1"}
     job = Path(__file__).parent / "hvd_model_job.py"
     mpirun(2, [sys.executable, str(job)], env=env, cwd=tmp_path, timeout=240)
