@@ -1624,6 +1624,22 @@ HVPROF_EXPORT const char *hvprof_layout_json(void)
 /* The flight recorder's watchdog asks: how long has the oldest collective of
  * this process been in flight (ns; 0 when none)?  Read from the in-flight
  * table, no lock: a call that ends meanwhile reads as in flight once more. */
+/* The op (HVPROF_OP_*) of the oldest call in flight, 0 when none: the
+ * watchdog names it (an MPI_Recv is not a collective). */
+HVPROF_EXPORT int hvprof_inflight_oldest_op(void)
+{
+    hvprof_inflight_entry *tab = atomic_load(&hvprof_inflight_table);
+    if (tab == NULL) return 0;
+    uint64_t oldest = UINT64_MAX;
+    int op = 0;
+    for (uint32_t i = 0; i < HVPROF_INFLIGHT_CAPACITY; i++)
+        if (__atomic_load_n(&tab[i].state, __ATOMIC_ACQUIRE) && tab[i].t_start < oldest) {
+            oldest = tab[i].t_start;
+            op = tab[i].op;
+        }
+    return op;
+}
+
 HVPROF_EXPORT int64_t hvprof_inflight_oldest_ns(void)
 {
     hvprof_inflight_entry *tab = atomic_load(&hvprof_inflight_table);

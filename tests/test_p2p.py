@@ -226,7 +226,9 @@ def test_mpi4py_recv_recorded_and_blocked_recv_in_hang(tmp_path: Path) -> None:
                 assert st.Get_tag() == i
             comm.Recv(out, source=0, tag=5)  # never sent
         time.sleep(600)
-    """, after_s=5.0)
+    """, after_s=8.0, env={"HOROVOD_PROFILE_HANG_S": "2"})
+    # the watchdog's line names the call, not "a collective"
+    assert "rank 1: MPI_RECV (point-to-point) has been in flight for" in out, out
     want = {0: ("send", 1), 1: ("recv", 0)}
     for rank in range(2):
         rec = p2p_records(read_raw(prof / "raw" / f"rank-{rank:05d}.hvprof").records)

@@ -64,6 +64,7 @@ EXPORTS: dict[str, tuple[Any, tuple[Any, ...], str]] = {
     "hvprof_nccl_json": (_c.c_char_p, (), "nvml: NCCL state and counters"),
     "hvprof_nccl_finish": (_c.c_int, (_c.c_int,), "activate: NCCL device times, sidecar"),
     "hvprof_inflight_oldest_ns": (_c.c_int64, (), "watchdog: age of the oldest call in flight"),
+    "hvprof_inflight_oldest_op": (_c.c_int, (), "watchdog: the op of the oldest call in flight"),
 }
 del _c
 # Exports Python never calls, each with the reason.

@@ -89,8 +89,8 @@ def _loop(limit: float) -> None:
                 first = _mark(hang)
                 path = snapshot(hang, native.rank(), age_s, "in flight")
                 if first or native.rank() == 0:
-                    print(f"horovod-profiler: rank {native.rank()}: a collective has been in "
-                          f"flight for {age_s:.0f} s (HOROVOD_PROFILE_HANG_S={limit:g}); "
+                    print(f"horovod-profiler: rank {native.rank()}: {_what_is_stuck()} has "
+                          f"been in flight for {age_s:.0f} s (HOROVOD_PROFILE_HANG_S={limit:g}); "
                           f"hang snapshot in {path.parent}; run: profiler hang {directory}",
                           file=sys.stderr, flush=True)
             elif (hang / MARKER).exists():
@@ -98,6 +98,21 @@ def _loop(limit: float) -> None:
                 snapshot(hang, native.rank(), age_s, "another rank is stuck")
         except Exception:  # noqa: BLE001 - a watchdog never breaks the job
             return
+
+
+def _what_is_stuck() -> str:
+    """"MPI_RECV (point-to-point)", "MPI_ALLREDUCE (a collective)": the
+    oldest call in flight, as the library's in-flight table says."""
+    from profiler.collect import native
+    from profiler.formats.record import OPS
+
+    fn = native.function("hvprof_inflight_oldest_op")
+    op = int(fn()) if fn is not None else 0
+    entry = OPS.get(op)
+    if not op or entry is None:
+        return "a call"
+    p2p = 16 <= op <= 23 or entry[1] in ("nccl_send", "nccl_recv")
+    return f"{entry[0]} ({'point-to-point' if p2p else 'a collective'})"
 
 
 def _oldest_tensor() -> tuple[float, str] | None:
