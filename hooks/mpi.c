@@ -842,6 +842,19 @@ P2P_WRAPPER(Recv, MPI_RECV,
             (buf, count, datatype, source, tag, comm, st_),
             (comm, datatype, count, source, tag, buf), st_)
 
+/* The other send modes are sends as a trace reads them (bytes, peer, tag):
+ * recorded as MPI_SEND, the mode not kept. */
+#define SEND_MODE_WRAPPER(NAME)                                                \
+    P2P_WRAPPER(NAME, MPI_SEND,                                                \
+                (const void *buf, int count, MPI_Datatype datatype, int dest, int tag, \
+                 MPI_Comm comm),                                               \
+                (buf, count, datatype, dest, tag, comm), ,                     \
+                (buf, count, datatype, dest, tag, comm),                       \
+                (comm, datatype, count, dest, tag, buf), NULL)
+SEND_MODE_WRAPPER(Ssend)
+SEND_MODE_WRAPPER(Bsend)
+SEND_MODE_WRAPPER(Rsend)
+
 /* MPI_Sendrecv(_replace): two records with the same times, the send half
  * (SENDRECV) and the receive half (SENDRECV_RECV); the general path only. */
 HVPROF_EXPORT int MPI_Sendrecv(const void *sendbuf, int sendcount, MPI_Datatype sendtype, int dest,
@@ -1023,6 +1036,17 @@ HVPROF_EXPORT int MPI_Isend(const void *buf, int count, MPI_Datatype datatype, i
     if (!ACTIVE()) return PMPI_Isend(buf, count, datatype, dest, tag, comm, request);
     uint64_t t0 = hvprof_ticks();
     int rc = PMPI_Isend(buf, count, datatype, dest, tag, comm, request);
+    p2p_post(HVPROF_OP_MPI_ISEND, t0, comm, datatype, count, dest, tag, buf, rc, request);
+    return rc;
+}
+
+/* MPI_Issend: a nonblocking send as MPI_Isend records it (the mode not kept). */
+HVPROF_EXPORT int MPI_Issend(const void *buf, int count, MPI_Datatype datatype, int dest, int tag,
+                             MPI_Comm comm, MPI_Request *request)
+{
+    if (!ACTIVE()) return PMPI_Issend(buf, count, datatype, dest, tag, comm, request);
+    uint64_t t0 = hvprof_ticks();
+    int rc = PMPI_Issend(buf, count, datatype, dest, tag, comm, request);
     p2p_post(HVPROF_OP_MPI_ISEND, t0, comm, datatype, count, dest, tag, buf, rc, request);
     return rc;
 }

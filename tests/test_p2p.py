@@ -32,7 +32,7 @@ FROM_STATUS, NONBLOCKING, NO_COMPLETION = (F.FLAG_FROM_STATUS, F.FLAG_NONBLOCKIN
 
 def expected_p2p(n: int, size: int, rank: int) -> collections.Counter[tuple[str, int, int, int]]:
     """(op, peer, tag, bytes) -> records, for tests/c/p2p.c run with N iterations
-    (its steps 1 to 11, then the cancelled receive)."""
+    (its steps 1 to 12, then the cancelled receive)."""
     right, left = (rank + 1) % size, (rank - 1) % size
     per_iter = [
         ("send", right, 1, 400), ("recv", left, 1, 400),                    # 1 (posted 800)
@@ -49,6 +49,11 @@ def expected_p2p(n: int, size: int, rank: int) -> collections.Counter[tuple[str,
         ("irecv", left, 80, 8), ("irecv", left, 81, 8),                     # 10 Waitany
         ("isend", right, 80, 8), ("isend", right, 81, 8),
         *[("irecv", left, 90, 4)] * 50, *[("isend", right, 90, 4)] * 50,  # 11 Waitall(100)
+        ("send", right, 100, 12), ("recv", left, 100, 12),                  # 12 Ssend
+        ("irecv", left, 101, 8), ("sendrecv", left, 102, 0),                # Rsend
+        ("sendrecv_recv", right, 102, 0), ("send", right, 101, 8),
+        ("send", right, 103, 16), ("recv", left, 103, 16),                  # Bsend
+        ("irecv", left, 104, 8), ("isend", right, 104, 8),                  # Issend
     ]
     c: collections.Counter[tuple[str, int, int, int]] = collections.Counter()
     for key in per_iter:
@@ -164,19 +169,22 @@ def test_p2p_exact_records_and_matching(impl: dict, np_: int, tmp_path: Path,
     ta = TraceAnalysis.open(prof / "trace.json", engine="pandas")
     pairs = ta.p2p()
     ok = pairs.loc[pairs["matched"]]
-    # 63 messages per rank per iteration, each matched exactly once
-    assert len(ok) == 63 * n * np_
+    # 68 messages per rank per iteration, each matched exactly once
+    assert len(ok) == 68 * n * np_
     assert not ok.duplicated(["comm", "sender", "receiver", "tag", "n"]).any()
-    assert (ok["receiver"] == (ok["sender"] + 1) % np_).all()
+    leftward = ok["tag"] == 102  # step 12's 0-byte Sendrecv goes to the left
+    assert (ok.loc[~leftward, "receiver"] == (ok.loc[~leftward, "sender"] + 1) % np_).all()
+    assert (ok.loc[leftward, "receiver"] == (ok.loc[leftward, "sender"] - 1) % np_).all()
     assert (ok["bytes"] == ok["recv_bytes"]).all()
     assert (ok["transfer_ns"] >= 0).all()
     tags = collections.Counter(ok["tag"].tolist())
     assert tags[1] == tags[40] == tags[81] == n * np_ and tags[90] == 50 * n * np_
+    assert all(tags[t] == n * np_ for t in range(100, 105))  # Ssend .. Issend
     lone = pairs.loc[~pairs["matched"]]
     assert lone["recv_op"].tolist() == ["irecv"] * np_ and (lone["tag"] == 99).all()
     assert (lone["send_op"] == "").all()
     s = p2p_summary(pairs)
-    assert s["matched"] == 63 * n * np_ and s["unmatched_recvs"] == np_
+    assert s["matched"] == 68 * n * np_ and s["unmatched_recvs"] == np_
     assert s["unmatched_sends"] == 0
     # the frame: kind p2p, no sequence number, the tag in its own column
     from profiler.analysis import load
@@ -199,7 +207,7 @@ def test_p2p_exact_records_and_matching(impl: dict, np_: int, tmp_path: Path,
     assert "consistent" in out, out
     assert main(["summarize", str(prof / "trace.json")]) == 0
     out = capsys.readouterr().out
-    assert f"{63 * n * np_} messages matched" in out, out
+    assert f"{68 * n * np_} messages matched" in out, out
     assert f"unmatched: {np_} receive(s)" in out, out
     lines = out.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("point-to-point: "))

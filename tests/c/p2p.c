@@ -42,6 +42,8 @@ int main(int argc, char **argv)
     double ds[16], dr[16];
     MPI_Status st;
     MPI_Request rq[8], big[100];
+    static char bsend_buf[MPI_BSEND_OVERHEAD + 64]; /* step 12's Bsend */
+    MPI_Buffer_attach(bsend_buf, (int)sizeof bsend_buf);
 
     for (int it = 0; it < n; it++) {
         /* 1. Send 100 ints (400 B, tag 1); Recv posted for 200 (800 B): 400 arrive. */
@@ -165,6 +167,29 @@ int main(int argc, char **argv)
         for (int k = 0; k < 50; k++) MPI_Isend(sb + 100 + k, 1, MPI_INT, right, 90, w, &big[50 + k]);
         MPI_Waitall(100, big, statuses_ignore());
         CHECK(rb[0] == left * 100 && rb[49] == left * 100 + 49); /* in order: non-overtaking */
+
+        /* 12. The other send modes (recorded as MPI_Send / MPI_Isend):
+         * Ssend of 3 ints (tag 100) in the order of step 1; Rsend of 2 ints
+         * (tag 101) to a receive posted before a 0-byte Sendrecv told that
+         * the right neighbour has posted it (tag 102); Bsend of 4 ints
+         * (tag 103) from the attached buffer; Issend of 2 ints (tag 104). */
+        if (even) {
+            MPI_Ssend(sb, 3, MPI_INT, right, 100, w);
+            MPI_Recv(rb, 3, MPI_INT, left, 100, w, &st);
+        } else {
+            MPI_Recv(rb, 3, MPI_INT, left, 100, w, &st);
+            MPI_Ssend(sb, 3, MPI_INT, right, 100, w);
+        }
+        MPI_Irecv(rb, 2, MPI_INT, left, 101, w, &rq[0]);
+        MPI_Sendrecv(NULL, 0, MPI_INT, left, 102, NULL, 0, MPI_INT, right, 102, w,
+                     MPI_STATUS_IGNORE);
+        MPI_Rsend(sb, 2, MPI_INT, right, 101, w);
+        MPI_Wait(&rq[0], MPI_STATUS_IGNORE);
+        MPI_Bsend(sb, 4, MPI_INT, right, 103, w);
+        MPI_Recv(rb, 4, MPI_INT, left, 103, w, MPI_STATUS_IGNORE);
+        MPI_Irecv(rb, 2, MPI_INT, left, 104, w, &rq[0]);
+        MPI_Issend(sb, 2, MPI_INT, right, 104, w, &rq[1]);
+        MPI_Waitall(2, rq, statuses_ignore());
     }
 
     /* A receive never completed: 4 ints from the left, tag 99, cancelled
@@ -173,6 +198,10 @@ int main(int argc, char **argv)
     MPI_Cancel(&rq[0]);
     MPI_Request_free(&rq[0]);
     MPI_Barrier(w);
+
+    void *detached;
+    int detached_size;
+    MPI_Buffer_detach(&detached, &detached_size); /* waits for the Bsends to leave */
 
     int all_bad = 0;
     MPI_Allreduce(&bad, &all_bad, 1, MPI_INT, MPI_MAX, w);
