@@ -17,6 +17,9 @@
  * holder of a rank's stdio to close it), no other descriptor, its own
  * session (a launcher that kills the rank's process group spares it).
  *
+ * HOROVOD_PROFILE_MERGE=0 (as in Python) leaves the raw files for a later
+ * `profiler merge DIR` and says so in one line.
+ *
  * Bounded: the child waits at most HOROVOD_PROFILE_MERGE_TIMEOUT for the
  * other ranks (profiler.collect.merge.wait_and_merge); this process waits for
  * the child that long plus EXIT_MERGE_GRACE_S for the merge itself, then
@@ -207,6 +210,12 @@ HVPROF_HIDDEN void hvprof_exit_merge(const char *dir, const char *raw, int world
 {
     char python[PATH_MAX], lib[PATH_MAX];
     const char *why = NULL;
+    const char *opt = getenv("HOROVOD_PROFILE_MERGE");
+    if (opt && strcmp(opt, "0") == 0) { /* the user merges later, elsewhere */
+        hvprof_warn("no trace at exit (HOROVOD_PROFILE_MERGE=0): the raw files are in "
+                    "%s/raw; build it with: profiler merge %s", dir, dir);
+        return;
+    }
     lib[0] = 0;
     if (find_python(python, sizeof python, lib, sizeof lib, &why) != 0) {
         failed(dir, "%s (%s)", why, lib[0] ? lib : "libhvprof.so");

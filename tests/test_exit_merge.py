@@ -219,3 +219,41 @@ def test_closed_ranks_on_other_hosts_are_converted_at_once(tmp_path: Path) -> No
     assert time.monotonic() - t0 < 10
     assert res.ranks == [0, 1] and res.partial_ranks == [] == res.missing_ranks
     assert (d / "ranks" / "rank-00001.parquet").is_file()
+
+
+def test_merge_at_exit_can_be_left_for_later(prog: Path, tmp_path: Path) -> None:
+    """HOROVOD_PROFILE_MERGE=0: no trace.json at exit, one line that says where
+    the files are and the command that builds it, the program's status kept;
+    `profiler merge` then builds the same exact trace.  A C program and a
+    Python one (whose ranks still convert their own files)."""
+    from conftest import profiler_cli
+
+    prof = tmp_path / "c"
+    proc = run_c(prog, prof, tmp_path, 3, env={"HOROVOD_PROFILE_MERGE": "0"})
+    assert proc.returncode == 3, proc.stderr
+    assert said(proc) == [f"{PREFIX}no trace at exit (HOROVOD_PROFILE_MERGE=0): the raw "
+                          f"files are in {prof}/raw; build it with: profiler merge {prof}"]
+    assert not (prof / "trace.json").exists()
+    assert_raw_exact(prof)
+    p = profiler_cli("merge", str(prof))
+    assert p.returncode == 0, p.stderr
+    assert_exact(prof / "trace.json")
+
+    prof = tmp_path / "py"
+    code = "from mpi4py import MPI\nfor _ in range(5): MPI.COMM_WORLD.Barrier()\n"
+    ranks_env = {"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof),
+                 "HOROVOD_PROFILE_MERGE": "0"}
+    cmd = ["mpirun", "-n", "2", *[a for k in ranks_env for a in ("-x", k)], sys.executable,
+           "-c", code]
+    proc = subprocess.run(cmd, env=base_env(**ranks_env), cwd=tmp_path, capture_output=True,
+                          text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr
+    assert said(proc) == [f"{PREFIX}no trace at exit (HOROVOD_PROFILE_MERGE=0): each rank's "
+                          f"dataset is in {prof}/ranks; build it with: profiler merge {prof}"]
+    assert not (prof / "trace.json").exists()
+    assert sorted(p.name for p in (prof / "ranks").glob("rank-*.parquet")) == [
+        "rank-00000.parquet", "rank-00001.parquet"]
+    p = profiler_cli("merge", str(prof))
+    assert p.returncode == 0, p.stderr
+    got = counts_in_trace(prof / "trace.json")
+    assert got[0][("barrier", 0)] == got[1][("barrier", 0)] == 5

@@ -38,6 +38,20 @@ def merge_timeout() -> float:
                    at_least(0.0, float), "seconds, 0 or more")
 
 
+def merge_at_exit() -> bool:
+    """HOROVOD_PROFILE_MERGE: 1 (the default) builds trace.json at exit on
+    rank 0; 0 leaves it to a later `profiler merge DIR` (each rank still
+    converts its own raw file)."""
+    from profiler._env import setting
+
+    def parse(raw: str) -> bool:
+        if raw not in ("0", "1"):
+            raise ValueError(raw)
+        return raw == "1"
+
+    return setting("HOROVOD_PROFILE_MERGE", True, parse, "0 or 1")
+
+
 def one_line(exc: BaseException) -> str:
     from profiler.errors import ProfilerError
 
@@ -95,6 +109,11 @@ def convert_and_merge(directory: str, raw: str, rank: int, world: int, *,
         say(f"error: rank {rank}: cannot convert {raw}: {one_line(exc)}")
     if rank != 0:
         return None
+    if not merge_at_exit():
+        line = (f"no trace at exit (HOROVOD_PROFILE_MERGE=0): each rank's dataset is in "
+                f"{directory}/ranks; build it with: profiler merge {directory}")
+        say(line)
+        return line
     from profiler.collect.merge import wait_and_merge
 
     try:
