@@ -347,3 +347,19 @@ def test_mpi_records_keep_the_receive_buffer(tmp_path: Path) -> None:
     assert list(bc["buf"]) == [F.fold_ptr(bcast)]
     assert F.fold_ptr(0x0000_7F12_3456_7890) == (0x3456_7890 ^ 0x7F12)
     assert (df.loc[df["op"].isin(["init", "finalize"]), "buf"] == 0).all()
+
+
+def test_inference_stops_at_its_budget_and_says_so() -> None:
+    """The inference runs in rank 0's exit: past its time budget the remaining
+    calls are counted as not inferred, never searched (a long job's exit is
+    not held for minutes), and the lineage's reason says so."""
+    subs = [(f"allreduce.t{i % 7}", 10 + 100 * i, 64 + 4 * (i % 7), 0x1000 + i)
+            for i in range(200)]
+    calls = [(60 + 100 * i, 64 + 4 * (i % 7), 0x1000 + i) for i in range(200)]
+    frame, names = _frame(subs, calls)
+    table, info = fusion.infer({0: frame}, {0: names}, threshold=1 << 20, world_size=1)
+    assert info["by_buffer"] == 200 and info["not_inferred"] == 0
+    table, info = fusion.infer({0: frame}, {0: names}, threshold=1 << 20, world_size=1,
+                               budget_s=0.0)
+    assert info["not_inferred"] == 200 and info["by_buffer"] == 0
+    assert not table["matched"].any() and len(table) == 200

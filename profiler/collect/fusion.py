@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +64,13 @@ MAX_RANKS = 8
 #: not loaded for the other ranks' evidence).
 EVIDENCE_COLUMNS = ("op", "backend", "kind", "seq", "comm", "track", "thread_kind",
                     "t_start_ns", "bytes", "dtype", "redop", "root", "buf")
+#: Seconds of inference per merge, which runs in rank 0's exit: each call
+#: looks at the tensors still open (pending, or held by an ambiguous call),
+#: 1.3 s for 20,000 single-tensor calls on this project's 2-core machine (it
+#: was 4 s, and quadratic, when every call tested every earlier tensor).
+#: Beyond the budget the remaining calls are not inferred, and the lineage
+#: says so (the first calls of a run show its packing: it repeats per step).
+TIME_BUDGET_S = 30.0
 #: Search budget per call (nodes of the subset search) before giving up.
 SEARCH_BUDGET = 200_000
 #: Alternative subsets remembered per call.
@@ -254,9 +262,10 @@ class _Call:
 
 def _infer_family(fam: Family, subs: pd.DataFrame, calls: pd.DataFrame,
                   sub_t: np.ndarray, call_t: np.ndarray, weights: np.ndarray,
-                  stats: dict[str, int]) -> dict[int, _Call]:
+                  stats: dict[str, int], deadline: float = math.inf) -> dict[int, _Call]:
     """Assign this family's tensors (subs, rank-0 view; sub_t: enqueue time per
-    rank, NaN = unknown) to its calls (call_t: start per rank)."""
+    rank, NaN = unknown) to its calls (call_t: start per rank), the calls
+    after `deadline` (time.monotonic) counted as not inferred."""
     n_sub = len(subs)
     owner = np.full(n_sub, -1, dtype=np.int64)  # call index k, -1 = pending
     result: dict[int, _Call] = {}
@@ -271,11 +280,37 @@ def _infer_family(fam: Family, subs: pd.DataFrame, calls: pd.DataFrame,
     position = np.empty(n_sub, dtype=np.int64)
     position[order] = np.arange(n_sub)
 
+    # Each call looks only at the tensors that could be its: enqueued on rank 0
+    # before it started (calls come in rank 0's start order, so that set only
+    # grows: admitted through a pointer into the enqueue order), less those an
+    # earlier call carried for certain (no later call can take them).  The
+    # same set as testing every tensor, in the same order, at a cost that
+    # follows the pending tensors, not the length of the run.
+    certain_owned = np.zeros(n_sub, dtype=bool)
+    times0 = sub_t[order, 0]
+    unknown = np.isnan(times0)
+    live = order[unknown]  # no rank-0 time: always a candidate, as before
+    known = order[~unknown]
+    known_t = times0[~unknown]
+    admitted = 0
+
     def eligible(k: int) -> np.ndarray:
+        nonlocal live, admitted
+        prev = result.get(k - 1)
+        if prev is not None and prev.certain:
+            certain_owned[prev.tensors] = True
+        ct0 = call_t[k, 0]
+        upto = len(known) if np.isnan(ct0) else int(np.searchsorted(known_t, ct0, "left"))
+        if upto > admitted:
+            live = np.concatenate([live, known[admitted:upto]])
+            admitted = upto
+        live = live[~certain_owned[live]]
+        if unknown.any():  # keep the enqueue order the search relies on
+            live = live[np.argsort(position[live], kind="stable")]
         ct = call_t[k][None, :]
-        before = np.isnan(sub_t) | np.isnan(ct) | (sub_t < ct)
-        ok = before.all(axis=1)
-        return order[ok[order]]
+        st = sub_t[live]
+        before = np.isnan(st) | np.isnan(ct) | (st < ct)
+        return live[before.all(axis=1)]
 
     def loose_of(el: np.ndarray) -> list[int]:
         """Eligible tensors held by an ambiguous call: it might have carried
@@ -284,13 +319,17 @@ def _infer_family(fam: Family, subs: pd.DataFrame, calls: pd.DataFrame,
         return [int(s) for s in el if owner[s] >= 0 and not result[int(owner[s])].certain]
 
     for k in range(len(calls)):
+        if k % 32 == 0 and time.monotonic() > deadline:
+            stats["not_inferred"] += len(calls) - k
+            break
         el = eligible(k)
         pend = el[owner[el] < 0]
         b = int(call_bytes[k])
         # 1. the call works in one tensor's output memory
         if call_buf[k] != 0:
-            hit = [s for s in el if sub_buf[s] == call_buf[k] and weights[s] == b
-                   and (owner[s] < 0 or not result[int(owner[s])].certain)]
+            same_buf = el[(sub_buf[el] == call_buf[k]) & (weights[el] == b)]
+            hit = [s for s in same_buf
+                   if owner[s] < 0 or not result[int(owner[s])].certain]
             if hit:
                 hit_p = [s for s in hit if owner[s] < 0]
                 s = hit_p[0] if hit_p else hit[0]
@@ -411,12 +450,14 @@ def _take_back(call: _Call, s: int, owner: np.ndarray, weights: np.ndarray,
 
 def infer(frames: Mapping[int, pd.DataFrame], names: Mapping[int, Sequence[str]], *,
           threshold: int | None = None, world_size: int | None = None,
-          ) -> tuple[pd.DataFrame, dict[str, Any]]:
+          budget_s: float = TIME_BUDGET_S) -> tuple[pd.DataFrame, dict[str, Any]]:
     """The lineage table (LINEAGE_COLUMNS) from the records of the ranks in
     `frames` (rank 0 required: its calls and times are the table's), and what
-    was found (counts per method, tensors, calls)."""
+    was found (counts per method, tensors, calls; not_inferred: calls left
+    when the `budget_s` seconds of inference ran out)."""
     stats = {"by_buffer": 0, "by_bytes": 0, "by_order": 0, "by_elimination": 0,
-             "ambiguous": 0, "unexplained": 0}
+             "ambiguous": 0, "unexplained": 0, "not_inferred": 0}
+    deadline = time.monotonic() + budget_s
     info: dict[str, Any] = {"source": "records", "ranks_read": sorted(frames),
                             "fusion_threshold": threshold}
     ranks = sorted(frames)
@@ -466,7 +507,7 @@ def infer(frames: Mapping[int, pd.DataFrame], names: Mapping[int, Sequence[str]]
             every = sub_seen == n
             weights = np.where(every, sub_bytes_all, weights * n)
         fstats = dict.fromkeys(stats, 0)
-        result = _infer_family(fam, subs, calls, sub_t, call_t, weights, fstats)
+        result = _infer_family(fam, subs, calls, sub_t, call_t, weights, fstats, deadline)
         for kk, v in fstats.items():
             stats[kk] += v
         per_family[fam.key] = {"tensors": int(len(subs)), "calls": int(len(calls)),

@@ -562,6 +562,10 @@ def build_lineage(
         if len(amb) else 0
     reason = (f"{info['rows']} tensor operations, {info['tensors']} tensors, "
               f"{info['matched_calls']} calls, from {info['source']}")
+    left = (info.get("records") or {}).get("not_inferred")
+    if left:
+        reason += (f"; {left} later calls not inferred (the inference's "
+                   f"{fusion.TIME_BUDGET_S:g} s budget at merge ran out)")
     if not write:
         return LineageOutcome(None, reason, table, info)
     out = d / LINEAGE_FILE

@@ -104,14 +104,14 @@ def _what_is_stuck() -> str:
     """"MPI_RECV (point-to-point)", "MPI_ALLREDUCE (a collective)": the
     oldest call in flight, as the library's in-flight table says."""
     from profiler.collect import native
-    from profiler.formats.record import OPS
+    from profiler.formats.record import OPS, P2P_OPS
 
     fn = native.function("hvprof_inflight_oldest_op")
     op = int(fn()) if fn is not None else 0
     entry = OPS.get(op)
     if not op or entry is None:
         return "a call"
-    p2p = 16 <= op <= 23 or entry[1] in ("nccl_send", "nccl_recv")
+    p2p = entry[1] in P2P_OPS or entry[1] in ("nccl_send", "nccl_recv")
     return f"{entry[0]} ({'point-to-point' if p2p else 'a collective'})"
 
 
