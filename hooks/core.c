@@ -1620,10 +1620,6 @@ HVPROF_EXPORT const char *hvprof_layout_json(void)
     return buf;
 }
 
-
-/* The flight recorder's watchdog asks: how long has the oldest collective of
- * this process been in flight (ns; 0 when none)?  Read from the in-flight
- * table, no lock: a call that ends meanwhile reads as in flight once more. */
 /* The op (HVPROF_OP_*) of the oldest call in flight, 0 when none: the
  * watchdog names it (an MPI_Recv is not a collective). */
 HVPROF_EXPORT int hvprof_inflight_oldest_op(void)
@@ -1640,6 +1636,9 @@ HVPROF_EXPORT int hvprof_inflight_oldest_op(void)
     return op;
 }
 
+/* The flight recorder's watchdog asks: how long has the oldest collective of
+ * this process been in flight (ns; 0 when none)?  Read from the in-flight
+ * table, no lock: a call that ends meanwhile reads as in flight once more. */
 HVPROF_EXPORT int64_t hvprof_inflight_oldest_ns(void)
 {
     hvprof_inflight_entry *tab = atomic_load(&hvprof_inflight_table);
