@@ -3,9 +3,12 @@
  *
  * Every profiled process (one per MPI rank, or per launcher rank for NCCL-only
  * jobs) writes one raw file, <profile dir>/raw/rank-<RRRRR>.hvprof, while it
- * runs.  The file is memory-mapped (MAP_SHARED): a record is in the kernel's
- * page cache the moment it is stored, so a rank killed with SIGKILL loses
- * nothing it recorded.  Python reads it with profiler/_format.py, which is
+ * runs.  Its header, tables and in-flight table are memory-mapped
+ * (MAP_SHARED): they are in the kernel's page cache the moment they are
+ * stored.  Records are written into per-thread buffers and copied into their
+ * chunks by the helper thread every HOROVOD_PROFILE_FLUSH_MS (core.c), so a
+ * rank killed with SIGKILL loses at most that period's records; fatal
+ * signals flush first.  Python reads it with profiler/_format.py, which is
  * checked against this header by tests/test_format.py (through the layout the
  * library itself reports with hvprof_layout_json()).
  *

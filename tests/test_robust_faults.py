@@ -65,7 +65,7 @@ if mode == "work":                      # plain work; the directory may vanish m
 
 if mode == "segv":                      # rank 1 crashes in the application
     calls(n_calls)
-    time.sleep(0.1)                     # well past the helper's 10 ms flush period
+    time.sleep(0.25)                    # well past the helper's 25 ms flush period
     calls(n_calls)
     if r == 1:
         import ctypes
