@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from conftest import PYTHON, base_env, mpirun, requires_mpi
+from conftest import PYTHON, base_env, mpirun, profiler_cli, requires_mpi
 
 pytestmark = [requires_mpi, pytest.mark.mpi, pytest.mark.horovod]
 
@@ -183,6 +183,40 @@ def test_images_per_sec_in_trace_agrees_with_benchmark(
     # the trace's metadata carries the run's batch size and images/sec
     assert meta["batch_size"] == BATCH
     assert meta["images_per_sec"] == pytest.approx(total, rel=0.05)
+
+
+def test_the_trace_states_what_profiling_cost(hooked: tuple[dict[str, Any], Path]) -> None:
+    """trace.json's self_cost per rank: the records counted exactly (the
+    rank's parquet rows), every Python hook invocation counted (one per
+    tensor handed to Horovod, one per optimizer step), the calibrated cost
+    per record, the helper thread's CPU time, and shares that add up; the
+    same figures in summarize's "profiler cost" line."""
+    from profiler.units import fmt_share
+
+    res, prof = hooked
+    sc = json.loads((prof / "trace.json").read_bytes())["horovod_profiler"]["self_cost"]
+    rows = rows_of(prof)
+    assert [r["rank"] for r in sc["ranks"]] == [0, 1]
+    for r in sc["ranks"]:
+        mine = rows[rows["rank"] == r["rank"]]
+        assert r["records"] == len(mine)
+        tensors = int((mine["op"].astype(str) == "tensor").sum())
+        assert tensors > 0
+        assert r["python_hook_calls"] == tensors + res["optimizer_steps"], r
+        assert 0 < r["call_cost_ns"] < 10_000 and 0 < r["helper_cpu_ns"]
+        assert 0 < r["python_hook_ns"] < r["process_cpu_ns"]
+        assert r["record_ns"] == pytest.approx(r["call_cost_ns"] * r["records"])
+        total = r["record_ns"] + r["helper_cpu_ns"] + r["python_hook_ns"]
+        assert r["total_ns"] == pytest.approx(total)
+        assert r["cpu_share"] == pytest.approx(total / r["process_cpu_ns"])
+        assert 0 < r["cpu_share"] < 0.5 and 0 < r["step_share"] < 0.5
+    assert sc["cpu_share_max"] == max(r["cpu_share"] for r in sc["ranks"])
+    out = profiler_cli("summarize", str(prof / "trace.json"))
+    assert out.returncode == 0, out.stderr
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("profiler cost")]
+    assert len(line) == 1, out.stdout
+    assert f"{fmt_share(sc['cpu_share_max'])} of CPU time" in line[0], line[0]
+    assert f"{sum(r['records'] for r in sc['ranks']):,} records" in line[0], line[0]
 
 
 def test_benchmark_profiled_np1_records_steps(tmp_path: Path) -> None:

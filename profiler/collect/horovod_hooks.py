@@ -51,15 +51,15 @@ def _wrap_step(orig: Callable[..., Any]) -> Callable[..., Any]:
             entered = now()
         except Exception:  # never break the training loop
             entered = None
-        c1 = selfcost.clock() if measured else 0
+        before = selfcost.clock() - c0 if measured else 0
         result = orig(self, *args, **kwargs)
-        c2 = selfcost.clock() if measured else 0
+        c1 = selfcost.clock() if measured else 0
         try:
             from profiler.collect.steps import hook_step
 
             hook_step(entered)
             if measured:
-                selfcost.add_python(c1 - c0 + selfcost.clock() - c2)
+                selfcost.close(c1, before)
         except Exception as exc:  # never break the training loop
             _warn_once(f"step hook failed: {exc}")
         return result

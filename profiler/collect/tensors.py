@@ -40,8 +40,8 @@ from typing import Any, Callable
 
 import orjson
 
-from profiler.collect.selfcost import add_python as _add_cost
 from profiler.collect.selfcost import clock as _clock
+from profiler.collect.selfcost import close as _close
 from profiler.collect.selfcost import sample as _sample
 
 __all__ = ["TARGET", "ENTRY_POINTS", "patch_module", "unpatch_module", "TORCH_DTYPES",
@@ -171,62 +171,62 @@ os.register_at_fork(after_in_child=_after_fork)
 _DTYPES: dict[Any, int] = {}
 
 
-def _tensor_fields(t: Any) -> tuple[int, int, int, int]:
-    """(bytes, elements, dtype code, element size) of a torch tensor."""
-    n = int(t.numel())
-    size = int(t.element_size())
-    dt = t.dtype
-    code = _DTYPES.get(dt)
-    if code is None:
-        code = _DTYPES[dt] = TORCH_DTYPES.get(str(dt).rpartition(".")[2], 0)
-    return n * size, n, code, size
-
-
-def _emit(t0: int, name: str, tensor: Any, output: Any, root: int, op: Any,
-          process_set: Any) -> None:
+def _emit(t0: int, name: str, tensor: Any, output: Any, root: int, redop: int,
+          ps: int) -> None:
     global _count
-    nbytes, count, dtype, size = _tensor_fields(tensor)
+    n = int(tensor.numel())
+    size = int(tensor.element_size())
+    code = _DTYPES.get(tensor.dtype)
+    if code is None:
+        code = _DTYPES[tensor.dtype] = TORCH_DTYPES.get(str(tensor.dtype).rpartition(".")[2], 0)
     try:
         ptr = int(output.data_ptr()) if output is not None else 0
     except Exception:
         ptr = 0
-    try:
-        ps = int(getattr(process_set, "process_set_id", 0) or 0)
-    except (TypeError, ValueError):
-        ps = 0
-    redop = REDUCE_OPS.get(int(op), 255) if op is not None else 0
-    _record(t0, nbytes, count, _name_id(name), root, dtype, size, redop, ps, ptr)
+    _record(t0, n * size, n, _name_id(name), root, code, size, redop, ps, ptr)
     _count += 1
 
 
-def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], i: int | None, key: str) -> Any:
-    if i is not None and i < len(args):
-        return args[i]
-    return kwargs.get(key)
+def _process_set(ps: Any) -> int:
+    try:
+        return int(getattr(ps, "process_set_id", 0) or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _wrap(fname: str, orig: Callable[..., Any]) -> Callable[..., Any]:
     prefix, grouped, out_i, root_i, op_i, name_i, ps_i = ENTRY_POINTS[fname]
+    tensor_key = "tensors" if grouped else "tensor"
     out_key = "outputs" if grouped else "output"
+    # an argument absent from the entry point's signature: past any positional
+    none_i = 1 << 30
+    out_j = none_i if out_i is None else out_i
+    root_j = none_i if root_i is None else root_i
+    op_j = none_i if op_i is None else op_i
 
     @functools.wraps(orig)
     def entry(*args: Any, **kwargs: Any) -> Any:
-        if not _library():
+        if _record is False or (_record is None and not _library()):
             return orig(*args, **kwargs)
         measured = _sample()
         c0 = _clock() if measured else 0
         t0 = _now()
-        c1 = _clock() if measured else 0
+        before = _clock() - c0 if measured else 0
         handle = orig(*args, **kwargs)  # Horovod's result and errors, untouched
-        c2 = _clock() if measured else 0
+        c1 = _clock() if measured else 0
         try:
-            tensors = args[0] if args else kwargs.get("tensors" if grouped else "tensor")
-            outputs = _arg(args, kwargs, out_i, out_key) if out_i is not None else None
-            name = _arg(args, kwargs, name_i, "name")
+            na = len(args)
+            tensors = args[0] if na else kwargs.get(tensor_key)
+            outputs = (args[out_j] if out_j < na else kwargs.get(out_key)) \
+                if out_i is not None else None
+            name = args[name_i] if name_i < na else kwargs.get("name")
             base = f"{prefix}.{name}" if name else f"{prefix}.noname.{handle}"
-            root = _arg(args, kwargs, root_i, "root_rank") if root_i is not None else -1
-            op = _arg(args, kwargs, op_i, "op") if op_i is not None else None
-            ps = _arg(args, kwargs, ps_i, "process_set")
+            root = (args[root_j] if root_j < na else kwargs.get("root_rank", -1)) \
+                if root_i is not None else -1
+            op = (args[op_j] if op_j < na else kwargs.get("op")) if op_i is not None else None
+            redop = REDUCE_OPS.get(int(op), 255) if op is not None else 0
+            ps_arg = args[ps_i] if ps_i < na else kwargs.get("process_set")
+            ps = 0 if ps_arg is None else _process_set(ps_arg)
             _pending[handle] = (_monotonic(), base)
             if len(_pending) > _prune_at:  # bounded without a watchdog too
                 _prune()
@@ -234,13 +234,13 @@ def _wrap(fname: str, orig: Callable[..., Any]) -> Callable[..., Any]:
                 n = len(tensors)
                 outs = list(outputs) if outputs is not None else [None] * n
                 for i, t in enumerate(tensors):
-                    _emit(t0, f"{base}_{i + 1}of{n}", t, outs[i], -1, op, ps)
+                    _emit(t0, f"{base}_{i + 1}of{n}", t, outs[i], -1, redop, ps)
             else:
-                _emit(t0, base, tensors, outputs, int(root), op, ps)
+                _emit(t0, base, tensors, outputs, int(root), redop, ps)
         except Exception as exc:  # never break the training loop
             _warn_once(f"tensor record failed ({fname}): {exc}")
         if measured:
-            _add_cost(c1 - c0 + _clock() - c2)
+            _close(c1, before)
         return handle
 
     setattr(entry, _WRAPPED, orig)
