@@ -1030,36 +1030,23 @@ static __attribute__((noinline)) void p2p_post(uint16_t op, uint64_t t0, MPI_Com
     pending_add(rc == MPI_SUCCESS ? *request : MPI_REQUEST_NULL, &r);
 }
 
-HVPROF_EXPORT int MPI_Isend(const void *buf, int count, MPI_Datatype datatype, int dest, int tag,
-                            MPI_Comm comm, MPI_Request *request)
-{
-    if (!ACTIVE()) return PMPI_Isend(buf, count, datatype, dest, tag, comm, request);
-    uint64_t t0 = hvprof_ticks();
-    int rc = PMPI_Isend(buf, count, datatype, dest, tag, comm, request);
-    p2p_post(HVPROF_OP_MPI_ISEND, t0, comm, datatype, count, dest, tag, buf, rc, request);
-    return rc;
-}
-
-/* MPI_Issend: a nonblocking send as MPI_Isend records it (the mode not kept). */
-HVPROF_EXPORT int MPI_Issend(const void *buf, int count, MPI_Datatype datatype, int dest, int tag,
-                             MPI_Comm comm, MPI_Request *request)
-{
-    if (!ACTIVE()) return PMPI_Issend(buf, count, datatype, dest, tag, comm, request);
-    uint64_t t0 = hvprof_ticks();
-    int rc = PMPI_Issend(buf, count, datatype, dest, tag, comm, request);
-    p2p_post(HVPROF_OP_MPI_ISEND, t0, comm, datatype, count, dest, tag, buf, rc, request);
-    return rc;
-}
-
-HVPROF_EXPORT int MPI_Irecv(void *buf, int count, MPI_Datatype datatype, int source, int tag,
-                            MPI_Comm comm, MPI_Request *request)
-{
-    if (!ACTIVE()) return PMPI_Irecv(buf, count, datatype, source, tag, comm, request);
-    uint64_t t0 = hvprof_ticks();
-    int rc = PMPI_Irecv(buf, count, datatype, source, tag, comm, request);
-    p2p_post(HVPROF_OP_MPI_IRECV, t0, comm, datatype, count, source, tag, buf, rc, request);
-    return rc;
-}
+/* A nonblocking post (NAME), recorded as OP: the record waits in the pending
+ * table for the request's completion.  MPI_Issend is recorded as MPI_Isend
+ * (the mode not kept). */
+#define P2P_POST_WRAPPER(NAME, OP, BUF_T, PEER)                                \
+    HVPROF_EXPORT int MPI_##NAME(BUF_T *buf, int count, MPI_Datatype datatype,  \
+                                 int PEER, int tag, MPI_Comm comm,              \
+                                 MPI_Request *request)                          \
+    {                                                                           \
+        if (!ACTIVE()) return PMPI_##NAME(buf, count, datatype, PEER, tag, comm, request); \
+        uint64_t t0 = hvprof_ticks();                                           \
+        int rc = PMPI_##NAME(buf, count, datatype, PEER, tag, comm, request);   \
+        p2p_post(HVPROF_OP_##OP, t0, comm, datatype, count, PEER, tag, buf, rc, request); \
+        return rc;                                                              \
+    }
+P2P_POST_WRAPPER(Isend, MPI_ISEND, const void, dest)
+P2P_POST_WRAPPER(Issend, MPI_ISEND, const void, dest)
+P2P_POST_WRAPPER(Irecv, MPI_IRECV, void, source)
 
 #define ANY_PENDING() atomic_load_explicit(&n_pending, memory_order_relaxed)
 
