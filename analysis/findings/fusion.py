@@ -97,6 +97,9 @@ def analyze(ctx: Context, lineage: pd.DataFrame | None = None,
         headline = (f"HOROVOD_FUSION_THRESHOLD={_label(int(best['threshold']))} would cut data "
                     f"calls from {w.base_calls:.1f} to {float(best['calls_per_step']):.1f} "
                     "per step")
+    elif np.isfinite(w.error) and w.error >= 1.0:  # wide or contended: no time trusted
+        headline = (f"The fusion threshold ({_label(w.threshold)}) is kept: this run's "
+                    "transfer times do not price other thresholds (see latency)")
     else:
         headline = (f"The fusion threshold ({_label(w.threshold)}) is as good as any tried "
                     "for this job")
