@@ -349,8 +349,10 @@ def test_predicted_calls_match_real_runs(tmp_path: Path) -> None:
           f"rank 0 with its waits {w.actual_wait_ms:.2f}")
     assert w.calls_error <= 0.10, (w.actual_calls, w.base_calls)
     # the latency is fitted on data calls (the start-up broadcasts, twice
-    # theirs for an allreduce at 2 ranks), never on Horovod's control calls
-    assert w.latency is not None and w.latency.source == "broadcast", w.latency
+    # theirs for an allreduce at 2 ranks; the run's own allreduces if a loaded
+    # machine split its steps into 4 sizes or more), never on Horovod's
+    # control calls
+    assert w.latency is not None and w.latency.source in ("broadcast", "allreduce"), w.latency
     base_calm, base_why = _calm(w, base)
     print(f"default run: {base_why}")
     unrounded = whatif(*_inputs(base), thresholds=(SPLIT,), local_size=None)
