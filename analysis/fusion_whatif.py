@@ -42,20 +42,20 @@ Measured on this machine (resnet8, 2 ranks, 100 ms cycle, tests/
 test_fusion_whatif.py; see README): data calls per step predicted from a run
 at the default threshold match real runs at 0 (exactly) and at 20000 bytes
 (within 4%, ten sittings at load 1.5 to 7.8).
-Transfer time per step, on a calm machine (nine sittings at load 1.4-1.9,
+Transfer time per step, on a calm machine (ten sittings at load 1.1-1.9,
 mostly this job's own ranks; other processes under half a core while each
-run ran): in the seven the test compared, 0.83-1.11 of the real run's median
-step at 0 (0.319-0.417 ms predicted against 0.286-0.443 real) and 0.80-1.08
-at 20000 bytes (0.271-0.352 against 0.254-0.378), once 1.39 (0.352 against
-0.254): 13 of 14 within the issue's 30%, all within 2 times, which the test
-asserts.  In one more the base run's start-up broadcasts of 1.7 KB and more
+run ran): in the eight the test compared, 0.64-1.11 of the real run's median
+step at 0 (0.319-0.426 ms predicted against 0.286-0.670 real) and 0.80-1.08
+at 20000 bytes (0.271-0.374 against 0.254-0.378), once 1.39 (0.352 against
+0.254): 14 of 16 within the issue's 30%, all within 2 times, which the test
+asserts. In one more the base run's start-up broadcasts of 1.7 KB and more
 took 2-4 ms (the ranks' own start-up held the cores): agreement 32, wide,
 not compared (it would have said 0.45 and 0.14); in the other the base ran
 while another job was ending (0.6 cores; it would have said 1.30 and 1.59).
 The old fit, over every allreduce of the base run (its one fused size and
 the 8-byte control calls, which follow the cycle's 100 ms sleep and take
 70-160 us from the last arrival where a small data call takes 1-5 us), on
-the same seven: 2.99-4.24 at 0, 1.19-2.06 at 20000.  On a loaded machine
+the same eight: 2.88-4.24 at 0, 1.19-2.06 at 20000. On a loaded machine
 (another engineer's 2-rank jobs holding a core: seventeen sittings at load
 1.1-7.2, six judged afterwards on their traces), where the base run's
 latency was not wide and the real run not held (median step within CONTENDED

@@ -23,29 +23,29 @@ Communication per step: both sides are the same quantity, transfer time
 summed per step (the median step); the prediction prices each predicted call
 with fusion_whatif.latency_model's curve, here the base run's start-up
 broadcasts, twice theirs at 2 ranks (the test asserts that the curve is not
-fitted on Horovod's control calls).  The issue asks for 30%; that is printed
+fitted on Horovod's control calls). The issue asks for 30%; that is printed
 for each threshold, and asserted is within COMM_FACTOR (2) either way, where
 the machine let both runs measure the fabric rather than its load (_calm:
 other processes under CALM_OTHERS_CORES on average while the run ran, from
 /proc/stat less this test's children; its median step within CONTENDED times
-its floor; the latency not wide).  Where nothing could be compared the test
-warns.  Measured on a calm machine (nine sittings at load 1.4-1.9, other
-processes under half a core), in the seven compared: 0.83-1.11 of the real
-run at 0, 0.80-1.08 at 20000 and once 1.39 (0.352 ms against 0.254): 13 of
-14 within 30%, not all, so 2x is asserted, with a margin; the old fit (every
+its floor; the latency not wide). Where nothing could be compared the test
+warns. Measured on a calm machine (ten sittings at load 1.1-1.9, other
+processes under half a core), in the eight compared: 0.64-1.11 of the real
+run at 0, 0.80-1.08 at 20000 and once 1.39 (0.352 ms against 0.254): 14 of
+16 within 30%, not all, so 2x is asserted, with a margin; the old fit (every
 allreduce of the base run, whose only small size is the 8-byte control call,
 which follows a 100 ms sleep: 70-160 us, where a small data call takes 1-5
-us) was 2.99-4.24 at 0 and 1.19-2.06 at 20000 on the same seven: it fails
-the 2x at 0 in every one.  Of the other two, one base run's start-up
+us) was 2.88-4.24 at 0 and 1.19-2.06 at 20000 on the same eight: it fails
+the 2x at 0 in every one. Of the other two, one base run's start-up
 broadcasts took 2-4 ms each (agreement 32: wide; it would have said 0.45 and
-0.14), the other ran while another job ended (0.6 cores; 1.30 and 1.59).  In
+0.14), the other ran while another job ended (0.6 cores; 1.30 and 1.59). In
 seventeen loaded sittings (another engineer's jobs held a core; load
 1.1-7.2) the gate compared nothing in the eleven that ran it; where the base
 latency was not wide and the real run not held (median step within CONTENDED
-of its floor and under 1 ms) the prediction was 0.69-1.09 of it.  Loaded,
+of its floor and under 1 ms) the prediction was 0.69-1.09 of it. Loaded,
 either side is off by up to a hundredfold (a call's transfer is then mostly
 the wait for both ranks to be on a core: the base run's fused call 0.13 to
-39 ms, a real 20000 run 97 ms in the median step at load 7).  See README
+39 ms, a real 20000 run 97 ms in the median step at load 7). See README
 (Fusion what-if)."""
 
 from __future__ import annotations
