@@ -106,7 +106,8 @@ def _header(ctx: Context) -> dict[str, Any]:
 def advise_frame(df: Any, meta: dict[str, Any] | None = None, *, path: str = "",
                  only: Sequence[str] | None = None, bench: Context | None = None) -> Advice:
     """Run the analyzers on a loaded frame (one trace) and rank the findings;
-    `bench`: a bench trace of the same fabric, for the efficiency finding."""
+    `bench`: a bench trace of the same fabric, for the efficiency finding and
+    the fusion what-if's latency."""
     if "label" in df.columns:  # one trace of a multi-trace frame: the label is constant
         df = df.drop(columns=["label"])
     ctx = Context(df=df, meta=dict(meta or {}), path=path)
@@ -116,6 +117,9 @@ def advise_frame(df: Any, meta: dict[str, Any] | None = None, *, path: str = "",
             continue
         if name == "efficiency" and bench is not None:
             found.extend(efficiency.analyze(ctx, bench))
+            continue
+        if name == "fusion" and bench is not None:
+            found.extend(fusion.analyze(ctx, bench=bench))
             continue
         found.extend(fn(ctx))
     found.sort(key=_rank_key)
@@ -134,7 +138,8 @@ def advise(path: str | os.PathLike[str], *, only: Sequence[str] | None = None,
     """Open a trace (trace.json, profile directory or parquet file), load what the
     analyzers read (a bounded window above `max_rows` calls) and advise;
     `bench`: a `profiler bench` trace of the same fabric (hosts, ranks,
-    transport), the reference of the efficiency finding."""
+    transport), the reference of the efficiency finding and the fusion
+    what-if's latency."""
     df, meta = _open(path, max_rows)
     ref = None
     if bench is not None:

@@ -1,16 +1,21 @@
 """Tensor fusion: would another HOROVOD_FUSION_THRESHOLD buy anything?
 
 From the run's fusion lineage (lineage.parquet beside the trace, written at
-merge) and every rank's Horovod allreduces, analysis.fusion_whatif replays
-Horovod's packing at other thresholds, at the run's own cycle time.  Its
-figure is transfer time (each predicted call at the fitted latency of the
-run's calls from the last rank's arrival to the last return; no waits for
-late ranks), so the finding's cost is the transfer time per
-step that the best threshold would save over the run's own, and its error is
-the prediction's error on the run itself (the calls it predicts at the run's
-own setting against the calls the run made); the saving is capped by the
-step's exposed communication.  A threshold is recommended only
-when the saving exceeds that error and the noise floor.
+merge) and every rank's Horovod allreduces and broadcasts,
+analysis.fusion_whatif replays Horovod's packing at other thresholds, at the
+run's own cycle time.  Its figure is transfer time (each predicted call at
+fusion_whatif.latency_model's curve: a bench trace's when `profiler advise
+TRACE --bench BENCH` gives one of this fabric, else the run's own data calls,
+its start-up broadcasts scaled to its allreduces; from the last rank's
+arrival to the last return, no waits for late ranks), so the finding's cost
+is the transfer time per step that the best threshold would save over the
+run's own, capped by the step's exposed communication.  Its error is the
+prediction's error as far as the run tells it (WhatIf.error: the largest of
+the calls and the transfer time it predicts at the run's own setting against
+what the run made, and the latency fit's at its sizes); the whole figure
+when the latency model is `wide` (fitted on Horovod's control calls, or its
+broadcasts and allreduces disagree) or the run was contended.  A threshold
+is recommended only when the saving exceeds that error and the noise floor.
 """
 
 from __future__ import annotations
@@ -52,8 +57,12 @@ def _label(th: int) -> str:
     return fmt_bytes(th) if th else "0 (fusion off)"
 
 
-def analyze(ctx: Context, lineage: pd.DataFrame | None = None) -> list[Finding]:
+def analyze(ctx: Context, lineage: pd.DataFrame | None = None,
+            bench: Context | None = None) -> list[Finding]:
+    """`bench`: a `profiler bench` trace of the same fabric, whose allreduce
+    curve then prices the predicted calls (fusion_whatif.latency_model)."""
     from ..fusion_whatif import ranks_per_host, whatif
+    from .efficiency import mismatch
 
     if ctx.n_steps < MIN_STEPS or "rank" not in ctx.df.columns:
         return []
@@ -62,8 +71,11 @@ def analyze(ctx: Context, lineage: pd.DataFrame | None = None) -> list[Finding]:
         return []
     hosts = [r.get("host", "") for r in ctx.meta.get("ranks") or [] if isinstance(r, dict)]
     try:
+        if bench is not None and mismatch(ctx, bench):  # not this run's fabric
+            bench = None
         w = whatif(lin, ctx.df, ctx.meta.get("env") or {},
-                   local_size=ranks_per_host(hosts) if hosts else None)
+                   local_size=ranks_per_host(hosts) if hosts else None,
+                   bench=bench.df if bench is not None else None)
     except (KeyError, ValueError):  # a lineage or frame without what the replay reads
         return []
     if w is None or not np.isfinite(w.calls_error):
@@ -73,7 +85,11 @@ def analyze(ctx: Context, lineage: pd.DataFrame | None = None) -> list[Finding]:
     gain = max(0.0, w.base_comm_ms - float(best["transfer_ms_per_step"]))
     if "exposed_ms" in ctx.steady.columns:  # time that overlaps compute costs nothing
         gain = min(gain, float(ctx.steady["exposed_ms"].mean()))
-    err = w.calls_error * w.base_comm_ms
+    # the prediction's error as far as this run tells it (WhatIf.error: its
+    # calls, its transfer time and the latency fit; the whole figure when the
+    # latency model is wide or the run contended), so a threshold is
+    # recommended only when its gain exceeds what the replay gets wrong here
+    err = w.error * w.base_comm_ms if np.isfinite(w.error) else w.base_comm_ms
     lo, hi = max(0.0, gain - err), gain + err
     better = int(best["threshold"]) != w.threshold and gain > err
     significant = better and ctx.significant(lo)
@@ -81,6 +97,9 @@ def analyze(ctx: Context, lineage: pd.DataFrame | None = None) -> list[Finding]:
         headline = (f"HOROVOD_FUSION_THRESHOLD={_label(int(best['threshold']))} would cut data "
                     f"calls from {w.base_calls:.1f} to {float(best['calls_per_step']):.1f} "
                     "per step")
+    elif np.isfinite(w.error) and w.error >= 1.0:  # wide or contended: no time trusted
+        headline = (f"The fusion threshold ({_label(w.threshold)}) is kept: this run's "
+                    "transfer times do not price other thresholds (see latency)")
     else:
         headline = (f"The fusion threshold ({_label(w.threshold)}) is as good as any tried "
                     "for this job")
@@ -94,20 +113,49 @@ def analyze(ctx: Context, lineage: pd.DataFrame | None = None) -> list[Finding]:
                  f"the prediction for this run's own setting is {w.base_calls:.1f} calls per "
                  f"step against {w.actual_calls:.1f} made ({100 * w.calls_error:.0f}% error); "
                  f"times are transfer only (from the last rank's arrival): this run's data "
-                 f"calls {fmt_ms(w.actual_comm_median_ms)} in the median step, "
-                 f"{fmt_ms(w.actual_wait_ms)}/step on rank 0 with its waits."],
+                 f"calls {fmt_ms(w.actual_comm_median_ms)} in the median step (predicted "
+                 f"{fmt_ms(w.base_comm_ms)}), "
+                 f"{fmt_ms(w.actual_wait_ms)}/step on rank 0 with its waits.",
+                 f"latency: {_source(w)}."],
         cost_ms=gain if better else 0.0, cost_interval_ms=(lo, hi) if better else None,
         cost_img_s=ctx.cost_img_s(gain) if better else None,
-        confidence=f"replay of {w.steps} steps; error = the replay's own error on this run",
+        confidence=(f"replay of {w.steps} steps; error = the replay's own error on this run "
+                    f"({100 * w.error:.0f}%)" if np.isfinite(w.error) else
+                    f"replay of {w.steps} steps; error unknown"),
         recommendation=(f"HOROVOD_FUSION_THRESHOLD={int(best['threshold'])}" if significant
                         else "keep the threshold"),
         check="profiler tensors TRACE --whatif; then profiler compare BEFORE AFTER",
         numbers={"threshold": w.threshold, "best_threshold": int(best["threshold"]),
                  "calls_per_step": w.base_calls, "best_calls_per_step":
                  float(best["calls_per_step"]), "saved_ms": gain, "error_ms": err,
-                 "calls_error": w.calls_error, "table": _records(t)},
+                 "calls_error": w.calls_error, "comm_error": w.comm_error,
+                 "error": w.error, "contention": w.contention,
+                 "latency_source": w.latency.source if w.latency is not None else "",
+                 "latency_wide": bool(w.latency is not None and w.latency.wide),
+                 "table": _records(t)},
         significant=significant,
     )]
+
+
+def _source(w: Any) -> str:
+    """What priced the predicted calls, in words."""
+    from ..fusion_whatif import CONTENDED
+
+    lat = w.latency
+    if lat is None:
+        return "unknown"
+    said = {"bench": f"the bench's allreduce curve ({lat.sizes} sizes)",
+            "allreduce": f"this run's data allreduces ({lat.sizes} sizes)",
+            "broadcast": (f"this run's start-up broadcasts ({lat.sizes} sizes), scaled "
+                          f"{lat.scale:.2f}x to its allreduces"),
+            "control": "this run's allreduces with Horovod's control calls (no data "
+                       "call of another size)"}.get(lat.source, lat.source)
+    if lat.wide:
+        said += "; the sources disagree or are control calls: the times are not trusted"
+    if w.contention > CONTENDED:
+        said += (f"; the run was contended (median step {w.contention:.0f}x its floor): "
+                 "the times are not trusted")
+    return said
 
 
 def _records(t: pd.DataFrame) -> list[dict[str, Any]]:
