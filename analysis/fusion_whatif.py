@@ -213,6 +213,17 @@ class WhatIf:
             return math.nan
         return self.actual_comm_median_ms / self.actual_floor_ms
 
+    def distrust(self) -> list[str]:
+        """Why this run's transfer times cannot price other settings, in
+        words ([] when they can): the latency model `wide`, or the run
+        contended (contention above CONTENDED)."""
+        why = []
+        if self.latency is not None and self.latency.wide:
+            why.append("the latency's sources disagree or are control calls")
+        if self.contention > CONTENDED:
+            why.append(f"the run was contended (median step {self.contention:.0f}x its floor)")
+        return why
+
     @property
     def error(self) -> float:
         """The prediction's relative error, as far as one run can tell: the
@@ -220,7 +231,7 @@ class WhatIf:
         latency model's on the sizes it was fitted at; 1 (the whole figure)
         when the model is `wide` (fitted on control calls, or its sources
         disagree) or the run was contended (contention above CONTENDED)."""
-        if (self.latency is not None and self.latency.wide) or self.contention > CONTENDED:
+        if self.distrust():
             return 1.0
         errs = [e for e in (self.calls_error, self.comm_error,
                             self.latency.error if self.latency is not None else math.nan)
@@ -312,6 +323,17 @@ class Latency:
 
     def predict_ns(self, nbytes: Any) -> np.ndarray:
         return np.asarray(self.model.predict_ns(nbytes), dtype=float) * self.scale
+
+    def describe(self) -> str:
+        """What the curve was fitted on, in words: the fusion finding and
+        `profiler tensors --whatif` both say it."""
+        what = {"bench": "the bench's allreduce curve",
+                "allreduce": "this run's data allreduces",
+                "broadcast": (f"this run's start-up broadcasts, scaled {self.scale:.2f}x to "
+                              "its allreduces"),
+                "control": "this run's allreduces with Horovod's control calls (no data call "
+                           "of another size)"}.get(self.source, self.source)
+        return f"{what} ({self.sizes} sizes)"
 
 
 def _medians(calls: pd.DataFrame, min_calls: int = 1) -> pd.Series:

@@ -251,9 +251,16 @@ def test_error_is_whole_when_wide_or_contended() -> None:
                       base_comm_ms=1.1, calls_error=0.0, comm_error=0.1, threshold=0,
                       cycle_ms=1.0, steps=10, latency=lat, actual_floor_ms=floor)
     good = Latency(model=None, source="broadcast", sizes=6, scale=2.0, error=0.05)
-    assert w(good, 0.8).error == pytest.approx(0.1)
-    assert w(Latency(model=None, source="control", sizes=2, wide=True), 0.8).error == 1.0
-    assert w(good, 1.0 / (CONTENDED + 1)).error == 1.0
+    assert w(good, 0.8).error == pytest.approx(0.1) and w(good, 0.8).distrust() == []
+    wide = w(Latency(model=None, source="control", sizes=2, wide=True), 0.8)
+    assert wide.error == 1.0
+    assert wide.distrust() == ["the latency's sources disagree or are control calls"]
+    held = w(good, 1.0 / (CONTENDED + 1))
+    assert held.error == 1.0
+    assert held.distrust() == [f"the run was contended (median step {CONTENDED + 1:.0f}x its "
+                               "floor)"]
+    assert good.describe() == ("this run's start-up broadcasts, scaled 2.00x to its "
+                               "allreduces (6 sizes)")
 
 
 def _busy_s() -> tuple[float, float]:
@@ -417,3 +424,5 @@ def test_predicted_calls_match_real_runs(tmp_path: Path) -> None:
     p = profiler_cli("tensors", str(base), "--whatif")
     assert p.returncode == 0 and "calls/step" in p.stdout and "(this run)" in p.stdout, p.stdout
     assert "from the last rank's arrival" in p.stdout, p.stdout
+    assert w.latency is not None and f"latency from {w.latency.describe()}" in p.stdout, p.stdout
+    assert f"latency: {w.latency.describe()}" in " ".join(f.details), f.details

@@ -138,24 +138,12 @@ def analyze(ctx: Context, lineage: pd.DataFrame | None = None,
 
 
 def _source(w: Any) -> str:
-    """What priced the predicted calls, in words."""
-    from ..fusion_whatif import CONTENDED
-
-    lat = w.latency
-    if lat is None:
+    """What priced the predicted calls, and why not to trust it, in words."""
+    if w.latency is None:
         return "unknown"
-    said = {"bench": f"the bench's allreduce curve ({lat.sizes} sizes)",
-            "allreduce": f"this run's data allreduces ({lat.sizes} sizes)",
-            "broadcast": (f"this run's start-up broadcasts ({lat.sizes} sizes), scaled "
-                          f"{lat.scale:.2f}x to its allreduces"),
-            "control": "this run's allreduces with Horovod's control calls (no data "
-                       "call of another size)"}.get(lat.source, lat.source)
-    if lat.wide:
-        said += "; the sources disagree or are control calls: the times are not trusted"
-    if w.contention > CONTENDED:
-        said += (f"; the run was contended (median step {w.contention:.0f}x its floor): "
-                 "the times are not trusted")
-    return said
+    why = w.distrust()
+    return w.latency.describe() + ("; the times are not trusted: " + "; ".join(why)
+                                   if why else "")
 
 
 def _records(t: pd.DataFrame) -> list[dict[str, Any]]:

@@ -215,7 +215,7 @@ def _whatif(args: argparse.Namespace, lin: Any) -> int:
     """`--whatif`: profiler.analysis.fusion_whatif on this run."""
     import numpy as np
 
-    from profiler.analysis.fusion_whatif import CONTENDED, ranks_per_host, whatif
+    from profiler.analysis.fusion_whatif import ranks_per_host, whatif
     from profiler.errors import NotFoundError, ProfilerError
     from profiler.formats.dataset import read_dataset, read_meta
     from profiler.layout import RANKS_DIR, meta_path, parquet_path, rank_files
@@ -257,17 +257,11 @@ def _whatif(args: argparse.Namespace, lin: Any) -> int:
           f"error {100 * w.calls_error:.0f}%); {what} {fmt_ms(w.actual_comm_median_ms)} in the "
           f"median step (predicted {fmt_ms(w.base_comm_ms)}); rank 0 in its data calls "
           f"{fmt_ms(w.actual_wait_ms)}/step with its waits")
-    lat = w.latency
-    if lat is not None:
-        src = {"bench": "the bench's allreduces", "allreduce": "this run's data allreduces",
-               "broadcast": f"this run's start-up broadcasts x{lat.scale:.2f}",
-               "control": "this run's allreduces, control calls included"}.get(lat.source,
-                                                                               lat.source)
-        print(f"  latency from {src} ({lat.sizes} sizes); prediction error "
+    if w.latency is not None:
+        why = w.distrust()
+        print(f"  latency from {w.latency.describe()}; prediction error "
               + (f"{100 * w.error:.0f}%" if np.isfinite(w.error) else "unknown")
-              + ("; not trusted: wide" if lat.wide else "")
-              + (f"; contended (median step {w.contention:.0f}x its floor)"
-                 if w.contention > CONTENDED else ""))
+              + ("; not trusted: " + "; ".join(why) if why else ""))
     print(f"  {'threshold':>10s} {'cycle':>7s} {'calls/step':>11s} {'transfer/step':>14s}")
     for r in w.table.itertuples(index=False):
         th = fmt_bytes(r.threshold) if r.threshold else "0 (off)"
