@@ -253,15 +253,18 @@ def _whatif(args: argparse.Namespace, lin: Any) -> int:
           f"HOROVOD_CYCLE_TIME={w.cycle_ms:g} ms")
     what = ("transfer (from the last rank's arrival)" if w.basis == "transfer"
             else "rank 0's call time (one rank read: waits included)")
+    # short lines: each reads whole in an 80-column terminal
     print(f"  this run: {w.actual_calls:.1f} data calls/step (predicted {w.base_calls:.1f}, "
-          f"error {100 * w.calls_error:.0f}%); {what} {fmt_ms(w.actual_comm_median_ms)} in the "
-          f"median step (predicted {fmt_ms(w.base_comm_ms)}); rank 0 in its data calls "
+          f"error {100 * w.calls_error:.0f}%)")
+    print(f"  {what}, median step: {fmt_ms(w.actual_comm_median_ms)}")
+    print(f"    predicted {fmt_ms(w.base_comm_ms)}; rank 0 in its data calls "
           f"{fmt_ms(w.actual_wait_ms)}/step with its waits")
     if w.latency is not None:
-        why = w.distrust()
-        print(f"  latency from {w.latency.describe()}; prediction error "
-              + (f"{100 * w.error:.0f}%" if np.isfinite(w.error) else "unknown")
-              + ("; not trusted: " + "; ".join(why) if why else ""))
+        print(f"  latency from {w.latency.describe()}")
+        print("    prediction error "
+              + (f"{100 * w.error:.0f}%" if np.isfinite(w.error) else "unknown"))
+        for why in w.distrust():
+            print(f"    not trusted: {why}")
     print(f"  {'threshold':>10s} {'cycle':>7s} {'calls/step':>11s} {'transfer/step':>14s}")
     for r in w.table.itertuples(index=False):
         th = fmt_bytes(r.threshold) if r.threshold else "0 (off)"

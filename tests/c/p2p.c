@@ -24,6 +24,19 @@
  * -Wstringop-overflow sees a zero-sized array in the call itself. */
 static __attribute__((noinline)) MPI_Status *statuses_ignore(void) { return MPI_STATUSES_IGNORE; }
 
+/* A blocking send (MPI_Send or another mode) to `dest` and a receive from
+ * `src`: even ranks send first, odd ranks receive first, so the ring of
+ * blocking sends never waits on itself. */
+typedef int (*send_fn)(const void *, int, MPI_Datatype, int, int, MPI_Comm);
+static void exchange(int even, send_fn send, const void *sb, int scount, MPI_Datatype sdt,
+                     int dest, int stag, void *rb, int rcount, MPI_Datatype rdt, int src,
+                     int rtag, MPI_Comm w, MPI_Status *st)
+{
+    if (even) send(sb, scount, sdt, dest, stag, w);
+    MPI_Recv(rb, rcount, rdt, src, rtag, w, st);
+    if (!even) send(sb, scount, sdt, dest, stag, w);
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -49,13 +62,7 @@ int main(int argc, char **argv)
         /* 1. Send 100 ints (400 B, tag 1); Recv posted for 200 (800 B): 400 arrive. */
         for (int i = 0; i < 100; i++) sb[i] = rank * 1000 + i;
         memset(rb, 0, sizeof rb);
-        if (even) {
-            MPI_Send(sb, 100, MPI_INT, right, 1, w);
-            MPI_Recv(rb, 200, MPI_INT, left, 1, w, &st);
-        } else {
-            MPI_Recv(rb, 200, MPI_INT, left, 1, w, &st);
-            MPI_Send(sb, 100, MPI_INT, right, 1, w);
-        }
+        exchange(even, MPI_Send, sb, 100, MPI_INT, right, 1, rb, 200, MPI_INT, left, 1, w, &st);
         int got = -1;
         MPI_Get_count(&st, MPI_INT, &got);
         CHECK(got == 100 && st.MPI_SOURCE == left && st.MPI_TAG == 1);
@@ -64,13 +71,8 @@ int main(int argc, char **argv)
         /* 2. 10 doubles (80 B), tag 7 + sender; received with MPI_ANY_SOURCE,
          * MPI_ANY_TAG and MPI_STATUS_IGNORE. */
         for (int i = 0; i < 10; i++) ds[i] = rank + 0.5;
-        if (even) {
-            MPI_Send(ds, 10, MPI_DOUBLE, right, 7 + rank, w);
-            MPI_Recv(dr, 10, MPI_DOUBLE, MPI_ANY_SOURCE, MPI_ANY_TAG, w, MPI_STATUS_IGNORE);
-        } else {
-            MPI_Recv(dr, 10, MPI_DOUBLE, MPI_ANY_SOURCE, MPI_ANY_TAG, w, MPI_STATUS_IGNORE);
-            MPI_Send(ds, 10, MPI_DOUBLE, right, 7 + rank, w);
-        }
+        exchange(even, MPI_Send, ds, 10, MPI_DOUBLE, right, 7 + rank, dr, 10, MPI_DOUBLE,
+                 MPI_ANY_SOURCE, MPI_ANY_TAG, w, MPI_STATUS_IGNORE);
         CHECK(dr[9] == left + 0.5);
 
         /* 3. MPI_PROC_NULL: nothing moves; the status says so. */
@@ -173,13 +175,7 @@ int main(int argc, char **argv)
          * (tag 101) to a receive posted before a 0-byte Sendrecv told that
          * the right neighbour has posted it (tag 102); Bsend of 4 ints
          * (tag 103) from the attached buffer; Issend of 2 ints (tag 104). */
-        if (even) {
-            MPI_Ssend(sb, 3, MPI_INT, right, 100, w);
-            MPI_Recv(rb, 3, MPI_INT, left, 100, w, &st);
-        } else {
-            MPI_Recv(rb, 3, MPI_INT, left, 100, w, &st);
-            MPI_Ssend(sb, 3, MPI_INT, right, 100, w);
-        }
+        exchange(even, MPI_Ssend, sb, 3, MPI_INT, right, 100, rb, 3, MPI_INT, left, 100, w, &st);
         MPI_Irecv(rb, 2, MPI_INT, left, 101, w, &rq[0]);
         MPI_Sendrecv(NULL, 0, MPI_INT, left, 102, NULL, 0, MPI_INT, right, 102, w,
                      MPI_STATUS_IGNORE);
