@@ -373,8 +373,9 @@ def test_predicted_calls_match_real_runs(tmp_path: Path) -> None:
     here = w.table[w.table["cycle_ms"] == w.cycle_ms].set_index("threshold")
     calls = {}
     compared = []
+    dirs = {}
     for th in (0, SPLIT):
-        run_dir = _run(tmp_path / str(th), str(th))
+        run_dir = dirs[th] = _run(tmp_path / str(th), str(th))
         real = whatif(*_inputs(run_dir), thresholds=(), local_size=2)
         assert real is not None and real.threshold == th
         pred = here.loc[th]
@@ -420,6 +421,14 @@ def test_predicted_calls_match_real_runs(tmp_path: Path) -> None:
     # advise, at the default threshold: nothing to gain from another
     (f,) = [f for f in advise(base / "trace.json").findings if f.key == "fusion"]
     assert not f.significant and f.numbers["threshold"] == w.threshold, f.headline
+    # with a bench of the same fabric (the unfused run stands in: same ranks
+    # and host, an allreduce at every tensor size), the bench's curve prices
+    # the predicted calls, and the finding says so
+    (fb,) = [f for f in advise(base / "trace.json", bench=dirs[0] / "trace.json").findings
+             if f.key == "fusion"]
+    assert fb.numbers["latency_source"] == "bench", fb.numbers
+    assert "latency: the bench's allreduce curve" in " ".join(fb.details), fb.details
+    assert fb.numbers["calls_per_step"] == f.numbers["calls_per_step"]  # the replay is the same
     # the command
     p = profiler_cli("tensors", str(base), "--whatif")
     assert p.returncode == 0 and "calls/step" in p.stdout and "(this run)" in p.stdout, p.stdout

@@ -44,22 +44,22 @@ def _wrap_step(orig: Callable[..., Any]) -> Callable[..., Any]:
         from profiler.collect import selfcost
 
         measured = selfcost.sample()
-        c0 = selfcost.clock() if measured else 0
+        w0 = selfcost.wall() if measured else 0
         try:
             from profiler.collect.steps import now
 
             entered = now()
         except Exception:  # never break the training loop
             entered = None
-        before = selfcost.clock() - c0 if measured else 0
+        before = selfcost.wall() - w0 if measured else 0
         result = orig(self, *args, **kwargs)
-        c1 = selfcost.clock() if measured else 0
+        opened = selfcost.start() if measured else None
         try:
             from profiler.collect.steps import hook_step
 
             hook_step(entered)
-            if measured:
-                selfcost.close(c1, before)
+            if opened is not None:
+                selfcost.close(opened, before)
         except Exception as exc:  # never break the training loop
             _warn_once(f"step hook failed: {exc}")
         return result

@@ -2,22 +2,29 @@
 
 The Python hooks (tensor records from Horovod's entry points, the
 DistributedOptimizer step hook) measure the time they spend after the code
-they wrap returns (reading their arguments, writing the record), as this
-thread's CPU time (time.thread_time_ns): wall time would count the time the
-thread waits for a core, which on a busy node (Horovod's background threads
-poll) is many times the work.  A thread-clock read is a system call: 1 us
-in a quiet loop on this project's VM, about 6 us inside a training step,
-where the hook itself runs with cold caches (measured in a resnet18 job:
-30-34 us of work per tensor there, 5 us in a warm loop).  So after the
+they wrap returns (reading their arguments, writing the record).  After the
 first MEASURE_FIRST invocations (all measured: the one-off costs are there)
-one in SAMPLE_EVERY is measured, and the reads are priced, not counted as
-work: the interval between two reads holds one read's cost, which one
-more read right after gives (:func:`close`).  A sampled invocation then stands
-for SAMPLE_EVERY invocations at its work alone (what an unmeasured one
-costs), plus the reads it made itself (an unbiased estimate of the
-steady state; every invocation is counted in python_calls).  What runs
-before the hook's first read (the call into it) is not counted: measured
-in a warm loop, the estimate is 0.6 us under the 5.4 us a hook costs.  The C side
+one in SAMPLE_EVERY is measured; a sampled invocation stands for
+SAMPLE_EVERY invocations at its work alone (what an unmeasured one costs),
+plus the clock reads it made itself (an unbiased estimate of the steady
+state; every invocation is counted in python_calls).
+
+Each measured interval is read on two clocks (:func:`start`, :func:`close`):
+the wall clock (time.perf_counter_ns: the vDSO, about 50 ns, no system
+call), inside this thread's CPU clock (time.thread_time_ns: a system call, 1
+us in a quiet loop on this project's VM, about 6 us inside a training
+step).  The work is the smaller of the two.  The wall interval holds the
+work alone unless the thread waited for a core meanwhile (on a busy node
+Horovod's background threads poll: a wait of a scheduler tick inside a
+10-us hook happens often enough to double a wall-clock mean); the CPU
+interval never holds a wait but holds parts of its own two system calls.
+The estimate is an upper bound: a measured invocation runs its work right
+after a system call, with colder caches than an unmeasured one (in a
+resnet18 job at 2 ranks: a median of 10-13 us of work per sampled tensor,
+where the unmeasured ones took a median of 4-6 us of wall time; means 19-25
+us and 14-20 us, the latter with waits).  The CPU reads are
+priced from one more read right after (:func:`close`).  What runs before
+the hook's first read (the call into it) is not counted.  The C side
 states its share in the raw file's header: the per-call cost calibrated at
 start-up (call_cost_ns) and the helper thread's CPU time (helper_cpu_ns).
 :func:`snapshot` is written into ranks/rank-R.json by the rank itself at
@@ -31,9 +38,10 @@ import resource
 import time
 from typing import Any
 
-__all__ = ["add_python", "close", "snapshot", "clock", "sample", "SAMPLE_EVERY"]
+__all__ = ["add_python", "start", "close", "snapshot", "clock", "wall", "sample", "SAMPLE_EVERY"]
 
 clock = time.thread_time_ns
+wall = time.perf_counter_ns
 SAMPLE_EVERY = 16
 python_ns = 0
 python_calls = 0
@@ -51,29 +59,33 @@ def sample() -> bool:
     return python_calls <= MEASURE_FIRST or python_calls % SAMPLE_EVERY == 0
 
 
-def add_python(ns: int, read_ns: int = 0, intervals: int = 1, reads: int = 3) -> None:
-    """Account one measured hook invocation: `ns` its CPU time over
-    `intervals` intervals each between two thread-clock reads (each holds one
-    read's cost), `read_ns` one read's cost, `reads` the reads it made.
-    Among the first MEASURE_FIRST it counts for itself (its work and its
-    reads); after, for SAMPLE_EVERY invocations at its work alone, plus its
-    own reads."""
+def add_python(work_ns: int, paid_ns: int = 0) -> None:
+    """Account one measured hook invocation: `work_ns` its work, `paid_ns`
+    what its own clock reads cost.  Among the first MEASURE_FIRST it counts
+    for itself (its work and its reads); after, for SAMPLE_EVERY
+    invocations at its work alone, plus its own reads."""
     global python_ns
-    work = max(0, ns - intervals * read_ns)
-    paid = reads * max(0, read_ns)
+    work = max(0, work_ns)
+    paid = max(0, paid_ns)
     python_ns += work + paid if python_calls <= MEASURE_FIRST else work * SAMPLE_EVERY + paid
 
 
-def close(opened: int, before: int = 0) -> None:
-    """End a measured invocation: its work after the wrapped call began at
-    ``opened = clock()``; `before`, when given, is the interval between two
-    reads around its work before the wrapped call."""
+def start() -> tuple[int, int]:
+    """Open a measured interval: (thread CPU clock, then wall clock)."""
+    c = clock()
+    return c, wall()
+
+
+def close(opened: tuple[int, int], before: int = 0) -> None:
+    """End a measured invocation opened by :func:`start` after the wrapped
+    call returned; `before`: the wall time of its work before the wrapped
+    call (a few hundred ns: no wait to fear)."""
+    w1 = wall()
     c1 = clock()
     read = clock() - c1
-    if before:
-        add_python(before + c1 - opened, read, intervals=2, reads=5)
-    else:
-        add_python(c1 - opened, read)
+    by_wall = w1 - opened[1]
+    by_cpu = c1 - opened[0] - read  # the interval holds about one read
+    add_python(before + max(0, min(by_wall, by_cpu)), 3 * max(0, read))
 
 
 def snapshot() -> dict[str, Any]:

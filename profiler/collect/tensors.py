@@ -40,9 +40,10 @@ from typing import Any, Callable
 
 import orjson
 
-from profiler.collect.selfcost import clock as _clock
 from profiler.collect.selfcost import close as _close
 from profiler.collect.selfcost import sample as _sample
+from profiler.collect.selfcost import start as _start
+from profiler.collect.selfcost import wall as _wall
 
 __all__ = ["TARGET", "ENTRY_POINTS", "patch_module", "unpatch_module", "TORCH_DTYPES",
            "REDUCE_OPS", "tensors_recorded"]
@@ -209,11 +210,11 @@ def _wrap(fname: str, orig: Callable[..., Any]) -> Callable[..., Any]:
         if _record is False or (_record is None and not _library()):
             return orig(*args, **kwargs)
         measured = _sample()
-        c0 = _clock() if measured else 0
+        w0 = _wall() if measured else 0
         t0 = _now()
-        before = _clock() - c0 if measured else 0
+        before = _wall() - w0 if measured else 0
         handle = orig(*args, **kwargs)  # Horovod's result and errors, untouched
-        c1 = _clock() if measured else 0
+        opened = _start() if measured else None
         try:
             na = len(args)
             tensors = args[0] if na else kwargs.get(tensor_key)
@@ -239,8 +240,8 @@ def _wrap(fname: str, orig: Callable[..., Any]) -> Callable[..., Any]:
                 _emit(t0, base, tensors, outputs, int(root), redop, ps)
         except Exception as exc:  # never break the training loop
             _warn_once(f"tensor record failed ({fname}): {exc}")
-        if measured:
-            _close(c1, before)
+        if opened is not None:
+            _close(opened, before)
         return handle
 
     setattr(entry, _WRAPPED, orig)
