@@ -169,7 +169,8 @@ def job_summary(rank_meta: list[dict[str, Any]]) -> dict[str, Any]:
         "total_ns": sum(r["total_ns"] for r in ranks if r["total_ns"] is not None) or None,
         "method": "records x the per-record cost calibrated at start-up (call_cost_ns), "
                   "+ the helper thread's CPU time (its thread clock), + the Python hooks' "
-                  "own CPU time (their thread clock, sampled, its reads priced); shares of "
+                  "own time (sampled: each sample the smaller of its wall-clock and thread-clock "
+                  "intervals, the clock reads priced; an upper bound); shares of "
                   "the rank's CPU time (getrusage at exit) and of its wall time (each step's "
                   "share when the cost spreads evenly over the run)",
     }
