@@ -93,15 +93,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profiler.formats.horovod_env import DEFAULT_CYCLE_MS
+from profiler.formats.horovod_env import settings as horovod_settings
+
 __all__ = ["simulate", "whatif", "WhatIf", "fusion_threshold_bytes", "transfer_times",
            "latency_model", "Latency",
            "ranks_per_host", "DEFAULT_THRESHOLDS", "DEFAULT_CYCLE_MS"]
 
 MIB = 1 << 20
 DEFAULT_THRESHOLDS = (0, 1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB, 128 * MIB)
-DEFAULT_CYCLE_MS = 1.0
-DEFAULT_THRESHOLD = 128 * MIB
-DEFAULT_CACHE_CAPACITY = 1024
 #: horovod/common/common.h: a fused allreduce's size is a multiple of this many elements
 FUSION_BUFFER_ATOMIC_UNIT = 64
 
@@ -240,20 +240,10 @@ class WhatIf:
 
 
 def _settings(env: Mapping[str, Any] | None) -> tuple[int, float, int]:
-    env = env or {}
-    try:
-        th = int(str(env.get("HOROVOD_FUSION_THRESHOLD", DEFAULT_THRESHOLD)).strip())
-    except ValueError:
-        th = DEFAULT_THRESHOLD
-    try:
-        cyc = float(str(env.get("HOROVOD_CYCLE_TIME", DEFAULT_CYCLE_MS)).strip())
-    except ValueError:
-        cyc = DEFAULT_CYCLE_MS
-    try:
-        cap = int(str(env.get("HOROVOD_CACHE_CAPACITY", DEFAULT_CACHE_CAPACITY)).strip())
-    except ValueError:
-        cap = DEFAULT_CACHE_CAPACITY
-    return max(0, th), max(cyc, 0.0), max(0, cap)
+    """Threshold, cycle time and cache capacity as Horovod read them
+    (profiler.formats.horovod_env: strtol and strtof, as operations.cc)."""
+    s = horovod_settings(env)
+    return s.fusion_threshold, s.cycle_time_ms, s.cache_capacity
 
 
 def ranks_per_host(hosts: Sequence[Any]) -> int | None:

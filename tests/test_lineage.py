@@ -322,7 +322,9 @@ def test_fusion_threshold_parsing() -> None:
     assert LF.fusion_threshold({}) == 128 * 1024 * 1024
     assert LF.fusion_threshold({"HOROVOD_FUSION_THRESHOLD": "0"}) == 0
     assert LF.fusion_threshold({"HOROVOD_FUSION_THRESHOLD": "67108864"}) == 64 << 20
-    assert LF.fusion_threshold({"HOROVOD_FUSION_THRESHOLD": "lots"}) == 128 << 20
+    # as Horovod reads it (strtol): no number is 0, fusion off; not the default
+    assert LF.fusion_threshold({"HOROVOD_FUSION_THRESHOLD": "lots"}) == 0
+    assert LF.fusion_threshold({"HOROVOD_FUSION_THRESHOLD": "64MB"}) == 64
     assert LF.fusion_threshold({"HOROVOD_FUSION_THRESHOLD": "-5"}) == 0
 
 

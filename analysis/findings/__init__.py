@@ -9,6 +9,8 @@ with `analyze(ctx) -> list[Finding]`:
   lineage (analysis.fusion_whatif), recommended only above its own error;
 * efficiency: transfers against what the fabric delivers (a bench trace of
   the same fabric, or the run's own fastest transfers);
+* horovod_settings: tuning variables Horovod read otherwise than a person
+  would (HOROVOD_FUSION_THRESHOLD=64MB is 64 bytes to Horovod);
 * limits: what the trace cannot support (dropped records, no steps, clocks,
   NCCL invisible, summary mode, no lineage).
 
@@ -25,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import cliffs, control, efficiency, fusion, late_ranks, limits, step_time
+from . import cliffs, control, efficiency, fusion, late_ranks, limits, settings, step_time
 from .base import Context, Finding
 
 __all__ = ["Finding", "Context", "Advice", "ANALYZERS", "advise", "advise_frame", "COLUMNS"]
@@ -37,6 +39,7 @@ ANALYZERS = {
     "latency_cliffs": cliffs.analyze,
     "efficiency": efficiency.analyze,
     "fusion": fusion.analyze,
+    "horovod_settings": settings.analyze,
     "limits": limits.analyze,
 }
 

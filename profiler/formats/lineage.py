@@ -17,10 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from profiler.errors import NotFoundError, PathLike
+from profiler.formats.horovod_env import settings
 from profiler.layout import LINEAGE_FILE
-
-DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
-
 
 LINEAGE_COLUMNS = [
     "step", "occurrence", "tensor", "op", "comm_activity", "fused_id", "n_tensors",
@@ -46,18 +44,12 @@ LINEAGE_COLUMNS = [
 
 
 def fusion_threshold(env: Mapping[str, Any] | None) -> int | None:
-    """HOROVOD_FUSION_THRESHOLD in bytes from a rank's env (default 128 MiB;
-    0 = fusion off); None when the environment was not recorded."""
+    """HOROVOD_FUSION_THRESHOLD in bytes as Horovod read it from a rank's env
+    (profiler.formats.horovod_env: default 128 MiB, 0 = fusion off); None
+    when the environment was not recorded."""
     if env is None:
         return None
-    raw = env.get("HOROVOD_FUSION_THRESHOLD")
-    if raw is None or str(raw).strip() == "":
-        return DEFAULT_FUSION_THRESHOLD
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        return DEFAULT_FUSION_THRESHOLD
-    return max(0, value)
+    return settings(env).fusion_threshold
 
 
 def load(path: PathLike) -> pd.DataFrame:
