@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,23 +69,33 @@ def _misread(name: str, raw: str, meaning: str, why: str) -> str:
     return f"{name}={raw!r} is {meaning} to Horovod ({why})"
 
 
+def _strtol_setting(env: Mapping[str, Any], name: str, default: int, misread: list[str],
+                    store: Callable[[int], int], unit: str, off: str, negative: str) -> int:
+    """One of Horovod's strtol-read variables: `store` maps strtol's value to
+    what Horovod keeps; a text Horovod read otherwise than a person would is
+    said in `misread` (`unit` names a kept value, `off` the kept 0,
+    `negative` why a negative value means something else)."""
+    raw = env.get(name)
+    if raw is None:
+        return default
+    text = str(raw)
+    value, whole = c_strtol(text)
+    kept = store(value)
+    if not whole or value < 0:
+        why = ("there is no number at its start" if _INT.match(text) is None
+               else "strtol reads its leading digits" if not whole else negative)
+        misread.append(_misread(name, text, f"{kept} {unit}" if kept else off, why))
+    return kept
+
+
 def settings(env: Mapping[str, Any] | None) -> HorovodSettings:
     """What Horovod ran with, from a rank's recorded environment (absent
     variables: Horovod's defaults)."""
     env = env or {}
     misread: list[str] = []
-    threshold = DEFAULT_FUSION_THRESHOLD
-    raw = env.get("HOROVOD_FUSION_THRESHOLD")
-    if raw is not None:
-        text = str(raw)
-        value, whole = c_strtol(text)
-        threshold = max(0, value)  # a negative threshold fuses nothing
-        if not whole or value < 0:
-            why = ("there is no number at its start" if _INT.match(text) is None
-                   else "strtol reads its leading digits" if not whole
-                   else "a negative threshold fuses nothing")
-            misread.append(_misread("HOROVOD_FUSION_THRESHOLD", text,
-                                    f"{threshold} bytes" if threshold else "0 (fusion off)", why))
+    threshold = _strtol_setting(env, "HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD,
+                                misread, lambda v: max(0, v), "bytes", "0 (fusion off)",
+                                "a negative threshold fuses nothing")
     cycle = DEFAULT_CYCLE_MS
     raw = env.get("HOROVOD_CYCLE_TIME")
     if raw is not None:
@@ -100,16 +110,8 @@ def settings(env: Mapping[str, Any] | None) -> HorovodSettings:
                    else "strtof reads its leading number" if not whole
                    else "a negative cycle sleeps 0 ms")
             misread.append(_misread("HOROVOD_CYCLE_TIME", text, f"{cycle:g} ms", why))
-    capacity = DEFAULT_CACHE_CAPACITY
-    raw = env.get("HOROVOD_CACHE_CAPACITY")
-    if raw is not None:
-        text = str(raw)
-        value, whole = c_strtol(text)
-        capacity = value & 0xFFFFFFFF  # stored in a uint32_t
-        if not whole or value < 0:
-            why = ("there is no number at its start" if _INT.match(text) is None
-                   else "strtol reads its leading digits" if not whole
-                   else "a negative value wraps around in its 32-bit unsigned capacity")
-            misread.append(_misread("HOROVOD_CACHE_CAPACITY", text,
-                                    f"{capacity} entries" if capacity else "0 (cache off)", why))
+    capacity = _strtol_setting(env, "HOROVOD_CACHE_CAPACITY", DEFAULT_CACHE_CAPACITY, misread,
+                               lambda v: v & 0xFFFFFFFF,  # stored in a uint32_t
+                               "entries", "0 (cache off)",
+                               "a negative value wraps around in its 32-bit unsigned capacity")
     return HorovodSettings(threshold, cycle, capacity, misread)
