@@ -6,12 +6,12 @@ they wrap returns (reading their arguments, writing the record).  After the
 first MEASURE_FIRST invocations (all measured: the one-off costs are there)
 one in SAMPLE_EVERY is measured; a sampled invocation stands for
 SAMPLE_EVERY invocations at its work alone (what an unmeasured one costs),
-plus the clock reads it made itself (an unbiased estimate of the steady
-state; every invocation is counted in python_calls).
+plus the clock reads it made itself (every invocation is counted in
+python_calls).
 
 Each measured interval is read on two clocks (:func:`start`, :func:`close`):
 the wall clock (time.perf_counter_ns: the vDSO, about 50 ns, no system
-call), inside this thread's CPU clock (time.thread_time_ns: a system call, 1
+call), and around it this thread's CPU clock (time.thread_time_ns: a system call, 1
 us in a quiet loop on this project's VM, about 6 us inside a training
 step).  The work is the smaller of the two.  The wall interval holds the
 work alone unless the thread waited for a core meanwhile (on a busy node
