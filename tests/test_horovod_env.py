@@ -69,3 +69,11 @@ def test_a_misread_setting_is_a_finding_and_a_plain_one_is_not() -> None:
         b = advise_frame(df, {"env": env})
         assert not [f for f in b.findings if f.key == "horovod_settings"], env
     assert not [f for f in advise_frame(df, {}).findings if f.key == "horovod_settings"]
+
+
+def test_the_control_finding_states_the_cycle_horovod_ran_with() -> None:
+    df = training(steps=14)
+    for env, said in (({"HOROVOD_CYCLE_TIME": "5ms"}, "HOROVOD_CYCLE_TIME=5 ms)"),
+                      ({}, "HOROVOD_CYCLE_TIME=1 ms (default))")):
+        (f,) = [f for f in advise_frame(df, {"env": env}).findings if f.key == "control_plane"]
+        assert said in f.details[0], f.details

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from profiler.formats.horovod_env import settings as horovod_settings
 from profiler.units import fmt_ms, fmt_share
 
 from .base import MIN_STEPS, Context, Finding
@@ -32,12 +33,13 @@ def analyze(ctx: Context) -> list[Finding]:
                      & df["step"].isin(s["step"]).to_numpy(dtype=bool)]
         neg = len(sel) / max(len(rs), 1)  # per rank and step
     env = ctx.meta.get("env") or {}
-    cycle = env.get("HOROVOD_CYCLE_TIME", "1 (default)")
-    cache = env.get("HOROVOD_CACHE_CAPACITY", "1024 (default)")
+    hs = horovod_settings(env)  # as Horovod read them
+    cycle = f"{hs.cycle_time_ms:g} ms" + ("" if "HOROVOD_CYCLE_TIME" in env else " (default)")
+    cache = f"{hs.cache_capacity}" + ("" if "HOROVOD_CACHE_CAPACITY" in env else " (default)")
     step_s = ctx.step_ms / 1e3 if np.isfinite(ctx.step_ms) and ctx.step_ms > 0 else float("nan")
     rate = ctrl_calls / step_s if step_s == step_s else float("nan")
     details = [f"{ctrl_calls:.0f} control calls per step and rank ({rate:.0f}/s at "
-               f"HOROVOD_CYCLE_TIME={cycle} ms), {fmt_ms(ctrl_ms)} per step in them: "
+               f"HOROVOD_CYCLE_TIME={cycle}), {fmt_ms(ctrl_ms)} per step in them: "
                f"{fmt_share(share)} of the time in communication calls."]
     rec = ""
     if neg >= 1:
