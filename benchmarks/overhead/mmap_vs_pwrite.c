@@ -63,7 +63,7 @@ static void *helper(void *a) {
             long need = n / PER + 400; if (need > N / PER + 16) need = N / PER + 16;
             long have = atomic_load(&ready_chunks);
             if (need > have) {
-                                madvise(map + have * (long)CHUNK, (need - have) * (long)CHUNK, MADV_POPULATE_WRITE);
+                madvise(map + have * (long)CHUNK, (need - have) * (long)CHUNK, MADV_POPULATE_WRITE);
                 atomic_store(&ready_chunks, need);
             }
         }
@@ -80,14 +80,15 @@ int main(int argc, char **argv) {
     char path[4096]; snprintf(path, sizeof path, "%s/mvp-%d.%d", dir, mode, getpid());
     fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
     long bytes = (N / PER + 16) * (long)CHUNK;
-    if (mode == 0) anon = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    else {
+    if (mode == 0) {
+        anon = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        madvise(anon, bytes, MADV_POPULATE_WRITE); // recycled, populated buffers
+    } else {
         fallocate(fd, 0, 0, bytes);
         map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         madvise(map, 400L * CHUNK, MADV_POPULATE_WRITE);
         atomic_store(&ready_chunks, 400);
     }
-    if (mode == 0) madvise(anon, bytes, MADV_POPULATE_WRITE); // recycled, populated buffers
     pthread_t h; pthread_create(&h, NULL, helper, NULL);
     char *buf = mode == 0 ? anon : map;
     double c0 = tcpu(); uint64_t w0 = __rdtsc();
