@@ -1,0 +1,207 @@
+"""The tensor hooks in C (profiler._fastrec.Hook) and in Python
+(profiler.collect.tensors._wrap) write the same records.
+
+One profiled rank (mpirun -n 1, mpi4py) wraps a stand-in for each of
+Horovod's entry points (tensors.ENTRY_POINTS) both ways and calls the two
+hooks with the same arguments, one after the other: positional and keyword
+arguments, named and unnamed tensors, grouped tensors with and without
+outputs, dtypes of 1, 2 and 8 bytes, reduction ops, roots and process sets
+(Horovod's ProcessSet, None, ones whose id is missing or no integer).  Each
+pair of calls must leave the same APP_TENSOR records (every field but the
+times) and return the entry point's handle; an error of the entry point
+reaches the caller unchanged from both; a recording that fails (an argument
+that is no tensor) costs a warning, once, and never the call."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import mpirun, requires_mpi
+
+from profiler.formats.raw import read_raw, read_tensor_names
+
+pytestmark = [requires_mpi, pytest.mark.mpi]
+
+JOB = r'''
+import json, sys
+import torch
+from mpi4py import MPI
+from profiler.collect import tensors
+
+out = sys.argv[1]
+fast = tensors._fast_module()
+assert fast is not None, "profiler._fastrec is not available"
+
+class ProcessSet:  # horovod.common.process_sets.ProcessSet: its id attribute
+    def __init__(self, i):
+        self.process_set_id = i
+
+class NoId:
+    pass
+
+current = [0]
+
+def stand_in(*args, **kwargs):
+    return 1000 + current[0]  # a handle; the same for both hooks of a pair
+
+def hooks(fname, orig=stand_in):
+    c = tensors._wrap(fname, orig)
+    saved, tensors._fast = tensors._fast, False
+    try:
+        py = tensors._wrap(fname, orig)
+    finally:
+        tensors._fast = saved
+    assert type(c).__name__ == "Hook" and type(py).__name__ == "function", (c, py)
+    return c, py
+
+def tensor(dtype, n):
+    return (torch.arange(n) % 3).to(dtype)
+
+DTYPES = [torch.float32, torch.float16, torch.int64, torch.uint8, torch.bfloat16,
+          torch.float64]
+calls = []
+k = 0
+for fname, (prefix, grouped, out_i, root_i, op_i, name_i, ps_i) in tensors.ENTRY_POINTS.items():
+    c_hook, py_hook = hooks(fname)
+    width = 1 + max(p for p in (out_i, root_i, op_i, name_i, ps_i) if p is not None)
+    for variant in range(7):
+        dt = DTYPES[variant % len(DTYPES)]
+        n = 3 + variant
+        if grouped:
+            ts = [tensor(dt, n), tensor(torch.float32, 1), tensor(torch.int64, 2 * n)]
+            outs = [t.clone() for t in ts] if variant % 2 == 0 else None
+        else:
+            ts = tensor(dt, n) if variant != 5 else torch.tensor(2.5)
+            outs = ts.clone() if variant % 2 == 0 else None
+        name = None if variant == 2 else f"layer{variant}.weight"
+        op = [1, 4, 0, None, 5, 2, 99][variant]
+        ps = [ProcessSet(0), None, ProcessSet(3), NoId(), ProcessSet("x"), ProcessSet(1),
+              ProcessSet(0)][variant]
+        values = {out_i: outs, root_i: variant % 2, op_i: op, name_i: name, ps_i: ps}
+        if variant in (3, 4):  # the tensors positional, the rest by keyword
+            args = [ts]
+            kwargs = {"name": name, "process_set": ps}
+            if out_i is not None:
+                kwargs["outputs" if grouped else "output"] = outs
+            if root_i is not None:
+                kwargs["root_rank"] = variant % 2
+            if op_i is not None:
+                kwargs["op"] = op
+        elif variant == 6:  # everything by keyword
+            args = []
+            kwargs = {"tensors" if grouped else "tensor": ts, "name": name}
+            if op_i is not None:
+                kwargs["op"] = op  # 99: an op Horovod does not have
+        else:
+            args = [ts] + [values.get(i) for i in range(1, width)]
+            kwargs = {}
+        for hook in (c_hook, py_hook):
+            current[0] = k
+            assert hook(*args, **kwargs) == 1000 + k
+        calls.append({"fname": fname, "records": len(ts) if grouped else 1, "k": k})
+        k += 1
+
+# an error of the entry point reaches the caller unchanged, from both hooks
+def broken(*args, **kwargs):
+    raise ValueError("boom")
+
+errors = []
+for hook in hooks("_allreduce_async", broken):
+    try:
+        hook(tensor(torch.float32, 4), None, "x", 1, 1.0, 1.0, None)
+    except ValueError as exc:
+        errors.append(str(exc))
+
+# a recording that fails: a warning (once, for both), the handle all the same
+failed = []
+for hook in hooks("_allreduce_async"):
+    current[0] = 77
+    failed.append(hook(object(), None, "bad", 1, 1.0, 1.0, None))
+
+with open(out, "w") as f:
+    json.dump({"calls": calls, "errors": errors, "failed": failed,
+               "recorded": tensors.tensors_recorded()}, f)
+'''
+
+FIELDS = ("bytes", "count", "dtype", "dtype_size", "redop", "root", "rc", "aux", "flags")
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path, str]:
+    d = tmp_path_factory.mktemp("hooks")
+    (d / "job.py").write_text(JOB)
+    prof = d / "prof"
+    p = mpirun(1, [sys.executable, str(d / "job.py"), str(d / "out.json")], cwd=d,
+               env={"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof),
+                    "HOROVOD_PROFILE_MERGE": "0"})
+    return json.loads((d / "out.json").read_text()), prof, p.stderr
+
+
+def test_both_hooks_write_the_same_records(job: tuple[dict, Path, str]) -> None:
+    out, prof, _ = job
+    raw = read_raw(prof / "raw" / "rank-00000.hvprof")
+    names = read_tensor_names(prof / "raw" / "rank-00000.hvprof")
+    rec = raw.records[raw.records["op"] == 35]  # APP_TENSOR
+    expected = sum(2 * c["records"] for c in out["calls"])
+    assert len(rec) == expected == out["recorded"]
+    assert raw.header["dropped_records"] == 0
+    i = 0
+    for c in out["calls"]:
+        n = c["records"]
+        mine, theirs = rec[i:i + n], rec[i + n:i + 2 * n]
+        i += 2 * n
+        for f in FIELDS:
+            assert np.array_equal(mine[f], theirs[f]), (c, f, mine[f], theirs[f])
+        got = [names[s] for s in mine["seq"]]
+        assert got == [names[s] for s in theirs["seq"]], c
+        prefix = {"_allreduce_async": "allreduce", "_broadcast_async": "broadcast"}.get(
+            c["fname"])
+        if prefix and c["k"] % 7 == 2:  # unnamed: Horovod's noname.<handle>
+            assert got == [f"{prefix}.noname.{1000 + c['k']}"], got
+        assert (mine["t_end"] >= mine["t_start"]).all()
+        assert (mine["bytes"] == mine["count"] * mine["dtype_size"]).all()
+
+
+def test_values_as_horovod_passes_them(job: tuple[dict, Path, str]) -> None:
+    out, prof, _ = job
+    raw = read_raw(prof / "raw" / "rank-00000.hvprof")
+    names = read_tensor_names(prof / "raw" / "rank-00000.hvprof")
+    rec = raw.records[raw.records["op"] == 35]
+    by_name = {names[s]: r for s, r in zip(rec["seq"], rec)}
+    # variant 0 of _allreduce_async: float32 x 3, Sum (1 -> sum), process set 0
+    r = by_name["allreduce.layer0.weight"]
+    assert (int(r["count"]), int(r["dtype_size"]), int(r["dtype"]), int(r["redop"]),
+            int(r["root"]), int(r["rc"])) == (3, 4, 71, 1, -1, 0)
+    assert int(r["aux"]) != 0  # the output's address, folded
+    # variant 1: float16 x 4, Max, no process set, no output
+    r = by_name["allreduce.layer1.weight"]
+    assert (int(r["count"]), int(r["dtype_size"]), int(r["dtype"]), int(r["redop"]),
+            int(r["rc"]), int(r["aux"])) == (4, 2, 70, 4, 0, 0)
+    # variant 5: a 0-d tensor, an op Horovod does not know (2: Adasum -> user), set 1
+    r = by_name["allreduce.layer5.weight"]
+    assert (int(r["count"]), int(r["redop"]), int(r["rc"])) == (1, 255, 1)
+    # broadcast's root, by position (variant 1) and by keyword (variant 3)
+    assert int(by_name["broadcast.layer1.weight"]["root"]) == 1
+    assert int(by_name["broadcast.layer3.weight"]["root"]) == 1
+    assert int(by_name["broadcast.layer0.weight"]["root"]) == 0
+    # an op number that is no ReduceOp (by keyword): "user"
+    assert int(by_name["allreduce.layer6.weight"]["redop"]) == 255
+    # a grouped call: one record per tensor, <base>_<i>of<n>
+    assert {"grouped_allreduce.layer0.weight_1of3", "grouped_allreduce.layer0.weight_2of3",
+            "grouped_allreduce.layer0.weight_3of3"} <= set(by_name)
+    # a process set id that is no integer, or none at all: 0
+    assert int(by_name["allreduce.layer4.weight"]["rc"]) == 0
+    assert int(by_name["allreduce.layer3.weight"]["rc"]) == 0
+
+
+def test_errors_pass_and_failures_warn_once(job: tuple[dict, Path, str]) -> None:
+    out, _, stderr = job
+    assert out["errors"] == ["boom", "boom"]
+    assert out["failed"] == [1077, 1077]
+    warnings = [x for x in stderr.splitlines() if "tensor record failed" in x]
+    assert len(warnings) == 1, stderr
+    assert "_allreduce_async" in warnings[0]
