@@ -17,8 +17,21 @@ rank).  That share is a direct measurement and does not move with the
 machine's load the way wall-clock ratios do.  Targets (issue #13): ratio >= 99%
 (bar 97%), CPU share <= 1%.  Not a test.
 
+``--within``: profiled and unprofiled iterations alternate inside each run
+instead (benchmarks/ab_driver.py switches the profiler's per-call work off
+and on between timed iterations, ABBA), so that the run-to-run variation
+cancels out of each pair; the ratio is the geometric mean of the pairs'
+ratios (profiled / unprofiled images/sec) with a 95% bootstrap interval
+(pairs resampled within each run).  A control run per workload (``--arms
+aa``: the same pairs, nothing switched) shows what the method reads where
+there is no difference.  What the switch leaves on in both arms (the helper
+thread's wake-ups, the watchdog, the step hook) is the "both arms" share,
+measured directly in the same runs (trace.json self_cost).
+
     .venv/bin/python benchmarks/images_per_sec.py [--rounds 5]
         [--workloads resnet8:2,resnet18:2,cnn:1] [--json out.json]
+    .venv/bin/python benchmarks/images_per_sec.py --within [--rounds 3]
+        [--iters 40] [--workloads ...] [--json out.json]
 """
 
 from __future__ import annotations
@@ -48,7 +61,12 @@ MODEL_ARGS = {
 }
 
 
-def run_once(model: str, np_: int, profiled: bool, timeout: float) -> dict[str, Any]:
+HERE = Path(__file__).resolve().parent
+
+
+def run_once(model: str, np_: int, profiled: bool, timeout: float,
+             ab: tuple[str, int, int] | None = None) -> dict[str, Any]:
+    """One job; ab=(arms, iterations, steps per iteration): benchmarks/ab_driver.py."""
     work = Path(tempfile.mkdtemp(prefix="hvprof-ips-"))
     try:
         env = {k: v for k, v in os.environ.items()
@@ -57,9 +75,15 @@ def run_once(model: str, np_: int, profiled: bool, timeout: float) -> dict[str, 
         if profiled:
             env.update(HOROVOD_PROFILE="1", HOROVOD_PROFILE_DIR=str(work / "prof"),
                        HOROVOD_PROFILE_MERGE_TIMEOUT="20")
-        cmd = ["mpirun", "-n", str(np_), sys.executable, "-m", "profiler.workloads.train_bench",
-               "--model", model, "--num-warmup-batches", "5", "--num-batches-per-iter", "5",
-               *MODEL_ARGS.get(model, []), "--quiet"]
+        steps = ab[2] if ab is not None else 5
+        bench = ["--model", model, "--num-warmup-batches", "5",
+                 "--num-batches-per-iter", str(steps), *MODEL_ARGS.get(model, []), "--quiet"]
+        if ab is None:
+            prog = ["-m", "profiler.workloads.train_bench", *bench]
+        else:
+            prog = [str(HERE / "ab_driver.py"), "--arms", ab[0], "--", *bench,
+                    "--num-iters", str(ab[1])]
+        cmd = ["mpirun", "-n", str(np_), sys.executable, *prog]
         if np_ == 1:
             cmd = cmd[3:]  # one process, no launcher: as a user runs a 1-GPU job
         load = os.getloadavg()[0]
@@ -72,12 +96,18 @@ def run_once(model: str, np_: int, profiled: bool, timeout: float) -> dict[str, 
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
         result = json.loads(line[len("RESULT "):])
         out: dict[str, Any] = {"images_per_sec": float(result["images_per_sec"]),
-                               "load_before": load}
+                               "load_before": load, "load_after": os.getloadavg()[0]}
+        abl = [ln for ln in proc.stdout.splitlines() if ln.startswith("AB ")]
+        if abl:
+            out["ab"] = json.loads(abl[-1][len("AB "):])
         trace = work / "prof" / "trace.json"
         if profiled and trace.is_file():
             meta = json.loads(trace.read_bytes()).get("horovod_profiler", {})
             sc = meta.get("self_cost") or {}
+            both = [r["helper_cpu_ns"] / r["process_cpu_ns"] for r in sc.get("ranks") or []
+                    if r.get("helper_cpu_ns") and r.get("process_cpu_ns")]
             out.update(cpu_share=sc.get("cpu_share_max"), step_share=sc.get("step_share_max"),
+                       helper_share=max(both) if both else None,
                        call_cost_ns=sc.get("call_cost_ns"),
                        timeline=(work / "prof" / "timeline.json").exists(),
                        lineage=(meta.get("lineage") or {}).get("source"))
@@ -91,6 +121,112 @@ def median_interval(values: list[float], n_boot: int = 4000) -> tuple[float, flo
     rng = random.Random(0)
     meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n_boot))
     return statistics.median(values), meds[int(0.025 * n_boot)], meds[int(0.975 * n_boot) - 1]
+
+
+def pair_ratios(arms: list[str], values: list[float]) -> list[float]:
+    """Profiled / unprofiled value of each pair of iterations (2k, 2k+1)."""
+    out = []
+    for k in range(0, len(arms) - 1, 2):
+        a, b = (k, k + 1) if arms[k] == "on" else (k + 1, k)
+        out.append(values[a] / values[b])
+    return out
+
+
+def cpu_pairs(ab: dict[str, Any], key: str) -> list[float]:
+    """Profiled / unprofiled CPU time of each pair, all ranks summed."""
+    per_iter = [sum(r[key][i] for r in ab["cpu"]) for i in range(len(ab["arms"]))]
+    return pair_ratios(ab["arms"], per_iter)
+
+
+def geomean_interval(runs: list[list[float]], n_boot: int = 4000) -> tuple[float, float, float]:
+    """Geometric mean of the pairs' ratios (all runs) and a 95% bootstrap
+    interval of it, the pairs resampled within each run (the runs are the
+    strata: the contrast is made inside a run)."""
+    import math
+
+    logs = [[math.log(x) for x in r] for r in runs if r]
+    flat = [x for r in logs for x in r]
+    rng = random.Random(0)
+    boots = []
+    for _ in range(n_boot):
+        tot = 0.0
+        for r in logs:
+            tot += sum(rng.choices(r, k=len(r)))
+        boots.append(tot / len(flat))
+    boots.sort()
+    return (math.exp(statistics.fmean(flat)), math.exp(boots[int(0.025 * n_boot)]),
+            math.exp(boots[int(0.975 * n_boot) - 1]))
+
+
+def within(args: argparse.Namespace, loads: list[tuple[str, int]]) -> int:
+    """--within: profiled and unprofiled iterations inside each run."""
+    total = len(loads) * (args.rounds + 1)
+    done = 0
+    t0 = time.monotonic()
+    results: dict[str, Any] = {}
+    for model, np_ in loads:
+        runs: list[dict[str, Any]] = []
+        control: dict[str, Any] = {}
+        for r in range(args.rounds + 1):
+            arms = "aa" if r == args.rounds // 2 else "abba"  # the control in the middle
+            bar(done, total, f"{model} np={np_} run {r} ({arms})")
+            got = run_once(model, np_, True, args.timeout, ab=(arms, args.iters, args.steps))
+            done += 1
+            if "ab" not in got:
+                raise SystemExit(f"images_per_sec: {model} np={np_}: no AB line")
+            got["pairs"] = pair_ratios(got["ab"]["arms"], got["ab"]["images_per_sec"])
+            got["thread_pairs"] = cpu_pairs(got["ab"], "thread_ns")
+            got["process_pairs"] = cpu_pairs(got["ab"], "process_ns")
+            if arms == "aa":
+                control = got
+            else:
+                runs.append(got)
+        g, lo, hi = geomean_interval([x["pairs"] for x in runs])
+        cg, clo, chi = geomean_interval([control["pairs"]])
+        tg, tlo, thi = geomean_interval([x["thread_pairs"] for x in runs])
+        ctg, ctlo, cthi = geomean_interval([control["thread_pairs"]])
+        pg, plo, phi = geomean_interval([x["process_pairs"] for x in runs])
+        helper = [x["helper_share"] for x in runs if x.get("helper_share") is not None]
+        results[f"{model}:{np_}"] = {
+            "runs": runs, "control": control, "ratio": g, "ratio_ci95": [lo, hi],
+            "pairs": sum(len(x["pairs"]) for x in runs),
+            "control_ratio": cg, "control_ci95": [clo, chi],
+            "main_cpu": tg, "main_cpu_ci95": [tlo, thi],
+            "control_main_cpu": ctg, "control_main_cpu_ci95": [ctlo, cthi],
+            "process_cpu": pg, "process_cpu_ci95": [plo, phi],
+            "helper_share_max": max(helper) if helper else None,
+            "load": [min(x["load_before"] for x in runs), max(x["load_after"] for x in runs)],
+        }
+    bar(done, total, f"done in {time.monotonic() - t0:.0f} s")
+    print(file=sys.stderr)
+    print(f"{'workload':14s} {'pairs':>5s} {'profiled/unprofiled':>19s} {'95% interval':>16s} "
+          f"{'control (A/A)':>13s} {'its interval':>16s} {'both arms':>9s} {'load':>9s}")
+    for key, v in results.items():
+        both = "-" if v["helper_share_max"] is None else f"{100 * v['helper_share_max']:.2f}%"
+        print(f"{key:14s} {v['pairs']:5d} {100 * v['ratio']:18.1f}% "
+              f"[{100 * v['ratio_ci95'][0]:5.1f}, {100 * v['ratio_ci95'][1]:5.1f}]% "
+              f"{100 * v['control_ratio']:12.1f}% "
+              f"[{100 * v['control_ci95'][0]:5.1f}, {100 * v['control_ci95'][1]:5.1f}]% "
+              f"{both:>9s} {v['load'][0]:4.1f}-{v['load'][1]:.1f}")
+    print("both arms: the helper thread's CPU time as a share of the rank's (worst rank, "
+          "trace.json self_cost), a cost the switch does not remove")
+    print()
+    print(f"{'workload':14s} {'main-thread CPU, profiled/unprofiled':>38s} "
+          f"{'control (A/A)':>24s} {'process CPU':>24s}")
+
+    def iv(g: float, ci: list[float]) -> str:
+        return f"{100 * g:6.2f}% [{100 * ci[0]:6.2f}, {100 * ci[1]:6.2f}]"
+
+    for key, v in results.items():
+        print(f"{key:14s} {iv(v['main_cpu'], v['main_cpu_ci95']):>38s} "
+              f"{iv(v['control_main_cpu'], v['control_main_cpu_ci95']):>24s} "
+              f"{iv(v['process_cpu'], v['process_cpu_ci95']):>24s}")
+    print("main-thread CPU: the training loop's thread (where the hooks run), all ranks "
+          "summed, per pair of iterations; process CPU: every thread")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results},
+                                              indent=1))
+    return 0
 
 
 def bar(done: int, total: int, label: str) -> None:
@@ -107,11 +243,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="model:ranks, comma-separated")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--json", metavar="PATH")
+    p.add_argument("--within", action="store_true",
+                   help="alternate profiled and unprofiled iterations inside each run "
+                        "(--rounds runs per workload, and one control run)")
+    p.add_argument("--iters", type=int, default=40,
+                   help="--within: timed iterations per run (even)")
+    p.add_argument("--steps", type=int, default=5,
+                   help="--within: optimizer steps per iteration")
     args = p.parse_args(argv)
     if shutil.which("mpirun") is None:
         print("images_per_sec: mpirun not found", file=sys.stderr)
         return 2
     loads = [(w.split(":")[0], int(w.split(":")[1])) for w in args.workloads.split(",")]
+    if args.within:
+        return within(args, loads)
     total = len(loads) * args.rounds * 2
     done = 0
     results: dict[str, Any] = {}

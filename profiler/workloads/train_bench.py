@@ -33,7 +33,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -216,8 +216,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # --------------------------------------------------------------------------
 # The benchmark
 # --------------------------------------------------------------------------
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the benchmark; returns the RESULT dict (complete on rank 0)."""
+def run(args: argparse.Namespace,
+        before_iteration: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Run the benchmark; returns the RESULT dict (complete on rank 0).
+
+    before_iteration(i), when given, is called before timed iteration i
+    starts its clock, and once more with i = num_iters when the last one has
+    stopped it (benchmarks/ab_driver.py switches the profiler there)."""
     from profiler.collect import steps as prof_steps
 
     torch.set_num_threads(args.threads)
@@ -274,6 +279,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rates: list[float] = []
     seconds: list[float] = []
     for i in range(args.num_iters):
+        if before_iteration is not None:
+            before_iteration(i)
         t0 = time.perf_counter()
         for _ in range(args.num_batches_per_iter):
             train_step(args.batch_size)
@@ -281,6 +288,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         seconds.append(dt)
         rates.append(args.batch_size * args.num_batches_per_iter / dt)
         say(f"Iter #{i}: {rates[-1]:.1f} img/sec per rank")
+    if before_iteration is not None:
+        before_iteration(args.num_iters)
     prof_steps.set_batch_size(None)
 
     if hvd is not None:
