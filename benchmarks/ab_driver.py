@@ -8,8 +8,13 @@ processes, cores, memory layout and neighbours): the run-to-run variation
 that makes separate runs differ by 25-50% on this project's machine cancels
 out of each pair.
 
-Iterations come in pairs, one of each arm, in the order ABBA (on-off,
-off-on, on-off, ...) so that a drift within the run cancels too.
+Iterations come in pairs, one of each arm, the order within each pair
+drawn at random (``--seed``, the same on every rank): a drift within the run
+cancels out of the pairs' mean, and so does anything periodic in the job
+(Python's garbage collector after a fixed number of allocations, the helper
+thread's ticks) that a fixed order such as ABBA could meet in step, as the
+first control runs with ABBA did (A/A ratios of 101.7% [100.2, 103.2] and
+98.3% [96.9, 99.9], intervals that exclude 100%).
 
 "off" switches off what the profiler does per MPI call, per tensor handed to
 Horovod and per record: the MPI wrappers (``hvprof_set_enabled(0)``: each
@@ -32,46 +37,57 @@ CLOCK_THREAD_CPUTIME_ID, no waits in it, so far steadier than the wall
 clock) and the whole process's; beside train_bench's own ``RESULT`` line.
 
     mpirun -n 2 -x HOROVOD_PROFILE=1 python benchmarks/ab_driver.py \\
-        [--arms abba|aa] -- --model resnet8 --num-iters 40 ...
+        [--arms ab|aa] [--seed N] [--what all|mpi|tensors] -- --model resnet8 --num-iters 40 ...
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 from typing import Any
 
 
-def arm_of(i: int) -> str:
-    """ABBA: pair p = i // 2 is (on, off) when p is even, (off, on) when odd."""
-    first_on = (i // 2) % 2 == 0
-    return "on" if (i % 2 == 0) == first_on else "off"
+def arms_for(n: int, seed: int) -> list[str]:
+    """n arms (n even) in pairs, each pair (on, off) or (off, on) at random."""
+    rng = random.Random(seed)
+    out: list[str] = []
+    for _ in range(n // 2):
+        out += ["on", "off"] if rng.random() < 0.5 else ["off", "on"]
+    return out
 
 
 class Switch:
-    """The profiler's per-call work, on or off, in this process."""
+    """The profiler's per-call work, on or off, in this process: the MPI
+    wrappers, the tensor hooks, or both (`what`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, what: str = "all") -> None:
         from profiler.collect import native
 
         if native.loaded() is None:
             raise SystemExit("ab_driver: the profiler is not active (run with HOROVOD_PROFILE=1)")
         self.state = "on"
+        self.what = what
+        self.hooks: dict[str, Any] = {}  # entry point -> its hook, while off
 
     def set(self, state: str) -> None:
         if state == self.state:
             return
         from profiler.collect import native, tensors
 
-        ops = sys.modules.get(tensors.TARGET)
         on = state == "on"
-        native.set_enabled(on)
-        if ops is not None:
-            if on:
-                tensors.patch_module(ops)
+        if self.what in ("all", "mpi"):
+            native.set_enabled(on)
+        ops = sys.modules.get(tensors.TARGET)
+        if ops is not None and self.what in ("all", "tensors"):
+            if on:  # the same hook objects again, as a run keeps them
+                for name, hook in self.hooks.items():
+                    setattr(ops, name, hook)
             else:
+                self.hooks = {name: ops.__dict__[name] for name in tensors.ENTRY_POINTS
+                              if name in ops.__dict__}
                 tensors.unpatch_module(ops)
         self.state = state
 
@@ -96,7 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--")
         argv, rest = argv[:cut], argv[cut + 1:]
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--arms", choices=("abba", "aa"), default="abba")
+    p.add_argument("--arms", choices=("ab", "aa"), default="ab",
+                   help="ab: switch; aa: the control (nothing switched)")
+    p.add_argument("--seed", type=int, default=0, help="the pairs' order")
+    p.add_argument("--what", choices=("all", "mpi", "tensors"), default="all",
+                   help="what the switch turns off: the MPI wrappers and the tensor hooks "
+                        "(all), or one of them")
     args = p.parse_args(argv)
 
     from profiler.workloads import train_bench
@@ -104,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     bench_args = train_bench.parse_args(rest)
     if bench_args.num_iters % 2:
         raise SystemExit("ab_driver: --num-iters must be even (iterations come in pairs)")
-    switch = Switch()
-    arms = [arm_of(i) for i in range(bench_args.num_iters)]
+    switch = Switch(args.what)
+    arms = arms_for(bench_args.num_iters, args.seed)
     thread_ns: list[int] = []
     process_ns: list[int] = []
     marks: list[tuple[int, int]] = []
@@ -117,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         if i:
             mark()  # the end of iteration i - 1 (the switch below is not in it)
         if i < len(arms):
-            if args.arms == "abba":
+            if args.arms == "ab":
                 switch.set(arms[i])
             mark()
 
@@ -128,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         process_ns.append(marks[k + 1][1] - marks[k][1])
     cpu = _gather({"thread_ns": thread_ns, "process_ns": process_ns})
     if _rank() == 0:
-        print("AB " + json.dumps({"arms": arms, "switched": args.arms == "abba",
+        print("AB " + json.dumps({"arms": arms, "switched": args.arms == "ab",
                                   "images_per_sec": result["per_iteration"], "cpu": cpu}),
               flush=True)
     return 0

@@ -19,10 +19,11 @@ machine's load the way wall-clock ratios do.  Targets (issue #13): ratio >= 99%
 
 ``--within``: profiled and unprofiled iterations alternate inside each run
 instead (benchmarks/ab_driver.py switches the profiler's per-call work off
-and on between timed iterations, ABBA), so that the run-to-run variation
-cancels out of each pair; the ratio is the geometric mean of the pairs'
-ratios (profiled / unprofiled images/sec) with a 95% bootstrap interval
-(pairs resampled within each run).  A control run per workload (``--arms
+and on between timed iterations, pairs in random order), so that the
+run-to-run variation cancels out of each pair; the ratio is the geometric
+mean of the pairs' ratios (profiled / unprofiled images/sec) with a 95%
+bootstrap interval (blocks of BLOCK consecutive pairs resampled within each
+run: neighbouring pairs are not independent).  A control run per workload (``--arms
 aa``: the same pairs, nothing switched) shows what the method reads where
 there is no difference.  What the switch leaves on in both arms (the helper
 thread's wake-ups, the watchdog, the step hook) is the "both arms" share,
@@ -65,8 +66,8 @@ HERE = Path(__file__).resolve().parent
 
 
 def run_once(model: str, np_: int, profiled: bool, timeout: float,
-             ab: tuple[str, int, int] | None = None) -> dict[str, Any]:
-    """One job; ab=(arms, iterations, steps per iteration): benchmarks/ab_driver.py."""
+             ab: tuple[str, int, int, int] | None = None) -> dict[str, Any]:
+    """One job; ab=(arms, iterations, steps per iteration, seed): benchmarks/ab_driver.py."""
     work = Path(tempfile.mkdtemp(prefix="hvprof-ips-"))
     try:
         env = {k: v for k, v in os.environ.items()
@@ -81,7 +82,7 @@ def run_once(model: str, np_: int, profiled: bool, timeout: float,
         if ab is None:
             prog = ["-m", "profiler.workloads.train_bench", *bench]
         else:
-            prog = [str(HERE / "ab_driver.py"), "--arms", ab[0], "--", *bench,
+            prog = [str(HERE / "ab_driver.py"), "--arms", ab[0], "--seed", str(ab[3]), "--", *bench,
                     "--num-iters", str(ab[1])]
         cmd = ["mpirun", "-n", str(np_), sys.executable, *prog]
         if np_ == 1:
@@ -138,10 +139,17 @@ def cpu_pairs(ab: dict[str, Any], key: str) -> list[float]:
     return pair_ratios(ab["arms"], per_iter)
 
 
+#: pairs per block of the bootstrap (--within): the iterations of a run are
+#: not independent (a slow stretch spans several), so consecutive pairs are
+#: resampled together
+BLOCK = 10
+
+
 def geomean_interval(runs: list[list[float]], n_boot: int = 4000) -> tuple[float, float, float]:
-    """Geometric mean of the pairs' ratios (all runs) and a 95% bootstrap
-    interval of it, the pairs resampled within each run (the runs are the
-    strata: the contrast is made inside a run)."""
+    """Geometric mean of the pairs' ratios (all runs) and a 95% moving-block
+    bootstrap interval of it: within each run (the runs are the strata: the
+    contrast is made inside a run), blocks of BLOCK consecutive pairs drawn
+    with replacement until the run's length."""
     import math
 
     logs = [[math.log(x) for x in r] for r in runs if r]
@@ -151,7 +159,13 @@ def geomean_interval(runs: list[list[float]], n_boot: int = 4000) -> tuple[float
     for _ in range(n_boot):
         tot = 0.0
         for r in logs:
-            tot += sum(rng.choices(r, k=len(r)))
+            m, b = len(r), min(BLOCK, len(r))
+            got = 0
+            while got < m:
+                start = rng.randrange(m - b + 1)
+                take = min(b, m - got)
+                tot += sum(r[start:start + take])
+                got += take
         boots.append(tot / len(flat))
     boots.sort()
     return (math.exp(statistics.fmean(flat)), math.exp(boots[int(0.025 * n_boot)]),
@@ -168,9 +182,9 @@ def within(args: argparse.Namespace, loads: list[tuple[str, int]]) -> int:
         runs: list[dict[str, Any]] = []
         control: dict[str, Any] = {}
         for r in range(args.rounds + 1):
-            arms = "aa" if r == args.rounds // 2 else "abba"  # the control in the middle
+            arms = "aa" if r == args.rounds // 2 else "ab"  # the control in the middle
             bar(done, total, f"{model} np={np_} run {r} ({arms})")
-            got = run_once(model, np_, True, args.timeout, ab=(arms, args.iters, args.steps))
+            got = run_once(model, np_, True, args.timeout, ab=(arms, args.iters, args.steps, r))
             done += 1
             if "ab" not in got:
                 raise SystemExit(f"images_per_sec: {model} np={np_}: no AB line")
