@@ -26,8 +26,9 @@ bootstrap interval (blocks of BLOCK consecutive pairs resampled within each
 run: neighbouring pairs are not independent).  A control run per workload (``--arms
 aa``: the same pairs, nothing switched) shows what the method reads where
 there is no difference.  What the switch leaves on in both arms (the helper
-thread's wake-ups, the watchdog, the step hook) is the "both arms" share,
-measured directly in the same runs (trace.json self_cost).
+thread's wake-ups, the watchdog, the step hook): of these the helper's CPU
+time, the largest, is the "both arms" share, measured directly in the same
+runs (trace.json self_cost).
 
     .venv/bin/python benchmarks/images_per_sec.py [--rounds 5]
         [--workloads resnet8:2,resnet18:2,cnn:1] [--json out.json]

@@ -100,8 +100,7 @@ _module: ModuleType | None = None
 
 def tensors_recorded() -> int:
     """APP_TENSOR records this process wrote (for tests and the cost line)."""
-    fast = _fast if _fast is not None and _fast is not False else None
-    return _count + (int(fast.count()) if fast is not None else 0)
+    return _count + (int(_fast.count()) if _fast else 0)
 
 
 def _warn_once(message: str) -> None:
@@ -247,7 +246,7 @@ def _fast_module() -> Any:
                     _fast = mod
             except ImportError:
                 pass
-    return _fast if _fast is not False else None
+    return _fast or None
 
 
 def _wrap(fname: str, orig: Callable[..., Any]) -> Callable[..., Any]:
