@@ -193,7 +193,12 @@ def test_fused_lineage(fused: tuple[Path, dict[str, Any]]) -> None:
     df1 = pd.read_parquet(prof / "ranks" / "rank-00001.parquet")
     joined = df1.merge(cc, on=["comm", "seq"], how="inner")
     assert len(joined) == len(calls)
-    assert (joined.loc[joined["op"] == "allreduce", "n_tensors"] == len(params)).all()
+    # rank 1's rows carry the calls' tensors: every gradient once per step,
+    # whether a step's batch went in one call or was split by a cycle
+    # boundary (as checked for the calls above)
+    jar = joined[joined["op"] == "allreduce"]
+    assert int(jar["n_tensors"].sum()) == STEPS * len(params)
+    assert (jar["n_tensors"] >= 1).all()
 
 
 @pytest.mark.mpi
