@@ -29,8 +29,15 @@ class Finding:
     cost_ms: milliseconds per step the job loses to it (None: no step-time cost
     can be claimed, e.g. background-thread time that may overlap compute);
     cost_interval_ms: its 95% interval; cost_img_s: images/sec lost;
-    significant: the interval clears the noise floor; kind: "finding" or
-    "limit" (something the data cannot support)."""
+    significant: the interval clears the noise floor and the finding passed
+    the test against its null; kind: "finding" or "limit" (something the
+    data cannot support); part: the part of the step breakdown
+    (analysis.breakdown.PARTS) its cost is drawn from ("" when it claims no
+    step time); null: what the finding was tested against, in plain words;
+    cost_label: "cost" (time the job loses to it) or "explains" (time it
+    accounts for, which is not all to be saved); not_claimed: why a finding
+    that looked like one is not claimed (it failed its test against its null,
+    or that test was not run), "" otherwise."""
 
     key: str
     headline: str
@@ -44,6 +51,10 @@ class Finding:
     numbers: dict[str, Any] = field(default_factory=dict)
     significant: bool = False
     kind: str = "finding"
+    part: str = ""
+    null: str = ""
+    cost_label: str = "cost"
+    not_claimed: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -133,6 +144,29 @@ class Context:
 
         kinds = ["data"] if "kind" in self.df.columns else None
         return match_calls(self.steady_df, kinds=kinds)
+
+    @cached_property
+    def breakdown(self) -> pd.DataFrame:
+        """The steady steps' per-rank breakdown (analysis.breakdown.rank_breakdown)."""
+        from ..breakdown import rank_breakdown
+
+        if not self.n_steps:
+            return rank_breakdown(self.df.iloc[0:0])
+        bd = rank_breakdown(self.df, self.meta)
+        return bd.loc[bd["step"].isin(self.steady["step"])].reset_index(drop=True)
+
+    @cached_property
+    def parts(self) -> pd.DataFrame:
+        """The job's breakdown over the steady steps (analysis.breakdown.breakdown_summary)."""
+        from ..breakdown import breakdown_summary
+
+        return breakdown_summary(self.breakdown)
+
+    def part_ms(self, part: str) -> float:
+        """The mean ms per step of one part (0 when there is no breakdown)."""
+        p = self.parts
+        hit = p.loc[p["part"] == part, "ms"] if len(p) else p
+        return float(hit.iloc[0]) if len(hit) else 0.0
 
     @property
     def n_steps(self) -> int:

@@ -1,0 +1,100 @@
+"""Tests of findings against chance.
+
+A finding that names one of several candidates (a rank, a message size) must
+show that the data single it out more often than chance would.  The rule used
+here: count how often each candidate is "the one" over independent trials
+(steps), compare the most frequent candidate's count with Binomial(n, 1/k),
+correct for having looked at every candidate (Bonferroni: k tests), and shrink
+n to the effective number of independent trials when consecutive trials are
+correlated (a rank that is slow for a stretch of steps is not n independent
+observations).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["ALPHA", "binom_sf", "effective_n", "ChanceTest", "most_often"]
+
+#: The false-alarm rate accepted for a finding that names a candidate.
+ALPHA = 0.01
+
+
+def binom_sf(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p), summed in log space (exact; n up to
+    a few thousand, a normal approximation with continuity correction above)."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    if p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    if n > 5000:
+        mu, sd = n * p, math.sqrt(n * p * (1 - p))
+        return 0.5 * math.erfc((k - 0.5 - mu) / (sd * math.sqrt(2)))
+    lp, lq = math.log(p), math.log1p(-p)
+    logs = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp
+            + (n - i) * lq for i in range(k, n + 1)]
+    top = max(logs)
+    return min(1.0, math.exp(top) * sum(math.exp(v - top) for v in logs))
+
+
+def effective_n(hits: np.ndarray) -> float:
+    """Trials' effective number: n (1 - r) / (1 + r) with r the lag-1
+    autocorrelation of the 0/1 series (when positive); n when independent."""
+    x = np.asarray(hits, dtype=np.float64)
+    n = x.size
+    if n < 3 or x.std() == 0:
+        return float(n)
+    r = float(np.corrcoef(x[:-1], x[1:])[0, 1])
+    if not np.isfinite(r) or r <= 0:
+        return float(n)
+    return max(1.0, n * (1 - r) / (1 + r))
+
+
+@dataclass
+class ChanceTest:
+    """The most frequent candidate and the test of its count against chance."""
+
+    candidate: int
+    count: int
+    trials: int
+    candidates: int
+    share: float
+    chance: float
+    n_eff: float
+    p_value: float       # one-sided, Bonferroni-corrected over the candidates
+    significant: bool
+
+    def describe(self, what: str = "steps") -> str:
+        """'last in 27 of 50 steps; chance 50%; p = 0.67' in plain words."""
+        p = ("p < 0.001" if self.p_value < 1e-3 else f"p = {self.p_value:.2g}")
+        eff = (f", {self.n_eff:.0f} independent" if self.n_eff < 0.9 * self.trials else "")
+        return (f"{self.count} of {self.trials} {what}{eff}; chance alone gives "
+                f"{self.chance:.0%} ({p})")
+
+
+def most_often(winners: np.ndarray, candidates: int, *, alpha: float = ALPHA
+               ) -> ChanceTest | None:
+    """Test whether the most frequent value of `winners` (one per trial, ints)
+    wins more often than 1/candidates of the trials by chance."""
+    w = np.asarray(winners, dtype=np.int64)
+    if w.size == 0 or candidates < 2:
+        return None
+    vals, counts = np.unique(w, return_counts=True)
+    i = int(np.argmax(counts))
+    top, count = int(vals[i]), int(counts[i])
+    n = int(w.size)
+    chance = 1.0 / candidates
+    n_eff = effective_n(w == top)
+    # the count scaled to the effective trials keeps the observed share
+    k_eff = int(math.ceil(count / n * n_eff - 1e-9))
+    p = min(1.0, binom_sf(k_eff, int(round(n_eff)), chance) * candidates)
+    return ChanceTest(candidate=top, count=count, trials=n, candidates=candidates,
+                      share=count / n, chance=chance, n_eff=n_eff, p_value=p,
+                      significant=p < alpha)

@@ -1,0 +1,181 @@
+"""The step breakdown (analysis.breakdown) on traces whose parts are known to the
+nanosecond, and the late-rank test against chance (analysis.findings.stats) on
+jobs where no rank is late and where one is."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from profiler.analysis.breakdown import (
+    PARTS,
+    breakdown_summary,
+    caused_wait,
+    last_ranks,
+    rank_breakdown,
+)
+from profiler.analysis.findings import advise_frame
+from profiler.analysis.findings.stats import binom_sf, effective_n, most_often
+
+MS = 1_000_000
+
+
+def _row(**kw: object) -> dict[str, object]:
+    base = {"backend": "app", "kind": "app", "bytes": 0, "count": 0, "comm": 0,
+            "comm_size": 2, "thread_kind": "main", "tid": 100, "step": -1, "device": False,
+            "flags": 0}
+    base.update(kw)
+    base["dur_ns"] = int(base["t_end_ns"]) - int(base["t_start_ns"])  # type: ignore[call-overload]
+    return base
+
+
+def horovod_job(arrive_ms: list[list[float]], *, step_ms: float = 100.0, cycle_ms: float = 2.0,
+                xfer_ms: float = 3.0, done_ms: float = 1.0, hook_ns: float = 0.0
+                ) -> tuple[pd.DataFrame, dict[str, object]]:
+    """A 2+ rank Horovod-like trace: in step s, rank r hands its last tensor to
+    Horovod at arrive_ms[s][r] after the step's start and enters synchronize
+    0.5 ms later; the last rank's arrival A is followed by cycle_ms of Horovod's
+    cycle (a 0.2 ms control call in it), one data call of xfer_ms, and done_ms
+    of completion, after which every rank leaves synchronize and the step ends
+    1 ms later.  Every step starts when the previous one ended on that rank."""
+    rows: list[dict[str, object]] = []
+    n = len(arrive_ms[0])
+    start = [0] * n
+    seq = 0
+    for s, arr in enumerate(arrive_ms):
+        a_ns = [start[r] + int(arr[r] * MS) for r in range(n)]
+        A = max(a_ns)
+        call0 = A + int(cycle_ms * MS)
+        call1 = call0 + int(xfer_ms * MS)
+        e = call1 + int(done_ms * MS)
+        for r in range(n):
+            rows.append(_row(rank=r, op="tensor", t_start_ns=a_ns[r] - 10_000,
+                             t_end_ns=a_ns[r], seq=0, bytes=4096, count=1024))
+            rows.append(_row(rank=r, op="sync", t_start_ns=a_ns[r] + MS // 2, t_end_ns=e,
+                             seq=s))
+            c0 = A + int(0.5 * MS)
+            rows.append(_row(rank=r, op="allreduce", backend="mpi", kind="control",
+                             t_start_ns=c0, t_end_ns=c0 + MS // 5, seq=seq, bytes=8,
+                             thread_kind="horovod", tid=200, comm=1))
+            rows.append(_row(rank=r, op="allreduce", backend="mpi", kind="data",
+                             t_start_ns=call0, t_end_ns=call1, seq=seq + 1, bytes=1 << 20,
+                             thread_kind="horovod", tid=200, comm=1))
+            end = e + MS
+            rows.append(_row(rank=r, op="step", t_start_ns=start[r], t_end_ns=end, seq=s,
+                             step=s, count=32))
+            start[r] = end
+        seq += 2
+    df = pd.DataFrame(rows).sort_values(["rank", "t_start_ns"]).reset_index(drop=True)
+    meta: dict[str, object] = {}
+    if hook_ns:
+        meta["self_cost"] = {"ranks": [{"rank": r, "python_hook_ns": hook_ns * len(arrive_ms)}
+                                       for r in range(n)]}
+    return df, meta
+
+
+def test_parts_are_exact_and_sum_to_the_step() -> None:
+    # rank 1 arrives 30 ms after rank 0 in every step
+    df, meta = horovod_job([[50.0, 80.0]] * 5, hook_ns=0.25 * MS)
+    bd = rank_breakdown(df, meta)
+    assert len(bd) == 10 and (bd["source"] == "sync").all()
+    parts = bd[[f"{p}_ms" for p in PARTS]].sum(axis=1)
+    assert np.allclose(parts, bd["wall_ms"], rtol=0, atol=1e-9)
+    r0 = bd.loc[bd["rank"] == 0].iloc[-1]
+    r1 = bd.loc[bd["rank"] == 1].iloc[-1]
+    # rank 0 entered synchronize 0.5 ms after its last tensor and waits for rank 1's
+    assert r0["wait_ranks_ms"] == pytest.approx(29.5)
+    assert r1["wait_ranks_ms"] == 0.0  # it was last
+    for r in (r0, r1):
+        assert r["transfer_ms"] == pytest.approx(3.0)
+        assert r["completion_ms"] == pytest.approx(1.0)
+        assert r["negotiation_ms"] == pytest.approx(0.2)
+        assert r["profiler_ms"] == pytest.approx(0.25)
+        assert r["unexplained_ms"] == pytest.approx(0.0, abs=1e-9)
+    # after its own arrival rank 1 waits 0.5 ms less of the cycle (it entered late)
+    assert r0["horovod_ms"] == pytest.approx(2.0 + 1.0)
+    assert r1["horovod_ms"] == pytest.approx(1.5 + 1.0)
+    # compute: everything outside synchronize, less the profiler's hooks
+    assert r0["compute_ms"] == pytest.approx(r0["wall_ms"] - (29.5 + 3.0 + 3.0) - 0.25)
+    s = breakdown_summary(bd).set_index("part")
+    assert s["ms"].sum() == pytest.approx(bd.groupby("step")["wall_ms"].mean().mean())
+    assert s.loc["wait_ranks", "ms"] == pytest.approx(29.5 / 2)
+
+
+def test_last_rank_and_the_waiting_it_alone_causes() -> None:
+    # 3 ranks: rank 2 last by 10 ms over rank 1, which is 5 ms after rank 0
+    df, meta = horovod_job([[40.0, 45.0, 55.0]] * 6)
+    bd = rank_breakdown(df, meta)
+    lr = last_ranks(bd)
+    assert (lr["last_rank"] == 2).all() and lr["lead_ms"].to_numpy() == pytest.approx(10.0)
+    # because of rank 2 alone: rank 0 waited 10 ms of its 14.5, rank 1 all its 9.5
+    # (it entered synchronize 0.5 ms after its last tensor); averaged over 3 ranks
+    assert caused_wait(bd, 2) == pytest.approx(np.full(6, (10.0 + 9.5) / 3))
+    assert caused_wait(bd, 0) == pytest.approx(np.zeros(6))
+
+
+def test_binomial_tail_and_effective_trials() -> None:
+    exact = sum(math.comb(50, k) for k in range(35, 51)) / 2 ** 50
+    assert binom_sf(35, 50, 0.5) == pytest.approx(exact, rel=1e-9)
+    assert binom_sf(0, 10, 0.3) == 1.0 and binom_sf(11, 10, 0.3) == 0.0
+    assert effective_n(np.array([0, 1] * 20)) == 40  # anti-correlated: no shrink
+    sticky = np.array([0] * 20 + [1] * 20)
+    assert effective_n(sticky) < 3  # two runs are two observations, not forty
+
+
+def _late_counts(runs: int, steps: int, late_ms: float, rng: np.random.Generator,
+                 jitter_ms: float = 20.0, ranks: int = 2) -> tuple[int, int]:
+    """(runs where advise named a late rank, runs where it named rank 1)."""
+    named = right = 0
+    for _ in range(runs):
+        arr = rng.uniform(30.0, 30.0 + jitter_ms, size=(steps, ranks))
+        arr[:, 1] += late_ms
+        df, meta = horovod_job(arr.tolist())
+        a = advise_frame(df, meta)
+        late = [f for f in a.findings if f.key == "late_ranks" and f.significant]
+        named += bool(late)
+        right += bool(late) and late[0].numbers["rank"] == 1
+    return named, right
+
+
+def test_no_rank_is_named_where_chance_explains_the_order() -> None:
+    """Symmetric jitter, no late rank: over 60 jobs of 40 steps, a rank is named
+    at most at the test's false-alarm rate (1%; 2 of 60 allowed for the
+    Bonferroni bound's slack), and the waiting is still reported, unblamed."""
+    rng = np.random.default_rng(11)
+    named, _ = _late_counts(60, 40, 0.0, rng)
+    assert named <= 2
+    arr = rng.uniform(30.0, 50.0, size=(40, 2))
+    a = advise_frame(*horovod_job(arr.tolist()))
+    (w,) = [f for f in a.findings if f.key == "rank_waiting"]
+    assert w.significant and "no rank is consistently last" in w.headline
+    assert "chance alone gives 50%" in w.details[0]
+    # its cost is the breakdown's wait part: nothing else is claimed for it
+    assert w.cost_ms == pytest.approx(a.breakdown.set_index("part").loc["wait_ranks", "ms"])
+
+
+def test_a_late_rank_is_named_with_the_waiting_it_causes() -> None:
+    rng = np.random.default_rng(12)
+    named, right = _late_counts(20, 40, 15.0, rng)
+    assert named == right == 20
+    arr = rng.uniform(30.0, 40.0, size=(40, 2))
+    arr[:, 1] += 25.0
+    a = advise_frame(*horovod_job(arr.tolist()))
+    (f,) = [f for f in a.findings if f.key == "late_ranks"]
+    assert f.significant and f.part == "wait_ranks" and f.numbers["rank"] == 1
+    # rank 0 waits 25 ms + the jitter difference; averaged over the 2 ranks, ~12.5 ms
+    assert f.cost_ms == pytest.approx(25.0 / 2, rel=0.15)
+    assert f.cost_ms <= a.breakdown.set_index("part").loc["wait_ranks", "ms"] + 1e-9
+    assert f.numbers["step_gain_ms"] == pytest.approx(25.0, rel=0.15)
+
+
+def test_a_rank_late_for_a_stretch_is_not_a_consistently_late_rank() -> None:
+    """Rank 1 is late in the first 28 of 40 steps (a neighbour's job, then
+    quiet): 70% of steps, but in two runs of steps, not 40 independent ones."""
+    arr = np.full((40, 2), 30.0)
+    arr[:28, 1] += 10.0
+    arr[28:, 0] += 10.0
+    test = most_often(np.where(arr[:, 1] > arr[:, 0], 1, 0), 2)
+    assert test is not None and test.share == pytest.approx(0.7)
+    assert not test.significant and test.n_eff < 5
