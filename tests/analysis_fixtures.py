@@ -183,6 +183,7 @@ def training(
     label: str | None = None,
     step_jitter_ns: Sequence[int] | None = None,
     extra_comm_ns: Sequence[int] | None = None,
+    sync: bool = False,
 ) -> pd.DataFrame:
     """A Horovod-like training trace with a known step structure.
 
@@ -195,6 +196,9 @@ def training(
     (op "step", count = images) spans the step on the main thread.
     `late_rank` arrives `late_ns` later at every data call (a straggler): the others
     start on time and wait; everyone leaves at the same time.
+    `sync`: each rank's main thread also records the time it waited in
+    synchronize (op "sync"): from its arrival (the first data call's start, the
+    late rank late_ns after the others) to tail_ns / 2 before the step's end.
     """
     jitter = list(step_jitter_ns) if step_jitter_ns is not None else [0] * steps
     extra = list(extra_comm_ns) if extra_comm_ns is not None else [0] * steps
@@ -229,6 +233,13 @@ def training(
                     step=s, count=1, backend="mpi", dtype_size=8, redop="band",
                     dtype="MPI_LONG_LONG_INT", comm=WORLD, thread_name="python")
             cseq += 1
+        if sync:
+            for r in range(ranks):
+                late = late_ns if (late_rank is not None and r == late_rank) else 0
+                add(t_start_ns=data_start + late, t_end_ns=end - tail_ns // 2, rank=r,
+                    op="sync", bytes=0, seq=s, kind="app", track=0, thread_kind="main",
+                    tid=100 + r, step=s, count=0, backend="app", dtype_size=0, redop="none",
+                    dtype="unknown", comm=0, thread_name="python")
         t = data_start
         for size, d in zip(sizes, durs):
             for r in range(ranks):

@@ -28,11 +28,13 @@ def test_late_rank_named_and_its_cost_is_the_injected_delay() -> None:
     (f,) = _by_key(a, "late_ranks")
     assert f.numbers["rank"] == 1 and f.significant
     assert f.numbers["last_share"] == pytest.approx(1.0)
-    # the other rank waits late_ns at each of the 2 data calls of every step
-    expected_ms = 2 * late_ns / 1e6
+    # the other rank waits late_ns at each of the 2 data calls of every step:
+    # averaged over the 2 ranks (the breakdown's units), late_ns per step
+    expected_ms = 2 * late_ns / 1e6 / 2
     assert f.cost_ms == pytest.approx(expected_ms, rel=0.25)
     assert "arrives late" in f.details[0]
-    assert a.significant[0].key in ("late_ranks", "step_time")
+    assert "chance alone gives 50%" in f.details[1]
+    assert a.significant[0].key == "late_ranks"
 
 
 def test_unaligned_clocks_make_no_late_rank_claim() -> None:
@@ -46,11 +48,24 @@ def test_unaligned_clocks_make_no_late_rank_claim() -> None:
 
 def test_negligible_communication_gives_no_communication_finding() -> None:
     df = training(steps=14, step_ns=200_000_000, call_ns=(2_000, 3_000), tail_ns=50_000,
-                  control_per_step=0)
+                  control_per_step=0, sync=True)
     a = advise_frame(df, {})
-    assert a.significant == []
-    (f,) = _by_key(a, "step_time")
-    assert not f.significant and f.cost_ms < 0.05
+    # the one claim: communication is not the limit; what it explains is the
+    # step outside synchronize
+    assert [f.key for f in a.significant] == ["compute_bound"]
+    (f,) = a.significant
+    assert f.cost_label == "explains" and f.part == "compute"
+    outside_ms = (200_000_000 - 5_000 - 50_000 + 25_000) / 1e6
+    assert f.cost_ms == pytest.approx(outside_ms, rel=1e-6)
+    # the breakdown sums to the step, and its transfer part is the calls after arrival
+    parts = a.breakdown.set_index("part")["ms"]
+    assert parts.sum() == pytest.approx(200.0, rel=1e-9)
+    assert parts["transfer"] == pytest.approx(0.005, rel=1e-6)
+    # without the synchronize rows there is nothing to split a step by: no breakdown,
+    # no claim either way
+    b = advise_frame(training(steps=14, step_ns=200_000_000, call_ns=(2_000, 3_000),
+                              tail_ns=50_000, control_per_step=0), {})
+    assert b.significant == [] and len(b.breakdown) == 0
 
 
 def test_latency_spikes_at_known_sizes_are_named() -> None:
@@ -91,7 +106,10 @@ def test_slow_transfers_against_the_runs_own_fastest() -> None:
     steady_extra = np.mean(extra[-steps:]) / 1e6
     assert f.cost_ms == pytest.approx(steady_extra, rel=0.05)
     lo, hi = f.cost_interval_ms
-    assert lo <= f.cost_ms <= hi and f.significant
+    assert lo <= f.cost_ms <= hi
+    # against the run's own fastest transfers the figure is not claimed: any noise
+    # makes the p10 look fast; a bench of the fabric decides (next test)
+    assert not f.significant and "bench" in f.not_claimed
     # steady transfers: 4 KiB 200 us, 1 MiB 1 ms or 3 ms
     assert 0.3 < f.numbers["efficiency"] < 0.8
     # a run whose transfers never vary has no efficiency cost
@@ -136,12 +154,16 @@ def test_advise_cli_text_and_json() -> None:
     assert p.returncode == 0, p.stderr
     first = " ".join(p.stdout.split("\n\n", 1)[0].split())
     assert "2 rank(s) on 1 host(s)" in first and "ms/step" in first
-    assert "1. " in p.stdout and "e+" not in p.stdout and "e-0" not in p.stdout
+    assert "e+" not in p.stdout and "e-0" not in p.stdout
+    # a trace recorded before synchronize was timed: no breakdown, and the waiting
+    # at matched calls (tested against chance) is all there is to say about ranks
+    assert "Where a step goes" not in p.stdout
+    assert "1. " in p.stdout or "no significant finding" in p.stdout
     j = _cli("advise", trace, "--format", "json")
     assert j.returncode == 0
     doc = json.loads(j.stdout)
-    assert doc["ranks"] == 2 and doc["steps"] > 0
-    assert {"step_time", "late_ranks"} <= {f["key"] for f in doc["findings"]}
+    assert doc["ranks"] == 2 and doc["steps"] > 0 and doc["breakdown"] == []
+    assert "late_ranks" in {f["key"] for f in doc["findings"]}
     for f in doc["findings"]:
         if f["cost_interval_ms"]:
             lo, hi = f["cost_interval_ms"]

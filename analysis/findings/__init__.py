@@ -1,10 +1,15 @@
 """Findings: answers with their cost.  One analyzer per question, each a module
 with `analyze(ctx) -> list[Finding]`:
 
-* step_time: compute vs communication vs exposed communication per step;
-* late_ranks: which rank the others wait for, why, and what it costs;
+* step_time: whether communication limits the job at all (compute_bound);
+* late_ranks: which rank the others wait for (tested against chance), and the
+  waiting no rank causes (rank_waiting);
+* horovod_cycle: the time tensors wait for Horovod's cycle (cycle_time when
+  HOROVOD_CYCLE_TIME is longer than the default, else horovod_wait);
+* cpu_contention: threads of the job waiting for a CPU (schedstat);
 * control_plane: Horovod's negotiation and response-cache traffic;
-* latency_cliffs: message sizes far above the latency fit, and padding;
+* latency_cliffs: message sizes far above the latency fit, claimed only once
+  a replay of those sizes alone confirms them (`advise --confirm`);
 * fusion: another HOROVOD_FUSION_THRESHOLD, replayed from the run's fusion
   lineage (analysis.fusion_whatif), recommended only above its own error;
 * efficiency: transfers against what the fabric delivers (a bench trace of
@@ -14,10 +19,15 @@ with `analyze(ctx) -> list[Finding]`:
 * limits: what the trace cannot support (dropped records, no steps, clocks,
   NCCL invisible, summary mode, no lineage).
 
+Every finding with a cost draws it from one part of the step breakdown
+(analysis.breakdown: compute, waiting for other ranks, waiting for Horovod,
+transfer, profiler, unexplained, which sum to the step) and says what it was
+tested against (Finding.null).
+
 `advise(path)` opens a trace, runs them all and ranks the findings by cost
 (ms per step, the lower end of the interval first); the CLI (`profiler
 advise`), `profiler summarize`'s last lines, the report and the notebooks use
-these same findings.
+these same findings, and the breakdown (Advice.breakdown) opens them.
 """
 
 from __future__ import annotations
@@ -27,7 +37,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import cliffs, control, efficiency, fusion, late_ranks, limits, settings, step_time
+from . import (
+    cliffs,
+    contention,
+    control,
+    cycle,
+    efficiency,
+    fusion,
+    late_ranks,
+    limits,
+    settings,
+    step_time,
+)
 from .base import Context, Finding
 
 __all__ = ["Finding", "Context", "Advice", "ANALYZERS", "advise", "advise_frame", "COLUMNS"]
@@ -35,6 +56,8 @@ __all__ = ["Finding", "Context", "Advice", "ANALYZERS", "advise", "advise_frame"
 ANALYZERS = {
     "step_time": step_time.analyze,
     "late_ranks": late_ranks.analyze,
+    "horovod_cycle": cycle.analyze,
+    "cpu_contention": contention.analyze,
     "control_plane": control.analyze,
     "latency_cliffs": cliffs.analyze,
     "efficiency": efficiency.analyze,
@@ -57,6 +80,9 @@ class Advice:
     path: str
     header: dict[str, Any]
     findings: list[Finding] = field(default_factory=list)
+    #: the job's step breakdown (analysis.breakdown.breakdown_summary: part,
+    #: label, ms, lo_ms, hi_ms, share), empty without steps
+    breakdown: Any = None
 
     @property
     def significant(self) -> list[Finding]:
@@ -85,7 +111,11 @@ class Advice:
                                             "recommendation"])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"trace": self.path, **self.header,
+        bd = self.breakdown
+        parts = ([] if bd is None or len(bd) == 0 else
+                 [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()}
+                  for r in bd.to_dict(orient="records")])
+        return {"trace": self.path, **self.header, "breakdown": parts,
                 "findings": [f.to_dict() for f in self.findings]}
 
 
@@ -107,10 +137,13 @@ def _header(ctx: Context) -> dict[str, Any]:
 
 
 def advise_frame(df: Any, meta: dict[str, Any] | None = None, *, path: str = "",
-                 only: Sequence[str] | None = None, bench: Context | None = None) -> Advice:
+                 only: Sequence[str] | None = None, bench: Context | None = None,
+                 replay: Context | None = None) -> Advice:
     """Run the analyzers on a loaded frame (one trace) and rank the findings;
     `bench`: a bench trace of the same fabric, for the efficiency finding and
-    the fusion what-if's latency."""
+    the fusion what-if's latency; `replay`: a replay of the run's flagged
+    message sizes alone (`advise --confirm`), which confirms or dismisses the
+    latency cliffs."""
     if "label" in df.columns:  # one trace of a multi-trace frame: the label is constant
         df = df.drop(columns=["label"])
     ctx = Context(df=df, meta=dict(meta or {}), path=path)
@@ -121,12 +154,15 @@ def advise_frame(df: Any, meta: dict[str, Any] | None = None, *, path: str = "",
         if name == "efficiency" and bench is not None:
             found.extend(efficiency.analyze(ctx, bench))
             continue
+        if name == "latency_cliffs" and replay is not None:
+            found.extend(cliffs.analyze(ctx, replay=replay))
+            continue
         if name == "fusion" and bench is not None:
             found.extend(fusion.analyze(ctx, bench=bench))
             continue
         found.extend(fn(ctx))
     found.sort(key=_rank_key)
-    return Advice(path=path, header=_header(ctx), findings=found)
+    return Advice(path=path, header=_header(ctx), findings=found, breakdown=ctx.parts)
 
 
 def _open(path: str | os.PathLike[str], max_rows: int) -> tuple[Any, dict[str, Any]]:
@@ -137,15 +173,20 @@ def _open(path: str | os.PathLike[str], max_rows: int) -> tuple[Any, dict[str, A
 
 
 def advise(path: str | os.PathLike[str], *, only: Sequence[str] | None = None,
-           max_rows: int = MAX_ROWS, bench: str | os.PathLike[str] | None = None) -> Advice:
+           max_rows: int = MAX_ROWS, bench: str | os.PathLike[str] | None = None,
+           replay: str | os.PathLike[str] | None = None) -> Advice:
     """Open a trace (trace.json, profile directory or parquet file), load what the
     analyzers read (a bounded window above `max_rows` calls) and advise;
     `bench`: a `profiler bench` trace of the same fabric (hosts, ranks,
     transport), the reference of the efficiency finding and the fusion
-    what-if's latency."""
+    what-if's latency; `replay`: a trace of the run's flagged sizes replayed
+    alone (profiler.bench.confirm), which confirms or dismisses latency cliffs."""
     df, meta = _open(path, max_rows)
-    ref = None
+    ref = rep = None
     if bench is not None:
         bdf, bmeta = _open(bench, max_rows)
         ref = Context(df=bdf, meta=bmeta, path=os.fspath(bench))
-    return advise_frame(df, meta, path=os.fspath(path), only=only, bench=ref)
+    if replay is not None:
+        rdf, rmeta = _open(replay, max_rows)
+        rep = Context(df=rdf, meta=rmeta, path=os.fspath(replay))
+    return advise_frame(df, meta, path=os.fspath(path), only=only, bench=ref, replay=rep)

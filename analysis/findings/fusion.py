@@ -9,7 +9,9 @@ TRACE --bench BENCH` gives one of this fabric, else the run's own data calls,
 its start-up broadcasts scaled to its allreduces; from the last rank's
 arrival to the last return, no waits for late ranks), so the finding's cost
 is the transfer time per step that the best threshold would save over the
-run's own, capped by the step's exposed communication.  Its error is the
+run's own, capped by what the step waits for after the last rank's arrival
+(the breakdown's ``transfer`` and ``horovod`` parts: fewer calls means fewer
+cycles too).  Its error is the
 prediction's error as far as the run tells it (WhatIf.error: the largest of
 the calls and the transfer time it predicts at the run's own setting against
 what the run made, and the latency fit's at its sizes); the whole figure
@@ -83,7 +85,10 @@ def analyze(ctx: Context, lineage: pd.DataFrame | None = None,
     t = w.table.loc[w.table["cycle_ms"] == w.cycle_ms]
     best = t.sort_values(["transfer_ms_per_step", "threshold"]).iloc[0]
     gain = max(0.0, w.base_comm_ms - float(best["transfer_ms_per_step"]))
-    if "exposed_ms" in ctx.steady.columns:  # time that overlaps compute costs nothing
+    bd = ctx.breakdown  # time that overlaps compute costs nothing
+    if len(bd) and (bd["source"] != "none").any():
+        gain = min(gain, ctx.part_ms("transfer") + ctx.part_ms("horovod"))
+    elif "exposed_ms" in ctx.steady.columns:
         gain = min(gain, float(ctx.steady["exposed_ms"].mean()))
     # the prediction's error as far as this run tells it (WhatIf.error: its
     # calls, its transfer time and the latency fit; the whole figure when the
@@ -133,7 +138,9 @@ def analyze(ctx: Context, lineage: pd.DataFrame | None = None,
                  "latency_source": w.latency.source if w.latency is not None else "",
                  "latency_wide": bool(w.latency is not None and w.latency.wide),
                  "table": _records(t)},
-        significant=significant,
+        significant=significant, part="transfer",
+        null="the replay's own error on this run: a threshold is recommended only when its "
+             "gain exceeds what the replay gets wrong at the run's own setting",
     )]
 
 

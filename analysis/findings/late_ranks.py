@@ -1,15 +1,22 @@
-"""Late ranks: which rank arrives last at the job's synchronization points, how
-often, why (it arrives late, or its transfers are slow), and what the others'
-waiting costs per step.
+"""Waiting between ranks: whether one rank makes the others wait, and what the
+waiting costs when none does.
 
-Evidence, best first:
+The evidence is the step breakdown's arrivals (analysis.breakdown): per step,
+the time each rank handed its last tensor to Horovod (or entered its last
+blocking collective).  The rank that arrives last holds every other rank in
+synchronize.  Two findings come from the breakdown's ``wait_ranks`` part:
 
-* "sync" rows (the time each rank spent inside hvd.DistributedOptimizer.step,
-  recorded by the step hook): a rank that reaches the step late waits least in
-  it; the others wait for it.  This sees Horovod jobs, whose collectives start
-  together on every rank once all ranks have submitted a tensor.
-* matched collectives (analysis.imbalance): the spread of their start times on
-  the ranks (MPI programs that call collectives directly).
+* ``late_ranks``: a rank is named only when it is last significantly more often
+  than chance (1/n of the steps, binomial test, Bonferroni over the n ranks,
+  the steps' autocorrelation accounted for: findings.stats).  Its cost is the
+  waiting it alone causes (each other rank's wait up to the time by which it
+  trailed the next-to-last), averaged over the ranks like the breakdown.
+* ``rank_waiting``: the rest of the waiting, which no rank causes
+  consistently: step times that vary on every rank (contention, OS noise,
+  data loading, uneven batches).  It names no rank.
+
+Without steps, matched collectives (analysis.imbalance) stand in: the last
+arrival at each call, tested against chance the same way.
 
 A claim needs clocks aligned better than the lateness it reports.
 """
@@ -22,6 +29,10 @@ import pandas as pd
 from profiler.units import fmt_ms, fmt_share
 
 from .base import MIN_STEPS, Context, Finding, bootstrap_mean
+from .stats import ChanceTest, most_often
+
+NULL = ("chance: with n ranks whose step times vary alike, each is last in 1/n of the steps "
+        "(binomial test, p < 0.01 after correcting for n ranks and for runs of steps)")
 
 
 def clock_error_ms(meta: dict) -> float:
@@ -32,69 +43,6 @@ def clock_error_ms(meta: dict) -> float:
             worst = max(worst, int(r.get("offset_err_ns") or 0),
                         int(r.get("offset_end_err_ns") or 0))
     return worst / 1e6
-
-
-def _sync_waits(ctx: Context) -> pd.DataFrame | None:
-    """Per (step, rank): ms spent inside optimizer.step ("sync" rows)."""
-    df = ctx.df
-    if "op" not in df.columns:
-        return None
-    sync = df.loc[(df["op"] == "sync").to_numpy(dtype=bool)]
-    if sync.empty or sync["rank"].nunique() < 2:
-        return None
-    w = pd.DataFrame({"step": sync["seq"].to_numpy(dtype=np.int64),
-                      "rank": sync["rank"].to_numpy(dtype=np.int64),
-                      "wait_ms": sync["dur_ns"].to_numpy(dtype=np.float64) / 1e6})
-    if ctx.n_steps:
-        w = w.loc[w["step"].isin(ctx.steady["step"])]
-    return w
-
-
-def _from_sync(ctx: Context, w: pd.DataFrame) -> Finding | None:
-    table = w.pivot_table(index="step", columns="rank", values="wait_ms", aggfunc="sum")
-    table = table.dropna()
-    if len(table) < MIN_STEPS:
-        return None
-    n = table.shape[1]
-    least = table.idxmin(axis=1)               # the rank that waited least: the late one
-    extra = table.sub(table.min(axis=1), axis=0)  # what the others waited for it
-    others = extra.sum(axis=1) / max(n - 1, 1)    # ms per step, per waiting rank
-    late = int(least.mode().iloc[0])
-    share = float((least == late).mean())
-    mean, lo, hi = bootstrap_mean(others.to_numpy())
-    lateness = float(extra.drop(columns=[late]).median(axis=None)) if n > 1 else 0.0
-    return _finding(ctx, late, share, len(table), mean, lo, hi, lateness,
-                    "it reaches optimizer.step later than the others (its forward, backward "
-                    "or data loading takes longer); the others wait for its gradients",
-                    "sync")
-
-
-def _from_matched(ctx: Context) -> Finding | None:
-    from ..imbalance import stragglers
-
-    m = ctx.matched
-    if m.empty:
-        return None
-    ranking = stragglers(matched=m)
-    if ranking.empty or int(ranking["last_count"].max()) == 0:
-        return None
-    top = ranking.iloc[0]
-    late = int(top["rank"])
-    n = int(m["comm_size"].max())
-    steps = ctx.n_steps if ctx.n_steps else 1
-    # wait_ns: all ranks' waiting for the last arrival, summed over matched calls
-    waits = m.loc[m["last_rank"] == late, "wait_ns"].to_numpy(dtype=np.float64) / 1e6
-    total_ms = float(waits.sum()) / max(n - 1, 1)
-    per_step = total_ms / steps
-    boot = bootstrap_mean(waits / max(n - 1, 1))
-    scale = len(waits) / steps
-    lo, hi = boot[1] * scale, boot[2] * scale
-    slow_transfer = _slow_transfers(ctx.steady_df, late)
-    why = ("its transfers are slower than the others' (longer data calls at the same start)"
-           if slow_transfer else
-           "it arrives late (its calls start after the others'), transfers are not slower")
-    return _finding(ctx, late, float(top["last_share"]), len(m), per_step, lo, hi,
-                    float(top["mean_lateness_us"]) / 1e3, why, "matched")
 
 
 def _slow_transfers(df: pd.DataFrame, rank: int) -> bool:
@@ -109,24 +57,198 @@ def _slow_transfers(df: pd.DataFrame, rank: int) -> bool:
     return bool(len(others) and med.get(rank, 0) > 1.5 * float(others.max()))
 
 
-def _finding(ctx: Context, late: int, share: float, matched: int, cost: float | None, lo: float,
-             hi: float, lateness_ms: float, why: str, source: str) -> Finding:
+def _variation(bd: pd.DataFrame) -> tuple[float, float]:
+    """How much each rank's time to arrival varies from step to step (the mean
+    over ranks of its standard deviation, ms) and how alike the ranks vary (the
+    mean correlation of their arrival offsets across steps; 0: independently)."""
+    off = bd.assign(off=(bd["arrival_ns"] - bd["t_start_ns"]) / 1e6)
+    off = off.loc[bd["arrival_ns"] >= 0]
+    table = off.pivot_table(index="step", columns="rank", values="off").dropna()
+    if len(table) < 3 or table.shape[1] < 2:
+        return float("nan"), float("nan")
+    sd = float(table.std(ddof=1).mean())
+    c = table.corr().to_numpy()
+    iu = np.triu_indices_from(c, k=1)
+    corr = float(np.nanmean(c[iu])) if iu[0].size else float("nan")
+    return sd, corr
+
+
+def _cpu_order(ctx: Context, lr: pd.DataFrame) -> tuple[int, int] | None:
+    """Steps where the last rank's main thread waited longest for a CPU in that
+    step (per-step run-queue delay, "cpu" rows), and the steps compared."""
+    df = ctx.df
+    if "op" not in df.columns or "thread_kind" not in df.columns:
+        return None
+    cpu = df.loc[(df["op"].astype(str) == "cpu").to_numpy()
+                 & (df["thread_kind"].astype(str) == "main").to_numpy()]
+    if cpu.empty:
+        return None
+    w = pd.DataFrame({"step": cpu["seq"].to_numpy(dtype=np.int64),
+                      "rank": cpu["rank"].to_numpy(dtype=np.int64),
+                      "wait": cpu["count"].to_numpy(dtype=np.float64)})
+    table = w.pivot_table(index="step", columns="rank", values="wait", aggfunc="sum")
+    table = table.dropna()
+    lr = lr.loc[lr["step"].isin(table.index) & ~lr["tie"]]
+    if lr.empty:
+        return None
+    most = table.loc[lr["step"].to_numpy()].idxmax(axis=1).to_numpy()
+    return int((most == lr["last_rank"].to_numpy()).sum()), len(lr)
+
+
+def _from_breakdown(ctx: Context) -> list[Finding] | None:
+    from ..breakdown import caused_wait, last_ranks
+
+    bd = ctx.breakdown
+    if bd.empty:
+        return None
+    lr = last_ranks(bd)
+    if len(lr) < MIN_STEPS:
+        return None
+    n = int(lr["ranks"].max())
+    test = most_often(lr.loc[~lr["tie"], "last_rank"].to_numpy(), n)
+    if test is None:
+        return None
+    per_step_wait = bd.groupby("step")["wait_ranks_ms"].mean().reindex(lr["step"]).to_numpy()
+    found: list[Finding] = []
+    caused = np.zeros(len(lr))
+    late = test.candidate
     err = clock_error_ms(ctx.meta)
+    if test.significant:
+        caused = caused_wait(bd, late)
+        found.append(_late_finding(ctx, bd, lr, test, caused, err))
+    rest = np.maximum(per_step_wait - caused, 0.0)
+    found.append(_waiting_finding(ctx, bd, lr, test, rest, named=test.significant))
+    return found
+
+
+def _late_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: ChanceTest,
+                  caused: np.ndarray, err: float) -> Finding:
+    late = test.candidate
+    mean, lo, hi = bootstrap_mean(caused)
+    mine = lr.loc[(lr["last_rank"] == late) & ~lr["tie"], "lead_ms"]
+    lead = float(mine.median()) if len(mine) else 0.0
+    gain = float(mine.sum()) / len(lr) if len(lr) else 0.0  # the job's step, per step
+    source = str(bd["source"].mode().iloc[0]) if len(bd) else ""
+    where = ("it hands its gradients to Horovod later than the others (its data loading, "
+             "forward or backward pass takes longer); the others wait in synchronize"
+             if source == "sync" else
+             "it enters the step's collectives after the others; they wait in them")
+    details = [f"{where}.",
+               f"last in {test.describe()}; it trails the next rank by "
+               f"{fmt_ms(lead)} on median when last.",
+               f"if it arrived with the others, each step would end {fmt_ms(gain)} sooner "
+               "on average (the cost above is the others' waiting, averaged over all "
+               "ranks like the breakdown)."]
     significant = ctx.significant(lo)
-    details = [why + "."]
-    conf = f"95% interval over {matched} {'steps' if source == 'sync' else 'matched calls'}"
-    if err > 0 and err >= 0.5 * max(lateness_ms, 1e-9):
+    conf = f"95% interval over {len(lr)} steps"
+    if err > 0 and err >= 0.5 * max(lead, 1e-9):
         significant = False
         details.append(f"clocks are aligned within {fmt_ms(err)}, not enough to order "
-                       f"arrivals {fmt_ms(lateness_ms)} apart: not a conclusion.")
+                       f"arrivals {fmt_ms(lead)} apart: not a conclusion.")
         conf = "clocks too uncertain"
+    return Finding(
+        key="late_ranks",
+        headline=f"Rank {late} arrives last in {fmt_share(test.share)} of steps",
+        details=details, cost_ms=mean, cost_interval_ms=(lo, hi),
+        cost_img_s=ctx.cost_img_s(gain), confidence=conf,
+        recommendation=(f"find what rank {late} does differently (its data, its host's load, "
+                        "its CPU placement, other processes on its cores)"
+                        if significant else ""),
+        check="profiler summarize TRACE --by rank; profiler compare BEFORE AFTER",
+        numbers={"rank": late, "last_share": test.share, "last_count": test.count,
+                 "steps": test.trials, "p_value": test.p_value, "n_eff": test.n_eff,
+                 "lateness_ms": lead, "step_gain_ms": gain, "others_wait_ms_per_step": mean,
+                 "source": source, "clock_error_ms": err},
+        significant=significant, part="wait_ranks", null=NULL,
+    )
+
+
+def _waiting_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: ChanceTest,
+                     rest: np.ndarray, *, named: bool) -> Finding:
+    mean, lo, hi = bootstrap_mean(rest)
+    sd, corr = _variation(bd)
+    counts = lr.loc[~lr["tie"], "last_rank"].value_counts()
+    n = int(lr["ranks"].max())
+    if named:
+        order = f"besides rank {test.candidate}'s lateness (above)"
+    elif n == 2:
+        order = ("; ".join(f"rank {int(r)} last in {int(c)} of {len(lr)} steps"
+                           for r, c in counts.sort_index().items())
+                 + f": what chance gives ({test.describe()})")
+    else:
+        order = (f"no rank is last more often than chance: the most often, rank "
+                 f"{test.candidate}, in {test.describe()}")
+    details = [order + "."]
+    if np.isfinite(sd):
+        alike = ("independently" if not np.isfinite(corr) or abs(corr) < 0.3 else
+                 f"together (correlation {corr:.2f})")
+        details.append(f"each rank's time to reach synchronize varies by ±{fmt_ms(sd)} from "
+                       f"step to step, {alike}: the step waits for the slowest of them.")
+    cpu = _cpu_order(ctx, lr)
+    if cpu is not None and cpu[1] >= MIN_STEPS:
+        details.append(f"the last rank's main thread had waited longest for a CPU in "
+                       f"{cpu[0]} of {cpu[1]} steps (chance {1 / n:.0%}).")
+    significant = ctx.significant(lo)
+    head = ("Ranks wait {} per step for each other; no rank is consistently last"
+            if not named else "Ranks also wait {} per step for each other beyond that")
+    return Finding(
+        key="rank_waiting",
+        headline=head.format(fmt_ms(mean)),
+        details=details, cost_ms=mean, cost_interval_ms=(lo, hi),
+        cost_img_s=ctx.cost_img_s(mean),
+        confidence=f"95% interval over {len(lr)} steps",
+        recommendation=("make step times steadier on every rank: CPU contention (threads per "
+                        "rank, binding), OS noise, data loading, uneven batch sizes; no rank "
+                        "is to blame" if significant else ""),
+        check="profiler summarize TRACE --by rank; profiler compare BEFORE AFTER",
+        numbers={"wait_ms": mean, "variation_ms": sd, "rank_correlation": corr,
+                 "last_counts": {int(r): int(c) for r, c in counts.items()},
+                 "p_value": test.p_value},
+        significant=significant, part="wait_ranks", null=NULL,
+    )
+
+
+def _from_matched(ctx: Context) -> Finding | None:
+    """Without a step breakdown: the last arrival at each matched collective."""
+    m = ctx.matched
+    if m.empty:
+        return None
+    has = m.loc[m["last_rank"] >= 0]
+    if has.empty:
+        return None
+    n = int(m["comm_size"].max())
+    test = most_often(has["last_rank"].to_numpy(), n)
+    if test is None:
+        return None
+    late = test.candidate
+    steps = ctx.n_steps if ctx.n_steps else 1
+    waits = has.loc[has["last_rank"] == late, "wait_ns"].to_numpy(dtype=np.float64) / 1e6
+    per_call = waits / max(n, 1)  # averaged over the ranks, like the breakdown
+    per_step = float(per_call.sum()) / steps
+    _, blo, bhi = bootstrap_mean(per_call)
+    scale = len(waits) / steps
+    lo, hi = blo * scale, bhi * scale
+    lateness = float(has.loc[has["last_rank"] == late, "spread_ns"].median()) / 1e6
+    slow_transfer = _slow_transfers(ctx.steady_df, late)
+    why = ("its transfers are slower than the others' (longer data calls at the same start)"
+           if slow_transfer else
+           "it arrives late (its calls start after the others'), transfers are not slower")
+    err = clock_error_ms(ctx.meta)
+    significant = test.significant and ctx.significant(lo)
+    details = [why + ".", f"last at {test.describe('matched calls')}."]
+    conf = f"95% interval over {len(m)} matched calls"
+    if err > 0 and err >= 0.5 * max(lateness, 1e-9):
+        significant = False
+        details.append(f"clocks are aligned within {fmt_ms(err)}, not enough to order "
+                       f"arrivals {fmt_ms(lateness)} apart: not a conclusion.")
+        conf = "clocks too uncertain"
+    cost: float | None = per_step
     if not ctx.n_steps:  # no steps: the waiting is over the run, not per step
         cost, lo, hi = None, float("nan"), float("nan")
         significant = False
     return Finding(
         key="late_ranks",
-        headline=f"Rank {late} arrives last in {fmt_share(share)} of "
-                 f"{'steps' if source == 'sync' else 'matched calls'}",
+        headline=f"Rank {late} arrives last in {fmt_share(test.share)} of matched calls",
         details=details,
         cost_ms=cost, cost_interval_ms=(lo, hi) if cost is not None else None,
         cost_img_s=ctx.cost_img_s(cost) if cost is not None else None,
@@ -134,9 +256,10 @@ def _finding(ctx: Context, late: int, share: float, matched: int, cost: float | 
         recommendation=(f"find what rank {late} does differently (data loading, CPU "
                         "placement, other processes on its cores)" if significant else ""),
         check="profiler summarize TRACE --by rank; profiler compare BEFORE AFTER",
-        numbers={"rank": late, "last_share": share, "lateness_ms": lateness_ms,
-                 "others_wait_ms_per_step": cost, "source": source, "clock_error_ms": err},
-        significant=significant,
+        numbers={"rank": late, "last_share": test.share, "p_value": test.p_value,
+                 "lateness_ms": lateness, "others_wait_ms_per_step": cost,
+                 "source": "matched", "clock_error_ms": err},
+        significant=significant, part="wait_ranks" if cost is not None else "", null=NULL,
     )
 
 
@@ -165,12 +288,14 @@ def _whole_job(ctx: Context) -> dict | None:
 def analyze(ctx: Context) -> list[Finding]:
     if len(ctx.ranks) < 2:
         return []
-    w = _sync_waits(ctx)
-    f = _from_sync(ctx, w) if w is not None else None
-    if f is None:
+    found = _from_breakdown(ctx)
+    if found is None:
         f = _from_matched(ctx)
+        found = [f] if f is not None else []
+    late = [f for f in found if f.key == "late_ranks"]
     job = _whole_job(ctx)
-    if job is not None and f is not None:
+    if job is not None and late:
+        f = late[0]
         f.numbers["whole_job"] = job
         same = "the same rank" if job["rank"] == f.numbers["rank"] else f"rank {job['rank']}"
         f.details.append(
@@ -179,4 +304,4 @@ def analyze(ctx: Context) -> list[Finding]:
             f"{fmt_ms(job['caused_wait_s'] * 1e3)} of the others' waiting)"
             + ("; next: " + ", ".join(str(r) for r in job["top"][1:]) if job["top"][1:] else "")
             + ".")
-    return [f] if f is not None else []
+    return found

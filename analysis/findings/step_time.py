@@ -1,62 +1,104 @@
-"""Where the step time goes: communication vs the rest, and how much of the
-communication the step waits for (exposed), per step and per rank
-(analysis.throughput defines comm_union and exposed)."""
+"""Whether communication limits the job at all: the step breakdown's parts that
+communication can shorten (waiting for other ranks, waiting for Horovod,
+transfer) against the rest of the step.
+
+``transfer_bound``: the transfer part (data calls after the last rank's
+arrival) is at least COMM_SHARE of the step (lower end of its interval): the
+job waits for the network, whatever the reason (bytes, message count, a slow
+link).  Its cost is the transfer part.
+
+When their sum stays under COMM_SHARE of the step (the upper end of its 95%
+interval), the finding says so: communication is not what limits this job, and
+the step's time is in compute, data loading and everything else outside
+Horovod.  Its figure is what that part explains, not something to save; it
+recommends looking at the compute side.  The claim is false when the
+communication parts reach COMM_SHARE, and then it is not made."""
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
-from profiler.units import fmt_ms, fmt_share
+from profiler.units import fmt_bytes, fmt_ms, fmt_share
 
 from .base import MIN_STEPS, Context, Finding, bootstrap_mean
 
+#: Communication parts under this share of the step: communication is not the limit.
+COMM_SHARE = 0.10
+COMM_PARTS = ("wait_ranks", "horovod", "transfer")
+
+NULL = (f"communication limits the job: the parts it can shorten reach {COMM_SHARE:.0%} of "
+        "the step (upper end of their 95% interval)")
+
+
+TRANSFER_NULL = (f"transfers the step can ignore: the transfer part under {COMM_SHARE:.0%} of "
+                 "the step (lower end of its 95% interval)")
+
+
+def _transfer_bound(ctx: Context, per: pd.DataFrame) -> list[Finding]:
+    wall = per["wall_ms"].to_numpy()
+    tr = per["transfer_ms"].to_numpy()
+    share = tr / np.where(wall > 0, wall, np.nan)
+    _, s_lo, _ = bootstrap_mean(share)
+    if not np.isfinite(s_lo) or s_lo < COMM_SHARE:
+        return []
+    mean, lo, hi = bootstrap_mean(tr)
+    s = ctx.steady
+    nbytes = float(s["bytes"].mean()) if "bytes" in s.columns else 0.0
+    data_ms = float(s["data_ms"].mean()) if "data_ms" in s.columns else 0.0
+    calls = float(s["data_calls"].mean()) if "data_calls" in s.columns else 0.0
+    rate = nbytes / (data_ms * 1e6) if data_ms > 0 else float("nan")  # GB/s
+    details = [f"after the last rank's last gradient, the step waits {fmt_ms(mean)} for data "
+               f"calls ({fmt_share(mean / float(wall.mean()))} of the step)."]
+    if nbytes > 0 and np.isfinite(rate):
+        details.append(f"each rank moves {fmt_bytes(int(nbytes))} per step in {calls:.1f} data "
+                       f"calls, at {rate:.3g} GB/s over the time in them.")
+    return [Finding(
+        key="transfer_bound",
+        headline=f"Transfers hold every step {fmt_ms(mean)} after the last gradient is ready",
+        details=details, cost_ms=mean, cost_interval_ms=(lo, hi),
+        cost_img_s=ctx.cost_img_s(mean),
+        confidence=f"95% interval over {ctx.n_steps} steady steps",
+        recommendation=("fewer bytes (hvd.Compression.fp16), fewer and larger messages (see "
+                        "the fusion finding), or a faster link between the ranks' hosts "
+                        "(profiler bench on this fabric tells what it delivers)"),
+        check="profiler bench -o BENCH --np N (on the job's hosts); profiler advise TRACE "
+              "--bench BENCH/trace.json",
+        numbers={"transfer_ms": mean, "bytes_per_step": nbytes, "data_calls": calls,
+                 "algbw_gbps": rate},
+        significant=ctx.significant(lo), part="transfer", null=TRANSFER_NULL)]
+
 
 def analyze(ctx: Context) -> list[Finding]:
-    s = ctx.steady
-    if ctx.n_steps < MIN_STEPS:
+    bd = ctx.breakdown
+    if ctx.n_steps < MIN_STEPS or bd.empty or (bd["source"] == "none").all():
         return []
-    wall = s["wall_ms"].to_numpy(dtype=np.float64)
-    comm = s["comm_union_ms"].to_numpy(dtype=np.float64)
-    exposed = s["exposed_ms"].to_numpy(dtype=np.float64)
-    total = float(wall.sum())
-    comm_share = float(comm.sum()) / total if total > 0 else 0.0
-    exp_share = float(exposed.sum()) / total if total > 0 else 0.0
-    mean, lo, hi = bootstrap_mean(exposed)
-    ctrl = float(s["control_ms"].mean()) if "control_ms" in s.columns else 0.0
-    allc = float(s["comm_ms"].mean()) if "comm_ms" in s.columns else 0.0
-    details = [
-        f"communication {fmt_ms(float(comm.mean()))}/step overlaps the rest of the step; "
-        f"{fmt_ms(mean)}/step ({fmt_share(exp_share)}) is waited for at the step's end.",
-    ]
-    rs = ctx.steady_rank_steps
-    if len(rs) and rs["rank"].nunique() > 1:
-        per = rs.groupby("rank")[["comm_union_ms", "wall_ms"]].mean()
-        share = per["comm_union_ms"] / per["wall_ms"].where(per["wall_ms"] > 0, np.nan)
-        hi_r, lo_r = int(share.idxmax()), int(share.idxmin())
-        if fmt_share(float(share.max())) == fmt_share(float(share.min())):
-            details.append(f"per rank: communication {fmt_share(float(share.max()))} of the "
-                           "step on every rank.")
-        else:
-            details.append(f"per rank: communication {fmt_share(float(share.max()))} of the "
-                           f"step on rank {hi_r}, {fmt_share(float(share.min()))} on rank "
-                           f"{lo_r}.")
-    if allc > 0 and ctrl / allc > 0.5:
-        details.append(f"{fmt_share(ctrl / allc)} of the time in MPI calls is Horovod's "
-                       "control plane (negotiation, response cache), not gradient data.")
-    significant = ctx.significant(lo)
+    per = bd.groupby("step")[["wall_ms", "compute_ms", *[f"{p}_ms" for p in COMM_PARTS]]].mean()
+    bound = _transfer_bound(ctx, per)
+    if bound:
+        return bound
+    comm = per[[f"{p}_ms" for p in COMM_PARTS]].sum(axis=1).to_numpy()
+    wall = per["wall_ms"].to_numpy()
+    share = comm / np.where(wall > 0, wall, np.nan)
+    s_mean, _, s_hi = bootstrap_mean(share)
+    if not np.isfinite(s_hi) or s_hi >= COMM_SHARE:
+        return []
+    mean, lo, hi = bootstrap_mean(per["compute_ms"].to_numpy())
+    c_mean = float(comm.mean())
     return [Finding(
-        key="step_time",
-        headline=(f"Communication is {fmt_share(comm_share)} of the step, "
-                  f"{fmt_share(exp_share)} of the step exposed"),
-        details=details,
-        cost_ms=mean, cost_interval_ms=(lo, hi), cost_img_s=ctx.cost_img_s(mean),
+        key="compute_bound",
+        headline=(f"Communication is not what limits this job: {fmt_share(mean / wall.mean())} "
+                  "of the step is outside Horovod"),
+        details=[f"waiting for other ranks, for Horovod and transfers take {fmt_ms(c_mean)} "
+                 f"per step together ({fmt_share(s_mean)}; at most {fmt_share(s_hi)} at 95%).",
+                 "the step's time is in data loading, forward, backward and the optimizer: "
+                 "faster communication would not buy much."],
+        cost_ms=mean, cost_interval_ms=(lo, hi), cost_label="explains",
         confidence=f"95% interval over {ctx.n_steps} steady steps",
-        recommendation=("the exposed part is what faster communication or more overlap can "
-                        "buy: see the findings on late ranks, fusion and message sizes"
-                        if significant else "communication is not what limits this job"),
-        check="profiler compare BEFORE/trace.json AFTER/trace.json",
-        numbers={"steps": ctx.n_steps, "step_ms": ctx.step_ms, "comm_ms": float(comm.mean()),
-                 "comm_share": comm_share, "exposed_ms": mean, "exposed_share": exp_share,
-                 "control_ms": ctrl},
-        significant=significant,
+        recommendation=("profile the compute side (torch.profiler, py-spy) and the input "
+                        "pipeline (DataLoader num_workers, pinned memory)"),
+        check="",
+        numbers={"compute_ms": mean, "comm_ms": c_mean, "comm_share": s_mean,
+                 "comm_share_hi": s_hi},
+        significant=True, part="compute", null=NULL,
     )]

@@ -3,12 +3,22 @@
     profiler advise out/main-job/fusion-on/trace.json
     profiler advise fused/trace.json unfused/trace.json --format json
     profiler advise TRACE --bench bench/trace.json   # transfers against the fabric
+    profiler advise TRACE --confirm                  # replay flagged sizes alone
 
 Each finding says what was found, the numbers behind it, its cost in ms per step
 (with a 95% interval) and in images/sec, what to change and the command that
-checks it.  Findings whose cost does not clear the run-to-run noise are listed
-last, in one line each; then what the trace cannot support.  Exit status 0, also
-when there is no significant finding.
+checks it, and what it was tested against.  It opens with where the step goes:
+the step breakdown, whose parts sum to the step.  Findings that failed their
+test, or whose test was not run, are listed under "Not claimed"; findings whose
+cost does not clear the run-to-run noise after them, in one line each; then
+what the trace cannot support.  Exit status 0, also when there is no
+significant finding.
+
+--confirm replays the message sizes the run flagged as slow, and their
+neighbours, alone, at the job's rank count on this host with the job's MPI
+settings (profiler bench's sweep; about a minute), and claims a latency cliff
+only where the replay finds it too.  --replay TRACE uses such a replay made
+before (or a `profiler bench` trace of the same sizes on the job's hosts).
 """
 
 from __future__ import annotations
@@ -30,13 +40,59 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--bench", metavar="BENCH",
                    help="a `profiler bench` trace of the same fabric (hosts, ranks, "
                         "transport): what the transfers are measured against")
+    p.add_argument("--confirm", action="store_true",
+                   help="replay the flagged message sizes alone (this host, the job's rank "
+                        "count and MPI settings) before claiming a latency cliff")
+    p.add_argument("--replay", metavar="TRACE",
+                   help="a replay of the flagged sizes made before (written by --confirm)")
     return p
+
+
+def _confirmed(trace: str, bench: str | None) -> Any:
+    """advise(trace) with its flagged sizes replayed alone (--confirm)."""
+    from pathlib import Path
+
+    from profiler.analysis.facade import trace_meta
+    from profiler.analysis.findings import advise
+    from profiler.bench.confirm import job_mpi_env, replay
+    from profiler.errors import UsageError
+
+    first = advise(trace, bench=bench, only=["latency_cliffs"])
+    sizes = next((f.numbers.get("replay_sizes") for f in first.findings
+                  if f.key == "latency_cliffs"), None)
+    if not sizes:
+        print(f"profiler: {trace}: no message size flagged: nothing to replay",
+              file=sys.stderr)
+        return advise(trace, bench=bench)
+    if first.header.get("hosts", 1) > 1:
+        raise UsageError(trace, f"--confirm replays on this host, the job ran on "
+                                f"{first.header['hosts']}: run `profiler bench --sizes "
+                                f"{','.join(map(str, sizes))}` on the job's hosts and pass "
+                                "--replay BENCH/trace.json")
+    meta = trace_meta(trace) or {}
+    p = Path(trace)
+    home = p if p.is_dir() else p.parent
+    out = home / "confirm"
+    n = 1
+    while out.exists():
+        n += 1
+        out = home / f"confirm-{n}"
+    rtrace = replay(sizes, np=int(first.header.get("ranks") or 2), out_dir=out,
+                    job_env=job_mpi_env(meta))
+    return advise(trace, bench=bench, replay=rtrace)
 
 
 def run(args: argparse.Namespace) -> int:
     from profiler.analysis.findings import advise
 
-    advices = [advise(t, bench=args.bench) for t in args.traces]
+    if args.confirm and args.replay:
+        from profiler.errors import UsageError
+
+        raise UsageError(None, "give --confirm or --replay, not both")
+    if args.confirm:
+        advices = [_confirmed(t, args.bench) for t in args.traces]
+    else:
+        advices = [advise(t, bench=args.bench, replay=args.replay) for t in args.traces]
     if args.format == "json":
         import orjson
 
@@ -58,7 +114,7 @@ def _cost(f: Any) -> str:
 
     if f.cost_ms is None:
         return ""
-    text = f"cost: {fmt_ms(f.cost_ms)}/step"
+    text = f"{getattr(f, 'cost_label', 'cost') or 'cost'}: {fmt_ms(f.cost_ms)}/step"
     if f.cost_interval_ms:
         lo, hi = f.cost_interval_ms
         text += f" [{fmt_ms(lo)}, {fmt_ms(hi)}]"
@@ -84,10 +140,42 @@ def header_line(a: Any) -> str:
     return f"{printable(a.path)}: " + ", ".join(parts)
 
 
+BAR_WIDTH = 30
+
+
+def breakdown_lines(a: Any) -> list[str]:
+    """'Where a step goes': one line per part of the step breakdown, its mean,
+    interval, share and a bar (empty without a breakdown)."""
+    from profiler.units import fmt_ms
+
+    bd = getattr(a, "breakdown", None)
+    if bd is None or len(bd) == 0:
+        return []
+    total = float(bd["ms"].sum())
+    if not total > 0:
+        return []
+    label_w = max(len(str(x)) for x in bd["label"])
+    steps = a.header.get("steps") or 0
+    out = [f"Where a step goes (mean of ranks, {steps} steady steps; the parts sum to the "
+           "step):"]
+    for r in bd.itertuples(index=False):
+        share = float(r.ms) / total
+        pct = "<1%" if 0 < share < 0.005 else f"{share:.0%}"
+        bar = "\u2588" * int(round(share * BAR_WIDTH))
+        iv = (f"[{fmt_ms(r.lo_ms)}, {fmt_ms(r.hi_ms)}]"
+              if r.hi_ms - r.lo_ms > 0.01 * max(abs(r.ms), 1e-9) else "")
+        out.append(f"  {str(r.label):<{label_w}}  {fmt_ms(r.ms):>9} {pct:>4}  {bar:<{BAR_WIDTH}}"
+                   f" {iv}".rstrip())
+    return out
+
+
 def render(a: Any, *, width: int = 100) -> str:
     """The advice as text a person reads in ten seconds, wrapped to `width`."""
     width = max(60, min(int(width), 160))
     out = textwrap.wrap(header_line(a), width=width, subsequent_indent="  ") + [""]
+    parts = breakdown_lines(a)
+    if parts:
+        out += [line if len(line) <= width else line[:width].rstrip() for line in parts] + [""]
     wrap = textwrap.TextWrapper(width=width, initial_indent="   ", subsequent_indent="   ")
     sig = a.significant
     for n, f in enumerate(sig, 1):
@@ -100,15 +188,23 @@ def render(a: Any, *, width: int = 100) -> str:
                 out += wrap.wrap(cost)
         for d in f.details:
             out += wrap.wrap(d)
+        if getattr(f, "null", ""):
+            out += wrap.wrap("tested against: " + f.null)
         if f.recommendation:
             out += wrap.wrap("try: " + f.recommendation)
         if f.check:
             out += wrap.wrap("check: " + f.check)
         out.append("")
     if not sig:
-        out += ["no significant finding: nothing measured here costs more than the "
-                "run-to-run noise.", ""]
-    minor = a.minor
+        out += textwrap.wrap("no significant finding: nothing measured here costs more than "
+                             "the run-to-run noise, or passed its test.", width=width) + [""]
+    minor = [f for f in a.minor if not getattr(f, "not_claimed", "")]
+    unclaimed = [f for f in a.minor if getattr(f, "not_claimed", "")]
+    if unclaimed:
+        out.append("Not claimed:")
+        for f in unclaimed:
+            out += wrap.wrap(f"{f.headline}; {f.not_claimed}.")
+        out.append("")
     if minor:
         out.append("Below the noise floor:")
         for f in minor:

@@ -1,0 +1,173 @@
+"""CPU contention, measured directly: the job's threads waiting on a run queue
+for a core (Linux schedstat, read by the library at every step boundary for
+each thread that recorded: the "cpu" rows, and for every thread of the process
+at start and exit: the ranks' ``cpu`` metadata).
+
+The per-step rows carry, for the main (compute) thread and Horovod's background
+thread, the nanoseconds on a CPU (``bytes``) and waiting for one (``count``)
+in the step.  A thread that waits for a core is not computing and not
+communicating: the main thread's wait sits inside the step's compute part, the
+background thread's wait delays Horovod's cycle and its transfers, and both
+make the ranks' arrival times vary (the waiting between ranks).
+
+The finding's figure is what it explains: the main thread's run-queue wait per
+step (part ``compute``), averaged over ranks.  It is claimed when the compute
+or the background thread waits for a core a share of its time that an
+uncontended thread does not (UNCONTENDED_SHARE), and the figure clears the
+noise floor.  It says how many busy threads share how many cores.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profiler.units import fmt_ms, fmt_share
+
+from .base import MIN_STEPS, Context, Finding, bootstrap_mean
+
+#: A thread waiting for a core less than this share of its time is not contended
+#: (a thread alone on its core waits well under 1%; wake-ups cost a little).
+UNCONTENDED_SHARE = 0.05
+#: A thread on a CPU at least this share of the run counts as busy.
+BUSY_SHARE = 0.10
+
+NULL = (f"an uncontended thread: run-queue waits under {UNCONTENDED_SHARE:.0%} of its time "
+        "(a thread alone on its core waits well under 1%)")
+
+
+def cpu_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The per-step schedstat rows: rank, step, kind (thread_kind), tid, run_ns,
+    wait_ns, interval_ns."""
+    cols = ["rank", "step", "kind", "tid", "run_ns", "wait_ns", "interval_ns"]
+    if "op" not in df.columns:
+        return pd.DataFrame({c: [] for c in cols})
+    c = df.loc[(df["op"].astype(str) == "cpu").to_numpy()]
+    if c.empty:
+        return pd.DataFrame({c: [] for c in cols})
+    return pd.DataFrame({
+        "rank": c["rank"].to_numpy(dtype=np.int64),
+        "step": c["seq"].to_numpy(dtype=np.int64),
+        "kind": (c["thread_kind"].astype(str).to_numpy() if "thread_kind" in c.columns
+                 else np.full(len(c), "other")),
+        "tid": c["tid"].to_numpy(dtype=np.int64) if "tid" in c.columns else -1,
+        "run_ns": c["bytes"].to_numpy(dtype=np.float64),
+        "wait_ns": c["count"].to_numpy(dtype=np.float64),
+        "interval_ns": (c["t_end_ns"] - c["t_start_ns"]).to_numpy(dtype=np.float64),
+    })
+
+
+def _threads(meta: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every rank's threads at exit (run, wait and kind), and the host figures:
+    cores per host, ranks per host, the ranks' affinity sizes, torch threads."""
+    threads: list[dict[str, Any]] = []
+    hosts: dict[str, int] = {}
+    cores: list[int] = []
+    affinity: list[int] = []
+    torch_threads: list[int] = []
+    for r in meta.get("ranks") or []:
+        if not isinstance(r, dict):
+            continue
+        hosts[str(r.get("host", ""))] = hosts.get(str(r.get("host", "")), 0) + 1
+        cpu = r.get("cpu")
+        if not isinstance(cpu, dict):
+            continue
+        if isinstance(cpu.get("host_cpus"), int):
+            cores.append(int(cpu["host_cpus"]))
+        if isinstance(cpu.get("affinity"), list):
+            affinity.append(len(cpu["affinity"]))
+        if isinstance(cpu.get("torch_threads"), int):
+            torch_threads.append(int(cpu["torch_threads"]))
+        for t in cpu.get("threads") or []:
+            if not isinstance(t, dict):
+                continue
+            end, start = t.get("end") or {}, t.get("start") or {}
+            if not isinstance(end, dict) or "cpu_ns" not in end:
+                continue
+            run = float(end.get("cpu_ns") or 0) - float((start or {}).get("cpu_ns") or 0)
+            wait = float(end.get("wait_ns") or 0) - float((start or {}).get("wait_ns") or 0)
+            threads.append({"rank": r.get("rank"), "kind": str(t.get("kind") or "other"),
+                            "run_ns": max(run, 0.0), "wait_ns": max(wait, 0.0)})
+    info = {"ranks_per_host": max(hosts.values()) if hosts else 0,
+            "host_cpus": min(cores) if cores else 0,
+            "affinity": min(affinity) if affinity else 0,
+            "torch_threads": max(torch_threads) if torch_threads else 0}
+    return threads, info
+
+
+def analyze(ctx: Context) -> list[Finding]:
+    rows = cpu_rows(ctx.df)
+    if rows.empty or ctx.n_steps < MIN_STEPS:
+        return []
+    rows = rows.loc[rows["step"].isin(ctx.steady["step"])]
+    main = rows.loc[rows["kind"] == "main"]
+    bg = rows.loc[rows["kind"] == "horovod"]
+    if main.empty:
+        return []
+    per_step = main.groupby(["step", "rank"])["wait_ns"].sum().groupby("step").mean() / 1e6
+    mean, lo, hi = bootstrap_mean(per_step.to_numpy())
+    main_share = float(main["wait_ns"].sum() / max(main["interval_ns"].sum(), 1.0))
+
+    def run_share(t: pd.DataFrame) -> float:
+        tot = float(t["run_ns"].sum() + t["wait_ns"].sum())
+        return float(t["wait_ns"].sum()) / tot if tot > 0 else float("nan")
+
+    main_run_share = run_share(main)
+    bg_share = run_share(bg) if len(bg) else float("nan")
+    threads, info = _threads(ctx.meta)
+    wall_ns = float(ctx.steady["wall_ms"].sum()) * 1e6
+    details = []
+    span = (float(rows.groupby("rank")["interval_ns"].sum().max()) if len(rows) else wall_ns)
+    if threads and span > 0:
+        t = pd.DataFrame(threads)
+        # busy: on a CPU a tenth of the time per rank (exit totals over the run)
+        life = t.groupby("rank")["run_ns"].transform("max").clip(lower=1.0)
+        busy = t.loc[t["run_ns"] >= BUSY_SHARE * life]
+        per_rank = busy.groupby("rank").size()
+        n_busy = int(per_rank.max()) if len(per_rank) else 0
+        host_busy = n_busy * max(info["ranks_per_host"], 1)
+        cores = info["affinity"] or info["host_cpus"]
+        if cores:
+            details.append(f"{host_busy} busy threads on {cores} cores per host "
+                           f"({info['ranks_per_host']} ranks x {n_busy} threads each"
+                           + (f"; torch uses {info['torch_threads']} intra-op threads"
+                              if info["torch_threads"] else "") + ").")
+        others = t.loc[~t["kind"].isin(["main", "horovod"])]
+        if len(others) and float(others["run_ns"].sum() + others["wait_ns"].sum()) > 0:
+            o = float(others["wait_ns"].sum()) / float(others["run_ns"].sum()
+                                                       + others["wait_ns"].sum())
+            details.append(f"the job's other threads (intra-op workers, the profiler's) "
+                           f"waited {fmt_share(o)} of their run time.")
+    bg_txt = (f"Horovod's background thread waited for a core {fmt_share(bg_share)} of its "
+              "run time" if np.isfinite(bg_share) else "")
+    details.insert(0, f"the compute (main) thread waited on a run queue {fmt_ms(mean)} per step "
+                      f"({fmt_share(main_run_share)} of its run time)"
+                   + (f"; {bg_txt}" if bg_txt else "") + ".")
+    contended = (main_run_share >= UNCONTENDED_SHARE
+                 or (np.isfinite(bg_share) and bg_share >= 2 * UNCONTENDED_SHARE))
+    significant = contended and ctx.significant(lo)
+    if contended:
+        details.append("waiting for a core makes each rank's step time vary on its own, and "
+                       "the ranks wait for each other and for Horovod's cycle as a result.")
+    headline = ("The threads of this job wait for a CPU" if contended else
+                "The job's threads seldom wait for a CPU")
+    return [Finding(
+        key="cpu_contention",
+        headline=headline + (f": {fmt_share(main_run_share)} of the compute thread's time"
+                             if contended else ""),
+        details=details, cost_ms=mean, cost_interval_ms=(lo, hi),
+        cost_img_s=ctx.cost_img_s(mean), cost_label="explains",
+        confidence=f"95% interval over {ctx.n_steps} steady steps (schedstat run-queue delay)",
+        recommendation=("give each rank's threads their own cores: fewer intra-op threads "
+                        "(torch.set_num_threads, OMP_NUM_THREADS) leaving one for Horovod's "
+                        "thread, fewer ranks per host, or mpirun --bind-to core --map-by "
+                        "socket:PE=N; and no other busy processes on the job's cores"
+                        if significant else ""),
+        check="profiler compare BEFORE AFTER (the breakdown's parts and this finding's share)",
+        numbers={"main_wait_ms_per_step": mean, "main_wait_share": main_share,
+                 "main_run_share": main_run_share, "horovod_wait_share": bg_share,
+                 **info},
+        significant=significant, part="compute", null=NULL,
+    )]
