@@ -245,7 +245,8 @@ typedef struct hvprof_record {
                                 APP_STEP: count = images in the step, seq =
                                 step number; APP_MARK: seq = user mark id;
                                 APP_SYNC: the time in hvd.DistributedOptimizer
-                                .step of that step (seq = step number).
+                                .synchronize in that step (.step without
+                                it: the whole .step; seq = step number).
                                 APP_TENSOR (a tensor handed to Horovod, from
                                 its Python entry point): t_start/t_end around
                                 the enqueue, bytes and count of the tensor,

@@ -6,6 +6,9 @@ _DistributedOptimizer`` (or ``_DistributedAdasumOptimizer``).  Wrapping the
 ``step`` function of those two template classes as soon as their module is
 imported therefore reaches every DistributedOptimizer the job creates.  The
 wrapper calls the original ``step`` and then :func:`profiler.collect.steps.hook_step`.
+Their ``synchronize`` is wrapped too: the interval the main thread spends in
+it (waiting for every gradient to be reduced) becomes the step's "sync" row,
+apart from the optimizer update that follows it.
 
 The same finder patches ``horovod.torch.mpi_ops`` when it is imported: its
 private entry points then record every tensor handed to Horovod
@@ -68,6 +71,34 @@ def _wrap_step(orig: Callable[..., Any]) -> Callable[..., Any]:
     return step
 
 
+def _wrap_synchronize(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def synchronize(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            from profiler.collect.steps import now
+
+            t0 = now()
+        except Exception:  # never break the training loop
+            t0 = None
+        result = orig(self, *args, **kwargs)
+        if t0 is not None:
+            try:
+                from profiler.collect.steps import mark_synchronize, now
+
+                t1 = now()
+                if t1 is not None:
+                    mark_synchronize(t0, t1)
+            except Exception as exc:  # never break the training loop
+                _warn_once(f"synchronize hook failed: {exc}")
+        return result
+
+    setattr(synchronize, _WRAPPED, orig)
+    return synchronize
+
+
+_WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    "step": _wrap_step, "synchronize": _wrap_synchronize}
+
 _warned = False
 
 
@@ -96,20 +127,22 @@ def _let_timeline_drain() -> None:
 
 
 def patch_module(module: ModuleType) -> int:
-    """Wrap ``step`` of the DistributedOptimizer template classes in `module`.
+    """Wrap ``step`` and ``synchronize`` of the DistributedOptimizer template
+    classes in `module`.
 
-    Idempotent.  Returns the number of classes newly wrapped.
+    Idempotent.  Returns the number of classes whose ``step`` was newly wrapped.
     """
     n = 0
     for name in TEMPLATE_CLASSES:
         cls = getattr(module, name, None)
         if cls is None:
             continue
-        orig = cls.__dict__.get("step")
-        if orig is None or getattr(orig, _WRAPPED, None) is not None:
-            continue
-        cls.step = _wrap_step(orig)
-        n += 1
+        for method, wrap in _WRAPPERS.items():
+            orig = cls.__dict__.get(method)
+            if orig is None or getattr(orig, _WRAPPED, None) is not None:
+                continue
+            setattr(cls, method, wrap(orig))
+            n += method == "step"
     return n
 
 
@@ -119,10 +152,11 @@ def unpatch_module(module: ModuleType) -> None:
         cls = getattr(module, name, None)
         if cls is None:
             continue
-        wrapped = cls.__dict__.get("step")
-        orig = getattr(wrapped, _WRAPPED, None)
-        if orig is not None:
-            cls.step = orig
+        for method in _WRAPPERS:
+            wrapped = cls.__dict__.get(method)
+            orig = getattr(wrapped, _WRAPPED, None)
+            if orig is not None:
+                setattr(cls, method, orig)
 
 
 # Plain classes, not importlib.abc subclasses: importing importlib.abc costs

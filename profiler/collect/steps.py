@@ -92,6 +92,7 @@ _env_read = False
 _user_on = True  # profiler.sampling() / paused()
 _steps_on = True  # HOROVOD_PROFILE_SAMPLE_STEPS: the open step is one to record
 _every: int | None = None  # HOROVOD_PROFILE_SAMPLE_STEPS, read once (1 = every step)
+_sync: tuple[int, int] | None = None  # the open step's last synchronize (ticks in, out)
 
 
 def _library() -> Any:
@@ -257,17 +258,26 @@ def now() -> int | None:
     return None if lib is None else int(lib.now())
 
 
+def mark_synchronize(t_in: int, t_out: int) -> None:
+    """Called by the DistributedOptimizer hook as its synchronize returns: the
+    interval (ticks) the main thread waited for every gradient to be reduced,
+    recorded as the open step's "sync" row by :func:`hook_step`."""
+    global _sync
+    _sync = (int(t_in), int(t_out))
+
+
 def hook_step(entered: int | None = None) -> None:
     """Called by the DistributedOptimizer hook after each optimizer step.
 
-    entered: the clock (now()) as that optimizer.step began; the interval
-    [entered, now) is recorded as the step's "sync" row: the time this rank
-    waited in synchronize for the others' gradients (a rank that arrives late
-    waits least), and the optimizer update.
+    The step's "sync" row is the time this rank waited in synchronize for the
+    others' gradients (a rank that arrives late waits least): the last
+    synchronize of the step (:func:`mark_synchronize`), else [entered, now),
+    with entered the clock (now()) as that optimizer.step began, which holds
+    the optimizer update too.
     Quiet once the application marks steps itself (:func:`step` or
     :func:`step_context`).  Never raises into the training loop.
     """
-    global _hooked
+    global _hooked, _sync
     lib = _lib if _lib is not _UNRESOLVED else _library()
     if lib is None or _explicit:
         return
@@ -275,8 +285,13 @@ def hook_step(entered: int | None = None) -> None:
         if _explicit:
             return
         _hooked = True
-        if entered is not None and _last is not None:
-            lib.record_app(APP_SYNC, int(entered), int(lib.now()), 0, _next_seq & 0xFFFFFFFF)
+        span, _sync = _sync, None
+        if _last is not None:
+            if span is not None and span[0] >= _last:
+                lib.record_app(APP_SYNC, span[0], span[1], 0, _next_seq & 0xFFFFFFFF)
+            elif entered is not None:
+                lib.record_app(APP_SYNC, int(entered), int(lib.now()), 0,
+                               _next_seq & 0xFFFFFFFF)
         _boundary(lib, batch_size())
 
 
