@@ -315,9 +315,10 @@ def _write_agent(st: ClusterState) -> None:
 
 def create(hosts: int = 2, offsets: Sequence[int] | None = None, rate: str | None = None,
            slots: int = 2, owner: bool = True, names: Sequence[str] | None = None,
-           ) -> ClusterState:
+           host_rates: Mapping[int, str] | None = None) -> ClusterState:
     """Make a cluster (stale ones are swept first).  offsets: seconds per host
-    (CLOCK_MONOTONIC shift, >= 0), default 0 for all."""
+    (CLOCK_MONOTONIC shift, >= 0), default 0 for all; host_rates: a rate for
+    some hosts' links (host index -> rate) instead of `rate`: one slow link."""
     if not 1 <= hosts <= MAX_HOSTS:
         raise SimClusterError(f"--hosts {hosts}: 1 to {MAX_HOSTS}")
     offs = list(offsets) if offsets is not None else [0] * hosts
@@ -326,18 +327,23 @@ def create(hosts: int = 2, offsets: Sequence[int] | None = None, rate: str | Non
     if any(o < 0 for o in offs):
         raise SimClusterError("clock offsets must be >= 0 seconds (the clock cannot go "
                               "below zero in a time namespace)")
-    if rate:
-        _rate_bits(rate)
-    ok, why = available(rate=bool(rate))
+    for r in [rate, *(host_rates or {}).values()]:
+        if r:
+            _rate_bits(r)
+    bad = [i for i in (host_rates or {}) if not 0 <= i < hosts]
+    if bad:
+        raise SimClusterError(f"host_rates: no host {bad[0]} in a cluster of {hosts}")
+    ok, why = available(rate=bool(rate or host_rates))
     if not ok:
         raise SimClusterError(why)
     with _locked():
         _sweep_stale()
-        return _create(hosts, offs, rate, slots, owner, names)
+        return _create(hosts, offs, rate, slots, owner, names, host_rates)
 
 
 def _create(hosts: int, offs: list[int], rate: str | None, slots: int, owner: bool,
-            names: Sequence[str] | None) -> ClusterState:
+            names: Sequence[str] | None,
+            host_rates: Mapping[int, str] | None = None) -> ClusterState:
     token = secrets.token_hex(3)
     name = f"{PREFIX}{token}"
     hnames = list(names) if names else [f"h{i}" for i in range(hosts)]
@@ -367,9 +373,10 @@ def _create(hosts: int, offs: list[int], rate: str | None, slots: int, owner: bo
             _sh(*hn, "addr", "add", f"{h.ip}/24", "dev", "eth0")
             _sh(*hn, "link", "set", "eth0", "up")
             _sh(*hn, "link", "set", "lo", "up")
-            if rate:
-                _tbf(h.ns, "eth0", rate)
-                _tbf(st.switch_ns, port, rate)
+            link_rate = (host_rates or {}).get(i) or rate
+            if link_rate:
+                _tbf(h.ns, "eth0", link_rate)
+                _tbf(st.switch_ns, port, link_rate)
             etc = NETNS_ETC / h.ns
             etc.mkdir(parents=True, exist_ok=True)
             (etc / "hosts").write_text(hosts_file)
@@ -433,8 +440,10 @@ class SimCluster:
     """
 
     def __init__(self, hosts: int = 2, offsets: Sequence[int] | None = None,
-                 rate: str | None = None, slots: int = 2) -> None:
-        self.args = dict(hosts=hosts, offsets=offsets, rate=rate, slots=slots)
+                 rate: str | None = None, slots: int = 2,
+                 host_rates: Mapping[int, str] | None = None) -> None:
+        self.args = dict(hosts=hosts, offsets=offsets, rate=rate, slots=slots,
+                         host_rates=host_rates)
         self.state: ClusterState | None = None
 
     def __enter__(self) -> SimCluster:
