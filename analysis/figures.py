@@ -28,8 +28,13 @@ from .throughput import step_table
 
 __all__ = [
     "size_histogram", "calls_per_size", "latency_vs_size", "rank_imbalance",
-    "step_timeline", "control_vs_data", "bench_overlay", "esc",
+    "step_timeline", "control_vs_data", "bench_overlay", "esc", "breakdown_by_rank",
+    "breakdown_over_steps",
 ]
+
+#: one colour per part of the step breakdown (analysis.breakdown.PARTS)
+PART_COLORS = {"compute": "#9aa5b1", "wait_ranks": "#e45756", "horovod": "#f2a541",
+               "transfer": "#4c78a8", "profiler": "#b279a2", "unexplained": "#d0d0d0"}
 
 TEMPLATE = "plotly_white"
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
@@ -316,6 +321,52 @@ def step_timeline(df: pd.DataFrame, *, table: pd.DataFrame | None = None) -> go.
     fig.update_layout(title=title, template=TEMPLATE, barmode="group", xaxis_title="step")
     fig.update_yaxes(title_text="ms (mean over ranks)", secondary_y=False)
     fig.update_yaxes(title_text="images/sec", secondary_y=True, rangemode="tozero")
+    return fig
+
+
+def breakdown_by_rank(bd: pd.DataFrame, *, title: str = "Where a step goes, per rank"
+                      ) -> go.Figure:
+    """One stacked horizontal bar per rank: the mean ms per step of each part of
+    the step breakdown (analysis.breakdown.rank_breakdown rows)."""
+    import plotly.graph_objects as go
+
+    from .breakdown import LABELS, PARTS
+
+    if bd.empty or (bd["source"] == "none").all():
+        return _empty(title, "no step breakdown (steps with Horovod's synchronize or "
+                             "blocking collectives)")
+    per = bd.groupby("rank")[[f"{p}_ms" for p in PARTS]].mean().sort_index(ascending=False)
+    fig = go.Figure()
+    ranks = [f"rank {int(r)}" for r in per.index]
+    for p in PARTS:
+        fig.add_trace(go.Bar(y=ranks, x=per[f"{p}_ms"], name=LABELS[p], orientation="h",
+                             marker_color=PART_COLORS[p],
+                             hovertemplate="%{y}: %{x:.3f} ms/step<extra>" + LABELS[p]
+                             + "</extra>"))
+    fig.update_layout(title=title, barmode="stack", template=TEMPLATE,
+                      xaxis_title="ms per step (mean over the steady steps)",
+                      height=max(300, 160 + 28 * len(ranks)),
+                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0})
+    return fig
+
+
+def breakdown_over_steps(bd: pd.DataFrame, *, title: str = "Where each step goes"
+                         ) -> go.Figure:
+    """Per step, the parts of the breakdown (mean over ranks), stacked: the steps
+    over time."""
+    import plotly.graph_objects as go
+
+    from .breakdown import LABELS, PARTS
+
+    if bd.empty or (bd["source"] == "none").all():
+        return _empty(title, "no step breakdown")
+    per = bd.groupby("step")[[f"{p}_ms" for p in PARTS]].mean()
+    fig = go.Figure()
+    for p in PARTS:
+        fig.add_trace(go.Bar(x=per.index, y=per[f"{p}_ms"], name=LABELS[p],
+                             marker_color=PART_COLORS[p]))
+    fig.update_layout(title=title, barmode="stack", template=TEMPLATE, xaxis_title="step",
+                      yaxis_title="ms (mean over ranks)", bargap=0.05)
     return fig
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -182,7 +183,11 @@ def _summary(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # which section holds the figure and table behind each kind of finding
-_EVIDENCE = {"step_time": ("steps", "Steps and throughput"),
+_EVIDENCE = {"compute_bound": ("breakdown", "Where a step goes"),
+             "transfer_bound": ("breakdown", "Where a step goes"),
+             "rank_waiting": ("breakdown", "Where a step goes"),
+             "cycle_time": ("breakdown", "Where a step goes"),
+             "cpu_contention": ("breakdown", "Where a step goes"),
              "late_ranks": ("imbalance", "Per-rank imbalance"),
              "control_plane": ("kinds", "Control vs data"),
              "latency_cliffs": ("latency", "Latency vs size")}
@@ -204,7 +209,8 @@ def _findings_section(df: pd.DataFrame, labels: Sequence[str],
         for f in advice.significant + advice.minor:
             cost = ""
             if f.cost_ms is not None:
-                cost = f" <span class=\"muted\">[{_e(fmt_ms(f.cost_ms))}/step"
+                cost = (f" <span class=\"muted\">[{_e(f.cost_label)} "
+                        f"{_e(fmt_ms(f.cost_ms))}/step")
                 if f.cost_interval_ms:
                     lo, hi = f.cost_interval_ms
                     cost += f", 95% interval {_e(fmt_ms(lo))} to {_e(fmt_ms(hi))}"
@@ -214,6 +220,10 @@ def _findings_section(df: pd.DataFrame, labels: Sequence[str],
                 anchor, name = _EVIDENCE[f.key]
                 link = f' <a href="#{anchor}">({_e(name)})</a>'
             body = "".join(f"<br>{_e(d)}" for d in f.details)
+            if f.null:
+                body += f"<br><i>tested against:</i> {_e(f.null)}"
+            if f.not_claimed:
+                body += f"<br><b>not claimed:</b> {_e(f.not_claimed)}"
             if f.recommendation:
                 body += f"<br><b>try:</b> {_e(f.recommendation)}"
             cls = "" if f.significant else ' class="muted"'
@@ -394,6 +404,31 @@ def render_report(
         out = fig("rank-imbalance", F.rank_imbalance(df, ranking=ranking))
         return out + "<h3>Stragglers (arrived last in matched calls)</h3>" + _table(ranking)
 
+    def sec_breakdown() -> str:
+        from .breakdown import rank_breakdown
+        from .findings.base import Context
+
+        out = []
+        for lb in labels:
+            sub = df.loc[isin(df["label"], [lb])] if multi else df
+            ctx = Context(df=sub.drop(columns=["label"]) if "label" in sub.columns else sub,
+                          meta=dict(metas.get(lb) or {}), path=str(lb))
+            bd = ctx.breakdown if ctx.n_steps else rank_breakdown(sub.iloc[0:0])
+            head = f"<h3>{_e(str(lb))}</h3>" if multi else ""
+            if bd.empty or (bd["source"] == "none").all():
+                out.append(head + '<p class="muted">no step breakdown: it needs steps and '
+                                  "Horovod's synchronize (hvd.DistributedOptimizer) or "
+                                  "blocking collectives on the thread that marks steps</p>")
+                continue
+            key = re.sub(r"[^A-Za-z0-9_-]+", "-", str(lb)) or "trace"
+            out.append(head + "<p>The parts of a rank's step sum to its step time "
+                       "(analysis.breakdown): compute and the rest, waiting for other "
+                       "ranks, waiting for Horovod, transfer, the profiler, unexplained.</p>"
+                       + fig(f"breakdown-ranks-{key}", F.breakdown_by_rank(bd))
+                       + fig(f"breakdown-steps-{key}", F.breakdown_over_steps(bd))
+                       + _table(ctx.parts))
+        return "".join(out)
+
     def sec_steps() -> str:
         t = step_table(df)
         if t.empty:
@@ -431,6 +466,7 @@ def render_report(
     sections = [("hang", "The job hangs", lambda: hang_text)] if hang_text else []
     sections += [
         ("findings", "Findings", sec_findings),
+        ("breakdown", "Where a step goes", sec_breakdown),
         ("traces", "Traces", sec_traces),
         ("summary", "Summary per collective and size", sec_summary),
         ("sizes", "Message sizes", sec_sizes),

@@ -111,6 +111,21 @@ def test_report_from_real_trace_holds_the_figures_data(real_trace: Path,
     step_fig = figs["step-timeline"]
     ips = next(t for t in step_fig if t["name"].endswith("images/sec"))
     assert len(arr(ips["y"])) == 6
+    # where a step goes, per rank: an MPI program's blocking allreduces on the
+    # thread that marks steps are its waiting and transfer; the parts of each
+    # rank's bar sum to its mean steady step
+    bars = {t["name"]: arr(t["x"]) for t in figs["breakdown-ranks-trace"]}
+    assert set(bars) == {"compute and the rest", "waiting for other ranks",
+                         "waiting for Horovod", "transfer", "profiler", "unexplained"}
+    steps = df.loc[df["op"] == "step"].sort_values(["rank", "t_start_ns"])
+    steady = steps.groupby("rank").apply(lambda g: g.iloc[1:]["dur_ns"].mean() / 1e6)
+    total = sum(bars.values())
+    assert np.allclose(total[::-1], steady.to_numpy(), rtol=1e-9)  # bars: rank 1 first
+    assert (bars["waiting for Horovod"] == 0).all()
+    calls = df.loc[(df["op"] == "allreduce") & (df["step"] >= 1)]
+    in_calls = calls.groupby("rank")["dur_ns"].sum() / 1e6 / 5
+    got = (bars["waiting for other ranks"] + bars["transfer"])[::-1]
+    assert np.allclose(got, in_calls.to_numpy(), rtol=1e-6)
     # the command line holds the script tag: only its escaped form is in the file
     assert EVIL not in text
     assert ESCAPED in text
@@ -183,7 +198,7 @@ def test_report_opens_with_the_findings() -> None:
     df = training(steps=14, late_rank=1, late_ns=2_000_000, step_ns=30_000_000)
     text = render_report(df, progress=False)
     sections = re.findall(r'<h2 id="([a-z]+)">', text)
-    assert sections[0] == "findings" and sections[1] == "traces"
+    assert sections[:3] == ["findings", "breakdown", "traces"]
     body = text.split('<h2 id="findings">', 1)[1].split("<h2 ", 1)[0]
     expected = advise_frame(df, {}).significant
     assert expected and all(f.headline in body for f in expected)
