@@ -1503,6 +1503,21 @@ HVPROF_EXPORT int hvprof_record_app(int op, uint64_t t_start, uint64_t t_end, ui
         .dtype_size = 0, .aux = 0}, 0);
 }
 
+/* An APP_SYNC record with the calling thread's schedstat during it (bytes = ns
+ * on a CPU, count = ns waiting on a run queue; profiler.collect.steps reads
+ * them around Horovod's synchronize).  Gated like hvprof_record_app. */
+HVPROF_EXPORT int hvprof_record_app_cpu(int op, uint64_t t_start, uint64_t t_end,
+                                        uint64_t cpu_ns, uint64_t wait_ns, uint32_t seq)
+{
+    if (op != HVPROF_OP_APP_SYNC) return -1;
+    if (!atomic_load(&app_active)) return -1;
+    return hvprof_emit_record(&(hvprof_record){
+        .t_start = t_start, .t_end = t_end, .bytes = cpu_ns, .count = wait_ns, .seq = seq,
+        .comm = UINT32_MAX, .track = HVPROF_TRACK_SELF, .root = -1, .op = (uint16_t)op,
+        .dtype = HVPROF_DT_UNKNOWN, .redop = HVPROF_REDOP_NONE, .flags = 0, .rc = 0,
+        .dtype_size = 0, .aux = 0}, 0);
+}
+
 /* A tensor handed to Horovod (profiler.collect.tensors, from Horovod's Python
  * entry points): one APP_TENSOR record on the calling thread, at the cost of
  * any record.  Gated like the app records. */

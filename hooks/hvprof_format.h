@@ -246,7 +246,10 @@ typedef struct hvprof_record {
                                 step number; APP_MARK: seq = user mark id;
                                 APP_SYNC: the time in hvd.DistributedOptimizer
                                 .synchronize in that step (.step without
-                                it: the whole .step; seq = step number).
+                                it: the whole .step; seq = step number);
+                                bytes = the thread's ns on a CPU in it,
+                                count = its ns waiting on a run queue
+                                (schedstat; both 0 when not read).
                                 APP_TENSOR (a tensor handed to Horovod, from
                                 its Python entry point): t_start/t_end around
                                 the enqueue, bytes and count of the tensor,

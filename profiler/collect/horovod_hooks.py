@@ -75,19 +75,20 @@ def _wrap_synchronize(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def synchronize(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            from profiler.collect.steps import now
+            from profiler.collect.steps import now, schedstat
 
             t0 = now()
+            c0 = schedstat() if t0 is not None else (-1, -1)
         except Exception:  # never break the training loop
             t0 = None
         result = orig(self, *args, **kwargs)
         if t0 is not None:
             try:
-                from profiler.collect.steps import mark_synchronize, now
+                from profiler.collect.steps import mark_synchronize, now, schedstat
 
                 t1 = now()
                 if t1 is not None:
-                    mark_synchronize(t0, t1)
+                    mark_synchronize(t0, t1, c0, schedstat())
             except Exception as exc:  # never break the training loop
                 _warn_once(f"synchronize hook failed: {exc}")
         return result

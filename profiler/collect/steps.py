@@ -92,7 +92,11 @@ _env_read = False
 _user_on = True  # profiler.sampling() / paused()
 _steps_on = True  # HOROVOD_PROFILE_SAMPLE_STEPS: the open step is one to record
 _every: int | None = None  # HOROVOD_PROFILE_SAMPLE_STEPS, read once (1 = every step)
-_sync: tuple[int, int] | None = None  # the open step's last synchronize (ticks in, out)
+# the open step's last synchronize: ticks in, out, and the main thread's ns on a
+# CPU and waiting for one (schedstat) during it (-1: not read)
+_sync: tuple[int, int, int, int] | None = None
+_schedstat_fd: int | None = None  # /proc/thread-self/schedstat of the thread that opened it
+_schedstat_tid = -1
 
 
 def _library() -> Any:
@@ -258,12 +262,37 @@ def now() -> int | None:
     return None if lib is None else int(lib.now())
 
 
-def mark_synchronize(t_in: int, t_out: int) -> None:
+def schedstat() -> tuple[int, int]:
+    """(ns on a CPU, ns waiting on a run queue) of the calling thread so far,
+    from Linux schedstat; (-1, -1) where it cannot be read.  One pread on a
+    file kept open per thread (about 1.5 us)."""
+    global _schedstat_fd, _schedstat_tid
+    import os
+
+    try:
+        tid = threading.get_native_id()
+        if _schedstat_fd is None or _schedstat_tid != tid:
+            if _schedstat_fd is not None:
+                os.close(_schedstat_fd)
+                _schedstat_fd = None
+            _schedstat_fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+            _schedstat_tid = tid
+        f = os.pread(_schedstat_fd, 96, 0).split()
+        return int(f[0]), int(f[1])
+    except (OSError, ValueError, IndexError):
+        return -1, -1
+
+
+def mark_synchronize(t_in: int, t_out: int, cpu_in: tuple[int, int] = (-1, -1),
+                     cpu_out: tuple[int, int] = (-1, -1)) -> None:
     """Called by the DistributedOptimizer hook as its synchronize returns: the
     interval (ticks) the main thread waited for every gradient to be reduced,
-    recorded as the open step's "sync" row by :func:`hook_step`."""
+    and its schedstat (:func:`schedstat`) at both ends, recorded as the open
+    step's "sync" row by :func:`hook_step`."""
     global _sync
-    _sync = (int(t_in), int(t_out))
+    ok = min(*cpu_in, *cpu_out) >= 0
+    _sync = (int(t_in), int(t_out), cpu_out[0] - cpu_in[0] if ok else -1,
+             cpu_out[1] - cpu_in[1] if ok else -1)
 
 
 def hook_step(entered: int | None = None) -> None:
@@ -271,9 +300,10 @@ def hook_step(entered: int | None = None) -> None:
 
     The step's "sync" row is the time this rank waited in synchronize for the
     others' gradients (a rank that arrives late waits least): the last
-    synchronize of the step (:func:`mark_synchronize`), else [entered, now),
-    with entered the clock (now()) as that optimizer.step began, which holds
-    the optimizer update too.
+    synchronize of the step (:func:`mark_synchronize`; its bytes = the main
+    thread's ns on a CPU in it, count = its ns waiting for a CPU, 0 when not
+    read), else [entered, now), with entered the clock (now()) as that
+    optimizer.step began, which holds the optimizer update too.
     Quiet once the application marks steps itself (:func:`step` or
     :func:`step_context`).  Never raises into the training loop.
     """
@@ -288,7 +318,11 @@ def hook_step(entered: int | None = None) -> None:
         span, _sync = _sync, None
         if _last is not None:
             if span is not None and span[0] >= _last:
-                lib.record_app(APP_SYNC, span[0], span[1], 0, _next_seq & 0xFFFFFFFF)
+                if span[2] >= 0 and lib.record_app_cpu is not None:
+                    lib.record_app_cpu(APP_SYNC, span[0], span[1], span[2], span[3],
+                                       _next_seq & 0xFFFFFFFF)
+                else:
+                    lib.record_app(APP_SYNC, span[0], span[1], 0, _next_seq & 0xFFFFFFFF)
             elif entered is not None:
                 lib.record_app(APP_SYNC, int(entered), int(lib.now()), 0,
                                _next_seq & 0xFFFFFFFF)
