@@ -287,6 +287,7 @@ uint32_t hvprof_track_self(void)
         caller_object(e->caller, sizeof e->caller);
         pthread_setspecific(exit_key, (void *)1); /* thread_exit() hands over its buffer */
         __atomic_store_n(&e->valid, 1, __ATOMIC_RELEASE);
+        hvprof_cpu_track(idx, e->tid); /* its first CPU read (cpu.c) */
     }
     hvprof_inflight_entry *tab = atomic_load_explicit(&hvprof_inflight_table, memory_order_relaxed);
     t->inflight = tab && idx < HVPROF_INFLIGHT_CAPACITY ? &tab[idx] : NULL;
@@ -675,6 +676,7 @@ static void start_recording(int fd, hvprof_file_header *h, size_t meta, uint32_t
     memset(stream_vals, 0, sizeof stream_vals);
     atomic_fetch_add(&hvprof_handle_epoch, 1);
     atomic_fetch_add(&hvprof_generation, 1);
+    hvprof_cpu_reset();
     window_init();
     env_check(rank);
     atomic_store(&hvprof_divert, !h->sampling ? HVPROF_DIVERT_PAUSED
@@ -683,6 +685,7 @@ static void start_recording(int fd, hvprof_file_header *h, size_t meta, uint32_t
     atomic_store(&app_active, 1);
     helper_start();
     signals_install();
+    hvprof_cpu_open(); /* every thread's CPU figures at start, the cpu sidecar */
 }
 
 int hvprof_open(int rank, int world_size, int local_rank, const char *dir)
@@ -962,6 +965,7 @@ static void *helper_main(void *arg)
     sigset_t all;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL); /* the application's signals are not ours */
+    atomic_store(&hvprof_helper_tid, (int)syscall(SYS_gettid));
     helper_spread();
     int64_t last_cal = hvprof_mono_ns();
     for (;;) {
@@ -1407,6 +1411,9 @@ void hvprof_close(uint32_t state_bits)
             if (b->finish) b->finish();
         atomic_store(&hvprof_active, 0);
         if (state_bits & HVPROF_STATE_CLOSED) atomic_store(&app_active, 0);
+        /* every thread's CPU figures, the helper's among them while it runs */
+        if (state_bits & (HVPROF_STATE_CLOSED | HVPROF_STATE_FINALIZED))
+            hvprof_cpu_close((state_bits & HVPROF_STATE_CLOSED) != 0);
         helper_stop();
         calibrate_now();
         agg_snapshot();
@@ -1438,6 +1445,7 @@ static void atfork_child(void)
     g.raw_path[0] = 0;
     pthread_mutex_init(&g.lock, NULL);
     pthread_mutex_init(&sampling_lock, NULL); /* the helper may have held it */
+    hvprof_cpu_atfork_child();
     FOR_EACH_BACKEND(b)
         if (b->atfork_child) b->atfork_child();
 }
@@ -1471,6 +1479,7 @@ HVPROF_EXPORT int hvprof_world_size(void) { return g.open ? g.hdr->world_size : 
 HVPROF_EXPORT uint64_t hvprof_now(void) { return hvprof_ticks(); }
 HVPROF_EXPORT void hvprof_set_python(int on) { g.python = on; }
 HVPROF_HIDDEN int hvprof_python_attached(void) { return g.python; }
+HVPROF_HIDDEN int hvprof_app_active(void) { return atomic_load(&app_active); }
 
 /* Sampling switch for the application (profiler.sampling(on) in Python):
  * while off, calls keep their sequence numbers and are counted as unsampled,
@@ -1496,11 +1505,14 @@ HVPROF_EXPORT int hvprof_record_app(int op, uint64_t t_start, uint64_t t_end, ui
      * system call, 140-190 ns here, per record): a forked child starts with
      * app_active 0 (atfork_child). */
     if (!atomic_load(&app_active)) return -1;
-    return hvprof_emit_record(&(hvprof_record){
+    int rc = hvprof_emit_record(&(hvprof_record){
         .t_start = t_start, .t_end = t_end, .bytes = 0, .count = count, .seq = seq,
         .comm = UINT32_MAX, .track = HVPROF_TRACK_SELF, .root = -1, .op = (uint16_t)op,
         .dtype = HVPROF_DT_UNKNOWN, .redop = HVPROF_REDOP_NONE, .flags = 0, .rc = 0,
         .dtype_size = 0, .aux = 0}, 0);
+    /* Each thread's CPU and run-queue time over the step: APP_CPU records. */
+    if (op == HVPROF_OP_APP_STEP) hvprof_cpu_step(seq);
+    return rc;
 }
 
 /* An APP_SYNC record with the calling thread's schedstat during it (bytes = ns

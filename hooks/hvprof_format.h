@@ -35,7 +35,9 @@
  *      helper_cpu_ns, from the reserved area; files written before carry 0;
  *      op NCCL_NET, an auxiliary record of the profiler-plugin path: one
  *      NCCL call's proxy (network) activity, see hvprof_record;
- *      point-to-point ops 16..23, flag FROM_STATUS, in-flight peer and tag.)
+ *      point-to-point ops 16..23, flag FROM_STATUS, in-flight peer and tag;
+      op APP_CPU, a thread's CPU and run-queue time per step, with the
+      sidecar raw/rank-R.cpu.json.)
  */
 #ifndef HVPROF_FORMAT_H
 #define HVPROF_FORMAT_H
@@ -90,6 +92,7 @@
     X(33, APP_MARK,             "mark",                 "app")             \
     X(34, APP_SYNC,             "sync",                 "app")             \
     X(35, APP_TENSOR,           "tensor",               "app")             \
+    X(36, APP_CPU,              "cpu",                  "app")             \
     X(64, NCCL_ALLREDUCE,       "nccl_allreduce",       "nccl")            \
     X(65, NCCL_REDUCESCATTER,   "nccl_reducescatter",   "nccl")            \
     X(66, NCCL_ALLGATHER,       "nccl_allgather",       "nccl")            \
@@ -258,6 +261,27 @@ typedef struct hvprof_record {
                                 root or -1, dtype (NCCL codes), dtype_size,
                                 redop (Horovod's op), rc = process set id,
                                 aux = hvprof_fold_ptr(output data).
+                                APP_CPU (not a call: one thread's CPU
+                                accounting over one step, cpu.c): written
+                                right after each APP_STEP record, one per
+                                thread track still alive, from the kernel's
+                                /proc/self/task/<tid>/schedstat; t_start =
+                                ticks of that thread's previous read (the
+                                track's creation, a step's opening,
+                                hvprof_cpu_baseline, or the previous step
+                                record), t_end = ticks of this read; bytes =
+                                ns the thread ran on a CPU in the interval,
+                                count = ns it waited on a run queue for a
+                                CPU, dtype_size = timeslices (times it was
+                                scheduled onto a CPU), seq = the step number
+                                of the APP_STEP record just written, track =
+                                the MEASURED thread's track (the record sits
+                                in the stepping thread's chunk), comm =
+                                UINT32_MAX, root = -1, dtype/redop/flags/rc/
+                                aux = 0.  The kernel's figures are those it
+                                last accounted: a running thread's CPU time
+                                up to one scheduler tick old, a wait still in
+                                progress counted when it ends.
                                 NCCL_NET (auxiliary, not a call: the network
                                 activity of the NCCL call with the same comm
                                 and seq, summed from NCCL's ProxyOp/ProxyStep

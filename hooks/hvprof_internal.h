@@ -269,6 +269,19 @@ HVPROF_HIDDEN uint64_t hvprof_nccl_plugin_silent(void);
  * proxy events (exit: hvprof_nccl_finish). */
 HVPROF_HIDDEN void hvprof_nccl_plugin_flush(void);
 
+/* CPU contention (cpu.c): per-thread schedstat reads, APP_CPU records at
+ * every step, the sidecar raw/rank-R.cpu.json. */
+HVPROF_HIDDEN void hvprof_cpu_reset(void);                  /* before a file records */
+HVPROF_HIDDEN void hvprof_cpu_open(void);                   /* start: snapshot, sidecar */
+HVPROF_HIDDEN void hvprof_cpu_track(uint32_t idx, int32_t tid); /* a thread track is new */
+HVPROF_HIDDEN void hvprof_cpu_step(uint32_t seq);           /* after an APP_STEP record */
+HVPROF_HIDDEN void hvprof_cpu_close(int at_exit);           /* MPI_Finalize (0), exit (1) */
+HVPROF_HIDDEN void hvprof_cpu_atfork_child(void);
+/* The helper thread's tid (0 before it runs): the sidecar names it. */
+extern _Atomic int hvprof_helper_tid;
+/* 1 while application records (steps) are taken. */
+HVPROF_HIDDEN int hvprof_app_active(void);
+
 /* Diagnostics go to stderr, one line, prefixed; never from the hot path. */
 HVPROF_HIDDEN void hvprof_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

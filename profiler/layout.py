@@ -10,6 +10,7 @@ section 2:
     <dir>/raw/rank-00000.agg          summary-mode aggregates
     <dir>/raw/rank-00000.nccl.json    NCCL/CUDA state of the process
     <dir>/raw/rank-00000.mpit.json    the MPI library's transports (MPI_T), TCP peers
+    <dir>/raw/rank-00000.cpu.json     CPUs, load, every thread's CPU/run-queue time
     <dir>/ranks/rank-00000.parquet    rows (each rank at its exit, or merge)
     <dir>/ranks/rank-00000.json       that rank's metadata
     <dir>/ranks/rank-00000.agg.parquet  summary-mode aggregates as rows
@@ -95,6 +96,12 @@ def mpit_path(raw: str | os.PathLike[str]) -> Path:
     """raw/rank-R.hvprof -> raw/rank-R.mpit.json: what the MPI library said about
     its transports (MPI_T) and the TCP connections the rank held (hooks/mpit.c)."""
     return _beside_raw(raw, ".mpit.json")
+
+
+def cpu_path(raw: str | os.PathLike[str]) -> Path:
+    """raw/rank-R.hvprof -> raw/rank-R.cpu.json: the rank's CPUs, load and every
+    thread's CPU and run-queue time at start and at the end (hooks/cpu.c)."""
+    return _beside_raw(raw, ".cpu.json")
 
 
 def file_rank(path: Path) -> int | None:

@@ -6,7 +6,9 @@ hvd.DistributedOptimizer hook (no code change).  Environment: STEPS (default
 6), SLOW_STEP (rank 1 sleeps 50 ms before its backward pass in that step),
 SLOW_EVERY_MS (rank SLOW_RANK, default 1, sleeps that many ms before its backward
 pass in every step), MODEL=repeated (four layers of one shape: tensors of
-equal sizes).
+equal sizes), BUSY_MS (the main thread spins that long, runnable throughout,
+before its backward pass in every step: a CPU-bound step whose length does not
+depend on how much CPU it gets).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def main() -> None:
     slow = int(os.environ.get("SLOW_STEP", "-1"))
     every_s = float(os.environ.get("SLOW_EVERY_MS", "0")) / 1e3
     slow_rank = int(os.environ.get("SLOW_RANK", "1"))
+    busy_s = float(os.environ.get("BUSY_MS", "0")) / 1e3
     for step in range(steps):
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(net(x), y)
@@ -56,6 +59,10 @@ def main() -> None:
             time.sleep(0.05)
         if every_s and hvd.rank() == slow_rank:
             time.sleep(every_s)
+        if busy_s:
+            until = time.perf_counter() + busy_s
+            while time.perf_counter() < until:
+                pass
         loss.backward()
         opt.step()
     # Horovod's timeline writer stops without draining at shutdown: let it drain.

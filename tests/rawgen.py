@@ -84,9 +84,12 @@ class RawWriter:
         self.tracks.append((tid, kind, int(is_main), name, caller, 0 if stream else -1))
         return len(self.tracks) - 1
 
-    def add(self, track: int, recs: np.ndarray) -> None:
+    def add(self, track: int, recs: np.ndarray, *, keep_track: bool = False) -> None:
+        """recs into `track`'s chunks; their track field becomes `track` unless
+        keep_track (records about another thread: APP_CPU)."""
         recs = recs.copy()
-        recs["track"] = track
+        if not keep_track:
+            recs["track"] = track
         self.per_track.setdefault(track, []).append(recs)
 
     @property

@@ -348,8 +348,12 @@ def test_real_records_from_horovod_are_on_its_background_thread(
         assert t["tid"] != meta["header"]["pid"]
         assert "mpi_lib" in t["caller"]
         # The application's main thread made the step records (and, for each step,
-        # the time inside optimizer.step) only.
-        app = df[df["backend"] == "app"]
+        # the time inside optimizer.step) only.  (With each step record it also
+        # writes one CPU sample per thread, naming the thread it measured:
+        # tests/test_cpu_contention.py.)
+        cpu = df[df["op"] == "cpu"]
+        assert set(cpu["track"].tolist()) >= {hvd_track} and (cpu["kind"] == "app").all()
+        app = df[(df["backend"] == "app") & (df["op"] != "cpu")]
         assert (app["op"] == "step").sum() == STEPS - 1
         assert (app["op"] == "sync").sum() == STEPS - 1
         # ... and one record per tensor handed to Horovod (profiler.collect.tensors)

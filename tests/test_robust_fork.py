@@ -170,9 +170,13 @@ def test_parent_records_exact(run: tuple[Path, Path, str]) -> None:
         assert "closed" in h["state_names"] and "truncated" not in h["state_names"]
         df = pd.read_parquet(prof / "ranks" / f"rank-{r:05d}.parquet")
         counts = df["op"].astype(str).value_counts().to_dict()
-        # init, the allreduces, finalize; one step record; no mark record
+        # init, the allreduces, finalize; one step record and with it the main
+        # thread's CPU sample (its one thread track); no mark record
         assert counts == {"init": 1, "allreduce": N_BEFORE + N_AFTER, "finalize": 1,
-                          "step": 1}, counts
+                          "step": 1, "cpu": 1}, counts
+        # the CPU sidecar is the parent's too, rewritten by no child
+        cpu = json.loads((prof / "raw" / f"rank-{r:05d}.cpu.json").read_text())
+        assert cpu["pid"] == info["pid"] and cpu["state"] == "exit" and cpu["steps"] == 1
         assert set(df["tid"]) == {info["pid"]}  # every record from the rank's main thread
         assert df.loc[df["op"] == "allreduce", "seq"].tolist() == \
             list(range(1, N_BEFORE + N_AFTER + 1))
@@ -183,7 +187,8 @@ def test_no_foreign_files_and_modes(run: tuple[Path, Path, str]) -> None:
     files = sorted(str(p.relative_to(prof)) for p in prof.rglob("*"))
     assert files == ["ranks", "ranks/rank-00000.json", "ranks/rank-00000.parquet",
                      "ranks/rank-00001.json", "ranks/rank-00001.parquet", "raw",
-                     "raw/rank-00000.hvprof", "raw/rank-00000.mpit.json",
+                     "raw/rank-00000.cpu.json", "raw/rank-00000.hvprof",
+                     "raw/rank-00000.mpit.json", "raw/rank-00001.cpu.json",
                      "raw/rank-00001.hvprof", "raw/rank-00001.mpit.json", "trace.json"]
     for p in [prof, *prof.rglob("*")]:
         assert not os.stat(p).st_mode & stat.S_IWOTH, p

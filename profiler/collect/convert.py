@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from profiler._version import __version__
 from profiler.collect import nvml, selfcost
+from profiler.formats import cpu as cpu_format
 from profiler.formats import fabric
 from profiler.formats import record as F
 from profiler.formats.dataset import frame_to_table, read_meta, write_parquet
@@ -80,6 +81,23 @@ def step_totals(df: pd.DataFrame) -> dict[str, Any]:
     return out
 
 
+def cpu_doc(raw: RawFile, df: pd.DataFrame, tracks: Sequence[Mapping[str, Any]], *,
+            own_process: bool) -> dict[str, Any] | None:
+    """The rank's ``cpu`` block (profiler.formats.cpu): the library's sidecar,
+    plus, when this process is the rank (its exit), torch's intra-op threads
+    (when torch is imported) and OMP_NUM_THREADS as they are now."""
+    rows = int((df["op"] == "cpu").sum()) if len(df) and "op" in df.columns else 0
+    doc = cpu_format.rank_doc(raw.path, raw.header, tracks, rows=rows)
+    if doc is not None and own_process:
+        torch = sys.modules.get("torch")
+        try:
+            doc["torch_threads"] = int(torch.get_num_threads()) if torch is not None else None
+        except Exception:  # a half-imported or unusual torch: leave it unknown
+            doc["torch_threads"] = None
+        doc["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS")
+    return doc
+
+
 def rank_metadata(raw: RawFile, df: pd.DataFrame, *, own_process: bool,
                   agg: pd.DataFrame | None = None,
                   problems: Sequence[str] = (),
@@ -88,13 +106,15 @@ def rank_metadata(raw: RawFile, df: pd.DataFrame, *, own_process: bool,
     rank, or when `process` describes it ({"environ", "argv", "executable"}:
     the library's exit merge, converting for its parent, reads them there).
 
-    calls = per-call rows (application rows excluded) + summary-mode aggregated calls."""
+    calls = per-call rows (application rows excluded) + summary-mode aggregated calls.
+    cpu: the rank's CPUs, load and threads (cpu_doc)."""
     st = raw.path.stat()
     ap = agg_path_for(raw.path)
     ast = ap.stat() if ap.is_file() else None
     per_call = int((df["backend"] != "app").sum()) if len(df) else 0
     aggregated = int(agg["calls"].sum()) if agg is not None and len(agg) else 0
     mode = F.MODES.get(int(raw.header.get("mode", 0)), "unknown")
+    tracks = track_table(raw)
     return {
         "rank": raw.rank,
         "profiler_version": __version__,
@@ -102,7 +122,7 @@ def rank_metadata(raw: RawFile, df: pd.DataFrame, *, own_process: bool,
         "header": raw.header,
         "host": raw.header["hostname"],
         "comms": comm_table(raw),
-        "tracks": track_table(raw),
+        "tracks": tracks,
         "calls": per_call + aggregated,
         "steps": step_totals(df),
         "totals": {"comm_ns": comm_total_ns(df)},
@@ -116,6 +136,7 @@ def rank_metadata(raw: RawFile, df: pd.DataFrame, *, own_process: bool,
         "self_cost": selfcost.snapshot() if own_process else None,
         **nvml.process_metadata(raw.path, own_process=own_process),
         "interconnect": fabric.rank_doc(raw.path, own_process=own_process),
+        "cpu": cpu_doc(raw, df, tracks, own_process=own_process),
         "env": (env_whitelist() if own_process else
                 env_whitelist(process["environ"]) if process else None),
         "argv": (list(sys.argv) if own_process else

@@ -221,6 +221,7 @@ def job_metadata(d: Path, trace_path: Path, rank_meta: list[dict[str, Any]], wor
             "nccl": m.get("nccl"),
             "gpus": m.get("gpus"),
             "interconnect": m.get("interconnect"),
+            "cpu": m.get("cpu"),
         })
     return {
         "format_version": TRACE_FORMAT_VERSION,

@@ -59,6 +59,7 @@ EXPORTS: dict[str, tuple[Any, tuple[Any, ...], str]] = {
                                         _c.c_uint32, _c.c_int32, _c.c_uint32, _c.c_uint32,
                                         _c.c_uint32, _c.c_int32, _c.c_uint64),
                              "tensors: a tensor handed to Horovod"),
+    "hvprof_cpu_baseline": (_c.c_int, (), "steps: every thread's CPU read as a step opens"),
     "hvprof_set_enabled": (None, (_c.c_int,), "bench: run-time switch"),
     "hvprof_set_sampling": (None, (_c.c_int,), "steps: pause/resume recording"),
     "hvprof_set_python": (None, (_c.c_int,), "activate: Python merges at exit"),

@@ -127,7 +127,9 @@ def _num(v: Any) -> float | None:
 def job_summary(rank_meta: list[dict[str, Any]]) -> dict[str, Any]:
     """The trace metadata's ``self_cost``: per rank and for the job, what the
     profiler cost this run: records x the calibrated cost per record, the
-    helper thread's CPU time, the Python hooks' time; as a share of the rank's
+    helper thread's CPU time, the per-step CPU reads (cpu_read_ns: the
+    library's count, their rows included and so left out of `records`), the
+    Python hooks' time; as a share of the rank's
     CPU time and of its step time.  Figures the run did not measure (an older
     library, a rank converted after the fact) are None, never guessed."""
     ranks: list[dict[str, Any]] = []
@@ -135,11 +137,18 @@ def job_summary(rank_meta: list[dict[str, Any]]) -> dict[str, Any]:
         h = _dict(m.get("header"))
         own = _dict(m.get("self_cost"))
         per_call = _num(h.get("call_cost_ns"))
-        records = int(_num(m.get("rows")) or 0) + int(_num(m.get("aggregated_calls")) or 0)
+        # the per-step CPU samples (hooks/cpu.c): the library times their
+        # reads and records on the stepping thread's CPU clock; those rows
+        # are priced there, not at the per-record cost
+        samples = _dict(m.get("cpu"))
+        cpu_read = _num(samples.get("step_read_cpu_ns"))
+        cpu_rows = int(_num(samples.get("rows")) or 0) if cpu_read is not None else 0
+        records = max(0, int(_num(m.get("rows")) or 0) + int(_num(m.get("aggregated_calls")) or 0)
+                      - cpu_rows)
         record_ns = per_call * records if per_call is not None else None
         helper = _num(h.get("helper_cpu_ns"))
         python = _num(own.get("python_hook_ns"))
-        parts = [v for v in (record_ns, helper, python) if v is not None]
+        parts = [v for v in (record_ns, helper, python, cpu_read) if v is not None]
         total = float(sum(parts)) if parts else None
         cpu = _num(own.get("process_cpu_ns"))
         # each step's share: the cost spread evenly over the process's life
@@ -153,6 +162,8 @@ def job_summary(rank_meta: list[dict[str, Any]]) -> dict[str, Any]:
             "helper_cpu_ns": helper,
             "python_hook_ns": python,
             "python_hook_calls": _num(own.get("python_hook_calls")),
+            "cpu_read_ns": cpu_read,
+            "cpu_rows": cpu_rows,
             "total_ns": total,
             "process_cpu_ns": cpu,
             "cpu_share": (total / cpu) if total is not None and cpu else None,
@@ -168,7 +179,9 @@ def job_summary(rank_meta: list[dict[str, Any]]) -> dict[str, Any]:
         "step_share_max": max(steps_sh) if steps_sh else None,
         "total_ns": sum(r["total_ns"] for r in ranks if r["total_ns"] is not None) or None,
         "method": "records x the per-record cost calibrated at start-up (call_cost_ns), "
-                  "+ the helper thread's CPU time (its thread clock), + the Python hooks' "
+                  "+ the helper thread's CPU time (its thread clock), + the per-step reads "
+                  "of every thread's CPU figures with their rows (the stepping thread's "
+                  "clock), + the Python hooks' "
                   "own time (sampled: each sample the smaller of its wall-clock and thread-clock "
                   "intervals, the clock reads priced; an upper bound); shares of "
                   "the rank's CPU time (getrusage at exit) and of its wall time (each step's "

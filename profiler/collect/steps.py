@@ -3,6 +3,10 @@
 A step record (op ``step``, backend ``app``) is written through the
 interposition library: ``count`` = images the step processed on this rank
 (0 = unknown), ``seq`` = step number (0, 1, ...), times = the step's interval.
+With each step record the library writes one ``cpu`` record per thread that
+recorded (hooks/cpu.c): its CPU and run-queue time since its previous read;
+a step that opens without another closing (the first boundary, a
+step_context's entry) takes that read here (hvprof_cpu_baseline).
 
 Two ways to mark steps:
 
@@ -156,6 +160,14 @@ def _open_step(lib: Any) -> None:
             _apply_sampling(lib)
 
 
+def _cpu_baseline(lib: Any) -> None:
+    """A step opens with no step closing at the same moment: the library reads
+    every thread's CPU figures now, so that the APP_CPU records of the step
+    (written with its step record, hooks/cpu.c) cover the step alone."""
+    if lib.cpu_baseline is not None:
+        lib.cpu_baseline()
+
+
 def _record(lib: Any, t_start: int, t_end: int, images: int) -> None:
     """Write one step record (caller holds the lock)."""
     global _next_seq
@@ -169,6 +181,8 @@ def _boundary(lib: Any, images: int) -> None:
     now = int(lib.now())
     if _last is not None:
         _record(lib, _last, now, images)
+    else:
+        _cpu_baseline(lib)
     _last = now
     _open_step(lib)
 
@@ -192,6 +206,7 @@ def step(images: int = 0) -> None:
                 # application started marking its own: restart the open
                 # interval here so that no step is counted twice.
                 _last = int(lib.now())
+                _cpu_baseline(lib)
                 _open_step(lib)
                 return
         _boundary(lib, n)
@@ -203,6 +218,7 @@ def _step_context(lib: Any, images: int) -> Iterator[None]:
     with _lock:
         _open_step(lib)  # the body is step number _next_seq
     t0 = int(lib.now())
+    _cpu_baseline(lib)
     try:
         yield
     finally:

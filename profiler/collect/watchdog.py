@@ -32,6 +32,8 @@ from profiler._env import setting
 HANG_ENV = "HOROVOD_PROFILE_HANG_S"
 DEFAULT_HANG_S = 120.0
 MARKER = "HANG"
+# the thread's kernel name: profiler.formats.cpu.WATCHDOG_NAME gives it its kind
+THREAD_NAME = "hvprof-watchdog"
 
 _thread: threading.Thread | None = None
 
@@ -53,14 +55,27 @@ def start() -> None:
     limit = hang_seconds()
     if limit <= 0 or _thread is not None:
         return
-    _thread = threading.Thread(target=_loop, args=(limit,), name="hvprof-watchdog",
+    _thread = threading.Thread(target=_loop, args=(limit,), name=THREAD_NAME,
                                daemon=True)
     _thread.start()
+
+
+def _name_os_thread(name: str) -> None:
+    """Give the calling thread its name in the kernel too (/proc/.../comm, 15
+    bytes): Python's thread names stay inside Python, and the library's CPU
+    figures (hooks/cpu.c) tell the threads apart by their kernel names."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except Exception:  # not Linux, no prctl: the thread keeps its inherited name
+        pass
 
 
 def _loop(limit: float) -> None:
     from profiler.collect import native
 
+    _name_os_thread(THREAD_NAME)
     poll = min(5.0, max(0.2, limit / 4))
     oldest = native.function("hvprof_inflight_oldest_ns")
     if oldest is None:

@@ -307,6 +307,7 @@ OPS: dict[int, tuple[str, str, str]] = {
     33: ("APP_MARK", "mark", "app"),
     34: ("APP_SYNC", "sync", "app"),
     35: ("APP_TENSOR", "tensor", "app"),
+    36: ("APP_CPU", "cpu", "app"),
     64: ("NCCL_ALLREDUCE", "nccl_allreduce", "nccl"),
     65: ("NCCL_REDUCESCATTER", "nccl_reducescatter", "nccl"),
     66: ("NCCL_ALLGATHER", "nccl_allgather", "nccl"),
@@ -432,6 +433,7 @@ REDOP_BY_NAME: dict[str, int] = {v[1]: k for k, v in REDOPS.items()}
 
 OP_APP_STEP = OP_BY_CNAME["APP_STEP"]
 OP_APP_MARK = OP_BY_CNAME["APP_MARK"]
+OP_APP_CPU = OP_BY_CNAME["APP_CPU"]
 
 
 def op_name(value: int) -> str:

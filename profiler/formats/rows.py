@@ -245,10 +245,16 @@ def raw_to_frame(raw: RawFile) -> pd.DataFrame:
         df = df.iloc[order].reset_index(drop=True)
     is_step = (df["op"] == "step").to_numpy()
     ts = df["t_start_ns"].to_numpy()
-    df["step"] = assign_steps(
+    step = assign_steps(
         df["rank"].to_numpy(), ts, is_step, ts[is_step],
         df["t_end_ns"].to_numpy()[is_step], df["seq"].to_numpy()[is_step],
     )
+    # APP_CPU rows (a thread's CPU and run-queue time since its previous read,
+    # written with a step record): the step they close, whatever their start
+    is_cpu = (df["op"] == "cpu").to_numpy()
+    if is_cpu.any():
+        step[is_cpu] = df["seq"].to_numpy()[is_cpu].astype(np.int32)
+    df["step"] = step
     df.insert(len(df.columns) - 1, "kind", _classify(df))
     return df[[c for c in COLUMNS if c in df.columns]
               + [c for c in df.columns if c not in COLUMNS]]

@@ -31,6 +31,9 @@ always holds every row):
 
 The metadata says which: "events": {"included", "total", "selection" (text),
 and for a window "ranks", "steps" ([first, last] or null), "t_window_ns"}.
+Per-thread CPU samples (op "cpu") are dataset rows but never events
+(profiler.formats.window.NOT_EVENT_OPS: their intervals cross the events of
+the thread they measure); "total" and "included" leave them out.
 `profiler export` writes any other window from the dataset.
 """
 
@@ -55,7 +58,7 @@ from profiler.errors import (
     TruncatedError,
     VersionError,
 )
-from profiler.formats.window import Source, max_events, read_source, select_events
+from profiler.formats.window import Source, max_events, read_events, select_events
 
 TRACE_FORMAT_VERSION = 1
 META_KEY = "horovod_profiler"
@@ -167,7 +170,7 @@ def write_trace(path: str | os.PathLike[str], meta: dict[str, Any],
     write instead of the one the selection makes (`profiler export`)."""
     p = Path(path)
     limit = max_events() if limit is None else limit
-    sel = select_events(frames, rank_meta, limit)
+    sel = select_events(frames, rank_meta, limit, events=True)
     meta = dict(meta)
     meta.setdefault("format_version", TRACE_FORMAT_VERSION)
     meta.setdefault("profiler_version", __version__)
@@ -189,7 +192,7 @@ def write_trace(path: str | os.PathLike[str], meta: dict[str, Any],
             f.write(head[:-1])
             sep = b"," if len(head) > 2 else b""
             for i in sel.picked:
-                part = read_source(frames[i], t_range=(sel.reads or {}).get(i))
+                part = read_events(frames[i], t_range=(sel.reads or {}).get(i))
                 local = sel.rows.get(i)
                 if local is not None:
                     part = part.iloc[local]
@@ -254,6 +257,11 @@ _RANK_SHAPE: dict[str, Any] = {
     "local_rank": _INT, "mode": str,
     "state": [str], "problems": list, "gpus": list, "nccl": dict, "steps": dict,
     "totals": dict,
+    "cpu": {"host_cpus": _INT, "affinity": [_INT], "loadavg_start": [_NUM],
+            "loadavg_end": [_NUM], "read_cost_ns": _NUM, "schedstat": bool,
+            "torch_threads": _INT, "omp_num_threads": str, "rows": _INT,
+            "threads": [{"tid": _Required(_INT), "name": str, "kind": str,
+                         "start": dict, "end": dict}]},
 }
 _META_SHAPE: dict[str, Any] = {
     "world_size": _INT, "hosts": [str], "ranks": [_RANK_SHAPE],
@@ -296,7 +304,7 @@ def _shape_error(value: Any, spec: Any, where: str) -> str | None:
                 return bad
         return None
     types = spec if isinstance(spec, tuple) else (spec,)
-    if isinstance(value, bool) or not isinstance(value, types):
+    if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
         return f"{where} has the wrong type ({type(value).__name__})"
     if isinstance(value, float) and not np.isfinite(value):
         return f"{where} is not finite"

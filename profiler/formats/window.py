@@ -71,6 +71,29 @@ def select_window(t_start: np.ndarray, limit: int) -> tuple[np.ndarray, str]:
 
 Source = Union[pd.DataFrame, str, os.PathLike[str]]
 
+#: Rows of the dataset that are never events of trace.json: per-thread CPU
+#: samples (op "cpu", hooks/cpu.c).  Each spans a step on the track of the
+#: thread it measures, so it crosses that thread's call and step events, and
+#: a trace viewer needs a track's slices nested (Perfetto flags the rest).
+#: They stay in the dataset; the trace's event counts leave them out.
+NOT_EVENT_OPS = ("cpu",)
+
+
+def event_mask(df: pd.DataFrame) -> np.ndarray:
+    """Rows of df that can be trace.json events (not NOT_EVENT_OPS)."""
+    if "op" not in df.columns or not len(df):
+        return np.ones(len(df), dtype=bool)
+    op = df["op"]
+    if isinstance(op.dtype, pd.CategoricalDtype):
+        hit = np.isin(np.asarray(op.cat.categories.astype(str)), NOT_EVENT_OPS)
+        return ~np.append(hit, False)[op.cat.codes.to_numpy()]
+    return ~op.astype(str).isin(NOT_EVENT_OPS).to_numpy()
+
+
+def _events_only(df: pd.DataFrame) -> pd.DataFrame:
+    keep = event_mask(df)
+    return df if keep.all() else df.iloc[np.flatnonzero(keep)]
+
 
 def _source_rank(src: Source, m: Mapping[str, Any] | None, i: int) -> int:
     if m is not None and "rank" in m:
@@ -84,19 +107,33 @@ def _source_rank(src: Source, m: Mapping[str, Any] | None, i: int) -> int:
         return i
 
 
-def _source_rows(src: Source, m: Mapping[str, Any] | None) -> int:
+def _cpu_rows(m: Mapping[str, Any] | None) -> int | None:
+    """The rank metadata's count of CPU-sample rows (cpu.rows), None when it has none."""
+    cpu = m.get("cpu") if m is not None else None
+    n = cpu.get("rows") if isinstance(cpu, Mapping) else None
+    return int(n) if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+
+
+def _source_rows(src: Source, m: Mapping[str, Any] | None, events: bool = False) -> int:
     """Rows of one rank: the frame's length, else the rank metadata's count, else the
-    parquet footer (no row is read)."""
+    parquet footer (no row is read).  events: only the rows that can be events
+    (NOT_EVENT_OPS left out: from the metadata's count, else from the op column)."""
     if isinstance(src, pd.DataFrame):
-        return len(src)
+        return int(event_mask(src).sum()) if events else len(src)
     if m is not None and isinstance(m.get("rows"), int):
-        return int(m["rows"])
+        if not events:
+            return int(m["rows"])
+        # metadata without the count was written before CPU samples existed
+        return max(0, int(m["rows"]) - (_cpu_rows(m) or 0))
     import pyarrow.parquet as pq
 
     try:
-        return int(pq.ParquetFile(src).metadata.num_rows)
+        meta = pq.ParquetFile(src).metadata
+        if not events or "op" not in meta.schema.names:
+            return int(meta.num_rows)
     except (OSError, ValueError) as exc:
         raise CorruptError(src, f"unreadable parquet footer: {exc}") from None
+    return int(event_mask(read_source(src, ["op"])).sum())
 
 
 def read_source(src: Source, columns: Sequence[str] | None = None,
@@ -204,17 +241,26 @@ def _first_start_per_step(step: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, 
     return vals, np.maximum.accumulate(first)
 
 
+def read_events(src: Source, t_range: tuple[int, int] | None = None) -> pd.DataFrame:
+    """A rank's rows that can be trace.json events (read_source without
+    NOT_EVENT_OPS): what the indices of select_events(events=True) index."""
+    return _events_only(read_source(src, t_range=t_range))
+
+
 def select_events(sources: Sequence[Source], rank_meta: Sequence[Mapping[str, Any]],
                   limit: int, *, first_ranks: int | None = None,
-                  max_steps: int | None = None) -> Selection:
+                  max_steps: int | None = None, events: bool = False) -> Selection:
     """The event selection of trace.json (module doc).  first_ranks and max_steps
-    override HOROVOD_PROFILE_TRACE_RANKS and HOROVOD_PROFILE_TRACE_STEPS."""
+    override HOROVOD_PROFILE_TRACE_RANKS and HOROVOD_PROFILE_TRACE_STEPS.
+    events: count and select only the rows that can be events (trace.json:
+    NOT_EVENT_OPS left out; its rows are then read with read_events); without,
+    every row (a bounded DataFrame of the dataset, analysis.load)."""
     first = trace_ranks() if first_ranks is None else max(1, first_ranks)
     steps_cap = trace_steps() if max_steps is None else max(1, max_steps)
     metas: list[Mapping[str, Any] | None] = (
         list(rank_meta) if len(rank_meta) == len(sources) else [None] * len(sources))
     ranks = [_source_rank(s, m, i) for i, (s, m) in enumerate(zip(sources, metas))]
-    rows = [_source_rows(s, m) for s, m in zip(sources, metas)]
+    rows = [_source_rows(s, m, events) for s, m in zip(sources, metas)]
     total = sum(rows)
     everything = list(range(len(sources)))
     if total <= limit:
@@ -225,8 +271,10 @@ def select_events(sources: Sequence[Source], rank_meta: Sequence[Mapping[str, An
     comm_ns = [((m or {}).get("totals") or {}).get("comm_ns") for m in metas]
     picked, extras = pick_ranks(ranks, comm_ns, first)
     picked = [i for i in picked if rows[i] > 0]
-    cols = ["t_start_ns", "step"]
+    cols = ["t_start_ns", "step", *(["op"] if events else [])]
     parts = [read_source(sources[i], cols) for i in picked]
+    if events:
+        parts = [_events_only(p) for p in parts]
     t = (np.concatenate([p["t_start_ns"].to_numpy(dtype=np.int64) for p in parts])
          if parts else np.zeros(0, np.int64))
     st = (np.concatenate([p["step"].to_numpy(dtype=np.int64) if "step" in p.columns

@@ -1,0 +1,523 @@
+/*
+ * cpu.c -- CPU contention measured directly: how long each thread of the
+ * rank ran on a CPU and how long it waited on a run queue for one.
+ *
+ * Source: the kernel's per-thread scheduler statistics,
+ * /proc/self/task/<tid>/schedstat ("<ns on a CPU> <ns waiting on a run
+ * queue> <timeslices>"), and /proc/self/task/<tid>/status
+ * (voluntary_ctxt_switches, nonvoluntary_ctxt_switches).  Two products:
+ *
+ * - APP_CPU records (hvprof_format.h): at every APP_STEP record, one record
+ *   per thread track (a thread that recorded anything: the main thread,
+ *   Horovod's background thread, any other) with what that thread used and
+ *   waited since its previous read.  A thread's first read is taken when its
+ *   track is created, and again (no record) when a step opens without
+ *   another closing at the same moment (hvprof_cpu_baseline: Python's first
+ *   step boundary, step_context's entry), so that step 0 covers step 0.
+ *   Each thread keeps one open descriptor (pread at offset 0 re-reads the
+ *   file: verified on this kernel), the first CPU_MAX_FDS threads; the rest
+ *   open, read and close each time.  A thread that exited (the read fails
+ *   with ESRCH) writes nothing from then on, and is counted.
+ *
+ * - raw/rank-R.cpu.json, the sidecar: the host's online CPUs, this process's
+ *   affinity, load averages, the measured cost of one read, OMP_NUM_THREADS,
+ *   and every thread of /proc/self/task with its figures at start (the
+ *   raw file's open: MPI_Init) and at the end (MPI_Finalize, refreshed at
+ *   process exit; each thread keeps its last successful read).  Written at
+ *   open and rewritten at each close (atomic rename): a rank that dies keeps
+ *   what was read at start.  Python adds the threads' kinds, torch's and
+ *   OpenMP's thread counts (profiler.formats.cpu, profiler.collect.convert).
+ *
+ * Reading never fails the job: a kernel without the files makes no records,
+ * and the sidecar says so ("schedstat": false, "reason").  Cost: one pread
+ * and one record per thread per step, never on a call's path; measured in
+ * docs/CPU_CONTENTION.md (benchmarks/cpu_read_cost.py) and in every run
+ * (the sidecar's step_read_cpu_ns).
+ *
+ * Locking: cpu_lock guards the per-track state; the order is g.lock (core.c)
+ * before cpu_lock.  A thread holding cpu_lock never creates a track (the
+ * stepping thread registers its own before taking it), so the records
+ * written under it cannot re-enter.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "hvprof_internal.h"
+
+#define CPU_MAX_FDS 64        /* descriptors kept open (threads beyond: open each time) */
+#define CPU_MAX_THREADS 1024  /* threads listed in the sidecar */
+#define CPU_COST_READS 9      /* reads timed at start (read_cost_ns: their median) */
+
+enum { SLOT_NONE = 0, SLOT_LIVE = 1, SLOT_GONE = 2 };
+
+typedef struct cpu_slot {
+    int32_t tid;
+    int32_t fd;          /* -1: open each time */
+    uint32_t state;      /* SLOT_* */
+    uint32_t pad;
+    uint64_t ticks;      /* the previous read */
+    uint64_t run_ns, wait_ns, slices;
+} cpu_slot;
+
+typedef struct cpu_vals {
+    uint64_t run_ns, wait_ns, slices, nvcsw, nivcsw;
+    uint64_t ticks;
+} cpu_vals;
+
+typedef struct cpu_thread {
+    int32_t tid;
+    uint8_t has_start, has_end;
+    char name[16];
+    cpu_vals start, end;
+} cpu_thread;
+
+static pthread_mutex_t cpu_lock = PTHREAD_MUTEX_INITIALIZER;
+static cpu_slot slots[HVPROF_TRACK_TABLE_CAPACITY];
+static int n_fds;
+static int available = 1;            /* schedstat readable (decided at open) */
+static char reason[160];             /* why not */
+static int64_t read_cost_ns = -1;
+static double loadavg_start[3], loadavg_end[3];
+static int have_load_start, have_load_end;
+static char omp_threads[64];
+static int have_omp;
+/* step_ns: the stepping thread's CPU time in the reads and their records */
+static uint64_t rows, steps, step_ns, gone, omitted;
+static int exit_written;
+static cpu_thread threads[CPU_MAX_THREADS];
+static int n_threads;
+_Atomic int hvprof_helper_tid;       /* set by the helper thread (core.c) */
+
+/* "<run> <wait> <slices>" from fd (pread at 0), or from the path when fd < 0. */
+static int read_schedstat(int fd, int32_t tid, uint64_t v[3])
+{
+    char buf[128];
+    int own = -1;
+    if (fd < 0) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/task/%d/schedstat", (int)tid);
+        own = fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return -1;
+    }
+    ssize_t n;
+    do {
+        n = pread(fd, buf, sizeof buf - 1, 0);
+    } while (n < 0 && errno == EINTR);
+    if (own >= 0) close(own);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    char *p = buf, *end;
+    for (int i = 0; i < 3; i++) {
+        errno = 0;
+        v[i] = strtoull(p, &end, 10);
+        if (end == p || errno) return -1;
+        p = end;
+    }
+    return 0;
+}
+
+/* Name and context switches from /proc/self/task/<tid>/status. */
+static int read_status(int32_t tid, char name[16], uint64_t *nvcsw, uint64_t *nivcsw)
+{
+    static char buf[16384]; /* cpu_lock held: one reader at a time */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%d/status", (int)tid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    size_t n = 0;
+    for (;;) { /* the whole file: long CPU and node masks on large machines */
+        ssize_t k = read(fd, buf + n, sizeof buf - 1 - n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        n += (size_t)k;
+        if (n >= sizeof buf - 1) break;
+    }
+    close(fd);
+    if (n == 0) return -1;
+    buf[n] = 0;
+    *nvcsw = *nivcsw = 0;
+    for (char *line = buf; line && *line;) {
+        char *next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        if (strncmp(line, "Name:", 5) == 0) {
+            const char *s = line + 5;
+            while (*s == '\t' || *s == ' ') s++;
+            snprintf(name, 16, "%s", s);
+        } else if (strncmp(line, "voluntary_ctxt_switches:", 24) == 0) {
+            *nvcsw = strtoull(line + 24, NULL, 10);
+        } else if (strncmp(line, "nonvoluntary_ctxt_switches:", 27) == 0) {
+            *nivcsw = strtoull(line + 27, NULL, 10);
+        }
+        line = next;
+    }
+    return 0;
+}
+
+static void read_loadavg(double out[3], int *ok)
+{
+    *ok = 0;
+    FILE *f = fopen("/proc/loadavg", "re");
+    if (!f) return;
+    *ok = fscanf(f, "%lf %lf %lf", &out[0], &out[1], &out[2]) == 3;
+    fclose(f);
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Per-track reads (the records).                                             */
+
+static void slot_close(cpu_slot *s)
+{
+    if (s->fd >= 0) {
+        close(s->fd);
+        n_fds--;
+    }
+    s->fd = -1;
+}
+
+/* Read slot s now: 0 with v and *t filled, -1 when the thread is gone (the
+ * slot is closed and counted). cpu_lock held. */
+static int slot_read(cpu_slot *s, uint64_t v[3], uint64_t *t)
+{
+    *t = hvprof_ticks();
+    if (read_schedstat(s->fd, s->tid, v) == 0) return 0;
+    slot_close(s);
+    s->state = SLOT_GONE;
+    gone++;
+    return -1;
+}
+
+void hvprof_cpu_track(uint32_t idx, int32_t tid)
+{
+    if (idx >= HVPROF_TRACK_TABLE_CAPACITY || tid <= 0 || !available) return;
+    pthread_mutex_lock(&cpu_lock);
+    cpu_slot *s = &slots[idx];
+    slot_close(s);
+    s->tid = tid;
+    s->state = SLOT_LIVE;
+    if (n_fds < CPU_MAX_FDS) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/task/%d/schedstat", (int)tid);
+        s->fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (s->fd >= 0) n_fds++;
+    }
+    uint64_t v[3], t;
+    if (slot_read(s, v, &t) == 0) {
+        s->ticks = t;
+        s->run_ns = v[0];
+        s->wait_ns = v[1];
+        s->slices = v[2];
+    }
+    pthread_mutex_unlock(&cpu_lock);
+}
+
+static inline uint64_t delta(uint64_t now, uint64_t before) { return now > before ? now - before : 0; }
+
+/* Every live thread track read now; emit: one APP_CPU record each (seq). */
+static void read_all(int emit, uint32_t seq)
+{
+    hvprof_file_header *h = hvprof_header();
+    if (!h) return;
+    uint32_t n = h->n_tracks;
+    if (n > HVPROF_TRACK_TABLE_CAPACITY - 1) n = HVPROF_TRACK_TABLE_CAPACITY - 1;
+    for (uint32_t i = 0; i < n; i++) {
+        cpu_slot *s = &slots[i];
+        uint64_t v[3], t;
+        if (s->state != SLOT_LIVE || slot_read(s, v, &t) != 0) continue;
+        if (emit) {
+            hvprof_record r = {
+                .t_start = s->ticks, .t_end = t, .bytes = delta(v[0], s->run_ns),
+                .count = delta(v[1], s->wait_ns), .seq = seq, .comm = UINT32_MAX, .track = i,
+                .root = -1, .op = HVPROF_OP_APP_CPU, .dtype = HVPROF_DT_UNKNOWN,
+                .redop = HVPROF_REDOP_NONE, .flags = 0, .rc = 0,
+                .dtype_size = (uint32_t)delta(v[2], s->slices), .aux = 0};
+            if (hvprof_emit_record(&r, 0) == 0) rows++;
+        }
+        s->ticks = t;
+        s->run_ns = v[0];
+        s->wait_ns = v[1];
+        s->slices = v[2];
+    }
+}
+
+/* The calling thread's CPU time (ns): what the reads cost it, waits left out. */
+static int64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+void hvprof_cpu_step(uint32_t seq)
+{
+    if (!available) return;
+    hvprof_track_self(); /* the stepping thread's own track first: never under cpu_lock */
+    pthread_mutex_lock(&cpu_lock);
+    int64_t c0 = thread_cpu_ns();
+    read_all(1, seq);
+    int64_t c1 = thread_cpu_ns();
+    if (c1 > c0) step_ns += (uint64_t)(c1 - c0);
+    steps++;
+    pthread_mutex_unlock(&cpu_lock);
+}
+
+HVPROF_EXPORT int hvprof_cpu_baseline(void)
+{
+    if (!available || !hvprof_header() || !hvprof_app_active()) return -1;
+    hvprof_track_self();
+    pthread_mutex_lock(&cpu_lock);
+    read_all(0, 0);
+    pthread_mutex_unlock(&cpu_lock);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Whole-process snapshots (the sidecar).                                     */
+
+static cpu_thread *thread_entry(int32_t tid)
+{
+    for (int i = 0; i < n_threads; i++)
+        if (threads[i].tid == tid) return &threads[i];
+    if (n_threads >= CPU_MAX_THREADS) {
+        omitted++;
+        return NULL;
+    }
+    cpu_thread *e = &threads[n_threads++];
+    memset(e, 0, sizeof *e);
+    e->tid = tid;
+    return e;
+}
+
+/* Every thread of /proc/self/task now, into start (at_start) or end. */
+static void snapshot(int at_start)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        char *endp;
+        long tid = strtol(de->d_name, &endp, 10);
+        if (endp == de->d_name || *endp || tid <= 0) continue;
+        cpu_vals v;
+        uint64_t s[3];
+        char name[16] = "";
+        v.ticks = hvprof_ticks();
+        if (read_schedstat(-1, (int32_t)tid, s) != 0) continue; /* exited meanwhile */
+        if (read_status((int32_t)tid, name, &v.nvcsw, &v.nivcsw) != 0) continue;
+        v.run_ns = s[0];
+        v.wait_ns = s[1];
+        v.slices = s[2];
+        cpu_thread *e = thread_entry((int32_t)tid);
+        if (!e) continue;
+        memcpy(e->name, name, sizeof e->name);
+        if (at_start) {
+            e->start = v;
+            e->has_start = 1;
+        } else {
+            e->end = v;
+            e->has_end = 1;
+        }
+    }
+    closedir(d);
+}
+
+typedef struct {
+    char *buf;
+    size_t n, k;
+} jbuf;
+
+__attribute__((format(printf, 2, 3))) static void jout(jbuf *j, const char *fmt, ...)
+{
+    if (j->k >= j->n) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(j->buf + j->k, j->n - j->k, fmt, ap);
+    va_end(ap);
+    if (w > 0) j->k += (size_t)w;
+}
+
+/* A JSON string, ASCII only: quotes, control characters and bytes >= 0x80
+ * escaped (a thread name is bytes, not necessarily UTF-8). */
+static void jstr(jbuf *j, const char *s)
+{
+    jout(j, "\"");
+    for (; s && *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') jout(j, "\\%c", c);
+        else if (c < 0x20 || c >= 0x7f) jout(j, "\\u%04x", c);
+        else jout(j, "%c", c);
+    }
+    jout(j, "\"");
+}
+
+static void jvals(jbuf *j, const char *key, int has, const cpu_vals *v)
+{
+    if (!has) {
+        jout(j, "\"%s\": null", key);
+        return;
+    }
+    jout(j, "\"%s\": {\"cpu_ns\": %llu, \"wait_ns\": %llu, \"slices\": %llu, \"nvcsw\": %llu, "
+         "\"nivcsw\": %llu, \"ticks\": %llu}", key, (unsigned long long)v->run_ns,
+         (unsigned long long)v->wait_ns, (unsigned long long)v->slices,
+         (unsigned long long)v->nvcsw, (unsigned long long)v->nivcsw,
+         (unsigned long long)v->ticks);
+}
+
+static void jload(jbuf *j, const char *key, int ok, const double l[3])
+{
+    if (ok) jout(j, "\"%s\": [%.2f, %.2f, %.2f], ", key, l[0], l[1], l[2]);
+    else jout(j, "\"%s\": null, ", key);
+}
+
+/* Rewrite raw/rank-R.cpu.json (cpu_lock held). */
+static void write_sidecar(const char *state)
+{
+    char path[PATH_MAX];
+    if (hvprof_sidecar_path(path, sizeof path, ".cpu.json") != 0) return;
+    jbuf j = {NULL, 8192 + (size_t)n_threads * 600 + sizeof reason * 6, 0};
+    j.buf = malloc(j.n);
+    if (!j.buf) return;
+    j.buf[0] = 0;
+    jout(&j, "{\"version\": 1, \"state\": \"%s\", \"pid\": %d, \"schedstat\": %s, \"reason\": ",
+         state, (int)getpid(), available ? "true" : "false");
+    jstr(&j, reason);
+    jout(&j, ", \"host_cpus\": %ld, \"affinity\": [", sysconf(_SC_NPROCESSORS_ONLN));
+    cpu_set_t set;
+    if (sched_getaffinity(getpid(), sizeof set, &set) == 0) {
+        const char *sep = "";
+        for (int c = 0; c < CPU_SETSIZE; c++)
+            if (CPU_ISSET(c, &set)) {
+                jout(&j, "%s%d", sep, c);
+                sep = ", ";
+            }
+    }
+    jout(&j, "], ");
+    jload(&j, "loadavg_start", have_load_start, loadavg_start);
+    jload(&j, "loadavg_end", have_load_end, loadavg_end);
+    jout(&j, "\"read_cost_ns\": %lld, \"omp_num_threads\": ", (long long)read_cost_ns);
+    if (have_omp) jstr(&j, omp_threads);
+    else jout(&j, "null");
+    jout(&j, ", \"helper_tid\": %d, \"rows\": %llu, \"steps\": %llu, \"step_read_cpu_ns\": %llu, "
+         "\"threads_gone\": %llu, \"threads_omitted\": %llu, \"threads\": [",
+         atomic_load(&hvprof_helper_tid), (unsigned long long)rows, (unsigned long long)steps,
+         (unsigned long long)step_ns, (unsigned long long)gone, (unsigned long long)omitted);
+    for (int i = 0; i < n_threads; i++) {
+        const cpu_thread *e = &threads[i];
+        jout(&j, "%s{\"tid\": %d, \"name\": ", i ? ", " : "", (int)e->tid);
+        jstr(&j, e->name);
+        jout(&j, ", ");
+        jvals(&j, "start", e->has_start, &e->start);
+        jout(&j, ", ");
+        jvals(&j, "end", e->has_end, &e->end);
+        jout(&j, "}");
+    }
+    jout(&j, "]}");
+    if (j.k < j.n) hvprof_write_text(path, j.buf); /* never a cut document */
+    free(j.buf);
+}
+
+/* The cost of one schedstat read (pread at 0 of an open descriptor, the
+ * per-step path), median of CPU_COST_READS, in ns; -1 when unreadable. */
+static int64_t measure_read_cost(int fd)
+{
+    int64_t d[CPU_COST_READS];
+    uint64_t v[3];
+    for (int i = 0; i < CPU_COST_READS; i++) {
+        int64_t a = hvprof_mono_ns();
+        if (read_schedstat(fd, 0, v) != 0) return -1;
+        d[i] = hvprof_mono_ns() - a;
+    }
+    qsort(d, CPU_COST_READS, sizeof d[0], cmp_i64);
+    return d[CPU_COST_READS / 2];
+}
+
+void hvprof_cpu_reset(void)
+{
+    pthread_mutex_lock(&cpu_lock);
+    for (uint32_t i = 0; i < HVPROF_TRACK_TABLE_CAPACITY; i++) {
+        slot_close(&slots[i]);
+        slots[i].state = SLOT_NONE;
+    }
+    n_fds = 0;
+    available = 1;
+    reason[0] = 0;
+    read_cost_ns = -1;
+    have_load_start = have_load_end = have_omp = 0;
+    rows = steps = step_ns = gone = omitted = 0;
+    exit_written = 0;
+    n_threads = 0;
+    pthread_mutex_unlock(&cpu_lock);
+}
+
+void hvprof_cpu_open(void)
+{
+    pthread_mutex_lock(&cpu_lock);
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%ld/schedstat", (long)syscall(SYS_gettid));
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    uint64_t v[3];
+    if (fd < 0 || read_schedstat(fd, 0, v) != 0) {
+        snprintf(reason, sizeof reason, "cannot read %s (%s): no per-thread CPU figures",
+                 "/proc/self/task/<tid>/schedstat", strerror(errno ? errno : ENOENT));
+        available = 0;
+    } else {
+        read_cost_ns = measure_read_cost(fd);
+    }
+    if (fd >= 0) close(fd);
+    read_loadavg(loadavg_start, &have_load_start);
+    const char *omp = getenv("OMP_NUM_THREADS");
+    if (omp) {
+        snprintf(omp_threads, sizeof omp_threads, "%s", omp);
+        have_omp = 1;
+    }
+    snapshot(1);
+    write_sidecar("start");
+    pthread_mutex_unlock(&cpu_lock);
+}
+
+void hvprof_cpu_close(int at_exit)
+{
+    if (at_exit && exit_written) return;
+    pthread_mutex_lock(&cpu_lock);
+    read_loadavg(loadavg_end, &have_load_end);
+    snapshot(0);
+    write_sidecar(at_exit ? "exit" : "finalize");
+    if (at_exit) exit_written = 1;
+    pthread_mutex_unlock(&cpu_lock);
+}
+
+/* A forked child: the descriptors name the parent's threads; the lock may
+ * have been held by a thread that does not exist here. */
+void hvprof_cpu_atfork_child(void)
+{
+    pthread_mutex_init(&cpu_lock, NULL);
+    for (uint32_t i = 0; i < HVPROF_TRACK_TABLE_CAPACITY; i++) {
+        if (slots[i].fd >= 0) close(slots[i].fd);
+        slots[i].fd = -1;
+        slots[i].state = SLOT_NONE;
+    }
+    n_fds = 0;
+    n_threads = 0;
+    atomic_store(&hvprof_helper_tid, 0);
+}
+
+__attribute__((constructor)) static void cpu_ctor(void)
+{
+    for (uint32_t i = 0; i < HVPROF_TRACK_TABLE_CAPACITY; i++) slots[i].fd = -1;
+}
