@@ -119,6 +119,32 @@ class Advice:
                 "findings": [f.to_dict() for f in self.findings]}
 
 
+#: Findings that describe a part of the step rather than a cause in it: their
+#: cost is what remains of the part once the significant causes drawn from the
+#: same part are taken out, so that nothing is counted twice.
+SYMPTOMS = {"transfer_bound": "transfer"}
+
+
+def _residual(found: list[Finding], ctx: Context) -> None:
+    for f in found:
+        part = SYMPTOMS.get(f.key)
+        if part is None or f.cost_ms is None or not f.significant:
+            continue
+        causes = [c for c in found if c is not f and c.significant and c.part == part
+                  and c.cost_ms is not None and c.cost_label == "cost"]
+        taken = sum(float(c.cost_ms or 0.0) for c in causes)
+        if taken <= 0:
+            continue
+        lo, hi = f.cost_interval_ms or (f.cost_ms, f.cost_ms)
+        f.cost_ms = max(float(f.cost_ms) - taken, 0.0)
+        f.cost_interval_ms = (max(lo - taken, 0.0), max(hi - taken, 0.0))
+        f.cost_img_s = ctx.cost_img_s(f.cost_ms)
+        f.details.append("beyond what " + ", ".join(c.key for c in causes)
+                         + " explains of this part.")
+        f.headline += " (the rest, beyond the causes found)"
+        f.significant = ctx.significant(f.cost_interval_ms[0])
+
+
 def _rank_key(f: Finding) -> tuple[int, float]:
     order = 0 if f.kind == "finding" and f.significant else 1 if f.kind == "finding" else 2
     lo = f.cost_interval_ms[0] if f.cost_interval_ms else (f.cost_ms or 0.0)
@@ -161,6 +187,7 @@ def advise_frame(df: Any, meta: dict[str, Any] | None = None, *, path: str = "",
             found.extend(fusion.analyze(ctx, bench=bench))
             continue
         found.extend(fn(ctx))
+    _residual(found, ctx)
     found.sort(key=_rank_key)
     return Advice(path=path, header=_header(ctx), findings=found, breakdown=ctx.parts)
 

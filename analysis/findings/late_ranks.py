@@ -75,7 +75,8 @@ def _variation(bd: pd.DataFrame) -> tuple[float, float]:
 
 def _cpu_order(ctx: Context, lr: pd.DataFrame) -> tuple[int, int] | None:
     """Steps where the last rank's main thread waited longest for a CPU in that
-    step (per-step run-queue delay, "cpu" rows), and the steps compared."""
+    step outside synchronize (per-step run-queue delay, "cpu" rows, less the
+    "sync" rows' count), and the steps compared."""
     df = ctx.df
     if "op" not in df.columns or "thread_kind" not in df.columns:
         return None
@@ -86,6 +87,11 @@ def _cpu_order(ctx: Context, lr: pd.DataFrame) -> tuple[int, int] | None:
     w = pd.DataFrame({"step": cpu["seq"].to_numpy(dtype=np.int64),
                       "rank": cpu["rank"].to_numpy(dtype=np.int64),
                       "wait": cpu["count"].to_numpy(dtype=np.float64)})
+    sync = df.loc[(df["op"].astype(str) == "sync").to_numpy()]
+    if len(sync):
+        w = pd.concat([w, pd.DataFrame({"step": sync["seq"].to_numpy(dtype=np.int64),
+                                        "rank": sync["rank"].to_numpy(dtype=np.int64),
+                                        "wait": -sync["count"].to_numpy(dtype=np.float64)})])
     table = w.pivot_table(index="step", columns="rank", values="wait", aggfunc="sum")
     table = table.dropna()
     lr = lr.loc[lr["step"].isin(table.index) & ~lr["tie"]]

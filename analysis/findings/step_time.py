@@ -43,6 +43,7 @@ def _transfer_bound(ctx: Context, per: pd.DataFrame) -> list[Finding]:
     if not np.isfinite(s_lo) or s_lo < COMM_SHARE:
         return []
     mean, lo, hi = bootstrap_mean(tr)
+    waited = _horovod_thread_wait(ctx)
     s = ctx.steady
     nbytes = float(s["bytes"].mean()) if "bytes" in s.columns else 0.0
     data_ms = float(s["data_ms"].mean()) if "data_ms" in s.columns else 0.0
@@ -53,6 +54,12 @@ def _transfer_bound(ctx: Context, per: pd.DataFrame) -> list[Finding]:
     if nbytes > 0 and np.isfinite(rate):
         details.append(f"each rank moves {fmt_bytes(int(nbytes))} per step in {calls:.1f} data "
                        f"calls, at {rate:.3g} GB/s over the time in them.")
+    not_claimed = ""
+    if np.isfinite(waited) and waited >= CONTENDED_SHARE:
+        not_claimed = (f"Horovod's background thread waited for a core {fmt_share(waited)} of "
+                       "its run time: the transfers wait for cores, not for the link (see the "
+                       "CPU contention finding)")
+        details.append(not_claimed + ".")
     return [Finding(
         key="transfer_bound",
         headline=f"Transfers hold every step {fmt_ms(mean)} after the last gradient is ready",
@@ -66,7 +73,24 @@ def _transfer_bound(ctx: Context, per: pd.DataFrame) -> list[Finding]:
               "--bench BENCH/trace.json",
         numbers={"transfer_ms": mean, "bytes_per_step": nbytes, "data_calls": calls,
                  "algbw_gbps": rate},
-        significant=ctx.significant(lo), part="transfer", null=TRANSFER_NULL)]
+        significant=ctx.significant(lo) and not not_claimed, part="transfer",
+        null=TRANSFER_NULL, not_claimed=not_claimed)]
+
+
+#: Horovod's thread waiting for a core this share of its run time makes the
+#: transfers a matter of cores (findings.contention), not of the link.
+CONTENDED_SHARE = 0.10
+
+
+def _horovod_thread_wait(ctx: Context) -> float:
+    """The share of its run time Horovod's background thread waited for a core
+    over the steady steps (nan without "cpu" rows)."""
+    from .contention import cpu_rows
+
+    rows = cpu_rows(ctx.df)
+    bg = rows.loc[(rows["kind"] == "horovod") & rows["step"].isin(ctx.steady["step"])]
+    tot = float(bg["run_ns"].sum() + bg["wait_ns"].sum()) if len(bg) else 0.0
+    return float(bg["wait_ns"].sum()) / tot if tot > 0 else float("nan")
 
 
 def analyze(ctx: Context) -> list[Finding]:

@@ -1,0 +1,376 @@
+"""Ground-truth scenarios for `profiler advise`: real Horovod jobs on this machine,
+each with one known cause of known size injected, or none, and the diagnosis
+each must give.
+
+    python benchmarks/scenarios/suite.py                 # every scenario, once
+    python benchmarks/scenarios/suite.py --runs 3        # three runs each
+    python benchmarks/scenarios/suite.py clean cliff     # some scenarios
+    python benchmarks/scenarios/suite.py --list
+
+Per run it prints the expected cause, what advise ranked first among its
+significant findings, that finding's cost against the truth, every other
+significant finding that the scenario does not account for (a false claim),
+and how far the step breakdown's total is from the step time the job measured
+itself; then precision (significant findings that match the scenario, over all
+significant findings) and recall (runs whose expected cause is ranked first
+with its cost within TOLERANCE of the truth) over all runs.
+
+How the truth is known, per scenario (Scenario.truth):
+
+* "late": rank 1 sleeps D ms before each step; the others wait D per step, which
+  is D (n-1)/n in the breakdown's units (waiting averaged over all ranks);
+* "jitter": every rank sleeps uniform(0, J) ms before each step, independently;
+  at 2 ranks the mean wait averaged over the ranks is E|X - Y| / 2 = J / 6;
+* "outside": the job's own clock: its mean time outside optimizer.step;
+* "runqueue": the job's own schedstat read: its main thread's run-queue wait
+  per step;
+* "twin": the job-measured step time minus that of the same job without the
+  cause (the what-if's threshold, the default cycle, no rules file), run right
+  after it.
+
+The job (benchmarks/scenarios/job.py) measures its own step times; the runner
+starts it under mpirun with HOROVOD_PROFILE=1 and reads its trace with the
+profiler's public API.  Several hosts are simulated with network namespaces
+(profiler.simcluster; needs root).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+JOB = HERE / "job.py"
+TOLERANCE = 0.25
+
+#: Open MPI on one small machine: root allowed, oversubscription, no binding.
+MPI_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_hwloc_base_binding_policy": "none",
+    "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo",
+}
+
+#: Findings that name a rank, a message size or a setting: a null scenario must
+#: not make any of them significant.
+NAMING = ("late_ranks", "latency_cliffs", "cycle_time", "fusion", "horovod_settings",
+          "control_plane")
+
+RULES = """1
+2
+1
+2
+3
+0 0 0 0
+131072 5 0 64
+524288 0 0 0
+"""
+"""Open MPI tuned dynamic rules: allreduce (id 2) on 2-rank communicators uses the
+segmented ring with 64-byte segments from 128 KiB to 512 KiB (a 20-40x cliff
+at 2 ranks in shared memory), the default elsewhere."""
+
+
+@dataclass
+class Scenario:
+    name: str
+    cause: str
+    expect: str | None
+    truth: str
+    job: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    #: significant findings that are true of this job by construction (key -> why)
+    also: dict[str, str] = field(default_factory=dict)
+    np: int = 2
+    confirm: bool = False
+    competitors: int = 0
+    hosts: int = 1
+    host_rates: dict[int, str] | None = None
+    twin_env: dict[str, str] | None = None
+    twin_job: list[str] | None = None
+    fast: bool = False
+    rules: bool = False
+    #: the truth as a number, from the scenario's parameters (None: measured)
+    value: Callable[[int], float] | None = None
+
+
+BASE = ["--model", "mlp", "--steps", "40", "--batch", "64"]
+COMPUTE_BOUND = "the job's compute is most of its step by construction"
+WAITING = "ranks' step times vary on a shared 2-core machine"
+
+SCENARIOS: list[Scenario] = [
+    Scenario("clean", "nothing injected", None, "none", BASE,
+             also={"compute_bound": COMPUTE_BOUND, "rank_waiting": WAITING}, fast=True),
+    Scenario("jitter", "every rank sleeps uniform(0, 60) ms per step, independently",
+             "rank_waiting", "jitter", [*BASE, "--jitter-ms", "60"],
+             also={"compute_bound": COMPUTE_BOUND}, value=lambda n: 60.0 / 6, fast=True),
+    Scenario("late", "rank 1 sleeps 40 ms per step", "late_ranks", "late",
+             [*BASE, "--late-rank", "1", "--late-ms", "40"],
+             also={"rank_waiting": WAITING}, value=lambda n: 40.0 * (n - 1) / n, fast=True),
+    Scenario("late+jitter", "rank 1 sleeps 40 ms per step; every rank uniform(0, 20) ms",
+             "late_ranks", "late",
+             [*BASE, "--late-rank", "1", "--late-ms", "40", "--jitter-ms", "20"],
+             also={"rank_waiting": "the jitter's own waiting"},
+             value=lambda n: 40.0 * (n - 1) / n),
+    Scenario("oversubscribed", "2 intra-op threads per rank: 4 compute threads on 2 cores",
+             "cpu_contention", "runqueue", [*BASE, "--threads", "2", "--model", "wide"],
+             also={"rank_waiting": WAITING, "transfer_bound": "contention slows transfers"}),
+    Scenario("competitor", "two busy-looping processes beside the job",
+             "cpu_contention", "runqueue", BASE, competitors=2,
+             also={"rank_waiting": WAITING, "transfer_bound": "contention slows transfers"}),
+    Scenario("slow-link", "2 simulated hosts, one link limited to 200 Mbit/s",
+             "transfer_bound", "twin", [*BASE, "--model", "wide", "--steps", "20"],
+             hosts=2, host_rates={1: "200mbit"}, twin_env={},
+             also={"rank_waiting": WAITING}),
+    Scenario("fusion-off", "128 small tensors, fusion off (HOROVOD_FUSION_THRESHOLD=0)",
+             "fusion", "twin", ["--model", "small", "--steps", "40", "--batch", "16"],
+             env={"HOROVOD_FUSION_THRESHOLD": "0"}, twin_env={"HOROVOD_FUSION_THRESHOLD": ""},
+             also={"rank_waiting": WAITING, "transfer_bound": "the unfused calls"}),
+    Scenario("cycle", "HOROVOD_CYCLE_TIME=20 ms", "cycle_time", "twin", BASE,
+             env={"HOROVOD_CYCLE_TIME": "20"}, twin_env={"HOROVOD_CYCLE_TIME": ""},
+             also={"rank_waiting": WAITING}),
+    Scenario("stall", "every rank stalls 60 ms per step loading data", "compute_bound",
+             "outside", [*BASE, "--stall-ms", "60"], also={"rank_waiting": WAITING}),
+    Scenario("cliff", "Open MPI allreduce forced to a slow algorithm from 128 KiB to 512 KiB",
+             "latency_cliffs", "twin",
+             ["--model", "heads", "--steps", "30", "--batch", "16"],
+             env={"HOROVOD_FUSION_THRESHOLD": "0"}, rules=True, confirm=True,
+             twin_env={}, also={"rank_waiting": WAITING,
+                                "transfer_bound": "the cliff's slow transfers"}),
+    Scenario("cliff-twin", "the cliff scenario's job without the rules file", None, "none",
+             ["--model", "heads", "--steps", "30", "--batch", "16"],
+             env={"HOROVOD_FUSION_THRESHOLD": "0"}, confirm=True,
+             also={"rank_waiting": WAITING, "compute_bound": COMPUTE_BOUND,
+                   "transfer_bound": "one unfused call per tensor"}),
+]
+BY_NAME = {s.name: s for s in SCENARIOS}
+
+
+def _python() -> str:
+    return sys.executable
+
+
+def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
+            job: list[str] | None = None, profile: bool = True,
+            rules_file: Path | None = None, timeout: float = 600) -> dict[str, Any]:
+    """One run of the scenario's job (profiled into `out` when `profile`);
+    returns the job's own measurements (rank 0's JSON line)."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    e.update(MPI_ENV)
+    for k, v in {**sc.env, **(env or {})}.items():
+        if v == "":
+            e.pop(k, None)
+        else:
+            e[k] = v
+    if rules_file is not None:
+        e["OMPI_MCA_coll_tuned_use_dynamic_rules"] = "1"
+        e["OMPI_MCA_coll_tuned_dynamic_rules_filename"] = str(rules_file)
+    batch = (job or sc.job)[(job or sc.job).index("--batch") + 1] if "--batch" in (
+        job or sc.job) else "64"
+    if profile:
+        e.update({"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(out),
+                  "HOROVOD_PROFILE_BATCH_SIZE": batch})
+    argv = [_python(), str(JOB), *(job or sc.job)]
+    competitors: list[subprocess.Popen[bytes]] = []
+    try:
+        for _ in range(sc.competitors):
+            competitors.append(subprocess.Popen(
+                [_python(), "-c", "while True: pass"], stdout=subprocess.DEVNULL))
+        if sc.hosts > 1:
+            from profiler import simcluster
+
+            with simcluster.SimCluster(hosts=sc.hosts, slots=1,
+                                       host_rates=sc.host_rates) as c:
+                proc = c.mpirun(sc.np, argv, env=simcluster.run_env(e), timeout=timeout,
+                                per_host=-(-sc.np // sc.hosts))
+        else:
+            proc = subprocess.run(["mpirun", "-n", str(sc.np), *argv], env=e,
+                                  capture_output=True, text=True, timeout=timeout)
+    finally:
+        for c_ in competitors:
+            c_.kill()
+            c_.wait()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{sc.name}: the job failed ({proc.returncode}):\n"
+                           f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    for line in proc.stdout.splitlines():
+        if line.startswith('{"scenario"'):
+            return dict(json.loads(line)["scenario"])
+    raise RuntimeError(f"{sc.name}: the job printed no measurements:\n{proc.stdout[-2000:]}")
+
+
+def _mean(ranks: Sequence[dict[str, Any]], key: str) -> float:
+    return sum(float(r[key]) for r in ranks) / len(ranks)
+
+
+@dataclass
+class Result:
+    scenario: str
+    run: int
+    expected: str | None
+    first: str | None
+    cost_ms: float | None
+    truth_ms: float | None
+    false: list[str]
+    matching: int
+    significant: int
+    sum_error: float
+    ok: bool
+    note: str = ""
+    findings: list[dict[str, Any]] = field(default_factory=list)
+
+    def cost_ok(self) -> bool:
+        if self.truth_ms is None or self.cost_ms is None:
+            return self.truth_ms is None
+        return abs(self.cost_ms - self.truth_ms) <= TOLERANCE * abs(self.truth_ms)
+
+
+def evaluate(sc: Scenario, run: int, work: Path, *, twin: bool = True) -> Result:
+    """Run the scenario once (and its twin when its truth needs one and `twin`);
+    judge the diagnosis (without the twin, a "twin" truth is unknown and the
+    cost is not judged)."""
+    from profiler.analysis.findings import advise
+
+    out = work / f"{sc.name}-{run}"
+    shutil.rmtree(out, ignore_errors=True)
+    rules = None
+    if sc.rules:
+        rules = work / "rules.txt"
+        rules.write_text(RULES)
+    measured = run_job(sc, out, rules_file=rules)
+    trace = out / "trace.json"
+    replay = None
+    if sc.confirm:
+        from profiler.analysis.facade import trace_meta
+
+        from profiler.bench.confirm import job_mpi_env
+        from profiler.bench.confirm import replay as do_replay
+
+        first = advise(trace, only=["latency_cliffs"])
+        sizes = next((f.numbers.get("replay_sizes") for f in first.findings
+                      if f.key == "latency_cliffs"), None)
+        if sizes:
+            replay = do_replay(sizes, np=sc.np, out_dir=out / "confirm",
+                               job_env=job_mpi_env(trace_meta(trace) or {}))
+    a = advise(trace, replay=replay)
+    sig = a.significant
+    first = sig[0] if sig else None
+    # the job's own steps from its warm-up on are the profiler's steps >= warmup - 1
+    bd = a.breakdown
+    truth: float | None = None
+    note = ""
+    if sc.truth == "late" or sc.truth == "jitter":
+        truth = sc.value(sc.np) if sc.value else None
+    elif sc.truth == "outside":
+        truth = _mean(measured["ranks"], "outside_ms")
+    elif sc.truth == "runqueue":
+        truth = _mean(measured["ranks"], "run_queue_ms")
+    elif sc.truth == "twin" and twin:
+        twin_env = dict(sc.twin_env or {})
+        if sc.expect == "fusion" and first is not None and first.key == "fusion":
+            twin_env["HOROVOD_FUSION_THRESHOLD"] = str(first.numbers.get("best_threshold"))
+            note = f"twin at HOROVOD_FUSION_THRESHOLD={twin_env['HOROVOD_FUSION_THRESHOLD']}"
+        twin = run_job(sc, work / f"{sc.name}-{run}-twin", env=twin_env, job=sc.twin_job,
+                       profile=False, rules_file=None)
+        truth = _mean(measured["ranks"], "step_ms") - _mean(twin["ranks"], "step_ms")
+    step_ms = _mean(measured["ranks"], "step_ms")
+    total = float(bd["ms"].sum()) if bd is not None and len(bd) else float("nan")
+    sum_error = abs(total - step_ms) / step_ms if step_ms > 0 else float("nan")
+    allowed = {sc.expect} | set(sc.also) if sc.expect else set(sc.also)
+    false = [f.key for f in sig if f.key not in allowed]
+    matching = sum(1 for f in sig if f.key in allowed)
+    res = Result(scenario=sc.name, run=run, expected=sc.expect,
+                 first=first.key if first else None,
+                 cost_ms=first.cost_ms if first is not None else None,
+                 truth_ms=truth, false=false, matching=matching, significant=len(sig),
+                 sum_error=sum_error, ok=False, note=note,
+                 findings=[{"key": f.key, "headline": f.headline, "cost_ms": f.cost_ms,
+                            "significant": f.significant} for f in a.findings])
+    if sc.expect is None:
+        res.ok = not false and not any(f.key in NAMING for f in sig)
+    else:
+        res.ok = res.first == sc.expect and res.cost_ok() and not false
+    return res
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None or v != v else f"{v:.2f}"
+
+
+def table(results: Sequence[Result]) -> str:
+    rows = [("scenario", "run", "expected", "ranked first", "cost ms", "truth ms", "false",
+             "sum err", "ok")]
+    for r in results:
+        rows.append((r.scenario, str(r.run), r.expected or "(none)", r.first or "(none)",
+                     _fmt(r.cost_ms), _fmt(r.truth_ms), ",".join(r.false) or "-",
+                     f"{100 * r.sum_error:.1f}%", "yes" if r.ok else "NO"))
+    w = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w[i]) for i, c in enumerate(row)).rstrip() for row in rows]
+    sig = sum(r.significant for r in results)
+    match = sum(r.matching for r in results)
+    caused = [r for r in results if r.expected]
+    recall = sum(1 for r in caused if r.first == r.expected and r.cost_ok())
+    lines.append("")
+    lines.append(f"precision: {match}/{sig} significant findings match their scenario"
+                 + (f" ({match / sig:.0%})" if sig else ""))
+    lines.append(f"recall: {recall}/{len(caused)} injected causes ranked first with their "
+                 f"cost within {TOLERANCE:.0%}" + (f" ({recall / len(caused):.0%})"
+                                                   if caused else ""))
+    worst = max((r.sum_error for r in results if r.sum_error == r.sum_error), default=0.0)
+    lines.append(f"breakdown total against the job's own step time: worst {worst:.1%}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("names", nargs="*", help="scenarios to run (default: all)")
+    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--fast", action="store_true", help="the test suite's subset")
+    p.add_argument("--list", action="store_true")
+    p.add_argument("--work", default=None, help="folder for the runs (default: a temp dir)")
+    p.add_argument("--json", default=None, help="write the results here")
+    a = p.parse_args(argv)
+    if a.list:
+        for s in SCENARIOS:
+            print(f"{s.name:15} expects {s.expect or '(nothing)':15} {s.cause}")
+        return 0
+    chosen = [BY_NAME[n] for n in a.names] if a.names else [
+        s for s in SCENARIOS if s.fast or not a.fast]
+    work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="hvprof-scenarios-"))
+    work.mkdir(parents=True, exist_ok=True)
+    results: list[Result] = []
+    t0 = time.monotonic()
+    total = len(chosen) * a.runs
+    for run in range(1, a.runs + 1):
+        for sc in chosen:
+            done = len(results)
+            print(f"[{done + 1}/{total}] {sc.name} (run {run}): {sc.cause} "
+                  f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
+            try:
+                results.append(evaluate(sc, run, work))
+            except Exception as exc:  # one broken scenario does not stop the table
+                print(f"  failed: {exc}", file=sys.stderr)
+                results.append(Result(sc.name, run, sc.expect, None, None, None,
+                                      ["(run failed)"], 0, 0, float("nan"), False,
+                                      note=str(exc)[:200]))
+            r = results[-1]
+            print(f"  first: {r.first}, cost {_fmt(r.cost_ms)} ms against {_fmt(r.truth_ms)}"
+                  f" ms, false: {r.false or '-'}", file=sys.stderr, flush=True)
+    print(table(results))
+    if a.json:
+        Path(a.json).write_text(json.dumps([r.__dict__ for r in results], indent=1,
+                                           default=str))
+    print(f"\nwork folder: {work} ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
