@@ -6,7 +6,10 @@ Each label is compared with a baseline (the first label unless named) on:
 
 * per-step metrics (when the traces mark steps; the steady steps, see
   throughput.steady_steps): step time, images/sec, communication time, exposed
-  communication, data and control calls per step, data bytes per step;
+  communication, data and control calls per step, data bytes per step, and the
+  step breakdown's parts (analysis.breakdown, mean over ranks; the profiler's
+  own part stays in compute here, the frame carries no self-cost) where both
+  traces have one;
 * per power-of-two size bucket (data calls): calls as the lowest rank makes
   them (divided by the number of steps when steps exist, else in total), mean
   and p99 latency over every rank's calls.
@@ -43,6 +46,11 @@ STEP_METRICS: dict[str, str] = {  # step_table column -> metric name
     "data_calls": "data_calls_per_step",
     "control_calls": "control_calls_per_step",
     "bytes": "data_bytes_per_step",
+}
+#: breakdown part -> metric name
+BREAKDOWN_METRICS: dict[str, str] = {
+    "compute_ms": "compute_ms_per_step", "wait_ranks_ms": "wait_ranks_ms_per_step",
+    "horovod_ms": "horovod_ms_per_step", "transfer_ms": "transfer_ms_per_step",
 }
 COLUMNS = ["label", "baseline", "metric", "bucket", "value", "baseline_value", "diff",
            "rel_diff", "ci_low", "ci_high", "p_value", "significant", "n", "n_baseline"]
@@ -179,6 +187,19 @@ def _row(label: str, base: str, metric: str, bucket: str, a: np.ndarray, b: np.n
             "n": int(a.size), "n_baseline": int(b.size)}
 
 
+def _parts(df: pd.DataFrame, label: str, steps: pd.Series) -> pd.DataFrame | None:
+    """Per steady step of one label: the breakdown's parts, mean over ranks
+    (None when the trace has no breakdown)."""
+    from .breakdown import rank_breakdown
+
+    sub = df.loc[isin(df["label"], [label])].drop(columns=["label"])
+    bd = rank_breakdown(sub)
+    if bd.empty or (bd["source"] == "none").all():
+        return None
+    bd = bd.loc[bd["step"].isin(steps)]
+    return bd.groupby("step")[list(BREAKDOWN_METRICS)].mean() if len(bd) else None
+
+
 def compare(
     df: pd.DataFrame,
     *,
@@ -219,6 +240,15 @@ def compare(
                 b = per_step[base][col].to_numpy(dtype=float)
                 a, b = a[np.isfinite(a)], b[np.isfinite(b)]
                 rows.append(_row(lb, base, metric, "", a, b, _mean, True, rng, n_boot))
+        parts = {lb: _parts(df, lb, per_step[lb]["step"]) for lb in chosen}
+        if all(p is not None for p in parts.values()):
+            for lb in chosen:
+                if lb == base:
+                    continue
+                for col, metric in BREAKDOWN_METRICS.items():
+                    a = parts[lb][col].to_numpy(dtype=float)  # type: ignore[index]
+                    b = parts[base][col].to_numpy(dtype=float)  # type: ignore[index]
+                    rows.append(_row(lb, base, metric, "", a, b, _mean, True, rng, n_boot))
     # ---- per size bucket: calls, mean and p99 latency
     tc = timed_calls(df, kinds=kinds, ops=ops)
     tc = tc.loc[isin(tc["label"], chosen)]

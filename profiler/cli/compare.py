@@ -29,7 +29,7 @@ from typing import Any
 
 DEFAULT_MAX_ROWS = 10_000_000
 _COLUMNS = ["rank", "backend", "op", "t_start_ns", "t_end_ns", "dur_ns", "bytes", "count",
-            "kind", "device", "comm", "seq", "step"]
+            "kind", "device", "comm", "seq", "step", "thread_kind", "flags", "comm_size"]
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
