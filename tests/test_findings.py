@@ -215,8 +215,9 @@ def test_no_steps_trace_costs_nothing_per_step() -> None:
 @pytest.mark.slow
 def test_real_horovod_late_rank_is_named_with_the_injected_cost(tmp_path: Path) -> None:
     """Rank 1 sleeps 20 ms before its backward pass in every step of a real 2-rank
-    Horovod job: advise names it, calls it late-arriving, and the others' wait
-    per step is the injected delay within 25%."""
+    Horovod job: advise names it, calls it late-arriving, the step would end the
+    injected delay sooner without it, and the waiting it causes, averaged over
+    the 2 ranks like the breakdown, is half of it, each within 25%."""
     pytest.importorskip("horovod.torch")
     from conftest import mpirun
     from profiler.analysis.findings import advise
@@ -233,8 +234,9 @@ def test_real_horovod_late_rank_is_named_with_the_injected_cost(tmp_path: Path) 
     assert f.numbers["source"] == "sync"
     assert f.numbers["rank"] == 1 and f.significant
     assert f.numbers["last_share"] >= 0.75  # a busy machine delays rank 0 now and then
-    assert "reaches optimizer.step later" in f.details[0]
-    assert f.cost_ms == pytest.approx(delay_ms, rel=0.25)
+    assert "hands its gradients to Horovod later" in f.details[0]
+    assert f.numbers["step_gain_ms"] == pytest.approx(delay_ms, rel=0.25)
+    assert f.cost_ms == pytest.approx(delay_ms / 2, rel=0.25)
 
 
 def test_large_samples_get_the_normal_interval_the_bootstrap_would_give() -> None:
