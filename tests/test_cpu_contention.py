@@ -13,7 +13,8 @@ Unit tests build raw files with tests/rawgen.py; the job tests run real
 Horovod under real mpirun: a 2-rank job (one row per known thread per step),
 a 1-rank job pinned to one core beside a busy competitor on the same core
 (the main thread waits about half its time) and on the other core (it hardly
-waits), and an mpi4py job whose worker thread exits mid-run.
+waits), an mpi4py job whose worker thread exits mid-run, and one killed with
+SIGKILL (its start figures survive).
 """
 
 from __future__ import annotations
@@ -459,3 +460,42 @@ def test_a_thread_that_exited_writes_nothing_more(tmp_path: Path) -> None:
     assert c["threads_gone"] == 1 and c["rows"] == 6 and c["steps"] == 4
     main = next(t for t in c["threads"] if t["kind"] == "main")
     assert main["start"] is not None and main["end"] is not None
+
+
+# ---------------------------------------------------------------------------
+# a rank killed mid-run keeps what was read at start
+# ---------------------------------------------------------------------------
+KILLED = """
+import os, signal, time
+from mpi4py import MPI
+import profiler
+
+MPI.COMM_WORLD.Barrier()
+for _ in range(4):
+    profiler.step()     # 3 step records, each with the main thread's cpu row
+time.sleep(0.3)         # far longer than the helper's flush period
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_a_killed_rank_keeps_its_start_figures(tmp_path: Path) -> None:
+    prof = tmp_path / "prof"
+    p = mpirun(1, [PYTHON, "-c", KILLED], cwd=tmp_path, timeout=120, check=False,
+               env={"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof)})
+    assert p.returncode != 0 and not (prof / "trace.json").exists()
+    m = profiler_cli("merge", str(prof))
+    assert m.returncode == 0, m.stderr
+    meta = _trace_meta(prof)
+    assert meta["partial_ranks"] == [0]
+    c = meta["ranks"][0]["cpu"]
+    assert c["state"] == "start" and c["schedstat"] is True and c["loadavg_end"] is None
+    assert c["torch_threads"] is None and len(c["loadavg_start"]) == 3
+    main = next(t for t in c["threads"] if t["kind"] == "main")
+    assert main["start"] is not None and main["end"] is None
+    assert main["tid"] == meta["ranks"][0]["pid"]
+    df = _rows(prof)
+    cpu = df[df["op"].astype(str) == "cpu"]
+    assert cpu["seq"].tolist() == [0, 1, 2] and c["rows"] == 3
+    assert set(cpu["tid"]) == {main["tid"]}
