@@ -415,7 +415,7 @@ def breakdown_summary(bd: pd.DataFrame, steps: pd.Series | None = None) -> pd.Da
     `steps`: the steps to use (default all).  Columns: part, label, ms, lo_ms,
     hi_ms, share; empty when no step has a synchronize or blocking collective
     to split it by."""
-    from .findings.base import bootstrap_mean
+    from .stats import bootstrap_mean
 
     cols = ["part", "label", "ms", "lo_ms", "hi_ms", "share"]
     if bd.empty or (bd["source"] == "none").all():  # no synchronize, no blocking call:

@@ -1,5 +1,5 @@
 """The step breakdown (analysis.breakdown) on traces whose parts are known to the
-nanosecond, and the late-rank test against chance (analysis.findings.stats) on
+nanosecond, and the late-rank test against chance (analysis.stats) on
 jobs where no rank is late and where one is."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from profiler.analysis.breakdown import (
     rank_breakdown,
 )
 from profiler.analysis.findings import advise_frame
-from profiler.analysis.findings.stats import binom_sf, effective_n, most_often
+from profiler.analysis.stats import binom_sf, effective_n, most_often
 
 MS = 1_000_000
 

@@ -11,7 +11,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["Finding", "Context", "bootstrap_mean", "SIGNIFICANT_SHARE", "MIN_STEPS"]
+from ..stats import BOOTSTRAP_MAX, bootstrap_mean
+
+__all__ = ["Finding", "Context", "bootstrap_mean", "BOOTSTRAP_MAX", "SIGNIFICANT_SHARE",
+           "MIN_STEPS"]
 
 #: A cost counts as significant when the lower end of its interval exceeds this
 #: share of the step time (and 0.05 ms): below it, run-to-run noise on a busy
@@ -60,31 +63,6 @@ class Finding:
         d = asdict(self)
         d["cost_interval_ms"] = list(self.cost_interval_ms) if self.cost_interval_ms else None
         return d
-
-
-#: Above this many values the interval is the normal one (mean +- 1.96
-#: standard errors): the bootstrap's would agree, at n x len(values) memory.
-BOOTSTRAP_MAX = 1024
-
-
-def bootstrap_mean(values: np.ndarray, *, n: int = 1000, seed: int = 7
-                   ) -> tuple[float, float, float]:
-    """(mean, lo, hi): the mean and its 95% percentile-bootstrap interval
-    (the normal interval above BOOTSTRAP_MAX values)."""
-    v = np.asarray(values, dtype=np.float64)
-    v = v[np.isfinite(v)]
-    if not len(v):
-        return float("nan"), float("nan"), float("nan")
-    if len(v) == 1:
-        return float(v[0]), float(v[0]), float(v[0])
-    mean = float(v.mean())
-    if len(v) > BOOTSTRAP_MAX:
-        half = 1.96 * float(v.std(ddof=1)) / np.sqrt(len(v))
-        return mean, mean - half, mean + half
-    rng = np.random.default_rng(seed)
-    means = v[rng.integers(0, len(v), size=(n, len(v)))].mean(axis=1)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return mean, float(lo), float(hi)
 
 
 @dataclass

@@ -8,7 +8,7 @@ synchronize.  Two findings come from the breakdown's ``wait_ranks`` part:
 
 * ``late_ranks``: a rank is named only when it is last significantly more often
   than chance (1/n of the steps, binomial test, Bonferroni over the n ranks,
-  the steps' autocorrelation accounted for: findings.stats).  Its cost is the
+  the steps' autocorrelation accounted for: analysis.stats).  Its cost is the
   waiting it alone causes (each other rank's wait up to the time by which it
   trailed the next-to-last), averaged over the ranks like the breakdown.
 * ``rank_waiting``: the rest of the waiting, which no rank causes
@@ -28,8 +28,8 @@ import pandas as pd
 
 from profiler.units import fmt_ms, fmt_share
 
+from ..stats import ChanceTest, most_often
 from .base import MIN_STEPS, Context, Finding, bootstrap_mean
-from .stats import ChanceTest, most_often
 
 NULL = ("chance: with n ranks whose step times vary alike, each is last in 1/n of the steps "
         "(binomial test, p < 0.01 after correcting for n ranks and for runs of steps)")
@@ -73,32 +73,48 @@ def _variation(bd: pd.DataFrame) -> tuple[float, float]:
     return sd, corr
 
 
-def _cpu_order(ctx: Context, lr: pd.DataFrame) -> tuple[int, int] | None:
-    """Steps where the last rank's main thread waited longest for a CPU in that
-    step outside synchronize (per-step run-queue delay, "cpu" rows, less the
-    "sync" rows' count), and the steps compared."""
+def _cpu_waits(ctx: Context) -> pd.DataFrame:
+    """Per step (rows) and rank (columns): the main thread's run-queue delay in
+    that step outside synchronize, ms ("cpu" rows less the "sync" rows' count);
+    empty without "cpu" rows."""
     df = ctx.df
     if "op" not in df.columns or "thread_kind" not in df.columns:
-        return None
+        return pd.DataFrame()
     cpu = df.loc[(df["op"].astype(str) == "cpu").to_numpy()
                  & (df["thread_kind"].astype(str) == "main").to_numpy()]
     if cpu.empty:
-        return None
+        return pd.DataFrame()
     w = pd.DataFrame({"step": cpu["seq"].to_numpy(dtype=np.int64),
                       "rank": cpu["rank"].to_numpy(dtype=np.int64),
-                      "wait": cpu["count"].to_numpy(dtype=np.float64)})
+                      "wait": cpu["count"].to_numpy(dtype=np.float64) / 1e6})
     sync = df.loc[(df["op"].astype(str) == "sync").to_numpy()]
     if len(sync):
         w = pd.concat([w, pd.DataFrame({"step": sync["seq"].to_numpy(dtype=np.int64),
                                         "rank": sync["rank"].to_numpy(dtype=np.int64),
-                                        "wait": -sync["count"].to_numpy(dtype=np.float64)})])
-    table = w.pivot_table(index="step", columns="rank", values="wait", aggfunc="sum")
-    table = table.dropna()
+                                        "wait": -sync["count"].to_numpy(dtype=np.float64)
+                                        / 1e6})])
+    return w.pivot_table(index="step", columns="rank", values="wait", aggfunc="sum").dropna()
+
+
+def _cpu_order(table: pd.DataFrame, lr: pd.DataFrame) -> tuple[int, int] | None:
+    """Steps where the last rank's main thread waited longest for a CPU in that
+    step (of _cpu_waits' table), and the steps compared."""
+    if table.empty:
+        return None
     lr = lr.loc[lr["step"].isin(table.index) & ~lr["tie"]]
     if lr.empty:
         return None
     most = table.loc[lr["step"].to_numpy()].idxmax(axis=1).to_numpy()
     return int((most == lr["last_rank"].to_numpy()).sum()), len(lr)
+
+
+def _cpu_excess_ms(table: pd.DataFrame, rank: int, steps: pd.Series) -> float | None:
+    """How much longer per step the rank's main thread waited for a CPU than the
+    other ranks' on average, over the given steps (None without "cpu" rows)."""
+    t = table.loc[table.index.isin(steps)]
+    if t.empty or rank not in t.columns or t.shape[1] < 2:
+        return None
+    return float(t[rank].mean() - t.drop(columns=[rank]).mean(axis=1).mean())
 
 
 def _from_breakdown(ctx: Context) -> list[Finding] | None:
@@ -145,6 +161,15 @@ def _late_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: Chance
                f"if it arrived with the others, each step would end {fmt_ms(gain)} sooner "
                "on average (the cost above is the others' waiting, averaged over all "
                "ranks like the breakdown)."]
+    excess = _cpu_excess_ms(_cpu_waits(ctx), late, lr["step"])
+    # lateness the rank's own run-queue delay accounts for is the scheduler's,
+    # not its work: say so, and point at the contention instead
+    by_cpu = excess is not None and lead > 0 and excess >= 0.5 * lead
+    if excess is not None and excess > 0:
+        details.append(f"its compute thread waited {fmt_ms(excess)} per step longer for a CPU "
+                       "than the others' (run-queue delay outside synchronize)"
+                       + (": most of its lateness is waiting for a core, not more work."
+                          if by_cpu else "."))
     significant = ctx.significant(lo)
     conf = f"95% interval over {len(lr)} steps"
     if err > 0 and err >= 0.5 * max(lead, 1e-9):
@@ -157,14 +182,18 @@ def _late_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: Chance
         headline=f"Rank {late} arrives last in {fmt_share(test.share)} of steps",
         details=details, cost_ms=mean, cost_interval_ms=(lo, hi),
         cost_img_s=ctx.cost_img_s(gain), confidence=conf,
-        recommendation=(f"find what rank {late} does differently (its data, its host's load, "
-                        "its CPU placement, other processes on its cores)"
-                        if significant else ""),
+        recommendation=("" if not significant else
+                        f"give rank {late}'s threads cores of their own (see the CPU "
+                        "contention finding): fewer threads per rank, binding, no other "
+                        "busy processes on its cores" if by_cpu else
+                        f"find what rank {late} does differently (its data, its host's load, "
+                        "its CPU placement, other processes on its cores)"),
         check="profiler summarize TRACE --by rank; profiler compare BEFORE AFTER",
         numbers={"rank": late, "last_share": test.share, "last_count": test.count,
                  "steps": test.trials, "p_value": test.p_value, "n_eff": test.n_eff,
                  "lateness_ms": lead, "step_gain_ms": gain, "others_wait_ms_per_step": mean,
-                 "source": source, "clock_error_ms": err},
+                 "source": source, "clock_error_ms": err,
+                 "cpu_excess_ms": excess, "late_by_cpu": by_cpu},
         significant=significant, part="wait_ranks", null=NULL,
     )
 
@@ -190,7 +219,7 @@ def _waiting_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: Cha
                  f"together (correlation {corr:.2f})")
         details.append(f"each rank's time to reach synchronize varies by ±{fmt_ms(sd)} from "
                        f"step to step, {alike}: the step waits for the slowest of them.")
-    cpu = _cpu_order(ctx, lr)
+    cpu = _cpu_order(_cpu_waits(ctx), lr)
     if cpu is not None and cpu[1] >= MIN_STEPS:
         details.append(f"the last rank's main thread had waited longest for a CPU in "
                        f"{cpu[0]} of {cpu[1]} steps (chance {1 / n:.0%}).")

@@ -7,7 +7,10 @@ profiler, and rank 0 prints them as one JSON line at the end (``{"scenario":
 step breakdown calls compute), and the main thread's run-queue wait per step
 outside optimizer.step, read from /proc/self/task/<tid>/schedstat, per rank
 (inside it Horovod's synchronize stays runnable while it waits: not
-contention).
+contention); every step's arrival at optimizer.step on CLOCK_MONOTONIC (one
+clock for every process of a kernel, simulated hosts included); and the
+busiest other threads' run-queue share over the timed steps (Horovod's
+background thread, intra-op workers).
 
     mpirun -n 2 python job.py --model mlp --steps 40 [--late-rank 1 --late-ms 30]
         [--jitter-ms 60] [--stall-ms 50] [--threads 2]
@@ -69,6 +72,36 @@ def run_queue_ns() -> int:
         return -1
 
 
+def threads_schedstat() -> dict[int, tuple[str, int, int]]:
+    """Every thread of this process: tid -> (name, ns on a CPU, ns waiting)."""
+    out: dict[int, tuple[str, int, int]] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as fh:
+                run, wait = (int(x) for x in fh.read().split()[:2])
+            with open(f"/proc/self/task/{tid}/comm") as fh:
+                name = fh.read().strip()
+        except (OSError, ValueError):
+            continue
+        out[int(tid)] = (name, run, wait)
+    return out
+
+
+def other_threads_wait(before: dict[int, tuple[str, int, int]], wall_ns: int,
+                       main_tid: int) -> list[dict[str, object]]:
+    """The other threads busy at least a tenth of the timed steps: their name and
+    run-queue share (wait over run + wait) over those steps."""
+    rows = []
+    for tid, (name, run, wait) in threads_schedstat().items():
+        if tid == main_tid:
+            continue
+        r0, w0 = before.get(tid, (name, 0, 0))[1:]
+        dr, dw = run - r0, wait - w0
+        if dr >= 0.1 * wall_ns and dr + dw > 0:
+            rows.append({"name": name, "wait_share": dw / (dr + dw)})
+    return rows
+
+
 def threading_native_id() -> int:
     import threading
 
@@ -99,9 +132,11 @@ def main() -> None:
     x = torch.randn(a.batch, n_in, generator=g)
     y = torch.randn(a.batch, n_out, generator=g)
     rng = random.Random(a.seed * 1000 + rank)
-    steps, outside, waits = [], [], []
+    steps, outside, waits, arrivals = [], [], [], []
     last = time.perf_counter()
     rq = run_queue_ns()
+    threads0: dict[int, tuple[str, int, int]] = {}
+    t_timed = 0
     for step in range(a.steps + a.warmup):
         # the "data loading" of this step: every injected sleep happens here
         pause = a.stall_ms
@@ -116,6 +151,9 @@ def main() -> None:
         loss.backward()
         t_in = time.perf_counter()
         rq_in = run_queue_ns()
+        arrivals.append(time.clock_gettime_ns(time.CLOCK_MONOTONIC))
+        if step == a.warmup:
+            threads0, t_timed = threads_schedstat(), time.monotonic_ns()
         opt.step()
         now = time.perf_counter()
         rq_now = run_queue_ns()
@@ -127,7 +165,11 @@ def main() -> None:
     mine = {"rank": rank, "step_ms": 1e3 * sum(steps) / len(steps),
             "outside_ms": 1e3 * sum(outside) / len(outside),
             # the run-queue wait outside optimizer.step
-            "run_queue_ms": sum(waits) / len(waits), "loss": float(loss.detach())}
+            "run_queue_ms": sum(waits) / len(waits), "loss": float(loss.detach()),
+            # arrival at optimizer.step per timed step (ns, CLOCK_MONOTONIC)
+            "arrivals_ns": arrivals[a.warmup:],
+            "other_threads": other_threads_wait(threads0, time.monotonic_ns() - t_timed,
+                                                threading_native_id())}
     every = hvd.allgather_object(mine)
     if rank == 0:
         print(json.dumps({"scenario": {"ranks": every, "steps": a.steps, "warmup": a.warmup,

@@ -1,4 +1,5 @@
-"""Tests of findings against chance.
+"""Statistics the analysis shares: the bootstrap interval of a mean, and tests
+of findings against chance.
 
 A finding that names one of several candidates (a rank, a message size) must
 show that the data single it out more often than chance would.  The rule used
@@ -17,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ALPHA", "binom_sf", "effective_n", "ChanceTest", "most_often"]
+__all__ = ["BOOTSTRAP_MAX", "bootstrap_mean", "ALPHA", "binom_sf", "effective_n", "ChanceTest",
+           "most_often"]
 
 #: The false-alarm rate accepted for a finding that names a candidate.
 ALPHA = 0.01
@@ -98,3 +100,28 @@ def most_often(winners: np.ndarray, candidates: int, *, alpha: float = ALPHA
     return ChanceTest(candidate=top, count=count, trials=n, candidates=candidates,
                       share=count / n, chance=chance, n_eff=n_eff, p_value=p,
                       significant=p < alpha)
+
+
+#: Above this many values the interval is the normal one (mean +- 1.96
+#: standard errors): the bootstrap's would agree, at n x len(values) memory.
+BOOTSTRAP_MAX = 1024
+
+
+def bootstrap_mean(values: np.ndarray, *, n: int = 1000, seed: int = 7
+                   ) -> tuple[float, float, float]:
+    """(mean, lo, hi): the mean and its 95% percentile-bootstrap interval
+    (the normal interval above BOOTSTRAP_MAX values)."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return float("nan"), float("nan"), float("nan")
+    if len(v) == 1:
+        return float(v[0]), float(v[0]), float(v[0])
+    mean = float(v.mean())
+    if len(v) > BOOTSTRAP_MAX:
+        half = 1.96 * float(v.std(ddof=1)) / np.sqrt(len(v))
+        return mean, mean - half, mean + half
+    rng = np.random.default_rng(seed)
+    means = v[rng.integers(0, len(v), size=(n, len(v)))].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return mean, float(lo), float(hi)
