@@ -105,6 +105,8 @@ def run_once(workload: str, args: list[str], out: Path | None, *, np: int = 2,
     if p.returncode != 0 or line is None:
         raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n"
                            f"{p.stderr[-3000:]}")
+    if out is not None and not (out / "trace.json").is_file():
+        raise RuntimeError(f"{' '.join(cmd)}: no trace.json in {out}:\n{p.stderr[-3000:]}")
     res = json.loads(line[len("RESULT "):])
     res["wall_s"] = round(wall, 1)
     res["stderr"] = p.stderr

@@ -264,6 +264,14 @@ def _whatif(args: argparse.Namespace, lin: Any) -> int:
         raise NotFoundError(p, f"no what-if: the replay failed ({type(exc).__name__}: "
                                f"{text})") from None
     if w is None:
+        ops = set(lin["op"].astype(str)) if len(lin) else set()
+        if "ADASUM" in ops and "ALLREDUCE" not in ops:
+            # not bad input: the replay prices allreduces; Adasum's data go
+            # point to point (MPI_Sendrecv), its MPI_Allreduce carries 3
+            # doubles a tensor
+            print(f"{args.trace}: no fusion what-if: this run reduces with Adasum (its data "
+                  "go by MPI_Sendrecv, which the replay does not price)")
+            return 0
         raise NotFoundError(p, "no what-if: the run has no allreduce lineage with readiness "
                                "(tensor records) or too few allreduce sizes to fit")
     if args.format == "json":

@@ -310,61 +310,97 @@ def _str(frame: pd.DataFrame, name: str) -> np.ndarray:
     return np.asarray(col.astype(object).where(col.notna(), ""), dtype=object).astype(str)
 
 
-def cycles(frame: pd.DataFrame, horovod: np.ndarray | None = None) -> pd.DataFrame:
-    """The rows of Horovod's thread(s) (mask `horovod`, else is_horovod_row) in
-    start order per thread, each with the cycle it belongs to (per
-    communicator, point 3 of the module's notes): ``cyc_seq`` (the seq of the
-    call that opened the cycle, the same on every rank; -1 before the first),
-    ``cyc_start_ns`` (that call's start: the cycle's queue was popped before)
-    and ``cyc_floor_ns`` (the end of the thread's call just before it: the
-    queue was popped after).  A cycle opens with the response cache's
-    MPI_BAND bit-vector allreduce, or with the negotiation's MPI_Gather of
-    MPI_INT to root 0 when no bit-vector call came just before it on that
-    communicator (the cache off)."""
-    mask = is_horovod_row(frame) if horovod is None else horovod
-    h = frame.loc[mask]
-    if len(h) == 0:
-        out = h.copy()
-        for c, v in (("cyc_seq", -1), ("cyc_start_ns", math.nan), ("cyc_floor_ns", math.nan)):
+def _eq(frame: pd.DataFrame, name: str, value: str) -> np.ndarray:
+    """frame[name] == value as a bool array (categoricals compared by code)."""
+    if name not in frame.columns:
+        return np.zeros(len(frame), dtype=bool)
+    return (frame[name] == value).to_numpy(dtype=bool, na_value=False)
+
+
+def cycles(frame: pd.DataFrame, horovod: np.ndarray | None = None,
+           keep: np.ndarray | None = None) -> pd.DataFrame:
+    """The rows of Horovod's thread(s) (mask `horovod`, else is_horovod_row;
+    of those only the `keep` ones, default all) in start order per thread,
+    each with the cycle it belongs to (per communicator, point 3 of the
+    module's notes): ``cyc_seq`` (the seq of the call that opened the cycle,
+    the same on every rank; -1 before the first), ``cyc_start_ns`` (that
+    call's start: the cycle's queue was popped before) and ``cyc_floor_ns``
+    (the end of the thread's call just before it: the queue was popped
+    after).  A cycle opens with the response cache's MPI_BAND bit-vector
+    allreduce, or with the negotiation's MPI_Gather of MPI_INT to root 0
+    when no bit-vector call came just before it on that communicator (the
+    cache off).  Vectorised over every Horovod row (a long job makes about
+    1,000 control calls a second per rank); only the kept rows are copied."""
+    mask = np.asarray(is_horovod_row(frame) if horovod is None else horovod, dtype=bool)
+    idx = np.flatnonzero(mask)
+    cols = {"cyc_seq": -1, "cyc_start_ns": math.nan, "cyc_floor_ns": math.nan}
+    if len(idx) == 0:
+        out = frame.iloc[0:0].copy()
+        for c, v in cols.items():
             out[c] = np.full(0, v)
         return out
-    ts = h["t_start_ns"].to_numpy(dtype=np.int64)
-    track = h["track"].to_numpy(dtype=np.int64) if "track" in h.columns \
-        else np.zeros(len(h), dtype=np.int64)
+    ts = frame["t_start_ns"].to_numpy(dtype=np.int64)[idx]
+    track = frame["track"].to_numpy(dtype=np.int64)[idx] if "track" in frame.columns \
+        else np.zeros(len(idx), dtype=np.int64)
     order = np.lexsort((ts, track))
-    h = h.iloc[order]
-    ts = ts[order]
-    track = track[order]
-    te = (h["t_end_ns"].to_numpy(dtype=np.float64) if "t_end_ns" in h.columns
+    idx, ts, track = idx[order], ts[order], track[order]
+    te = (frame["t_end_ns"].to_numpy(dtype=np.float64)[idx] if "t_end_ns" in frame.columns
           else ts.astype(np.float64))
-    op = _str(h, "op")
-    redop = _str(h, "redop")
-    dtype = _str(h, "dtype")
-    root = h["root"].to_numpy(dtype=np.int64) if "root" in h.columns \
-        else np.full(len(h), -1, dtype=np.int64)
-    comm = h["comm"].to_numpy() if "comm" in h.columns else np.zeros(len(h), dtype=np.uint64)
-    seq = h["seq"].to_numpy(dtype=np.int64)
-    bitv = (op == "allreduce") & np.isin(redop, ["band", "bor"])
-    band = (op == "allreduce") & (redop == "band")
-    gather = (op == "gather") & (dtype == "MPI_INT") & (root == 0)
-    key = pd.MultiIndex.from_arrays([track, comm])
-    prev_bitv = pd.Series(bitv).groupby(key, sort=False).shift(1).fillna(False) \
-        .to_numpy(dtype=bool)
+    allreduce = _eq(frame, "op", "allreduce")[idx]
+    band = allreduce & _eq(frame, "redop", "band")[idx]
+    bitv = band | (allreduce & _eq(frame, "redop", "bor")[idx])
+    root = frame["root"].to_numpy(dtype=np.int64)[idx] if "root" in frame.columns \
+        else np.full(len(idx), -1, dtype=np.int64)
+    gather = _eq(frame, "op", "gather")[idx] & _eq(frame, "dtype", "MPI_INT")[idx] & (root == 0)
+    comm = frame["comm"].to_numpy()[idx] if "comm" in frame.columns \
+        else np.zeros(len(idx), dtype=np.int64)
+    comm_code = pd.factorize(comm)[0].astype(np.int64)
+    group = track * (int(comm_code.max()) + 1) + comm_code
+    # within each (thread, communicator), in start order: the call before
+    by_g = np.lexsort((ts, group))
+    g_sorted = group[by_g]
+    first = np.ones(len(by_g), dtype=bool)
+    first[1:] = g_sorted[1:] != g_sorted[:-1]
+    prev_bitv = np.zeros(len(idx), dtype=bool)
+    prev_bitv[by_g[1:]] = bitv[by_g[:-1]] & ~first[1:]
     opens = band | (gather & ~prev_bitv)
-    idx = np.arange(len(h))
-    prev_end = np.empty(len(h), dtype=np.float64)
+    # the latest opening call at or before each row, within its group
+    pos = np.arange(len(idx))
+    cand = np.where(opens[by_g], pos[by_g], -1)
+    seg = np.cumsum(first) - 1
+    at_sorted = _grouped_cummax(cand, seg)
+    at = np.empty(len(idx), dtype=np.int64)
+    at[by_g] = at_sorted
+    prev_end = np.empty(len(idx), dtype=np.float64)
     prev_end[0] = math.nan
     prev_end[1:] = te[:-1]
     prev_end[1:][track[1:] != track[:-1]] = math.nan
-    at = pd.Series(np.where(opens, idx, -1)).groupby(key, sort=False).cummax() \
-        .to_numpy(dtype=np.int64)
-    ok = at >= 0
-    safe = np.where(ok, at, 0)
-    out = h.copy()
+    sel = np.ones(len(idx), dtype=bool) if keep is None else np.asarray(keep, dtype=bool)[idx]
+    k_at = at[sel]
+    ok = k_at >= 0
+    safe = np.where(ok, k_at, 0)
+    seq = frame["seq"].to_numpy(dtype=np.int64)[idx]
+    out = frame.iloc[idx[sel]].copy()
     out["cyc_seq"] = np.where(ok, seq[safe], -1)
     out["cyc_start_ns"] = np.where(ok, ts[safe].astype(np.float64), math.nan)
     out["cyc_floor_ns"] = np.where(ok, prev_end[safe], math.nan)
     return out
+
+
+def _grouped_cummax(values: np.ndarray, seg: np.ndarray) -> np.ndarray:
+    """Running maximum of `values` restarting at each segment (seg: the
+    segment number of each position, non-decreasing); values >= -1."""
+    # shift each segment above all earlier ones, accumulate, shift back
+    span = int(values.max(initial=-1)) + 2
+    lifted = values + 1 + seg * span
+    return np.maximum.accumulate(lifted) - 1 - seg * span
+
+
+def _is_data(frame: pd.DataFrame) -> np.ndarray:
+    """kind == "data" (classified here when the frame has no kind)."""
+    if "kind" in frame.columns:
+        return _eq(frame, "kind", "data")
+    return np.asarray(classify(frame).astype(str)) == "data"
 
 
 def _data_calls(frame: pd.DataFrame) -> pd.DataFrame:
@@ -377,10 +413,9 @@ def _data_calls(frame: pd.DataFrame) -> pd.DataFrame:
         mask = (kind == "data") & (_str(frame, "thread_kind") == "horovod")
         out = frame.loc[mask]
     else:
-        kind = frame["kind"] if "kind" in frame.columns else classify(frame)
+        data = _is_data(frame)
         hv = is_horovod_row(frame)
-        c = cycles(frame.assign(kind=np.asarray(kind.astype(str))), hv)
-        out = c.loc[(c["kind"].astype(str) == "data").to_numpy(dtype=bool)]
+        out = cycles(frame, hv, keep=data & hv)
     return out.sort_values("t_start_ns", kind="stable").reset_index(drop=True)
 
 
@@ -394,11 +429,9 @@ def evidence(frame: pd.DataFrame) -> pd.DataFrame:
     cols = [c for c in EVIDENCE_COLUMNS if c in frame.columns]
     if len(frame) == 0:
         return frame.loc[:, cols]
-    kind = frame["kind"] if "kind" in frame.columns else classify(frame)
-    kind = np.asarray(kind.astype(str))
     hv = is_horovod_row(frame)
-    c = cycles(frame.assign(kind=kind), hv)
-    calls = c.loc[(c["kind"].astype(str) == "data").to_numpy(dtype=bool)].copy()
+    calls = cycles(frame, hv, keep=_is_data(frame) & hv)
+    calls["kind"] = "data"
     calls["thread_kind"] = "horovod"
     tens = frame.loc[(frame["op"] == "tensor").to_numpy(dtype=bool)].copy()
     tens["kind"] = "app"
