@@ -1062,13 +1062,6 @@ def _partition(S: Sequence[int], sizes: Sequence[int], weights: np.ndarray, key:
     return parts
 
 
-def _local_size(hosts: Sequence[Any] | None) -> int | None:
-    if not hosts:
-        return None
-    counts = pd.Series([str(h) for h in hosts]).value_counts()
-    return int(counts.iloc[0]) if counts.nunique() == 1 else None
-
-
 def infer(frames: Mapping[int, pd.DataFrame], names: Mapping[int, Sequence[str]], *,
           threshold: int | None = None, world_size: int | None = None,
           budget_s: float = TIME_BUDGET_S) -> tuple[pd.DataFrame, dict[str, Any]]:
