@@ -13,8 +13,12 @@ operation), queued (mean and max time from the tensor's enqueue to the start
 of the call that carried it: negotiation, waiting for other ranks, the cycle),
 negotiation and wait-for-data (only with Horovod's timeline), fused-with (mean
 number of other tensors in the same collective call), ambiguous (operations
-whose call has more than one tensor set that fits the records), and the rank
-most often last ready (the last to enqueue the tensor).
+whose call has more than one tensor set that fits the records: the call shown
+is the likeliest by Horovod's order, the json gives every candidate),
+unmatched (operations no recorded call explained, or not inferred in the
+time budget), and the rank most often last ready (the last to enqueue the
+tensor).  The title counts the tensor operations certain, ambiguous and
+unmatched.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ SORT_KEYS = {
 }
 JSON_COLUMNS = ["tensor", "op", "calls", "bytes", "total_bytes", "queued_mean_us",
                 "queued_max_us", "negotiation_mean_us", "negotiation_max_us", "wait_mean_us",
-                "fused_with_mean", "calls_matched", "ambiguous", "last_ready_rank"]
+                "fused_with_mean", "calls_matched", "ambiguous", "unmatched",
+                "ways_log10_max", "last_ready_rank"]
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -83,7 +88,12 @@ def load_lineage(path: str) -> Any:
     for c in candidates:
         if c.is_file():
             return LF.load(c)
-    outcome = L.build_lineage(d, write=False)
+    try:
+        outcome = L.build_lineage(d, write=False)
+    except Exception as exc:  # one line, never a traceback
+        text = " ".join(str(exc).split())[:200]
+        raise NotFoundError(p, f"no fusion lineage: cannot build it ({type(exc).__name__}: "
+                               f"{text})") from None
     if outcome.table is not None and len(outcome.table):
         return outcome.table
     reason = info.get("reason") if isinstance(info, dict) and info.get("reason") \
@@ -101,6 +111,9 @@ def per_tensor(lin: Any) -> Any:
     df = lin.copy()
     df["fused_with"] = df["n_tensors"] - 1
     df["ambiguous"] = df["matched"] & (df["confidence"] < 1.0)
+    df["unmatched"] = ~df["matched"].astype(bool)
+    if "ways_log10" not in df.columns:
+        df["ways_log10"] = np.where(df["ambiguous"], np.nan, 0.0)
     g = df.groupby(["tensor", "op"], sort=False)
     out = g.agg(
         calls=("tensor", "size"),
@@ -112,10 +125,13 @@ def per_tensor(lin: Any) -> Any:
         fused_with_mean=("fused_with", "mean"),
         calls_matched=("matched", "sum"),
         ambiguous=("ambiguous", "sum"),
+        unmatched=("unmatched", "sum"),
+        ways_log10_max=("ways_log10", "max"),
         queued_mean_us=("queue_ns", "mean"),
         queued_max_us=("queue_ns", "max"),
     ).reset_index()
     out["ambiguous"] = out["ambiguous"].astype(np.int64)
+    out["unmatched"] = out["unmatched"].astype(np.int64)
     for c in ("negotiation_mean_us", "negotiation_max_us", "wait_mean_us", "queued_mean_us",
               "queued_max_us"):
         out[c] = out[c] / 1000.0
@@ -164,8 +180,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 #: Columns left out first when the terminal is narrow (tensor, op and calls stay).
-_DROP_FIRST = ("queued max", "neg max", "wait for data", "last ready", "ambiguous",
-               "negotiation", "fused with", "queued", "bytes")
+_DROP_FIRST = ("queued max", "neg max", "wait for data", "last ready", "unmatched",
+               "ambiguous", "negotiation", "fused with", "queued", "bytes")
 
 
 def _print_table(path: str, table: Any, lin: Any) -> None:
@@ -182,11 +198,16 @@ def _print_table(path: str, table: Any, lin: Any) -> None:
     title = (f"{path}: {lin['tensor'].nunique()} tensors, {len(lin)} tensor operations, "
              f"{n_calls} collective calls matched ({source}"
              + (f"; {n_amb} ambiguous: see --format json" if n_amb else "") + ")")
+    if "certainty" in lin.columns and len(lin):
+        cert = lin["certainty"].astype(str).value_counts()
+        title += "; operations: " + ", ".join(
+            f"{int(cert[k])} {k}" for k in ("certain", "ambiguous", "unmatched", "not inferred")
+            if k in cert.index)
     timeline = bool(table["negotiation_mean_us"].notna().any())
     names = ["tensor", "op", "calls", "bytes", "queued", "queued max"]
     if timeline:
         names += ["negotiation", "neg max", "wait for data"]
-    names += ["fused with", "ambiguous", "last ready"]
+    names += ["fused with", "ambiguous", "unmatched", "last ready"]
     cols: dict[str, list[str]] = {n: [] for n in names}
     for r in table.itertuples(index=False):
         cells = [str(r.tensor), str(r.op), str(r.calls), fmt_bytes(r.bytes),
@@ -195,6 +216,7 @@ def _print_table(path: str, table: Any, lin: Any) -> None:
             cells += [fmt_us(r.negotiation_mean_us), fmt_us(r.negotiation_max_us),
                       fmt_us(r.wait_mean_us)]
         cells += [f"{r.fused_with_mean:.1f}", str(r.ambiguous) if r.ambiguous else "-",
+                  str(r.unmatched) if r.unmatched else "-",
                   "-" if r.last_ready_rank < 0 else f"rank {r.last_ready_rank}"]
         for n, c in zip(names, cells):
             cols[n].append(c)
@@ -234,9 +256,22 @@ def _whatif(args: argparse.Namespace, lin: Any) -> int:
     if 0 not in files:
         raise NotFoundError(parquet_path(d, 0), "rank 0's dataset is needed")
     # Horovod rounds the threshold by the ranks per host: known when every rank's meta is read
-    w = whatif(lin, rows, env,
-               local_size=ranks_per_host(hosts) if len(hosts) == len(files) else None)
+    try:
+        w = whatif(lin, rows, env,
+                   local_size=ranks_per_host(hosts) if len(hosts) == len(files) else None)
+    except Exception as exc:  # one line, never a traceback
+        text = " ".join(str(exc).split())[:200]
+        raise NotFoundError(p, f"no what-if: the replay failed ({type(exc).__name__}: "
+                               f"{text})") from None
     if w is None:
+        ops = set(lin["op"].astype(str)) if len(lin) else set()
+        if "ADASUM" in ops and "ALLREDUCE" not in ops:
+            # not bad input: the replay prices allreduces; Adasum's data go
+            # point to point (MPI_Sendrecv), its MPI_Allreduce carries 3
+            # doubles a tensor
+            print(f"{args.trace}: no fusion what-if: this run reduces with Adasum (its data "
+                  "go by MPI_Sendrecv, which the replay does not price)")
+            return 0
         raise NotFoundError(p, "no what-if: the run has no allreduce lineage with readiness "
                                "(tensor records) or too few allreduce sizes to fit")
     if args.format == "json":

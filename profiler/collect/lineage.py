@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +105,7 @@ class LineageOutcome:
     reason: str
     table: pd.DataFrame | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # failures worth a line on stderr
 
     def metadata(self) -> dict[str, Any]:
         out: dict[str, Any] = {"status": "ok" if self.path is not None else "absent",
@@ -392,6 +394,9 @@ def join(
         "confidence": np.where(matched, 1.0, 0.0),
         "candidates": "",
         "method": "timeline",
+        "certainty": np.where(matched, "certain", "unmatched"),
+        "ways_log10": np.where(matched, 0.0, np.nan),
+        "ways_bound": False,
         "enqueue_ns": np.nan,
         "ready_ns": np.nan,
         "queue_ns": np.nan,
@@ -508,6 +513,7 @@ def build_lineage(
     threshold = fusion_threshold(env)
     info: dict[str, Any] = {"fusion_threshold": threshold}
     reasons: list[str] = []
+    problems: list[str] = []  # what went wrong although a lineage may be written
 
     rec_table: pd.DataFrame | None = None
     names0 = list(rank_meta.get("tensor_names") or [])
@@ -515,8 +521,17 @@ def build_lineage(
         world = int(header.get("world_size", 0) or 0) or None
         frames, names = _read_evidence(d, min(world or 1, fusion.MAX_RANKS))
         frames[0], names[0] = frame, names0
-        rec_table, rinfo = fusion.infer(frames, names, threshold=threshold, world_size=world)
+        try:
+            rec_table, rinfo = fusion.infer(frames, names, threshold=threshold,
+                                            world_size=world)
+        except Exception as exc:  # a bug or a record it cannot read: every tensor still listed
+            why = f"the inference failed ({_one_line(exc)})"
+            rec_table, rinfo = fusion.bare(frame, names0, why)
         info["records"] = rinfo
+        problems.extend(rinfo.get("errors") or [])
+        if rinfo.get("not_inferred"):
+            problems.append(f"{rinfo['not_inferred']} calls not inferred (the inference's "
+                            f"{fusion.TIME_BUDGET_S:g} s budget ran out)")
         if rec_table.empty:
             rec_table = None
             reasons.append(rinfo.get("reason", "no tensor carried by a recorded call"))
@@ -527,16 +542,25 @@ def build_lineage(
     tl_table: pd.DataFrame | None = None
     tl_path = find_timeline(d, env) if "timeline" in sources else None
     if tl_path is not None:
+        tinfo: dict[str, Any] = {}
         try:
             tl = T.parse(tl_path)
         except ProfilerError as exc:
             reasons.append(f"Horovod timeline unusable: {exc.line()}")
         else:
-            tl_table, tinfo = join(tl, frame, header=header, env=env, tolerance_ns=tolerance_ns)
+            try:
+                tl_table, tinfo = join(tl, frame, header=header, env=env,
+                                       tolerance_ns=tolerance_ns)
+            except Exception as exc:  # a timeline this join cannot read
+                why = f"Horovod timeline unusable: {_one_line(exc)}"
+                reasons.append(why)
+                problems.append(why)
+                tl_table, tinfo = None, {}
+        if tinfo:
             tinfo["timeline_file"] = os.path.relpath(tl_path, d) \
                 if tl_path.is_relative_to(d) else str(tl_path)
             info["timeline"] = tinfo
-            if tl_table.empty:
+            if tl_table is not None and tl_table.empty:
                 tl_table = None
                 reasons.append("the Horovod timeline holds no tensor operations")
     elif "timeline" in sources and rec_table is None:
@@ -551,7 +575,9 @@ def build_lineage(
     elif tl_table is not None:
         table, info["source"] = tl_table, "timeline"
     else:
-        return LineageOutcome(None, "; ".join(reasons) or "no lineage", None, info)
+        if names0 and "records" in sources:  # tensors were recorded: absent is a problem
+            problems.append("; ".join(reasons) or "no lineage")
+        return LineageOutcome(None, "; ".join(reasons) or "no lineage", None, info, problems)
     # the summary counts of the table written, at the top level
     m = table[table["matched"]]
     info["rows"] = int(len(table))
@@ -566,8 +592,14 @@ def build_lineage(
     if left:
         reason += (f"; {left} later calls not inferred (the inference's "
                    f"{fusion.TIME_BUDGET_S:g} s budget at merge ran out)")
+    cert = table["certainty"].astype(str).value_counts() if "certainty" in table.columns \
+        else pd.Series(dtype=int)
+    info["certainty"] = {str(k): int(v) for k, v in cert.items()}
+    reason += "; " + ", ".join(f"{v} {k}" for k, v in info["certainty"].items())
+    if problems:
+        info["problems"] = problems
     if not write:
-        return LineageOutcome(None, reason, table, info)
+        return LineageOutcome(None, reason, table, info, problems)
     out = d / LINEAGE_FILE
     tmp = d / (LINEAGE_FILE + f".tmp{os.getpid()}")
     try:
@@ -575,19 +607,56 @@ def build_lineage(
         # which fails when this runs from an atexit handler.
         pq.write_table(pa.Table.from_pandas(table, preserve_index=False, nthreads=1), tmp)
         os.replace(tmp, out)
-    except OSError as exc:
+    except Exception as exc:  # OSError, or arrow refusing a column
         tmp.unlink(missing_ok=True)
-        return LineageOutcome(None, f"cannot write {out}: {exc.strerror or exc}", table, info)
-    return LineageOutcome(out, reason, table, info)
+        why = f"cannot write {out}: {getattr(exc, 'strerror', None) or _one_line(exc)}"
+        return LineageOutcome(None, why, table, info, [*problems, why])
+    return LineageOutcome(out, reason, table, info, problems)
 
 
-def build(profile_dir: PathLike, *, metadata: dict[str, Any] | None = None) -> Path | None:
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, ProfilerError):
+        return exc.line()
+    text = " ".join(str(exc).split())[:200]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def build(profile_dir: PathLike, *, metadata: dict[str, Any] | None = None,
+          say: Any = None) -> Path | None:
     """Write <dir>/lineage.parquet and return its path, or None when lineage is
     absent.  When `metadata` (the trace metadata dict) is given, the outcome is
-    recorded in metadata["lineage"] (status, reason, file, alignment)."""
-    outcome = build_lineage(profile_dir)
+    recorded in metadata["lineage"] (status, reason, file, alignment).
+
+    Never raises.  What went wrong (the inference failed or ran out of time,
+    tensors were recorded but no lineage could be written) is also said in
+    one line on stderr (`say`, default: "horovod-profiler: warning: lineage:
+    ..."), never as a traceback: the merge's other outputs do not depend on
+    it.  A job without tensor records (not horovod.torch) has no lineage and
+    nothing to say."""
+    try:
+        outcome = build_lineage(profile_dir)
+    except Exception as exc:  # never the reason a merge fails
+        outcome = LineageOutcome(None, f"cannot build: {_one_line(exc)}", None, {},
+                                 [f"cannot build: {_one_line(exc)}"])
     if metadata is not None:
         metadata["lineage"] = outcome.metadata()
+    if outcome.problems:
+        line = "lineage: " + "; ".join(dict.fromkeys(outcome.problems))
+        if outcome.path is not None:
+            line += f" (written: {outcome.path.name}, {outcome.reason})"
+        _say(line, say)
     return outcome.path
+
+
+def _say(line: str, say: Any = None) -> None:
+    text = " ".join(line.split())
+    try:
+        if say is not None:
+            say(text)
+        else:
+            sys.stderr.write(f"horovod-profiler: warning: {text}\n")
+            sys.stderr.flush()
+    except Exception:
+        pass
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -31,10 +32,17 @@ LINEAGE_COLUMNS = [
     # records, profiler.collect.fusion) or "timeline" (Horovod's timeline)
     "source",
     # 1 when only one set of tensors fits the evidence for this call; else
-    # 1 / the number that fit (0: unresolved); candidates: every tensor some
-    # fitting set holds (";"-joined, "" when certain); method: buffer, bytes,
-    # order, elimination (records) or timeline
+    # 1 / the number that fit (0: unresolved, or too many to count); candidates:
+    # every tensor some fitting set holds (";"-joined, "" when certain); method:
+    # buffer, bytes, order, elimination (records) or timeline
     "confidence", "candidates", "method",
+    # the ambiguity stated per row: "certain", "ambiguous" (more than one set
+    # of tensors fits the call's evidence; the row shows the likeliest, by
+    # Horovod's order), "unmatched" (no call explained), "not inferred" (the
+    # inference's time budget ran out first); ways_log10: log10 of the number
+    # of sets that fit (0 when certain, NaN when unmatched), ways_bound: that
+    # number is a lower bound (the bounded search stopped before the end)
+    "certainty", "ways_log10", "ways_bound",
     # the tensor's enqueue into Horovod on rank 0, the last enqueue over the
     # ranks read (when it was ready everywhere), and how long it waited on
     # rank 0 before the call that carried it started (negotiation, other
@@ -77,9 +85,16 @@ def load(path: PathLike) -> pd.DataFrame:
 def _with_defaults(frame: pd.DataFrame) -> pd.DataFrame:
     """A lineage file written before the source columns existed: the timeline's."""
     defaults = {"source": "timeline", "confidence": 1.0, "candidates": "",
-                "method": "timeline", "enqueue_ns": float("nan"), "ready_ns": float("nan"),
+                "method": "timeline", "ways_log10": 0.0, "ways_bound": False,
+                "enqueue_ns": float("nan"), "ready_ns": float("nan"),
                 "queue_ns": float("nan")}
     for col, value in defaults.items():
         if col not in frame.columns:
             frame[col] = value
+    if "certainty" not in frame.columns:  # written before the column existed
+        conf = frame["confidence"].to_numpy(dtype=float)
+        matched = frame["matched"].to_numpy(dtype=bool) if "matched" in frame.columns \
+            else conf > 0
+        frame["certainty"] = np.where(matched, np.where(conf >= 1.0, "certain", "ambiguous"),
+                                      "unmatched")
     return frame

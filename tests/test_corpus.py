@@ -1,0 +1,71 @@
+"""The corpus of real models and Horovod features, profiled end to end at
+np=2 (issue 25; benchmarks/corpus.py does the runs and the checks).
+
+Per workload, three runs: profiled at Horovod's defaults with its timeline
+beside (the lineage's oracle), profiled with fusion off (the twin for
+`profiler compare`), not profiled.  Asserted: data calls and bytes per step
+of every Horovod operation from the model's own parameter list (bytes exact,
+calls exact with fusion off), a lineage covering every tensor (certain or
+ambiguous) that the timeline never contradicts, every command exiting 0
+without a traceback, the same losses in the three runs.
+
+The fast workloads run by default (about 30-40 s each on 2 quiet cores, a
+third of it each mpirun's start-up): the Horovod operations beyond a plain
+optimizer (`ops`: grouped allreduce, uneven allgather, alltoall,
+reducescatter), an embedding's sparse gradient (`lstm-sparse`: two
+allgathers beside ten allreduces) and fp16 compression.  The others
+(ResNet-50, a 12-layer encoder, the dense and sparse_as_dense LSTM,
+accumulation, process sets, join, Adasum) run with HVPROF_CORPUS=all or
+`python benchmarks/corpus.py` (README: the figures).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, requires_mpi
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import corpus as C  # noqa: E402
+
+try:
+    import horovod.torch  # noqa: F401
+    HAVE_HOROVOD = True
+except Exception:  # pragma: no cover
+    HAVE_HOROVOD = False
+
+FAST = ["ops", "lstm-sparse", "fp16"]
+SLOW = [w for w in C.RUNS if w not in FAST]
+ALL = os.environ.get("HVPROF_CORPUS") == "all"
+
+
+@pytest.mark.parametrize("workload", FAST + SLOW)
+@pytest.mark.mpi
+@pytest.mark.horovod
+@pytest.mark.timeout(1800)
+@requires_mpi
+@pytest.mark.skipif(not HAVE_HOROVOD, reason="Horovod not installed")
+def test_workload_end_to_end(workload: str, tmp_path: Path) -> None:
+    if workload in SLOW and not ALL:
+        pytest.skip("slow: HVPROF_CORPUS=all, or python benchmarks/corpus.py")
+    r = C.check(workload, tmp_path / workload)
+    assert C.problems(r) == [], C.problems(r)
+    print("\n  " + C.line(r))
+    lin = r["lineage"]["fused"]
+    # every gradient of the model's own parameter list is in the lineage
+    assert lin["status"] == "ok"
+    dense = {f"allreduce.{n}" for n, _, _ in r["params"]
+             if not (workload == "lstm-sparse" and n == "embed.weight")}
+    assert dense <= set(lin["names"]), sorted(dense - set(lin["names"]))[:5]
+    if workload == "fp16":  # bytes on the wire halve: 2 per element
+        assert r["expected"]["allreduce"]["bytes"] == 2 * r["parameters"]
+    if workload == "lstm-sparse":  # the embedding's gradient by allgather, the rest dense
+        assert r["expected"]["allreduce"]["tensors"] == r["tensors"] - 1
+        assert r["unfused"]["allgather"]["calls_per_step"] == 2.0
+    if workload == "ops":
+        assert set(r["fused"]) == {"grouped_allreduce", "allgather", "alltoall",
+                                   "reducescatter"}
+        assert r["unfused"]["grouped_allreduce"]["calls_per_step"] == 3.0
