@@ -7,12 +7,17 @@ arrival) is at least COMM_SHARE of the step (lower end of its interval): the
 job waits for the network, whatever the reason (bytes, message count, a slow
 link).  Its cost is the transfer part.
 
-When their sum stays under COMM_SHARE of the step (the upper end of its 95%
-interval), the finding says so: communication is not what limits this job, and
-the step's time is in compute, data loading and everything else outside
-Horovod.  Its figure is what that part explains, not something to save; it
-recommends looking at the compute side.  The claim is false when the
-communication parts reach COMM_SHARE, and then it is not made."""
+Transfers that wait for cores are not the link's: when Horovod's background
+thread waited for a core, per step, at least half the transfer part (its
+"cpu" rows), the contention explains the transfers and the finding is not
+claimed (findings.contention is).
+
+When the compute part is at least COMPUTE_SHARE of the step (the lower end of
+its 95% interval), the finding says so: communication is not what limits this
+job, and the step's time is in compute, data loading and everything else
+outside Horovod.  Its figure is what that part explains, not something to
+save; it recommends looking at the compute side.  The claim is false when the
+communication parts reach 1 - COMPUTE_SHARE, and then it is not made."""
 
 from __future__ import annotations
 
@@ -23,12 +28,14 @@ from profiler.units import fmt_bytes, fmt_ms, fmt_share
 
 from .base import MIN_STEPS, Context, Finding, bootstrap_mean
 
-#: Communication parts under this share of the step: communication is not the limit.
+#: A transfer part from this share of the step holds the step.
 COMM_SHARE = 0.10
+#: A compute part from this share of the step: communication is not the limit.
+COMPUTE_SHARE = 0.80
 COMM_PARTS = ("wait_ranks", "horovod", "transfer")
 
-NULL = (f"communication limits the job: the parts it can shorten reach {COMM_SHARE:.0%} of "
-        "the step (upper end of their 95% interval)")
+NULL = (f"communication limits the job: compute under {COMPUTE_SHARE:.0%} of the step "
+        "(lower end of its 95% interval)")
 
 
 TRANSFER_NULL = (f"transfers the step can ignore: the transfer part under {COMM_SHARE:.0%} of "
@@ -43,7 +50,7 @@ def _transfer_bound(ctx: Context, per: pd.DataFrame) -> list[Finding]:
     if not np.isfinite(s_lo) or s_lo < COMM_SHARE:
         return []
     mean, lo, hi = bootstrap_mean(tr)
-    waited = _horovod_thread_wait(ctx)
+    waited, waited_ms = _horovod_thread_wait(ctx)
     s = ctx.steady
     nbytes = float(s["bytes"].mean()) if "bytes" in s.columns else 0.0
     data_ms = float(s["data_ms"].mean()) if "data_ms" in s.columns else 0.0
@@ -55,11 +62,14 @@ def _transfer_bound(ctx: Context, per: pd.DataFrame) -> list[Finding]:
         details.append(f"each rank moves {fmt_bytes(int(nbytes))} per step in {calls:.1f} data "
                        f"calls, at {rate:.3g} GB/s over the time in them.")
     not_claimed = ""
-    if np.isfinite(waited) and waited >= CONTENDED_SHARE:
-        not_claimed = (f"Horovod's background thread waited for a core {fmt_share(waited)} of "
-                       "its run time: the transfers wait for cores, not for the link (see the "
-                       "CPU contention finding)")
+    if np.isfinite(waited_ms) and waited_ms >= 0.5 * mean:
+        not_claimed = (f"Horovod's background thread waited for a core {fmt_ms(waited_ms)} per "
+                       f"step ({fmt_share(waited)} of its run time): the transfers wait for "
+                       "cores, not for the link (see the CPU contention finding)")
         details.append(not_claimed + ".")
+    elif np.isfinite(waited_ms):
+        details.append(f"Horovod's background thread waited for a core {fmt_ms(waited_ms)} per "
+                       "step: contention explains little of it.")
     return [Finding(
         key="transfer_bound",
         headline=f"Transfers hold every step {fmt_ms(mean)} after the last gradient is ready",
@@ -77,20 +87,19 @@ def _transfer_bound(ctx: Context, per: pd.DataFrame) -> list[Finding]:
         null=TRANSFER_NULL, not_claimed=not_claimed)]
 
 
-#: Horovod's thread waiting for a core this share of its run time makes the
-#: transfers a matter of cores (findings.contention), not of the link.
-CONTENDED_SHARE = 0.10
-
-
-def _horovod_thread_wait(ctx: Context) -> float:
-    """The share of its run time Horovod's background thread waited for a core
-    over the steady steps (nan without "cpu" rows)."""
+def _horovod_thread_wait(ctx: Context) -> tuple[float, float]:
+    """Horovod's background thread over the steady steps: the share of its run
+    time it waited for a core, and that wait in ms per step (mean over ranks);
+    nan without "cpu" rows."""
     from .contention import cpu_rows
 
     rows = cpu_rows(ctx.df)
     bg = rows.loc[(rows["kind"] == "horovod") & rows["step"].isin(ctx.steady["step"])]
     tot = float(bg["run_ns"].sum() + bg["wait_ns"].sum()) if len(bg) else 0.0
-    return float(bg["wait_ns"].sum()) / tot if tot > 0 else float("nan")
+    if tot <= 0:
+        return float("nan"), float("nan")
+    per_step = float(bg.groupby(["step", "rank"])["wait_ns"].sum().mean()) / 1e6
+    return float(bg["wait_ns"].sum()) / tot, per_step
 
 
 def analyze(ctx: Context) -> list[Finding]:
@@ -105,7 +114,8 @@ def analyze(ctx: Context) -> list[Finding]:
     wall = per["wall_ms"].to_numpy()
     share = comm / np.where(wall > 0, wall, np.nan)
     s_mean, _, s_hi = bootstrap_mean(share)
-    if not np.isfinite(s_hi) or s_hi >= COMM_SHARE:
+    _, c_lo, _ = bootstrap_mean(per["compute_ms"].to_numpy() / np.where(wall > 0, wall, np.nan))
+    if not np.isfinite(c_lo) or c_lo < COMPUTE_SHARE:
         return []
     mean, lo, hi = bootstrap_mean(per["compute_ms"].to_numpy())
     c_mean = float(comm.mean())

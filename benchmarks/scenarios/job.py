@@ -27,7 +27,7 @@ import time
 import horovod.torch as hvd
 import torch
 
-CLIFF_WIDTHS = (32, 64, 128, 256, 384, 512, 1024, 2048)
+CLIFF_WIDTHS = (32, 64, 128, 256, 320, 384, 448, 512, 1000, 2048)
 
 
 class Heads(torch.nn.Module):
@@ -56,6 +56,11 @@ def model(name: str) -> tuple[torch.nn.Module, int, int]:
         return torch.nn.Sequential(*layers), 16, 16
     if name == "heads":
         return Heads(CLIFF_WIDTHS), 128, len(CLIFF_WIDTHS)
+    if name == "many":  # 256 tiny layers: 512 tensors of 256 B and 32 B
+        layers = []
+        for _ in range(256):
+            layers += [torch.nn.Linear(8, 8), torch.nn.Tanh()]
+        return torch.nn.Sequential(*layers), 8, 8
     if name == "wide":  # about 8 MiB of gradients
         return torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
                                    torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
@@ -132,7 +137,7 @@ def main() -> None:
     x = torch.randn(a.batch, n_in, generator=g)
     y = torch.randn(a.batch, n_out, generator=g)
     rng = random.Random(a.seed * 1000 + rank)
-    steps, outside, waits, arrivals = [], [], [], []
+    steps, outside, waits, arrivals, iters = [], [], [], [], []
     last = time.perf_counter()
     rq = run_queue_ns()
     threads0: dict[int, tuple[str, int, int]] = {}
@@ -161,11 +166,16 @@ def main() -> None:
             steps.append(now - last)
             outside.append((now - last) - (now - t_in))
             waits.append((rq_in - rq) / 1e6 if rq >= 0 and rq_in >= 0 else float("nan"))
+        iters.append(1e3 * (now - last))
         last, rq = now, rq_now
     mine = {"rank": rank, "step_ms": 1e3 * sum(steps) / len(steps),
             "outside_ms": 1e3 * sum(outside) / len(outside),
             # the run-queue wait outside optimizer.step
             "run_queue_ms": sum(waits) / len(waits), "loss": float(loss.detach()),
+            # every iteration, warm-up included: from the end of the previous
+            # optimizer.step to the end of its own (the profiler's step s is
+            # iteration s + 1: its step hook's first call only opens a step)
+            "iter_ms": iters,
             # arrival at optimizer.step per timed step (ns, CLOCK_MONOTONIC)
             "arrivals_ns": arrivals[a.warmup:],
             "other_threads": other_threads_wait(threads0, time.monotonic_ns() - t_timed,

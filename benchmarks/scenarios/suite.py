@@ -25,8 +25,9 @@ How the truth is known, per scenario (Scenario.truth):
 * "runqueue": the job's own schedstat read: its main thread's run-queue wait
   per step;
 * "twin": the job-measured step time minus that of the same job without the
-  cause (the what-if's threshold, the default cycle, no rules file), run right
-  after it.
+  cause (the what-if's threshold, the default cycle, no rules file, no rate
+  limit), both unprofiled, alternating (cause, twin) TWIN_ROUNDS times right
+  after the profiled run: the profiler's own cost is in neither.
 
 Two findings can be true of any job on a small shared machine, injected or
 not, so each run also asks the job's own measurements (job_truths):
@@ -65,6 +66,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "job.py"
 TOLERANCE = 0.25
+#: Alternating unprofiled (cause, twin) pairs behind a "twin" truth.
+TWIN_ROUNDS = 3
 
 #: Open MPI on one small machine: root allowed, oversubscription, no binding.
 MPI_ENV = {
@@ -143,10 +146,15 @@ SCENARIOS: list[Scenario] = [
              "transfer_bound", "twin", [*BASE, "--model", "wide", "--steps", "20"],
              hosts=2, host_rates={1: "200mbit"}, twin_env={},
              also={"rank_waiting": WAITING}),
-    Scenario("fusion-off", "128 small tensors, fusion off (HOROVOD_FUSION_THRESHOLD=0)",
-             "fusion", "twin", ["--model", "small", "--steps", "40", "--batch", "16"],
+    Scenario("fusion-off", "128 small tensors, fusion off, 2 simulated hosts (TCP)",
+             "fusion", "twin", ["--model", "small", "--steps", "30", "--batch", "16"],
              env={"HOROVOD_FUSION_THRESHOLD": "0"}, twin_env={"HOROVOD_FUSION_THRESHOLD": ""},
-             also={"rank_waiting": WAITING, "transfer_bound": "the unfused calls"}),
+             hosts=2, also={"rank_waiting": WAITING, "transfer_bound": "the unfused calls"}),
+    Scenario("fusion-split", "128 small tensors, a 4 KiB fusion threshold, 2 simulated hosts",
+             "fusion", "twin", ["--model", "small", "--steps", "30", "--batch", "16"],
+             env={"HOROVOD_FUSION_THRESHOLD": "4096"},
+             twin_env={"HOROVOD_FUSION_THRESHOLD": ""}, hosts=2,
+             also={"rank_waiting": WAITING, "transfer_bound": "the split calls"}),
     Scenario("cycle", "HOROVOD_CYCLE_TIME=20 ms", "cycle_time", "twin", BASE,
              env={"HOROVOD_CYCLE_TIME": "20"}, twin_env={"HOROVOD_CYCLE_TIME": ""},
              also={"rank_waiting": WAITING}),
@@ -173,9 +181,11 @@ def _python() -> str:
 
 def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
             job: list[str] | None = None, profile: bool = True,
-            rules_file: Path | None = None, timeout: float = 600) -> dict[str, Any]:
-    """One run of the scenario's job (profiled into `out` when `profile`);
-    returns the job's own measurements (rank 0's JSON line)."""
+            rules_file: Path | None = None, timeout: float = 600,
+            twin: bool = False) -> dict[str, Any]:
+    """One run of the scenario's job (profiled into `out` when `profile`; its
+    twin, without the link's rate limit, when `twin`); returns the job's own
+    measurements (rank 0's JSON line)."""
     e = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
     e.update(MPI_ENV)
     for k, v in {**sc.env, **(env or {})}.items():
@@ -201,7 +211,7 @@ def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
             from profiler import simcluster
 
             with simcluster.SimCluster(hosts=sc.hosts, slots=1,
-                                       host_rates=sc.host_rates) as c:
+                                       host_rates=None if twin else sc.host_rates) as c:
                 proc = c.mpirun(sc.np, argv, env=simcluster.run_env(e), timeout=timeout,
                                 per_host=-(-sc.np // sc.hosts))
         else:
@@ -325,10 +335,19 @@ def evaluate(sc: Scenario, run: int, work: Path, *, twin: bool = True) -> Result
         if sc.expect == "fusion" and first is not None and first.key == "fusion":
             twin_env["HOROVOD_FUSION_THRESHOLD"] = str(first.numbers.get("best_threshold"))
             note = f"twin at HOROVOD_FUSION_THRESHOLD={twin_env['HOROVOD_FUSION_THRESHOLD']}"
-        twin = run_job(sc, work / f"{sc.name}-{run}-twin", env=twin_env, job=sc.twin_job,
-                       profile=False, rules_file=None)
-        truth = _mean(measured["ranks"], "step_ms") - _mean(twin["ranks"], "step_ms")
-    step_ms = _mean(measured["ranks"], "step_ms")
+        with_cause, without = [], []
+        for i in range(TWIN_ROUNDS):
+            with_cause.append(_mean(run_job(sc, work / f"{sc.name}-{run}-cause{i}",
+                                            profile=False, rules_file=rules)["ranks"],
+                                    "step_ms"))
+            without.append(_mean(run_job(sc, work / f"{sc.name}-{run}-twin{i}", env=twin_env,
+                                         job=sc.twin_job, profile=False, rules_file=None,
+                                         twin=True)["ranks"], "step_ms"))
+        truth = sum(with_cause) / len(with_cause) - sum(without) / len(without)
+    # the breakdown's steady steps are the profiler's steps from 1 on
+    # (throughput.steady_steps), the job's iterations from 2 on
+    step_ms = sum(sum(r["iter_ms"][2:]) / len(r["iter_ms"][2:])
+                  for r in measured["ranks"]) / len(measured["ranks"])
     total = float(bd["ms"].sum()) if bd is not None and len(bd) else float("nan")
     sum_error = abs(total - step_ms) / step_ms if step_ms > 0 else float("nan")
     allowed = {sc.expect} | set(sc.also) if sc.expect else set(sc.also)
