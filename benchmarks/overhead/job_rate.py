@@ -9,7 +9,8 @@ across runs").
 
 Each round runs every arm once as its own ``mpirun -n NP python -m
 profiler.workloads.corpus WORKLOAD --steps N``, in an order drawn at random
-(``--seed``).  The arms are ``off`` (HOROVOD_PROFILE unset) and ``on``
+(``--seed``); ranks are not bound to cores unless ``--bind core``.  The
+arms are ``off`` (HOROVOD_PROFILE unset) and ``on``
 (HOROVOD_PROFILE=1, the profiler's defaults), plus any ``--arm``: a name and
 the variables it sets besides HOROVOD_PROFILE=1 (``--arm nohelper=
 HOROVOD_PROFILE_HELPER=0``).  The rate is the workload's own ``timing``
@@ -83,8 +84,11 @@ def run_once(args: argparse.Namespace, arm: str, extra: dict[str, str] | None,
         out = Path(tempfile.mkdtemp(prefix=f"{arm}-", dir=work))
         env.update(HOROVOD_PROFILE="1", HOROVOD_PROFILE_DIR=str(out / "prof"))
         env.update(extra)
-    cmd = ["mpirun", "-n", str(args.np), sys.executable, "-m", "profiler.workloads.corpus",
-           args.workload, "--steps", str(args.steps)]
+    if args.bind != "none":
+        env.pop("OMPI_MCA_hwloc_base_binding_policy", None)
+    bind = ["--bind-to", args.bind] if args.bind != "none" else []
+    cmd = ["mpirun", "-n", str(args.np), *bind, sys.executable, "-m",
+           "profiler.workloads.corpus", args.workload, "--steps", str(args.steps)]
     t0 = time.monotonic()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout,
                        cwd=str(work))
@@ -146,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="NAME=VAR=V,VAR=V: another profiled arm")
     p.add_argument("--no-on", action="store_true", help="leave out the default 'on' arm")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bind", choices=("none", "core"), default="none",
+                   help="none (the corpus' setting, default) or each rank bound to a core")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--json", metavar="OUT")
     args = p.parse_args(argv)
@@ -173,9 +179,9 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"\n{args.workload}, {args.np} ranks, {args.steps} steps a run, {args.rounds} rounds, "
-          f"started {started}; ratio to the same round's unprofiled run: median "
-          f"[p25, p75] (95% bootstrap interval of the median)")
+    print(f"\n{args.workload}, {args.np} ranks (binding: {args.bind}), {args.steps} steps a "
+          f"run, {args.rounds} rounds, started {started}; ratio to the same round's "
+          f"unprofiled run: median [p25, p75] (95% bootstrap interval of the median)")
     summary: dict[str, Any] = {}
     off = {r["round"]: r for r in runs if r["arm"] == "off"}
     base_rate = [r["steps_per_s"] for r in off.values()]
