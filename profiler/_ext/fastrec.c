@@ -28,8 +28,12 @@
 #include <Python.h>
 #include <structmember.h>
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef uint64_t (*now_fn)(void);
 typedef int (*record_fn)(uint64_t, uint64_t, uint64_t, uint64_t, uint32_t, int32_t, uint32_t,
@@ -87,6 +91,110 @@ static PyObject *fr_record(PyObject *self, PyObject *const *args, Py_ssize_t n)
                       (uint32_t)v[5], (uint32_t)v[6], (uint32_t)v[7], (int32_t)(int64_t)v[8],
                       v[9]);
     return PyLong_FromLong(rc);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The step hook's calls (profiler.collect.steps): the same exports ctypes
+ * reaches, without its argument conversion; looked up on first use. */
+
+typedef int (*app_fn)(int, uint64_t, uint64_t, uint64_t, uint32_t);
+typedef int (*app_cpu_fn)(int, uint64_t, uint64_t, uint64_t, uint64_t, uint32_t);
+static app_fn app_p;
+static app_cpu_fn app_cpu_p;
+static int app_resolved;
+
+static int resolve_app(void)
+{
+    if (!app_resolved) {
+        app_p = (app_fn)dlsym(RTLD_DEFAULT, "hvprof_record_app");
+        app_cpu_p = (app_cpu_fn)dlsym(RTLD_DEFAULT, "hvprof_record_app_cpu");
+        app_resolved = 1;
+    }
+    return app_p && app_cpu_p && resolve();
+}
+
+static int u64_args(PyObject *const *args, Py_ssize_t n, uint64_t *v)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        v[i] = PyLong_AsUnsignedLongLongMask(args[i]);
+        if (v[i] == (uint64_t)-1 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
+/* record_app(op, t_start, t_end, count, seq) -> hvprof_record_app's result */
+static PyObject *fr_record_app(PyObject *self, PyObject *const *args, Py_ssize_t n)
+{
+    (void)self;
+    uint64_t v[5];
+    if (n != 5) {
+        PyErr_SetString(PyExc_TypeError, "record_app() takes 5 arguments");
+        return NULL;
+    }
+    if (u64_args(args, n, v) < 0) return NULL;
+    if (!resolve_app()) return PyLong_FromLong(-1);
+    return PyLong_FromLong(app_p((int)(int64_t)v[0], v[1], v[2], v[3], (uint32_t)v[4]));
+}
+
+/* record_app_cpu(op, t_start, t_end, cpu_ns, wait_ns, seq) -> its result */
+static PyObject *fr_record_app_cpu(PyObject *self, PyObject *const *args, Py_ssize_t n)
+{
+    (void)self;
+    uint64_t v[6];
+    if (n != 6) {
+        PyErr_SetString(PyExc_TypeError, "record_app_cpu() takes 6 arguments");
+        return NULL;
+    }
+    if (u64_args(args, n, v) < 0) return NULL;
+    if (!resolve_app()) return PyLong_FromLong(-1);
+    return PyLong_FromLong(app_cpu_p((int)(int64_t)v[0], v[1], v[2], v[3], v[4],
+                                     (uint32_t)v[5]));
+}
+
+/* sync_point() -> (ticks, ns on a CPU, ns waiting on a run queue): the
+ * records' clock and the calling thread's schedstat, as
+ * profiler.collect.steps.now() and schedstat() give them, in one call (-1,
+ * -1 where schedstat cannot be read).  The descriptor of
+ * /proc/thread-self/schedstat is kept per thread (a forked child's copy is
+ * dropped: the tid it was opened for is kept beside it). */
+static __thread int ss_fd = -1;
+static __thread long ss_tid;
+
+static PyObject *fr_sync_point(PyObject *self, PyObject *unused)
+{
+    (void)self; (void)unused;
+    uint64_t ticks = resolve() ? now_p() : 0;
+    long long run = -1, wait = -1;
+    long tid = PyThread_get_thread_native_id();
+    if (ss_fd >= 0 && ss_tid != tid) {
+        close(ss_fd);
+        ss_fd = -1;
+    }
+    if (ss_fd < 0) {
+        ss_fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+        ss_tid = tid;
+    }
+    if (ss_fd >= 0) {
+        char buf[128];
+        ssize_t k;
+        do {
+            k = pread(ss_fd, buf, sizeof buf - 1, 0);
+        } while (k < 0 && errno == EINTR);
+        if (k > 0) {
+            buf[k] = 0;
+            char *end;
+            unsigned long long a = strtoull(buf, &end, 10);
+            if (end != buf) {
+                char *p = end;
+                unsigned long long b = strtoull(p, &end, 10);
+                if (end != p) {
+                    run = (long long)a;
+                    wait = (long long)b;
+                }
+            }
+        }
+    }
+    return Py_BuildValue("(KLL)", (unsigned long long)ticks, run, wait);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -543,6 +651,12 @@ static PyMethodDef methods[] = {
     {"now", fr_now, METH_NOARGS, "hvprof_now(): the raw records' clock (0 when absent)"},
     {"record", (PyCFunction)(void (*)(void))fr_record, METH_FASTCALL,
      "hvprof_record_tensor with t_end read now"},
+    {"record_app", (PyCFunction)(void (*)(void))fr_record_app, METH_FASTCALL,
+     "hvprof_record_app(op, t_start, t_end, count, seq)"},
+    {"record_app_cpu", (PyCFunction)(void (*)(void))fr_record_app_cpu, METH_FASTCALL,
+     "hvprof_record_app_cpu(op, t_start, t_end, cpu_ns, wait_ns, seq)"},
+    {"sync_point", fr_sync_point, METH_NOARGS,
+     "(records' clock, the calling thread's ns on a CPU and waiting for one)"},
     {"configure", (PyCFunction)(void (*)(void))fr_configure, METH_FASTCALL,
      "the state Hook shares with profiler.collect.tensors"},
     {"count", fr_count, METH_NOARGS, "tensor records written by Hook objects"},

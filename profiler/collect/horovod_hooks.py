@@ -41,26 +41,35 @@ TEMPLATE_CLASSES = ("_DistributedOptimizer", "_DistributedAdasumOptimizer")
 _WRAPPED = "__hvprof_wrapped__"
 
 
+_mods: tuple[Any, Any] | None = None
+
+
+def _modules() -> tuple[Any, Any]:
+    """(profiler.collect.selfcost, profiler.collect.steps), imported on the
+    first step: not at start-up, and not once a call after."""
+    global _mods
+    if _mods is None:
+        from profiler.collect import selfcost, steps
+
+        _mods = (selfcost, steps)
+    return _mods
+
+
 def _wrap_step(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def step(self: Any, *args: Any, **kwargs: Any) -> Any:
-        from profiler.collect import selfcost
-
+        selfcost, steps = _mods or _modules()
         measured = selfcost.sample()
         w0 = selfcost.wall() if measured else 0
         try:
-            from profiler.collect.steps import now
-
-            entered = now()
+            entered = steps.now()
         except Exception:  # never break the training loop
             entered = None
         before = selfcost.wall() - w0 if measured else 0
         result = orig(self, *args, **kwargs)
         opened = selfcost.start() if measured else None
         try:
-            from profiler.collect.steps import hook_step
-
-            hook_step(entered)
+            steps.hook_step(entered)
             if opened is not None:
                 selfcost.close(opened, before)
         except Exception as exc:  # never break the training loop
@@ -74,21 +83,17 @@ def _wrap_step(orig: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_synchronize(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def synchronize(self: Any, *args: Any, **kwargs: Any) -> Any:
+        steps = (_mods or _modules())[1]
         try:
-            from profiler.collect.steps import now, schedstat
-
-            t0 = now()
-            c0 = schedstat() if t0 is not None else (-1, -1)
+            p0 = steps.sync_point()
         except Exception:  # never break the training loop
-            t0 = None
+            p0 = None
         result = orig(self, *args, **kwargs)
-        if t0 is not None:
+        if p0 is not None:
             try:
-                from profiler.collect.steps import mark_synchronize, now, schedstat
-
-                t1 = now()
-                if t1 is not None:
-                    mark_synchronize(t0, t1, c0, schedstat())
+                p1 = steps.sync_point()
+                if p1 is not None:
+                    steps.mark_synchronize(p0[0], p1[0], (p0[1], p0[2]), (p1[1], p1[2]))
             except Exception as exc:  # never break the training loop
                 _warn_once(f"synchronize hook failed: {exc}")
         return result

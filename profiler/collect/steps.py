@@ -103,15 +103,51 @@ _schedstat_fd: int | None = None  # /proc/thread-self/schedstat of the thread th
 _schedstat_tid = -1
 
 
+# profiler._fastrec's sync_point once resolved (None: not built, or
+# HOROVOD_PROFILE_FASTREC=0: now() and schedstat() instead)
+_sync_point: Any = None
+
+
 def _library() -> Any:
-    """The loaded interposition library, or None when profiling is off."""
-    global _lib
+    """The loaded interposition library, or None when profiling is off.
+
+    The step hook's per-step calls (the clock, the step and sync records) go
+    through profiler._fastrec where it is built: the same exports without
+    ctypes' argument conversion, which inside a training step costs several
+    microseconds a call."""
+    global _lib, _sync_point
     if _lib is _UNRESOLVED:
         mod = sys.modules.get("profiler.collect.native")
         lib = mod.loaded() if mod is not None else None  # type: ignore[attr-defined]
         fns = mod.Functions(lib) if mod is not None and lib is not None else None
+        if fns is not None and fns.record_app is not None:
+            fast = _fastrec()
+            if fast is not None:
+                fns.now, fns.record_app = fast.now, fast.record_app
+                if fns.record_app_cpu is not None:
+                    fns.record_app_cpu = fast.record_app_cpu
+                _sync_point = fast.sync_point
         _lib = fns if fns is not None and fns.record_app is not None else None
     return _lib
+
+
+def _fastrec() -> Any:
+    """profiler._fastrec with the step hook's calls, or None (not built, an
+    older build, the library's exports absent, HOROVOD_PROFILE_FASTREC=0)."""
+    import os
+
+    if os.environ.get("HOROVOD_PROFILE_FASTREC", "1") == "0":
+        return None
+    try:
+        import importlib
+
+        # a compiled extension: no source for the import graph to follow
+        fast = importlib.import_module("profiler._fastrec")
+    except ImportError:
+        return None
+    if not all(hasattr(fast, n) for n in ("record_app", "record_app_cpu", "sync_point")):
+        return None
+    return fast if fast.available() else None
 
 
 def _check_images(images: int) -> int:
@@ -152,7 +188,7 @@ def _rank_of(lib: Any) -> int:
 def _open_step(lib: Any) -> None:
     """Step number _next_seq has just opened: sample it or not (caller holds the lock)."""
     global _steps_on
-    every = sample_every(_rank_of(lib))
+    every = _every if _every is not None else sample_every(_rank_of(lib))
     if every > 1:
         on = _next_seq % every == 0
         if on != _steps_on:
@@ -297,6 +333,20 @@ def schedstat() -> tuple[int, int]:
         return int(f[0]), int(f[1])
     except (OSError, ValueError, IndexError):
         return -1, -1
+
+
+def sync_point() -> tuple[int, int, int] | None:
+    """(:func:`now`, then :func:`schedstat`'s two figures) in one call, None
+    when profiling is off: what the DistributedOptimizer hook reads on
+    either side of synchronize."""
+    lib = _lib if _lib is not _UNRESOLVED else _library()
+    if lib is None:
+        return None
+    if _sync_point is not None:
+        point: tuple[int, int, int] = _sync_point()
+        return point
+    t = int(lib.now())
+    return (t, *schedstat())
 
 
 def mark_synchronize(t_in: int, t_out: int, cpu_in: tuple[int, int] = (-1, -1),

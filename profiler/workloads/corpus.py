@@ -57,6 +57,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -329,7 +330,9 @@ def _train(name: str, args: argparse.Namespace, hvd: Any, mark: Callable[[int], 
     ps_single = None
     if name == "procset":
         ps_single = _own_process_set(hvd, args)
+    clock = _LoopClock()
     for step in range(steps):
+        clock.tick(step)
         opt.zero_grad()
         for p in range(passes):
             x, y = wl.batch(rank, step * passes + p)
@@ -343,6 +346,7 @@ def _train(name: str, args: argparse.Namespace, hvd: Any, mark: Callable[[int], 
         if ps_single is not None:  # a collective on a process set of this rank alone
             hvd.allreduce(torch.full((8,), float(rank)), name=f"single.{rank}",
                           process_set=ps_single)
+    clock.tick(steps)
     if name == "join":
         hvd.join()
     grads = [(n, p.numel(), p.dtype) for n, p in model.named_parameters() if p.requires_grad]
@@ -354,6 +358,7 @@ def _train(name: str, args: argparse.Namespace, hvd: Any, mark: Callable[[int], 
         "params": [[n, k, wire if d.is_floating_point else _elem(d)] for n, k, d in grads],
         "parameters": sum(k for _, k, _ in grads),
         "losses": losses,
+        "timing": clock.result(),
     }
     expected: dict[str, Any] = {
         "allreduce": {"tensors": len(dense), "bytes": sum(k * wire for _, k, _ in dense)},
@@ -369,6 +374,42 @@ def _train(name: str, args: argparse.Namespace, hvd: Any, mark: Callable[[int], 
     if name == "join":
         expected["join"] = {"extra_steps_last_rank": args.extra}
     return out | {"expected": expected}
+
+
+#: steps left out of ``timing`` at the start (first use of memory, Horovod's
+#: response cache filling)
+WARM_STEPS = 10
+
+
+class _LoopClock:
+    """The training loop's pace on this rank: wall and main-thread CPU time
+    from the start of step WARM_STEPS (step 0 when the loop is shorter) to
+    the end of the last step: ``timing`` in RESULT, for benchmarks that
+    compare runs (benchmarks/overhead/job_rate.py)."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, float, float] | None = None
+        self.warm: tuple[int, float, float] | None = None
+        self.end: tuple[int, float, float] | None = None
+
+    def tick(self, step: int) -> None:
+        """Called as step `step` begins (and with the step count at the end)."""
+        point = (step, time.perf_counter(), time.thread_time())
+        if self.first is None:
+            self.first = point
+        if step == WARM_STEPS:
+            self.warm = point
+        self.end = point
+
+    def result(self) -> dict[str, Any]:
+        e = self.end
+        s = self.warm if self.warm is not None and e is not None and e[0] > self.warm[0] \
+            else self.first
+        if s is None or e is None or e[0] <= s[0] or e[1] <= s[1]:
+            return {"steps": 0}
+        n = e[0] - s[0]
+        return {"steps": n, "first_step": s[0], "wall_s": round(e[1] - s[1], 6),
+                "main_cpu_s": round(e[2] - s[2], 6), "steps_per_s": round(n / (e[1] - s[1]), 3)}
 
 
 def _own_process_set(hvd: Any, args: argparse.Namespace) -> Any:
