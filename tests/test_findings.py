@@ -248,3 +248,36 @@ def test_large_samples_get_the_normal_interval_the_bootstrap_would_give() -> Non
     _, blo, bhi = base.bootstrap_mean(v[:base.BOOTSTRAP_MAX])  # the bootstrap's own
     assert hi - lo == pytest.approx(bhi - blo, rel=0.15)
     assert lo < mean < hi
+
+
+def test_a_cliff_over_most_sizes_is_found_confirmed_and_priced_by_the_run() -> None:
+    # six of ten sizes on a slow algorithm (the cliff scenario's shape): the fit
+    # alone cannot single them out, but each is slower than the 1 MiB call; the
+    # replay confirms them, and the cost is the run's own time above its
+    # reference (the log-log line through 64 KiB and 1 MiB), times one call a step
+    from profiler.analysis.findings import Context
+
+    k = 1024
+    sizes = [16 * k, 32 * k, 64 * k, 128 * k, 160 * k, 192 * k, 224 * k, 256 * k, 500 * k,
+             1024 * k]
+    slow = {128 * k: 1_000_000, 160 * k: 1_300_000, 192 * k: 1_600_000, 224 * k: 1_900_000,
+            256 * k: 2_200_000, 500 * k: 5_800_000}
+    fast = {16 * k: 20_000, 32 * k: 30_000, 64 * k: 60_000, 1024 * k: 300_000}
+    durs = [slow.get(s) or fast[s] for s in sizes]
+    df = training(steps=14, sizes=sizes, call_ns=durs, step_ns=40_000_000, sync=True,
+                  control_per_step=0)
+    replay = sweep(sizes, iters=9, spikes={s: 20.0 for s in slow})
+    a = advise_frame(df, {}, replay=Context(df=replay, meta={}))
+    (f,) = _by_key(a, "latency_cliffs")
+    assert sorted(f.numbers["confirmed"]) == sorted(slow) and f.significant
+
+    def line(s: int) -> float:
+        t = np.log(s / (64 * k)) / np.log(16)
+        return min(60_000 * (300_000 / 60_000) ** t, 300_000)
+
+    expected_ms = sum(d - line(s) for s, d in slow.items()) / 1e6
+    assert f.cost_ms == pytest.approx(expected_ms, rel=1e-3)
+    # the same run replayed without the cliff: nothing confirmed, nothing claimed
+    b = advise_frame(df, {}, replay=Context(df=sweep(sizes, iters=9), meta={}))
+    (g,) = _by_key(b, "latency_cliffs")
+    assert not g.significant and g.numbers["confirmed"] == [] and g.cost_ms is None

@@ -50,6 +50,20 @@ def test_the_jobs_own_clocks_decide_lateness_and_contention() -> None:
     assert t["contended_share"] == pytest.approx(0.04)
 
 
+def test_a_cause_with_no_measurable_effect_is_a_null_left_out_of_recall() -> None:
+    m, (lo, hi) = suite._paired([10.0, 12.0, 11.0], [10.5, 11.0, 11.5])
+    assert m == pytest.approx(0.0) and lo < 0 < hi
+    m, (lo, hi) = suite._paired([20.0, 21.0, 22.5], [10.0, 10.5, 11.0])
+    assert m == pytest.approx(32 / 3) and 0 < lo < m < hi
+    R = suite.Result
+    found = R("late", 1, "late_ranks", "late_ranks", 20.0, 20.0, [], 1, 1, 0.0, True)
+    absent = R("fusion-off", 1, "fusion", "cpu_contention", 5.0, 1.0, [], 1, 1, 0.0, True,
+               truth_interval=(-3.0, 5.0), no_effect=True)
+    out = suite.table([found, absent])
+    assert "recall: 1/1 " in out and "left out of recall: 1 runs" in out
+    assert "fusion (no effect)" in out and "1.00 [-3.0, 5.0]" in out
+
+
 def test_clean_job_blames_nothing(tmp_path: Path) -> None:
     r = _run("clean", tmp_path)
     # nothing is claimed that the job's own measurements do not bear out, and no

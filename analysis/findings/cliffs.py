@@ -8,12 +8,22 @@ the backward pass waits for cores the compute threads hold).  The run alone
 cannot tell them apart, so the finding is not claimed until a replay of those
 sizes and their neighbours, alone, with the job's MPI settings
 (`profiler advise --confirm`, or any `profiler bench` trace of the same
-fabric passed as `replay`), finds them slower than their neighbours by
-MIN_RATIO.  Then its cost is the replay's time above the neighbours' line at
-those sizes, times the job's calls per step at them (part ``transfer``).
+fabric passed as `replay`), finds them slower than their reference by
+MIN_RATIO.  A size's reference is the lower of the log-log line through its
+nearest sizes that are not flagged and the fastest larger size: on one
+algorithm a message is never slower than a larger one, so a size slower than
+a larger one is flagged too (the fit alone misses a cliff that covers most of
+the run's sizes).  The replay decides the cause; the run's own calls price
+it: the cost is their median time above the run's reference at the confirmed
+sizes, times the calls per step at them (part ``transfer``), at most what
+the step waits for transfers and Horovod plus the compute thread's wait for
+a CPU (a busy-polling call on a full machine slows the compute beside it,
+and nothing more).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pandas as pd
@@ -23,12 +33,15 @@ from profiler.units import fmt_bytes, fmt_ms
 from .base import Context, Finding, bootstrap_mean
 
 MIN_SIZES = 4
-#: A replayed size counts as a cliff at this many times its neighbours' line.
+#: A replayed size counts as a cliff at this many times its reference.
 MIN_RATIO = 1.5
+#: calls a size needs before it can be a larger size's reference or be
+#: flagged for being slower than one (start-up broadcasts happen once a rank)
+MIN_CALLS = 5
 
 NULL = (f"the size's neighbours: a replay of the sizes alone, with the job's MPI settings, "
         f"finds the size at least {MIN_RATIO:g}x slower than the line through the nearest "
-        "sizes that are not flagged")
+        "sizes that are not flagged, or than a larger size")
 
 
 def flagged_sizes(ctx: Context) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -41,7 +54,41 @@ def flagged_sizes(ctx: Context) -> tuple[pd.DataFrame, pd.DataFrame]:
         return stats.iloc[0:0], stats.iloc[0:0]
     models = fit_models(df, stats=stats)
     an = anomalies(df, models=models, stats=stats)
-    return an, an.loc[an["anomalous"].astype(bool)]
+    an["anomalous"] = an["anomalous"].astype(bool) | _inverted(an)
+    return an, an.loc[an["anomalous"]]
+
+
+def _inverted(an: pd.DataFrame) -> pd.Series:
+    """Sizes (with MIN_CALLS calls) at least MIN_RATIO slower than a larger
+    size of the same op and label (with MIN_CALLS calls)."""
+    out = pd.Series(False, index=an.index)
+    keys = [k for k in ("label", "op") if k in an.columns]
+    for _, sub in (an.groupby(keys, sort=False) if keys else [((), an)]):
+        sub = sub.loc[sub["calls"] >= MIN_CALLS].sort_values("bytes", ascending=False)
+        faster = sub["median_us"].cummin().shift(1)  # the fastest larger size
+        out.loc[sub.index] = (sub["median_us"] >= MIN_RATIO * faster).fillna(False)
+    return out.astype(bool)
+
+
+def reference_us(st: pd.DataFrame, size: int, exclude: set[int]) -> float:
+    """What `size` would take without a cliff, from a per-size table (bytes,
+    median_us) of one op: the lower of the log-log line through its nearest
+    sizes not in `exclude` (one side only: that neighbour) and the fastest
+    larger size; NaN with neither."""
+    ref = st.loc[~st["bytes"].isin(exclude)]
+    below = ref.loc[ref["bytes"] < size].tail(1)
+    above = ref.loc[ref["bytes"] > size].head(1)
+    line = math.nan
+    if len(below) and len(above):
+        x0, y0 = float(below["bytes"].iloc[0]), float(below["median_us"].iloc[0])
+        x1, y1 = float(above["bytes"].iloc[0]), float(above["median_us"].iloc[0])
+        t = (np.log(size) - np.log(x0)) / (np.log(x1) - np.log(x0))
+        line = float(np.exp(np.log(y0) + t * (np.log(y1) - np.log(y0))))
+    elif len(below) or len(above):
+        line = float((below if len(below) else above)["median_us"].iloc[0])
+    larger = st.loc[st["bytes"] > size, "median_us"]
+    fastest = float(larger.min()) if len(larger) else math.nan
+    return float(np.nanmin([line, fastest])) if np.isfinite([line, fastest]).any() else math.nan
 
 
 def replay_sizes(an: pd.DataFrame, flagged: pd.DataFrame, elem: int = 4) -> list[int]:
@@ -67,37 +114,47 @@ def replay_sizes(an: pd.DataFrame, flagged: pd.DataFrame, elem: int = 4) -> list
 
 
 def confirm(replay: pd.DataFrame, sizes: list[int]) -> pd.DataFrame:
-    """Each flagged size's replayed median against the log-log line through its
-    nearest replayed neighbours that are not flagged.  Columns: bytes,
-    median_us, neighbour_us, ratio, confirmed."""
+    """Each flagged size's replayed median against its reference among the
+    replayed sizes (reference_us, the flagged ones left out of the line).
+    Columns: bytes, median_us, neighbour_us, ratio, confirmed."""
     from ..model import latency_by_size
 
     cols = ["bytes", "median_us", "neighbour_us", "ratio", "confirmed"]
     st = latency_by_size(replay)
     if st.empty:
         return pd.DataFrame({c: [] for c in cols})
-    st = st.groupby("bytes", as_index=False)["median_us"].median()
-    bad = set(sizes)
-    ref = st.loc[~st["bytes"].isin(bad)]
+    st = st.groupby("bytes", as_index=False)["median_us"].median().sort_values("bytes")
     rows = []
     for s in sizes:
         hit = st.loc[st["bytes"] == s, "median_us"]
-        below = ref.loc[ref["bytes"] < s].tail(1)
-        above = ref.loc[ref["bytes"] > s].head(1)
-        if hit.empty or (below.empty and above.empty):
+        line = reference_us(st, s, set(sizes))
+        if hit.empty or not np.isfinite(line):
             continue
-        if len(below) and len(above):
-            x0, y0 = float(below["bytes"].iloc[0]), float(below["median_us"].iloc[0])
-            x1, y1 = float(above["bytes"].iloc[0]), float(above["median_us"].iloc[0])
-            t = (np.log(s) - np.log(x0)) / (np.log(x1) - np.log(x0))
-            line = float(np.exp(np.log(y0) + t * (np.log(y1) - np.log(y0))))
-        else:  # one side only: the neighbour's latency (a lower bound below, upper above)
-            line = float((below if len(below) else above)["median_us"].iloc[0])
         med = float(hit.iloc[0])
         ratio = med / line if line > 0 else float("nan")
         rows.append({"bytes": s, "median_us": med, "neighbour_us": line, "ratio": ratio,
                      "confirmed": bool(np.isfinite(ratio) and ratio >= MIN_RATIO)})
     return pd.DataFrame(rows, columns=cols)
+
+
+def run_excess_us(an: pd.DataFrame, sizes: list[int]) -> dict[int, float]:
+    """Per size: the run's median above its reference in the run (reference_us
+    over the run's sizes of its most frequent op, with MIN_CALLS calls, the
+    flagged ones out of the line), at least 0."""
+    if an.empty:
+        return {}
+    op = an.groupby("op")["calls"].sum().idxmax() if "op" in an.columns else None
+    st = an.loc[(an["op"] == op) if op is not None else slice(None)]
+    st = st.loc[st["calls"] >= MIN_CALLS].groupby("bytes", as_index=False)[
+        "median_us"].median().sort_values("bytes")
+    bad = {int(b) for b in an.loc[an["anomalous"].astype(bool), "bytes"]}
+    out = {}
+    for s in sizes:
+        hit = st.loc[st["bytes"] == s, "median_us"]
+        ref = reference_us(st, s, bad | {s})
+        if len(hit) and np.isfinite(ref):
+            out[s] = max(0.0, float(hit.iloc[0]) - ref)
+    return out
 
 
 def _calls_per_step(ctx: Context, sizes: list[int]) -> np.ndarray:
@@ -109,6 +166,18 @@ def _calls_per_step(ctx: Context, sizes: list[int]) -> np.ndarray:
     n = max(len(ctx.ranks), 1)
     per = c.groupby("step").size().reindex(ctx.steady["step"], fill_value=0) / n
     return per.to_numpy(dtype=np.float64)
+
+
+def _cpu_wait_ms(ctx: Context) -> float:
+    """The main threads' run-queue wait per steady step outside synchronize,
+    averaged over the ranks (0 without the profiler's "cpu" rows)."""
+    from .late_ranks import cpu_waits
+
+    t = cpu_waits(ctx)
+    if t.empty:
+        return 0.0
+    t = t.loc[t.index.isin(ctx.steady["step"])]
+    return float(t.to_numpy().mean()) if t.size else 0.0
 
 
 def _phase(ctx: Context, sizes: list[int]) -> str:
@@ -190,15 +259,16 @@ def analyze(ctx: Context, replay: Context | None = None) -> list[Finding]:
                                     "their neighbours: the moment their calls ran made them "
                                     "slow, not their size"))]
     conf_sizes = [int(b) for b in ok["bytes"]]
-    excess_ms = {int(r.bytes): (r.median_us - r.neighbour_us) / 1e3
-                 for r in ok.itertuples(index=False)}
-    exposed = ctx.part_ms("transfer") + ctx.part_ms("horovod")
+    # the replay decides the cause; the run's own calls price it (module docstring)
+    run_us = run_excess_us(an, conf_sizes)
+    excess_ms = {b: run_us.get(b, 0.0) / 1e3 for b in conf_sizes}
+    exposed = ctx.part_ms("transfer") + ctx.part_ms("horovod") + _cpu_wait_ms(ctx)
     capped = False
     if steps:
         per_step = sum(_calls_per_step(ctx, [b]) * ms for b, ms in excess_ms.items())
         mean, lo, hi = bootstrap_mean(np.asarray(per_step, dtype=np.float64))
-        # the slow calls cost the step only where it waits for them: at most
-        # its transfer and Horovod parts (the rest ran beside the compute)
+        # the slow calls cost the step only where it waits for them, or where
+        # they kept its compute off a core (the rest ran beside the compute)
         if len(ctx.parts) and np.isfinite(mean) and mean > exposed:
             capped = True
             mean, lo, hi = exposed, min(lo, exposed), exposed
@@ -222,10 +292,14 @@ def analyze(ctx: Context, replay: Context | None = None) -> list[Finding]:
         n_calls = float(np.mean(_calls_per_step(ctx, conf_sizes)))
         details.append(f"this job makes {n_calls:.1f} calls per step and rank at "
                        f"{'those sizes' if len(ok) > 1 else 'that size'}.")
+        details.append("in this run they took " + ", ".join(
+            f"{fmt_bytes(b)} {ms * 1e3:.0f} us" for b, ms in excess_ms.items())
+            + " a call above the run's own reference: that, times the calls, is the cost.")
     if capped:
         details.append(f"their excess, {fmt_ms(float(np.mean(per_step)))} per step, is more "
-                       f"than the step waits for transfers and Horovod ({fmt_ms(exposed)}): "
-                       "the rest ran beside the compute; the cost is that part.")
+                       "than the step waits for transfers and Horovod plus its compute "
+                       f"thread's wait for a CPU ({fmt_ms(exposed)}): the rest ran beside "
+                       "the compute; the cost is that part.")
     significant = bool(steps) and ctx.significant(lo)
     plural = len(ok) > 1
     return [Finding(

@@ -73,7 +73,7 @@ def _variation(bd: pd.DataFrame) -> tuple[float, float]:
     return sd, corr
 
 
-def _cpu_waits(ctx: Context) -> pd.DataFrame:
+def cpu_waits(ctx: Context) -> pd.DataFrame:
     """Per step (rows) and rank (columns): the main thread's run-queue delay in
     that step outside synchronize, ms ("cpu" rows less the "sync" rows' count);
     empty without "cpu" rows."""
@@ -98,7 +98,7 @@ def _cpu_waits(ctx: Context) -> pd.DataFrame:
 
 def _cpu_order(table: pd.DataFrame, lr: pd.DataFrame) -> tuple[int, int] | None:
     """Steps where the last rank's main thread waited longest for a CPU in that
-    step (of _cpu_waits' table), and the steps compared."""
+    step (of cpu_waits' table), and the steps compared."""
     if table.empty:
         return None
     lr = lr.loc[lr["step"].isin(table.index) & ~lr["tie"]]
@@ -161,7 +161,7 @@ def _late_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: Chance
                f"if it arrived with the others, each step would end {fmt_ms(gain)} sooner "
                "on average (the cost above is the others' waiting, averaged over all "
                "ranks like the breakdown)."]
-    excess = _cpu_excess_ms(_cpu_waits(ctx), late, lr["step"])
+    excess = _cpu_excess_ms(cpu_waits(ctx), late, lr["step"])
     # lateness the rank's own run-queue delay accounts for is the scheduler's,
     # not its work: say so, and point at the contention instead
     by_cpu = excess is not None and lead > 0 and excess >= 0.5 * lead
@@ -219,7 +219,7 @@ def _waiting_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: Cha
                  f"together (correlation {corr:.2f})")
         details.append(f"each rank's time to reach synchronize varies by ±{fmt_ms(sd)} from "
                        f"step to step, {alike}: the step waits for the slowest of them.")
-    cpu = _cpu_order(_cpu_waits(ctx), lr)
+    cpu = _cpu_order(cpu_waits(ctx), lr)
     if cpu is not None and cpu[1] >= MIN_STEPS:
         details.append(f"the last rank's main thread had waited longest for a CPU in "
                        f"{cpu[0]} of {cpu[1]} steps (chance {1 / n:.0%}).")

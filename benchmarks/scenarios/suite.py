@@ -68,6 +68,8 @@ JOB = HERE / "job.py"
 TOLERANCE = 0.25
 #: Alternating unprofiled (cause, twin) pairs behind a "twin" truth.
 TWIN_ROUNDS = 3
+#: Student's t, two-sided 95%, by degrees of freedom (the twin truth's interval)
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
 
 #: Open MPI on one small machine: root allowed, oversubscription, no binding.
 MPI_ENV = {
@@ -262,6 +264,19 @@ def job_truths(measured: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _paired(with_cause: Sequence[float], without: Sequence[float]
+            ) -> tuple[float, tuple[float, float]]:
+    """The mean of the paired differences (cause - twin, round by round) and
+    its 95% t interval."""
+    d = [a - b for a, b in zip(with_cause, without, strict=True)]
+    m = sum(d) / len(d)
+    if len(d) < 2:
+        return m, (float("-inf"), float("inf"))
+    sd = (sum((x - m) ** 2 for x in d) / (len(d) - 1)) ** 0.5
+    h = T95.get(len(d) - 1, 1.96) * sd / len(d) ** 0.5
+    return m, (m - h, m + h)
+
+
 def _mean(ranks: Sequence[dict[str, Any]], key: str) -> float:
     return sum(float(r[key]) for r in ranks) / len(ranks)
 
@@ -283,6 +298,10 @@ class Result:
     findings: list[dict[str, Any]] = field(default_factory=list)
     #: what the job's own measurements say (job_truths)
     job: dict[str, Any] = field(default_factory=dict)
+    #: the twin truth's 95% interval (None: not a twin truth)
+    truth_interval: tuple[float, float] | None = None
+    #: the injected cause made no measurable difference (its interval holds 0)
+    no_effect: bool = False
 
     def cost_ok(self) -> bool:
         if self.truth_ms is None or self.cost_ms is None:
@@ -323,6 +342,7 @@ def evaluate(sc: Scenario, run: int, work: Path, *, twin: bool = True) -> Result
     # the job's own steps from its warm-up on are the profiler's steps >= warmup - 1
     bd = a.breakdown
     truth: float | None = None
+    truth_iv: tuple[float, float] | None = None
     note = ""
     if sc.truth == "late" or sc.truth == "jitter":
         truth = sc.value(sc.np) if sc.value else None
@@ -343,14 +363,16 @@ def evaluate(sc: Scenario, run: int, work: Path, *, twin: bool = True) -> Result
             without.append(_mean(run_job(sc, work / f"{sc.name}-{run}-twin{i}", env=twin_env,
                                          job=sc.twin_job, profile=False, rules_file=None,
                                          twin=True)["ranks"], "step_ms"))
-        truth = sum(with_cause) / len(with_cause) - sum(without) / len(without)
+        truth, truth_iv = _paired(with_cause, without)
     # the breakdown's steady steps are the profiler's steps from 1 on
     # (throughput.steady_steps), the job's iterations from 2 on
     step_ms = sum(sum(r["iter_ms"][2:]) / len(r["iter_ms"][2:])
                   for r in measured["ranks"]) / len(measured["ranks"])
     total = float(bd["ms"].sum()) if bd is not None and len(bd) else float("nan")
     sum_error = abs(total - step_ms) / step_ms if step_ms > 0 else float("nan")
-    allowed = {sc.expect} | set(sc.also) if sc.expect else set(sc.also)
+    no_effect = truth_iv is not None and truth_iv[0] <= 0.0 <= truth_iv[1]
+    expect = None if no_effect else sc.expect
+    allowed = {expect} | set(sc.also) if expect else set(sc.also)
     truths = job_truths(measured)
     if truths["contended"]:
         allowed.add("cpu_contention")
@@ -370,8 +392,8 @@ def evaluate(sc: Scenario, run: int, work: Path, *, twin: bool = True) -> Result
                  sum_error=sum_error, ok=False, note=note,
                  findings=[{"key": f.key, "headline": f.headline, "cost_ms": f.cost_ms,
                             "significant": f.significant} for f in a.findings],
-                 job=truths)
-    if sc.expect is None:
+                 job=truths, truth_interval=truth_iv, no_effect=no_effect)
+    if expect is None:
         res.ok = not false and not any(f.key in NAMING and not true_claim(f) for f in sig)
     else:
         res.ok = res.first == sc.expect and res.cost_ok() and not false
@@ -387,8 +409,11 @@ def table(results: Sequence[Result]) -> str:
              "sum err", "job: cpu wait", "job: late", "ok")]
     for r in results:
         cw = r.job.get("contended_share")
-        rows.append((r.scenario, str(r.run), r.expected or "(none)", r.first or "(none)",
-                     _fmt(r.cost_ms), _fmt(r.truth_ms), ",".join(r.false) or "-",
+        truth = _fmt(r.truth_ms) + (f" [{r.truth_interval[0]:.1f}, {r.truth_interval[1]:.1f}]"
+                                    if r.truth_interval else "")
+        rows.append((r.scenario, str(r.run),
+                     (r.expected or "(none)") + (" (no effect)" if r.no_effect else ""),
+                     r.first or "(none)", _fmt(r.cost_ms), truth, ",".join(r.false) or "-",
                      f"{100 * r.sum_error:.1f}%", "-" if cw is None else f"{100 * cw:.0f}%",
                      "-" if r.job.get("late_rank") is None else f"rank {r.job['late_rank']}",
                      "yes" if r.ok else "NO"))
@@ -396,7 +421,8 @@ def table(results: Sequence[Result]) -> str:
     lines = ["  ".join(c.ljust(w[i]) for i, c in enumerate(row)).rstrip() for row in rows]
     sig = sum(r.significant for r in results)
     match = sum(r.matching for r in results)
-    caused = [r for r in results if r.expected]
+    caused = [r for r in results if r.expected and not r.no_effect]
+    absent = [r for r in results if r.no_effect]
     recall = sum(1 for r in caused if r.first == r.expected and r.cost_ok())
     lines.append("")
     lines.append(f"precision: {match}/{sig} significant findings match their scenario"
@@ -404,6 +430,10 @@ def table(results: Sequence[Result]) -> str:
     lines.append(f"recall: {recall}/{len(caused)} injected causes ranked first with their "
                  f"cost within {TOLERANCE:.0%}" + (f" ({recall / len(caused):.0%})"
                                                    if caused else ""))
+    if absent:
+        lines.append(f"left out of recall: {len(absent)} runs whose injected cause made no "
+                     "measurable difference (twin interval holds 0): "
+                     + ", ".join(f"{r.scenario} {r.run}" for r in absent))
     worst = max((r.sum_error for r in results if r.sum_error == r.sum_error), default=0.0)
     lines.append(f"breakdown total against the job's own step time: worst {worst:.1%}")
     return "\n".join(lines)
