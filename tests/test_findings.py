@@ -281,3 +281,33 @@ def test_a_cliff_over_most_sizes_is_found_confirmed_and_priced_by_the_run() -> N
     b = advise_frame(df, {}, replay=Context(df=sweep(sizes, iters=9), meta={}))
     (g,) = _by_key(b, "latency_cliffs")
     assert not g.significant and g.numbers["confirmed"] == [] and g.cost_ms is None
+
+
+def test_compute_that_waited_for_a_core_is_the_contentions_not_the_models() -> None:
+    # 100 ms steps, nearly all compute, of which the main thread waited 70 ms a
+    # step for a core: the contention (a cause, 70 ms) ranks above compute_bound
+    # (a symptom), whose figure is the 30 ms of compute that remain
+    import pandas as pd
+    from analysis_fixtures import frame
+
+    steps, step_ns, wait_ns = 14, 100_000_000, 70_000_000
+    df = training(steps=steps, step_ns=step_ns, call_ns=(2_000, 3_000), tail_ns=50_000,
+                  control_per_step=0, sync=True)
+    rows: dict[str, list] = {k: [] for k in df.columns if k != "comm_size"}
+    for s in range(steps):
+        for r in range(2):
+            base = {k: df[k].iloc[0] for k in rows}
+            base.update(t_start_ns=s * step_ns, t_end_ns=(s + 1) * step_ns, rank=r, op="cpu",
+                        bytes=step_ns - wait_ns, count=wait_ns, seq=s, step=s, kind="app",
+                        thread_kind="main", tid=100 + r, backend="app")
+            for k in rows:
+                rows[k].append(base[k])
+    cpu = frame({**rows, "comm_size": 2})
+    a = advise_frame(pd.concat([df, cpu], ignore_index=True), {})
+    keys = [f.key for f in a.significant]
+    assert keys.index("cpu_contention") < keys.index("compute_bound"), [
+        (f.key, f.cost_ms, f.cost_interval_ms, f.part, f.cost_label) for f in a.findings]
+    (c,) = _by_key(a, "cpu_contention")
+    (b,) = _by_key(a, "compute_bound")
+    assert c.cost_ms == pytest.approx(wait_ns / 1e6, rel=0.02)
+    assert b.cost_ms == pytest.approx(b.numbers["compute_ms"] - c.cost_ms, rel=1e-6)

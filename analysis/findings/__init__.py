@@ -121,8 +121,10 @@ class Advice:
 
 #: Findings that describe a part of the step rather than a cause in it: their
 #: cost is what remains of the part once the significant causes drawn from the
-#: same part are taken out, so that nothing is counted twice.
-SYMPTOMS = {"transfer_bound": "transfer"}
+#: same part are taken out, so that nothing is counted twice (compute that
+#: waited for a core is the contention's, not the model's), and so a cause
+#: ranks above the symptom it explains.
+SYMPTOMS = {"transfer_bound": "transfer", "compute_bound": "compute"}
 
 
 def _residual(found: list[Finding], ctx: Context) -> None:
@@ -131,7 +133,7 @@ def _residual(found: list[Finding], ctx: Context) -> None:
         if part is None or f.cost_ms is None or not f.significant:
             continue
         causes = [c for c in found if c is not f and c.significant and c.part == part
-                  and c.cost_ms is not None and c.cost_label == "cost"]
+                  and c.cost_ms is not None and c.key not in SYMPTOMS]
         taken = sum(float(c.cost_ms or 0.0) for c in causes)
         if taken <= 0:
             continue
