@@ -283,31 +283,51 @@ def test_a_cliff_over_most_sizes_is_found_confirmed_and_priced_by_the_run() -> N
     assert not g.significant and g.numbers["confirmed"] == [] and g.cost_ms is None
 
 
+def _with_cpu_rows(df, steps: int, step_ns: int, kind: str, wait_ns: int):  # type: ignore[no-untyped-def]
+    """`df` with one schedstat row per step and rank for a thread of `kind`
+    ("main" or "horovod"): `wait_ns` on the run queue, the rest of the step run."""
+    import pandas as pd
+    from analysis_fixtures import frame
+
+    rows: dict[str, list] = {k: [] for k in df.columns if k != "comm_size"}
+    for s in range(steps):
+        for r in range(2):
+            row = {k: df[k].iloc[0] for k in rows}
+            row.update(t_start_ns=s * step_ns, t_end_ns=(s + 1) * step_ns, rank=r, op="cpu",
+                       bytes=step_ns - wait_ns, count=wait_ns, seq=s, step=s, kind="app",
+                       thread_kind=kind, tid=(100 if kind == "main" else 200) + r,
+                       backend="app")
+            for k in rows:
+                rows[k].append(row[k])
+    return pd.concat([df, frame({**rows, "comm_size": 2})], ignore_index=True)
+
+
 def test_compute_that_waited_for_a_core_is_the_contentions_not_the_models() -> None:
     # 100 ms steps, nearly all compute, of which the main thread waited 70 ms a
     # step for a core: the contention (a cause, 70 ms) ranks above compute_bound
     # (a symptom), whose figure is the 30 ms of compute that remain
-    import pandas as pd
-    from analysis_fixtures import frame
-
     steps, step_ns, wait_ns = 14, 100_000_000, 70_000_000
     df = training(steps=steps, step_ns=step_ns, call_ns=(2_000, 3_000), tail_ns=50_000,
                   control_per_step=0, sync=True)
-    rows: dict[str, list] = {k: [] for k in df.columns if k != "comm_size"}
-    for s in range(steps):
-        for r in range(2):
-            base = {k: df[k].iloc[0] for k in rows}
-            base.update(t_start_ns=s * step_ns, t_end_ns=(s + 1) * step_ns, rank=r, op="cpu",
-                        bytes=step_ns - wait_ns, count=wait_ns, seq=s, step=s, kind="app",
-                        thread_kind="main", tid=100 + r, backend="app")
-            for k in rows:
-                rows[k].append(base[k])
-    cpu = frame({**rows, "comm_size": 2})
-    a = advise_frame(pd.concat([df, cpu], ignore_index=True), {})
+    a = advise_frame(_with_cpu_rows(df, steps, step_ns, "main", wait_ns), {})
     keys = [f.key for f in a.significant]
-    assert keys.index("cpu_contention") < keys.index("compute_bound"), [
-        (f.key, f.cost_ms, f.cost_interval_ms, f.part, f.cost_label) for f in a.findings]
+    assert keys.index("cpu_contention") < keys.index("compute_bound"), keys
     (c,) = _by_key(a, "cpu_contention")
     (b,) = _by_key(a, "compute_bound")
     assert c.cost_ms == pytest.approx(wait_ns / 1e6, rel=0.02)
     assert b.cost_ms == pytest.approx(b.numbers["compute_ms"] - c.cost_ms, rel=1e-6)
+
+
+@pytest.mark.parametrize("wait_ms, claimed", [(16.0, True), (24.0, False)])
+def test_transfers_are_not_the_links_when_horovods_thread_waited_half_of_them(
+        wait_ms: float, claimed: bool) -> None:
+    # 40 ms of exposed transfer a step; Horovod's thread waited 16 ms a step for
+    # a core (the link's) or 24 ms (the link's or the cores': not claimed)
+    steps, step_ns = 14, 100_000_000
+    df = training(steps=steps, step_ns=step_ns, sizes=(1 << 20,), call_ns=(40_000_000,),
+                  tail_ns=50_000, control_per_step=0, sync=True)
+    a = advise_frame(_with_cpu_rows(df, steps, step_ns, "horovod", int(wait_ms * 1e6)), {})
+    (f,) = _by_key(a, "transfer_bound")
+    assert f.cost_ms == pytest.approx(40.0, rel=0.01)
+    assert f.significant is claimed, f.details
+    assert (f.not_claimed == "") is claimed

@@ -7,10 +7,14 @@ arrival) is at least COMM_SHARE of the step (lower end of its interval): the
 job waits for the network, whatever the reason (bytes, message count, a slow
 link).  Its cost is the transfer part.
 
-Transfers that wait for cores are not the link's: when Horovod's background
+Transfers may wait for cores rather than the link: when Horovod's background
 thread waited for a core, per step, at least half the transfer part (its
-"cpu" rows), the contention explains the transfers and the finding is not
-claimed (findings.contention is).
+"cpu" rows), the finding is not claimed.  The run cannot tell which: a
+thread polling inside a call stays runnable throughout, so on a full machine
+it waits for a core for a like share of a transfer held by a slow link
+(0.6 of it in the slow-link scenario) as of one held by the cores (0.7 when
+Horovod's synchronize and MPI's polling crowd 2 cores); a bench of the
+fabric (`profiler bench`, then `advise --bench`) tells the link's speed.
 
 When the compute part is at least COMPUTE_SHARE of the step (the lower end of
 its 95% interval), the finding says so: communication is not what limits this
@@ -64,8 +68,10 @@ def _transfer_bound(ctx: Context, per: pd.DataFrame) -> list[Finding]:
     not_claimed = ""
     if np.isfinite(waited_ms) and waited_ms >= 0.5 * mean:
         not_claimed = (f"Horovod's background thread waited for a core {fmt_ms(waited_ms)} per "
-                       f"step ({fmt_share(waited)} of its run time): the transfers wait for "
-                       "cores, not for the link (see the CPU contention finding)")
+                       f"step ({fmt_share(waited)} of its run time): the transfers may wait for "
+                       "cores (see the CPU contention finding) as well as for the link, and "
+                       "this run cannot tell which; a bench of the fabric (profiler bench, "
+                       "then advise --bench) gives the link's speed")
         details.append(not_claimed + ".")
     elif np.isfinite(waited_ms):
         details.append(f"Horovod's background thread waited for a core {fmt_ms(waited_ms)} per "

@@ -302,6 +302,10 @@ class Result:
     truth_interval: tuple[float, float] | None = None
     #: the injected cause made no measurable difference (its interval holds 0)
     no_effect: bool = False
+    #: the job's own mean step time (what the breakdown's total is judged on)
+    step_ms: float | None = None
+    #: a twin truth's unprofiled runs, ms per step: [with the cause, without], in order
+    twin_ms: list[list[float]] | None = None
 
     def cost_ok(self) -> bool:
         if self.truth_ms is None or self.cost_ms is None:
@@ -339,10 +343,9 @@ def evaluate(sc: Scenario, run: int, work: Path, *, twin: bool = True) -> Result
     a = advise(trace, replay=replay)
     sig = a.significant
     first = sig[0] if sig else None
-    # the job's own steps from its warm-up on are the profiler's steps >= warmup - 1
-    bd = a.breakdown
     truth: float | None = None
     truth_iv: tuple[float, float] | None = None
+    twin_ms: list[list[float]] | None = None
     note = ""
     if sc.truth == "late" or sc.truth == "jitter":
         truth = sc.value(sc.np) if sc.value else None
@@ -364,16 +367,40 @@ def evaluate(sc: Scenario, run: int, work: Path, *, twin: bool = True) -> Result
                                          job=sc.twin_job, profile=False, rules_file=None,
                                          twin=True)["ranks"], "step_ms"))
         truth, truth_iv = _paired(with_cause, without)
+        twin_ms = [with_cause, without]
     # the breakdown's steady steps are the profiler's steps from 1 on
     # (throughput.steady_steps), the job's iterations from 2 on
     step_ms = sum(sum(r["iter_ms"][2:]) / len(r["iter_ms"][2:])
                   for r in measured["ranks"]) / len(measured["ranks"])
+    res = judge(sc, run, a, truth=truth, truth_iv=truth_iv, step_ms=step_ms,
+                truths=job_truths(measured), note=note)
+    res.twin_ms = twin_ms
+    return res
+
+
+def judge(sc: Scenario, run: int, a: Any, *, truth: float | None,
+          truth_iv: tuple[float, float] | None, step_ms: float | None,
+          truths: dict[str, Any], note: str = "") -> Result:
+    """Judge one advise result (`a`) against the scenario, its truth and the
+    job's own measurements (job_truths); `step_ms`: the job's own step time
+    (None: the breakdown's total is not judged)."""
+    sig = a.significant
+    first = sig[0] if sig else None
+    bd = a.breakdown
     total = float(bd["ms"].sum()) if bd is not None and len(bd) else float("nan")
-    sum_error = abs(total - step_ms) / step_ms if step_ms > 0 else float("nan")
+    sum_error = (abs(total - step_ms) / step_ms if step_ms is not None and step_ms > 0
+                 else float("nan"))
     no_effect = truth_iv is not None and truth_iv[0] <= 0.0 <= truth_iv[1]
     expect = None if no_effect else sc.expect
     allowed = {expect} | set(sc.also) if expect else set(sc.also)
-    truths = job_truths(measured)
+    if no_effect and truth_iv is not None:
+        # a claim the twins can neither bear out nor refute is not false: only
+        # one whose whole interval lies above the truth's
+        claim = next((f for f in sig if f.key == sc.expect), None)
+        if claim is not None:
+            lo = (claim.cost_interval_ms or (claim.cost_ms, claim.cost_ms))[0]
+            if lo is not None and lo <= truth_iv[1]:
+                allowed.add(claim.key)
     if truths["contended"]:
         allowed.add("cpu_contention")
 
@@ -391,13 +418,37 @@ def evaluate(sc: Scenario, run: int, work: Path, *, twin: bool = True) -> Result
                  truth_ms=truth, false=false, matching=matching, significant=len(sig),
                  sum_error=sum_error, ok=False, note=note,
                  findings=[{"key": f.key, "headline": f.headline, "cost_ms": f.cost_ms,
+                            "interval_ms": f.cost_interval_ms,
                             "significant": f.significant} for f in a.findings],
-                 job=truths, truth_interval=truth_iv, no_effect=no_effect)
+                 job=truths, truth_interval=truth_iv, no_effect=no_effect, step_ms=step_ms)
     if expect is None:
         res.ok = not false and not any(f.key in NAMING and not true_claim(f) for f in sig)
     else:
         res.ok = res.first == sc.expect and res.cost_ok() and not false
     return res
+
+
+def rejudge(path: Path, work: Path) -> list[Result]:
+    """The runs of a --json file judged again with the installed profiler: each
+    run's trace (and replay) from `work`, its truth and the job's measurements
+    from the file; nothing is rerun.  For analysis changes between sittings."""
+    from profiler.analysis.findings import advise
+
+    out = []
+    for d in json.loads(path.read_text()):
+        sc = BY_NAME[d["scenario"]]
+        folder = work / f"{sc.name}-{d['run']}"
+        replay = folder / "confirm" / "trace.json"
+        a = advise(folder / "trace.json", replay=replay if replay.is_file() else None)
+        iv = d.get("truth_interval")
+        r = judge(sc, int(d["run"]), a, truth=d.get("truth_ms"),
+                  truth_iv=tuple(iv) if iv else None, step_ms=d.get("step_ms"),
+                  truths=d.get("job") or {}, note=d.get("note", ""))
+        if d.get("step_ms") is None:  # a file from before step_ms: its own figure
+            r.sum_error = float(d.get("sum_error", float("nan")))
+        r.twin_ms = d.get("twin_ms")
+        out.append(r)
+    return out
 
 
 def _fmt(v: float | None) -> str:
@@ -447,7 +498,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--list", action="store_true")
     p.add_argument("--work", default=None, help="folder for the runs (default: a temp dir)")
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--rejudge", default=None, metavar="JSON",
+                   help="judge the runs of an earlier --json again (with its --work folder) "
+                        "with the installed profiler; nothing is rerun")
     a = p.parse_args(argv)
+    if a.rejudge:
+        if not a.work:
+            p.error("--rejudge needs the --work folder of those runs")
+        results = rejudge(Path(a.rejudge), Path(a.work))
+        print(table(results))
+        if a.json:
+            Path(a.json).write_text(json.dumps([r.__dict__ for r in results], indent=1,
+                                               default=str))
+        return 0 if all(r.ok for r in results) else 1
     if a.list:
         for s in SCENARIOS:
             print(f"{s.name:15} expects {s.expect or '(nothing)':15} {s.cause}")
