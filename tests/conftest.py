@@ -86,3 +86,18 @@ def hooks_cflags() -> list[str]:
                 isinstance(t, ast.Name) and t.id == "CFLAGS" for t in node.targets):
             return list(ast.literal_eval(node.value))
     raise AssertionError("setup.py has no CFLAGS list")
+
+
+#: The full tier: tests of benchmark scripts and tests another test covers
+#: on the same path, run with HVPROF_FULL=1 (README, "Tests"), so that the
+#: default run keeps within 25 minutes on 2 cores.
+FULL = os.environ.get("HVPROF_FULL") == "1"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if FULL:
+        return
+    skip = pytest.mark.skip(reason="full tier: HVPROF_FULL=1 bash scripts/test.sh")
+    for item in items:
+        if item.get_closest_marker("full") is not None:
+            item.add_marker(skip)

@@ -25,6 +25,7 @@ def test_link_bound_model() -> None:
     assert ps.predicted(4, None, p, 200e6) == pytest.approx(1.5 * p / 25e6)
 
 
+@pytest.mark.full
 def test_ps_table_has_the_seed_shape(tmp_path: Path) -> None:
     ok, why = cluster_available()
     if not ok:

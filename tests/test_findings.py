@@ -213,6 +213,7 @@ def test_no_steps_trace_costs_nothing_per_step() -> None:
 @pytest.mark.mpi
 @pytest.mark.horovod
 @pytest.mark.slow
+@pytest.mark.full  # tests/test_scenarios.py's late rank covers the same path
 def test_real_horovod_late_rank_is_named_with_the_injected_cost(tmp_path: Path) -> None:
     """Rank 1 sleeps 20 ms before its backward pass in every step of a real 2-rank
     Horovod job: advise names it, calls it late-arriving, the step would end the

@@ -1,6 +1,6 @@
 """Hostile inputs: every reader fuzzed, names escaped, the CLI one line.
 
-The bounded CI run of benchmarks/fuzz_readers.py (--quick: about 15 000
+The bounded CI run of benchmarks/fuzz_readers.py (--quick: about 16 500
 cases, 50-60 s on 2 cores) feeds every reader (raw files, their header, summary-mode .agg
 files, the per-rank parquet and json, trace.json, Horovod timelines, bench
 plans) real seed files truncated at every byte boundary (raw) or at 250

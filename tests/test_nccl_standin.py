@@ -505,6 +505,7 @@ def test_warning_when_gpus_used_but_no_nccl_call_seen(built: Built, tmp_path: Pa
 
 
 
+@pytest.mark.full
 def test_gpu_check_dry_run(tmp_path: Path) -> None:
     """benchmarks/gpu_check.sh, as the GPU machine runs it, on the stand-ins."""
     out = tmp_path / "out"

@@ -263,6 +263,7 @@ def test_injected_stragglers_are_found(job: Path, frame: pd.DataFrame) -> None:
 # ---------------------------------------------------------------------------
 # Dask
 # ---------------------------------------------------------------------------
+@pytest.mark.full
 @pytest.mark.filterwarnings("ignore:The inplace keyword")
 def test_dask_local_cluster_equals_local_engine(job: Path) -> None:
     from dask.distributed import Client, LocalCluster
