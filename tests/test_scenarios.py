@@ -74,7 +74,13 @@ def test_clean_job_blames_nothing(tmp_path: Path) -> None:
 
 def test_symmetric_jitter_is_waiting_that_blames_no_rank(tmp_path: Path) -> None:
     r = _run("jitter", tmp_path)
-    assert r.first == "rank_waiting" and r.false == [], (r.findings, r.job)
+    assert r.false == [], (r.findings, r.job)
+    if r.job["late_rank"] is not None:
+        # the machine made one rank last more often than chance in this run, by
+        # the job's own clocks: naming it is true (false == [] checked the rank)
+        assert r.first in ("late_ranks", "rank_waiting"), (r.findings, r.job)
+        return
+    assert r.first == "rank_waiting", (r.findings, r.job)
     # uniform(0, 60 ms) per rank: 10 ms of waiting per rank on average; the
     # machine's own variation only adds to it
     assert 0.75 * r.truth_ms <= r.cost_ms <= 1.6 * r.truth_ms

@@ -223,8 +223,8 @@ def analyze(ctx: Context, replay: Context | None = None) -> list[Finding]:
                       zip(worst["bytes"], worst["ratio"]))
     sizes = [int(b) for b in flagged["bytes"]]
     unit = "step" if steps else "run"
-    head = (f"{len(flagged)} of {len(an)} message sizes sit above the latency fit "
-            f"({non_pow2} not powers of two)")
+    head = (f"{len(flagged)} of {len(an)} message sizes sit above the latency fit or a "
+            f"larger size's time ({non_pow2} not powers of two)")
     numbers = {"sizes": sizes, "lost_ms": lost_ms, "non_pow2": non_pow2,
                "ratios": [float(r) for r in flagged["ratio"]], "per": unit,
                "replay_sizes": replay_sizes(an, flagged)}
