@@ -70,6 +70,11 @@ def _inverted(an: pd.DataFrame) -> pd.Series:
     return out.astype(bool)
 
 
+def _per_size(st: pd.DataFrame) -> pd.DataFrame:
+    """A latency_by_size table as one median per size (bytes, median_us), by size."""
+    return st.groupby("bytes", as_index=False)["median_us"].median().sort_values("bytes")
+
+
 def reference_us(st: pd.DataFrame, size: int, exclude: set[int]) -> float:
     """What `size` would take without a cliff, from a per-size table (bytes,
     median_us) of one op: the lower of the log-log line through its nearest
@@ -123,7 +128,7 @@ def confirm(replay: pd.DataFrame, sizes: list[int]) -> pd.DataFrame:
     st = latency_by_size(replay)
     if st.empty:
         return pd.DataFrame({c: [] for c in cols})
-    st = st.groupby("bytes", as_index=False)["median_us"].median().sort_values("bytes")
+    st = _per_size(st)
     rows = []
     for s in sizes:
         hit = st.loc[st["bytes"] == s, "median_us"]
@@ -145,8 +150,7 @@ def run_excess_us(an: pd.DataFrame, sizes: list[int]) -> dict[int, float]:
         return {}
     op = an.groupby("op")["calls"].sum().idxmax() if "op" in an.columns else None
     st = an.loc[(an["op"] == op) if op is not None else slice(None)]
-    st = st.loc[st["calls"] >= MIN_CALLS].groupby("bytes", as_index=False)[
-        "median_us"].median().sort_values("bytes")
+    st = _per_size(st.loc[st["calls"] >= MIN_CALLS])
     bad = {int(b) for b in an.loc[an["anomalous"].astype(bool), "bytes"]}
     out = {}
     for s in sizes:
@@ -171,7 +175,7 @@ def _calls_per_step(ctx: Context, sizes: list[int]) -> np.ndarray:
 def _cpu_wait_ms(ctx: Context) -> float:
     """The main threads' run-queue wait per steady step outside synchronize,
     averaged over the ranks (0 without the profiler's "cpu" rows)."""
-    from .late_ranks import cpu_waits
+    from .contention import cpu_waits
 
     t = cpu_waits(ctx)
     if t.empty:

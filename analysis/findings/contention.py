@@ -63,6 +63,29 @@ def cpu_rows(df: pd.DataFrame) -> pd.DataFrame:
     })
 
 
+def cpu_waits(ctx: Context) -> pd.DataFrame:
+    """Per step (rows) and rank (columns): the main thread's run-queue delay in
+    that step outside synchronize, ms ("cpu" rows less the "sync" rows' count);
+    empty without "cpu" rows."""
+    df = ctx.df
+    if "op" not in df.columns or "thread_kind" not in df.columns:
+        return pd.DataFrame()
+    cpu = df.loc[(df["op"].astype(str) == "cpu").to_numpy()
+                 & (df["thread_kind"].astype(str) == "main").to_numpy()]
+    if cpu.empty:
+        return pd.DataFrame()
+    w = pd.DataFrame({"step": cpu["seq"].to_numpy(dtype=np.int64),
+                      "rank": cpu["rank"].to_numpy(dtype=np.int64),
+                      "wait": cpu["count"].to_numpy(dtype=np.float64) / 1e6})
+    sync = df.loc[(df["op"].astype(str) == "sync").to_numpy()]
+    if len(sync):
+        w = pd.concat([w, pd.DataFrame({"step": sync["seq"].to_numpy(dtype=np.int64),
+                                        "rank": sync["rank"].to_numpy(dtype=np.int64),
+                                        "wait": -sync["count"].to_numpy(dtype=np.float64)
+                                        / 1e6})])
+    return w.pivot_table(index="step", columns="rank", values="wait", aggfunc="sum").dropna()
+
+
 def _sync_cpu(ctx: Context) -> pd.DataFrame:
     """Per (step, rank): the main thread's time in synchronize and its run-queue
     wait there (the "sync" rows' duration and count)."""

@@ -30,6 +30,7 @@ from profiler.units import fmt_ms, fmt_share
 
 from ..stats import ChanceTest, most_often
 from .base import MIN_STEPS, Context, Finding, bootstrap_mean
+from .contention import cpu_waits
 
 NULL = ("chance: with n ranks whose step times vary alike, each is last in 1/n of the steps "
         "(binomial test, p < 0.01 after correcting for n ranks and for runs of steps)")
@@ -71,29 +72,6 @@ def _variation(bd: pd.DataFrame) -> tuple[float, float]:
     iu = np.triu_indices_from(c, k=1)
     corr = float(np.nanmean(c[iu])) if iu[0].size else float("nan")
     return sd, corr
-
-
-def cpu_waits(ctx: Context) -> pd.DataFrame:
-    """Per step (rows) and rank (columns): the main thread's run-queue delay in
-    that step outside synchronize, ms ("cpu" rows less the "sync" rows' count);
-    empty without "cpu" rows."""
-    df = ctx.df
-    if "op" not in df.columns or "thread_kind" not in df.columns:
-        return pd.DataFrame()
-    cpu = df.loc[(df["op"].astype(str) == "cpu").to_numpy()
-                 & (df["thread_kind"].astype(str) == "main").to_numpy()]
-    if cpu.empty:
-        return pd.DataFrame()
-    w = pd.DataFrame({"step": cpu["seq"].to_numpy(dtype=np.int64),
-                      "rank": cpu["rank"].to_numpy(dtype=np.int64),
-                      "wait": cpu["count"].to_numpy(dtype=np.float64) / 1e6})
-    sync = df.loc[(df["op"].astype(str) == "sync").to_numpy()]
-    if len(sync):
-        w = pd.concat([w, pd.DataFrame({"step": sync["seq"].to_numpy(dtype=np.int64),
-                                        "rank": sync["rank"].to_numpy(dtype=np.int64),
-                                        "wait": -sync["count"].to_numpy(dtype=np.float64)
-                                        / 1e6})])
-    return w.pivot_table(index="step", columns="rank", values="wait", aggfunc="sum").dropna()
 
 
 def _cpu_order(table: pd.DataFrame, lr: pd.DataFrame) -> tuple[int, int] | None:

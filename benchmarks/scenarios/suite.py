@@ -503,6 +503,15 @@ def table(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
+def _report(results: Sequence[Result], json_path: str | None) -> int:
+    """Print the table, write the results as JSON when asked; the exit status."""
+    print(table(results))
+    if json_path:
+        Path(json_path).write_text(json.dumps([r.__dict__ for r in results], indent=1,
+                                              default=str))
+    return 0 if all(r.ok for r in results) else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("names", nargs="*", help="scenarios to run (default: all)")
@@ -518,12 +527,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.rejudge:
         if not a.work:
             p.error("--rejudge needs the --work folder of those runs")
-        results = rejudge(Path(a.rejudge), Path(a.work))
-        print(table(results))
-        if a.json:
-            Path(a.json).write_text(json.dumps([r.__dict__ for r in results], indent=1,
-                                               default=str))
-        return 0 if all(r.ok for r in results) else 1
+        return _report(rejudge(Path(a.rejudge), Path(a.work)), a.json)
     if a.list:
         for s in SCENARIOS:
             print(f"{s.name:15} expects {s.expect or '(nothing)':15} {s.cause}")
@@ -550,12 +554,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             r = results[-1]
             print(f"  first: {r.first}, cost {_fmt(r.cost_ms)} ms against {_fmt(r.truth_ms)}"
                   f" ms, false: {r.false or '-'}", file=sys.stderr, flush=True)
-    print(table(results))
-    if a.json:
-        Path(a.json).write_text(json.dumps([r.__dict__ for r in results], indent=1,
-                                           default=str))
     print(f"\nwork folder: {work} ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
-    return 0 if all(r.ok for r in results) else 1
+    return _report(results, a.json)
 
 
 if __name__ == "__main__":
