@@ -236,9 +236,13 @@ CASES = {
     "repeated-split": ("repeated", "5000"),
     "repeated-off": ("repeated", "0"),
 }
+#: The default tier runs the two that differ most (distinct at the default,
+#: repeated and split); the other two are the full tier's
+FULL_CASES = {"distinct-split", "repeated-off"}
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.full) if c in FULL_CASES else c
+                                  for c in CASES])
 @pytest.mark.mpi
 @pytest.mark.horovod
 @requires_mpi

@@ -348,6 +348,7 @@ def _calm(w: WhatIf, prof: Path) -> tuple[bool, str]:
     return ok, why
 
 
+@pytest.mark.full  # 30 s of two real runs; the replay's own rules are tested above
 @pytest.mark.mpi
 @pytest.mark.horovod
 @requires_mpi

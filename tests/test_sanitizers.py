@@ -95,7 +95,7 @@ def test_collectives_clean_under_asan_ubsan(san: dict, tmp_path: Path) -> None:
 
 
 def test_threads_clean_under_asan_ubsan(san: dict, tmp_path: Path) -> None:
-    threads, calls = 4, 3000
+    threads, calls = 4, 1000
     prof = tmp_path / "prof"
     out = run_sanitized(san, 2, "threads", [str(threads), str(calls)], prof, tmp_path)
     if "NO_THREAD_MULTIPLE" in out:

@@ -277,6 +277,7 @@ BENCH = ["-m", "profiler.workloads.train_bench", "--model", "cnn", "--batch-size
          "--num-iters", "2", "--quiet"]
 
 
+@pytest.mark.full  # test_horovod_e2e::test_profiling_does_not_change_training covers the path
 @pytest.mark.horovod
 def test_horovod_benchmark_final_weights_identical(tmp_path: Path) -> None:
     pytest.importorskip("horovod.torch")
