@@ -1499,7 +1499,8 @@ HVPROF_EXPORT void hvprof_set_enabled(int on)
 HVPROF_EXPORT int hvprof_record_app(int op, uint64_t t_start, uint64_t t_end, uint64_t count,
                                     uint32_t seq)
 {
-    if (op != HVPROF_OP_APP_STEP && op != HVPROF_OP_APP_MARK && op != HVPROF_OP_APP_SYNC)
+    if (op != HVPROF_OP_APP_STEP && op != HVPROF_OP_APP_MARK && op != HVPROF_OP_APP_SYNC
+        && op != HVPROF_OP_APP_JOIN)
         return -1;
     /* Not gated by hvprof_active: app_active is the gate.  No getpid() (a
      * system call, 140-190 ns here, per record): a forked child starts with

@@ -37,7 +37,7 @@
  *      NCCL call's proxy (network) activity, see hvprof_record;
  *      point-to-point ops 16..23, flag FROM_STATUS, in-flight peer and tag;
       op APP_CPU, a thread's CPU and run-queue time per step, with the
-      sidecar raw/rank-R.cpu.json.)
+      sidecar raw/rank-R.cpu.json; op APP_JOIN, the time in hvd.join.)
  */
 #ifndef HVPROF_FORMAT_H
 #define HVPROF_FORMAT_H
@@ -93,6 +93,7 @@
     X(34, APP_SYNC,             "sync",                 "app")             \
     X(35, APP_TENSOR,           "tensor",               "app")             \
     X(36, APP_CPU,              "cpu",                  "app")             \
+    X(37, APP_JOIN,             "join",                 "app")             \
     X(64, NCCL_ALLREDUCE,       "nccl_allreduce",       "nccl")            \
     X(65, NCCL_REDUCESCATTER,   "nccl_reducescatter",   "nccl")            \
     X(66, NCCL_ALLGATHER,       "nccl_allgather",       "nccl")            \
@@ -261,6 +262,15 @@ typedef struct hvprof_record {
                                 root or -1, dtype (NCCL codes), dtype_size,
                                 redop (Horovod's op), rc = process set id,
                                 aux = hvprof_fold_ptr(output data).
+                                APP_JOIN: the time in hvd.join (Horovod's
+                                uneven-data barrier: a rank whose data ran
+                                out waits there, its Horovod thread adding
+                                zeros to the others' collectives):
+                                t_start/t_end = entering and leaving it,
+                                count = the rank it returned (the last rank
+                                to join), seq = the step records this rank
+                                had written when it entered (its last
+                                step's number + 1).
                                 APP_CPU (not a call: one thread's CPU
                                 accounting over one step, cpu.c): written
                                 right after each APP_STEP record, one per

@@ -43,8 +43,8 @@ NCCL_COLLECTIVES = ("allreduce", "bcast", "reduce", "allgather", "reduce_scatter
 _FROM_NCCL = {"nccl_allreduce": "allreduce", "nccl_broadcast": "bcast", "nccl_bcast": "bcast",
               "nccl_reduce": "reduce", "nccl_allgather": "allgather",
               "nccl_reducescatter": "reduce_scatter"}
-_NOT_REPLAYED = {"gatherv", "init", "finalize", "step", "mark", "nccl_send", "nccl_recv",
-                 "nccl_group", "none"}
+_NOT_REPLAYED = {"gatherv", "init", "finalize", "step", "mark", "sync", "tensor", "cpu", "join",
+                 "nccl_send", "nccl_recv", "nccl_group", "none"}
 
 
 def parse_size(text: str) -> int:

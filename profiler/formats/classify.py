@@ -66,7 +66,7 @@ BITVECTOR_REDOPS = frozenset({"band", "bor"})
 CONTROL_OPS = frozenset({"gather", "gatherv", "barrier", "init", "finalize"})
 #: Ops Horovod uses only as control when not the v-variant.
 CONTROL_ONLY_ON_HOROVOD = frozenset({"allgather", "alltoall"})
-APP_OPS = frozenset({"step", "mark"})
+APP_OPS = frozenset({"step", "mark", "sync", "tensor", "cpu", "join"})
 LIFECYCLE_OPS = frozenset({"init", "finalize"})
 
 

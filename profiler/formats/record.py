@@ -308,6 +308,7 @@ OPS: dict[int, tuple[str, str, str]] = {
     34: ("APP_SYNC", "sync", "app"),
     35: ("APP_TENSOR", "tensor", "app"),
     36: ("APP_CPU", "cpu", "app"),
+    37: ("APP_JOIN", "join", "app"),
     64: ("NCCL_ALLREDUCE", "nccl_allreduce", "nccl"),
     65: ("NCCL_REDUCESCATTER", "nccl_reducescatter", "nccl"),
     66: ("NCCL_ALLGATHER", "nccl_allgather", "nccl"),
@@ -434,6 +435,7 @@ REDOP_BY_NAME: dict[str, int] = {v[1]: k for k, v in REDOPS.items()}
 OP_APP_STEP = OP_BY_CNAME["APP_STEP"]
 OP_APP_MARK = OP_BY_CNAME["APP_MARK"]
 OP_APP_CPU = OP_BY_CNAME["APP_CPU"]
+OP_APP_JOIN = OP_BY_CNAME["APP_JOIN"]
 
 
 def op_name(value: int) -> str:
