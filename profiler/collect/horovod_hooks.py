@@ -12,7 +12,9 @@ apart from the optimizer update that follows it.
 
 The same finder patches ``horovod.torch.mpi_ops`` when it is imported: its
 private entry points then record every tensor handed to Horovod
-(:mod:`profiler.collect.tensors`).
+(:mod:`profiler.collect.tensors`), and its ``join`` (re-exported as
+``hvd.join``, which imports it after the patch) records the time this rank
+waits in it as a "join" row (:func:`profiler.collect.steps.mark_join`).
 
 :func:`install` adds a ``sys.meta_path`` finder that notices the import of
 ``horovod.torch.optimizer`` and patches the module right after it executes.
@@ -100,6 +102,26 @@ def _wrap_synchronize(orig: Callable[..., Any]) -> Callable[..., Any]:
 
     setattr(synchronize, _WRAPPED, orig)
     return synchronize
+
+
+def _wrap_join(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def join(*args: Any, **kwargs: Any) -> Any:
+        try:
+            steps = (_mods or _modules())[1]
+            t_in = steps.now()
+        except Exception:  # never break the training loop
+            t_in = None
+        result = orig(*args, **kwargs)
+        if t_in is not None:
+            try:
+                steps.mark_join(t_in, steps.now(), int(result))
+            except Exception as exc:  # never break the training loop
+                _warn_once(f"join hook failed: {exc}")
+        return result
+
+    setattr(join, _WRAPPED, orig)
+    return join
 
 
 _WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
@@ -241,6 +263,31 @@ def install() -> None:
         _patch_mpi_ops(ops)
 
 
+JOIN = "join"
+JOIN_MODULES = (MPI_OPS, "horovod.torch")  # where hvd.join is bound
+
+
+def _patch_join(module: ModuleType) -> None:
+    """Wrap `module`.join (idempotent); the package's re-export when it is
+    already bound to the original (install() after `import horovod.torch`)."""
+    orig = module.__dict__.get(JOIN)
+    if orig is None or getattr(orig, _WRAPPED, None) is not None:
+        return
+    wrapped = _wrap_join(orig)
+    setattr(module, JOIN, wrapped)
+    pkg = sys.modules.get("horovod.torch")
+    if pkg is not None and pkg is not module and pkg.__dict__.get(JOIN) is orig:
+        setattr(pkg, JOIN, wrapped)
+
+
+def _unpatch_join() -> None:
+    for name in JOIN_MODULES:
+        module = sys.modules.get(name)
+        orig = getattr(module.__dict__.get(JOIN), _WRAPPED, None) if module else None
+        if module is not None and orig is not None:
+            setattr(module, JOIN, orig)
+
+
 def _patch_mpi_ops(module: ModuleType) -> None:
     try:
         from profiler.collect import tensors
@@ -248,6 +295,10 @@ def _patch_mpi_ops(module: ModuleType) -> None:
         tensors.patch_module(module)
     except Exception as exc:  # a Horovod whose layout we do not know
         _warn_once(f"could not wrap Horovod's collectives: {exc}")
+    try:
+        _patch_join(module)
+    except Exception as exc:  # a Horovod whose layout we do not know
+        _warn_once(f"could not wrap hvd.join: {exc}")
 
 
 def uninstall() -> None:
@@ -267,6 +318,7 @@ def uninstall() -> None:
         from profiler.collect import tensors
 
         tensors.unpatch_module(ops)
+    _unpatch_join()
 
 
 def installed() -> bool:

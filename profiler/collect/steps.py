@@ -70,6 +70,7 @@ __all__ = [
     "batch_size",
     "hook_step",
     "steps_recorded",
+    "mark_join",
     "mode",
     "sampling",
     "paused",
@@ -78,6 +79,7 @@ __all__ = [
 
 APP_STEP = 32  # hvprof_format.h: X(32, APP_STEP, "step", "app")
 APP_SYNC = 34  # hvprof_format.h: X(34, APP_SYNC, "sync", "app")
+APP_JOIN = 37  # hvprof_format.h: X(37, APP_JOIN, "join", "app")
 BATCH_SIZE_ENV = "HOROVOD_PROFILE_BATCH_SIZE"
 SAMPLE_STEPS_ENV = "HOROVOD_PROFILE_SAMPLE_STEPS"
 
@@ -393,6 +395,18 @@ def hook_step(entered: int | None = None) -> None:
                 lib.record_app(APP_SYNC, int(entered), int(lib.now()), 0,
                                _next_seq & 0xFFFFFFFF)
         _boundary(lib, batch_size())
+
+
+def mark_join(t_in: int, t_out: int, last_rank: int) -> None:
+    """Called by the hvd.join hook as join returns: one "join" record, the
+    interval (ticks) this rank waited in it, count = the rank join returned
+    (the last to join; 2**64 - 1 when not a rank), seq = the step records
+    written so far (the last step's number + 1)."""
+    lib = _lib if _lib is not _UNRESOLVED else _library()
+    if lib is None:
+        return
+    last = int(last_rank) if int(last_rank) >= 0 else (1 << 64) - 1
+    lib.record_app(APP_JOIN, int(t_in), int(t_out), last, _next_seq & 0xFFFFFFFF)
 
 
 def steps_recorded() -> int:

@@ -47,7 +47,9 @@ Workloads (``WORKLOADS``; np=2 in the tests):
   process_sets; ``--dynamic``: hvd.add_process_set, which needs
   HOROVOD_DYNAMIC_PROCESS_SETS=1);
 * ``join``: mlp6 where the last rank has ``--extra`` more batches than the
-  others, which call hvd.join() when theirs run out;
+  others, which call hvd.join() when theirs run out (every rank calls it,
+  also with ``--extra 0``; RESULT's ``expected.join.last_rank``: what it
+  returned);
 * ``adasum``: mlp6 with op=hvd.Adasum (Horovod's MPI CPU path).
 """
 
@@ -347,8 +349,7 @@ def _train(name: str, args: argparse.Namespace, hvd: Any, mark: Callable[[int], 
             hvd.allreduce(torch.full((8,), float(rank)), name=f"single.{rank}",
                           process_set=ps_single)
     clock.tick(steps)
-    if name == "join":
-        hvd.join()
+    joined_last = hvd.join() if name == "join" else None  # --extra 0: joins all the same
     grads = [(n, p.numel(), p.dtype) for n, p in model.named_parameters() if p.requires_grad]
     dense = [(n, k, d) for n, k, d in grads
              if not (wl.sparse and not kwargs.get("sparse_as_dense") and n == "embed.weight")]
@@ -372,7 +373,7 @@ def _train(name: str, args: argparse.Namespace, hvd: Any, mark: Callable[[int], 
     if name == "procset":
         expected["single_set_allreduce"] = {"tensors": 1, "bytes": 8 * 4}
     if name == "join":
-        expected["join"] = {"extra_steps_last_rank": args.extra}
+        expected["join"] = {"extra_steps_last_rank": args.extra, "last_rank": joined_last}
     return out | {"expected": expected}
 
 
