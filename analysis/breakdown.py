@@ -27,6 +27,11 @@ been reduced.  The parts, in milliseconds:
   call: the step's gradients were reduced before the last rank arrived, or the
   other ranks recorded no such step).
 
+A step that some ranks do not run because they are waiting in ``hvd.join``
+(uneven data: "join" rows) is split with the ranks that run it: Horovod does
+not wait for a joined rank.  :func:`last_ranks` still takes only the steps
+every rank ran (the time in join is findings.join's).
+
 Programs without synchronize (MPI programs calling collectives on the thread
 that marks steps) get the same parts from their blocking collectives, matched
 across ranks by (communicator, sequence number): ``wait_ranks`` is the time
@@ -116,6 +121,17 @@ def _locate(keys_rank: np.ndarray, starts: np.ndarray, ends: np.ndarray,
     ok = (j >= 0) & (keys_rank[safe] == rank) & (t < ends[safe])
     out[ok] = j[ok]
     return out
+
+
+def _in_join(df: pd.DataFrame, t: np.ndarray) -> np.ndarray:
+    """How many ranks are inside hvd.join ("join" rows) at each time t."""
+    j = _app_rows(df, "join")
+    if j.empty or t.size == 0:
+        return np.zeros(t.size, dtype=np.int64)
+    t0 = np.sort(j["t_start_ns"].to_numpy(dtype=np.int64))
+    t1 = np.sort(j["t_end_ns"].to_numpy(dtype=np.int64))
+    return (np.searchsorted(t0, t, side="right") - np.searchsorted(t1, t, side="left")
+            ).astype(np.int64)
 
 
 def _union(win: np.ndarray, t0: np.ndarray, t1: np.ndarray, n: int
@@ -245,12 +261,13 @@ def rank_breakdown(df: pd.DataFrame, meta: Mapping[str, Any] | None = None) -> p
     completion = np.zeros(n, dtype=np.float64)
     source = np.where(has_sync, "sync", "none").astype(object)
 
-    # the job's arrival per step: the last rank's (only where every rank has it)
+    # the job's arrival per step: the last rank's (only where every rank has
+    # it, or is in hvd.join: a rank whose data ran out holds no step back)
     n_ranks = int(pd.unique(df["rank"]).size)
     frame = pd.DataFrame({"step": st["step"].to_numpy(), "arrival": arrival})
     g = frame.loc[arrival >= 0].groupby("step")["arrival"]
     job_arr = g.max()
-    complete = g.size() >= n_ranks
+    complete = (g.size() + _in_join(df, job_arr.to_numpy(dtype=np.int64))) >= n_ranks
     A = frame["step"].map(job_arr.where(complete)).to_numpy(dtype=np.float64)
     A = np.where(has_sync, A, np.nan)
 
