@@ -7,6 +7,8 @@ with `analyze(ctx) -> list[Finding]`:
 * horovod_cycle: the time tensors wait for Horovod's cycle (cycle_time when
   HOROVOD_CYCLE_TIME is longer than the default, else horovod_wait);
 * cpu_contention: threads of the job waiting for a CPU (schedstat);
+* uneven_data: ranks waiting in hvd.join for a rank with more batches (the
+  time in join, apart from the steps the ranks share);
 * control_plane: Horovod's negotiation and response-cache traffic;
 * latency_cliffs: message sizes far above the latency fit, claimed only once
   a replay of those sizes alone confirms them (`advise --confirm`);
@@ -44,6 +46,7 @@ from . import (
     cycle,
     efficiency,
     fusion,
+    join,
     late_ranks,
     limits,
     settings,
@@ -58,6 +61,7 @@ ANALYZERS = {
     "late_ranks": late_ranks.analyze,
     "horovod_cycle": cycle.analyze,
     "cpu_contention": contention.analyze,
+    "uneven_data": join.analyze,
     "control_plane": control.analyze,
     "latency_cliffs": cliffs.analyze,
     "efficiency": efficiency.analyze,

@@ -229,7 +229,17 @@ def _finding_lines(path: str, calls: Calls) -> list[str]:
     for n, f in enumerate(top, 1):
         cost = f" [{fmt_ms(f.cost_ms)}/step]" if f.cost_ms is not None else ""
         out.append(printable(f"  {n}. {f.headline}{cost}"))
+    # what particular ranks did, whatever its rank among the findings
+    for f in advice.significant[3:]:
+        if f.key in RANK_NOTES:
+            cost = f" [{fmt_ms(f.cost_ms)}/step]" if f.cost_ms is not None else ""
+            out.append(printable(f"  also: {f.headline}{cost}"))
     return out
+
+
+#: Findings about what particular ranks did (a rank waiting in hvd.join), shown
+#: by summarize also when they are not among the top three.
+RANK_NOTES = ("uneven_data",)
 
 
 # Metric columns, most important first: at a narrow width the last are left out.
