@@ -99,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
         doc: Any = [a.to_dict() for a in advices]
         sys.stdout.buffer.write(orjson.dumps(doc if len(doc) > 1 else doc[0],
                                              option=orjson.OPT_INDENT_2
-                                             | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+                                             | orjson.OPT_SERIALIZE_NUMPY
+                                             | orjson.OPT_NON_STR_KEYS) + b"\n")
         return 0
     width = shutil.get_terminal_size((100, 24)).columns
     for i, a in enumerate(advices):
