@@ -42,9 +42,13 @@ class Heads(torch.nn.Module):
         return torch.stack([h(x).mean(dim=1) for h in self.heads], dim=1)
 
 
-def model(name: str) -> tuple[torch.nn.Module, int, int]:
-    """(model, input width, output width)."""
+def model(name: str) -> tuple[torch.nn.Module, int | tuple[int, ...], int]:
+    """(model, input width or shape, output width)."""
     torch.manual_seed(0)
+    if name == "resnet8":  # the main job's model: 29 gradient tensors, 312 KB
+        from profiler.workloads.train_bench import build_model
+
+        return build_model("resnet8"), (3, 32, 32), 10
     if name == "mlp":
         return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
                                    torch.nn.Linear(512, 512), torch.nn.ReLU(),
@@ -134,7 +138,8 @@ def main() -> None:
                                    named_parameters=net.named_parameters())
     hvd.broadcast_parameters(net.state_dict(), root_rank=0)
     g = torch.Generator().manual_seed(1234 + rank)
-    x = torch.randn(a.batch, n_in, generator=g)
+    shape = n_in if isinstance(n_in, tuple) else (n_in,)
+    x = torch.randn(a.batch, *shape, generator=g)
     y = torch.randn(a.batch, n_out, generator=g)
     rng = random.Random(a.seed * 1000 + rank)
     steps, outside, waits, arrivals, iters = [], [], [], [], []
