@@ -60,11 +60,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from analysis_fixtures import concat, frame, training
 from conftest import mpirun, profiler_cli, requires_mpi
 from profiler.analysis.findings import advise
-from profiler.analysis.findings.base import Context
-from profiler.analysis.findings.fusion import MEMCPY_BYTES_PER_S, call_cpu
 from profiler.analysis.fusion_whatif import (
     ALLREDUCE_OVER_BCAST,
     CONTENDED,
@@ -266,71 +263,6 @@ def test_error_is_whole_when_wide_or_contended() -> None:
                                "allreduces (6 sizes)")
 
 
-def _with_cpu(df: pd.DataFrame, *, bg_run_ns: int, main_wait_ns: int,
-              calls_beside_compute: bool) -> pd.DataFrame:
-    """training(sync=True) plus each step's "cpu" rows (Horovod's thread on a
-    CPU bg_run_ns, the main thread waiting main_wait_ns); with
-    calls_beside_compute, synchronize begins after the step's data calls
-    (they ran while the compute did), else at the first (the step waited)."""
-    df = df.copy()
-    if calls_beside_compute:
-        data = df.loc[df["kind"].astype(str) == "data"]
-        last = data.groupby(["step", "rank"])["t_end_ns"].max()
-        sync = (df["op"].astype(str) == "sync").to_numpy()
-        keys = list(zip(df.loc[sync, "step"], df.loc[sync, "rank"]))
-        df.loc[sync, "t_start_ns"] = [int(last[k]) for k in keys]
-        df["dur_ns"] = df["t_end_ns"] - df["t_start_ns"]
-    steps = df.loc[df["op"].astype(str) == "step"]
-    rows: dict[str, list] = {k: [] for k in ("t_start_ns", "t_end_ns", "rank", "op", "bytes",
-                                             "count", "seq", "thread_kind", "tid", "kind",
-                                             "backend")}
-    for r in steps.itertuples():
-        for kind, run, wait, tid in (("horovod", bg_run_ns, 0, 200), ("main", 8_000_000,
-                                                                      main_wait_ns, 100)):
-            for k, v in (("t_start_ns", r.t_start_ns), ("t_end_ns", r.t_end_ns),
-                         ("rank", r.rank), ("op", "cpu"), ("bytes", run), ("count", wait),
-                         ("seq", r.seq), ("thread_kind", kind), ("tid", tid + r.rank),
-                         ("kind", "app"), ("backend", "app")):
-                rows[k].append(v)
-    return concat(df, frame(rows))
-
-
-def test_call_cpu_counts_calls_beside_the_compute_on_contended_cores() -> None:
-    """The CPU a data call takes from the compute (findings.fusion.call_cpu):
-    Horovod's thread's time in calls before synchronize and above their size's
-    floor, at most its CPU time, over the calls; contended when the compute
-    thread waits for a core 5% of a step or more.  Each step: two data calls,
-    the 1 MiB one `extra` above its floor in most steps."""
-    extra = [0, 0, 0, 0] + [1_200_000] * 12
-    base = training(steps=16, sync=True, extra_comm_ns=extra)
-
-    def cpu(bg_run_ns: int, main_wait_ns: int, beside: bool) -> tuple[dict | None, float]:
-        ctx = Context(_with_cpu(base, bg_run_ns=bg_run_ns, main_wait_ns=main_wait_ns,
-                                calls_beside_compute=beside), {})
-        e = np.array([extra[s] for s in ctx.steady["step"]], dtype=float)
-        above = e - np.percentile(e, 10)
-        expected = float(np.mean(np.minimum(above, bg_run_ns) / 2 / 1e6))
-        return call_cpu(ctx), expected
-
-    beside, expected = cpu(5_000_000, 3_000_000, True)
-    assert beside is not None and beside["contended"] == 1.0
-    assert expected > 0.3 and beside["per_call_ms"] == pytest.approx(expected)
-    assert beside["main_wait_ms"] == pytest.approx(3.0)
-    # fusing copies the step's bytes in and out of the buffer: charged
-    assert beside["copy_ms"] == pytest.approx(2 * (4096 + (1 << 20)) / MEMCPY_BYTES_PER_S * 1e3)
-    # a thread that was on a CPU for less than its calls lasted: its CPU time
-    capped, expected = cpu(400_000, 3_000_000, True)
-    assert capped is not None and capped["per_call_ms"] == pytest.approx(expected)
-    assert expected < beside["per_call_ms"]
-    # the step waited for its calls: the transfer part prices them, not this
-    waited, _ = cpu(5_000_000, 3_000_000, False)
-    assert waited is not None and waited["per_call_ms"] == 0.0
-    # a compute thread that seldom waits: not contended (its CPU was free)
-    free, _ = cpu(5_000_000, 100_000, True)
-    assert free is not None and free["contended"] == 0.0
-    assert call_cpu(Context(base, {})) is None  # no cpu rows
-
-
 @pytest.mark.mpi
 @pytest.mark.horovod
 @requires_mpi
@@ -338,11 +270,12 @@ def test_call_cpu_counts_calls_beside_the_compute_on_contended_cores() -> None:
 def test_unfused_calls_on_a_shared_core_are_priced_and_fusion_recommended(
         tmp_path: Path) -> None:
     """Two ranks pinned to one core (4 busy threads on it, by construction):
-    with fusion off each of resnet8's 29 gradient tensors is its own call, whose
-    wait for the peer's thread to get the core the step pays; fusion on would
-    make about 2.  The finding prices the calls saved and recommends Horovod's
-    default threshold; measured against the fused twin (2026-12-03, this
-    machine: 246.8 against 82.6 ms a step, 164 ms; predicted 176 [164, 188])."""
+    with fusion off each of resnet8's 29 gradient tensors is its own call,
+    and each call waits for the peer's thread to get the core; fusion on
+    makes about 2.  The replay recommends Horovod's default threshold (of
+    the thresholds that tie), significant.  Its size is not asserted: the
+    scenario suite's fusion-1core measures it against fused twins (README,
+    "Validated on jobs whose cause is known")."""
     prof = tmp_path / "prof"
     mpirun(2, ["taskset", "-c", "0", sys.executable, "-m", "profiler.workloads.train_bench",
                "--model", "resnet8", "--batch-size", "2", "--image-size", "8",
@@ -357,7 +290,6 @@ def test_unfused_calls_on_a_shared_core_are_priced_and_fusion_recommended(
     assert f.significant, f.headline
     assert n["best_threshold"] == 128 * 1024 * 1024 and n["best_calls_per_step"] < 4, n
     assert f.recommendation == "HOROVOD_FUSION_THRESHOLD=134217728"
-    assert n["cpu_contended"] and n["cpu_per_call_ms"] is not None
     lo, hi = f.cost_interval_ms
     assert 0 < lo <= f.cost_ms <= hi
 

@@ -89,7 +89,7 @@ MPI_ENV = {
 #: Findings that name a rank, a message size or a setting: a null scenario must
 #: not make any of them significant.
 NAMING = ("late_ranks", "latency_cliffs", "cycle_time", "fusion", "horovod_settings",
-          "control_plane")
+          "control_plane", "uneven_data")
 
 RULES = """1
 2
