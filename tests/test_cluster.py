@@ -271,6 +271,7 @@ def test_unavailable_namespaces_are_said(monkeypatch: pytest.MonkeyPatch) -> Non
         simcluster.create(hosts=2)
 
 
+@pytest.mark.full  # test_clock_offsets_on_a_busy_machine covers the clocks' path
 @pytest.mark.horovod
 def test_horovod_across_hosts_on_a_busy_machine(sim_cluster: ClusterFactory,  # noqa: F811
                                                 tmp_path: Path) -> None:
