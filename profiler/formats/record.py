@@ -435,7 +435,6 @@ REDOP_BY_NAME: dict[str, int] = {v[1]: k for k, v in REDOPS.items()}
 OP_APP_STEP = OP_BY_CNAME["APP_STEP"]
 OP_APP_MARK = OP_BY_CNAME["APP_MARK"]
 OP_APP_CPU = OP_BY_CNAME["APP_CPU"]
-OP_APP_JOIN = OP_BY_CNAME["APP_JOIN"]
 
 
 def op_name(value: int) -> str:
