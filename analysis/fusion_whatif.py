@@ -312,7 +312,14 @@ class Latency:
     wide: bool = False  # fitted on control calls: not a data transfer's time
 
     def predict_ns(self, nbytes: Any) -> np.ndarray:
-        return np.asarray(self.model.predict_ns(nbytes), dtype=float) * self.scale
+        """The curve at `nbytes`, made subadditive: Horovod's thread runs a
+        threshold's calls one after another, so a split buffer is never sent
+        faster than the whole one.  A piecewise fit can break that (a region
+        with a negative intercept prices its sizes below their halves, and
+        every split then looks like a saving), so the cost per byte at n is
+        lifted to the most any larger size costs per byte; a curve with
+        positive intercepts is left as it is."""
+        return _subadditive(self.model, nbytes) * self.scale
 
     def describe(self) -> str:
         """What the curve was fitted on, in words: the fusion finding and
@@ -324,6 +331,29 @@ class Latency:
                 "control": "this run's allreduces with Horovod's control calls (no data call "
                            "of another size)"}.get(self.source, self.source)
         return f"{what} ({self.sizes} sizes)"
+
+
+def _subadditive(model: Any, nbytes: Any) -> np.ndarray:
+    """model(n), its cost per byte lifted to sup over m >= n of model(m) / m
+    (n > 0; other sizes as the model says): the smallest such curve whose
+    cost per byte never falls as sizes grow.  Each region is a line, so its
+    cost per byte is monotone and the supremum is at n itself, a region's
+    ends (each side of a boundary) or, past the last, that region's slope."""
+    x = np.asarray(nbytes, dtype=float)
+    raw = np.asarray(model.predict_ns(x), dtype=float)
+    regions = getattr(model, "regions", None)
+    if not regions:
+        return raw
+    edges = np.asarray(model.boundaries(), dtype=float)
+    pts = np.unique(np.concatenate([edges * (1 - 1e-9), edges * (1 + 1e-9)]))
+    pts = pts[pts > 0]
+    g = np.asarray(model.predict_ns(pts), dtype=float) / pts
+    # the most any point at or past pts[i] costs per byte, the last slope included
+    after = np.maximum.accumulate(np.append(g, float(regions[-1].beta_ns_per_byte))[::-1])[::-1]
+    pos = x > 0
+    safe = np.where(pos, x, 1.0)
+    lifted = np.maximum(raw / safe, after[np.searchsorted(pts, safe, side="left")]) * safe
+    return np.where(pos, lifted, raw)
 
 
 def _medians(calls: pd.DataFrame, min_calls: int = 1) -> pd.Series:

@@ -228,6 +228,36 @@ def test_latency_prefers_own_allreduces_then_falls_back_wide() -> None:
     assert latency_model(_calls("allreduce", "data", [312168.0], [1e5])) is None
 
 
+def test_a_split_is_never_priced_below_the_whole() -> None:
+    """Horovod's thread sends a threshold's calls one after another, so a
+    lower threshold cannot send the same bytes faster.  A piecewise fit whose
+    upper region has a negative intercept (fitted on a few slow large
+    broadcasts) made three 1 MiB calls cheaper than one 3 MiB call, and a
+    late-rank job was told to lower its threshold (CI, 2026-12-03); the
+    what-if's prices are subadditive, and a curve without that flaw is kept."""
+    from profiler.analysis.model import AlphaBetaModel, Region
+
+    bent = AlphaBetaModel((Region(8, 4096, 2000.0, 1.0, 5, 0.0),
+                           Region(16384, 1 << 20, -200_000.0, 3.0, 5, 0.0)))
+    assert float(bent.predict_ns(3 << 20)) > 3 * float(bent.predict_ns(1 << 20))  # the flaw
+    lat = Latency(model=bent, source="broadcast", sizes=10, scale=2.0)
+    whole, third = float(lat.predict_ns(3 << 20)), float(lat.predict_ns(1 << 20))
+    assert whole <= 3 * third and whole >= 2 * float(bent.predict_ns(3 << 20))
+    # ten 300 KiB tensors ready together, one cycle: fused (one call) against 1 MiB
+    ready = np.zeros(10)
+    size = np.full(10, 300.0 * 1024)
+    fused = simulate(ready, size, ["float32"] * 10, np.array([0.0]), lat.predict_ns,
+                     threshold=64 << 20)
+    split = simulate(ready, size, ["float32"] * 10, np.array([0.0]), lat.predict_ns,
+                     threshold=1 << 20)
+    assert (fused[0], split[0]) == (1, 4) and fused[1] <= split[1]
+    # a curve of positive intercepts is priced as fitted
+    line = AlphaBetaModel((Region(8, 4096, 2000.0, 1.0, 5, 0.0),
+                           Region(16384, 1 << 20, 5000.0, 0.5, 5, 0.0)))
+    x = np.array([0.0, 8.0, 5000.0, 3e6])
+    assert Latency(line, "bench", 10).predict_ns(x) == pytest.approx(line.predict_ns(x))
+
+
 def test_latency_from_a_bench() -> None:
     """A `profiler bench` trace of the fabric: its allreduce curve, as measured."""
     sizes = [8.0, 1024.0, 65536.0, 1048576.0]

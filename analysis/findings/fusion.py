@@ -115,9 +115,10 @@ def analyze(ctx: Context, lineage: pd.DataFrame | None = None,
     better = int(best["threshold"]) != w.threshold and gain > err
     significant = better and ctx.significant(lo)
     if better:
-        headline = (f"HOROVOD_FUSION_THRESHOLD={_label(int(best['threshold']))} would cut data "
-                    f"calls from {w.base_calls:.1f} to {float(best['calls_per_step']):.1f} "
-                    "per step")
+        verb = "cut" if float(best["calls_per_step"]) < w.base_calls else "take"
+        headline = (f"HOROVOD_FUSION_THRESHOLD={_label(int(best['threshold']))} would {verb} "
+                    f"data calls from {w.base_calls:.1f} to "
+                    f"{float(best['calls_per_step']):.1f} per step")
     elif np.isfinite(w.error) and w.error >= 1.0:  # wide or contended: no time trusted
         headline = (f"The fusion threshold ({_label(w.threshold)}) is kept: this run's "
                     "transfer times do not price other thresholds (see latency)")
