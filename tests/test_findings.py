@@ -332,3 +332,26 @@ def test_transfers_are_not_the_links_when_horovods_thread_waited_half_of_them(
     assert f.cost_ms == pytest.approx(40.0, rel=0.01)
     assert f.significant is claimed, f.details
     assert (f.not_claimed == "") is claimed
+
+
+@pytest.mark.parametrize("bw_gbps, claimed", [(0.0275, True), (1.0, False)])
+def test_a_bench_tells_a_slow_link_from_waiting_cores(bw_gbps: float, claimed: bool) -> None:
+    # the unclaimed case above (Horovod's thread waited 24 of the 40 ms a step
+    # for a core), now with a bench of the fabric: a link that needs 38 ms for
+    # the run's 1 MiB call holds the step whatever the cores did (claimed); a
+    # fabric that carries it in 1 ms leaves the transfer to the cores (not)
+    from profiler.analysis.findings import Context
+
+    steps, step_ns = 14, 100_000_000
+    df = training(steps=steps, step_ns=step_ns, sizes=(1 << 20,), call_ns=(40_000_000,),
+                  tail_ns=50_000, control_per_step=0, sync=True)
+    df = _with_cpu_rows(df, steps, step_ns, "horovod", 24_000_000)
+    bench = Context(df=sweep([1 << 18, 1 << 19, 1 << 20, 1 << 21], bw_gbps=bw_gbps, iters=5),
+                    meta={})
+    (f,) = _by_key(advise_frame(df, {}, bench=bench), "transfer_bound")
+    assert f.significant is claimed, f.details
+    assert (f.not_claimed == "") is claimed
+    expected = (1 << 20) / bw_gbps / 1e6  # the bench's ms for the run's call, alpha aside
+    assert f.numbers["fabric_ms"] == pytest.approx(expected, rel=0.02)
+    assert any(("the link holds the step" if claimed else "explains little") in d
+               for d in f.details)

@@ -172,8 +172,8 @@ def advise_frame(df: Any, meta: dict[str, Any] | None = None, *, path: str = "",
                  only: Sequence[str] | None = None, bench: Context | None = None,
                  replay: Context | None = None) -> Advice:
     """Run the analyzers on a loaded frame (one trace) and rank the findings;
-    `bench`: a bench trace of the same fabric, for the efficiency finding and
-    the fusion what-if's latency; `replay`: a replay of the run's flagged
+    `bench`: a bench trace of the same fabric, for the efficiency finding, the
+    transfer_bound finding and the fusion what-if's latency; `replay`: a replay of the run's flagged
     message sizes alone (`advise --confirm`), which confirms or dismisses the
     latency cliffs."""
     if "label" in df.columns:  # one trace of a multi-trace frame: the label is constant
@@ -188,6 +188,9 @@ def advise_frame(df: Any, meta: dict[str, Any] | None = None, *, path: str = "",
             continue
         if name == "latency_cliffs" and replay is not None:
             found.extend(cliffs.analyze(ctx, replay=replay))
+            continue
+        if name == "step_time" and bench is not None:
+            found.extend(step_time.analyze(ctx, bench))
             continue
         if name == "fusion" and bench is not None:
             found.extend(fusion.analyze(ctx, bench=bench))
@@ -211,8 +214,8 @@ def advise(path: str | os.PathLike[str], *, only: Sequence[str] | None = None,
     """Open a trace (trace.json, profile directory or parquet file), load what the
     analyzers read (a bounded window above `max_rows` calls) and advise;
     `bench`: a `profiler bench` trace of the same fabric (hosts, ranks,
-    transport), the reference of the efficiency finding and the fusion
-    what-if's latency; `replay`: a trace of the run's flagged sizes replayed
+    transport), the reference of the efficiency and transfer_bound findings
+    and the fusion what-if's latency; `replay`: a trace of the run's flagged sizes replayed
     alone (profiler.bench.confirm), which confirms or dismisses latency cliffs."""
     df, meta = _open(path, max_rows)
     ref = rep = None

@@ -15,6 +15,12 @@ it waits for a core for a like share of a transfer held by a slow link
 (0.6 of it in the slow-link scenario) as of one held by the cores (0.7 when
 Horovod's synchronize and MPI's polling crowd 2 cores); a bench of the
 fabric (`profiler bench`, then `advise --bench`) tells the link's speed.
+With one (a bench of the same hosts, ranks and transport), the run's data
+calls after each step's last arrival are priced at the bench's curve: when the
+fabric alone needs at least LINK_SHARE of the transfer part for them, the
+link holds the step whatever the cores did, and the finding is claimed; when
+it needs less, the transfers wait for something the fabric does not explain,
+and with the thread's waits for a core it stays unclaimed.
 
 When the compute part is at least COMPUTE_SHARE of the step (the lower end of
 its 95% interval), the finding says so: communication is not what limits this
@@ -34,6 +40,9 @@ from .base import MIN_STEPS, Context, Finding, bootstrap_mean
 
 #: A transfer part from this share of the step holds the step.
 COMM_SHARE = 0.10
+#: With a bench: the fabric's own time for the run's calls, from this share of
+#: the transfer part, makes the link what holds it.
+LINK_SHARE = 0.5
 #: A compute part from this share of the step: communication is not the limit.
 COMPUTE_SHARE = 0.80
 COMM_PARTS = ("wait_ranks", "horovod", "transfer")
@@ -46,7 +55,32 @@ TRANSFER_NULL = (f"transfers the step can ignore: the transfer part under {COMM_
                  "the step (lower end of its 95% interval)")
 
 
-def _transfer_bound(ctx: Context, per: pd.DataFrame) -> list[Finding]:
+def _fabric_ms(ctx: Context, bench: Context | None) -> tuple[float, float]:
+    """With a bench of this fabric: the bench's time for the run's data calls
+    that start after each step's last arrival (their sizes at its fitted
+    curve), ms per steady step, and the share of those calls' transfer the
+    bench covers (its sizes within reach); nan, nan without one."""
+    from .efficiency import _per_step, bench_reference, mismatch, transfers
+
+    if bench is None or mismatch(ctx, bench):
+        return float("nan"), float("nan")
+    t = transfers(ctx.matched)
+    if t.empty:
+        return float("nan"), float("nan")
+    ref = bench_reference(t, bench.df)
+    ok = np.isfinite(ref)
+    if not ok.any():
+        return float("nan"), 0.0
+    start = t["start_ns"].to_numpy(dtype=np.int64)
+    took = t["transfer_ns"].to_numpy(dtype=np.float64)
+    fabric = _per_step(ctx, start[ok], ref[ok])
+    covered = float(_per_step(ctx, start[ok], took[ok]).sum())
+    total = float(_per_step(ctx, start, took).sum())
+    return float(fabric.mean()), (covered / total if total > 0 else float("nan"))
+
+
+def _transfer_bound(ctx: Context, per: pd.DataFrame,
+                    bench: Context | None = None) -> list[Finding]:
     wall = per["wall_ms"].to_numpy()
     tr = per["transfer_ms"].to_numpy()
     share = tr / np.where(wall > 0, wall, np.nan)
@@ -65,8 +99,20 @@ def _transfer_bound(ctx: Context, per: pd.DataFrame) -> list[Finding]:
     if nbytes > 0 and np.isfinite(rate):
         details.append(f"each rank moves {fmt_bytes(int(nbytes))} per step in {calls:.1f} data "
                        f"calls, at {rate:.3g} GB/s over the time in them.")
+    fabric_ms, covered = _fabric_ms(ctx, bench)
+    link = bool(np.isfinite(fabric_ms) and fabric_ms >= LINK_SHARE * mean)
+    if np.isfinite(fabric_ms):
+        details.append(f"the bench of this fabric carries the same calls in {fmt_ms(fabric_ms)} "
+                       f"per step ({fmt_share(fabric_ms / mean)} of the transfer part; it "
+                       f"covers {fmt_share(covered)} of it): "
+                       + ("the link holds the step." if link else
+                          "the fabric explains little of it."))
     not_claimed = ""
-    if np.isfinite(waited_ms) and waited_ms >= 0.5 * mean:
+    if link:
+        if np.isfinite(waited_ms):
+            details.append(f"Horovod's background thread waited for a core {fmt_ms(waited_ms)} "
+                           "per step, which the bench shows is not what the transfers wait for.")
+    elif np.isfinite(waited_ms) and waited_ms >= 0.5 * mean:
         not_claimed = (f"Horovod's background thread waited for a core {fmt_ms(waited_ms)} per "
                        f"step ({fmt_share(waited)} of its run time): the transfers may wait for "
                        "cores (see the CPU contention finding) as well as for the link, and "
@@ -88,7 +134,7 @@ def _transfer_bound(ctx: Context, per: pd.DataFrame) -> list[Finding]:
         check="profiler bench -o BENCH --np N (on the job's hosts); profiler advise TRACE "
               "--bench BENCH/trace.json",
         numbers={"transfer_ms": mean, "bytes_per_step": nbytes, "data_calls": calls,
-                 "algbw_gbps": rate},
+                 "algbw_gbps": rate, "fabric_ms": fabric_ms},
         significant=ctx.significant(lo) and not not_claimed, part="transfer",
         null=TRANSFER_NULL, not_claimed=not_claimed)]
 
@@ -108,12 +154,14 @@ def _horovod_thread_wait(ctx: Context) -> tuple[float, float]:
     return float(bg["wait_ns"].sum()) / tot, per_step
 
 
-def analyze(ctx: Context) -> list[Finding]:
+def analyze(ctx: Context, bench: Context | None = None) -> list[Finding]:
+    """`bench`: a bench trace of the same fabric, which tells a link that holds
+    the transfers from cores that do (_fabric_ms)."""
     bd = ctx.breakdown
     if ctx.n_steps < MIN_STEPS or bd.empty or (bd["source"] == "none").all():
         return []
     per = bd.groupby("step")[["wall_ms", "compute_ms", *[f"{p}_ms" for p in COMM_PARTS]]].mean()
-    bound = _transfer_bound(ctx, per)
+    bound = _transfer_bound(ctx, per, bench)
     if bound:
         return bound
     comm = per[[f"{p}_ms" for p in COMM_PARTS]].sum(axis=1).to_numpy()

@@ -45,6 +45,12 @@ not, so each run also asks the job's own measurements (job_truths):
   at the finding's bar; naming another rank, or any rank the job's clocks
   do not make last more often than that, is false.
 
+A scenario with `bench` also measures its fabric: the allreduce sweep
+(profiler.bench.sweep) at the job's data sizes and the powers of two up to
+them, on simulated hosts with the same link rates, right after the job; its
+trace is the `--bench` of the job's advise, as a user would run `profiler
+bench` on the job's hosts.
+
 The job (benchmarks/scenarios/job.py) measures its own step times; the runner
 starts it under mpirun with HOROVOD_PROFILE=1 and reads its trace with the
 profiler's public API.  Several hosts are simulated with network namespaces
@@ -128,6 +134,9 @@ class Scenario:
     value: Callable[[int], float] | None = None
     #: CPUs every rank is pinned to (taskset -c), twin included (None: not pinned)
     pin: str | None = None
+    #: measure the fabric (the allreduce sweep on the same simulated hosts and
+    #: link rates) and advise with it as the bench
+    bench: bool = False
     #: true findings that may rank above the expected cause (key -> why): the
     #: expected one is judged as the first significant finding not named here
     above: dict[str, str] = field(default_factory=dict)
@@ -153,13 +162,15 @@ SCENARIOS: list[Scenario] = [
              value=lambda n: 40.0 * (n - 1) / n),
     Scenario("oversubscribed", "2 intra-op threads per rank: 4 compute threads on 2 cores",
              "cpu_contention", "runqueue", [*BASE, "--threads", "2", "--model", "wide"],
-             also={"rank_waiting": WAITING, "transfer_bound": "contention slows transfers"}),
+             also={"rank_waiting": WAITING, "transfer_bound": "contention slows transfers",
+                   "compute_bound": "4 compute threads on 2 cores: compute, slowed by the "
+                                    "wait for cores, is most of the step"}),
     Scenario("competitor", "two busy-looping processes beside the job",
              "cpu_contention", "runqueue", BASE, competitors=2,
              also={"rank_waiting": WAITING, "transfer_bound": "contention slows transfers"}),
     Scenario("slow-link", "2 simulated hosts, one link limited to 200 Mbit/s",
              "transfer_bound", "twin", [*BASE, "--model", "wide", "--steps", "20"],
-             hosts=2, host_rates={1: "200mbit"}, twin_env={},
+             hosts=2, host_rates={1: "200mbit"}, twin_env={}, bench=True,
              also={"rank_waiting": WAITING}),
     Scenario("fusion-off", "128 small tensors, fusion off, 2 simulated hosts (TCP)",
              "fusion", "twin", ["--model", "small", "--steps", "30", "--batch", "16"],
@@ -258,6 +269,41 @@ def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
         if line.startswith('{"scenario"'):
             return dict(json.loads(line)["scenario"])
     raise RuntimeError(f"{sc.name}: the job printed no measurements:\n{proc.stdout[-2000:]}")
+
+
+def run_bench(sc: Scenario, trace: Path, out: Path, timeout: float = 300) -> Path:
+    """The allreduce sweep over the job's data sizes (and every power of two
+    from 1 KiB up to the largest) on sc.hosts simulated hosts with the job's
+    link rates and MPI settings, profiled into `out`; returns its trace."""
+    from profiler.analysis import load
+
+    from profiler import simcluster
+
+    df = load(trace, columns=["rank", "op", "bytes", "kind"])
+    data = df.loc[(df["kind"].astype(str) == "data") & (df["op"].astype(str) == "allreduce")]
+    sizes = {int(b) for b in data["bytes"].unique() if int(b) > 0 and int(b) % 4 == 0}
+    if not sizes:
+        raise RuntimeError(f"{sc.name}: no data allreduce to measure the fabric at")
+    p2, top = 1024, max(sizes)
+    while p2 < 2 * top:
+        sizes.add(p2)
+        p2 *= 2
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    e = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    e.update(MPI_ENV)
+    e.update({"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(out)})
+    args = ["--iters", "6", "--warmup", "2", "--dtype", "float32", "--backend", "mpi",
+            "--out", str(out), "--transport", "", "--collectives", "allreduce",
+            "--sizes", ",".join(str(b) for b in sorted(sizes))]
+    with simcluster.SimCluster(hosts=sc.hosts, slots=1, host_rates=sc.host_rates) as c:
+        proc = c.mpirun(sc.np, [_python(), "-P", "-m", "profiler.bench.sweep", *args],
+                        env=simcluster.run_env(e), timeout=timeout,
+                        per_host=-(-sc.np // sc.hosts), cwd=out)
+    if proc.returncode != 0 or not (out / "trace.json").is_file():
+        raise RuntimeError(f"{sc.name}: the bench failed ({proc.returncode}):\n"
+                           f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return out / "trace.json"
 
 
 def job_truths(measured: dict[str, Any]) -> dict[str, Any]:
@@ -369,7 +415,8 @@ def evaluate(sc: Scenario, run: int, work: Path, *, twin: bool = True) -> Result
         if sizes:
             replay = do_replay(sizes, np=sc.np, out_dir=out / "confirm",
                                job_env=job_mpi_env(trace_meta(trace) or {}))
-    a = advise(trace, replay=replay)
+    bench = run_bench(sc, trace, out / "bench") if sc.bench else None
+    a = advise(trace, replay=replay, bench=bench)
     first = next((f for f in a.significant if f.key not in sc.above), None)
     truth: float | None = None
     truth_iv: tuple[float, float] | None = None
@@ -473,7 +520,9 @@ def rejudge(path: Path, work: Path) -> list[Result]:
         sc = BY_NAME[d["scenario"]]
         folder = work / f"{sc.name}-{d['run']}"
         replay = folder / "confirm" / "trace.json"
-        a = advise(folder / "trace.json", replay=replay if replay.is_file() else None)
+        bench = folder / "bench" / "trace.json"
+        a = advise(folder / "trace.json", replay=replay if replay.is_file() else None,
+                   bench=bench if sc.bench and bench.is_file() else None)
         iv = d.get("truth_interval")
         r = judge(sc, int(d["run"]), a, truth=d.get("truth_ms"),
                   truth_iv=tuple(iv) if iv else None, step_ms=d.get("step_ms"),
