@@ -38,44 +38,14 @@ call; the time early ranks wait for late ones is left out.  A predicted call
 costs the model at its size, and the run's own figure is the same quantity
 summed over its data calls per step (the median step, and the mean).
 
-Measured on this machine (resnet8, 2 ranks, 100 ms cycle, tests/
-test_fusion_whatif.py; see README): data calls per step predicted from a run
-at the default threshold match real runs at 0 (exactly) and at 20000 bytes
-(within 4%, ten sittings at load 1.5 to 7.8).
-Transfer time per step, on a calm machine (ten sittings at load 1.1-1.9,
-mostly this job's own ranks; other processes under half a core while each
-run ran): in the eight the test compared, 0.64-1.11 of the real run's median
-step at 0 (0.319-0.426 ms predicted against 0.286-0.670 real) and 0.80-1.08
-at 20000 bytes (0.271-0.374 against 0.254-0.378), once 1.39 (0.352 against
-0.254): 14 of 16 within the issue's 30%, all within 2 times, which the test
-asserts. In one more the base run's start-up broadcasts of 1.7 KB and more
-took 2-4 ms (the ranks' own start-up held the cores): agreement 32, wide,
-not compared (it would have said 0.45 and 0.14); in the other the base ran
-while another job was ending (0.6 cores; it would have said 1.30 and 1.59).
-The old fit, over every allreduce of the base run (its one fused size and
-the 8-byte control calls, which follow the cycle's 100 ms sleep and take
-70-160 us from the last arrival where a small data call takes 1-5 us), on
-the same eight: 2.88-4.24 at 0, 1.19-2.06 at 20000. On a loaded machine
-(another engineer's 2-rank jobs holding a core: seventeen sittings at load
-1.1-7.2, six judged afterwards on their traces), where the base run's
-latency was not wide and the real run not held (median step within CONTENDED
-of its floor and under 1 ms; runs slowed throughout took 97-293 ms):
-0.69-1.09 (20000: 0.82, 0.96, 0.69, 1.08, 0.80, 1.09; 0: 0.96), the old fit
-1.22-4.47 on them.
-The rest is per-call behaviour a size curve does not hold: the first data
-call of a cycle takes tens of us more than its size's (40 bytes, first,
-13-26 us where 64 bytes take 1-3: the ranks just woke from the cycle's
-sleep), and a fused call is cheaper per byte than its tensors sent apart
-(312 KB in 0.12-0.26 ms, its 147 KB tensor alone 0.10-0.15).
-On a loaded 2-core machine either side is off by up to a hundredfold: a
-call's transfer is then mostly the wait for both ranks to be on a core at
-once, a scheduler tick of 4 ms per message at worst (the fused call of one
-run 0.13 ms to 39 ms from one sitting to the next); WhatIf.contention (the
-median step over the run's floor) and the latency's `agreement` (the run's
-fused calls over the broadcasts' curve) say when a run was so held, and the
-prediction's error is then the whole figure.  Neither sees a run slowed
-throughout, its floor with it (a real 20000 run at 97 ms per step, 1.3 times
-its floor, while another job held a core): the test reads /proc/stat too.
+What the curve does not hold, which the method's error absorbs: the first
+data call of a cycle takes longer than its size's (the ranks just woke from
+the cycle's sleep); a fused call is cheaper per byte than its tensors sent
+apart; on a loaded machine a call's transfer is mostly the wait for both
+ranks to be on a core at once, which WhatIf.contention and the latency's
+`agreement` detect, and the prediction's error is then the whole figure.
+How well it holds, measured: docs/validation.md, "Fusion lineage and
+what-if".
 
 The prediction for the run's own settings, against what the run did, gives
 the method's error on this job; a setting is recommended only when its

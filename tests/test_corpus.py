@@ -16,7 +16,7 @@ reducescatter) and an embedding's sparse gradient (`lstm-sparse`: two
 allgathers beside ten allreduces).  The others (fp16 compression,
 ResNet-50, a 12-layer encoder, the dense and sparse_as_dense LSTM,
 accumulation, process sets, join, Adasum) run with HVPROF_CORPUS=all or
-`python benchmarks/corpus.py` (README: the figures); the suite's time on 2
+`python benchmarks/corpus.py` (docs/validation.md: the figures); the suite's time on 2
 cores keeps them out of the default run.
 """
 

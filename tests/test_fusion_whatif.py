@@ -45,7 +45,7 @@ latency was not wide and the real run not held (median step within CONTENDED
 of its floor and under 1 ms) the prediction was 0.69-1.09 of it. Loaded,
 either side is off by up to a hundredfold (a call's transfer is then mostly
 the wait for both ranks to be on a core: the base run's fused call 0.13 to
-39 ms, a real 20000 run 97 ms in the median step at load 7). See README
+39 ms, a real 20000 run 97 ms in the median step at load 7). See docs/validation.md
 (Fusion what-if)."""
 
 from __future__ import annotations
@@ -304,7 +304,7 @@ def test_unfused_calls_on_a_shared_core_are_priced_and_fusion_recommended(
     and each call waits for the peer's thread to get the core; fusion on
     makes about 2.  The replay recommends Horovod's default threshold (of
     the thresholds that tie), significant.  Its size is not asserted: the
-    scenario suite's fusion-1core measures it against fused twins (README,
+    scenario suite's fusion-1core measures it against fused twins (docs/validation.md,
     "Validated on jobs whose cause is known")."""
     prof = tmp_path / "prof"
     mpirun(2, ["taskset", "-c", "0", sys.executable, "-m", "profiler.workloads.train_bench",

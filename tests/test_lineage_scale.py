@@ -48,7 +48,7 @@ except Exception:  # pragma: no cover
 requires_horovod = pytest.mark.skipif(not HAVE_HOROVOD, reason="Horovod not installed")
 
 #: the issue's bound for a 12-layer transformer's 100 steps; the suite
-#: allows for a loaded machine (README has the figures measured)
+#: allows for a loaded machine (docs/validation.md has the figures measured)
 BOUND_S = 10.0
 
 

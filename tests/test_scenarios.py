@@ -1,7 +1,8 @@
 """The diagnosis scenarios' fast subset (benchmarks/scenarios/suite.py): real
 2-rank Horovod jobs with one known cause, or none, and what `profiler advise`
 must conclude.  The whole suite, with three runs of each scenario and the
-costs against their truths, is a benchmark (README, "Diagnoses you can trust")."""
+costs against their truths, is a benchmark (docs/validation.md, "Diagnoses
+against known causes")."""
 
 from __future__ import annotations
 

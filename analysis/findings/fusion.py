@@ -20,11 +20,9 @@ broadcasts and allreduces disagree) or the run was contended.  A threshold
 is recommended only when the saving exceeds that error and the noise floor.
 
 Not priced: the CPU Horovod's thread spends polling in unfused calls on
-cores the compute shares.  Tried (2026-12-03, README "Fusion what-if"): the
-calls saved x the run's CPU per call predicted 5-9 ms a step on resnet8 at
-2 ranks on 2 cores, where nine alternating unprofiled pairs measured no
-difference; a rank's polling lasts until its peer arrives, however many
-calls that wait is split into.
+cores the compute shares.  A rank's polling lasts until its peer arrives,
+however many calls that wait is split into (the attempt to price it and why
+it did not hold: docs/validation.md, "Fusion lineage and what-if").
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ budget ran out).
 
 Bounds: each cycle looks only at the open tensors (point 4 keeps them to
 about a step's), so time and memory follow the tensors per step, not the
-length of the run or the number of equal-sized tensors; measured in README.
+length of the run or the number of equal-sized tensors; measured in docs/validation.md.
 
 Readiness (which rank enqueued a tensor last, and how much later) comes from
 the same records on every rank read: it is there for every step, not only
@@ -105,7 +105,7 @@ EVIDENCE_COLUMNS = ("op", "backend", "kind", "seq", "comm", "track", "thread_kin
                     "t_start_ns", "t_end_ns", "bytes", "dtype", "redop", "root", "buf", "rc",
                     "cyc_seq", "cyc_start_ns", "cyc_floor_ns")
 #: Seconds of inference per merge, which runs in rank 0's exit.  Each cycle
-#: looks at the open tensors only (about a step's: README has the figures).
+#: looks at the open tensors only (about a step's: docs/validation.md has the figures).
 #: Beyond the budget the remaining calls are not inferred, and the lineage
 #: says so (the first calls of a run show its packing: it repeats per step).
 TIME_BUDGET_S = 30.0
