@@ -89,12 +89,37 @@ def hooks_cflags() -> list[str]:
 
 
 #: The full tier: tests of benchmark scripts and tests another test covers
-#: on the same path, run with HVPROF_FULL=1 (README, "Tests"), so that the
+#: on the same path, run with HVPROF_FULL=1 (README, "Two commands"), so that the
 #: default run keeps within 25 minutes on 2 cores.
 FULL = os.environ.get("HVPROF_FULL") == "1"
 
 
+#: The quick tier (`bash scripts/test.sh --quick`, HVPROF_QUICK=1): the tests
+#: that start no process.  A test that starts one (mpirun, the CLI, a compiler,
+#: Chromium, a namespace, a forked worker) is skipped at that moment, so the
+#: tier is defined by what a test does, with no list to keep up to date.
+QUICK = os.environ.get("HVPROF_QUICK") == "1"
+_QUICK_SKIP = "quick tier: starts a process (the default tier runs it)"
+
+
+def _no_process(*args: object, **kwargs: object) -> None:
+    pytest.skip(_QUICK_SKIP)
+
+
+if QUICK:
+    import multiprocessing.util
+
+    subprocess.Popen.__init__ = _no_process  # type: ignore[assignment]
+    os.fork = _no_process  # type: ignore[assignment]
+    multiprocessing.util.spawnv_passfds = _no_process  # type: ignore[assignment]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if QUICK:
+        away = pytest.mark.skip(reason=_QUICK_SKIP)
+        for item in items:
+            if item.get_closest_marker("processes") is not None:
+                item.add_marker(away)
     if FULL:
         return
     skip = pytest.mark.skip(reason="full tier: HVPROF_FULL=1 bash scripts/test.sh")

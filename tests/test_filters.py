@@ -88,6 +88,7 @@ def test_every_rendering_keeps_the_same_rows(tmp_path: Path, with_kind: bool,
     assert checked == len(FILTERS) - (0 if with_step else 1)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("drop", [None, "kind"], ids=["as-written", "no-kind-column"])
 def test_every_engine_gives_the_same_summary(tmp_path: Path, drop: str | None) -> None:
     """pandas in memory, DuckDB in place and Dask: the same table for the same
