@@ -23,7 +23,10 @@ def setting(name: str, default: T, parse: Callable[[str], T], expected: str, *,
             instead: str | None = None, speak: bool = True) -> T:
     """`parse(value)` of the variable, or `default` when it is unset or empty, or
     when parse raises ValueError / ProfilerError (then said once unless
-    `speak` is False: ranks other than 0 stay quiet)."""
+    `speak` is False: ranks other than 0 stay quiet).  `name` must be in
+    SETTINGS (KeyError otherwise: a variable is defined there first)."""
+    if name not in BY_NAME:
+        raise KeyError(f"{name} is not in profiler._env.SETTINGS")
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
@@ -45,3 +48,106 @@ def at_least(lo: float, kind: Callable[[str], T]) -> Callable[[str], T]:
             raise ValueError(raw)
         return v
     return parse
+
+
+# ---------------------------------------------------------------- the table
+
+
+class Setting:
+    """One variable the profiler reads: its name, what it takes, its default,
+    what it does, and which side reads it ("C": the interposition library,
+    hooks/; "Python": the package; "both")."""
+
+    __slots__ = ("name", "takes", "default", "meaning", "side")
+
+    def __init__(self, name: str, takes: str, default: str, meaning: str, side: str) -> None:
+        self.name, self.takes, self.default = name, takes, default
+        self.meaning, self.side = meaning, side
+
+
+#: Every variable the profiler reads, defined once: tests/test_settings.py
+#: checks it against the names that hooks/ and the package read, and the
+#: documentation's environment page is generated from it (docs/hooks.py).
+SETTINGS: tuple[Setting, ...] = (
+    Setting("HOROVOD_PROFILE", "1, summary, 0/off", "off",
+            "1 turns profiling on; summary keeps per-(op, communicator, size) aggregates "
+            "with latency histograms instead of every call", "both"),
+    Setting("HOROVOD_PROFILE_DIR", "a path", "./horovod-profile-<date>-<time>-<job id>",
+            "the profile directory", "both"),
+    Setting("HOROVOD_PROFILE_BATCH_SIZE", "an integer >= 0", "unknown",
+            "images per rank per optimizer step, for steps found by the "
+            "DistributedOptimizer hook", "Python"),
+    Setting("HOROVOD_PROFILE_SAMPLE_STEPS", "N >= 1", "1",
+            "record one training step in N (the others' calls are counted, not recorded); "
+            "it, HOROVOD_PROFILE_WINDOW and profiler.sampling() combine: a call is "
+            "recorded when none of them pauses it", "Python"),
+    Setting("HOROVOD_PROFILE_WINDOW", "A:B or A: (seconds)", "the whole run",
+            "record only from A to B seconds after start", "C"),
+    Setting("HOROVOD_PROFILE_CHUNK_KB", "KiB", "256",
+            "size of each thread's record buffer, which is one chunk of the raw file", "C"),
+    Setting("HOROVOD_PROFILE_FLUSH_MS", "ms", "25",
+            "how often the helper thread writes the buffers out: the most a SIGKILL can "
+            "lose (fatal signals flush first)", "C"),
+    Setting("HOROVOD_PROFILE_HELPER", "0 or 1", "1",
+            "0: no helper thread; each thread writes its own full buffers", "C"),
+    Setting("HOROVOD_PROFILE_SIGNALS", "0 or 1", "1",
+            "0: fatal signals (SIGSEGV, SIGTERM, ...) do not flush the buffers first", "C"),
+    Setting("HOROVOD_PROFILE_CLOCK", "tsc, monotonic or auto", "auto (the TSC where it is "
+            "invariant)", "the records' clock", "C"),
+    Setting("HOROVOD_PROFILE_CLOCK_SYNC", "host or rank", "host",
+            "rank: every rank measures its own clock offset, as if each had its own host",
+            "C"),
+    Setting("HOROVOD_PROFILE_TIMELINE", "0/off or 1/on", "0",
+            "1: also write Horovod's own timeline into the profile directory (costs "
+            "throughput; the lineage gains negotiation and wait-for-data phases)", "both"),
+    Setting("HOROVOD_PROFILE_HANG_S", "seconds >= 0", "120",
+            "seconds a collective may stay in flight before the watchdog writes a hang "
+            "snapshot; 0 turns the watchdog off", "Python"),
+    Setting("HOROVOD_PROFILE_MERGE", "0 or 1", "1",
+            "0: rank 0 builds no trace.json at exit, and one line says to run "
+            "`profiler merge DIR`", "both"),
+    Setting("HOROVOD_PROFILE_MERGE_TIMEOUT", "seconds >= 0", "60",
+            "how long rank 0 waits at exit for the other ranks' files; a program without "
+            "Python waits for its merge this long plus 30 s, then leaves it running", "both"),
+    Setting("HOROVOD_PROFILE_TRACE_EVENTS", "an integer >= 0", "500000",
+            "at most this many call events in trace.json (the parquet files hold every "
+            "call); above it, a window of ranks and steps", "Python"),
+    Setting("HOROVOD_PROFILE_TRACE_RANKS", "an integer >= 1", "8",
+            "ranks in trace.json's window (the first ones plus likely stragglers)", "Python"),
+    Setting("HOROVOD_PROFILE_TRACE_STEPS", "an integer >= 1", "10",
+            "middle steps in trace.json's window", "Python"),
+    Setting("HOROVOD_PROFILE_FASTREC", "0 or 1", "1",
+            "0: the tensor hooks in Python and the step hook through ctypes instead of "
+            "the C extension (the same records, at about three times the cost)", "Python"),
+    Setting("HOROVOD_PROFILE_ANALYSIS_MEMORY", "DuckDB's memory_limit (4GB)", "DuckDB's own",
+            "caps the memory of the analysis engine over large datasets", "Python"),
+    Setting("HOROVOD_PROFILE_NCCL_DEVICE", "0 or 1", "1",
+            "0: NCCL calls keep host times only (no CUDA events)", "C"),
+    Setting("HOROVOD_PROFILE_NCCL_EVENTS", "2 to 65536", "1024",
+            "CUDA event pairs per device for NCCL calls' device times", "C"),
+    Setting("HOROVOD_PROFILE_NCCL_POLL_MS", "ms", "5",
+            "how often the device-time thread polls the events", "C"),
+    Setting("HOROVOD_PROFILE_NCCL_ANCHOR_MS", "ms", "1000",
+            "how old the device-to-host clock anchor may get before it is re-taken", "C"),
+    Setting("HOROVOD_PROFILE_NCCL_FLUSH_MS", "ms", "1000",
+            "how long the exit waits for device times still in flight", "C"),
+    Setting("HOROVOD_PROFILE_NCCL_WRAPPERS", "0 or 1", "1",
+            "0: no ncclAllReduce (and siblings) wrappers; NCCL's profiler plugin only",
+            "C"),
+    Setting("HOROVOD_PROFILE_NCCL_PROXY", "0 or 1", "1",
+            "0: the NCCL profiler plugin records no proxy (network) events", "C"),
+    Setting("HOROVOD_PROFILE_CUDART", "a path, or none", "a libcudart already loaded",
+            "the CUDA runtime used for NCCL device times", "C"),
+    Setting("HVPROF_LIB", "a path", "profiler/_lib/libhvprof.so",
+            "the interposition library Python loads instead of the packaged one", "Python"),
+)
+
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+
+
+def markdown_table() -> str:
+    """The environment page's table (docs/hooks.py)."""
+    rows = ["| variable | takes | default | what it does | read by |", "|---|---|---|---|---|"]
+    for s in SETTINGS:
+        rows.append(f"| `{s.name}` | {s.takes} | {s.default} | {s.meaning} | {s.side} |")
+    return "\n".join(rows)
