@@ -257,3 +257,40 @@ def test_merge_at_exit_can_be_left_for_later(prog: Path, tmp_path: Path) -> None
     assert p.returncode == 0, p.stderr
     got = counts_in_trace(prof / "trace.json")
     assert got[0][("barrier", 0)] == got[1][("barrier", 0)] == 5
+
+
+def test_python_job_aborted_by_mpirun_still_gets_its_trace(tmp_path: Path) -> None:
+    """mpirun aborts the job when a rank exits non-zero.  Rank 1 records far
+    more calls than rank 0 (on MPI_COMM_SELF), so rank 0 has converted its own
+    file and is merging (seconds: rank 1's calls) when rank 1, done with its
+    own file, exits with status 3 and mpirun ends rank 0.  The merge runs in a
+    session of its own, goes on, and trace.json appears with every call of
+    both ranks; one line says so (or the merge's own line, when it was quicker
+    than mpirun).  The exit status stays the failing rank's."""
+    prof = tmp_path / "prof"
+    calls, extra = 2_000, 200_000
+    code = ("import sys\n"
+            "import numpy as np\n"
+            "from mpi4py import MPI\n"
+            "c = MPI.COMM_WORLD\n"
+            "a = np.zeros(1); b = np.zeros(1)\n"
+            f"for _ in range({calls}): c.Allreduce(a, b)\n"
+            "if c.Get_rank() == 1:\n"
+            f"    for _ in range({extra}): MPI.COMM_SELF.Allreduce(a, b)\n"
+            "    sys.exit(3)\n")
+    env = {"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof)}
+    proc = subprocess.run(["mpirun", "-n", "2", *[a for k in env for a in ("-x", k)],
+                           sys.executable, "-c", code], env=base_env(**env), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    lines = said(proc)
+    assert len(lines) <= 1, proc.stderr[-3000:]
+    assert all("trace written to" in ln or
+               f"left running): {prof}/trace.json appears when it ends" in ln
+               for ln in lines), lines
+    deadline = time.time() + 90
+    while not (prof / "trace.json").is_file() and time.time() < deadline:
+        time.sleep(0.2)  # written whole (a temporary file renamed)
+    got = counts_in_trace(prof / "trace.json")
+    assert got[0][("allreduce", 8)] == calls
+    assert got[1][("allreduce", 8)] == calls + extra

@@ -18,10 +18,13 @@ mpi4py's finalization handlers registered later):
   FINALIZED, the same on every rank;
 * hvprof_process_exit() marks the raw file CLOSED;
 * this rank's raw file becomes ranks/rank-R.parquet + .json;
-* rank 0 waits, bounded by HOROVOD_PROFILE_MERGE_TIMEOUT (default 60 s), for
-  the other ranks' datasets, converts those of ranks that died, writes
-  trace.json and prints one line to stderr (profiler.collect.exitmerge, which
-  the library's own exit merge runs too for processes without Python: this
+* rank 0 starts the merge as a child in a session of its own, which waits,
+  bounded by HOROVOD_PROFILE_MERGE_TIMEOUT (default 60 s), for the other
+  ranks' datasets, converts those of ranks that died and writes trace.json;
+  rank 0 waits for it and prints its line to stderr.  A launcher that ends
+  rank 0 meanwhile (mpirun aborting the job because another rank exited
+  non-zero) does not end the merge (profiler.collect.exitmerge, which the
+  library's own exit merge runs too for processes without Python: this
   module tells the library, hvprof_set_python, that Python merges here).
 
 Any failure is reported in one line; the application's exit status never changes.
@@ -71,7 +74,7 @@ def finish() -> str | None:
     mask = os.umask(0o022)
     os.umask(mask | 0o022)
     try:
-        return convert_and_merge(directory, raw, rank, world)
+        return convert_and_merge(directory, raw, rank, world, detached=True)
     finally:
         os.umask(mask)
 
