@@ -367,26 +367,23 @@ def latency_model(calls: pd.DataFrame, bench: pd.DataFrame | None = None) -> Lat
       ranks a small allreduce is one exchange as a broadcast is one message,
       so the curves have the same shape (a latency and a per-byte cost), but
       the allreduce sends n bytes each way and reduces them: its transfer is
-      ALLREDUCE_OVER_BCAST times the broadcast's (measured 1.5-2.2 at every
-      size).  At other communicator sizes the factor is not known and is
-      taken from the run's data allreduces instead (the median of their
-      transfers over the broadcasts' fit at their size).  At 2 ranks the
-      run's allreduces only check the curve (`agreement`, their median over
-      it): the fused call is the only size a fused run makes and is cheaper
-      per byte than separate calls of its tensors (312 KB in 0.12-0.26 ms
-      where its 147 KB tensor alone takes 0.10-0.15), so anchoring the
-      curve there put 20000 bytes at 0.42-1.30 times the real run in four
-      calm sittings, where the fixed factor gave 0.69-0.96.  An agreement
-      outside AGREEMENT_RANGE means that the two disagree (load slowed one of
-      them: on this shared 2-core machine a start-up broadcast of 2 KB took 4
-      ms, a scheduler tick, in one sitting; a run's fused calls 9-18 ms in
-      others), and the prediction is marked `wide`;
+      ALLREDUCE_OVER_BCAST times the broadcast's.  At other communicator
+      sizes the factor is not known and is taken from the run's data
+      allreduces instead (the median of their transfers over the
+      broadcasts' fit at their size).  At 2 ranks the run's allreduces only
+      check the curve (`agreement`, their median over it): the fused call is
+      the only size a fused run makes and is cheaper per byte than separate
+      calls of its tensors, so a curve anchored there prices the unfused
+      calls too low.  An agreement outside AGREEMENT_RANGE means that the
+      two disagree (load slowed one of them: a start-up broadcast held for a
+      scheduler tick, or fused calls held off their cores), and the
+      prediction is marked `wide`;
     * "control": neither: every allreduce of Horovod's thread, control ones
       included.  The 8-byte control allreduce (the response cache's bits)
-      follows each cycle's sleep and takes 70-160 us from the last arrival
-      where an 8-byte data call takes 1-5 us, so this model's latency is far
-      too high and the prediction is marked `wide` (its gains are not
-      trusted: analysis.findings.fusion).
+      follows each cycle's sleep and takes far longer from the last arrival
+      than a data call of its size, so this model's latency is far too high
+      and the prediction is marked `wide` (its gains are not trusted:
+      analysis.findings.fusion).  Figures: docs/validation.md.
 
     None when even the last has fewer than 2 sizes."""
     if bench is not None and len(bench):

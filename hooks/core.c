@@ -59,10 +59,10 @@ _Atomic int hvprof_divert = 0;
 static void agg_snapshot(void);
 static void window_init(void);
 static int parse_window(const char *w, double *a, double *b);
-/* The helper's flush period: the most a SIGKILL can lose.  A wake-up costs
- * the helper 15-45 us of CPU on this project's VM (a bare timed futex wait
- * alone: 25-40 us), 0.4% of a core at 10 ms: the largest part of the
- * profiler's CPU share.  At 25 ms, 0.1-0.2%. */
+/* The helper's flush period: the most a SIGKILL can lose.  Each wake-up
+ * costs the helper tens of microseconds of CPU, the largest part of the
+ * profiler's own CPU share, so the period trades loss on SIGKILL against
+ * that share (figures: docs/validation.md). */
 #define DEFAULT_FLUSH_MS 25
 static void window_tick(int64_t now_mono);
 int hvprof_clock_kind = HVPROF_CLOCK_MONOTONIC;
@@ -934,8 +934,7 @@ static void reserve_chunks(uint64_t chunks)
 /* The helper runs where the launcher could run anything, not only on the
  * rank's own core: Open MPI binds each rank to a core (at 1 or 2 ranks by
  * default) and a thread inherits its creator's binding, so a rank's helper
- * competed with that rank for one core while others idled (measured here, 1
- * rank: the loop took main-thread + helper time, +30 ns per call).  The set
+ * competed with that rank for one core while others idled.  The set
  * is the parent process's affinity (mpirun's daemon, slurmstepd, the shell:
  * what the user gave the job, isolated cores excluded) when it contains the
  * rank's own; otherwise, or when anything fails, the inherited one stays. */
@@ -1503,8 +1502,8 @@ HVPROF_EXPORT int hvprof_record_app(int op, uint64_t t_start, uint64_t t_end, ui
         && op != HVPROF_OP_APP_JOIN)
         return -1;
     /* Not gated by hvprof_active: app_active is the gate.  No getpid() (a
-     * system call, 140-190 ns here, per record): a forked child starts with
-     * app_active 0 (atfork_child). */
+     * system call per record): a forked child starts with app_active 0
+     * (atfork_child). */
     if (!atomic_load(&app_active)) return -1;
     int rc = hvprof_emit_record(&(hvprof_record){
         .t_start = t_start, .t_end = t_end, .bytes = 0, .count = count, .seq = seq,

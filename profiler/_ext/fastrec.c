@@ -16,13 +16,10 @@
  * latter, the warning, selfcost's sampling functions); its own Python hook
  * does the same in Python and is used when this module is absent or
  * HOROVOD_PROFILE_FASTREC=0 (tests/test_tensor_hooks.py compares the two,
- * record by record).  Why: measured on this project's 2-core VM, in a warm
- * loop (a stand-in entry point, 20,000 calls, median of 7), the Python hook
- * adds 2.8-3.0 us a tensor and this one 0.78-1.05 us; inside a resnet18 step
- * at 2 ranks (the wall time of the recording part, 1,738 tensors a run, two
- * runs each), medians 4.1-6.4 us against 3.7-4.0 us and 90th percentiles
- * 18-26 us against 15-16 us: there the backward pass has left the caches
- * cold and the other threads share the cores.
+ * record by record).  Why: a hook runs once per tensor per step, inside the
+ * backward pass; without the interpreter's argument handling this one costs
+ * a fraction of the Python hook in a warm loop, and less inside a training
+ * step too (figures: docs/validation.md, "Fusion lineage and what-if").
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -24,7 +24,7 @@ Alignment method (the timeline and the records use different time bases):
    holds a (CLOCK_REALTIME, CLOCK_MONOTONIC) pair taken at start-up
    (cal0_realtime_ns, cal0_mono_ns) and the job's time zero (job_t0_ns).  So
    job_ns = epoch_us*1000 + ts_us*1000 - cal0_realtime_ns + cal0_mono_ns
-   - offset_ns - job_t0_ns.  Measured here: within ~1-2 us of the records.
+   - offset_ns - job_t0_ns, which agrees with the records to a few microseconds.
 2. Without anchors (or when they disagree with the records), order: for each
    collective family (MPI_ALLREDUCE <-> allreduce, MPI_BCAST <-> bcast, ...),
    the timeline's operation instances and rank 0's data records on Horovod's

@@ -10,19 +10,17 @@ plus the clock reads it made itself (every invocation is counted in
 python_calls).
 
 Each measured interval is read on two clocks (:func:`start`, :func:`close`):
-the wall clock (time.perf_counter_ns: the vDSO, about 50 ns, no system
-call), and around it this thread's CPU clock (time.thread_time_ns: a system call, 1
-us in a quiet loop on this project's VM, about 6 us inside a training
-step).  The work is the smaller of the two.  The wall interval holds the
+the wall clock (time.perf_counter_ns: the vDSO, no system call), and around
+it this thread's CPU clock (time.thread_time_ns: a system call, several times
+dearer inside a training step than in a quiet loop).  The work is the
+smaller of the two.  The wall interval holds the
 work alone unless the thread waited for a core meanwhile (on a busy node
 Horovod's background threads poll: a wait of a scheduler tick inside a
 10-us hook happens often enough to double a wall-clock mean); the CPU
 interval never holds a wait but holds parts of its own two system calls.
 The estimate is an upper bound: a measured invocation runs its work right
-after a system call, with colder caches than an unmeasured one (in a
-resnet18 job at 2 ranks: a median of 10-13 us of work per sampled tensor,
-where the unmeasured ones took a median of 4-6 us of wall time; means 19-25
-us and 14-20 us, the latter with waits).  The CPU reads are
+after a system call, with colder caches than an unmeasured one.  The CPU
+reads are
 priced from one more read right after (:func:`close`).  What runs before
 the hook's first read (the call into it) is not counted.  The C side
 states its share in the raw file's header: the per-call cost calibrated at
