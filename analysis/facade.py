@@ -338,6 +338,15 @@ class TraceAnalysis:
         return self.calls(by=by_l, ranks=ranks, steps=steps, ops=ops).table(
             by_l, list(kinds) if kinds is not None else None)
 
+    def advise(self, *, bench: str | os.PathLike[str] | None = None,
+               replay: str | os.PathLike[str] | None = None,
+               only: Sequence[str] | None = None) -> Any:
+        """The findings of this profile, ranked (analysis.findings.advise: the
+        step breakdown and every analyzer; `bench`, `replay` as there)."""
+        from .findings import advise
+
+        return advise(self.path, bench=bench, replay=replay, only=only)
+
     def p2p(self, *, ranks: Sequence[int] | None = None,
             steps: tuple[int, int] | None = None) -> pd.DataFrame:
         """MPI point-to-point messages matched across ranks (p2p.match_p2p's

@@ -52,24 +52,24 @@ def _confirmed(trace: str, bench: str | None) -> Any:
     """advise(trace) with its flagged sizes replayed alone (--confirm)."""
     from pathlib import Path
 
-    from profiler.analysis.facade import trace_meta
-    from profiler.analysis.findings import advise
+    from profiler.analysis.facade import TraceAnalysis
     from profiler.bench.confirm import job_mpi_env, replay
     from profiler.errors import UsageError
 
-    first = advise(trace, bench=bench, only=["latency_cliffs"])
+    ta = TraceAnalysis.open(trace, engine="pandas")
+    first = ta.advise(bench=bench, only=["latency_cliffs"])
     sizes = next((f.numbers.get("replay_sizes") for f in first.findings
                   if f.key == "latency_cliffs"), None)
     if not sizes:
         print(f"profiler: {trace}: no message size flagged: nothing to replay",
               file=sys.stderr)
-        return advise(trace, bench=bench)
+        return ta.advise(bench=bench)
     if first.header.get("hosts", 1) > 1:
         raise UsageError(trace, f"--confirm replays on this host, the job ran on "
                                 f"{first.header['hosts']}: run `profiler bench --sizes "
                                 f"{','.join(map(str, sizes))}` on the job's hosts and pass "
                                 "--replay BENCH/trace.json")
-    meta = trace_meta(trace) or {}
+    meta = ta.meta or {}
     p = Path(trace)
     home = p if p.is_dir() else p.parent
     out = home / "confirm"
@@ -79,11 +79,11 @@ def _confirmed(trace: str, bench: str | None) -> Any:
         out = home / f"confirm-{n}"
     rtrace = replay(sizes, np=int(first.header.get("ranks") or 2), out_dir=out,
                     job_env=job_mpi_env(meta))
-    return advise(trace, bench=bench, replay=rtrace)
+    return ta.advise(bench=bench, replay=rtrace)
 
 
 def run(args: argparse.Namespace) -> int:
-    from profiler.analysis.findings import advise
+    from profiler.analysis.facade import TraceAnalysis
 
     if args.confirm and args.replay:
         from profiler.errors import UsageError
@@ -92,7 +92,9 @@ def run(args: argparse.Namespace) -> int:
     if args.confirm:
         advices = [_confirmed(t, args.bench) for t in args.traces]
     else:
-        advices = [advise(t, bench=args.bench, replay=args.replay) for t in args.traces]
+        advices = [TraceAnalysis.open(t, engine="pandas").advise(bench=args.bench,
+                                                                 replay=args.replay)
+                   for t in args.traces]
     if args.format == "json":
         import orjson
 

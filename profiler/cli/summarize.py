@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from profiler.analysis.facade import Calls
+    from profiler.analysis.facade import Calls, TraceAnalysis
 
 import argparse
 import sys
@@ -88,7 +88,6 @@ def run(args: argparse.Namespace) -> int:
     from profiler.analysis.facade import TraceAnalysis
 
     ta = TraceAnalysis.open(args.trace, engine=args.engine, scheduler=args.scheduler)
-    meta = ta.meta
     calls = ta.calls(by=by, ranks=ranks_arg, steps=steps, ops=ops)
     if args.format == "json":
         import orjson
@@ -100,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "csv":
         _printable(calls.table(by)).to_csv(sys.stdout, index=False)
         return 0
-    _print_table(args.trace, meta, calls, by, wide=args.wide)
+    _print_table(ta, calls, by, wide=args.wide)
     return 0
 
 
@@ -152,13 +151,14 @@ def _fmt_bw(v: float) -> str:
     return fmt_bw(v)
 
 
-def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[str], *,
+def _print_table(ta: TraceAnalysis, calls: Calls, by: list[str], *,
                  wide: bool = False) -> None:
     """The terminal summary: the table of data traffic, then one line each for
     control traffic, per-rank time, what the trace lacks, clocks and GPUs."""
     from ._table import console as make_console
     from ._table import terminal_width
 
+    path, meta = ta.path, ta.meta
     # A terminal gets the columns that fit its width, every cell whole; a pipe
     # or a file (or --wide) gets every column.
     width = terminal_width(wide)
@@ -195,33 +195,32 @@ def _print_table(path: str, meta: dict[str, Any] | None, calls: Calls, by: list[
     if has_control:
         lines.append(_control_line(calls, n_ranks))
     if p2p_apart:
-        lines += _p2p_lines(path, calls)
+        lines += _p2p_lines(ta, calls)
     lines.append(_rank_line(calls))
     lines += _trace_lines(meta)
     lines += calls.gpu_lines(meta)
-    lines += _finding_lines(path, calls)
+    lines += _finding_lines(ta, calls)
     for line in lines:
         if line:
             console.print(line, markup=False)
 
 
-def _finding_lines(path: str, calls: Calls) -> list[str]:
+def _finding_lines(ta: TraceAnalysis, calls: Calls) -> list[str]:
     """The top findings (analysis.findings, as `profiler advise` ranks them), one
-    line each; nothing for summary-mode traces or when they cannot be drawn."""
+    line each; nothing for summary-mode traces, or a line saying why not."""
     if calls.aggregated:
         return []
     import warnings
 
-    from profiler.analysis.findings import advise
     from profiler.errors import ProfilerError, printable
     from profiler.units import fmt_ms
 
     try:
         with warnings.catch_warnings():  # what loading says was said above
             warnings.simplefilter("ignore")
-            advice = advise(path)
-    except (ProfilerError, ValueError, KeyError):
-        return []
+            advice = ta.advise()
+    except ProfilerError as exc:
+        return [printable(f"findings: none drawn ({exc.line()})")]
     top = advice.significant[:3]
     if not top:
         return ["findings: no significant finding (profiler advise TRACE for details)"]
@@ -307,7 +306,7 @@ def _control_line(calls: Calls, n_ranks: int) -> str:
             f"{100 * share:.1f}% of communication time")
 
 
-def _p2p_lines(path: str, calls: Calls) -> list[str]:
+def _p2p_lines(ta: TraceAnalysis, calls: Calls) -> list[str]:
     """MPI point-to-point traffic: calls, time and share; then the messages
     matched across ranks (profiler.analysis.p2p: bytes, transfer time, what
     was left unmatched), when the trace has per-call rows."""
@@ -319,14 +318,14 @@ def _p2p_lines(path: str, calls: Calls) -> list[str]:
            "communication time"]
     if calls.aggregated:
         return out
-    from profiler.analysis.facade import TraceAnalysis
     from profiler.analysis.p2p import p2p_summary
     from profiler.errors import ProfilerError
     from profiler.units import fmt_bytes
 
     try:
-        s = p2p_summary(TraceAnalysis.open(path, engine="pandas").p2p())
-    except (ProfilerError, ValueError, KeyError):
+        s = p2p_summary(ta.p2p())
+    except ProfilerError as exc:
+        out.append(f"  messages not matched ({exc.line()})")
         return out
     line = f"  {s['matched']} messages matched ({fmt_bytes(s['bytes'])})"
     if s["transfer_p50_ns"] is not None:
