@@ -26,12 +26,13 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from profiler.layout import format_ranges
+
+from .load import trace_meta
 
 # comm and seq: a device row (NCCL) times its host call through (rank, comm, seq, op)
 _BASE_COLUMNS = ["rank", "backend", "op", "bytes", "dur_ns", "comm_size", "kind", "device",
@@ -261,17 +262,6 @@ def _gather_dataset(path: str, dataset: Any, ranks_arg: list[int] | None,
                         engine="dask" if engine == "dask" else "duckdb", scheduler=scheduler,
                         has_kind="kind" in dataset.columns)
 
-
-
-def trace_meta(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The trace metadata behind `path`, None for a parquet or raw file or a
-    directory without trace.json."""
-    from .load import load_meta
-
-    p = Path(path)
-    if p.suffix in (".parquet", ".hvprof") or (p.is_dir() and not (p / "trace.json").exists()):
-        return None
-    return load_meta(p)
 
 
 ENGINES = ("auto", "pandas", "duckdb", "dask")

@@ -45,6 +45,16 @@ def load_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
     return read_trace_meta(resolve_trace(path))
 
 
+
+def trace_meta(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The trace metadata behind `path`, None for a parquet or raw file or a
+    directory without trace.json."""
+    p = Path(path)
+    if p.suffix in (".parquet", ".hvprof") or (p.is_dir() and not (p / "trace.json").exists()):
+        return None
+    return load_meta(p)
+
+
 def read_files(files: Sequence[Path], flt: RowFilter | None,
                columns: Sequence[str] | None) -> pd.DataFrame:
     """Parquet files of the row schema -> one DataFrame, the filter pushed down to the

@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,8 +31,11 @@ PRELUDE = textwrap.dedent("""
 
 
 def run_until_killed(tmp: Path, body: str, *, np_: int = 2, after_s: float = 6.0,
-                     env: dict[str, str] | None = None) -> tuple[Path, str]:
-    """Run the job; SIGKILL the whole job (mpirun and its ranks) after `after_s`."""
+                     env: dict[str, str] | None = None,
+                     until: Callable[[Path], bool] | None = None) -> tuple[Path, str]:
+    """Run the job; SIGKILL the whole job (mpirun and its ranks) after `after_s`,
+    or a second after `until(profile dir)` holds (what the test waits for is
+    there: a loaded machine may take longer than a fixed time to get there)."""
     job = tmp / "job.py"
     job.write_text(PRELUDE + textwrap.dedent(body))
     prof = tmp / "prof"
@@ -38,11 +43,19 @@ def run_until_killed(tmp: Path, body: str, *, np_: int = 2, after_s: float = 6.0
     proc = subprocess.Popen(["mpirun", "-n", str(np_), sys.executable, str(job)], cwd=tmp,
                             env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=after_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate(timeout=30)
+    deadline = time.monotonic() + after_s
+    while True:
+        try:
+            out, _ = proc.communicate(timeout=0.5 if until is not None else after_s)
+            return prof, out
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                break
+            if until is not None and until(prof):
+                time.sleep(1.0)  # what it writes alongside is written too
+                break
+    os.killpg(proc.pid, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=30)
     return prof, out
 
 
@@ -157,8 +170,12 @@ def test_horovod_tensor_one_rank_never_submits(tmp_path: Path, skip: int) -> Non
     Every MPI call completes (the response-cache allreduce goes on each cycle),
     so no collective is in flight; the tensor records name what is missing."""
     pytest.importorskip("horovod.torch")
-    prof, out = run_until_killed(tmp_path, HVD_JOB.replace("SKIP", str(skip)), after_s=12.0,
-                                 env={"HOROVOD_CYCLE_TIME": "5", "HOROVOD_PROFILE_HANG_S": "2"})
+    def snapshots(prof: Path) -> bool:
+        return all((prof / "hang" / f"rank-0000{r}.stacks.txt").is_file() for r in (0, 1))
+
+    prof, out = run_until_killed(tmp_path, HVD_JOB.replace("SKIP", str(skip)), after_s=40.0,
+                                 env={"HOROVOD_CYCLE_TIME": "5", "HOROVOD_PROFILE_HANG_S": "2"},
+                                 until=snapshots)
     rc, text, doc = hang_cli(prof)
     if skip < 0:
         assert out.count("done") == 2, out

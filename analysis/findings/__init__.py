@@ -202,8 +202,7 @@ def advise_frame(df: Any, meta: dict[str, Any] | None = None, *, path: str = "",
 
 
 def _open(path: str | os.PathLike[str], max_rows: int) -> tuple[Any, dict[str, Any]]:
-    from ..facade import trace_meta
-    from ..load import load
+    from ..load import load, trace_meta
 
     return load(path, columns=COLUMNS, max_rows=max_rows), trace_meta(path) or {}
 

@@ -217,7 +217,11 @@ def _catch_end_signals(line: str) -> dict[int, Any]:
 
     def ended(signum: int, frame: Any) -> None:
         say(line)
-        signal.signal(signum, signal.SIG_DFL)
+        # the signal again, to the handler it had before (Python's SIGINT
+        # handler raises KeyboardInterrupt, which the exit handler reports
+        # and the exit status survives; a handler set in C reads as None)
+        prev = old.get(signum)
+        signal.signal(signum, prev if prev is not None else signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
     old: dict[int, Any] = {}
