@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from profiler.errors import ProfilerError, printable
 
@@ -53,16 +53,16 @@ def at_least(lo: float, kind: Callable[[str], T]) -> Callable[[str], T]:
 # ---------------------------------------------------------------- the table
 
 
-class Setting:
+class Setting(NamedTuple):
     """One variable the profiler reads: its name, what it takes, its default,
     what it does, and which side reads it ("C": the interposition library,
     hooks/; "Python": the package; "both")."""
 
-    __slots__ = ("name", "takes", "default", "meaning", "side")
-
-    def __init__(self, name: str, takes: str, default: str, meaning: str, side: str) -> None:
-        self.name, self.takes, self.default = name, takes, default
-        self.meaning, self.side = meaning, side
+    name: str
+    takes: str
+    default: str
+    meaning: str
+    side: str
 
 
 #: Every variable the profiler reads, defined once: tests/test_settings.py
@@ -147,7 +147,11 @@ BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 
 def markdown_table() -> str:
     """The environment page's table (docs/hooks.py)."""
+    def cell(text: str) -> str:  # `<date>` is text, not an HTML tag
+        return text.replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+
     rows = ["| variable | takes | default | what it does | read by |", "|---|---|---|---|---|"]
     for s in SETTINGS:
-        rows.append(f"| `{s.name}` | {s.takes} | {s.default} | {s.meaning} | {s.side} |")
+        rows.append(f"| `{s.name}` | {cell(s.takes)} | {cell(s.default)} | {cell(s.meaning)} "
+                    f"| {s.side} |")
     return "\n".join(rows)
