@@ -11,8 +11,10 @@
  * or per chunk (4095 records with the default 256 KiB chunk:
  * HVPROF_DEFAULT_CHUNK_BYTES / HVPROF_RECORD_BYTES - 1 for the chunk header).
  *
- * The core names no backend: mpi.c, nccl.c and cuda_rt.c register their
- * lifecycle hooks (hvprof_register_backend) and the core calls them.
+ * The core names no backend: mpi.c, nccl.c, cuda_rt.c and the helpers
+ * (cpu.c, exitmerge.c) register their lifecycle hooks
+ * (hvprof_register_backend) and the core calls them; it calls no function
+ * of theirs by name (tests/test_c_structure.py).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -56,6 +58,7 @@ _Atomic uint32_t hvprof_generation = 1;
 hvprof_inflight_entry *_Atomic hvprof_inflight_table = NULL;
 _Atomic uint32_t hvprof_handle_epoch = 1;
 _Atomic int hvprof_divert = 0;
+_Atomic int hvprof_helper_tid = 0;
 static void agg_snapshot(void);
 static void window_init(void);
 static int parse_window(const char *w, double *a, double *b);
@@ -72,7 +75,7 @@ static struct {
     int fd;
     int open;                 /* raw file open (for this process, not a child) */
     int broken;               /* chunk allocation failed: drop from now on */
-    int python;               /* a Python runtime is attached (atexit merges) */
+    int python;               /* a Python runtime converts this rank's file at exit */
     int write_errno;          /* why records were first dropped (0: never) */
     int quiet;                /* MPI ranks: rank 0 reports for the job (mpi.c) */
     char open_error[768];     /* why the last hvprof_open failed ("" if it did not) */
@@ -109,7 +112,7 @@ static _Atomic uint32_t stream_vals[STREAM_HASH_SLOTS];
 /* ------------------------------------------------------------------------ */
 /* Backend registry.                                                          */
 
-#define MAX_BACKENDS 8
+#define MAX_BACKENDS 16
 static const hvprof_backend *_Atomic backends[MAX_BACKENDS];
 static _Atomic uint32_t n_backends;
 
@@ -176,7 +179,7 @@ static int tsc_invariant(void)
 
 static void clock_select(void)
 {
-    const char *want = getenv("HOROVOD_PROFILE_CLOCK");
+    const char *want = hvprof_setting("HOROVOD_PROFILE_CLOCK");
     int tsc = tsc_invariant() && !(want && strcmp(want, "monotonic") == 0);
     hvprof_clock_kind = tsc ? HVPROF_CLOCK_TSC : HVPROF_CLOCK_MONOTONIC;
 }
@@ -287,7 +290,8 @@ uint32_t hvprof_track_self(void)
         caller_object(e->caller, sizeof e->caller);
         pthread_setspecific(exit_key, (void *)1); /* thread_exit() hands over its buffer */
         __atomic_store_n(&e->valid, 1, __ATOMIC_RELEASE);
-        hvprof_cpu_track(idx, e->tid); /* its first CPU read (cpu.c) */
+        FOR_EACH_BACKEND(b) /* its first CPU read (cpu.c) */
+            if (b->track_new) b->track_new(idx, e->tid);
     }
     hvprof_inflight_entry *tab = atomic_load_explicit(&hvprof_inflight_table, memory_order_relaxed);
     t->inflight = tab && idx < HVPROF_INFLIGHT_CAPACITY ? &tab[idx] : NULL;
@@ -530,28 +534,29 @@ static void env_check(int rank)
     static const char *const syncs[] = {"host", "rank", NULL};
     static const char *const timeline[] = {"0", "off", "1", "on", NULL};
     const char *v;
-    if ((v = getenv("HOROVOD_PROFILE")) && *v && !one_of(v, modes))
+    if ((v = hvprof_setting("HOROVOD_PROFILE")) && *v && !one_of(v, modes))
         hvprof_warn("warning: HOROVOD_PROFILE=%.64s is not 1 or summary: recording every call",
                     v);
-    if ((v = getenv("HOROVOD_PROFILE_CHUNK_KB")) && !int_in(v, 4, 1 << 20))
+    if ((v = hvprof_setting("HOROVOD_PROFILE_CHUNK_KB")) && !int_in(v, 4, 1 << 20))
         hvprof_warn("warning: ignoring HOROVOD_PROFILE_CHUNK_KB=%.64s (KiB, 4 to 1048576): "
                     "using %u", v, HVPROF_DEFAULT_CHUNK_BYTES / 1024u);
-    if ((v = getenv("HOROVOD_PROFILE_FLUSH_MS")) && !int_in(v, 1, 60000))
+    if ((v = hvprof_setting("HOROVOD_PROFILE_FLUSH_MS")) && !int_in(v, 1, 60000))
         hvprof_warn("warning: ignoring HOROVOD_PROFILE_FLUSH_MS=%.64s (1 to 60000): using %d",
                     v, DEFAULT_FLUSH_MS);
-    if ((v = getenv("HOROVOD_PROFILE_HELPER")) && !one_of(v, bools))
+    if ((v = hvprof_setting("HOROVOD_PROFILE_HELPER")) && !one_of(v, bools))
         hvprof_warn("warning: ignoring HOROVOD_PROFILE_HELPER=%.64s (0 or 1)", v);
-    if ((v = getenv("HOROVOD_PROFILE_SIGNALS")) && !one_of(v, bools))
+    if ((v = hvprof_setting("HOROVOD_PROFILE_SIGNALS")) && !one_of(v, bools))
         hvprof_warn("warning: ignoring HOROVOD_PROFILE_SIGNALS=%.64s (0 or 1)", v);
-    if ((v = getenv("HOROVOD_PROFILE_CLOCK")) && !one_of(v, clocks))
+    if ((v = hvprof_setting("HOROVOD_PROFILE_CLOCK")) && !one_of(v, clocks))
         hvprof_warn("warning: ignoring HOROVOD_PROFILE_CLOCK=%.64s (tsc or monotonic)", v);
-    if ((v = getenv("HOROVOD_PROFILE_CLOCK_SYNC")) && !one_of(v, syncs))
+    if ((v = hvprof_setting("HOROVOD_PROFILE_CLOCK_SYNC")) && !one_of(v, syncs))
         hvprof_warn("warning: ignoring HOROVOD_PROFILE_CLOCK_SYNC=%.64s (host or rank)", v);
-    if ((v = getenv("HOROVOD_PROFILE_TIMELINE")) && !one_of(v, timeline))
+    if ((v = hvprof_setting("HOROVOD_PROFILE_TIMELINE")) && !one_of(v, timeline))
         hvprof_warn("warning: HOROVOD_PROFILE_TIMELINE=%.64s is not 0 or 1: Horovod's "
                     "timeline is not written", v);
     double a, b;
-    if ((v = getenv("HOROVOD_PROFILE_WINDOW")) && *v && parse_window(v, &a, &b) != 0)
+    if ((v = hvprof_setting("HOROVOD_PROFILE_WINDOW")) && *v &&
+        parse_window(v, &a, &b) != 0)
         hvprof_warn("warning: ignoring HOROVOD_PROFILE_WINDOW=%.64s (A:B seconds after start, "
                     "0 <= A < B; A: to the end): recording the whole run", v);
 }
@@ -567,7 +572,7 @@ static void choose_dir(const char *dir)
     if (dir && *dir) {
         snprintf(g.dir, sizeof g.dir, "%s", dir);
     } else {
-        const char *d = getenv("HOROVOD_PROFILE_DIR");
+        const char *d = hvprof_setting("HOROVOD_PROFILE_DIR");
         if (d && *d) snprintf(g.dir, sizeof g.dir, "%s", d);
         else default_dir_from_env(g.dir, sizeof g.dir);
     }
@@ -611,7 +616,7 @@ static hvprof_file_header *create_raw_file(int rank, size_t meta, int *fd_out)
 static uint32_t chunk_bytes_setting(void)
 {
     uint32_t chunk = HVPROF_DEFAULT_CHUNK_BYTES;
-    const char *ck = getenv("HOROVOD_PROFILE_CHUNK_KB");
+    const char *ck = hvprof_setting("HOROVOD_PROFILE_CHUNK_KB");
     if (ck && int_in(ck, 4, 1 << 20)) chunk = (uint32_t)atol(ck) * 1024u;
     long page = sysconf(_SC_PAGESIZE);
     return (uint32_t)((chunk + page - 1) / page * page);
@@ -623,7 +628,7 @@ static void header_init(hvprof_file_header *h, int rank, int world_size, int loc
                         uint32_t chunk, size_t meta)
 {
     memset(h, 0, HVPROF_HEADER_BYTES);
-    const char *mode = getenv("HOROVOD_PROFILE");
+    const char *mode = hvprof_setting("HOROVOD_PROFILE");
     h->mode = (mode && strcmp(mode, "summary") == 0) ? HVPROF_MODE_SUMMARY : HVPROF_MODE_FULL;
     h->sampling = 1;
     h->version = HVPROF_FORMAT_VERSION;
@@ -641,6 +646,7 @@ static void header_init(hvprof_file_header *h, int rank, int world_size, int loc
     h->world_size = world_size;
     h->local_rank = local_rank;
     h->pid = (int32_t)getpid();
+    h->self_converts = g.python ? 1u : 0u;
     h->thread_level = -1;
     h->clock_kind = (uint32_t)hvprof_clock_kind;
     h->ticks_per_ns = hvprof_clock_init(&h->cal0_ticks, &h->cal0_mono_ns, &h->cal0_realtime_ns);
@@ -676,7 +682,8 @@ static void start_recording(int fd, hvprof_file_header *h, size_t meta, uint32_t
     memset(stream_vals, 0, sizeof stream_vals);
     atomic_fetch_add(&hvprof_handle_epoch, 1);
     atomic_fetch_add(&hvprof_generation, 1);
-    hvprof_cpu_reset();
+    FOR_EACH_BACKEND(b)
+        if (b->reset) b->reset();
     window_init();
     env_check(rank);
     atomic_store(&hvprof_divert, !h->sampling ? HVPROF_DIVERT_PAUSED
@@ -685,7 +692,8 @@ static void start_recording(int fd, hvprof_file_header *h, size_t meta, uint32_t
     atomic_store(&app_active, 1);
     helper_start();
     signals_install();
-    hvprof_cpu_open(); /* every thread's CPU figures at start, the cpu sidecar */
+    FOR_EACH_BACKEND(b) /* every thread's CPU figures at start, the cpu sidecar */
+        if (b->opened) b->opened();
 }
 
 int hvprof_open(int rank, int world_size, int local_rank, const char *dir)
@@ -1065,7 +1073,7 @@ static void on_fatal_signal(int sig, siginfo_t *info, void *ctx)
 
 static void signals_install(void)
 {
-    const char *v = getenv("HOROVOD_PROFILE_SIGNALS");
+    const char *v = hvprof_setting("HOROVOD_PROFILE_SIGNALS");
     if (signals_installed || (v && strcmp(v, "0") == 0)) return;
     for (size_t i = 0; i < N_FATAL; i++) {
         struct sigaction sa, old;
@@ -1084,10 +1092,10 @@ static void signals_install(void)
 
 static void helper_start(void)
 {
-    const char *ms = getenv("HOROVOD_PROFILE_FLUSH_MS");
+    const char *ms = hvprof_setting("HOROVOD_PROFILE_FLUSH_MS");
     if (ms && int_in(ms, 1, 60000)) flush_ms = atoi(ms);
     if (helper_started) return;
-    const char *v = getenv("HOROVOD_PROFILE_HELPER");
+    const char *v = hvprof_setting("HOROVOD_PROFILE_HELPER");
     if (v && strcmp(v, "0") == 0) return; /* everything on the calling threads */
     atomic_store(&helper_run, 1);
     pthread_attr_t attr;
@@ -1183,7 +1191,7 @@ static int parse_window(const char *w, double *a, double *b)
 
 static void window_init(void)
 {
-    const char *w = getenv("HOROVOD_PROFILE_WINDOW");
+    const char *w = hvprof_setting("HOROVOD_PROFILE_WINDOW");
     double a = 0, b = -1;
     pthread_mutex_lock(&sampling_lock);
     window_start_ns = window_end_ns = -1;
@@ -1402,7 +1410,10 @@ int hvprof_refill(void)
 void hvprof_close(uint32_t state_bits)
 {
     pthread_mutex_lock(&g.lock);
-    if (g.open && g.pid == getpid()) {
+    /* Once per state: a file already closed is not touched again (its rank
+     * may have converted it since: the dataset stays up to date). */
+    if (g.open && g.pid == getpid() &&
+        (__atomic_load_n(&g.hdr->state, __ATOMIC_ACQUIRE) & state_bits) != state_bits) {
         /* What the backends still have in flight (NCCL device times: a
          * bounded wait, never a synchronization of the application's
          * streams), while records are still taken. */
@@ -1412,7 +1423,8 @@ void hvprof_close(uint32_t state_bits)
         if (state_bits & HVPROF_STATE_CLOSED) atomic_store(&app_active, 0);
         /* every thread's CPU figures, the helper's among them while it runs */
         if (state_bits & (HVPROF_STATE_CLOSED | HVPROF_STATE_FINALIZED))
-            hvprof_cpu_close((state_bits & HVPROF_STATE_CLOSED) != 0);
+            FOR_EACH_BACKEND(b)
+                if (b->closed) b->closed((state_bits & HVPROF_STATE_CLOSED) != 0);
         helper_stop();
         calibrate_now();
         agg_snapshot();
@@ -1444,7 +1456,6 @@ static void atfork_child(void)
     g.raw_path[0] = 0;
     pthread_mutex_init(&g.lock, NULL);
     pthread_mutex_init(&sampling_lock, NULL); /* the helper may have held it */
-    hvprof_cpu_atfork_child();
     FOR_EACH_BACKEND(b)
         if (b->atfork_child) b->atfork_child();
 }
@@ -1456,16 +1467,25 @@ __attribute__((constructor)) static void hvprof_ctor(void)
     pthread_atfork(NULL, NULL, atfork_child);
 }
 
-/* Process exit (after MPI_Finalize, or without it: an NCCL-only job, a C
- * program): drain, then rank 0 of a process without a Python runtime builds
- * trace.json (exitmerge.c; Python's exit handler does it otherwise). */
-__attribute__((destructor)) static void hvprof_dtor(void)
+/* The process's exit work, once (after MPI_Finalize, or without it: an
+ * NCCL-only job, a C program): drain and close, then the backends' exit
+ * hooks (exitmerge.c: rank 0 builds trace.json).  Run by the destructor, or
+ * earlier by Python's exit handler once it converted its own file
+ * (hvprof_exit_work): a Python process ended by a signal, as after an
+ * uncaught KeyboardInterrupt, runs no destructor. */
+static void exit_work(void)
 {
-    if (!g.open || g.pid != getpid()) return;
+    static atomic_int done;
+    if (!g.open || g.pid != getpid() || atomic_exchange(&done, 1)) return;
     hvprof_close(HVPROF_STATE_CLOSED);
-    if (!g.python && g.hdr && g.hdr->rank == 0)
-        hvprof_exit_merge(g.dir, g.raw_path, g.hdr->world_size);
+    int rank = g.hdr ? g.hdr->rank : -1, world = g.hdr ? g.hdr->world_size : -1;
+    FOR_EACH_BACKEND(b)
+        if (b->at_exit) b->at_exit(g.dir, g.raw_path, rank, world);
 }
+
+__attribute__((destructor)) static void hvprof_dtor(void) { exit_work(); }
+
+HVPROF_EXPORT void hvprof_exit_work(void) { exit_work(); }
 
 /* ------------------------------------------------------------------------ */
 /* Exports for Python (ctypes) and for tools.                                 */
@@ -1476,7 +1496,11 @@ HVPROF_EXPORT const char *hvprof_raw_path(void) { return g.open ? g.raw_path : "
 HVPROF_EXPORT int hvprof_rank(void) { return g.open ? g.hdr->rank : -1; }
 HVPROF_EXPORT int hvprof_world_size(void) { return g.open ? g.hdr->world_size : -1; }
 HVPROF_EXPORT uint64_t hvprof_now(void) { return hvprof_ticks(); }
-HVPROF_EXPORT void hvprof_set_python(int on) { g.python = on; }
+HVPROF_EXPORT void hvprof_set_python(int on)
+{
+    g.python = on;
+    if (g.open && g.hdr) __atomic_store_n(&g.hdr->self_converts, on ? 1u : 0u, __ATOMIC_RELAXED);
+}
 HVPROF_HIDDEN int hvprof_python_attached(void) { return g.python; }
 HVPROF_HIDDEN int hvprof_app_active(void) { return atomic_load(&app_active); }
 
@@ -1511,7 +1535,9 @@ HVPROF_EXPORT int hvprof_record_app(int op, uint64_t t_start, uint64_t t_end, ui
         .dtype = HVPROF_DT_UNKNOWN, .redop = HVPROF_REDOP_NONE, .flags = 0, .rc = 0,
         .dtype_size = 0, .aux = 0}, 0);
     /* Each thread's CPU and run-queue time over the step: APP_CPU records. */
-    if (op == HVPROF_OP_APP_STEP) hvprof_cpu_step(seq);
+    if (op == HVPROF_OP_APP_STEP)
+        FOR_EACH_BACKEND(b)
+            if (b->app_step) b->app_step(seq);
     return rc;
 }
 
@@ -1615,7 +1641,8 @@ HVPROF_EXPORT const char *hvprof_layout_json(void)
     FIELD(hvprof_file_header, offset_end_ns); FIELD(hvprof_file_header, offset_end_err_ns);
     FIELD(hvprof_file_header, offset_end_at_ns); FIELD(hvprof_file_header, inflight_offset);
     FIELD(hvprof_file_header, inflight_capacity); FIELD(hvprof_file_header, call_cost_ns);
-    FIELD(hvprof_file_header, helper_cpu_ns); FIELD(hvprof_file_header, reserved);
+    FIELD(hvprof_file_header, helper_cpu_ns); FIELD(hvprof_file_header, self_converts);
+    FIELD(hvprof_file_header, reserved);
     FIELD(hvprof_file_header, inflight);
     STRUCT_END();
     STRUCT_BEGIN(hvprof_inflight_entry, "inflight_entry");

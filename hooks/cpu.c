@@ -26,7 +26,7 @@
  *   process exit; each thread keeps its last successful read).  Written at
  *   open and rewritten at each close (atomic rename): a rank that dies keeps
  *   what was read at start.  Python adds the threads' kinds, torch's and
- *   OpenMP's thread counts (profiler.formats.cpu, profiler.collect.convert).
+ *   OpenMP's thread counts (profiler.formats.cpu, profiler.build.convert).
  *
  * Reading never fails the job: a kernel without the files makes no records,
  * and the sidecar says so ("schedstat": false, "reason").  Cost: one pread
@@ -97,7 +97,6 @@ static uint64_t rows, steps, step_ns, gone, omitted;
 static int exit_written;
 static cpu_thread threads[CPU_MAX_THREADS];
 static int n_threads;
-_Atomic int hvprof_helper_tid;       /* set by the helper thread (core.c) */
 
 /* "<run> <wait> <slices>" from fd (pread at 0), or from the path when fd < 0. */
 static int read_schedstat(int fd, int32_t tid, uint64_t v[3])
@@ -203,7 +202,7 @@ static int slot_read(cpu_slot *s, uint64_t v[3], uint64_t *t)
     return -1;
 }
 
-void hvprof_cpu_track(uint32_t idx, int32_t tid)
+static void cpu_track(uint32_t idx, int32_t tid)
 {
     if (idx >= HVPROF_TRACK_TABLE_CAPACITY || tid <= 0 || !available) return;
     pthread_mutex_lock(&cpu_lock);
@@ -264,7 +263,7 @@ static int64_t thread_cpu_ns(void)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-void hvprof_cpu_step(uint32_t seq)
+static void cpu_step(uint32_t seq)
 {
     if (!available) return;
     hvprof_track_self(); /* the stepping thread's own track first: never under cpu_lock */
@@ -447,7 +446,7 @@ static int64_t measure_read_cost(int fd)
     return d[CPU_COST_READS / 2];
 }
 
-void hvprof_cpu_reset(void)
+static void cpu_reset(void)
 {
     pthread_mutex_lock(&cpu_lock);
     for (uint32_t i = 0; i < HVPROF_TRACK_TABLE_CAPACITY; i++) {
@@ -465,7 +464,7 @@ void hvprof_cpu_reset(void)
     pthread_mutex_unlock(&cpu_lock);
 }
 
-void hvprof_cpu_open(void)
+static void cpu_open(void)
 {
     pthread_mutex_lock(&cpu_lock);
     char path[64];
@@ -491,7 +490,7 @@ void hvprof_cpu_open(void)
     pthread_mutex_unlock(&cpu_lock);
 }
 
-void hvprof_cpu_close(int at_exit)
+static void cpu_close(int at_exit)
 {
     if (at_exit && exit_written) return;
     pthread_mutex_lock(&cpu_lock);
@@ -504,7 +503,7 @@ void hvprof_cpu_close(int at_exit)
 
 /* A forked child: the descriptors name the parent's threads; the lock may
  * have been held by a thread that does not exist here. */
-void hvprof_cpu_atfork_child(void)
+static void cpu_atfork_child(void)
 {
     pthread_mutex_init(&cpu_lock, NULL);
     for (uint32_t i = 0; i < HVPROF_TRACK_TABLE_CAPACITY; i++) {
@@ -517,7 +516,20 @@ void hvprof_cpu_atfork_child(void)
     atomic_store(&hvprof_helper_tid, 0);
 }
 
+/* The core's hooks (hvprof_backend): a file's start, its threads, its steps,
+ * its ends. */
+static const hvprof_backend cpu_backend = {
+    .name = "cpu",
+    .reset = cpu_reset,
+    .opened = cpu_open,
+    .track_new = cpu_track,
+    .app_step = cpu_step,
+    .closed = cpu_close,
+    .atfork_child = cpu_atfork_child,
+};
+
 __attribute__((constructor)) static void cpu_ctor(void)
 {
     for (uint32_t i = 0; i < HVPROF_TRACK_TABLE_CAPACITY; i++) slots[i].fd = -1;
+    hvprof_register_backend(&cpu_backend);
 }

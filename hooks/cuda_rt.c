@@ -195,9 +195,9 @@ static inline int64_t hv_round(double x)
     return (int64_t)(x >= 0 ? x + 0.5 : x - 0.5);
 }
 
-static long env_long(const char *name, long dflt, long lo, long hi)
+/* A setting's value (hvprof_setting) as a number in [lo, hi], else dflt. */
+static long env_long(const char *v, long dflt, long lo, long hi)
 {
-    const char *v = getenv(name);
     if (!v || !*v) return dflt;
     char *end;
     long x = strtol(v, &end, 10);
@@ -257,11 +257,12 @@ static int resolve_runtime(void *h)
 
 static void read_settings(void)
 {
-    dev_on = (int)env_long("HOROVOD_PROFILE_NCCL_DEVICE", 1, 0, 1);
-    pool_pairs = (uint32_t)env_long("HOROVOD_PROFILE_NCCL_EVENTS", DEFAULT_PAIRS, 2, 65536);
-    poll_ms = (int)env_long("HOROVOD_PROFILE_NCCL_POLL_MS", 5, 0, 10000);
-    anchor_ms = env_long("HOROVOD_PROFILE_NCCL_ANCHOR_MS", 1000, 1, 3600000);
-    flush_ms = (int)env_long("HOROVOD_PROFILE_NCCL_FLUSH_MS", 1000, 0, 600000);
+    dev_on = (int)env_long(hvprof_setting("HOROVOD_PROFILE_NCCL_DEVICE"), 1, 0, 1);
+    pool_pairs = (uint32_t)env_long(hvprof_setting("HOROVOD_PROFILE_NCCL_EVENTS"), DEFAULT_PAIRS,
+                                    2, 65536);
+    poll_ms = (int)env_long(hvprof_setting("HOROVOD_PROFILE_NCCL_POLL_MS"), 5, 0, 10000);
+    anchor_ms = env_long(hvprof_setting("HOROVOD_PROFILE_NCCL_ANCHOR_MS"), 1000, 1, 3600000);
+    flush_ms = (int)env_long(hvprof_setting("HOROVOD_PROFILE_NCCL_FLUSH_MS"), 1000, 0, 600000);
 }
 
 /* 1 when the runtime is usable, -1 when not (decided once per process). */
@@ -274,7 +275,7 @@ static int cuda_load(void)
     if (s == 0) {
         read_settings();
         s = -1;
-        const char *forced = getenv("HOROVOD_PROFILE_CUDART");
+        const char *forced = hvprof_setting("HOROVOD_PROFILE_CUDART");
         char found[sizeof cuda_path] = "";
         if (forced && *forced) {
             if (strcmp(forced, "none") != 0) snprintf(found, sizeof found, "%s", forced);

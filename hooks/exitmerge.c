@@ -1,13 +1,13 @@
 /*
- * exitmerge.c -- trace.json at exit for programs without a Python runtime
- * (C, Fortran, anything LD_PRELOADed; MPI or NCCL-only).
+ * exitmerge.c -- trace.json at exit, the one way for every program (Python,
+ * C, Fortran, anything LD_PRELOADed; MPI or NCCL-only).
  *
- * Python programs merge in their own exit handler (profiler.collect.activate,
- * which tells the library so: hvprof_set_python).  Any other process whose raw
- * file is rank 0's runs the same Python merge, after closing its own file in
- * the library's destructor, as a child process:
+ * The process whose raw file is rank 0's runs the build stage's exit entry
+ * point after closing its own file in the library's destructor (this
+ * backend's at_exit hook; in a Python process, after every Python exit
+ * handler, which converted each Python rank's own file), as a child process:
  *
- *     <python> -c BOOT DIR RAW WORLD PID    (profiler.collect.exitmerge)
+ *     <python> -c BOOT DIR RAW WORLD PID    (profiler.build.atexit.main)
  *
  * The interpreter is the one the package was built with: setup.py writes its
  * path into libhvprof.python next to libhvprof.so, found here from the
@@ -17,11 +17,11 @@
  * holder of a rank's stdio to close it), no other descriptor, its own
  * session (a launcher that kills the rank's process group spares it).
  *
- * HOROVOD_PROFILE_MERGE=0 (as in Python) leaves the raw files for a later
- * `profiler merge DIR` and says so in one line.
+ * HOROVOD_PROFILE_MERGE=0 leaves the build for a later `profiler merge DIR`
+ * and says so in one line.
  *
  * Bounded: the child waits at most HOROVOD_PROFILE_MERGE_TIMEOUT for the
- * other ranks (profiler.collect.merge.wait_and_merge); this process waits for
+ * other ranks (profiler.build.merge.wait_and_merge); this process waits for
  * the child that long plus EXIT_MERGE_GRACE_S for the merge itself, then
  * lets it go on alone and says so.  The child's "horovod-profiler:" lines
  * (normally one: "trace written to ...") are relayed to stderr; anything else
@@ -51,13 +51,13 @@
 extern char **environ;
 
 #define EXIT_MERGE_GRACE_S 30.0     /* beyond the merge timeout: the merge itself */
-#define DEFAULT_MERGE_TIMEOUT_S 60.0 /* profiler.collect.activate's default too */
+#define DEFAULT_MERGE_TIMEOUT_S 60.0 /* profiler.build.atexit's default too */
 #define OUTPUT_KEEP 16384           /* the child's output kept (its tail) */
 
 static const char BOOT[] =
     "import sys\n"
     "if sys.path and sys.path[0] in ('', '.'): del sys.path[0]\n" /* never the cwd's profiler/ */
-    "from profiler.collect.exitmerge import main\n"
+    "from profiler.build.atexit import main\n"
     "sys.exit(main(sys.argv[1:]))\n";
 
 static double now_s(void)
@@ -71,7 +71,7 @@ static double now_s(void)
  * is said by the child, once; the default here). */
 static double merge_timeout_s(void)
 {
-    const char *v = getenv("HOROVOD_PROFILE_MERGE_TIMEOUT");
+    const char *v = hvprof_setting("HOROVOD_PROFILE_MERGE_TIMEOUT");
     if (!v || !*v) return DEFAULT_MERGE_TIMEOUT_S;
     char *end = NULL;
     double t = strtod(v, &end);
@@ -206,14 +206,20 @@ static void end_signals_catch(int on)
     }
 }
 
-HVPROF_HIDDEN void hvprof_exit_merge(const char *dir, const char *raw, int world)
+/* Run the Python merge as a child, bounded.  Prints one line; never fails
+ * the process. */
+static void exit_merge(const char *dir, const char *raw, int world)
 {
     char python[PATH_MAX], lib[PATH_MAX];
     const char *why = NULL;
-    const char *opt = getenv("HOROVOD_PROFILE_MERGE");
+    const char *opt = hvprof_setting("HOROVOD_PROFILE_MERGE");
     if (opt && strcmp(opt, "0") == 0) { /* the user merges later, elsewhere */
-        hvprof_warn("no trace at exit (HOROVOD_PROFILE_MERGE=0): the raw files are in "
-                    "%s/raw; build it with: profiler merge %s", dir, dir);
+        if (hvprof_python_attached()) /* each rank converted its own file */
+            hvprof_warn("no trace at exit (HOROVOD_PROFILE_MERGE=0): each rank's dataset is "
+                        "in %s/ranks; build it with: profiler merge %s", dir, dir);
+        else
+            hvprof_warn("no trace at exit (HOROVOD_PROFILE_MERGE=0): the raw files are in "
+                        "%s/raw; build it with: profiler merge %s", dir, dir);
         return;
     }
     lib[0] = 0;
@@ -328,4 +334,22 @@ HVPROF_HIDDEN void hvprof_exit_merge(const char *dir, const char *raw, int world
                last, close_);
     else
         failed(dir, "%s said nothing%s%s%s", python, open_, last, close_);
+}
+
+/* The core's destructor, after the raw file is closed: rank 0 builds the
+ * trace, whatever the program. */
+static void exitmerge_at_exit(const char *dir, const char *raw, int rank, int world)
+{
+    if (rank != 0) return;
+    exit_merge(dir, raw, world);
+}
+
+static const hvprof_backend exitmerge_backend = {
+    .name = "exitmerge",
+    .at_exit = exitmerge_at_exit,
+};
+
+__attribute__((constructor)) static void exitmerge_ctor(void)
+{
+    hvprof_register_backend(&exitmerge_backend);
 }

@@ -37,7 +37,8 @@
  *      NCCL call's proxy (network) activity, see hvprof_record;
  *      point-to-point ops 16..23, flag FROM_STATUS, in-flight peer and tag;
       op APP_CPU, a thread's CPU and run-queue time per step, with the
-      sidecar raw/rank-R.cpu.json; op APP_JOIN, the time in hvd.join.)
+      sidecar raw/rank-R.cpu.json; op APP_JOIN, the time in hvd.join;
+      header self_converts, from the reserved area.)
  */
 #ifndef HVPROF_FORMAT_H
 #define HVPROF_FORMAT_H
@@ -469,7 +470,12 @@ typedef struct hvprof_file_header {
                                            CLOCK_THREAD_CPUTIME_ID at each of
                                            its wake-ups and at close.  0: no
                                            helper thread                     */
-    char     reserved[HVPROF_INFLIGHT_OFFSET - 608]; /* 608 zero            */
+    uint32_t self_converts;        /*  608 1: the rank converts this file
+                                           itself at exit (a Python runtime,
+                                           hvprof_set_python): the exit merge
+                                           waits for its dataset.  0: the
+                                           exit merge converts it once closed */
+    char     reserved[HVPROF_INFLIGHT_OFFSET - 612]; /* 612 zero            */
     /* 2048: the in-flight table (hvprof_inflight_entry x capacity)          */
     char     inflight[HVPROF_HEADER_BYTES - HVPROF_INFLIGHT_OFFSET];
 } hvprof_file_header;

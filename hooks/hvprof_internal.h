@@ -1,9 +1,11 @@
 /*
  * hvprof_internal.h -- what the backend files (mpi.c, nccl.c, and cuda_rt.c,
  * NCCL's device-time helper) share with the core (core.c: buffers, files,
- * tables, the backend registry; clock.h: the clock).  Not installed.  The
- * core names no backend: each registers its lifecycle hooks
- * (hvprof_register_backend) from its constructor.
+ * tables, the backend registry; clock.h: the clock; settings.c: the
+ * settings).  Not installed.  The core names no backend: each (cpu.c and
+ * exitmerge.c too) registers its lifecycle hooks (hvprof_register_backend)
+ * from its constructor.  Files call the core; the core calls back only
+ * through those hooks (tests/test_c_structure.py checks the call graph).
  */
 #ifndef HVPROF_INTERNAL_H
 #define HVPROF_INTERNAL_H
@@ -181,15 +183,30 @@ static inline __attribute__((always_inline)) int hvprof_emit(hvprof_record *rec)
  * with the core from its constructor; the core calls them in registration
  * order.  Every hook may be NULL. */
 typedef struct hvprof_backend {
-    const char *name;         /* "mpi", "nccl", "cuda" */
+    const char *name;         /* "mpi", "nccl", "cuda", "cpu", "exitmerge" */
     /* File-name prefix of the library the backend wraps ("libmpi"): its
      * frames are skipped when naming the code that called a wrapper. */
     const char *library;
+    /* hvprof_open, a new file (g.lock held): forget the previous file's
+     * state, before recording starts. */
+    void (*reset)(void);
+    /* hvprof_open, once recording has started (g.lock held). */
+    void (*opened)(void);
+    /* A thread's track was registered (idx: its track, tid: its thread id). */
+    void (*track_new)(uint32_t idx, int32_t tid);
+    /* After the calling thread's APP_STEP record (seq: the step's). */
+    void (*app_step)(uint32_t seq);
     /* hvprof_close, before recording stops (g.lock held): write what is still
      * in flight (NCCL device times) while records are still taken. */
     void (*finish)(void);
+    /* hvprof_close of MPI_Finalize (at_exit 0) or of process exit (1), once
+     * recording has stopped (g.lock held). */
+    void (*closed)(int at_exit);
     /* In a forked child, after the core has reset its own state. */
     void (*atfork_child)(void);
+    /* Process exit, after the raw file was closed: the profile directory,
+     * the raw file, this process's rank and the world size. */
+    void (*at_exit)(const char *dir, const char *raw, int rank, int world);
 } hvprof_backend;
 
 /* Register b (kept, not copied); a second registration of b is ignored. */
@@ -239,9 +256,6 @@ HVPROF_EXPORT const char *hvprof_dir(void);
 HVPROF_EXPORT const char *hvprof_raw_path(void);
 HVPROF_EXPORT int hvprof_rank(void);
 HVPROF_HIDDEN int hvprof_python_attached(void);
-/* Rank 0's exit without Python: run the Python merge as a child, bounded
- * (exitmerge.c).  Prints one line; never fails the process. */
-HVPROF_HIDDEN void hvprof_exit_merge(const char *dir, const char *raw, int world);
 
 /* 64-bit mixing used for stable communicator ids. */
 static inline uint64_t hvprof_mix(uint64_t h, uint64_t v)
@@ -251,36 +265,15 @@ static inline uint64_t hvprof_mix(uint64_t h, uint64_t v)
     return h;
 }
 
-/* ------------------------------------------------------------------------ */
-/* NCCL: the symbol wrappers (nccl.c) and the profiler-plugin path
- * (nccl_plugin.c) see the same calls when NCCL is shared; each call is
- * recorded once (the plugin path is silent inside a wrapper). */
-HVPROF_HIDDEN int hvprof_nccl_in_wrapper(void);
-HVPROF_HIDDEN int hvprof_nccl_recording(void);
-HVPROF_HIDDEN void hvprof_nccl_count(uint16_t op);
-HVPROF_HIDDEN uint32_t hvprof_nccl_comm_register_plugin(uint64_t handle, uint64_t id, int size,
-                                                        int rank);
-/* The plugin path's state for hvprof_nccl_json: "plugin": {...} (no comma). */
-HVPROF_HIDDEN size_t hvprof_nccl_plugin_json(char *buf, size_t n);
-HVPROF_HIDDEN uint64_t hvprof_nccl_plugin_records(void);
-HVPROF_HIDDEN void hvprof_nccl_plugin_set_records(uint64_t n);
-HVPROF_HIDDEN uint64_t hvprof_nccl_plugin_silent(void);
-/* Write the network / device records of the calls still waiting for late
- * proxy events (exit: hvprof_nccl_finish). */
-HVPROF_HIDDEN void hvprof_nccl_plugin_flush(void);
-
-/* CPU contention (cpu.c): per-thread schedstat reads, APP_CPU records at
- * every step, the sidecar raw/rank-R.cpu.json. */
-HVPROF_HIDDEN void hvprof_cpu_reset(void);                  /* before a file records */
-HVPROF_HIDDEN void hvprof_cpu_open(void);                   /* start: snapshot, sidecar */
-HVPROF_HIDDEN void hvprof_cpu_track(uint32_t idx, int32_t tid); /* a thread track is new */
-HVPROF_HIDDEN void hvprof_cpu_step(uint32_t seq);           /* after an APP_STEP record */
-HVPROF_HIDDEN void hvprof_cpu_close(int at_exit);           /* MPI_Finalize (0), exit (1) */
-HVPROF_HIDDEN void hvprof_cpu_atfork_child(void);
-/* The helper thread's tid (0 before it runs): the sidecar names it. */
+/* The helper thread's tid (0 before it runs; core.c): the CPU sidecar
+ * (cpu.c, a registered backend helper) names it. */
 extern _Atomic int hvprof_helper_tid;
 /* 1 while application records (steps) are taken. */
 HVPROF_HIDDEN int hvprof_app_active(void);
+
+/* The value of the HOROVOD_PROFILE_* variable `name` (getenv; NULL when
+ * unset): the one way the library reads a setting (settings.c). */
+HVPROF_HIDDEN const char *hvprof_setting(const char *name);
 
 /* Diagnostics go to stderr, one line, prefixed; never from the hot path. */
 HVPROF_HIDDEN void hvprof_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -322,32 +315,6 @@ static inline void hvprof_inflight_begin_p2p(hvprof_inflight_entry *e, uint16_t 
 static inline void hvprof_inflight_end(hvprof_inflight_entry *e)
 {
     __atomic_store_n(&e->state, 0u, __ATOMIC_RELEASE);
-}
-
-/* NCCL's ncclDataType_t values 0..11 (ncclInt8 .. ncclFloat8e5m2): the
- * format's code, bytes per element, and the name NCCL's profiler descriptors
- * give the type (v2 on).  One table for the symbol wrappers (nccl.c, indexed
- * by the enum) and the profiler plugin (nccl_plugin.c, looked up by name). */
-#define HVPROF_NCCL_N_DTYPES 12
-typedef struct hvprof_nccl_dtype {
-    const char *name;
-    uint8_t code;
-    uint8_t size;
-} hvprof_nccl_dtype;
-HVPROF_HIDDEN extern const hvprof_nccl_dtype hvprof_nccl_dtypes[HVPROF_NCCL_N_DTYPES];
-
-/* ncclRedOp_t: ncclSum 0, ncclProd 1, ncclMax 2, ncclMin 3, ncclAvg 4; values
- * from ncclNumOps (5) up are ops made by ncclRedOpCreatePreMulSum. */
-static inline uint8_t hvprof_nccl_redop(int64_t op)
-{
-    switch (op) {
-    case 0: return HVPROF_REDOP_SUM;
-    case 1: return HVPROF_REDOP_PROD;
-    case 2: return HVPROF_REDOP_MAX;
-    case 3: return HVPROF_REDOP_MIN;
-    case 4: return HVPROF_REDOP_AVG;
-    default: return op >= 5 ? HVPROF_REDOP_PREMULSUM : HVPROF_REDOP_USER;
-    }
 }
 
 #endif

@@ -1271,7 +1271,7 @@ static int profiling_wanted(void)
 {
     /* Loaded by the start-up hook: HOROVOD_PROFILE is set.  Loaded with
      * LD_PRELOAD: on unless HOROVOD_PROFILE says off. */
-    const char *v = getenv("HOROVOD_PROFILE");
+    const char *v = hvprof_setting("HOROVOD_PROFILE");
     if (!v) return 1;
     return !(v[0] == 0 || strcmp(v, "0") == 0 || strcmp(v, "off") == 0 || strcmp(v, "false") == 0);
 }
@@ -1436,7 +1436,7 @@ static void ping_pong_leaders(MPI_Comm leaders, clock_sync *out)
  * one machine).  Read once at MPI_Init: the same value on every rank. */
 static int sync_per_rank(void)
 {
-    const char *v = getenv("HOROVOD_PROFILE_CLOCK_SYNC");
+    const char *v = hvprof_setting("HOROVOD_PROFILE_CLOCK_SYNC");
     return v && strcmp(v, "rank") == 0;
 }
 
@@ -1626,7 +1626,7 @@ static void mpi_started(uint64_t t0, int provided)
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         job.job_id = hvprof_mix(hvprof_mix((uint64_t)ts.tv_sec, (uint64_t)ts.tv_nsec), (uint64_t)getpid());
-        const char *d = getenv("HOROVOD_PROFILE_DIR");
+        const char *d = hvprof_setting("HOROVOD_PROFILE_DIR");
         if (d && *d) {
             snprintf(job.dir, sizeof job.dir, "%s", d);
         } else {
@@ -1682,7 +1682,7 @@ static void mpi_started(uint64_t t0, int provided)
      * HOROVOD_PROFILE_TIMELINE=1 (rank 0 writes it; Horovod reads the variable
      * after MPI is initialized).  Off by default: it costs a quarter to a
      * third of the throughput, and the lineage comes from APP_TENSOR records. */
-    const char *tl = getenv("HOROVOD_PROFILE_TIMELINE");
+    const char *tl = hvprof_setting("HOROVOD_PROFILE_TIMELINE");
     if (!getenv("HOROVOD_TIMELINE") && tl && (strcmp(tl, "1") == 0 || strcmp(tl, "on") == 0)) {
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s/timeline.json", job.dir);

@@ -42,7 +42,9 @@
  *
  * NCCL's profiler-plugin path (nccl_plugin.c) sees the same calls when NCCL
  * is shared: it stays silent while a wrapper here is inside the real call on
- * the same thread (hvprof_nccl_in_wrapper), so each call is recorded once.
+ * the same thread (hvprof_nccl_nest, nccl_common.h), so each call is
+ * recorded once.  The two paths share nccl_common.c and name nothing of
+ * each other.
  *
  * A process that never calls MPI_Init (torchrun) opens its raw file at its
  * first NCCL call when HOROVOD_PROFILE is on (rank, world size and local rank
@@ -59,6 +61,7 @@
 
 #include "cuda_rt.h"
 #include "hvprof_internal.h"
+#include "nccl_common.h"
 
 /* ------------------------------------------------------------------------ */
 /* NCCL's ABI, declared here.                                                */
@@ -80,20 +83,10 @@ enum {
     NCCL_SPLIT_NOCOLOR = -1,
 };
 
-const hvprof_nccl_dtype hvprof_nccl_dtypes[HVPROF_NCCL_N_DTYPES] = {
-    {"Int8", HVPROF_DT_NCCL_INT8, 1},          {"Uint8", HVPROF_DT_NCCL_UINT8, 1},
-    {"Int32", HVPROF_DT_NCCL_INT32, 4},        {"Uint32", HVPROF_DT_NCCL_UINT32, 4},
-    {"Int64", HVPROF_DT_NCCL_INT64, 8},        {"Uint64", HVPROF_DT_NCCL_UINT64, 8},
-    {"Float16", HVPROF_DT_NCCL_FLOAT16, 2},    {"Float32", HVPROF_DT_NCCL_FLOAT32, 4},
-    {"Float64", HVPROF_DT_NCCL_FLOAT64, 8},    {"Bfloat16", HVPROF_DT_NCCL_BFLOAT16, 2},
-    {"Float8e4m3", HVPROF_DT_NCCL_FLOAT8E4M3, 1}, {"Float8e5m2", HVPROF_DT_NCCL_FLOAT8E5M2, 1},
-};
-
 /* ------------------------------------------------------------------------ */
 /* State.                                                                    */
 
 typedef struct nccl_tls {
-    int nest;              /* >0 inside one of these wrappers */
     int depth;             /* ncclGroupStart depth seen on this thread */
     uint32_t group;        /* number of the current outermost group, 0 none */
     uint32_t g_calls;
@@ -107,20 +100,13 @@ typedef struct nccl_tls {
 
 static __thread nccl_tls nt __attribute__((tls_model("initial-exec")));
 
-static _Atomic int open_tried;
 static _Atomic uint32_t group_counter;
 static _Atomic uint32_t initall_counter;
-static _Atomic int16_t comm_dev[HVPROF_COMM_TABLE_CAPACITY];   /* device + 1 */
-static _Atomic uint32_t comm_splits[HVPROF_COMM_TABLE_CAPACITY];
-
-#define N_OPS (HVPROF_OP_NCCL_GROUP - HVPROF_OP_NCCL_ALLREDUCE + 1)
-static _Atomic uint64_t c_calls[N_OPS];
-static _Atomic uint64_t c_empty_groups, c_comms, c_comms_late, c_nested, c_missing_real;
-/* Records written by these wrappers (the plugin path counts its own). */
+#define N_OPS HVPROF_NCCL_N_OPS
+static _Atomic uint64_t c_empty_groups, c_comms_late, c_nested, c_missing_real;
+/* Records written by these wrappers (of hvprof_nccl_calls: both paths'). */
 static _Atomic uint64_t c_wrapper_records;
 
-static void nccl_exit(void);
-static _Atomic int exit_registered;
 static _Atomic int finished;
 
 /* ------------------------------------------------------------------------ */
@@ -210,25 +196,9 @@ static void resolve_queries(void)
 /* ------------------------------------------------------------------------ */
 /* Activation.                                                               */
 
-static int profile_requested(void)
-{
-    const char *v = getenv("HOROVOD_PROFILE");
-    return v && *v && strcmp(v, "0") != 0 && strcmp(v, "off") != 0;
-}
-
-/* Is recording on?  Opens the raw file at the first NCCL call of a process
- * that has none yet (no MPI_Init: torchrun and other launchers). */
-static inline int recording(void)
-{
-    if (HVPROF_LIKELY(atomic_load_explicit(&hvprof_active, memory_order_relaxed)))
-        return 1;
-    if (atomic_load_explicit(&open_tried, memory_order_relaxed)) return 0;
-    if (atomic_exchange(&open_tried, 1)) return 0;
-    /* Once per process.  A file opened earlier (MPI) and since closed or
-     * switched off stays so. */
-    if (!hvprof_header() && profile_requested()) hvprof_open(-1, -1, -1, NULL);
-    return atomic_load(&hvprof_active);
-}
+/* Is recording on?  (The first NCCL call of a process without a file opens
+ * one: nccl_common.h.) */
+static inline int recording(void) { return hvprof_nccl_recording(); }
 
 /* ------------------------------------------------------------------------ */
 /* Communicators.                                                            */
@@ -243,24 +213,12 @@ static const hvprof_comm_entry *comm_entry_of(uint32_t idx)
 static uint32_t comm_register(ncclComm_t c, uint64_t id, int size, int rank, int device)
 {
     if (!c) return UINT32_MAX;
-    /* The first communicator: CUDA is initialised by now, so this handler
-     * runs before the CUDA runtime's own exit-time teardown. */
-    if (!atomic_load_explicit(&exit_registered, memory_order_relaxed) &&
-        !atomic_exchange(&exit_registered, 1))
-        atexit(nccl_exit);
     resolve_queries();
     if (size <= 0 && q_count && q_count(c, &size) != NCCL_SUCCESS) size = -1;
     if (rank < 0 && q_rank && q_rank(c, &rank) != NCCL_SUCCESS) rank = -1;
     if (device < 0 && q_device && q_device(c, &device) != NCCL_SUCCESS) device = -1;
     if (device < 0) device = hvprof_cuda_current_device();
-    uint32_t idx = hvprof_comm_register((uint64_t)(uintptr_t)c, id, size, rank,
-                                        rank == 0 ? hvprof_rank() : -1, 1, "nccl");
-    if (idx < HVPROF_COMM_TABLE_CAPACITY) {
-        atomic_store_explicit(&comm_dev[idx], (int16_t)(device + 1), memory_order_relaxed);
-        atomic_store_explicit(&comm_splits[idx], 0, memory_order_relaxed);
-        atomic_fetch_add(&c_comms, 1);
-    }
-    return idx;
+    return hvprof_nccl_comm_register((uint64_t)(uintptr_t)c, id, size, rank, device);
 }
 
 static inline uint32_t comm_index(ncclComm_t c)
@@ -275,49 +233,7 @@ static inline uint32_t comm_index(ncclComm_t c)
     return comm_register(c, id, -1, -1, -1);
 }
 
-/* ------------------------------------------------------------------------ */
-/* What the plugin path (nccl_plugin.c) shares with these wrappers.          */
-
-/* Non-zero while one of these wrappers is inside a real NCCL call on the
- * calling thread: NCCL's profiler events raised there belong to a call the
- * wrapper records itself, and the plugin path stays silent (one record). */
-HVPROF_HIDDEN int hvprof_nccl_in_wrapper(void) { return nt.nest > 0; }
-
-/* recording(), for the plugin path (opens the raw file of a process without
- * MPI at its first NCCL event, as the wrappers do at their first call). */
-HVPROF_HIDDEN int hvprof_nccl_recording(void) { return recording(); }
-
-/* A record written by the plugin path: the per-op call counters ("calls"). */
-HVPROF_HIDDEN void hvprof_nccl_count(uint16_t op)
-{
-    if (op >= HVPROF_OP_NCCL_ALLREDUCE && op <= HVPROF_OP_NCCL_GROUP)
-        atomic_fetch_add_explicit(&c_calls[op - HVPROF_OP_NCCL_ALLREDUCE], 1,
-                                  memory_order_relaxed);
-}
-
-/* A communicator the plugin path learnt of (its handle is the plugin's own
- * context, never an ncclComm_t: nothing is asked of NCCL about it). */
-HVPROF_HIDDEN uint32_t hvprof_nccl_comm_register_plugin(uint64_t handle, uint64_t id, int size,
-                                                        int rank)
-{
-    if (!atomic_load_explicit(&exit_registered, memory_order_relaxed) &&
-        !atomic_exchange(&exit_registered, 1))
-        atexit(nccl_exit);
-    uint32_t idx = hvprof_comm_register(handle, id, size, rank, rank == 0 ? hvprof_rank() : -1,
-                                        1, "nccl");
-    if (idx < HVPROF_COMM_TABLE_CAPACITY) {
-        atomic_store_explicit(&comm_dev[idx], (int16_t)0, memory_order_relaxed);
-        atomic_store_explicit(&comm_splits[idx], 0, memory_order_relaxed);
-        atomic_fetch_add(&c_comms, 1);
-    }
-    return idx;
-}
-
-static inline int comm_device(uint32_t idx)
-{
-    if (idx >= HVPROF_COMM_TABLE_CAPACITY) return -1;
-    return (int)atomic_load_explicit(&comm_dev[idx], memory_order_relaxed) - 1;
-}
+static inline int comm_device(uint32_t idx) { return hvprof_nccl_comm_device(idx); }
 
 static inline int comm_rank(uint32_t idx)
 {
@@ -448,8 +364,7 @@ static inline void call_end(call *c, ncclResult_t rc)
         .aux = (flags & HVPROF_FLAG_GROUPED) ? nt.group : 0,
     };
     write_host(&rec);
-    atomic_fetch_add_explicit(&c_calls[c->op - HVPROF_OP_NCCL_ALLREDUCE], 1,
-                              memory_order_relaxed);
+    hvprof_nccl_count(c->op);
     atomic_fetch_add_explicit(&c_wrapper_records, 1, memory_order_relaxed);
     if (c->pair) hvprof_dev_submit(c->pair, &rec, c->stream);
     if (c->device >= 0 && !(flags & HVPROF_FLAG_GROUPED)) hvprof_dev_poll(c->device);
@@ -464,7 +379,7 @@ static inline int wrappers_off(void)
 {
     int v = atomic_load_explicit(&w_off, memory_order_relaxed);
     if (HVPROF_LIKELY(v >= 0)) return v;
-    const char *e = getenv("HOROVOD_PROFILE_NCCL_WRAPPERS");
+    const char *e = hvprof_setting("HOROVOD_PROFILE_NCCL_WRAPPERS");
     v = e && strcmp(e, "0") == 0;
     atomic_store_explicit(&w_off, v, memory_order_relaxed);
     return v;
@@ -472,7 +387,7 @@ static inline int wrappers_off(void)
 
 /* Wrapper bodies: pass through when not recording or nested. */
 #define PASS_IF_OFF(expr)                                                    \
-    if (HVPROF_UNLIKELY(nt.nest > 0)) {                                      \
+    if (HVPROF_UNLIKELY(hvprof_nccl_nest > 0)) {                                      \
         atomic_fetch_add_explicit(&c_nested, 1, memory_order_relaxed);       \
         return expr;                                                         \
     }                                                                        \
@@ -494,7 +409,7 @@ static inline hvprof_inflight_entry *nccl_inflight(void)
  * `profiler hang`; a call inside a group is covered by its ncclGroupEnd. */
 #define RECORD_CALL(c, expr)                                                 \
     do {                                                                     \
-        nt.nest++;                                                           \
+        hvprof_nccl_nest++;                                                           \
         call_begin(c);                                                       \
         hvprof_inflight_entry *inflight_ = nt.depth > 0 ? NULL : nccl_inflight(); \
         if (inflight_)                                                       \
@@ -503,7 +418,7 @@ static inline hvprof_inflight_entry *nccl_inflight(void)
         ncclResult_t rc_ = expr;                                             \
         if (inflight_) hvprof_inflight_end(inflight_);                       \
         call_end(c, rc_);                                                    \
-        nt.nest--;                                                           \
+        hvprof_nccl_nest--;                                                           \
         return rc_;                                                          \
     } while (0)
 
@@ -599,11 +514,11 @@ typedef ncclResult_t (*void_fn)(void);
 HVPROF_EXPORT ncclResult_t ncclGroupStart(void)
 {
     REAL(void_fn, ncclGroupStart);
-    if (nt.nest > 0 || wrappers_off()) return real();
+    if (hvprof_nccl_nest > 0 || wrappers_off()) return real();
     uint64_t t = hvprof_ticks();
-    nt.nest++;
+    hvprof_nccl_nest++;
     ncclResult_t rc = real();
-    nt.nest--;
+    hvprof_nccl_nest--;
     if (rc != NCCL_SUCCESS) return rc;
     if (nt.depth++ == 0) {
         nt.group = recording() ? atomic_fetch_add(&group_counter, 1) + 1 : 0;
@@ -621,11 +536,11 @@ HVPROF_EXPORT ncclResult_t ncclGroupStart(void)
 HVPROF_EXPORT ncclResult_t ncclGroupEnd(void)
 {
     REAL(void_fn, ncclGroupEnd);
-    if (nt.nest > 0 || nt.depth <= 0) return real(); /* NCCL's own, or unbalanced */
+    if (hvprof_nccl_nest > 0 || nt.depth <= 0) return real(); /* NCCL's own, or unbalanced */
     if (nt.depth > 1) {
-        nt.nest++;
+        hvprof_nccl_nest++;
         ncclResult_t rc = real();
-        nt.nest--;
+        hvprof_nccl_nest--;
         nt.depth--;
         return rc;
     }
@@ -633,9 +548,9 @@ HVPROF_EXPORT ncclResult_t ncclGroupEnd(void)
     hvprof_devpair *pair = NULL;
     int miss = HVPROF_DEV_MISS_NONE, device = nt.g_device;
     if (rec && nt.g_have_stream) pair = hvprof_dev_begin(nt.g_stream, &device, &miss);
-    nt.nest++;
+    hvprof_nccl_nest++;
     ncclResult_t rc = real();
-    nt.nest--;
+    hvprof_nccl_nest--;
     uint64_t t1 = hvprof_ticks();
     nt.depth = 0;
     if (pair) {
@@ -673,7 +588,7 @@ HVPROF_EXPORT ncclResult_t ncclGroupEnd(void)
             .aux = nt.group,
         };
         write_host(&r);
-        atomic_fetch_add_explicit(&c_calls[N_OPS - 1], 1, memory_order_relaxed);
+        hvprof_nccl_count(HVPROF_OP_NCCL_GROUP);
         atomic_fetch_add_explicit(&c_wrapper_records, 1, memory_order_relaxed);
         if (pair) hvprof_dev_submit(pair, &r, nt.g_stream);
         if (device >= 0) hvprof_dev_poll(device);
@@ -698,11 +613,11 @@ HVPROF_EXPORT ncclResult_t ncclGroupEnd(void)
     HVPROF_EXPORT ncclResult_t NAME PARAMS                                   \
     {                                                                        \
         REAL(NAME##_fn, NAME);                                               \
-        if (nt.nest > 0 || wrappers_off()) return real ARGS;                 \
+        if (hvprof_nccl_nest > 0 || wrappers_off()) return real ARGS;                 \
         int on = recording();                                                \
-        nt.nest++;                                                           \
+        hvprof_nccl_nest++;                                                           \
         ncclResult_t rc = real ARGS;                                         \
-        nt.nest--;                                                           \
+        hvprof_nccl_nest--;                                                           \
         __VA_ARGS__;                                                         \
         return rc;                                                           \
     }
@@ -753,8 +668,7 @@ NCCL_COMM_WRAPPER(ncclCommSplit,
                   if (on && MADE(rc)) {
                       uint32_t parent = comm_index(comm);
                       const hvprof_comm_entry *pe = comm_entry_of(parent);
-                      uint32_t n = parent < HVPROF_COMM_TABLE_CAPACITY
-                                       ? atomic_fetch_add(&comm_splits[parent], 1) : 0;
+                      uint32_t n = hvprof_nccl_comm_next_split(parent);
                       if (color != NCCL_SPLIT_NOCOLOR && newcomm && *newcomm) {
                           uint64_t id = hvprof_mix(hvprof_mix(pe ? pe->id : 0, n),
                                                    (uint64_t)(int64_t)color);
@@ -766,20 +680,20 @@ typedef ncclResult_t (*comm_fn)(ncclComm_t);
 HVPROF_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm)
 {
     REAL(comm_fn, ncclCommDestroy);
-    if (nt.nest == 0 && comm) hvprof_comm_forget((uint64_t)(uintptr_t)comm);
-    nt.nest++;
+    if (hvprof_nccl_nest == 0 && comm) hvprof_comm_forget((uint64_t)(uintptr_t)comm);
+    hvprof_nccl_nest++;
     ncclResult_t rc = real(comm);
-    nt.nest--;
+    hvprof_nccl_nest--;
     return rc;
 }
 
 HVPROF_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm)
 {
     REAL(comm_fn, ncclCommAbort);
-    if (nt.nest == 0 && comm) hvprof_comm_forget((uint64_t)(uintptr_t)comm);
-    nt.nest++;
+    if (hvprof_nccl_nest == 0 && comm) hvprof_comm_forget((uint64_t)(uintptr_t)comm);
+    hvprof_nccl_nest++;
     ncclResult_t rc = real(comm);
-    nt.nest--;
+    hvprof_nccl_nest--;
     return rc;
 }
 
@@ -797,7 +711,7 @@ HVPROF_EXPORT int hvprof_nccl_visible(void)
     if (real_sym("ncclAllReduce", (void *)&ncclAllReduce)) v |= 1;
     if (loaded_object("libnccl", path, sizeof path)) v |= 2;
     for (int i = 0; i < N_OPS; i++)
-        if (atomic_load(&c_calls[i])) v |= 4;
+        if (atomic_load(&hvprof_nccl_calls[i])) v |= 4;
     return v;
 }
 
@@ -830,10 +744,11 @@ HVPROF_EXPORT const char *hvprof_nccl_json(void)
         vis, vis & 1 ? "true" : "false", vis & 2 ? "true" : "false", nccl_path, version,
         loaded_object("libcuda.so", driver, sizeof driver) ? "true" : "false");
     for (int i = 0; i < N_OPS; i++)
-        OUT("%s\"%s\": %llu", i ? ", " : "", OP_NAMES[i], (unsigned long long)atomic_load(&c_calls[i]));
+        OUT("%s\"%s\": %llu", i ? ", " : "", OP_NAMES[i],
+            (unsigned long long)atomic_load(&hvprof_nccl_calls[i]));
     OUT("}, \"empty_groups\": %llu, \"comms\": %llu, \"comms_first_seen_in_call\": %llu, "
         "\"nested_calls\": %llu, \"missing_real\": %llu, \"finished\": %s, ",
-        (unsigned long long)atomic_load(&c_empty_groups), (unsigned long long)atomic_load(&c_comms),
+        (unsigned long long)atomic_load(&c_empty_groups), (unsigned long long)hvprof_nccl_comms(),
         (unsigned long long)atomic_load(&c_comms_late), (unsigned long long)atomic_load(&c_nested),
         (unsigned long long)atomic_load(&c_missing_real), atomic_load(&finished) ? "true" : "false");
     if (k < n) k += hvprof_dev_json(buf + k, n - k);
@@ -842,15 +757,14 @@ HVPROF_EXPORT const char *hvprof_nccl_json(void)
          * NCCL), "plugin" (NCCL's profiler-plugin interface, any NCCL >= 2.23,
          * static too); recorded_by: the paths that wrote records. */
         uint64_t wr = atomic_load(&c_wrapper_records), all = 0;
-        for (int i = 0; i < N_OPS; i++) all += atomic_load(&c_calls[i]);
+        for (int i = 0; i < N_OPS; i++) all += atomic_load(&hvprof_nccl_calls[i]);
         uint64_t pr = all > wr ? all - wr : 0, ps = hvprof_nccl_plugin_silent();
-        hvprof_nccl_plugin_set_records(pr);
         int w_saw = wr > 0, p_saw = pr > 0 || ps > 0;
         OUT(", \"seen_by\": [%s%s%s], \"recorded_by\": \"%s\", \"wrapper_records\": %llu, ",
             w_saw ? "\"wrappers\"" : "", w_saw && p_saw ? ", " : "", p_saw ? "\"plugin\"" : "",
             wr && pr ? "both" : wr ? "wrappers" : pr ? "plugin" : "none",
             (unsigned long long)wr);
-        if (k < n) k += hvprof_nccl_plugin_json(buf + k, n - k);
+        if (k < n) k += hvprof_nccl_plugin_json(buf + k, n - k, pr);
     }
     OUT("}");
 #undef OUT
@@ -896,10 +810,8 @@ static void nccl_exit(void) { hvprof_nccl_finish(-1); }
 
 static void nccl_atfork_child(void)
 {
-    atomic_store(&open_tried, 0);
     atomic_store(&finished, 1); /* a child writes no device times, no sidecar */
     nt.depth = 0;
-    nt.nest = 0;
     nt.group = 0;
 }
 
@@ -913,4 +825,5 @@ static const hvprof_backend nccl_backend = {
 __attribute__((constructor)) static void nccl_ctor(void)
 {
     hvprof_register_backend(&nccl_backend);
+    hvprof_nccl_set_exit(nccl_exit);
 }

@@ -62,6 +62,7 @@
 #include <unistd.h>
 
 #include "hvprof_internal.h"
+#include "nccl_common.h"
 
 /* ------------------------------------------------------------------------ */
 /* The ABI (this project's declarations).                                    */
@@ -315,8 +316,8 @@ typedef struct pev pev;
  * kernel activity is summed up and written: NCCL stops a Coll event when the
  * call is enqueued (hostStreamPlanTask: after ncclProxyStart), and its proxy
  * thread starts the call's ProxyOp and KernelCh events later.  A call leaves
- * the ring RING calls later, at finalize, or at exit (hvprof_nccl_plugin_
- * flush); a child still in progress then finishes it at its own stop. */
+ * the ring RING calls later, at finalize, or at exit (plugin_flush, from
+ * hvprof_nccl_finish); a child still in progress then finishes it at its own stop. */
 #define RING 64u
 
 typedef struct pctx {
@@ -364,7 +365,7 @@ struct pev {
 };
 
 static _Atomic int negotiated;          /* version of the first init */
-static _Atomic uint64_t p_inits, p_finals, p_records, p_silent, p_events, p_unknown,
+static _Atomic uint64_t p_inits, p_finals, p_silent, p_events, p_unknown,
     p_empty_groups, p_single_groups, p_not_recording;
 static _Atomic uint64_t p_children, p_orphans, p_remote, p_net_records, p_dev_records,
     p_ring_flushed;
@@ -434,7 +435,7 @@ static int proxy_wanted(void)
 {
     int v = atomic_load_explicit(&proxy_off, memory_order_relaxed);
     if (v < 0) {
-        const char *e = getenv("HOROVOD_PROFILE_NCCL_PROXY");
+        const char *e = hvprof_setting("HOROVOD_PROFILE_NCCL_PROXY");
         v = e && strcmp(e, "0") == 0;
         atomic_store(&proxy_off, v);
         my_pid = getpid();
@@ -477,7 +478,8 @@ static inline uint32_t ctx_comm(pctx *c, uint64_t hash, int rank)
     if (HVPROF_LIKELY(idx != UINT32_MAX)) return idx;
     if (!c->id) c->id = hash;
     if (c->rank < 0) c->rank = rank;
-    idx = hvprof_nccl_comm_register_plugin((uint64_t)(uintptr_t)c, c->id, c->nranks, c->rank);
+    /* the handle is this context, never an ncclComm_t: no device is known */
+    idx = hvprof_nccl_comm_register((uint64_t)(uintptr_t)c, c->id, c->nranks, c->rank, -1);
     atomic_store_explicit(&c->comm_idx, idx, memory_order_relaxed);
     return idx;
 }
@@ -505,8 +507,9 @@ typedef struct norm {
 #define BUMP(c) atomic_store_explicit(&(c), atomic_load_explicit(&(c), memory_order_relaxed) + 1, \
                                       memory_order_relaxed)
 
-/* Every record of this path: counted exactly in nccl.c's per-op counters
- * (its "calls"); p_records = those less the wrappers' (hvprof_nccl_json). */
+/* Every record of this path: counted exactly in the shared per-op counters
+ * (hvprof_nccl_calls); this path's records = those less the wrappers'
+ * (hvprof_nccl_json passes them to plugin_json). */
 static inline void emit(hvprof_record *r)
 {
     if (hvprof_emit(r) == 0) hvprof_nccl_count(r->op);
@@ -656,7 +659,7 @@ static void live_remove(pctx *c)
     }
 }
 
-HVPROF_HIDDEN void hvprof_nccl_plugin_flush(void)
+static void plugin_flush(void)
 {
     for (int i = 0; i < MAX_CTX; i++) {
         pctx *c = atomic_load(&live[i]);
@@ -1109,7 +1112,7 @@ EXPORT_ENTRY(7)
 __attribute__((constructor)) static void plugin_ctor(void)
 {
     const char *pre = getenv("LD_PRELOAD");
-    const char *on = getenv("HOROVOD_PROFILE");
+    const char *on = hvprof_setting("HOROVOD_PROFILE");
     if (!pre || !strstr(pre, "libhvprof") || !on || !*on || strcmp(on, "0") == 0 ||
         strcmp(on, "off") == 0)
         return;
@@ -1121,13 +1124,11 @@ __attribute__((constructor)) static void plugin_ctor(void)
 }
 
 /* ------------------------------------------------------------------------ */
-/* State for hvprof_nccl_json.                                               */
+/* This path's part of hvprof_nccl_json and of the exit (nccl_common.h).     */
 
-uint64_t hvprof_nccl_plugin_records(void) { return atomic_load(&p_records); }
-void hvprof_nccl_plugin_set_records(uint64_t n) { atomic_store(&p_records, n); }
-uint64_t hvprof_nccl_plugin_silent(void) { return atomic_load(&p_silent); }
+static uint64_t plugin_silent(void) { return atomic_load(&p_silent); }
 
-size_t hvprof_nccl_plugin_json(char *buf, size_t n)
+static size_t plugin_json(char *buf, size_t n, uint64_t records)
 {
     int v = atomic_load(&negotiated);
     int proxy = v > 0 && proxy_wanted();
@@ -1151,7 +1152,7 @@ size_t hvprof_nccl_plugin_json(char *buf, size_t n)
                      (unsigned long long)atomic_load(&p_inits),
                      (unsigned long long)atomic_load(&p_finals),
                      (unsigned long long)atomic_load(&p_events),
-                     (unsigned long long)atomic_load(&p_records),
+                     (unsigned long long)records,
                      (unsigned long long)atomic_load(&p_silent),
                      (unsigned long long)atomic_load(&p_not_recording),
                      (unsigned long long)atomic_load(&p_unknown),
@@ -1163,4 +1164,15 @@ size_t hvprof_nccl_plugin_json(char *buf, size_t n)
                      (unsigned long long)atomic_load(&p_net_records),
                      (unsigned long long)atomic_load(&p_dev_records), devtime);
     return k < 0 ? 0 : (size_t)k;
+}
+
+static const hvprof_nccl_plugin plugin_hooks = {
+    .silent = plugin_silent,
+    .json = plugin_json,
+    .flush = plugin_flush,
+};
+
+__attribute__((constructor)) static void plugin_register(void)
+{
+    hvprof_nccl_register_plugin(&plugin_hooks);
 }
