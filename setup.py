@@ -113,7 +113,7 @@ setup(
     python_requires=">=3.9",
     packages=[
         "profiler", "profiler.cli", "profiler.analysis", "profiler.analysis.findings",
-        "profiler.formats", "profiler.collect",
+        "profiler.formats", "profiler.collect", "profiler.build",
         "profiler.bench", "profiler.workloads",
     ],
     package_dir={"profiler.analysis": "analysis"},

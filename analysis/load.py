@@ -96,6 +96,7 @@ def _load_trace(p: Path, flt: RowFilter | None,
 
 def _load_dir(p: Path, flt: RowFilter | None,
               columns: Sequence[str] | None) -> pd.DataFrame:
+    from profiler.build.classify import classify
     from profiler.formats.raw import read_raw
     from profiler.formats.rows import raw_to_frame
     from profiler.layout import rank_files
@@ -108,7 +109,7 @@ def _load_dir(p: Path, flt: RowFilter | None,
     raws = rank_files(p, "raw", "hvprof")
     if raws:
         want = None if flt is None or flt.ranks is None else set(flt.ranks)
-        frames = [raw_to_frame(read_raw(f)) for r, f in sorted(raws.items())
+        frames = [raw_to_frame(read_raw(f), classify) for r, f in sorted(raws.items())
                   if want is None or r in want]
         df = (flt or RowFilter()).apply(_concat(frames))
         return df if columns is None else df[[c for c in columns if c in df.columns]]
@@ -117,6 +118,7 @@ def _load_dir(p: Path, flt: RowFilter | None,
 
 def _load_one(path: str | os.PathLike[str], flt: RowFilter | None,
               columns: Sequence[str] | None) -> pd.DataFrame:
+    from profiler.build.classify import classify
     from profiler.formats.raw import read_raw
     from profiler.formats.rows import raw_to_frame
 
@@ -128,7 +130,7 @@ def _load_one(path: str | os.PathLike[str], flt: RowFilter | None,
     if p.suffix == ".parquet":
         return read_files([p], flt, columns)
     if p.suffix == ".hvprof":
-        df = (flt or RowFilter()).apply(raw_to_frame(read_raw(p)))
+        df = (flt or RowFilter()).apply(raw_to_frame(read_raw(p), classify))
         return df if columns is None else df[[c for c in columns if c in df.columns]]
     return _load_trace(p, flt, columns)
 
@@ -153,13 +155,13 @@ def window_for(path: str | os.PathLike[str], max_rows: int, *, first_ranks: int 
     """A bounded window of a dataset with more than `max_rows` rows: the first
     `first_ranks` ranks plus the likely stragglers (least communication time, from
     the rank metadata), over the consecutive middle steps that fit (the policy of
-    trace.json's event selection, profiler.formats.window.select_events, without its step
+    trace.json's event selection, profiler.build.window.select_events, without its step
     cap).  None when everything fits, or when the path has no parquet dataset.
     Returns the filter and {"description", "rows", "rows_total", "ranks", "steps",
     "t_start_ns"}."""
     import orjson
 
-    from profiler.formats.window import select_events
+    from profiler.build.window import select_events
 
     from .engine import open_dataset
 

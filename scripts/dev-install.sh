@@ -3,5 +3,6 @@
 # Serialized with a lock so that concurrent developers don't clash.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# build/ first: setuptools would pack a moved or removed module from build/lib.
 exec flock /tmp/hvprof-dev-install.lock \
-  .venv/bin/pip install --no-build-isolation --no-deps --force-reinstall -q .
+  sh -c 'rm -rf build && .venv/bin/pip install --no-build-isolation --no-deps --force-reinstall -q .'

@@ -304,7 +304,10 @@ if [ -f "$PKG_STAMP" ] && [ "$(cat "$PKG_STAMP")" = "$src_hash" ] && [ -n "$lib"
     say "  present: installed package matches the checkout"
 else
     say "  installing from $ROOT (pip install --no-build-isolation --no-deps --force-reinstall .)"
-    # Same lock as scripts/dev-install.sh: never two installs at once.
+    # Same lock as scripts/dev-install.sh: never two installs at once.  build/
+    # goes first: setuptools packs what build/lib holds, and a module moved or
+    # removed in the checkout would be installed all the same.
+    flock /tmp/hvprof-dev-install.lock sh -c 'rm -rf "$1/build"' _ "$ROOT"
     flock /tmp/hvprof-dev-install.lock \
         "$PY" -m pip install -q --no-build-isolation --no-deps --force-reinstall "$ROOT" \
         2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)

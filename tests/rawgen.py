@@ -63,6 +63,7 @@ class RawWriter:
     hostname: str = "testhost"
     mpi_version: str = "Open MPI v4.1 (rawgen)"
     pid: int = 4242
+    self_converts: int = 0  # 1: the rank converts its own file at exit (Python)
     dropped: int = 0
     version: int = F.FORMAT_VERSION
     record_bytes: int = F.RECORD_BYTES
@@ -139,6 +140,7 @@ class RawWriter:
         h["world_size"] = self.world_size
         h["local_rank"] = self.rank
         h["pid"] = self.pid
+        h["self_converts"] = self.self_converts
         h["state"] = self.state | (F.STATE_TRUNCATED if self.dropped else 0)
         h["n_comms"] = len(self.comms)
         h["n_tracks"] = len(self.tracks)

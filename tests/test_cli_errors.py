@@ -11,7 +11,7 @@ import pytest
 import rawgen
 from conftest import profiler_cli
 
-from profiler.collect.merge import merge
+from profiler.build.merge import merge
 
 
 def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

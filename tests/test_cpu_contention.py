@@ -127,7 +127,7 @@ def _sidecar(pid: int = 4242) -> dict[str, Any]:
 def test_cpu_rows_name_the_measured_thread_and_count_no_call(tmp_path: Path) -> None:
     from profiler.analysis._frame import call_mask
 
-    from profiler.collect import convert
+    from profiler.build import convert
     from profiler.formats import rows
     from profiler.formats.raw import read_raw
 
@@ -148,7 +148,7 @@ def test_cpu_rows_name_the_measured_thread_and_count_no_call(tmp_path: Path) -> 
     assert hv["t_start_ns"].iloc[1:].tolist() == hv["t_end_ns"].iloc[:-1].tolist()
     # never a call: the call mask, the rank's call count and comm time leave them out
     assert not call_mask(df, kinds=None)[cpu.index.to_numpy()].any()
-    meta = convert.rank_metadata(read_raw(raw), df, own_process=False)
+    meta = convert.rank_metadata(read_raw(raw), df)
     assert meta["calls"] == int((df["backend"].astype(str) != "app").sum()) == 6
     assert meta["cpu"] == {**meta["cpu"], "rows": 6, "schedstat": None}  # no sidecar
     assert "no rank-00000.cpu.json" in meta["cpu"]["reason"]
@@ -187,8 +187,9 @@ def test_rank_doc_reads_the_sidecar_and_names_each_thread(tmp_path: Path) -> Non
 
 
 def test_trace_json_leaves_cpu_rows_out_of_its_events(tmp_path: Path) -> None:
-    from profiler.collect.merge import merge
-    from profiler.formats.tracejson import read_trace, read_trace_meta, write_trace
+    from profiler.build.merge import merge
+    from profiler.build.window import write_trace
+    from profiler.formats.tracejson import read_trace, read_trace_meta
 
     d = tmp_path / "prof"
     _rank_with_cpu_rows(steps=20).write(d / "raw" / "rank-00000.hvprof")

@@ -11,17 +11,13 @@ import pandas as pd
 import pytest
 import rawgen
 
-from profiler.collect import convert
+from profiler.build import convert
+from profiler.build.classify import classify
+from profiler.collect.facts import rank_facts
 from profiler.errors import CorruptError, NotFoundError
 from profiler.formats import clock, dataset, rows, schema
 from profiler.formats import record as F
 from profiler.formats.raw import read_raw
-
-
-@pytest.fixture
-def no_classify(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hide profiler.formats.classify: the default kinds apply."""
-    monkeypatch.setitem(sys.modules, "profiler.formats.classify", None)
 
 
 def test_schema_and_values(tmp_path: Path) -> None:
@@ -131,7 +127,7 @@ def test_uncompleted_request_has_zero_duration(tmp_path: Path) -> None:
     assert df["dur_ns"].tolist() == [0]
 
 
-def test_steps_and_default_kinds(tmp_path: Path, no_classify: None) -> None:
+def test_steps_and_default_kinds(tmp_path: Path) -> None:
     w = rawgen.RawWriter()
     w.add_comm(1, 1, 0, "MPI_COMM_WORLD")
     t = w.add_track(1, is_main=True)
@@ -151,22 +147,16 @@ def test_steps_and_default_kinds(tmp_path: Path, no_classify: None) -> None:
     assert steps["backend"].astype(str).unique().tolist() == ["app"]
 
 
-def test_classify_hook_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import types
-
-    mod = types.ModuleType("profiler.formats.classify")
-
+def test_classify_hook_is_used(tmp_path: Path) -> None:
     def classify(df: pd.DataFrame) -> pd.Series:
         return pd.Series(np.where(df["redop"].astype(str) == "band", "control", "data"),
                          index=df.index)
 
-    mod.classify = classify  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "profiler.formats.classify", mod)
     w = rawgen.RawWriter()
     w.add_comm(1, 1, 0, "MPI_COMM_WORLD")
     t = w.add_track(1, is_main=True)
     w.add(t, rawgen.records(3, t_start=[0, 1, 2], t_end=[1, 2, 3], op=1, redop=[6, 1, 6]))
-    df = rows.raw_to_frame(read_raw(w.write(tmp_path / "r.hvprof")))
+    df = rows.raw_to_frame(read_raw(w.write(tmp_path / "r.hvprof")), classify)
     assert df["kind"].astype(str).tolist() == ["control", "data", "control"]
 
 
@@ -180,7 +170,7 @@ def test_convert_writes_parquet_and_json(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setenv("MY_HOROVOD_TOKEN", "do-not-leak")
     monkeypatch.setenv("OMPI_MCA_orte_hnp_uri", "launcher-internal")
     raw = rawgen.simple_rank(0, 1, n=7).write(tmp_path / "raw" / "rank-00000.hvprof")
-    c = convert.convert_raw(raw, own_process=True)
+    c = convert.convert_raw(raw, facts=rank_facts(str(raw)))
     assert c.parquet == tmp_path / "ranks" / "rank-00000.parquet"
     assert c.calls == 7 and c.rows == 7 and c.complete
     meta = orjson.loads(c.meta.read_bytes())
@@ -192,10 +182,10 @@ def test_convert_writes_parquet_and_json(tmp_path: Path, monkeypatch: pytest.Mon
     assert meta["tracks"][0]["thread_kind"] == "main"
     assert meta["header"]["rank"] == 0 and meta["source"]["raw"] == "raw/rank-00000.hvprof"
     back = dataset.read_dataset([c.parquet])
-    pd.testing.assert_frame_equal(back, rows.raw_to_frame(read_raw(raw)))
+    pd.testing.assert_frame_equal(back, rows.raw_to_frame(read_raw(raw), classify))
     assert convert.is_up_to_date(raw)
     # another process converting (profiler merge): no env, no argv
-    c2 = convert.convert_raw(raw, own_process=False)
+    c2 = convert.convert_raw(raw)
     meta2 = orjson.loads(c2.meta.read_bytes())
     assert meta2["env"] is None and meta2["argv"] is None
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -208,17 +210,36 @@ def test_closed_ranks_on_other_hosts_are_converted_at_once(tmp_path: Path) -> No
     checked), instead of waiting out the merge timeout for it."""
     import rawgen
 
-    from profiler.collect.merge import wait_and_merge
+    from profiler.build.merge import wait_and_merge
 
     d = tmp_path / "job"
     for r, host in enumerate(["here", "another-host"]):
         rawgen.simple_rank(r, 2, n=5, hostname=host, pid=1, state=0xF).write(
             d / "raw" / f"rank-{r:05d}.hvprof")
     t0 = time.monotonic()
-    res = wait_and_merge(d, world_size=2, own_rank=0, timeout=30, convert_closed=True)
+    res = wait_and_merge(d, world_size=2, own_rank=0, timeout=30)
     assert time.monotonic() - t0 < 10
     assert res.ranks == [0, 1] and res.partial_ranks == [] == res.missing_ranks
     assert (d / "ranks" / "rank-00001.parquet").is_file()
+
+
+def test_a_rank_that_converts_its_own_file_is_waited_for(tmp_path: Path) -> None:
+    """The other side: a closed file whose header says its rank converts it
+    (a Python rank, still converting) is not converted by the exit merge while
+    its process lives; the merge waits for that rank's dataset (here, until
+    the timeout) and converts it only then."""
+    import rawgen
+
+    from profiler.build.merge import wait_and_merge
+
+    d = tmp_path / "job"
+    for r in range(2):
+        rawgen.simple_rank(r, 2, n=5, hostname=socket.gethostname(), pid=os.getpid(),
+                           state=0xF, self_converts=1).write(d / "raw" / f"rank-{r:05d}.hvprof")
+    t0 = time.monotonic()
+    res = wait_and_merge(d, world_size=2, own_rank=0, timeout=1.5, poll=0.05)
+    assert time.monotonic() - t0 >= 1.5  # waited: rank 1 was not converted for it
+    assert res.ranks == [0, 1]  # and then merged what is there
 
 
 def test_merge_at_exit_can_be_left_for_later(prog: Path, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Fusion lineage from the profiler's own records (profiler.collect.fusion),
+"""Fusion lineage from the profiler's own records (profiler.build.fusion),
 checked against Horovod's timeline as the oracle, call by call.
 
 End to end with real Horovod 0.28.1 at np=2: tests/hvd_model_job.py (6
@@ -24,8 +24,8 @@ import pandas as pd
 import pytest
 from conftest import mpirun, profiler_cli, requires_mpi
 
-from profiler.collect import fusion
-from profiler.collect import lineage as L
+from profiler.build import fusion
+from profiler.build import lineage as L
 from profiler.formats import record as F
 
 JOB = Path(__file__).parent / "hvd_model_job.py"

@@ -20,7 +20,7 @@ import pytest
 from conftest import mpirun, requires_mpi
 from profiler.analysis import lineage as LQ
 
-from profiler.collect import lineage as L
+from profiler.build import lineage as L
 from profiler.formats import lineage as LF
 from profiler.formats import timeline as T
 

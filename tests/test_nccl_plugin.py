@@ -252,12 +252,11 @@ def test_default_name_and_none(pbuilt: PBuilt, tmp_path: Path) -> None:
 
 
 def test_metadata_names_path_and_version(static_run: tuple[int, Run]) -> None:
-    from profiler.collect.nvml import process_metadata
+    from profiler.formats.raw import read_sidecar
 
     v, r = static_run
     raw_path = r.profile_dir / "raw" / "rank-00000.hvprof"
-    meta = process_metadata(raw_path, own_process=False)
-    nccl = meta["nccl"]
+    nccl = read_sidecar(raw_path)
     assert nccl["seen_by"] == ["plugin"] and nccl["recorded_by"] == "plugin"
     assert nccl["plugin"]["interface_version"] == v
     assert nccl["plugin"]["versions_exported"] == [1, 2, 3, 4, 5, 6, 7]

@@ -1,5 +1,5 @@
 """Horovod's timeline as a third, coarse source of NCCL calls
-(profiler/collect/timeline_nccl.py).
+(profiler/build/timeline_nccl.py).
 
 The timeline is synthesized from the real Horovod CPU timeline fixture
 (tests/data/horovod_timeline_fused.json) by renaming its collective
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from conftest import PYTHON, base_env, mpirun, profiler_cli, requires_mpi
 
-from profiler.collect import timeline_nccl
+from profiler.build import timeline_nccl
 from profiler.collect.native import library_path
 from profiler.formats import timeline as T
 
@@ -81,7 +81,7 @@ def test_timeline_rows_when_no_path_saw_nccl(tmp_path: Path) -> None:
              & np.isfinite(ops["t_end_us"].to_numpy(dtype=float))).sum())
     from profiler.analysis import load, load_meta
 
-    from profiler.collect.merge import merge
+    from profiler.build.merge import merge
 
     for _ in range(2):  # a second merge replaces the rows, never adds them again
         merge(prof)
@@ -117,7 +117,7 @@ def test_no_timeline_rows_when_the_plugin_recorded_nccl(tmp_path: Path) -> None:
     nccl_timeline(prof / "timeline.json")
     from profiler.analysis import load, load_meta
 
-    from profiler.collect.merge import merge
+    from profiler.build.merge import merge
 
     merge(prof)
 

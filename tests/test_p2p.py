@@ -163,7 +163,7 @@ def test_p2p_exact_records_and_matching(impl: dict, np_: int, tmp_path: Path,
 
     from profiler.analysis import TraceAnalysis, p2p_summary
 
-    from profiler.collect.merge import merge
+    from profiler.build.merge import merge
 
     merge(prof)
     ta = TraceAnalysis.open(prof / "trace.json", engine="pandas")
@@ -258,7 +258,7 @@ def test_p2p_summary_mode(impl: dict, tmp_path: Path) -> None:
     op (and bytes), kind p2p; the collectives' counts beside them unchanged."""
     from profiler.analysis import load_aggregates
 
-    from profiler.collect.merge import merge
+    from profiler.build.merge import merge
 
     n, np_ = 3, 2
     prof = tmp_path / "prof"

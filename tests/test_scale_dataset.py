@@ -26,7 +26,7 @@ from conftest import ROOT, profiler_cli
 from profiler.analysis import load, load_meta, stragglers, summarize
 from profiler.analysis.engine import overview, summarize_dataset
 
-from profiler.collect.merge import merge
+from profiler.build.merge import merge
 from profiler.errors import ProfilerError, UsageError
 
 SOURCE = ROOT / "tests" / "data" / "analysis" / "fused"

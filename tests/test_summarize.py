@@ -18,8 +18,8 @@ from conftest import profiler_cli
 from profiler.analysis import bucket_label, bus_factor, comm_time_imbalance, summarize
 
 from profiler import layout
-from profiler.collect import convert
-from profiler.collect.merge import merge
+from profiler.build import convert
+from profiler.build.merge import merge
 from profiler.errors import UsageError
 from profiler.formats import dataset
 

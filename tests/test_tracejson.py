@@ -13,7 +13,8 @@ import pytest
 import rawgen
 from profiler.analysis import load, load_meta
 
-from profiler.collect.merge import merge
+from profiler.build import window as W
+from profiler.build.merge import merge
 from profiler.errors import (
     CorruptError,
     EmptyProfileError,
@@ -24,7 +25,6 @@ from profiler.errors import (
 )
 from profiler.formats import record as F
 from profiler.formats import tracejson as T
-from profiler.formats import window as W
 
 
 def make_job(d: Path, world: int = 2, n: int = 10, *, skip: tuple[int, ...] = (),
@@ -241,8 +241,8 @@ def test_rank0_wait_converts_dead_ranks_and_bounds_the_wait(
     import sys
     import time
 
-    from profiler.collect.convert import convert_raw
-    from profiler.collect.merge import wait_and_merge
+    from profiler.build.convert import convert_raw
+    from profiler.build.merge import wait_and_merge
 
     d = tmp_path / "job"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -250,7 +250,7 @@ def test_rank0_wait_converts_dead_ranks_and_bounds_the_wait(
     for r, (pid, state) in enumerate([(os.getpid(), 0xF), (dead.pid, 0x3), (os.getpid(), 0x3)]):
         w = rawgen.simple_rank(r, 4, n=5, hostname=socket.gethostname(), pid=pid, state=state)
         w.write(d / "raw" / f"rank-{r:05d}.hvprof")
-    convert_raw(d / "raw" / "rank-00000.hvprof", own_process=True)
+    convert_raw(d / "raw" / "rank-00000.hvprof", facts={"own": True})
     # rank 1 died (its pid is gone): converted by rank 0 at once; rank 2 still
     # runs (this pid) and never converts: the wait ends at the timeout; rank 3
     # has no file at all: missing
@@ -266,8 +266,8 @@ def test_rank0_wait_converts_dead_ranks_and_bounds_the_wait(
 def test_rank0_wait_returns_as_soon_as_everyone_is_in(tmp_path: Path) -> None:
     import time
 
-    from profiler.collect.convert import convert_raw
-    from profiler.collect.merge import wait_and_merge
+    from profiler.build.convert import convert_raw
+    from profiler.build.merge import wait_and_merge
 
     d = make_job(tmp_path / "job", world=3)
     for r in range(3):

@@ -1,39 +1,32 @@
-"""The exit work that turns raw files into the dataset and trace.json, shared
-by the two ways a profiled process ends:
+"""The job's exit: one entry point that turns raw files into the dataset and
+trace.json, run the same way for every program.
 
-* a Python process: its exit handler (profiler.collect.activate) converts its
-  own raw file and, on rank 0, starts the merge as a child in a session of
-  its own (`merge_detached`: `main --merge DIR WORLD TIMEOUT`), which waits for the
-  other ranks and writes trace.json.  Rank 0 waits for it and prints its
-  line; a launcher that ends rank 0 meanwhile (mpirun aborting the job when
-  another rank exits non-zero) does not end the merge, and the trace appears
-  a moment later;
-* any other process (C, Fortran, anything LD_PRELOADed, NCCL-only): rank 0's
-  library runs `main` in a child interpreter from its destructor
-  (hooks/exitmerge.c), after closing its own file, with that file's path, the
-  world size and its pid; the child converts rank 0's file on its behalf and
-  merges the same way.  Its "horovod-profiler:" lines are what the library
-  prints; exit status 0 when it said how it went (a trace, or why not), 2
-  after a failure it reported in one line itself, anything else (a crash, a
-  broken interpreter) makes the library say one line of its own.
+* Each rank whose process has a Python runtime converts its own raw file in
+  its exit handler (profiler.collect.activate -> convert_rank): the rank's
+  own facts go into its metadata, and the conversion is spread over the
+  ranks.  The raw file's header says so (self_converts, set by the library
+  when Python activates it), so the merge waits for that rank's dataset.
+* Rank 0's library, in its destructor, after every Python exit handler,
+  starts `main` (DIR RAW WORLD PID) as a child in a session of its own, for
+  Python and C programs alike (hooks/exitmerge.c).  The child converts what
+  is not up to date (rank 0's file, unless Python did; the files of ranks
+  that convert nothing themselves, once closed; those of ranks that died),
+  waits for the others (bounded by HOROVOD_PROFILE_MERGE_TIMEOUT) and writes
+  trace.json.  Its "horovod-profiler:" lines are what the library prints;
+  exit status 0 when it said how it went (a trace, or why not), 2 after a
+  failure it reported in one line itself.  A launcher that ends rank 0
+  meanwhile does not end the child: the trace appears a moment later.
 
 Nothing heavy at import: imported by the start-up hook's activation."""
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from typing import Any
 
 DEFAULT_MERGE_TIMEOUT_S = 60.0
-#: beyond the merge timeout, how long rank 0 waits for the merge itself before
-#: it lets the child go on alone (hooks/exitmerge.c EXIT_MERGE_GRACE_S)
-EXIT_MERGE_GRACE_S = 30.0
-#: the child's command: never the working directory's profiler/ (a checkout)
-BOOT = ("import sys\n"
-        "if sys.path and sys.path[0] in ('', '.'): del sys.path[0]\n"
-        "from profiler.collect.exitmerge import main\n"
-        "sys.exit(main(sys.argv[1:]))\n")
 
 
 def say(message: str) -> None:
@@ -87,64 +80,40 @@ def no_space_line(directory: str, exc: OSError) -> str:
             f"{directory}")
 
 
-def convert_and_merge(directory: str, raw: str, rank: int, world: int, *,
-                      own_process: bool = True, others_convert: bool = True,
-                      process: dict[str, Any] | None = None,
-                      detached: bool = False) -> str | None:
-    """Convert this rank's raw file; rank 0 then waits (bounded by
-    HOROVOD_PROFILE_MERGE_TIMEOUT) for the others and writes trace.json.
-    Returns the line printed by rank 0 (None elsewhere).  own_process: the
-    caller is the rank itself (its argv, environment and Python self-cost go
-    into the rank's metadata), not a helper converting for it.  others_convert:
-    the other ranks convert their own files at exit (Python); if not, rank 0
-    converts each as soon as it is closed.  process: the rank's argv,
-    executable and environment when the caller is not the rank.  detached:
-    rank 0 merges in a child of its own session (merge_detached), which
-    outlives this process."""
+def convert_rank(directory: str, raw: str, rank: int,
+                 facts: dict[str, Any] | None = None) -> str:
+    """Convert one rank's raw file at exit: a rank converting its own (facts
+    with "own"), or the exit merge converting rank 0's unless it is up to
+    date.  Returns "ok", "gone" (the directory was removed while the job
+    ran), "no space" or "failed".  A conversion that fails is said here, in
+    one line; the conditions of the whole job (gone, no space) are said once,
+    by the exit merge (main), never by every rank."""
     if not os.path.exists(raw):
-        # The profile directory (or this raw file) was removed while the job
-        # ran: the records went into a file nobody can open any more.  Rank 0
-        # says so once; the other ranks' records went the same way.
-        if rank == 0:
-            say(f"warning: the profile directory {directory} was removed while the job "
-                "ran: the records of this job are lost (no dataset, no trace)")
-        return None
-    from profiler.collect.convert import convert_raw
+        return "gone"
+    from profiler.build.convert import convert_raw, is_up_to_date
 
     try:
-        convert_raw(raw, directory, own_process=own_process, process=process)
+        if not (facts or {}).get("own") and is_up_to_date(raw, directory):
+            return "ok"  # the rank converted it itself
+        convert_raw(raw, directory, facts=facts)
+        return "ok"
     except OSError as exc:
         if no_space(exc):
-            # The other ranks' conversions fail the same way: rank 0 alone
-            # says what is kept, and merging would fail again.
-            if rank == 0:
-                say(no_space_line(directory, exc))
-            return None
+            return "no space"
         say(f"error: rank {rank}: cannot convert {raw}: {one_line(exc)}")
     except Exception as exc:  # rank 0 still merges what is there
         say(f"error: rank {rank}: cannot convert {raw}: {one_line(exc)}")
-    if rank != 0:
-        return None
-    if not merge_at_exit():
-        line = (f"no trace at exit (HOROVOD_PROFILE_MERGE=0): each rank's dataset is in "
-                f"{directory}/ranks; build it with: profiler merge {directory}")
-        say(line)
-        return line
-    if detached:
-        return merge_detached(directory, world)
-    return _merge(directory, world, convert_closed=not others_convert)
+    return "failed"
 
 
-def _merge(directory: str, world: int, *, convert_closed: bool,
-           timeout: float | None = None) -> str:
+def _merge(directory: str, world: int, *, timeout: float | None = None) -> str:
     """Rank 0's part: wait for the other ranks (bounded by `timeout`, else
     HOROVOD_PROFILE_MERGE_TIMEOUT), merge, say the line."""
-    from profiler.collect.merge import wait_and_merge
+    from profiler.build.merge import wait_and_merge
 
     try:
         result = wait_and_merge(directory, world_size=max(world, 1), own_rank=0,
-                                timeout=merge_timeout() if timeout is None else timeout,
-                                convert_closed=convert_closed)
+                                timeout=merge_timeout() if timeout is None else timeout)
     except OSError as exc:
         if not no_space(exc):
             raise
@@ -154,97 +123,6 @@ def _merge(directory: str, world: int, *, convert_closed: bool,
     line = f"trace written to {result.summary_line()}"
     say(line)
     return line
-
-
-def merge_detached(directory: str, world: int) -> str | None:
-    """Run rank 0's merge (_merge) in a child: this interpreter, in a session of
-    its own (a launcher that ends this rank or its process group spares it),
-    without HOROVOD_PROFILE or LD_PRELOAD (it must not profile itself), stdin
-    from /dev/null and its output through a pipe (never the launcher's stdio,
-    which mpirun waits on).  Waits for it HOROVOD_PROFILE_MERGE_TIMEOUT plus
-    EXIT_MERGE_GRACE_S, relays its "horovod-profiler:" lines and returns the
-    last; past that, says that it goes on alone.  If this process is ended
-    first, the child goes on and writes the trace all the same."""
-    import subprocess
-
-    env = {k: v for k, v in os.environ.items() if k not in ("HOROVOD_PROFILE", "LD_PRELOAD")}
-    timeout = merge_timeout()  # read (and a bad value said) once, here
-    try:
-        child = subprocess.Popen(
-            [sys.executable, "-c", BOOT, "--merge", directory, str(int(world)), repr(timeout)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env=env, start_new_session=True, close_fds=True)
-    except OSError as exc:  # no process to spare: merge here, as before
-        say(f"warning: cannot start the merge as its own process ({one_line(exc)}): "
-            "merging in this one")
-        return _merge(directory, world, convert_closed=False, timeout=timeout)
-    bound = timeout + EXIT_MERGE_GRACE_S
-    ended = (f"this process was ended while the trace was being built (pid {child.pid}, "
-             f"left running): {directory}/trace.json appears when it ends; or build it "
-             f"with: profiler merge {directory}")
-    old = _catch_end_signals(ended)
-    try:
-        out, _ = child.communicate(timeout=bound)
-    except subprocess.TimeoutExpired:
-        line = (f"the trace is still being built after {bound:.0f} s (pid {child.pid}, left "
-                f"running): {directory}/trace.json appears when it ends; or build it with: "
-                f"profiler merge {directory}")
-        say(line)
-        return line
-    finally:
-        _restore(old)
-    last = None
-    for text in out.decode(errors="replace").splitlines():
-        if text.startswith("horovod-profiler: "):
-            last = text[len("horovod-profiler: "):]
-            say(last)
-    if child.returncode not in (0, 2) or last is None:
-        last = (f"error: the merge ended with status {child.returncode}: the raw files are "
-                f"kept; build the trace with: profiler merge {directory}")
-        say(last)
-    return last
-
-
-#: the signals a launcher ends a rank with (hooks/exitmerge.c end_signals)
-END_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
-
-
-def _catch_end_signals(line: str) -> dict[int, Any]:
-    """While rank 0 waits for its merge: a launcher's signal says `line` (the
-    merge goes on in its own session), then ends this process as the signal
-    would.  Returns the handlers to restore (_restore)."""
-    import signal
-
-    def ended(signum: int, frame: Any) -> None:
-        say(line)
-        # the signal again, to the handler it had before (Python's SIGINT
-        # handler raises KeyboardInterrupt, which the exit handler reports
-        # and the exit status survives; a handler set in C reads as None)
-        prev = old.get(signum)
-        signal.signal(signum, prev if prev is not None else signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-
-    old: dict[int, Any] = {}
-    for name in END_SIGNALS:
-        sig = getattr(signal, name)
-        try:
-            prev = signal.getsignal(sig)
-            if prev is signal.SIG_IGN:
-                continue  # a signal the job ignores stays ignored
-            old[sig] = signal.signal(sig, ended)
-        except (ValueError, OSError):  # not the main thread: no handler, no line
-            pass
-    return old
-
-
-def _restore(old: dict[int, Any]) -> None:
-    import signal
-
-    for sig, handler in old.items():
-        try:
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-        except (ValueError, OSError, TypeError):
-            pass
 
 
 def process_info(pid: int) -> dict[str, Any] | None:
@@ -288,32 +166,33 @@ class _Tolerant:
 
 
 def main(argv: list[str]) -> int:
-    """The library's exit merge (hooks/exitmerge.c): DIR RAW WORLD PID; or
-    Python rank 0's (merge_detached): --merge DIR WORLD TIMEOUT (seconds)."""
+    """The exit merge that rank 0's library starts (hooks/exitmerge.c):
+    DIR RAW WORLD PID."""
     sys.stdout = _Tolerant(sys.stdout)
     sys.stderr = _Tolerant(sys.stderr)
     os.umask(os.umask(0o022) | 0o022)  # nothing world- or group-writable
-    if argv[:1] == ["--merge"]:
-        try:
-            directory, world, timeout = argv[1], int(argv[2]), float(argv[3])
-        except (IndexError, ValueError):
-            say(f"error: cannot build the trace at exit: bad arguments {argv!r}")
-            return 2
-        try:
-            _merge(directory, world, convert_closed=False, timeout=timeout)
-        except BaseException as exc:  # noqa: BLE001 - one line, the raw files kept
-            say(f"error: cannot build the trace at exit: {one_line(exc)}; the raw files "
-                f"are kept: build it with: profiler merge {directory}")
-            return 2
-        return 0
     try:
         directory, raw, world, pid = argv[0], argv[1], int(argv[2]), int(argv[3])
     except (IndexError, ValueError):
         say(f"error: cannot build the trace at exit: bad arguments {argv!r}")
         return 2
     try:
-        convert_and_merge(directory, raw, 0, world, own_process=False, others_convert=False,
-                          process=process_info(pid))
+        done = convert_rank(directory, raw, 0, process_info(pid))
+        if done == "gone":
+            # The profile directory (or this raw file) was removed while the job
+            # ran: the records went into files nobody can open any more.
+            say(f"warning: the profile directory {directory} was removed while the job "
+                "ran: the records of this job are lost (no dataset, no trace)")
+            return 0
+        if done == "no space":
+            # every rank's conversion fails the same way, and merging would too
+            say(no_space_line(directory, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))))
+            return 0
+        if not merge_at_exit():
+            say(f"no trace at exit (HOROVOD_PROFILE_MERGE=0): build it with: profiler merge "
+                f"{directory}")
+            return 0
+        _merge(directory, world)
     except BaseException as exc:  # noqa: BLE001 - one line, the raw files kept
         say(f"error: cannot build the trace at exit: {one_line(exc)}; the raw files are "
             f"kept: build it with: profiler merge {directory}")

@@ -18,7 +18,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from profiler._version import __version__
-from profiler.collect import nvml, selfcost
+from profiler.build.classify import classify
 from profiler.formats import cpu as cpu_format
 from profiler.formats import fabric
 from profiler.formats import record as F
@@ -28,6 +28,7 @@ from profiler.formats.raw import (
     read_agg,
     read_header,
     read_raw,
+    read_sidecar,
     read_tensor_names,
     writer_state,
 )
@@ -81,30 +82,28 @@ def step_totals(df: pd.DataFrame) -> dict[str, Any]:
     return out
 
 
-def cpu_doc(raw: RawFile, df: pd.DataFrame, tracks: Sequence[Mapping[str, Any]], *,
-            own_process: bool) -> dict[str, Any] | None:
+def cpu_doc(raw: RawFile, df: pd.DataFrame, tracks: Sequence[Mapping[str, Any]],
+            facts: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The rank's ``cpu`` block (profiler.formats.cpu): the library's sidecar,
-    plus, when this process is the rank (its exit), torch's intra-op threads
-    (when torch is imported) and OMP_NUM_THREADS as they are now."""
+    plus, from the rank's own facts at its exit, torch's intra-op threads and
+    OMP_NUM_THREADS."""
     rows = int((df["op"] == "cpu").sum()) if len(df) and "op" in df.columns else 0
     doc = cpu_format.rank_doc(raw.path, raw.header, tracks, rows=rows)
-    if doc is not None and own_process:
-        torch = sys.modules.get("torch")
-        try:
-            doc["torch_threads"] = int(torch.get_num_threads()) if torch is not None else None
-        except Exception:  # a half-imported or unusual torch: leave it unknown
-            doc["torch_threads"] = None
-        doc["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS")
+    if doc is not None and facts is not None and facts.get("own"):
+        doc["torch_threads"] = facts.get("torch_threads")
+        doc["omp_num_threads"] = facts.get("omp_num_threads")
     return doc
 
 
-def rank_metadata(raw: RawFile, df: pd.DataFrame, *, own_process: bool,
+def rank_metadata(raw: RawFile, df: pd.DataFrame, *,
                   agg: pd.DataFrame | None = None,
                   problems: Sequence[str] = (),
-                  process: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The ranks/rank-R.json document.  env/argv only when this process is the
-    rank, or when `process` describes it ({"environ", "argv", "executable"}:
-    the library's exit merge, converting for its parent, reads them there).
+                  facts: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The ranks/rank-R.json document.  facts: what is known of the rank's
+    process beyond its files: {"environ", "argv", "executable"} (from /proc,
+    profiler.build.atexit.process_info) and, when the rank gathered them
+    itself at its exit ("own": True, profiler.collect.facts), its self-cost,
+    GPUs, live NCCL state, interface kinds and threads.  None: none known.
 
     calls = per-call rows (application rows excluded) + summary-mode aggregated calls.
     cpu: the rank's CPUs, load and threads (cpu_doc)."""
@@ -115,6 +114,7 @@ def rank_metadata(raw: RawFile, df: pd.DataFrame, *, own_process: bool,
     aggregated = int(agg["calls"].sum()) if agg is not None and len(agg) else 0
     mode = F.MODES.get(int(raw.header.get("mode", 0)), "unknown")
     tracks = track_table(raw)
+    f: Mapping[str, Any] = facts or {}
     return {
         "rank": raw.rank,
         "profiler_version": __version__,
@@ -133,16 +133,14 @@ def rank_metadata(raw: RawFile, df: pd.DataFrame, *, own_process: bool,
         "aggregates": (agg_parquet_path(".", raw.rank).name if agg is not None else None),
         "problems": [*raw.problems, *problems],
         "tensor_names": read_tensor_names(raw.path),
-        "self_cost": selfcost.snapshot() if own_process else None,
-        **nvml.process_metadata(raw.path, own_process=own_process),
-        "interconnect": fabric.rank_doc(raw.path, own_process=own_process),
-        "cpu": cpu_doc(raw, df, tracks, own_process=own_process),
-        "env": (env_whitelist() if own_process else
-                env_whitelist(process["environ"]) if process else None),
-        "argv": (list(sys.argv) if own_process else
-                 list(process["argv"]) if process else None),
-        "executable": (sys.executable if own_process else
-                       process["executable"] if process else None),
+        "self_cost": f.get("self_cost"),
+        "gpus": list(f.get("gpus") or []),
+        "nccl": read_sidecar(raw.path) or f.get("nccl"),
+        "interconnect": fabric.rank_doc(raw.path, kinds=f.get("interface_kinds")),
+        "cpu": cpu_doc(raw, df, tracks, facts),
+        "env": env_whitelist(f["environ"]) if "environ" in f else None,
+        "argv": list(f["argv"]) if "argv" in f else None,
+        "executable": f.get("executable"),
         "parquet": parquet_path(".", raw.rank).name,
         "source": {
             "raw": f"raw/{raw.path.name}",
@@ -152,7 +150,7 @@ def rank_metadata(raw: RawFile, df: pd.DataFrame, *, own_process: bool,
             "n_chunks": int(raw.header["n_chunks"]),
             "agg_size": ast.st_size if ast else None,
             "agg_mtime_ns": ast.st_mtime_ns if ast else None,
-            "converted_by": "self" if own_process else f"pid {os.getpid()} on "
+            "converted_by": "self" if f.get("own") else f"pid {os.getpid()} on "
             f"{socket.gethostname()}",
             "converted_at": time.time(),
         },
@@ -181,25 +179,23 @@ class Converted:
 
 
 def convert_raw(path: str | os.PathLike[str], profile_dir: str | os.PathLike[str] | None = None,
-                *, own_process: bool = False,
-                process: Mapping[str, Any] | None = None) -> Converted:
+                *, facts: Mapping[str, Any] | None = None) -> Converted:
     """raw/rank-R.hvprof -> ranks/rank-R.parquet + ranks/rank-R.json.
-    process: see rank_metadata."""
+    facts: see rank_metadata."""
     raw = read_raw(path)
     base = Path(profile_dir) if profile_dir is not None else Path(path).resolve().parent.parent
-    df = raw_to_frame(raw)
+    df = raw_to_frame(raw, classify)
     agg_df, problems = None, []
     if int(raw.header.get("mode", 0)) == F.MODE_SUMMARY:
         ap = agg_path_for(path)
         if ap.is_file():
             agg = read_agg(ap)
-            agg_df = agg_to_frame(agg, raw)
+            agg_df = agg_to_frame(agg, raw, classify)
             problems = list(agg.problems)
         else:
             problems = ["summary mode, but no aggregate file (killed before its first "
                         "snapshot?)"]
-    meta = rank_metadata(raw, df, own_process=own_process, agg=agg_df, problems=problems,
-                         process=process)
+    meta = rank_metadata(raw, df, agg=agg_df, problems=problems, facts=facts)
     pq_out = parquet_path(base, raw.rank)
     js_out = meta_path(base, raw.rank)
     pq_out.parent.mkdir(parents=True, exist_ok=True)

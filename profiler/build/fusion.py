@@ -90,7 +90,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profiler.formats.classify import classify, is_horovod_row
+from profiler.build.classify import classify, is_horovod_row
 from profiler.formats.lineage import LINEAGE_COLUMNS
 
 __all__ = ["FAMILIES", "infer", "solve_subset", "compare", "with_timeline", "MAX_RANKS",

@@ -60,10 +60,10 @@ class MergeResult:
         return f"{self.trace} ({len(self.ranks)} ranks, {self.calls} calls{extra})"
 
 
-def convert_pending(profile_dir: Path, *, ranks: Iterable[int] | None = None,
-                    own_rank: int | None = None) -> tuple[list[int], list[str]]:
+def convert_pending(profile_dir: Path, *, ranks: Iterable[int] | None = None
+                    ) -> tuple[list[int], list[str]]:
     """Convert raw files lacking an up-to-date parquet. Returns (converted, problems)."""
-    from profiler.collect.convert import convert_raw, is_up_to_date
+    from profiler.build.convert import convert_raw, is_up_to_date
 
     raws = rank_files(profile_dir, "raw", "hvprof")
     wanted = set(raws) if ranks is None else set(ranks) & set(raws)
@@ -73,7 +73,7 @@ def convert_pending(profile_dir: Path, *, ranks: Iterable[int] | None = None,
         if is_up_to_date(raws[r], profile_dir):
             continue
         try:
-            c = convert_raw(raws[r], profile_dir, own_process=(r == own_rank))
+            c = convert_raw(raws[r], profile_dir)
         except ProfilerError as exc:
             problems.append(f"rank {r}: {exc.line()}")
             continue
@@ -83,15 +83,16 @@ def convert_pending(profile_dir: Path, *, ranks: Iterable[int] | None = None,
 
 
 def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | None = None,
-          own_rank: int | None = None, world_size: int | None = None,
+          world_size: int | None = None,
           limit: int | None = None) -> MergeResult:
     """Convert what needs converting, then write trace.json.  See module doc."""
     from profiler.formats.dataset import read_meta
     from profiler.formats.raw import read_header
-    from profiler.formats.tracejson import now_iso, write_trace
+    from profiler.build.window import write_trace
+    from profiler.formats.tracejson import now_iso
 
     d = check_profile_dir(profile_dir)
-    converted, problems = convert_pending(d, own_rank=own_rank)
+    converted, problems = convert_pending(d)
 
     raws = rank_files(d, "raw", "hvprof")
     metas = rank_files(d, "ranks", "json", problems)
@@ -140,12 +141,12 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
     meta = job_metadata(d, trace_path, rank_meta, world, missing, partial, calls)
     meta["created"] = now_iso()
     meta["problems"] = problems
-    from profiler.collect.selfcost import job_summary
+    from profiler.build.selfcost import job_summary
 
     meta["self_cost"] = job_summary(rank_meta)
     # Horovod's timeline joined with rank 0's records: lineage.parquet, and
     # meta["lineage"] says what was written or why not (never raises).
-    from profiler.collect.lineage import build as build_lineage
+    from profiler.build.lineage import build as build_lineage
 
     try:
         build_lineage(d, metadata=meta)
@@ -154,7 +155,7 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
                            "reason": "cannot build: " + " ".join(str(exc).split())[:200]}
     # Horovod's timeline as a coarse NCCL source when no path recorded NCCL
     # (rank 0's dataset gains rows with source "timeline"; never raises).
-    from profiler.collect import timeline_nccl
+    from profiler.build import timeline_nccl
 
     try:
         meta["nccl_timeline"] = timeline_nccl.add(d, rank_meta, parquets.get(0))
@@ -274,14 +275,18 @@ def _throughput(rank_meta: list[dict[str, Any]]) -> dict[str, Any]:
 
 def wait_and_merge(profile_dir: str | os.PathLike[str], *, world_size: int, own_rank: int,
                    timeout: float, poll: float = 0.05,
-                   sleep: Callable[[float], None] = time.sleep,
-                   convert_closed: bool = False) -> MergeResult:
-    """Rank 0 at exit: wait (bounded) for the other ranks' datasets, converting
-    those whose raw header shows they died, then merge.  convert_closed: the
-    ranks have no Python to convert their own files (the library's exit merge
-    of a C program): a file marked CLOSED is complete, converted here at once,
-    wherever its process ran (another host's pid cannot be checked)."""
-    from profiler.collect.convert import is_up_to_date
+                   sleep: Callable[[float], None] = time.sleep) -> MergeResult:
+    """Rank 0 at exit: wait (bounded) for the other ranks' datasets, then merge.
+    A raw file is converted here when its rank will not: it died, or it is
+    closed and its header says its rank converts nothing itself (no Python:
+    it is complete, converted at once, wherever its process ran), or its
+    process ended without leaving its dataset (its own conversion failed).
+
+    It polls the directory (every `poll` s): ranks on other hosts write through
+    a shared file system (NFS, Lustre, GPFS), whose changes from another client
+    inotify does not report, and MPI is finalized by then, so no message can
+    say that a rank is done."""
+    from profiler.build.convert import is_up_to_date
     from profiler.formats.raw import _pid_alive, read_header, writer_state
 
     d = Path(profile_dir)
@@ -306,7 +311,7 @@ def wait_and_merge(profile_dir: str | os.PathLike[str], *, world_size: int, own_
             st = writer_state(header)
             if st == "closed" and is_up_to_date(raws[r], d):
                 pending.discard(r)
-            elif st == "dead" or (st == "closed" and (convert_closed
+            elif st == "dead" or (st == "closed" and (not header.get("self_converts")
                                                       or _pid_alive(header) is False)):
                 # Killed, or exited without leaving its dataset (its own
                 # conversion failed: disk full...): it will never convert itself.
@@ -319,4 +324,4 @@ def wait_and_merge(profile_dir: str | os.PathLike[str], *, world_size: int, own_
         print("horovod-profiler: warning: gave up waiting for rank(s) "
               f"{format_ranges(pending)} after {timeout:g} s; merging what is there",
               file=sys.stderr)
-    return merge(d, own_rank=own_rank, world_size=world_size)
+    return merge(d, world_size=world_size)

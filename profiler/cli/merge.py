@@ -22,7 +22,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from profiler.collect.merge import merge
+    from profiler.build.merge import merge
     from profiler.errors import UsageError
 
     if args.events is not None and args.events < 0:

@@ -17,15 +17,15 @@ mpi4py's finalization handlers registered later):
   brings it forward): MPI_Finalize is then recorded and the file marked
   FINALIZED, the same on every rank;
 * hvprof_process_exit() marks the raw file CLOSED;
-* this rank's raw file becomes ranks/rank-R.parquet + .json;
-* rank 0 starts the merge as a child in a session of its own, which waits,
-  bounded by HOROVOD_PROFILE_MERGE_TIMEOUT (default 60 s), for the other
-  ranks' datasets, converts those of ranks that died and writes trace.json;
-  rank 0 waits for it and prints its line to stderr.  A launcher that ends
-  rank 0 meanwhile (mpirun aborting the job because another rank exited
-  non-zero) does not end the merge (profiler.collect.exitmerge, which the
-  library's own exit merge runs too for processes without Python: this
-  module tells the library, hvprof_set_python, that Python merges here).
+* this rank's raw file becomes ranks/rank-R.parquet + .json, with the facts
+  only the rank can tell (profiler.collect.facts).  The library marks the
+  file as one its rank converts (hvprof_set_python, at activation), so the
+  merge waits for it rather than converting it.
+
+The trace is then built the same way as for any other program: rank 0's
+library runs its exit work (the exit merge, profiler.build.atexit), here at
+the end of this handler rather than in its destructor, which a process
+ended by a signal (an uncaught KeyboardInterrupt) never runs.
 
 Any failure is reported in one line; the application's exit status never changes.
 """
@@ -37,16 +37,16 @@ import ctypes  # already loaded: profiler.collect.native uses it
 import os
 import sys
 
-from profiler.collect.exitmerge import convert_and_merge
-from profiler.collect.exitmerge import one_line as _one_line
-from profiler.collect.exitmerge import say as _say
+from profiler.build.atexit import convert_rank
+from profiler.build.atexit import one_line as _one_line
+from profiler.build.atexit import say as _say
 
 _PID = os.getpid()
 _registered = False
 
 
-def finish() -> str | None:
-    """The exit work; returns the line printed by rank 0 (None elsewhere)."""
+def finish() -> None:
+    """The exit work of this rank (module doc)."""
     if os.getpid() != _PID:
         return None  # a forked child (data-loader worker): the parent reports
     from profiler.collect import native
@@ -57,14 +57,11 @@ def finish() -> str | None:
     if not directory:
         return None  # this process never profiled anything: say nothing
     rank = native.rank()
-    world = native.world_size()
     raw = native.raw_path()
     try:
         _finalize_mpi4py()
     except Exception as exc:
         _say(f"warning: rank {rank}: MPI_Finalize failed: {_one_line(exc)}")
-    from profiler.collect import native
-
     native.finish_native()  # NCCL device times in flight, the NCCL sidecar
     native.process_exit()
 
@@ -74,9 +71,13 @@ def finish() -> str | None:
     mask = os.umask(0o022)
     os.umask(mask | 0o022)
     try:
-        return convert_and_merge(directory, raw, rank, world, detached=True)
+        from profiler.collect.facts import rank_facts
+
+        convert_rank(directory, raw, rank, rank_facts(raw))
     finally:
         os.umask(mask)
+    native.exit_work()
+    return None
 
 
 def _finalize_mpi4py() -> None:
@@ -184,7 +185,7 @@ def activate() -> None:
     # No import of concurrent.futures here (12 ms for every Python process
     # started with HOROVOD_PROFILE=1): _allow_late_imports() lets the exit
     # work import it, and frame_to_table converts without a thread pool.
-    native.set_python(True)  # rank 0's exit handler merges: the library need not say how
+    native.set_python(True)  # this rank converts its own file at exit (finish)
     nccl_plugin()
     try:
         from profiler.collect import horovod_hooks as hooks

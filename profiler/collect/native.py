@@ -62,8 +62,10 @@ EXPORTS: dict[str, tuple[Any, tuple[Any, ...], str]] = {
     "hvprof_cpu_baseline": (_c.c_int, (), "steps: every thread's CPU read as a step opens"),
     "hvprof_set_enabled": (None, (_c.c_int,), "bench: run-time switch"),
     "hvprof_set_sampling": (None, (_c.c_int,), "steps: pause/resume recording"),
-    "hvprof_set_python": (None, (_c.c_int,), "activate: Python merges at exit"),
+    "hvprof_set_python": (None, (_c.c_int,), "activate: this rank converts its own file at exit"),
     "hvprof_process_exit": (None, (), "activate: mark the raw file CLOSED"),
+    "hvprof_exit_work": (None, (), "activate: the library's exit work now (rank 0: the "
+                                   "exit merge), once"),
     "hvprof_nccl_visible": (_c.c_int, (), "tests: NCCL visibility bits"),
     "hvprof_nccl_json": (_c.c_char_p, (), "nvml: NCCL state and counters"),
     "hvprof_nccl_finish": (_c.c_int, (_c.c_int,), "activate: NCCL device times, sidecar"),
@@ -170,7 +172,8 @@ def set_enabled(on: bool) -> None:
 
 
 def set_python(on: bool) -> None:
-    """Tell the library that Python merges at exit (no-op for a library without it)."""
+    """Tell the library that this rank converts its own raw file at exit; its
+    header says so to the exit merge (no-op for a library without it)."""
     fn = function("hvprof_set_python")
     if fn is not None:
         fn(1 if on else 0)
@@ -178,6 +181,14 @@ def set_python(on: bool) -> None:
 
 def process_exit() -> None:
     _fn("hvprof_process_exit")()
+
+
+def exit_work() -> None:
+    """The library's exit work, now rather than in its destructor (which a
+    process ended by a signal never runs): on rank 0, the exit merge."""
+    fn = function("hvprof_exit_work")
+    if fn is not None:
+        fn()
 
 
 # ---------------------------------------------------------------------------

@@ -9,12 +9,8 @@ the sidecar the library wrote next to the raw file."""
 
 from __future__ import annotations
 
-import os
 from types import ModuleType
 from typing import Any
-
-from profiler.collect.native import native_state
-from profiler.formats.raw import read_sidecar
 
 # NVML constants used below (values from nvml.h; stable across versions).
 _NVML_FEATURE_ENABLED = 1
@@ -131,17 +127,3 @@ def _norm_bus(bus: str) -> str:
         dom, rest = bus.split(":", 1)
         bus = f"{int(dom, 16):08x}:{rest}" if dom else bus
     return bus
-
-
-def process_metadata(raw_path: str | os.PathLike[str] | None = None, *,
-                     own_process: bool = True) -> dict[str, Any]:
-    """{"gpus": [...], "nccl": {...} | None} for a rank's metadata document.
-
-    own_process: this process is the rank (topology of this host, the live
-    library state); otherwise only the sidecar next to raw_path is used.
-    """
-    nccl = read_sidecar(raw_path) if raw_path is not None else None
-    if nccl is None and own_process:
-        nccl = native_state()
-    gpus = topology() if own_process else []
-    return {"gpus": gpus, "nccl": nccl}

@@ -75,16 +75,23 @@ def interface_kind(name: str, sys_net: str | os.PathLike[str] = "/sys/class/net"
     return "veth" if iflink != ifindex else "virtual"
 
 
-def rank_doc(raw_path: str | os.PathLike[str], *, own_process: bool) -> dict[str, Any] | None:
+def interface_names(doc: Mapping[str, Any]) -> list[str]:
+    """The network interfaces a rank's interconnect sidecar names."""
+    names = {str(a.get("interface", "")) for a in doc.get("addresses", [])}
+    names |= {str(i) for i in (doc.get("mpit") or {}).get("tcp_interfaces", [])}
+    return sorted(n for n in names if n)
+
+
+def rank_doc(raw_path: str | os.PathLike[str], *,
+             kinds: Mapping[str, str] | None = None) -> dict[str, Any] | None:
     """The rank's ``interconnect`` entry: the sidecar, with the kind of each
-    interface (own_process only: sysfs of this namespace)."""
+    interface when the rank told them at its exit (kinds: interface_kind of
+    each of interface_names, read in the rank's own network namespace)."""
     doc = read_mpit(raw_path)
     if doc is None:
         return None
-    if own_process:
-        names = {str(a.get("interface", "")) for a in doc.get("addresses", [])}
-        names |= {str(i) for i in (doc.get("mpit") or {}).get("tcp_interfaces", [])}
-        doc["interface_kinds"] = {n: interface_kind(n) for n in sorted(names) if n}
+    if kinds is not None:
+        doc["interface_kinds"] = {n: kinds[n] for n in interface_names(doc) if n in kinds}
     return doc
 
 

@@ -85,11 +85,15 @@ def assign_steps(rank: np.ndarray, t_start: np.ndarray, is_step: np.ndarray,
     return out
 
 
-def _classify(df: pd.DataFrame) -> pd.Categorical:
-    """kind column: profiler.formats.classify.classify(df) when it exists."""
-    try:
-        from profiler.formats.classify import classify
-    except ImportError:
+#: How a frame's rows are classified (profiler.build.classify.classify: a
+#: categorical Series, a frame with a "kind" column, or one kind per row).
+Classifier = Callable[[pd.DataFrame], Any]
+
+
+def _classify(df: pd.DataFrame, classify: Classifier | None) -> pd.Categorical:
+    """kind column: classify(df); without a classifier, app rows are "app" and the
+    rest "data" (the formats hold no policy)."""
+    if classify is None:
         kind = np.where(df["backend"].to_numpy(dtype=object) == "app", "app", "data")
         return pd.Categorical(kind, categories=["data", "control", "app", "p2p"])
     result = classify(df)
@@ -169,8 +173,9 @@ def _net_columns(rec: np.ndarray, net: np.ndarray, h: Any) -> dict[str, np.ndarr
     return out
 
 
-def raw_to_frame(raw: RawFile) -> pd.DataFrame:
-    """One rank's records as a DataFrame with the row schema, sorted by t_start_ns.
+def raw_to_frame(raw: RawFile, classify: Classifier | None = None) -> pd.DataFrame:
+    """One rank's records as a DataFrame with the row schema, sorted by t_start_ns
+    (kind: see _classify).
     NCCL_NET records (the plugin path's network activity per NCCL call) are not
     rows: where there are any, they become the net_* columns of their calls."""
     rec = raw.records
@@ -255,12 +260,13 @@ def raw_to_frame(raw: RawFile) -> pd.DataFrame:
     if is_cpu.any():
         step[is_cpu] = df["seq"].to_numpy()[is_cpu].astype(np.int32)
     df["step"] = step
-    df.insert(len(df.columns) - 1, "kind", _classify(df))
+    df.insert(len(df.columns) - 1, "kind", _classify(df, classify))
     return df[[c for c in COLUMNS if c in df.columns]
               + [c for c in df.columns if c not in COLUMNS]]
 
 
-def agg_to_frame(agg: AggFile, raw: RawFile) -> pd.DataFrame:
+def agg_to_frame(agg: AggFile, raw: RawFile,
+                 classify: Classifier | None = None) -> pd.DataFrame:
     """Summary-mode aggregates (one row per thread x op x comm x size x dtype x redop).
 
     total/min/max in ns; first_ns = start of the first call on the job axis;
@@ -293,7 +299,7 @@ def agg_to_frame(agg: AggFile, raw: RawFile) -> pd.DataFrame:
         "ns_per_tick": np.full(n, scale, dtype=np.float64),
         "hist": list(e["hist"].astype(np.int64)),
     })
-    df.insert(AGG_COLUMNS.index("kind"), "kind", _classify(df))
+    df.insert(AGG_COLUMNS.index("kind"), "kind", _classify(df, classify))
     return df.sort_values(["op", "bytes"], kind="stable").reset_index(drop=True)
 
 

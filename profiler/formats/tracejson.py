@@ -32,7 +32,7 @@ always holds every row):
 The metadata says which: "events": {"included", "total", "selection" (text),
 and for a window "ranks", "steps" ([first, last] or null), "t_window_ns"}.
 Per-thread CPU samples (op "cpu") are dataset rows but never events
-(profiler.formats.window.NOT_EVENT_OPS: their intervals cross the events of
+(profiler.formats.events.NOT_EVENT_OPS: their intervals cross the events of
 the thread they measure); "total" and "included" leave them out.
 `profiler export` writes any other window from the dataset.
 """
@@ -58,7 +58,7 @@ from profiler.errors import (
     TruncatedError,
     VersionError,
 )
-from profiler.formats.window import Source, max_events, read_events, select_events
+from profiler.formats.events import Selection, Source, read_events
 
 TRACE_FORMAT_VERSION = 1
 META_KEY = "horovod_profiler"
@@ -160,8 +160,7 @@ def call_events_json(df: pd.DataFrame) -> bytes:
 
 def write_trace(path: str | os.PathLike[str], meta: dict[str, Any],
                 frames: Sequence[Source], rank_meta: Sequence[Mapping[str, Any]],
-                *, limit: int | None = None, description: str | None = None
-                ) -> dict[str, Any]:
+                sel: Selection, *, description: str | None = None) -> dict[str, Any]:
     """Write trace.json; returns the metadata block written (with "events").
 
     frames: per rank, its rows as a DataFrame or the path of its parquet file (then
@@ -169,8 +168,6 @@ def write_trace(path: str | os.PathLike[str], meta: dict[str, Any],
     rank_meta when both are given.  description: the "events.selection" text to
     write instead of the one the selection makes (`profiler export`)."""
     p = Path(path)
-    limit = max_events() if limit is None else limit
-    sel = select_events(frames, rank_meta, limit, events=True)
     meta = dict(meta)
     meta.setdefault("format_version", TRACE_FORMAT_VERSION)
     meta.setdefault("profiler_version", __version__)
@@ -234,7 +231,7 @@ def _check_meta(p: Path, meta: Any) -> dict[str, Any]:
 
 
 # The shape of the metadata fields that readers use (what write_trace and
-# profiler.collect.merge write): a trace edited or written by another tool is refused
+# profiler.build.merge write): a trace edited or written by another tool is refused
 # with the field's name rather than failing later in a reader.  Keys not listed
 # are not checked; None is accepted for every listed key (absent), not for a
 # list's items.  A spec is a

@@ -1,0 +1,38 @@
+"""What only a rank itself can tell about its process, gathered at its exit
+for its metadata (profiler.build.convert.rank_metadata's facts): the
+profiler's own cost in Python, the GPUs and the library's live NCCL state,
+the kind of each network interface in its own namespace, its threads, and
+its command line and environment as they are now."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+
+def rank_facts(raw_path: str) -> dict[str, Any]:
+    from profiler.collect import nvml, selfcost
+    from profiler.collect.native import native_state
+    from profiler.formats import fabric
+
+    doc = fabric.read_mpit(raw_path)
+    kinds = ({n: fabric.interface_kind(n) for n in fabric.interface_names(doc)}
+             if doc is not None else None)
+    torch = sys.modules.get("torch")
+    try:
+        threads = int(torch.get_num_threads()) if torch is not None else None
+    except Exception:  # a half-imported or unusual torch: leave it unknown
+        threads = None
+    return {
+        "own": True,
+        "self_cost": selfcost.snapshot(),
+        "gpus": nvml.topology(),
+        "nccl": native_state(),
+        "interface_kinds": kinds,
+        "torch_threads": threads,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "environ": dict(os.environ),
+        "argv": list(sys.argv),
+        "executable": sys.executable,
+    }
