@@ -19,20 +19,31 @@ Engines (as HolisticTraceAnalysis's TraceAnalysis hides its loaders):
 `Calls` is what a summary needs from any of them (ranks, kinds, counts,
 times, per-rank totals, the grouped table, the GPU lines); the CLI, the report
 and the notebooks go through this module.
+
+Every CLI command that reads a profile opens it here once and asks: summary,
+advise, p2p, report, compare, check, lineage and tensors, fusion_whatif,
+export; hang (TraceAnalysis.open_raw: a live or dead job's raw files).  The
+commands read no file themselves (tests/test_facade_door.py): a failure is a
+ProfilerError raised where its cause is known, or a bug.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from profiler.layout import format_ranges
 
 from .load import trace_meta
+
+if TYPE_CHECKING:
+    from .fusion_whatif import WhatIf
+    from .hang import Diagnosis
 
 # comm and seq: a device row (NCCL) times its host call through (rank, comm, seq, op)
 _BASE_COLUMNS = ["rank", "backend", "op", "bytes", "dur_ns", "comm_size", "kind", "device",
@@ -276,6 +287,8 @@ class TraceAnalysis:
     engine: str                  # "pandas", "duckdb" or "dask": what answers
     dataset: Any = None          # engine.Dataset for duckdb / dask
     scheduler: str | None = None  # Dask scheduler address (None: a local cluster)
+    # answers computed once per profile (the lineage: tensors and the what-if share it)
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, engine: str = "auto",
@@ -356,3 +369,270 @@ class TraceAnalysis:
         if df.empty or "tag" not in df.columns:
             return empty
         return match_p2p(df)
+
+    @classmethod
+    def open_raw(cls, directory: str | os.PathLike[str]) -> TraceAnalysis:
+        """A profile directory read from its raw files alone (a live job's, one
+        killed by a scheduler or by SIGKILL): nothing merged is needed, nothing
+        is read until asked (hang)."""
+        return cls(path=os.fspath(directory), meta=None, engine="pandas")
+
+    def hang(self) -> Diagnosis:
+        """Who is stuck where, from every rank's raw file (analysis.hang.diagnose)."""
+        from .hang import diagnose
+
+        return diagnose(self.path)
+
+    def check(self) -> Consistency:
+        """Cross-rank consistency of a finished job (analysis.consistency)."""
+        from .consistency import count_mismatches, mismatches
+        from .load import load
+
+        df = load(self.path, columns=_CHECK_COLUMNS)
+        records = (int(((df["seq"] >= 0) & (df["backend"] != "app")).sum())
+                   if len(df) else 0)
+        return Consistency(mismatches=mismatches(df), call_counts=count_mismatches(df),
+                           records=records,
+                           ranks=int(df["rank"].nunique()) if len(df) else 0)
+
+    def compare(self, *others: TraceAnalysis, labels: Sequence[str] | None = None,
+                baseline: str | None = None, warmup: int = 1,
+                ranks: Sequence[int] | None = None, steps: tuple[int, int] | None = None,
+                max_rows: int | None = None) -> Comparison:
+        """This profile and `others` against the baseline (the first unless
+        `baseline` names a label): analysis.compare.compare.  max_rows: rows
+        loaded at most, all profiles together; a larger one is compared on a
+        window of it (Comparison.windows says which)."""
+        from .compare import compare
+        from .load import load
+
+        df = load(self.path, *(o.path for o in others),
+                  label=list(labels) if labels is not None else None,
+                  columns=_COMPARE_COLUMNS, ranks=ranks, steps=steps, max_rows=max_rows)
+        return Comparison(table=compare(df, baseline=baseline, warmup=warmup),
+                          windows=dict(df.attrs.get("selection") or {}))
+
+    def report(self, out: str | os.PathLike[str], *others: TraceAnalysis,
+               labels: Sequence[str] | None = None, title: str | None = None,
+               progress: bool = True, max_rows: int | None = 5_000_000) -> Path:
+        """The standalone HTML report of this profile (and `others`), written to
+        `out` (analysis.report.write_profiles)."""
+        from .report import write_profiles
+
+        return write_profiles([(ta.path, ta.meta, ta.dataset) for ta in (self, *others)], out,
+                              labels=labels, title=title, progress=progress,
+                              max_rows=max_rows)
+
+    def _profile_dir(self) -> Path:
+        p = Path(self.path)
+        return p if p.is_dir() else p.parent
+
+    def lineage(self) -> pd.DataFrame:
+        """The fusion lineage: the lineage.parquet the merge wrote next to the
+        trace, else computed from the ranks' datasets (nothing written); a
+        NotFoundError saying why when there is none."""
+        if "lineage" in self._cache:
+            return self._cache["lineage"]
+        from profiler import layout
+        from profiler.build import lineage as build
+        from profiler.errors import NotFoundError
+        from profiler.formats import lineage as stored
+
+        p = Path(self.path)
+        if not p.exists():
+            raise NotFoundError(p, "no such file or directory")
+        d = self._profile_dir()
+        info = (self.meta or {}).get("lineage")
+        name = info.get("file") if isinstance(info, dict) else None
+        candidates = [d / name] if isinstance(name, str) and "/" not in name else []
+        candidates.append(d / layout.LINEAGE_FILE)
+        table = None
+        for c in candidates:
+            if c.is_file():
+                table = stored.load(c)
+                break
+        if table is None:
+            # build_lineage raises nothing for what the directory holds: a reason instead
+            outcome = build.build_lineage(d, write=False)
+            if outcome.table is None or not len(outcome.table):
+                reason = info.get("reason") if isinstance(info, dict) and info.get("reason") \
+                    else outcome.reason
+                raise NotFoundError(p, f"no fusion lineage: {reason}")
+            table = outcome.table
+        self._cache["lineage"] = table
+        return table
+
+    def tensors(self) -> pd.DataFrame:
+        """One row per (tensor, Horovod operation) of the lineage
+        (analysis.lineage.per_tensor)."""
+        from .lineage import per_tensor
+
+        return per_tensor(self.lineage())
+
+    def fusion_whatif(self) -> WhatIf | None:
+        """Data calls and transfer time per step at other fusion thresholds and
+        cycle times, predicted from this run (analysis.fusion_whatif.whatif);
+        None when the run has too little to fit.  Reads the lineage and the
+        ranks' datasets and metadata; a NotFoundError when those are missing."""
+        from profiler.errors import NotFoundError, ProfilerError
+        from profiler.formats.dataset import read_dataset, read_meta
+        from profiler.layout import RANKS_DIR, meta_path, parquet_path, rank_files
+
+        from .fusion_whatif import ranks_per_host, whatif
+
+        lin = self.lineage()
+        d = self._profile_dir()
+        files = rank_files(d, RANKS_DIR, "parquet")
+        if 0 not in files:
+            raise NotFoundError(parquet_path(d, 0), "rank 0's dataset is needed")
+        try:
+            env = read_meta(meta_path(d, 0)).get("env") or {}
+            rows = read_dataset([files[r] for r in sorted(files)], columns=_WHATIF_COLUMNS)
+            metas = rank_files(d, RANKS_DIR, "json")
+            hosts = [str(read_meta(f).get("host", "")) for f in metas.values()]
+        except ProfilerError as exc:  # the readers' typed errors, said as what is missing
+            raise NotFoundError(parquet_path(d, 0),
+                                f"the ranks' datasets are needed: {exc.line()}") from None
+        # Horovod rounds the threshold by the ranks per host: known when every rank's meta is read
+        return whatif(lin, rows, env,
+                      local_size=ranks_per_host(hosts) if len(hosts) == len(files) else None)
+
+    def export(self, out: str | os.PathLike[str], *, ranks: list[int] | None = None,
+               steps: tuple[int, int] | None = None, ops: list[str] | None = None,
+               kinds: list[str] | None = None, t_start_ns: tuple[int, int] | None = None,
+               limit: int = 0) -> dict[str, Any]:
+        """Write a Perfetto-loadable trace.json of a window of this profile's
+        parquet dataset (the filters pushed down; `limit`: refuse windows of
+        more calls, 0: none); returns the window's metadata block."""
+        from .engine import open_dataset
+
+        ds = self.dataset if self.dataset is not None else open_dataset(self.path)
+        return _export(ds, Path(self.path), Path(out), ranks=ranks, steps=steps, ops=ops,
+                       kinds=kinds, t_start_ns=t_start_ns, limit=limit)
+
+
+_CHECK_COLUMNS = ["rank", "backend", "op", "t_start_ns", "t_end_ns", "dur_ns", "bytes", "comm",
+                  "comm_size", "seq", "dtype", "redop", "root", "device", "kind"]
+_COMPARE_COLUMNS = ["rank", "backend", "op", "t_start_ns", "t_end_ns", "dur_ns", "bytes",
+                    "count", "kind", "device", "comm", "seq", "step", "thread_kind", "flags",
+                    "comm_size"]
+# the row columns the fusion what-if reads (Horovod's allreduces, matched over ranks)
+_WHATIF_COLUMNS = ["rank", "backend", "op", "t_start_ns", "t_end_ns", "dur_ns", "bytes", "comm",
+                   "comm_size", "seq", "kind", "thread_kind", "track"]
+
+
+@dataclass
+class Consistency:
+    """TraceAnalysis.check's answer: the mismatched call fields
+    (consistency.mismatches), the ranks with missing calls
+    (consistency.count_mismatches), and what was checked."""
+
+    mismatches: pd.DataFrame
+    call_counts: pd.DataFrame
+    records: int   # calls with a sequence number, the application's own rows left out
+    ranks: int
+
+    @property
+    def consistent(self) -> bool:
+        return self.mismatches.empty and self.call_counts.empty
+
+
+@dataclass
+class Comparison:
+    """TraceAnalysis.compare's answer: compare.compare's table, and per label
+    the window compared when a trace was over max_rows (load's selection)."""
+
+    table: pd.DataFrame
+    windows: dict[str, dict[str, Any]]
+
+
+def _export(ds: Any, src: Path, dest: Path, *, ranks: list[int] | None,
+            steps: tuple[int, int] | None, ops: list[str] | None, kinds: list[str] | None,
+            t_start_ns: tuple[int, int] | None, limit: int) -> dict[str, Any]:
+    """TraceAnalysis.export on the dataset `ds` (None: there is none) of `src`."""
+    import pyarrow as pa
+    import pyarrow.dataset as pads
+
+    from profiler.build.window import write_trace
+    from profiler.errors import CorruptError, NotATraceError, UsageError
+    from profiler.formats.dataset import read_meta
+    from profiler.formats.tracejson import TRACE_FORMAT_VERSION, now_iso
+    from profiler.layout import file_rank
+
+    from .filters import RowFilter
+    from .load import read_files
+
+    if dest.is_dir():
+        raise UsageError(dest, "is a directory; give the window's file name")
+    if ds is None:
+        raise NotATraceError(src, "no parquet dataset to export from (raw files only, or the "
+                                  "trace's dataset is gone; run `profiler merge` first)")
+    if ds.aggregated:
+        raise UsageError(src, "a summary-mode trace has aggregates, not calls: nothing to "
+                              "export")
+    asked = RowFilter.of(ranks=ranks, steps=steps, ops=ops, kinds=kinds, t_start_ns=t_start_ns)
+    flt = ds.filtered(asked) or RowFilter()
+    files = ds.files_for(flt)
+    if ranks is not None:
+        have = ds.ranks()
+        if have is not None:
+            absent = [r for r in ranks if r not in set(have)]
+            if len(absent) == len(ranks):
+                raise UsageError(src, f"none of the asked ranks is in this trace (ranks: "
+                                      f"{format_ranges(have) or 'none'})")
+    try:
+        dataset = pads.dataset([str(f) for f in files], format="parquet")
+        n = int(dataset.count_rows(filter=flt.expression(dataset.schema.names)))
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise CorruptError(src, f"unreadable parquet dataset: {exc}") from None
+    if limit and n > limit:
+        raise UsageError(src, f"the window holds {n} calls, over the limit of {limit}: narrow "
+                              "--ranks/--steps/--ops/--time-ms, or raise --limit (0: none)")
+    frames = []
+    metas: list[dict[str, Any]] = []
+    for f in files:
+        r = file_rank(f)
+        part = read_files([f], flt, None)
+        if not len(part):
+            continue
+        rank = int(part["rank"].iloc[0]) if r is None else r
+        js = f.with_suffix(".json")
+        # a rank's metadata (host, tracks) is optional; an unreadable one is an error
+        m = read_meta(js) if js.is_file() else {"rank": rank, "host": "", "tracks": []}
+        frames.append(part)
+        metas.append(m)
+    base = dest.resolve().parent
+    meta = dict(ds.meta or {"format_version": TRACE_FORMAT_VERSION})
+    ds_meta = dict(meta.get("dataset") or {"format": "parquet"})
+    ds_meta["files"] = [os.path.relpath(f.resolve(), base) for f in ds.files]
+    meta["dataset"] = ds_meta
+    meta["window"] = {
+        "source": os.path.relpath(src.resolve(), base),
+        "ranks": list(flt.ranks) if flt.ranks is not None else None,
+        "steps": list(flt.steps) if flt.steps is not None else None,
+        "ops": list(flt.ops) if flt.ops is not None else None,
+        "kinds": list(flt.kinds) if flt.kinds is not None else None,
+        "t_start_ns": list(flt.t_start_ns) if flt.t_start_ns is not None else None,
+        "calls": n,
+    }
+    meta["created"] = now_iso()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    return write_trace(dest, meta, frames, metas, limit=max(n, 1),
+                       description=f"export: {_describe_window(flt)}")
+
+
+def _describe_window(flt: Any) -> str:
+    parts = []
+    if flt.ranks is not None:
+        parts.append(f"ranks {format_ranges(flt.ranks) or 'none'}")
+    if flt.steps is not None:
+        a, b = flt.steps
+        parts.append(f"step {a}" if a == b else f"steps {a}-{b}")
+    if flt.ops is not None:
+        parts.append("ops " + ",".join(flt.ops))
+    if flt.kinds is not None:
+        parts.append("kinds " + ",".join(flt.kinds))
+    if flt.t_start_ns is not None:
+        lo, hi = flt.t_start_ns
+        parts.append(f"starting in [{lo / 1e6:g}, {hi / 1e6:g}) ms")
+    return ", ".join(parts) or "every call"

@@ -99,6 +99,10 @@ class Diagnosis:
                                                               for r in self.ranks) or \
             any(f.get("seq") is None for r in self.ranks for f in r.in_flight)
 
+    def lines(self) -> list[str]:
+        """The diagnosis as text, one finding a line (render)."""
+        return render(self)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self) | {"stuck": self.stuck}
         for r in d["ranks"]:

@@ -76,3 +76,56 @@ def stragglers(lineage: pd.DataFrame, *, min_spread_ns: float = 0.0) -> pd.DataF
             "tensors_waited": int((part["ready_spread_ns"] > min_spread_ns).sum()),
         })
     return pd.DataFrame(rows, columns=cols)
+
+
+#: per_tensor's columns, in order (`profiler tensors --format json` writes them)
+PER_TENSOR_COLUMNS = ["tensor", "op", "calls", "bytes", "total_bytes", "queued_mean_us",
+                      "queued_max_us", "negotiation_mean_us", "negotiation_max_us",
+                      "wait_mean_us", "fused_with_mean", "calls_matched", "ambiguous",
+                      "unmatched", "ways_log10_max", "last_ready_rank"]
+
+
+def per_tensor(lineage: pd.DataFrame) -> pd.DataFrame:
+    """Lineage rows -> one row per (tensor, op): calls, bytes, queueing,
+    negotiation and wait-for-data (microseconds), fusion, ambiguity, and the
+    rank most often last ready (-1: none known)."""
+    if len(lineage) == 0:
+        return pd.DataFrame({c: [] for c in PER_TENSOR_COLUMNS})
+    df = lineage.copy()
+    df["fused_with"] = df["n_tensors"] - 1
+    df["ambiguous"] = df["matched"] & (df["confidence"] < 1.0)
+    df["unmatched"] = ~df["matched"].astype(bool)
+    if "ways_log10" not in df.columns:
+        df["ways_log10"] = np.where(df["ambiguous"], np.nan, 0.0)
+    g = df.groupby(["tensor", "op"], sort=False)
+    out = g.agg(
+        calls=("tensor", "size"),
+        bytes=("tensor_bytes", "max"),
+        total_bytes=("tensor_bytes", "sum"),
+        negotiation_mean_us=("negotiation_ns", "mean"),
+        negotiation_max_us=("negotiation_ns", "max"),
+        wait_mean_us=("wait_for_data_ns", "mean"),
+        fused_with_mean=("fused_with", "mean"),
+        calls_matched=("matched", "sum"),
+        ambiguous=("ambiguous", "sum"),
+        unmatched=("unmatched", "sum"),
+        ways_log10_max=("ways_log10", "max"),
+        queued_mean_us=("queue_ns", "mean"),
+        queued_max_us=("queue_ns", "max"),
+    ).reset_index()
+    out["ambiguous"] = out["ambiguous"].astype(np.int64)
+    out["unmatched"] = out["unmatched"].astype(np.int64)
+    for c in ("negotiation_mean_us", "negotiation_max_us", "wait_mean_us", "queued_mean_us",
+              "queued_max_us"):
+        out[c] = out[c] / 1000.0
+    ready = df[df["last_ready_rank"] >= 0]
+    if len(ready):
+        mode = ready.groupby(["tensor", "op"])["last_ready_rank"].agg(
+            lambda s: int(s.value_counts().idxmax()))
+        out = out.merge(mode.rename("last_ready_rank").reset_index(), on=["tensor", "op"],
+                        how="left")
+        out["last_ready_rank"] = out["last_ready_rank"].fillna(-1).astype(np.int64)
+    else:
+        out["last_ready_rank"] = -1
+    out["calls_matched"] = out["calls_matched"].astype(np.int64)
+    return out[PER_TENSOR_COLUMNS]

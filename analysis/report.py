@@ -53,7 +53,7 @@ from .model import (
 from .sizes import size_summary
 from .throughput import correlation, step_table, throughput_summary
 
-__all__ = ["render_report", "write_report"]
+__all__ = ["render_report", "write_report", "write_profiles"]
 
 MAX_TABLE_ROWS = 80
 # what the sections read (loading only these keeps a 10M-call report in memory)
@@ -516,46 +516,61 @@ def write_report(
     progress: bool = True,
     max_rows: int | None = 5_000_000,
 ) -> Path:
-    """Load the traces, render the report and write it to `out` (atomically).
+    """Load the traces, render the report and write it to `out` (atomically):
+    write_profiles, each trace's metadata read here (the CLI goes through
+    facade.TraceAnalysis.report, which has it already)."""
+    from .load import trace_meta
+
+    if not traces:
+        raise UsageError(None, "report needs at least one trace")
+    return write_profiles([(os.fspath(t), trace_meta(t), None) for t in traces], out,
+                          labels=labels, title=title, progress=progress, max_rows=max_rows)
+
+
+def write_profiles(
+    profiles: Sequence[tuple[str, Mapping[str, Any] | None, Any]],
+    out: str | os.PathLike[str],
+    *,
+    labels: Sequence[str] | None = None,
+    title: str | None = None,
+    progress: bool = True,
+    max_rows: int | None = 5_000_000,
+) -> Path:
+    """The report of profiles already opened: (path, trace metadata or None for
+    a parquet or raw file, engine.Dataset or None) each.
 
     A trace with more than `max_rows` calls is not loaded whole: its figures
     come from a bounded window (first ranks, likely stragglers, middle steps)
     and its summary table and straggler ranking are computed over every call
     by the dataset engine (analysis.engine)."""
-    from .load import load, load_meta
+    from .load import load
 
-    if not traces:
+    if not profiles:
         raise UsageError(None, "report needs at least one trace")
-    df = load(*traces, label=list(labels) if labels else None, columns=REPORT_COLUMNS,
-              max_rows=max_rows)
+    df = load(*(path for path, _, _ in profiles), label=list(labels) if labels else None,
+              columns=REPORT_COLUMNS, max_rows=max_rows)
     if "label" in df.columns:
         names = [str(x) for x in df["label"].cat.categories] if isinstance(
             df["label"].dtype, pd.CategoricalDtype) else distinct(df["label"])
     else:
         names = [""]
-    metas = {}
-    paths = {}
-    for name, path in zip(names, traces):
-        try:
-            metas[name] = load_meta(path)
-        except Exception:  # a parquet file or raw file has no trace metadata
-            metas[name] = {}
-        paths[name] = os.fspath(path)
+    metas = {name: dict(meta or {}) for name, (_, meta, _) in zip(names, profiles)}
+    paths: dict[str, str | None] = {name: path for name, (path, _, _) in zip(names, profiles)}
     exact: dict[str, dict[str, Any]] = {}
     selections = df.attrs.get("selection") or {}
-    for name, path in zip(names, traces):
+    for name, (path, _, dataset) in zip(names, profiles):
         sel = selections.get(name) if isinstance(selections, Mapping) else None
         if not sel:
             continue
         # too large to load whole: exact tables from the dataset, queried in place
-        from .engine import stragglers_dataset
-        from .facade import TraceAnalysis
+        from .engine import open_dataset, stragglers_dataset, summarize_dataset
 
-        ta = TraceAnalysis.open(path, engine="duckdb")
+        ds = dataset if dataset is not None else open_dataset(path)
+        assert ds is not None, "load selects a window only of a dataset"  # else a bug
         exact[name] = {"selection": sel.get("description", sel) if isinstance(sel, Mapping)
                        else sel,
-                       "summary": ta.summary(["op", "bucket", "kind"]),
-                       "stragglers": stragglers_dataset(ta.dataset)}
+                       "summary": summarize_dataset(ds, ["op", "bucket", "kind"]),
+                       "stragglers": stragglers_dataset(ds)}
     text = render_report(df, metas=metas, paths=paths, title=title, progress=progress,
                          exact=exact)
     dest = Path(out)

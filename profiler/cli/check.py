@@ -30,16 +30,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from profiler.analysis.consistency import count_mismatches, mismatches
-    from profiler.analysis.load import load
+    from profiler.analysis.facade import TraceAnalysis
     from profiler.errors import printable
 
-    cols = ["rank", "backend", "op", "t_start_ns", "t_end_ns", "dur_ns", "bytes", "comm",
-            "comm_size", "seq", "dtype", "redop", "root", "device", "kind"]
-    df = load(args.trace, columns=cols)
-    bad = mismatches(df)
-    short = count_mismatches(df)
-    ok = bad.empty and short.empty
+    res = TraceAnalysis.open(args.trace, engine="pandas").check()
+    bad, short, ok = res.mismatches, res.call_counts, res.consistent
     if args.format == "json":
         import orjson
 
@@ -58,10 +53,9 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(textwrap.wrap(printable(text), width=width, subsequent_indent="    ",
                                        break_on_hyphens=False, break_long_words=True)))
 
-    n_calls = int(((df["seq"] >= 0) & (df["backend"] != "app")).sum()) if len(df) else 0
     if ok:
         say(f"{args.trace}: consistent: every rank made the same calls "
-            f"({n_calls} records, {df['rank'].nunique()} ranks)")
+            f"({res.records} records, {res.ranks} ranks)")
         return 0
     say(f"{args.trace}: INCONSISTENT: {len(bad)} mismatched call field(s), "
         f"{len(short)} rank(s) with missing calls")

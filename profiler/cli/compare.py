@@ -28,8 +28,6 @@ import sys
 from typing import Any
 
 DEFAULT_MAX_ROWS = 10_000_000
-_COLUMNS = ["rank", "backend", "op", "t_start_ns", "t_end_ns", "dur_ns", "bytes", "count",
-            "kind", "device", "comm", "seq", "step", "thread_kind", "flags", "comm_size"]
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -58,9 +56,10 @@ def _fmt(v: Any, metric: str = "") -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from profiler.analysis import load
-    from profiler.analysis.compare import compare
+    from profiler.analysis.facade import TraceAnalysis
+    from profiler.cli._args import parse_span
     from profiler.errors import UsageError
+    from profiler.layout import parse_ranges
 
     if len(args.traces) < 2:
         raise UsageError(None, "compare needs at least two traces")
@@ -69,17 +68,14 @@ def run(args: argparse.Namespace) -> int:
         labels = [x.strip() for x in args.labels.split(",")]
         if len(labels) != len(args.traces) or len(set(labels)) != len(labels):
             raise UsageError(None, f"--labels: give {len(args.traces)} distinct labels")
-    from profiler.cli._args import parse_span
-    from profiler.layout import parse_ranges
-
     if args.max_rows < 0:
         raise UsageError(None, "--max-rows must be >= 0")
-    df = load(*args.traces, label=labels, columns=_COLUMNS,
-              ranks=parse_ranges(args.ranks) if args.ranks else None,
-              steps=parse_span(args.steps) if args.steps else None,
-              max_rows=args.max_rows or None)
-    windows = df.attrs.get("selection") or {}
-    table = compare(df, baseline=args.baseline, warmup=args.warmup)
+    ranks = parse_ranges(args.ranks) if args.ranks else None
+    steps = parse_span(args.steps) if args.steps else None
+    first, *others = [TraceAnalysis.open(t, engine="pandas") for t in args.traces]
+    cmp = first.compare(*others, labels=labels, baseline=args.baseline, warmup=args.warmup,
+                        ranks=ranks, steps=steps, max_rows=args.max_rows or None)
+    table, windows = cmp.table, cmp.windows
     if args.format == "json":
         import orjson
 

@@ -33,9 +33,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from profiler.analysis.hang import diagnose, render
+    from profiler.analysis.facade import TraceAnalysis
 
-    dg = diagnose(args.directory)
+    dg = TraceAnalysis.open_raw(args.directory).hang()
     if args.format == "json":
         import orjson
 
@@ -43,5 +43,5 @@ def run(args: argparse.Namespace) -> int:
                                              | orjson.OPT_NON_STR_KEYS
                                              | orjson.OPT_SERIALIZE_NUMPY) + b"\n")
     else:
-        print("\n".join(render(dg)))
+        print("\n".join(dg.lines()))
     return 1 if dg.stuck else 0

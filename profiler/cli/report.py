@@ -32,7 +32,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from profiler.analysis.report import write_report
+    from profiler.analysis.facade import TraceAnalysis
     from profiler.errors import UsageError
 
     labels = None
@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(None, f"--labels: give {len(args.traces)} distinct labels")
     if not args.output.lower().endswith((".html", ".htm")):
         raise UsageError(args.output, "the report is HTML: name it *.html")
-    out = write_report(args.traces, args.output, labels=labels, title=args.title,
+    first, *others = [TraceAnalysis.open(t, engine="pandas") for t in args.traces]
+    out = first.report(args.output, *others, labels=labels, title=args.title,
                        progress=not args.no_progress and sys.stderr.isatty())
     size = out.stat().st_size
     print(f"profiler: report written to {out} ({size / 1e6:.1f} MB)", file=sys.stderr)

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from profiler.analysis.facade import TraceAnalysis
 
 SORT_KEYS = {
     "bytes": ("total_bytes", False),
@@ -37,10 +39,6 @@ SORT_KEYS = {
     "fused": ("fused_with_mean", False),
     "name": ("tensor", True),
 }
-JSON_COLUMNS = ["tensor", "op", "calls", "bytes", "total_bytes", "queued_mean_us",
-                "queued_max_us", "negotiation_mean_us", "negotiation_max_us", "wait_mean_us",
-                "fused_with_mean", "calls_matched", "ambiguous", "unmatched",
-                "ways_log10_max", "last_ready_rank"]
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -61,102 +59,22 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def load_lineage(path: str) -> Any:
     """The lineage table for a trace.json or profile directory (typed errors)."""
-    from profiler import layout
-    from profiler.collect import lineage as L
-    from profiler.errors import NotFoundError
-    from profiler.formats import lineage as LF
+    from profiler.analysis.facade import TraceAnalysis
 
-    p = Path(path)
-    if not p.exists():
-        raise NotFoundError(p, "no such file or directory")
-    meta: dict[str, Any] = {}
-    if p.is_dir():
-        d = p
-        if (d / "trace.json").is_file():
-            from profiler.formats.tracejson import read_trace_meta
-
-            meta = read_trace_meta(d / "trace.json")
-    else:
-        from profiler.formats.tracejson import read_trace_meta
-
-        meta = read_trace_meta(p)
-        d = p.parent
-    info = meta.get("lineage") if isinstance(meta, dict) else None
-    name = info.get("file") if isinstance(info, dict) else None
-    candidates = [d / name] if isinstance(name, str) and "/" not in name else []
-    candidates.append(d / layout.LINEAGE_FILE)
-    for c in candidates:
-        if c.is_file():
-            return LF.load(c)
-    try:
-        outcome = L.build_lineage(d, write=False)
-    except Exception as exc:  # one line, never a traceback
-        text = " ".join(str(exc).split())[:200]
-        raise NotFoundError(p, f"no fusion lineage: cannot build it ({type(exc).__name__}: "
-                               f"{text})") from None
-    if outcome.table is not None and len(outcome.table):
-        return outcome.table
-    reason = info.get("reason") if isinstance(info, dict) and info.get("reason") \
-        else outcome.reason
-    raise NotFoundError(p, f"no fusion lineage: {reason}")
-
-
-def per_tensor(lin: Any) -> Any:
-    """Lineage rows -> one row per (tensor, op)."""
-    import numpy as np
-    import pandas as pd
-
-    if len(lin) == 0:
-        return pd.DataFrame({c: [] for c in JSON_COLUMNS})
-    df = lin.copy()
-    df["fused_with"] = df["n_tensors"] - 1
-    df["ambiguous"] = df["matched"] & (df["confidence"] < 1.0)
-    df["unmatched"] = ~df["matched"].astype(bool)
-    if "ways_log10" not in df.columns:
-        df["ways_log10"] = np.where(df["ambiguous"], np.nan, 0.0)
-    g = df.groupby(["tensor", "op"], sort=False)
-    out = g.agg(
-        calls=("tensor", "size"),
-        bytes=("tensor_bytes", "max"),
-        total_bytes=("tensor_bytes", "sum"),
-        negotiation_mean_us=("negotiation_ns", "mean"),
-        negotiation_max_us=("negotiation_ns", "max"),
-        wait_mean_us=("wait_for_data_ns", "mean"),
-        fused_with_mean=("fused_with", "mean"),
-        calls_matched=("matched", "sum"),
-        ambiguous=("ambiguous", "sum"),
-        unmatched=("unmatched", "sum"),
-        ways_log10_max=("ways_log10", "max"),
-        queued_mean_us=("queue_ns", "mean"),
-        queued_max_us=("queue_ns", "max"),
-    ).reset_index()
-    out["ambiguous"] = out["ambiguous"].astype(np.int64)
-    out["unmatched"] = out["unmatched"].astype(np.int64)
-    for c in ("negotiation_mean_us", "negotiation_max_us", "wait_mean_us", "queued_mean_us",
-              "queued_max_us"):
-        out[c] = out[c] / 1000.0
-    ready = df[df["last_ready_rank"] >= 0]
-    if len(ready):
-        mode = ready.groupby(["tensor", "op"])["last_ready_rank"].agg(
-            lambda s: int(s.value_counts().idxmax()))
-        out = out.merge(mode.rename("last_ready_rank").reset_index(), on=["tensor", "op"],
-                        how="left")
-        out["last_ready_rank"] = out["last_ready_rank"].fillna(-1).astype(np.int64)
-    else:
-        out["last_ready_rank"] = -1
-    out["calls_matched"] = out["calls_matched"].astype(np.int64)
-    return out[JSON_COLUMNS]
+    return TraceAnalysis.open(path, engine="pandas").lineage()
 
 
 def run(args: argparse.Namespace) -> int:
+    from profiler.analysis.facade import TraceAnalysis
     from profiler.errors import UsageError
 
     if args.top is not None and args.top < 1:
         raise UsageError(None, f"--top must be >= 1, not {args.top}")
-    lin = load_lineage(args.trace)
+    ta = TraceAnalysis.open(args.trace, engine="pandas")
+    lin = ta.lineage()
     if args.whatif:
-        return _whatif(args, lin)
-    table = per_tensor(lin)
+        return _whatif(args, ta)
+    table = ta.tensors()
     if args.op:
         known = sorted(set(table["op"]))
         if args.op.upper() not in known:
@@ -228,41 +146,15 @@ def _print_table(path: str, table: Any, lin: Any) -> None:
                   "--format csv shows every column)", markup=False)
 
 
-#: the row columns the what-if reads (Horovod's allreduces, matched over ranks)
-_WHATIF_COLUMNS = ["rank", "backend", "op", "t_start_ns", "t_end_ns", "dur_ns", "bytes", "comm",
-                   "comm_size", "seq", "kind", "thread_kind", "track"]
-
-
-def _whatif(args: argparse.Namespace, lin: Any) -> int:
+def _whatif(args: argparse.Namespace, ta: TraceAnalysis) -> int:
     """`--whatif`: profiler.analysis.fusion_whatif on this run."""
     import numpy as np
 
-    from profiler.analysis.fusion_whatif import ranks_per_host, whatif
-    from profiler.errors import NotFoundError, ProfilerError
-    from profiler.formats.dataset import read_dataset, read_meta
-    from profiler.layout import RANKS_DIR, meta_path, parquet_path, rank_files
+    from profiler.errors import NotFoundError
     from profiler.units import fmt_bytes, fmt_ms
 
-    p = Path(args.trace)
-    d = p if p.is_dir() else p.parent
-    try:
-        env = read_meta(meta_path(d, 0)).get("env") or {}
-        files = rank_files(d, RANKS_DIR, "parquet")
-        rows = read_dataset([files[r] for r in sorted(files)], columns=_WHATIF_COLUMNS)
-        metas = rank_files(d, RANKS_DIR, "json")
-        hosts = [str(read_meta(f).get("host", "")) for f in metas.values()]
-    except (OSError, ValueError, ProfilerError) as exc:
-        raise NotFoundError(parquet_path(d, 0), f"the ranks' datasets are needed: {exc}") from None
-    if 0 not in files:
-        raise NotFoundError(parquet_path(d, 0), "rank 0's dataset is needed")
-    # Horovod rounds the threshold by the ranks per host: known when every rank's meta is read
-    try:
-        w = whatif(lin, rows, env,
-                   local_size=ranks_per_host(hosts) if len(hosts) == len(files) else None)
-    except Exception as exc:  # one line, never a traceback
-        text = " ".join(str(exc).split())[:200]
-        raise NotFoundError(p, f"no what-if: the replay failed ({type(exc).__name__}: "
-                               f"{text})") from None
+    lin = ta.lineage()
+    w = ta.fusion_whatif()
     if w is None:
         ops = set(lin["op"].astype(str)) if len(lin) else set()
         if "ADASUM" in ops and "ALLREDUCE" not in ops:
@@ -272,8 +164,9 @@ def _whatif(args: argparse.Namespace, lin: Any) -> int:
             print(f"{args.trace}: no fusion what-if: this run reduces with Adasum (its data "
                   "go by MPI_Sendrecv, which the replay does not price)")
             return 0
-        raise NotFoundError(p, "no what-if: the run has no allreduce lineage with readiness "
-                               "(tensor records) or too few allreduce sizes to fit")
+        raise NotFoundError(args.trace, "no what-if: the run has no allreduce lineage with "
+                                        "readiness (tensor records) or too few allreduce "
+                                        "sizes to fit")
     if args.format == "json":
         import orjson
 
