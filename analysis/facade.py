@@ -40,6 +40,9 @@ import pandas as pd
 from profiler.layout import format_ranges
 
 from .load import trace_meta
+from .summary import BY_KEYS
+
+__all__ = ["BY_KEYS", "Calls", "TraceAnalysis"]
 
 if TYPE_CHECKING:
     from .fusion_whatif import WhatIf
@@ -80,6 +83,12 @@ class Calls:
 
     def per_rank_ns(self) -> Any:
         raise NotImplementedError
+
+    def rank_imbalance(self) -> dict[str, Any] | None:
+        """Slowest and fastest rank's communication time (summary.rank_imbalance)."""
+        from .summary import rank_imbalance
+
+        return rank_imbalance(self.per_rank_ns())
 
     def table(self, by: list[str], kinds: list[str] | None = None) -> Any:
         raise NotImplementedError
@@ -369,6 +378,23 @@ class TraceAnalysis:
         if df.empty or "tag" not in df.columns:
             return empty
         return match_p2p(df)
+
+    def p2p_summary(self) -> dict[str, Any]:
+        """Matched and unmatched messages, bytes, transfer p50 (p2p.p2p_summary)."""
+        from .p2p import p2p_summary
+
+        return p2p_summary(self.p2p())
+
+    def notes(self) -> list[str]:
+        """The trace metadata's one-line notes that every reader needs: the
+        interconnect per host pair and the profiler's own cost (none for a
+        profile without trace.json)."""
+        from .interconnect import interconnect_line
+        from .selfcost import cost_line
+
+        if not self.meta:
+            return []
+        return [line for line in (interconnect_line(self.meta), cost_line(self.meta)) if line]
 
     @classmethod
     def open_raw(cls, directory: str | os.PathLike[str]) -> TraceAnalysis:

@@ -32,17 +32,10 @@ PURE = {("profiler.formats.raw", "printable"),
 # Known departures, kept here until their module (not this change's) goes
 # through the facade; each is (module, imported analysis module or "except").
 PENDING = {
-    # summarize's presentation helpers on data the facade already returned
-    ("summarize.py", "profiler.analysis.summary"),
-    ("summarize.py", "profiler.analysis.p2p"),
-    ("summarize.py", "profiler.analysis.interconnect"),
-    ("summarize.py", "profiler.analysis.selfcost"),
     # the live watch (added alongside this rule): its raw-file reader, to be asked
     # through the facade like hang's (TraceAnalysis.open_raw)
     ("watch.py", "profiler.analysis.live"),
     ("_prometheus.py", "profiler.analysis.live"),
-    # main(): `sys.stdout = None` after a broken pipe, in a try that cannot fail
-    ("__init__.py", "except"),
 }
 
 BROAD = {"Exception", "BaseException", "ValueError", "KeyError", "OSError", "LookupError",

@@ -107,10 +107,7 @@ def _main(argv: Sequence[str] | None) -> int:
         print(error_line(exc.line()), file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:
-        try:
-            sys.stdout = None  # type: ignore[assignment]
-        except Exception:
-            pass
+        sys.stdout = None  # type: ignore[assignment]
         return EXIT_OK
     except KeyboardInterrupt:
         print("profiler: interrupted", file=sys.stderr)

@@ -67,7 +67,7 @@ def _by_keys(values: list[str] | None) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from profiler.analysis.summary import BY_KEYS
+    from profiler.analysis.facade import BY_KEYS
     from profiler.cli._args import parse_names, parse_span
     from profiler.errors import UsageError
     from profiler.layout import parse_ranges
@@ -197,7 +197,7 @@ def _print_table(ta: TraceAnalysis, calls: Calls, by: list[str], *,
     if p2p_apart:
         lines += _p2p_lines(ta, calls)
     lines.append(_rank_line(calls))
-    lines += _trace_lines(meta)
+    lines += _trace_lines(ta)
     lines += calls.gpu_lines(meta)
     lines += _finding_lines(ta, calls)
     for line in lines:
@@ -318,12 +318,11 @@ def _p2p_lines(ta: TraceAnalysis, calls: Calls) -> list[str]:
            "communication time"]
     if calls.aggregated:
         return out
-    from profiler.analysis.p2p import p2p_summary
     from profiler.errors import ProfilerError
     from profiler.units import fmt_bytes
 
     try:
-        s = p2p_summary(ta.p2p())
+        s = ta.p2p_summary()
     except ProfilerError as exc:
         out.append(f"  messages not matched ({exc.line()})")
         return out
@@ -339,11 +338,8 @@ def _p2p_lines(ta: TraceAnalysis, calls: Calls) -> list[str]:
 
 
 def _rank_line(calls: Calls) -> str | None:
-    """Slowest and fastest rank's communication time (summary.rank_imbalance)."""
-    from profiler.analysis.summary import rank_imbalance
-
-    per = calls.per_rank_ns()
-    im = rank_imbalance(per)
+    """Slowest and fastest rank's communication time (Calls.rank_imbalance)."""
+    im = calls.rank_imbalance()
     if im is None:
         return None
     if im["ranks"] == 1:
@@ -358,9 +354,10 @@ def _rank_line(calls: Calls) -> str | None:
             f"{_fmt_us(im['fastest_us'])} ({ratio})")
 
 
-def _trace_lines(meta: dict[str, Any] | None) -> list[str]:
+def _trace_lines(ta: TraceAnalysis) -> list[str]:
     """What the trace lacks or qualifies: missing, partial and dropping ranks,
-    clock alignment, an event window."""
+    clock alignment, the interconnect and the profiler's cost, an event window."""
+    meta = ta.meta
     if not meta:
         return []
     out = []
@@ -379,16 +376,7 @@ def _trace_lines(meta: dict[str, Any] | None) -> list[str]:
     clock = _clock_line(meta)
     if clock:
         out.append(clock)
-    from profiler.analysis.interconnect import interconnect_line
-
-    fabric = interconnect_line(meta)
-    if fabric:
-        out.append(fabric)
-    from profiler.analysis.selfcost import cost_line
-
-    cost = cost_line(meta)
-    if cost:
-        out.append(cost)
+    out += ta.notes()
     ev = meta.get("events") or {}
     if ev.get("selection", "all") != "all":
         out.append(f"note: trace.json holds {ev.get('included')} of "
