@@ -122,6 +122,7 @@ setup(
     include_package_data=False,
     install_requires=[
         "numpy", "pandas>=2", "pyarrow>=14", "orjson", "plotly>=5", "rich", "duckdb",
+        "prometheus-client==0.26.0",
     ],
     extras_require={
         "mpi": ["mpi4py"],

@@ -39,10 +39,12 @@ import pandas as pd
 
 from profiler.layout import format_ranges
 
+from .live import LATENCY_BOUNDS_S, NB, SIZE_CLASSES, Watcher
 from .load import trace_meta
 from .summary import BY_KEYS
 
-__all__ = ["BY_KEYS", "Calls", "TraceAnalysis"]
+__all__ = ["BY_KEYS", "Calls", "TraceAnalysis", "Watcher", "LATENCY_BOUNDS_S", "NB",
+           "SIZE_CLASSES"]
 
 if TYPE_CHECKING:
     from .fusion_whatif import WhatIf
@@ -402,6 +404,13 @@ class TraceAnalysis:
         killed by a scheduler or by SIGKILL): nothing merged is needed, nothing
         is read until asked (hang)."""
         return cls(path=os.fspath(directory), meta=None, engine="pandas")
+
+    def watch(self, *, window_s: float = 10.0, stuck_factor: float = 10.0,
+              stale_s: float = 5.0) -> Watcher:
+        """The live view of a running (or ended) job's raw files, refreshed
+        incrementally (analysis.live.Watcher; `profiler watch`)."""
+        return Watcher(self.path, window_s=window_s, stuck_factor=stuck_factor,
+                       stale_s=stale_s)
 
     def hang(self) -> Diagnosis:
         """Who is stuck where, from every rank's raw file (analysis.hang.diagnose)."""

@@ -132,6 +132,11 @@ def fmt_number(x: Any) -> str:
     return f"{_sign(v)}{a:,.0f}"
 
 
+def fmt_count(n: Any) -> str:
+    """A count of things: ``7``, ``5,338``."""
+    return NA if _missing(n) else f"{int(n):,}"
+
+
 def fmt_ms(ms: Any) -> str:
     """A duration given in milliseconds, written as :func:`fmt_us` writes it."""
     return NA if _missing(ms) else fmt_us(float(ms) * 1e3)

@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # build/ first: setuptools would pack a moved or removed module from build/lib.
 exec flock /tmp/hvprof-dev-install.lock \
-  sh -c 'rm -rf build && .venv/bin/pip install --no-build-isolation --no-deps --force-reinstall -q .'
+  sh -c 'rm -rf build && .venv/bin/pip install --no-build-isolation --no-deps --force-reinstall -q . \
+         && .venv/bin/python scripts/src_hash.py . --stamp'

@@ -129,6 +129,19 @@ else
     apt_install chromium
 fi
 
+# A real Prometheus server for the exporter's test (tests/test_watch.py):
+# Debian's prometheus, started by the test on a loopback port with its data in
+# a temporary folder.  HVPROF_NO_PROMETHEUS=1 skips it (the test is then
+# skipped, saying so).
+if command -v prometheus >/dev/null 2>&1; then
+    say "  prometheus present (the exporter's scrape test)"
+elif [ "${HVPROF_NO_PROMETHEUS:-0}" = 1 ]; then
+    say "  prometheus skipped (HVPROF_NO_PROMETHEUS=1): the exporter's scrape test will be skipped"
+else
+    say "  prometheus missing: installing Debian's prometheus (the exporter's scrape test)"
+    apt_install prometheus
+fi
+
 # --------------------------------------------------------------------------
 say "[2/5] Python virtual environment ($VENV)"
 if [ -x "$PY" ] && "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 9))' 2>/dev/null; then
@@ -282,19 +295,7 @@ say "[5/5] horovod-profiler (C library + package)"
 # Up to date when the sources' hash equals the one recorded at the last install
 # by this script and nothing reinstalled the library since.
 PKG_STAMP=$VENV/.hvprof-package
-src_hash=$("$PY" - "$ROOT" <<'PYEOF'
-import hashlib, sys
-from pathlib import Path
-root = Path(sys.argv[1])
-h = hashlib.sha256()
-pats = ["setup.py", "pyproject.toml", "hooks/*.c", "hooks/*.h", "profiler/**/*.py",
-        "profiler/*.pth", "profiler/py.typed", "analysis/**/*.py", "analysis/**/*.js"]
-files = sorted({p for pat in pats for p in root.glob(pat) if p.is_file()})
-for p in files:
-    h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
-print(h.hexdigest())
-PYEOF
-)
+src_hash=$("$PY" "$ROOT/scripts/src_hash.py" "$ROOT")
 # -I: isolated mode, so the checkout's own profiler/ (the current directory)
 # does not shadow the installed package.
 lib=$("$PY" -I -c 'import importlib.util as u, os; s = u.find_spec("profiler"); print(os.path.join(os.path.dirname(s.origin), "_lib", "libhvprof.so") if s and s.origin else "")' 2>/dev/null || true)

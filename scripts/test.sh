@@ -24,7 +24,7 @@ bash scripts/setup.sh || { echo "test: error: set-up failed" >&2; exit 1; }
 # where analysis/ is profiler.analysis; they run from a scratch folder so that
 # the checkout's profiler/ (which lacks analysis/) is not imported instead.
 echo "test: checks: ruff, mypy, import contracts ($(date -u +%H:%M:%SZ))"
-"$ROOT/.venv/bin/ruff" check --quiet profiler analysis tests benchmarks notebooks docs setup.py \
+"$ROOT/.venv/bin/ruff" check --quiet profiler analysis tests benchmarks notebooks docs scripts setup.py \
     || { echo "test: error: ruff found problems (above)" >&2; exit 1; }
 SCRATCH=$(mktemp -d)
 trap 'rm -rf "$SCRATCH"' EXIT

@@ -13,6 +13,32 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
+
+def _use_the_installed_package() -> None:
+    """The tests run the installed package (its C library, analysis/ as
+    profiler.analysis), never the checkout's profiler/ that `python -m pytest`
+    puts first on sys.path; and it is reinstalled here when the checkout
+    changed since its last install (scripts/src_hash.py), so that `python -m
+    pytest` and the pytest script alike test the checkout as it is."""
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
+    venv_python = ROOT / ".venv" / "bin" / "python"
+    if Path(sys.prefix).resolve() != (ROOT / ".venv").resolve() or not venv_python.exists():
+        return  # not the project's environment: nothing of ours to refresh
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from src_hash import STAMP, src_hash
+    finally:
+        sys.path.pop(0)
+    stamp = ROOT / STAMP
+    if stamp.is_file() and stamp.read_text().strip() == src_hash(ROOT):
+        return
+    print("conftest: the installed package is older than the checkout: "
+          "scripts/dev-install.sh", file=sys.stderr)
+    subprocess.run(["bash", str(ROOT / "scripts" / "dev-install.sh")], check=True)
+
+
+_use_the_installed_package()
+
 # Open MPI settings for tests in one place: root allowed (CI runs as root),
 # oversubscription (2 ranks on a 2-core machine, more when needed), no
 # hwloc binding, loopback only.

@@ -29,14 +29,8 @@ READER_MODULES = ("pyarrow.parquet", "pyarrow.dataset", "profiler.formats.tracej
 PURE = {("profiler.formats.raw", "printable"),
         ("profiler.formats.dataset", "printable_columns")}
 
-# Known departures, kept here until their module (not this change's) goes
-# through the facade; each is (module, imported analysis module or "except").
-PENDING = {
-    # the live watch (added alongside this rule): its raw-file reader, to be asked
-    # through the facade like hang's (TraceAnalysis.open_raw)
-    ("watch.py", "profiler.analysis.live"),
-    ("_prometheus.py", "profiler.analysis.live"),
-}
+# Known departures, each (module, imported analysis module or "except"): none.
+PENDING: set[tuple[str, str]] = set()
 
 BROAD = {"Exception", "BaseException", "ValueError", "KeyError", "OSError", "LookupError",
          "IOError", "EnvironmentError", "RuntimeError", "TypeError", "AttributeError"}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass

@@ -60,9 +60,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from profiler.build.classify import classify, is_horovod_row
 from profiler.errors import NotFoundError, PathLike, ProfilerError
 from profiler.formats import timeline as T
-from profiler.build.classify import classify, is_horovod_row
 from profiler.formats.lineage import LINEAGE_COLUMNS, fusion_threshold
 from profiler.layout import LINEAGE_FILE, TIMELINE_FILE
 

@@ -86,9 +86,9 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
           world_size: int | None = None,
           limit: int | None = None) -> MergeResult:
     """Convert what needs converting, then write trace.json.  See module doc."""
+    from profiler.build.window import write_trace
     from profiler.formats.dataset import read_meta
     from profiler.formats.raw import read_header
-    from profiler.build.window import write_trace
     from profiler.formats.tracejson import now_iso
 
     d = check_profile_dir(profile_dir)

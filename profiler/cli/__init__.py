@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "advise": "profiler.cli.advise",
     "check": "profiler.cli.check",
     "hang": "profiler.cli.hang",
+    "watch": "profiler.cli.watch",
 }
 
 EXIT_OK = 0

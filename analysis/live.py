@@ -1,0 +1,577 @@
+"""A running job, watched from its raw files (`profiler watch`).
+
+`Watcher(directory).refresh()` reads what every rank appended to its raw file
+since the previous refresh (profiler.formats.rawtail: complete chunks' slots
+only, no lock, nothing written) and its summary-mode snapshot (rank-R.agg),
+folds the new records into aggregates and returns a `snapshot()`: a plain
+dict, the JSON of `profiler watch --once --format json`.
+
+Memory is bounded over any run length: per rank one aggregate per (op, kind,
+communicator, size class) with a fixed latency histogram, the steps of the
+last `window_s` seconds (at most MAX_RECENT_STEPS), and, job-wide, one total
+per refresh of the last `window_s` seconds; never the records themselves.
+
+Rules the snapshot follows:
+
+* calls are records, as trace.json's events count them: every op except the
+  per-thread CPU accounting ("cpu") and NCCL's network activity ("nccl_net"),
+  which are not calls;
+* a step is an op "step" record, its count the images; images/sec is
+  images / the time in steps that carried images, per rank (as the trace's
+  metadata computes it); the job's is the sum over ranks; "recent" is over the
+  steps that ended in the last `window_s` seconds of that rank's steps;
+* the slowest rank is the one with the longest mean step time (recent steps
+  when there are any), among at least two ranks with steps;
+* a call in flight is "stuck" when it has been in flight for at least
+  `stuck_factor` times its op's mean duration on that rank and at least
+  STUCK_MIN_S seconds (no mean yet: STUCK_MIN_S alone);
+* a rank's status: "closed", "finalized", "running", "dead", "unknown" (as
+  profiler.formats.raw.writer_state says), or "stalled": running or unknown,
+  with a helper thread, whose heartbeat (the header's calibration pair and
+  helper CPU time, stored by the helper every 25 ms to 1 s) has not moved for
+  `stale_s` seconds.  "dead" and "stalled" ranks are the stopped ones;
+* the profiler's cost of a rank: call_cost_ns x its records and aggregated
+  calls, plus its helper thread's CPU time; its share is that over the rank's
+  time since start.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from profiler.analysis.metrics import bus_factor
+
+from profiler import layout
+from profiler.build.classify import classify, horovod_tracks
+from profiler.errors import NotFoundError, ProfilerError
+from profiler.formats import record as F
+from profiler.formats.clock import ns_per_tick, ticks_to_job_ns, ticks_to_mono_ns
+from profiler.formats.raw import c_string, read_agg, writer_state
+from profiler.formats.rawtail import RawTail, TailRead
+
+__all__ = ["Watcher", "SIZE_CLASSES", "LATENCY_BOUNDS_S", "SCHEMA", "STUCK_MIN_S",
+           "size_class_index"]
+
+SCHEMA = "horovod-profiler.watch/1"
+#: Message-size classes: (upper bound in bytes, inclusive; label).
+SIZE_CLASSES: tuple[tuple[float, str], ...] = (
+    (1024, "0-1KiB"), (64 * 1024, "1KiB-64KiB"), (1 << 20, "64KiB-1MiB"),
+    (16 << 20, "1MiB-16MiB"), (math.inf, "16MiB+"))
+#: Upper bounds (seconds, inclusive) of the latency histogram; one more bucket
+#: holds everything above the last.
+LATENCY_BOUNDS_S: tuple[float, ...] = (1e-6, 4e-6, 16e-6, 64e-6, 256e-6, 1e-3, 4e-3, 16e-3,
+                                       64e-3, 0.256, 1.0, 4.0, 16.0)
+_BOUNDS_NS = np.array([b * 1e9 for b in LATENCY_BOUNDS_S])
+NB = len(LATENCY_BOUNDS_S) + 1
+#: A call in flight for less than this is never called stuck.
+STUCK_MIN_S = 1.0
+#: Recent steps kept per rank, at most.
+MAX_RECENT_STEPS = 4096
+_SIZE_UPPER = np.array([u if math.isfinite(u) else np.inf for u, _ in SIZE_CLASSES])
+_KINDS = ("data", "control", "p2p", "app")
+_NO_COMM = 0xFFFFF
+_OP_NET = F.OP_BY_NAME["nccl_net"]
+_OP_STEP = F.OP_APP_STEP
+_NOT_CALLS = np.array([F.OP_APP_CPU, _OP_NET], dtype=np.uint16)
+# value columns of an aggregate: calls, bytes, ns, max ns, then NB histogram buckets
+_CALLS, _BYTES, _NS, _MAX = 0, 1, 2, 3
+_NV = 4 + NB
+
+
+def size_class_index(nbytes: np.ndarray) -> np.ndarray:
+    """Index into SIZE_CLASSES of each message size."""
+    return np.searchsorted(_SIZE_UPPER, np.asarray(nbytes, dtype=np.float64), side="left")
+
+
+@dataclass
+class _Rank:
+    rank: int
+    tail: RawTail
+    header: dict[str, Any] = field(default_factory=dict)
+    comms: np.ndarray = field(default_factory=lambda: np.zeros(0, F.COMM_ENTRY_DTYPE))
+    inflight: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    stats: dict[tuple[int, int, int, int], np.ndarray] = field(default_factory=dict)
+    agg_stats: dict[tuple[int, int, int, int], np.ndarray] = field(default_factory=dict)
+    agg_sig: tuple[int, int] | None = None
+    agg_overflow: int = 0
+    hvd_tracks: set[int] = field(default_factory=set)
+    kind_cache: dict[int, int] = field(default_factory=dict)
+    steps: int = 0
+    timed_steps: int = 0
+    images: int = 0
+    timed_ns: int = 0
+    step_ns: int = 0
+    recent: deque[tuple[int, int, int]] = field(
+        default_factory=lambda: deque(maxlen=MAX_RECENT_STEPS))  # (t_end job ns, dur, images)
+    first_ns: int | None = None
+    last_ns: int | None = None
+    beat: tuple[int, int] | None = None
+    beat_at: float = 0.0
+    problems: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+class Watcher:
+    """Aggregates of a profile directory's raw files, refreshed incrementally."""
+
+    def __init__(self, directory: str | os.PathLike[str], *, window_s: float = 10.0,
+                 stuck_factor: float = 10.0, stale_s: float = 5.0) -> None:
+        p = Path(directory)
+        if not p.exists():
+            raise NotFoundError(p, "no such directory")
+        if not p.is_dir():
+            raise NotFoundError(p, "not a directory (expected the profile directory "
+                                   "holding raw/)")
+        self.directory = p
+        self.window_s = float(window_s)
+        self.stuck_factor = float(stuck_factor)
+        self.stale_s = float(stale_s)
+        self.ranks: dict[int, _Rank] = {}
+        self.problems: list[str] = []
+        self.refreshes = 0
+        self.last_refresh_cpu_s = 0.0
+        self._history: deque[tuple[float, dict[int, np.ndarray]]] = deque()
+        self._host = socket.gethostname()
+
+    # -- reading ----------------------------------------------------------
+    def refresh(self) -> None:
+        """Read what every rank appended since the previous refresh."""
+        cpu0 = time.process_time()
+        problems: list[str] = []
+        files = layout.rank_files(self.directory, layout.RAW_DIR, "hvprof", problems)
+        for rank, path in sorted(files.items()):
+            st = self.ranks.get(rank)
+            if st is None:
+                st = self.ranks[rank] = _Rank(rank=rank, tail=RawTail(path))
+            try:
+                read = st.tail.poll()
+            except ProfilerError as exc:
+                st.error = exc.message
+                continue
+            st.error = None
+            self._fold(st, read)
+            self._fold_agg(st, path)
+        self.problems = problems
+        now = time.monotonic()
+        self._history.append((now, self._op_totals()))
+        while len(self._history) > 2 and now - self._history[1][0] >= self.window_s:
+            self._history.popleft()
+        self.refreshes += 1
+        self.last_refresh_cpu_s = time.process_time() - cpu0
+
+    def close(self) -> None:
+        for st in self.ranks.values():
+            st.tail.close()
+
+    def _fold(self, st: _Rank, read: TailRead) -> None:
+        h = read.header
+        st.header, st.comms, st.inflight = h, read.comms, read.inflight
+        st.problems = (st.problems + read.problems)[-8:]
+        beat = (int(h.get("cal1_mono_ns") or 0), int(h.get("helper_cpu_ns") or 0))
+        if beat != st.beat:
+            st.beat, st.beat_at = beat, time.monotonic()
+        rec = read.records
+        if not len(rec):
+            return
+        rec = rec[~np.isin(rec["op"], _NOT_CALLS)]
+        if not len(rec):
+            return
+        t_end = ticks_to_job_ns(rec["t_end"], h)
+        t_start = ticks_to_job_ns(rec["t_start"], h)
+        t_end = np.maximum(t_end, t_start)
+        dur = (t_end - t_start).astype(np.int64)
+        lo, hi = int(t_start.min()), int(t_end.max())
+        st.first_ns = lo if st.first_ns is None else min(st.first_ns, lo)
+        st.last_ns = hi if st.last_ns is None else max(st.last_ns, hi)
+        steps = rec["op"] == _OP_STEP
+        if steps.any():
+            imgs = rec["count"][steps].astype(np.int64)
+            d = dur[steps]
+            st.steps += int(steps.sum())
+            st.step_ns += int(d.sum())
+            timed = imgs > 0
+            st.timed_steps += int(timed.sum())
+            st.images += int(imgs.sum())
+            st.timed_ns += int(d[timed].sum())
+            order = np.argsort(t_end[steps], kind="stable")
+            for e, dd, im in zip(t_end[steps][order].tolist(), d[order].tolist(),
+                                 imgs[order].tolist()):
+                st.recent.append((e, dd, im))
+            while st.recent and st.recent[-1][0] - st.recent[0][0] > self.window_s * 1e9:
+                st.recent.popleft()
+        kinds = self._kinds(st, rec["op"], rec["dtype"], rec["redop"], rec["track"],
+                            rec["root"] == 0)
+        comm = rec["comm"].astype(np.int64)
+        comm = np.where(comm >= _NO_COMM, _NO_COMM, comm)
+        _add(st.stats, rec["op"].astype(np.int64), kinds, comm,
+             size_class_index(rec["bytes"]), rec["bytes"].astype(np.float64),
+             dur.astype(np.float64), np.searchsorted(_BOUNDS_NS, dur, side="left"))
+
+    def _kinds(self, st: _Rank, op: np.ndarray, dtype: np.ndarray, redop: np.ndarray,
+               track: np.ndarray, root0: np.ndarray) -> np.ndarray:
+        """profiler.build.classify's kind of each call, as an index into _KINDS,
+        classified once per distinct (op, dtype, redop, track, root is 0)."""
+        key = (op.astype(np.int64) << 40) | (dtype.astype(np.int64) << 32) | \
+            (redop.astype(np.int64) << 24) | ((track.astype(np.int64) & 0x7FFFFF) << 1) | \
+            root0.astype(np.int64)
+        uniq, inv = np.unique(key, return_inverse=True)
+        todo = [i for i, k in enumerate(uniq.tolist()) if k not in st.kind_cache]
+        if todo:
+            self._classify(st, uniq, todo)
+        out = np.array([st.kind_cache[int(k)] for k in uniq.tolist()], dtype=np.int64)
+        return out[inv]
+
+    def _classify(self, st: _Rank, uniq: np.ndarray, todo: list[int]) -> None:
+        """Kinds of the keys not classified yet (a new Horovod track found among
+        them classifies every key again)."""
+        new = uniq[todo]
+        u_op = (new >> 40) & 0xFFFF
+        u_dt, u_ro = (new >> 32) & 0xFF, (new >> 24) & 0xFF
+        u_tr, u_r0 = (new >> 1) & 0x7FFFFF, new & 1
+        df = pd.DataFrame({
+            "op": [F.op_name(int(o)) for o in u_op],
+            "backend": [F.op_backend(int(o)) for o in u_op],
+            "dtype": [F.dtype_name(int(d)) for d in u_dt],
+            "redop": [F.redop_name(int(r)) for r in u_ro],
+            "track": u_tr.astype(np.int64), "root": np.where(u_r0 == 1, 0, -1)})
+        found = horovod_tracks(df) - st.hvd_tracks
+        if found:
+            st.hvd_tracks |= found
+            old = list(st.kind_cache)
+            st.kind_cache.clear()
+            if old:
+                self._classify(st, np.unique(np.array(old + new.tolist(), dtype=np.int64)),
+                               list(range(len(set(old) | set(new.tolist())))))
+                return
+        df["thread_kind"] = np.where(df["track"].isin(sorted(st.hvd_tracks)), "horovod",
+                                     "other")
+        got = classify(df)
+        for k, kname in zip(new.tolist(), got.astype(str).tolist()):
+            st.kind_cache[int(k)] = _KINDS.index(kname) if kname in _KINDS else 0
+
+    def _fold_agg(self, st: _Rank, raw_path: Path) -> None:
+        """The summary-mode snapshot (rank-R.agg), read again when it changed."""
+        p = layout.agg_path_for(raw_path)
+        try:
+            s = os.stat(p)
+        except OSError:
+            return
+        sig = (s.st_mtime_ns, s.st_size)
+        if sig == st.agg_sig or not st.header:
+            return
+        try:
+            agg = read_agg(p)
+        except ProfilerError as exc:
+            st.problems = (st.problems + [exc.message])[-8:]
+            return
+        st.agg_sig = sig
+        st.agg_overflow = int(agg.header["overflow_calls"])
+        e = agg.entries
+        e = e[~np.isin(e["op"], _NOT_CALLS) & (e["calls"] > 0)]
+        st.agg_stats = {}
+        if not len(e):
+            return
+        npt = ns_per_tick(st.header)
+        kinds = self._kinds(st, e["op"], e["dtype"], e["redop"], e["track"],
+                            np.zeros(len(e), dtype=bool))
+        comm = e["comm"].astype(np.int64)
+        comm = np.where(comm >= _NO_COMM, _NO_COMM, comm)
+        # each agg bucket goes to the watch bucket of its lower bound
+        lows = np.array([F.agg_bucket_bounds(b)[0] for b in range(F.AGG_BUCKETS)]) * npt
+        to_nb = np.searchsorted(_BOUNDS_NS, lows, side="left")
+        for i in range(len(e)):
+            key = (int(e["op"][i]), int(kinds[i]), int(comm[i]),
+                   int(size_class_index(np.array([e["bytes"][i]]))[0]))
+            v = st.agg_stats.get(key)
+            if v is None:
+                v = st.agg_stats[key] = np.zeros(_NV)
+            calls = float(e["calls"][i])
+            v[_CALLS] += calls
+            v[_BYTES] += calls * float(e["bytes"][i])
+            v[_NS] += float(e["sum_ticks"][i]) * npt
+            v[_MAX] = max(v[_MAX], float(e["max_ticks"][i]) * npt)
+            v[4:] += np.bincount(to_nb, weights=e["hist"][i].astype(np.float64),
+                                 minlength=NB)[:NB]
+
+    # -- views --------------------------------------------------------------
+    def rank_stats(self, st: _Rank) -> dict[tuple[int, int, int, int], np.ndarray]:
+        """(op, kind index, comm index, size class) -> values, records and
+        summary-mode aggregates together."""
+        if not st.agg_stats:
+            return st.stats
+        out = {k: v.copy() for k, v in st.stats.items()}
+        for k, v in st.agg_stats.items():
+            if k in out:
+                out[k][:_MAX] += v[:_MAX]
+                out[k][_MAX] = max(out[k][_MAX], v[_MAX])
+                out[k][4:] += v[4:]
+            else:
+                out[k] = v.copy()
+        return out
+
+    def _op_totals(self) -> dict[int, np.ndarray]:
+        tot: dict[int, np.ndarray] = {}
+        for st in self.ranks.values():
+            for (op, _k, _c, _s), v in self.rank_stats(st).items():
+                t = tot.setdefault(op, np.zeros(3))
+                t += v[:3]
+        return tot
+
+    def comm_size(self, st: _Rank, comm: int) -> int:
+        if 0 <= comm < len(st.comms):
+            return int(st.comms["size"][comm])
+        return 0
+
+    def comm_name(self, st: _Rank, comm: int) -> str:
+        if 0 <= comm < len(st.comms):
+            return c_string(st.comms["name"][comm])
+        return ""
+
+    def status(self, st: _Rank) -> tuple[str, float | None]:
+        """The rank's status and its heartbeat's age in seconds (None: unknown)."""
+        h = st.header
+        if not h:
+            return "unknown", None
+        ws = writer_state(h)
+        age: float | None = None
+        if st.beat is not None and st.beat[1] > 0:
+            if str(h.get("hostname", "")) == self._host and int(h.get("clock_kind", 0)) in (1, 2):
+                age = max(0.0, (time.monotonic_ns() - st.beat[0]) / 1e9)
+            elif self.refreshes > 0:
+                age = time.monotonic() - st.beat_at
+        if ws in ("running", "unknown") and age is not None and age > self.stale_s:
+            return "stalled", age
+        return ws, age
+
+    def _rank_now_mono_ns(self, st: _Rank) -> int:
+        """The rank's CLOCK_MONOTONIC now: ours on its host, else its last
+        calibration plus the time since we saw it change."""
+        h = st.header
+        if str(h.get("hostname", "")) == self._host:
+            return time.monotonic_ns()
+        base = int(h.get("cal1_mono_ns") or 0)
+        return base + int((time.monotonic() - st.beat_at) * 1e9)
+
+    # -- the snapshot -------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        ranks_out: list[dict[str, Any]] = []
+        coll: dict[str, np.ndarray] = {}  # op -> calls, bytes, ns, bus bytes, max
+        in_flight: list[dict[str, Any]] = []
+        world = 0
+        last_ns = 0
+        for r in sorted(self.ranks):
+            st = self.ranks[r]
+            h = st.header
+            if not h:
+                ranks_out.append({"rank": r, "status": "unreadable", "error": st.error})
+                continue
+            world = max(world, int(h.get("world_size") or 0))
+            stats = self.rank_stats(st)
+            ops: dict[str, int] = {}
+            kinds: dict[str, int] = {}
+            op_ns: dict[int, list[float]] = {}
+            comm_ns = 0.0
+            calls = 0
+            for (op, kind, comm, _sc), v in stats.items():
+                name = F.op_name(op)
+                ops[name] = ops.get(name, 0) + int(v[_CALLS])
+                kinds[_KINDS[kind]] = kinds.get(_KINDS[kind], 0) + int(v[_CALLS])
+                calls += int(v[_CALLS])
+                acc = op_ns.setdefault(op, [0.0, 0.0])
+                acc[0] += v[_CALLS]
+                acc[1] += v[_NS]
+                backend = F.op_backend(op)
+                if backend in ("mpi", "nccl") and name not in ("init", "finalize"):
+                    comm_ns += v[_NS]
+                    c = coll.setdefault(name, np.zeros(5))
+                    c[0] += v[_CALLS]
+                    c[1] += v[_BYTES]
+                    c[2] += v[_NS]
+                    f = bus_factor(name, self.comm_size(st, comm))
+                    c[3] += v[_BYTES] * f if f == f else 0.0
+                    c[4] = max(c[4], v[_MAX])
+            status, beat_age = self.status(st)
+            if st.last_ns is not None:
+                last_ns = max(last_ns, st.last_ns)
+            flying = self._in_flight(st, op_ns)
+            in_flight.extend(flying)
+            recent = list(st.recent)
+            r_timed = [(d, im) for _e, d, im in recent if im > 0]
+            r_imgs = sum(im for _d, im in r_timed)
+            r_ns = sum(d for d, _im in r_timed)
+            recorded = st.tail.records_read + int(h.get("aggregated_calls") or 0)
+            cost_ns = float(h.get("call_cost_ns") or 0.0) * recorded + \
+                int(h.get("helper_cpu_ns") or 0)
+            run_ns = int(h.get("cal1_mono_ns") or 0) - int(h.get("cal0_mono_ns") or 0)
+            if str(h.get("hostname", "")) == self._host and status in ("running", "stalled",
+                                                                       "unknown"):
+                run_ns = time.monotonic_ns() - int(h.get("cal0_mono_ns") or 0)
+            ranks_out.append({
+                "rank": r, "host": str(h.get("hostname", "")), "pid": int(h.get("pid") or 0),
+                "status": status, "stopped": status in ("dead", "stalled"),
+                "heartbeat_age_s": beat_age,
+                "mode": F.MODES.get(int(h.get("mode") or 0), "full"),
+                "steps": st.steps, "timed_steps": st.timed_steps, "images": st.images,
+                "images_per_sec": st.images / (st.timed_ns / 1e9) if st.timed_ns else None,
+                "images_per_sec_recent": r_imgs / (r_ns / 1e9) if r_ns else None,
+                "step_time_s": st.step_ns / st.steps / 1e9 if st.steps else None,
+                "step_time_recent_s": (sum(d for _e, d, _i in recent) / len(recent) / 1e9
+                                       if recent else None),
+                "calls": calls, "ops": dict(sorted(ops.items())),
+                "kinds": dict(sorted(kinds.items())),
+                "comm_time_s": comm_ns / 1e9,
+                "last_record_s": st.last_ns / 1e9 if st.last_ns is not None else None,
+                "dropped_records": int(h.get("dropped_records") or 0),
+                "not_aggregated_calls": st.agg_overflow,
+                "unsampled_calls": int(h.get("unsampled_calls") or 0),
+                "in_flight": flying,
+                "cost": {"call_cost_ns": float(h.get("call_cost_ns") or 0.0),
+                         "recorded_calls": recorded,
+                         "helper_cpu_s": int(h.get("helper_cpu_ns") or 0) / 1e9,
+                         "cost_s": cost_ns / 1e9,
+                         "share": cost_ns / run_ns if run_ns > 0 else None},
+                "problems": list(st.problems) + ([st.error] if st.error else []),
+            })
+        live = [x for x in ranks_out if "steps" in x]
+        elapsed = last_ns / 1e9 if last_ns > 0 else None
+        collectives = self._collectives(coll, elapsed, len(live))
+        rates = [x["images_per_sec"] for x in live if x["images_per_sec"]]
+        r_rates = [x["images_per_sec_recent"] for x in live if x["images_per_sec_recent"]]
+        cost = [x["cost"]["share"] for x in live if x["cost"]["share"] is not None]
+        seen = {x["rank"] for x in ranks_out}
+        return {
+            "schema": SCHEMA,
+            "directory": str(self.directory),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "elapsed_s": elapsed,
+            "window_s": self.window_s,
+            "world_size": world,
+            "ranks_seen": len(ranks_out),
+            "missing_ranks": [r for r in range(world) if r not in seen],
+            "finished": bool(live) and len(live) >= world and all(
+                x["status"] in ("closed", "dead") for x in live),
+            "job": {
+                "steps": max((x["steps"] for x in live), default=0),
+                "images": sum(x["images"] for x in live),
+                "images_per_sec": float(sum(rates)) if rates else None,
+                "images_per_sec_recent": float(sum(r_rates)) if r_rates else None,
+                "calls": sum(x["calls"] for x in live),
+                "dropped_records": sum(x["dropped_records"] for x in live),
+                "not_aggregated_calls": sum(x["not_aggregated_calls"] for x in live),
+                "slowest_rank": _slowest(live),
+                "stopped_ranks": [x["rank"] for x in live if x["stopped"]],
+                "stuck_calls": sum(1 for f in in_flight if f["stuck"]),
+                "profiler_cost_share_max": max(cost) if cost else None,
+                "profiler_helper_cpu_s": sum(x["cost"]["helper_cpu_s"] for x in live),
+            },
+            "collectives": collectives,
+            "in_flight": sorted(in_flight, key=lambda f: -(f["age_s"] or 0.0)),
+            "ranks": ranks_out,
+            "watcher": {"refreshes": self.refreshes,
+                        "last_refresh_cpu_s": self.last_refresh_cpu_s,
+                        "open_chunks": sum(st.tail.open_chunks for st in self.ranks.values()),
+                        "aggregates": sum(len(st.stats) for st in self.ranks.values())},
+            "problems": list(self.problems),
+        }
+
+    def _in_flight(self, st: _Rank, op_ns: dict[int, list[float]]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if not len(st.inflight):
+            return out
+        h = st.header
+        now = self._rank_now_mono_ns(st)
+        handles = {int(c["handle"]): i for i, c in enumerate(st.comms)}
+        starts = ticks_to_mono_ns(st.inflight["t_start"], h)
+        for e, t0 in zip(st.inflight, starts.tolist()):
+            op = int(e["op"])
+            age = max(0.0, (now - int(t0)) / 1e9)
+            calls, ns = op_ns.get(op, [0.0, 0.0])
+            usual = ns / calls / 1e9 if calls else None
+            limit = max(STUCK_MIN_S, self.stuck_factor * usual if usual else 0.0)
+            ci = handles.get(int(e["comm"]))
+            item: dict[str, Any] = {
+                "rank": st.rank, "track": int(e["track"]), "op": F.op_name(op),
+                "comm": self.comm_name(st, ci) if ci is not None else "",
+                "comm_size": self.comm_size(st, ci) if ci is not None else None,
+                "age_s": age, "usual_s": usual, "stuck": age >= limit}
+            if F.op_name(op) in F.P2P_OPS:
+                item.update(peer=int(e["peer"]), tag=int(e["tag"]))
+            out.append(item)
+        return out
+
+    def _collectives(self, coll: dict[str, np.ndarray], elapsed: float | None,
+                     n_ranks: int) -> list[dict[str, Any]]:
+        total_ns = sum(float(v[2]) for v in coll.values()) or 1.0
+        out: list[dict[str, Any]] = []
+        for name, v in coll.items():
+            calls, nbytes, ns, bus, mx = (float(x) for x in v)
+            out.append({
+                "op": name, "calls": int(calls), "bytes": int(nbytes),
+                "mean_bytes": nbytes / calls if calls else None,
+                "time_s": ns / 1e9, "share": ns / total_ns,
+                "mean_us": ns / calls / 1e3 if calls else None, "max_us": mx / 1e3,
+                "calls_per_s": (calls / max(n_ranks, 1) / elapsed
+                                if elapsed and elapsed > 0 else None),
+                "algbw_gbps": nbytes / ns if ns > 0 else None,
+                "busbw_gbps": bus / ns if ns > 0 and bus > 0 else None,
+            })
+        out.sort(key=lambda c: -float(c["time_s"]))
+        return out
+
+    def recent_call_rates(self) -> dict[str, float]:
+        """op -> calls per second (all ranks) over the refreshes of the last window."""
+        if len(self._history) < 2:
+            return {}
+        (t0, a), (t1, b) = self._history[0], self._history[-1]
+        if t1 <= t0:
+            return {}
+        return {F.op_name(op): float(v[0] - a.get(op, np.zeros(3))[0]) / (t1 - t0)
+                for op, v in b.items()}
+
+
+def _slowest(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    timed: list[tuple[float, int]] = []
+    for x in ranks:
+        t = x.get("step_time_recent_s") or x.get("step_time_s")
+        if t:
+            timed.append((float(t), int(x["rank"])))
+    if len(timed) < 2:
+        return None
+    t, r = max(timed)
+    median = float(np.median([t_ for t_, _ in timed]))
+    return {"rank": r, "step_time_s": t, "median_step_time_s": median,
+            "ratio": t / median if median > 0 else None}
+
+
+def _add(stats: dict[tuple[int, int, int, int], np.ndarray], op: np.ndarray, kind: np.ndarray,
+         comm: np.ndarray, sc: np.ndarray, nbytes: np.ndarray, dur: np.ndarray,
+         bucket: np.ndarray) -> None:
+    """Fold calls into the (op, kind, comm, size class) aggregates."""
+    key = (op << 32) | (kind << 28) | (comm << 4) | sc
+    uniq, inv = np.unique(key, return_inverse=True)
+    n = len(uniq)
+    calls = np.bincount(inv, minlength=n)
+    b = np.bincount(inv, weights=nbytes, minlength=n)
+    ns = np.bincount(inv, weights=dur, minlength=n)
+    mx = np.zeros(n)
+    np.maximum.at(mx, inv, dur)
+    hist = np.bincount(inv * NB + bucket, minlength=n * NB).reshape(n, NB)
+    for i, k in enumerate(uniq.tolist()):
+        t = (k >> 32, (k >> 28) & 0xF, (k >> 4) & 0xFFFFFF, k & 0xF)
+        v = stats.get(t)
+        if v is None:
+            v = stats[t] = np.zeros(_NV)
+        v[_CALLS] += calls[i]
+        v[_BYTES] += b[i]
+        v[_NS] += ns[i]
+        v[_MAX] = max(v[_MAX], mx[i])
+        v[4:] += hist[i]

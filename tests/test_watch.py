@@ -1,0 +1,542 @@
+"""`profiler watch`: the incremental reader of raw files being written
+(profiler.formats.rawtail), the watcher's aggregates (profiler.analysis.live),
+the view, the JSON snapshot and the Prometheus exposition; then real jobs: a
+2-rank Horovod run watched while it trains (its counts equal the final
+trace's), a hung job (the call in flight, its age growing; a killed rank
+stopped) and a real Prometheus server scraping the exporter."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import textwrap
+import time
+import urllib.parse
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import rawgen
+from conftest import PYTHON, base_env, profiler_cli, requires_mpi
+from profiler.analysis.live import Watcher
+
+from profiler.formats import record as F
+from profiler.formats.raw import read_raw
+from profiler.formats.rawtail import RawTail
+
+
+# ---------------------------------------------------------------------------
+# synthetic raw files
+# ---------------------------------------------------------------------------
+def two_track_rank(rank: int = 0, world: int = 2, n_main: int = 150, n_hvd: int = 100,
+                   steps: int = 12, host: str = "testhost") -> rawgen.RawWriter:
+    """A rank with a main thread (steps, allreduce) and a second thread (bcast),
+    spread over several 63-record chunks of each track."""
+    w = rawgen.RawWriter(rank=rank, world_size=world, hostname=host)
+    w.add_comm(0x5EED, world, rank, "MPI_COMM_WORLD")
+    main = w.add_track(1000 + rank, is_main=True)
+    other = w.add_track(2000 + rank, name="worker")
+    t = 1000 + np.arange(n_main, dtype=np.uint64) * 10_000
+    w.add(main, rawgen.records(n_main, t_start=t, t_end=t + 2_000 + rank * 500,
+                               bytes=1 << 20, count=1 << 18, seq=np.arange(n_main),
+                               op=rawgen.op("allreduce"), dtype=rawgen.dtype("MPI_FLOAT"),
+                               redop=rawgen.redop("sum"), dtype_size=4))
+    s = 1000 + np.arange(steps, dtype=np.uint64) * 100_000
+    w.add(main, rawgen.records(steps, t_start=s, t_end=s + 90_000, count=16,
+                               seq=np.arange(steps), op=rawgen.op("step")))
+    t2 = 5000 + np.arange(n_hvd, dtype=np.uint64) * 7_000
+    w.add(other, rawgen.records(n_hvd, t_start=t2, t_end=t2 + 300, bytes=64, count=16,
+                                seq=np.arange(n_hvd), comm=0, op=rawgen.op("bcast"),
+                                dtype=rawgen.dtype("MPI_FLOAT"), dtype_size=4, root=0))
+    return w
+
+
+def op_counts(rec: np.ndarray) -> dict[str, int]:
+    return dict(Counter(F.op_name(int(o)) for o in rec["op"]))
+
+
+def snapshot_counts(snap: dict[str, Any]) -> dict[int, dict[str, int]]:
+    return {r["rank"]: r["ops"] for r in snap["ranks"]}
+
+
+def test_two_reads_equal_one_read(tmp_path: Path) -> None:
+    """Appending the file in two steps gives the totals of one read, each record
+    once: the first poll sees the prefix, the second only what was added."""
+    image = two_track_rank().to_bytes()
+    path = tmp_path / "raw" / "rank-00000.hvprof"
+    path.parent.mkdir()
+    # the first half: chunks up to the middle of one, with the header as written then
+    cut = rawgen.chunk_offset(image, 3) + F.CHUNK_HEADER_BYTES + 10 * F.RECORD_BYTES
+    path.write_bytes(image[:cut])
+    tail = RawTail(path)
+    first = tail.poll()
+    path.write_bytes(image)
+    second = tail.poll()
+    third = tail.poll()
+    tail.close()
+    whole = read_raw(path).records
+    both = np.concatenate([first.records, second.records])
+    assert 0 < len(first.records) < len(whole)
+    assert len(both) == len(whole) and len(third.records) == 0
+    assert op_counts(both) == op_counts(whole)
+    assert sorted(both["t_start"].tolist()) == sorted(whole["t_start"].tolist())
+    # the watcher's totals likewise: two refreshes == one
+    path.write_bytes(image[:cut])
+    w2 = Watcher(tmp_path)
+    w2.refresh()
+    path.write_bytes(image)
+    w2.refresh()
+    w1 = Watcher(tmp_path)
+    w1.refresh()
+    a, b = w2.snapshot(), w1.snapshot()
+    assert snapshot_counts(a) == snapshot_counts(b) == {0: op_counts(whole)}
+    assert a["collectives"] == b["collectives"]
+    assert a["ranks"][0]["steps"] == 12 and a["ranks"][0]["images"] == 12 * 16
+    w1.close()
+    w2.close()
+
+
+def test_a_partial_chunk_counts_only_once_complete(tmp_path: Path) -> None:
+    """A chunk whose header is not written yet (magic 0), records past nrec, and
+    a record cut by the end of the file are not counted; once written they are,
+    once."""
+    w = rawgen.simple_rank(0, 1, n=100)  # 63 + 37 records in two chunks
+    image = bytearray(w.to_bytes())
+    base1 = rawgen.chunk_offset(image, 1)
+    path = tmp_path / "raw" / "rank-00000.hvprof"
+    path.parent.mkdir()
+    # chunk 1 allocated, its header not yet written
+    stage = bytearray(image)
+    stage[base1:base1 + F.CHUNK_HEADER_BYTES] = bytes(F.CHUNK_HEADER_BYTES)
+    path.write_bytes(bytes(stage))
+    tail = RawTail(path)
+    assert len(tail.poll().records) == 63
+    # its header says 20 records, the file holds 20.5 of them
+    ch = np.frombuffer(bytes(image[base1:base1 + F.CHUNK_HEADER_BYTES]),
+                       dtype=F.CHUNK_HEADER_DTYPE).copy()
+    ch["nrec"] = 30
+    stage[base1:base1 + F.CHUNK_HEADER_BYTES] = ch.tobytes()
+    end = base1 + F.CHUNK_HEADER_BYTES + 20 * F.RECORD_BYTES + F.RECORD_BYTES // 2
+    path.write_bytes(bytes(stage[:end]))
+    got = tail.poll().records
+    assert len(got) == 20
+    assert got["seq"].tolist() == list(range(63, 83))
+    # the rest of the file, nrec still 30
+    path.write_bytes(bytes(stage))
+    assert tail.poll().records["seq"].tolist() == list(range(83, 93))
+    # the chunk as the writer finished it
+    path.write_bytes(bytes(image))
+    assert tail.poll().records["seq"].tolist() == list(range(93, 100))
+    assert len(tail.poll().records) == 0 and tail.records_read == 100
+    # a full chunk is not read again; the open one is the only one kept
+    assert tail.open_chunks == 1
+    tail.close()
+
+
+def test_bad_chunk_is_reported_and_skipped(tmp_path: Path) -> None:
+    image = bytearray(rawgen.simple_rank(0, 1, n=100).to_bytes())
+    base1 = rawgen.chunk_offset(image, 1)
+    image[base1:base1 + 4] = b"XXXX"
+    path = tmp_path / "raw" / "rank-00000.hvprof"
+    path.parent.mkdir()
+    path.write_bytes(bytes(image))
+    tail = RawTail(path)
+    r = tail.poll()
+    assert len(r.records) == 63 and r.problems == ["chunk 1 has a bad magic: skipped"]
+    assert tail.poll().problems == [] and tail.open_chunks == 0
+
+
+def _with_inflight(image: bytes, *, op: str, handle: int, t_start: int, track: int = 0,
+                   **header: object) -> bytes:
+    """A raw image whose flight recorder holds one call in progress."""
+    out = bytearray(rawgen.patch_header(image, inflight_offset=F.INFLIGHT_OFFSET,
+                                        inflight_capacity=32, **header))
+    e = np.zeros(1, dtype=F.INFLIGHT_ENTRY_DTYPE)
+    e["state"], e["op"], e["comm"], e["t_start"] = 1, rawgen.op(op), handle, t_start
+    off = F.INFLIGHT_OFFSET + track * F.INFLIGHT_ENTRY_DTYPE.itemsize
+    out[off:off + e.nbytes] = e.tobytes()
+    return bytes(out)
+
+
+def test_watcher_snapshot_on_synthetic_ranks(tmp_path: Path) -> None:
+    """Steps, images/sec, collectives with bus bandwidth, the slowest rank, a
+    call in flight far longer than usual (stuck), a stalled rank."""
+    host = socket.gethostname()
+    now = time.monotonic_ns()
+    live_state = F.STATE_OPEN | F.STATE_MPI_INIT
+    for r in range(2):
+        w = two_track_rank(r, host=host)
+        w.state = live_state
+        w.pid = os.getpid()  # alive
+        w.cal0 = (0, now - 60_000_000_000)
+        w.cal1 = (0, now - (30_000_000_000 if r == 1 else 0))  # rank 1: no beat for 30 s
+        image = w.to_bytes()
+        image = rawgen.patch_header(image, helper_cpu_ns=5_000_000, call_cost_ns=40.0)
+        if r == 0:  # clock_kind 2: ticks are CLOCK_MONOTONIC ns
+            image = _with_inflight(image, op="allreduce", handle=0x1000,
+                                   t_start=now - 20_000_000_000)
+        (tmp_path / "raw").mkdir(exist_ok=True)
+        (tmp_path / "raw" / f"rank-{r:05d}.hvprof").write_bytes(image)
+    w8 = Watcher(tmp_path, stale_s=5.0)
+    w8.refresh()
+    s = w8.snapshot()
+    assert s["world_size"] == 2 and s["ranks_seen"] == 2 and not s["finished"]
+    r0, r1 = s["ranks"]
+    assert r0["status"] == "running" and not r0["stopped"]
+    assert r1["status"] == "stalled" and r1["stopped"] and r1["heartbeat_age_s"] > 25
+    assert s["job"]["stopped_ranks"] == [1]
+    assert r0["steps"] == 12 and r0["images_per_sec"] == pytest.approx(16 / 90e-6)
+    assert s["job"]["images_per_sec"] == pytest.approx(2 * 16 / 90e-6)
+    (f,) = s["in_flight"]
+    assert f["rank"] == 0 and f["op"] == "allreduce" and f["comm"] == "MPI_COMM_WORLD"
+    assert 19 < f["age_s"] < 60 and f["usual_s"] == pytest.approx(2e-6) and f["stuck"]
+    c = {x["op"]: x for x in s["collectives"]}
+    assert c["allreduce"]["calls"] == 300 and c["bcast"]["calls"] == 200
+    # allreduce busbw factor 2(n-1)/n = 1 at n = 2: bytes / time
+    ns = 150 * 2000 + 150 * 2500
+    assert c["allreduce"]["busbw_gbps"] == pytest.approx(300 * (1 << 20) / ns)
+    assert c["allreduce"]["mean_bytes"] == 1 << 20
+    assert s["collectives"][0]["op"] == "allreduce"  # by time
+    # equal step times: no slowest rank named above the others
+    assert s["job"]["slowest_rank"]["ratio"] == pytest.approx(1.0)
+    assert r0["cost"]["recorded_calls"] == 262
+    assert r0["cost"]["cost_s"] == pytest.approx((262 * 40 + 5_000_000) / 1e9)
+    # the view: 80 columns, the stuck call and the stopped rank named
+    from profiler.cli.watch import render
+
+    lines = render(s)
+    assert max(len(ln) for ln in lines) <= 80
+    text = "\n".join(lines)
+    assert "STUCK" in text and "rank 1 stalled" in text and "allreduce" in text
+    w8.close()
+
+
+def test_summary_mode_aggregates_count(tmp_path: Path) -> None:
+    """HOROVOD_PROFILE=summary: the collectives come from rank-R.agg (a snapshot
+    read again when it changes), steps from the raw file."""
+    w = rawgen.RawWriter(rank=0, world_size=2)
+    w.add_comm(0x5EED, 2, 0, "MPI_COMM_WORLD")
+    tr = w.add_track(1000, is_main=True)
+    w.add(tr, rawgen.records(3, t_start=[0, 100, 200], t_end=[90, 190, 290], count=8,
+                             seq=[0, 1, 2], op=rawgen.op("step")))
+    raw = w.write(tmp_path / "raw" / "rank-00000.hvprof")
+    agg = raw.with_suffix(".agg")
+    e = rawgen.agg_from_durations(rawgen.op("allreduce"), 4096, [1000, 2000, 3000])
+    agg.write_bytes(rawgen.agg_bytes(e))
+    wt = Watcher(tmp_path)
+    wt.refresh()
+    s = wt.snapshot()
+    assert s["ranks"][0]["ops"] == {"allreduce": 3, "step": 3}
+    (c,) = s["collectives"]
+    assert c["calls"] == 3 and c["bytes"] == 3 * 4096 and c["time_s"] == pytest.approx(6e-6)
+    e2 = rawgen.agg_from_durations(rawgen.op("allreduce"), 4096, [1000] * 5)
+    agg.write_bytes(rawgen.agg_bytes(e2) + b"")  # rewritten whole: replaces, never adds
+    os.utime(agg, ns=(time.time_ns(), time.time_ns() + 1_000_000))
+    wt.refresh()
+    assert wt.snapshot()["ranks"][0]["ops"] == {"allreduce": 5, "step": 3}
+    wt.close()
+
+
+def test_prometheus_exposition_and_bounded_labels(tmp_path: Path) -> None:
+    """Counters equal the snapshot's; ranks past the limit are rank="other"."""
+    import threading
+
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from profiler.cli._prometheus import make_registry
+
+    for r in range(3):
+        two_track_rank(r, world=3).write(tmp_path / "raw" / f"rank-{r:05d}.hvprof")
+    wt = Watcher(tmp_path)
+    wt.refresh()
+    reg = make_registry(wt, threading.Lock(), max_ranks=2)
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
+    calls: dict[tuple[str, str], float] = {}
+    for smp in fams["hvprof_calls"].samples:
+        if smp.name == "hvprof_calls_total":
+            k = (smp.labels["rank"], smp.labels["op"])
+            calls[k] = calls.get(k, 0.0) + smp.value
+    assert calls[("0", "allreduce")] == 150 and calls[("1", "bcast")] == 100
+    assert calls[("other", "allreduce")] == 150  # rank 2, folded
+    assert {smp.labels["rank"] for smp in fams["hvprof_calls"].samples} == {"0", "1", "other"}
+    buckets = [smp for smp in fams["hvprof_call_duration_seconds"].samples
+               if smp.name.endswith("_count") and smp.labels["op"] == "allreduce"]
+    assert [(b.labels["size_class"], b.value) for b in buckets] == [("64KiB-1MiB", 450)]
+    steps = {smp.labels["rank"]: smp.value for smp in fams["hvprof_steps"].samples
+             if smp.name == "hvprof_steps_total"}
+    assert steps == {"0": 12, "1": 12, "other": 12}
+    assert "hvprof_payload_bytes" in fams and "hvprof_profiler_cpu_seconds" in fams
+    wt.close()
+
+
+# ---------------------------------------------------------------------------
+# the command line
+# ---------------------------------------------------------------------------
+def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
+    cases = [
+        ([str(tmp_path / "nope"), "--once"], "no such directory"),
+        ([str(tmp_path), "--once"], "no raw/rank-*.hvprof files"),
+        ([str(tmp_path), "--interval", "0"], "must be a positive number"),
+        ([str(tmp_path), "--prometheus", "localhost:notaport"], "expected [HOST]:PORT"),
+    ]
+    for args, what in cases:
+        p = profiler_cli("watch", *args)
+        assert p.returncode == 2, (args, p.stdout, p.stderr)
+        assert p.stderr.count("\n") == 1 and what in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "rank-00000.hvprof").write_bytes(b"not a raw file at all")
+    p = profiler_cli("watch", str(tmp_path), "--once")
+    # an unreadable rank is shown, not a traceback
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+
+
+def test_cli_once_json_and_textfile(tmp_path: Path) -> None:
+    for r in range(2):
+        two_track_rank(r).write(tmp_path / "raw" / f"rank-{r:05d}.hvprof")
+    prom = tmp_path / "hvprof.prom"
+    p = profiler_cli("watch", str(tmp_path), "--once", "--format", "json",
+                     "--textfile", str(prom))
+    assert p.returncode == 0, p.stderr
+    snap = json.loads(p.stdout)
+    assert snap["schema"] == "horovod-profiler.watch/1" and snap["finished"]
+    assert snapshot_counts(snap)[1] == {"allreduce": 150, "bcast": 100, "step": 12}
+    assert 'hvprof_calls_total{host="testhost",kind="data",op="allreduce",rank="1"} 150.0' \
+        in prom.read_text()
+    t = profiler_cli("watch", str(tmp_path), "--once")
+    assert t.returncode == 0 and max(len(x) for x in t.stdout.splitlines()) <= 80
+    assert "allreduce" in t.stdout and "FINISHED" in t.stdout
+
+
+# ---------------------------------------------------------------------------
+# real jobs
+# ---------------------------------------------------------------------------
+def watch_json(prof: Path, *extra: str) -> dict[str, Any]:
+    p = profiler_cli("watch", str(prof), "--once", "--format", "json", *extra, timeout=60)
+    assert p.returncode in (0, 1) and p.stderr == "", p.stderr
+    doc: dict[str, Any] = json.loads(p.stdout)
+    return doc
+
+
+def wait_for(cond: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def trace_counts(trace: Path) -> dict[int, dict[str, int]]:
+    doc = json.loads(trace.read_bytes())
+    assert doc["horovod_profiler"]["events"]["selection"] == "all"
+    out: dict[int, Counter[str]] = {}
+    for e in doc["traceEvents"]:
+        if e.get("ph") == "X":
+            out.setdefault(int(e["pid"]), Counter())[e["name"]] += 1
+    return {r: dict(c) for r, c in out.items()}
+
+
+@requires_mpi
+@pytest.mark.mpi
+@pytest.mark.horovod
+@pytest.mark.slow
+def test_watch_a_training_job(tmp_path: Path) -> None:
+    """A real 2-rank Horovod job for ~20 s: snapshots at ~5 s and ~15 s grow,
+    a live exporter answers, and after the job the counts equal trace.json's."""
+    prof = tmp_path / "prof"
+    env = base_env(HOROVOD_PROFILE="1", HOROVOD_PROFILE_DIR=str(prof))
+    bench = ["--model", "resnet8", "--batch-size", "16", "--image-size", "32",
+             "--num-warmup-batches", "3", "--num-batches-per-iter", "10", "--num-iters", "40",
+             "--quiet"]
+    job = subprocess.Popen(["mpirun", "-n", "2", PYTHON, "-m", "profiler.workloads.train_bench",
+                            *bench], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        raw = prof / "raw"
+        wait_for(lambda: len(list(raw.glob("rank-*.hvprof"))) == 2, 120, "2 raw files")
+        t0 = time.monotonic()
+        time.sleep(5.0)
+        a = watch_json(prof)
+        time.sleep(max(0.0, 15.0 - (time.monotonic() - t0)))
+        b = watch_json(prof)
+        assert job.poll() is None, "the job ended before the second snapshot"
+        for s in (a, b):
+            assert s["world_size"] == 2 and s["ranks_seen"] == 2 and not s["finished"]
+            assert {r["status"] for r in s["ranks"]} == {"running"}, s["ranks"]
+            assert s["job"]["stopped_ranks"] == []
+        assert 0 < a["job"]["steps"] < b["job"]["steps"]
+        assert 0 < a["job"]["calls"] < b["job"]["calls"]
+        for ra, rb in zip(a["ranks"], b["ranks"]):
+            assert ra["ops"]["allreduce"] < rb["ops"]["allreduce"]
+            assert ra["steps"] < rb["steps"]
+        assert b["job"]["images_per_sec_recent"] > 0
+        assert b["collectives"] and b["collectives"][0]["busbw_gbps"] > 0
+        assert b["ranks"][0]["cost"]["helper_cpu_s"] > 0
+        out, _ = job.communicate(timeout=600)
+        assert job.returncode == 0, out[-3000:]
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.communicate(timeout=30)
+    wait_for(lambda: (prof / "trace.json").is_file(), 180, "trace.json")
+    final = watch_json(prof)
+    assert final["finished"] and {r["status"] for r in final["ranks"]} == {"closed"}
+    assert snapshot_counts(final) == trace_counts(prof / "trace.json")
+
+
+HANG = textwrap.dedent("""
+    import os, sys, time
+    import numpy as np
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    r = comm.Get_rank()
+    buf = np.ones(4)
+    out = np.empty(4)
+    for i in range(200):
+        comm.Allreduce(buf, out)
+    open(f"ready-{r}", "w").close()
+    if r == 1:
+        time.sleep(600)  # rank 1 never enters the next allreduce
+    comm.Allreduce(buf, out)
+""")
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_watch_a_hung_job_and_a_killed_rank(tmp_path: Path) -> None:
+    """Rank 0 blocks in an allreduce rank 1 never enters: watch shows the call
+    in flight, stuck, its age growing; rank 1 killed shows as stopped (dead)."""
+    (tmp_path / "job.py").write_text(HANG)
+    prof = tmp_path / "prof"
+    env = base_env(HOROVOD_PROFILE="1", HOROVOD_PROFILE_DIR=str(prof),
+                   HOROVOD_PROFILE_HANG_S="0")
+    job = subprocess.Popen(["mpirun", "-n", "2", PYTHON, str(tmp_path / "job.py")],
+                           cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: (tmp_path / "ready-0").exists() and (tmp_path / "ready-1").exists(),
+                 120, "both ranks past their first allreduces")
+        time.sleep(1.5)
+        a = watch_json(prof)
+        time.sleep(2.0)
+        b = watch_json(prof)
+        fa = [f for f in a["in_flight"] if f["rank"] == 0]
+        fb = [f for f in b["in_flight"] if f["rank"] == 0]
+        assert [f["op"] for f in fa] == [f["op"] for f in fb] == ["allreduce"], a["in_flight"]
+        assert fb[0]["comm"] == "MPI_COMM_WORLD" and fb[0]["stuck"]
+        assert fb[0]["age_s"] >= fa[0]["age_s"] + 1.5
+        assert fb[0]["usual_s"] is not None and fb[0]["usual_s"] < 0.1
+        assert b["job"]["stuck_calls"] == 1 and b["job"]["stopped_ranks"] == []
+        text = profiler_cli("watch", str(prof), "--once")
+        assert text.returncode == 1 and "STUCK" in text.stdout, text.stdout
+        pid1 = next(r["pid"] for r in b["ranks"] if r["rank"] == 1)
+        os.kill(pid1, signal.SIGKILL)
+
+        def rank1_dead() -> bool:
+            s = watch_json(prof)
+            return any(r["rank"] == 1 and r["stopped"] for r in s["ranks"])
+        wait_for(rank1_dead, 30, "rank 1 shown as stopped")
+        c = watch_json(prof)
+        r1 = next(r for r in c["ranks"] if r["rank"] == 1)
+        assert r1["status"] == "dead" and 1 in c["job"]["stopped_ranks"]
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.communicate(timeout=30)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@requires_mpi
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("prometheus") is None,
+                    reason="Debian's prometheus not installed (scripts/setup.sh installs it)")
+def test_a_prometheus_server_scrapes_the_exporter(tmp_path: Path) -> None:
+    """A real Prometheus server (loopback, data in a temporary folder) scrapes
+    `watch --prometheus` during an mpi4py job; at the end its series hold the
+    counts of the final trace."""
+    prof = tmp_path / "prof"
+    (tmp_path / "job.py").write_text(textwrap.dedent("""
+        import time
+        import numpy as np
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        buf, out = np.ones(1024), np.empty(1024)
+        for i in range(3000):  # a count, equal on both ranks: about 8 s
+            comm.Allreduce(buf, out)
+            time.sleep(0.002)
+    """))
+    exp_port, prom_port = free_port(), free_port()
+    (tmp_path / "prometheus.yml").write_text(textwrap.dedent(f"""
+        global:
+          scrape_interval: 1s
+        scrape_configs:
+          - job_name: hvprof
+            static_configs:
+              - targets: ["127.0.0.1:{exp_port}"]
+    """))
+    server = subprocess.Popen(
+        ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{prom_port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    env = base_env(HOROVOD_PROFILE="1", HOROVOD_PROFILE_DIR=str(prof))
+    watcher = None
+    job = subprocess.Popen(["mpirun", "-n", "2", PYTHON, str(tmp_path / "job.py")],
+                           cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: len(list((prof / "raw").glob("rank-*.hvprof"))) == 2, 120,
+                 "2 raw files")
+        watcher = subprocess.Popen(
+            [PYTHON, "-P", "-m", "profiler.cli", "watch", str(prof), "--format", "json",
+             "--interval", "0.5", "--follow", "--prometheus", f"127.0.0.1:{exp_port}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+        def query(q: str) -> list[dict[str, Any]]:
+            url = (f"http://127.0.0.1:{prom_port}/api/v1/query?"
+                   + urllib.parse.urlencode({"query": q}))
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                doc = json.loads(resp.read())
+            assert doc["status"] == "success", doc
+            return list(doc["data"]["result"])
+
+        def scraped() -> bool:
+            try:
+                return bool(query('hvprof_calls_total{op="allreduce"}'))
+            except OSError:
+                return False
+        wait_for(scraped, 60, "Prometheus to scrape the exporter")
+        assert job.poll() is None, "the job ended before the first scrape"
+        out, _ = job.communicate(timeout=300)
+        assert job.returncode == 0, out[-3000:]
+        wait_for(lambda: (prof / "trace.json").is_file(), 180, "trace.json")
+        want = trace_counts(prof / "trace.json")
+
+        def final() -> bool:
+            got = {int(s["metric"]["rank"]): float(s["value"][1])
+                   for s in query('sum by (rank) (hvprof_calls_total{op="allreduce"})')}
+            return got == {r: float(c["allreduce"]) for r, c in want.items()}
+        wait_for(final, 30, "the scraped counts to equal the trace's")
+        assert query("hvprof_call_duration_seconds_bucket")
+        assert query("hvprof_profiler_cpu_seconds_total")
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        for p in (job, watcher, server):
+            if p is not None:
+                if p.poll() is None:
+                    p.kill()
+                p.communicate(timeout=30)
