@@ -833,14 +833,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--case-timeout", type=float, default=20.0)
     p.add_argument("--max-rss-mb", type=float, default=2048.0)
     p.add_argument("--quick", action="store_true",
-                   help="the CI subset: 40 random cases per reader, 250 truncation "
-                        "points per file, every 150th case through the CLI")
+                   help="the CI subset: 20 random cases per reader, 120 truncation "
+                        "points per file, every 300th case through the CLI")
     p.add_argument("--json", help="write the report here")
     p.add_argument("--jobs", type=int, default=1,
                    help="processes, each fuzzing some of the readers (default 1)")
     args = p.parse_args(argv)
     if args.quick:
-        args.cases, args.trunc_budget, args.cli_every, args.full_every = 40, 250, 150, 256
+        args.cases, args.trunc_budget, args.cli_every, args.full_every = 20, 120, 300, 256
     readers = args.reader or sorted(TARGETS)
     kw: dict[str, Any] = dict(n_random=args.cases, trunc_budget=args.trunc_budget,
                               cli_every=args.cli_every, seed=args.seed,
