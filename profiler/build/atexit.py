@@ -6,9 +6,10 @@ trace.json, run the same way for every program.
   own facts go into its metadata, and the conversion is spread over the
   ranks.  The raw file's header says so (self_converts, set by the library
   when Python activates it), so the merge waits for that rank's dataset.
-* Rank 0's library, in its destructor, after every Python exit handler,
-  starts `main` (DIR RAW WORLD PID) as a child in a session of its own, for
-  Python and C programs alike (hooks/exitmerge.c).  The child converts what
+* Rank 0's library, in its exit work, starts `main` (DIR RAW WORLD PID) as
+  a child in a session of its own, for Python and C programs alike
+  (hooks/exitmerge.c): at the end of Python's exit handler, or in the
+  library's destructor for a program without Python.  The child converts what
   is not up to date (rank 0's file, unless Python did; the files of ranks
   that convert nothing themselves, once closed; those of ranks that died),
   waits for the others (bounded by HOROVOD_PROFILE_MERGE_TIMEOUT) and writes
@@ -21,7 +22,6 @@ Nothing heavy at import: imported by the start-up hook's activation."""
 
 from __future__ import annotations
 
-import errno
 import os
 import sys
 from typing import Any
@@ -81,29 +81,30 @@ def no_space_line(directory: str, exc: OSError) -> str:
 
 
 def convert_rank(directory: str, raw: str, rank: int,
-                 facts: dict[str, Any] | None = None) -> str:
+                 facts: dict[str, Any] | None = None) -> tuple[str, OSError | None]:
     """Convert one rank's raw file at exit: a rank converting its own (facts
     with "own"), or the exit merge converting rank 0's unless it is up to
-    date.  Returns "ok", "gone" (the directory was removed while the job
-    ran), "no space" or "failed".  A conversion that fails is said here, in
-    one line; the conditions of the whole job (gone, no space) are said once,
-    by the exit merge (main), never by every rank."""
+    date.  Returns ("ok" | "gone" | "no space" | "failed", the OSError of
+    "no space").  "gone": the directory was removed while the job ran.  A
+    conversion that fails is said here, in one line; the conditions of the
+    whole job (gone, no space) are said once, by the exit merge (main),
+    never by every rank."""
     if not os.path.exists(raw):
-        return "gone"
+        return "gone", None
     from profiler.build.convert import convert_raw, is_up_to_date
 
     try:
         if not (facts or {}).get("own") and is_up_to_date(raw, directory):
-            return "ok"  # the rank converted it itself
+            return "ok", None  # the rank converted it itself
         convert_raw(raw, directory, facts=facts)
-        return "ok"
+        return "ok", None
     except OSError as exc:
         if no_space(exc):
-            return "no space"
+            return "no space", exc
         say(f"error: rank {rank}: cannot convert {raw}: {one_line(exc)}")
     except Exception as exc:  # rank 0 still merges what is there
         say(f"error: rank {rank}: cannot convert {raw}: {one_line(exc)}")
-    return "failed"
+    return "failed", None
 
 
 def _merge(directory: str, world: int, *, timeout: float | None = None) -> str:
@@ -165,6 +166,16 @@ class _Tolerant:
         return getattr(self._stream, name)
 
 
+def _self_converts(raw: str) -> bool:
+    from profiler.errors import ProfilerError
+    from profiler.formats.raw import read_header
+
+    try:
+        return bool(read_header(raw).get("self_converts"))
+    except (ProfilerError, OSError):
+        return False
+
+
 def main(argv: list[str]) -> int:
     """The exit merge that rank 0's library starts (hooks/exitmerge.c):
     DIR RAW WORLD PID."""
@@ -177,16 +188,19 @@ def main(argv: list[str]) -> int:
         say(f"error: cannot build the trace at exit: bad arguments {argv!r}")
         return 2
     try:
-        done = convert_rank(directory, raw, 0, process_info(pid))
-        if done == "gone":
+        # rank 0 converted its own file (Python) unless its header says
+        # otherwise; a conversion that failed there is the merge's to retry
+        done, err = (("ok", None) if _self_converts(raw) else
+                     convert_rank(directory, raw, 0, process_info(pid)))
+        if done == "gone" or not os.path.exists(raw):
             # The profile directory (or this raw file) was removed while the job
             # ran: the records went into files nobody can open any more.
             say(f"warning: the profile directory {directory} was removed while the job "
                 "ran: the records of this job are lost (no dataset, no trace)")
             return 0
-        if done == "no space":
+        if done == "no space" and err is not None:
             # every rank's conversion fails the same way, and merging would too
-            say(no_space_line(directory, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))))
+            say(no_space_line(directory, err))
             return 0
         if not merge_at_exit():
             say(f"no trace at exit (HOROVOD_PROFILE_MERGE=0): build it with: profiler merge "
