@@ -29,7 +29,14 @@ Rules the snapshot follows:
   profiler.formats.raw.writer_state says), or "stalled": running or unknown,
   with a helper thread, whose heartbeat (the header's calibration pair and
   helper CPU time, stored by the helper every 25 ms to 1 s) has not moved for
-  `stale_s` seconds.  "dead" and "stalled" ranks are the stopped ones;
+  `stale_s` seconds.  "dead" and "stalled" ranks are the stopped ones.  On
+  another host (its pid cannot be checked, its CLOCK_MONOTONIC is not ours)
+  the heartbeat alone decides: "running" when it was stored less than
+  `stale_s` seconds ago.  Its age is the time since a refresh saw it move
+  or, at the first look (`--once`), the host's wall clock at the heartbeat
+  (the header's realtime at start + the monotonic time since) against ours:
+  right to within the hosts' clock agreement (NTP: milliseconds).  A header
+  without that anchor stays "unknown" until the heartbeat is seen to move;
 * the profiler's cost of a rank: call_cost_ns x its records and aggregated
   calls, plus its helper thread's CPU time; its share is that over the rank's
   time since start.
@@ -115,7 +122,8 @@ class _Rank:
     first_ns: int | None = None
     last_ns: int | None = None
     beat: tuple[int, int] | None = None
-    beat_at: float = 0.0
+    beat_at: float = 0.0  # our time.monotonic() when the heartbeat was stored
+    beat_known: bool = False  # beat_at is known (seen to move, or by the wall clock)
     problems: list[str] = field(default_factory=list)
     error: str | None = None
 
@@ -178,7 +186,13 @@ class Watcher:
         st.problems = (st.problems + read.problems)[-8:]
         beat = (int(h.get("cal1_mono_ns") or 0), int(h.get("helper_cpu_ns") or 0))
         if beat != st.beat:
-            st.beat, st.beat_at = beat, time.monotonic()
+            now = time.monotonic()
+            if st.beat is None:  # the first look: when its host's wall clock says
+                age = _wall_age_s(h)
+                st.beat_at, st.beat_known = now - (age or 0.0), age is not None
+            else:  # seen to move since the previous refresh
+                st.beat_at, st.beat_known = now, True
+            st.beat = beat
         rec = read.records
         if not len(rec):
             return
@@ -346,10 +360,12 @@ class Watcher:
         if st.beat is not None and st.beat[1] > 0:
             if str(h.get("hostname", "")) == self._host and int(h.get("clock_kind", 0)) in (1, 2):
                 age = max(0.0, (time.monotonic_ns() - st.beat[0]) / 1e9)
-            elif self.refreshes > 0:
-                age = time.monotonic() - st.beat_at
-        if ws in ("running", "unknown") and age is not None and age > self.stale_s:
-            return "stalled", age
+            elif st.beat_known:
+                age = max(0.0, time.monotonic() - st.beat_at)
+        if ws in ("running", "unknown") and age is not None:
+            if age > self.stale_s:
+                return "stalled", age
+            return "running", age  # another host's rank: its heartbeat is alive
         return ws, age
 
     def _rank_now_mono_ns(self, st: _Rank) -> int:
@@ -536,6 +552,19 @@ class Watcher:
             return {}
         return {F.op_name(op): float(v[0] - a.get(op, np.zeros(3))[0]) / (t1 - t0)
                 for op, v in b.items()}
+
+
+def _wall_age_s(h: dict[str, Any]) -> float | None:
+    """Seconds since the header's heartbeat (cal1) was stored, by the writer's
+    wall clock against ours: its realtime at start plus the monotonic time
+    from start to the heartbeat (a difference, so any offset of its
+    CLOCK_MONOTONIC, a time namespace or another machine's boot, cancels).
+    None without the anchor."""
+    rt0 = int(h.get("cal0_realtime_ns") or 0)
+    m0, m1 = int(h.get("cal0_mono_ns") or 0), int(h.get("cal1_mono_ns") or 0)
+    if rt0 <= 0 or m0 <= 0 or m1 < m0:
+        return None
+    return max(0.0, (time.time_ns() - (rt0 + (m1 - m0))) / 1e9)
 
 
 def _slowest(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:

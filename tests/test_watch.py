@@ -3,12 +3,14 @@
 the view, the JSON snapshot and the Prometheus exposition; then real jobs: a
 2-rank Horovod run watched while it trains (its counts equal the final
 trace's), a hung job (the call in flight, its age growing; a killed rank
-stopped) and a real Prometheus server scraping the exporter."""
+stopped), ranks on two simulated hosts writing into one directory, watched
+by one process, and a real Prometheus server scraping the exporter."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -26,6 +28,7 @@ import pytest
 import rawgen
 from conftest import PYTHON, base_env, profiler_cli, requires_mpi
 from profiler.analysis.live import Watcher
+from simcluster_fixture import ClusterFactory, sim_cluster  # noqa: F401 (fixture)
 
 from profiler.formats import record as F
 from profiler.formats.raw import read_raw
@@ -216,6 +219,42 @@ def test_watcher_snapshot_on_synthetic_ranks(tmp_path: Path) -> None:
     text = "\n".join(lines)
     assert "STUCK" in text and "rank 1 stalled" in text and "allreduce" in text
     w8.close()
+
+
+def test_heartbeat_of_a_rank_on_another_host(tmp_path: Path) -> None:
+    """A rank on another host: its pid cannot be checked and its
+    CLOCK_MONOTONIC is not ours (here 5000 s ahead), so its heartbeat alone
+    decides.  At the first look (`--once`) the heartbeat's age comes from the
+    host's wall clock (realtime at start + monotonic since): 0.5 s old is
+    running, 30 s old is stalled; without that anchor the rank is unknown
+    until a refresh sees the heartbeat move, then running."""
+    live_state = F.STATE_OPEN | F.STATE_MPI_INIT
+    mono0 = time.monotonic_ns() + 5000 * 10**9  # another machine's (or namespace's) clock
+    for r, age_s in enumerate([0.5, 30.0, None]):
+        w = two_track_rank(r, world=3, host="elsewhere")
+        w.state, w.pid = live_state, os.getpid()  # a pid of ours: must not be looked at
+        w.cal0, w.cal1 = (0, mono0), (0, mono0 + 60 * 10**9)  # stored 60 s after start
+        rt0 = 0 if age_s is None else time.time_ns() - int((60 + age_s) * 1e9)
+        image = rawgen.patch_header(w.to_bytes(), helper_cpu_ns=5_000_000, cal0_realtime_ns=rt0)
+        (tmp_path / "raw").mkdir(exist_ok=True)
+        (tmp_path / "raw" / f"rank-{r:05d}.hvprof").write_bytes(image)
+    wt = Watcher(tmp_path, stale_s=5.0)
+    wt.refresh()
+    r0, r1, r2 = wt.snapshot()["ranks"]
+    assert r0["status"] == "running" and not r0["stopped"]
+    assert r0["heartbeat_age_s"] == pytest.approx(0.5, abs=0.5)
+    assert r1["status"] == "stalled" and r1["stopped"]
+    assert r1["heartbeat_age_s"] == pytest.approx(30.0, abs=0.5)
+    assert r2["status"] == "unknown" and r2["heartbeat_age_s"] is None and not r2["stopped"]
+    # rank 2's helper stores its heartbeat: seen to move, running
+    path = tmp_path / "raw" / "rank-00002.hvprof"
+    path.write_bytes(rawgen.patch_header(path.read_bytes(), helper_cpu_ns=6_000_000))
+    wt.refresh()
+    r0, r1, r2 = wt.snapshot()["ranks"]
+    assert r2["status"] == "running" and r2["heartbeat_age_s"] < 1.0
+    assert r1["status"] == "stalled"  # not moved: its age carries on from the first look
+    assert r1["heartbeat_age_s"] >= 30.0 - 0.5
+    wt.close()
 
 
 def test_summary_mode_aggregates_count(tmp_path: Path) -> None:
@@ -450,6 +489,131 @@ def test_watch_a_hung_job_and_a_killed_rank(tmp_path: Path) -> None:
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.communicate(timeout=30)
+
+
+SHARED_DIR_JOB = textwrap.dedent("""
+    import os, socket, time
+    import numpy as np
+    from mpi4py import MPI
+    import profiler
+    comm = MPI.COMM_WORLD
+    r = comm.Get_rank()
+    print(f"RANK {r} HOST {socket.gethostname()}", flush=True)
+    x, y = np.full(1024, r, dtype=np.float32), np.empty(1024, dtype=np.float32)
+    stop = np.zeros(1, dtype=np.int32)
+    t0 = time.monotonic()
+    while True:  # until the test says stop (rank 0 decides for all: equal counts)
+        comm.Allreduce(x, y)
+        profiler.step(images=8)
+        if r == 0:
+            stop[0] = os.path.exists("stop") or time.monotonic() - t0 > 90
+        comm.Bcast(stop, root=0)
+        if stop[0]:
+            break
+        time.sleep(0.01)
+    comm.Barrier()
+    print(f"RESULT OK {r}", flush=True)
+""")
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_one_watcher_for_ranks_on_two_hosts(sim_cluster: ClusterFactory,  # noqa: F811
+                                            tmp_path: Path) -> None:
+    """2 simulated hosts x 2 ranks (h1's CLOCK_MONOTONIC 3000 s behind h0's)
+    write into one shared directory.  One `watch --once --format json`,
+    run on h0, sees every rank with the host it reports, all running: h0's
+    by their pids, h1's by their heartbeat alone (a pid there cannot be
+    checked, its clock is not h0's); so does a watcher on neither host.  An
+    h1 rank stopped (SIGSTOP) shows as stalled, the others running.  After
+    the job every rank is closed and the counts equal trace.json's."""
+    from profiler import simcluster
+
+    c = sim_cluster(hosts=2, offsets=[3000, 0])
+    (tmp_path / "job.py").write_text(SHARED_DIR_JOB)
+    prof = tmp_path / "prof"
+    env = {k: v for k, v in simcluster.run_env(None).items()
+           if not k.startswith("HOROVOD_PROFILE")}
+    env.update(HOROVOD_PROFILE="1", HOROVOD_PROFILE_DIR=str(prof),
+               HOROVOD_PROFILE_MERGE_TIMEOUT="20")
+    cmd = simcluster.mpirun_cmd(c.st, 4, [PYTHON, str(tmp_path / "job.py")],
+                                env_names=simcluster.forwarded_env_names(env), per_host=2,
+                                extra=["--mca", "mpi_yield_when_idle", "1"])
+    want_hosts = {r: c.host_of_rank(r, per_host=2).name for r in range(4)}
+    assert sorted(set(want_hosts.values())) == ["h0", "h1"]
+
+    def watch_on_h0(*extra: str) -> dict[str, Any]:
+        p = c.exec_on(0, [PYTHON, "-P", "-m", "profiler.cli", "watch", str(prof), "--once",
+                          "--format", "json", *extra],
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=base_env(),
+                      cwd=tmp_path)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode in (0, 1) and err == b"", err.decode()
+        doc: dict[str, Any] = json.loads(out)
+        return doc
+
+    def states(s: dict[str, Any]) -> dict[int, str]:
+        return {r["rank"]: r["status"] for r in s["ranks"]}
+
+    job = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    far: Watcher | None = None
+    paused: int | None = None
+    try:
+        wait_for(lambda: len(list((prof / "raw").glob("rank-*.hvprof"))) == 4
+                 or job.poll() is not None, 60, "4 raw files")
+        assert job.poll() is None, job.communicate()[0][-3000:]
+        # a watcher on this machine (neither h0 nor h1): every rank by its heartbeat
+        far = Watcher(prof)
+
+        def recording() -> bool:
+            assert far is not None
+            far.refresh()
+            s = far.snapshot()
+            return s["ranks_seen"] == 4 and all(r.get("steps", 0) >= 2 for r in s["ranks"])
+        wait_for(recording, 60, "4 ranks making steps")
+        assert states(far.snapshot()) == dict.fromkeys(range(4), "running")
+
+        a = watch_on_h0()
+        assert job.poll() is None, "the job ended before the snapshot"
+        assert a["world_size"] == 4 and a["ranks_seen"] == 4 and not a["finished"]
+        assert a["missing_ranks"] == [] and a["job"]["stopped_ranks"] == []
+        assert states(a) == dict.fromkeys(range(4), "running"), a["ranks"]
+        assert {r["rank"]: r["host"] for r in a["ranks"]} == want_hosts
+        for r in a["ranks"]:
+            assert r["heartbeat_age_s"] is not None and r["heartbeat_age_s"] < 5.0, r
+            assert r["steps"] >= 2 and r["ops"]["allreduce"] >= 2
+
+        # rank 3 (h1) frozen: its heartbeat stops, seen from h0 through the file alone
+        paused = next(r["pid"] for r in a["ranks"] if r["rank"] == 3)
+        os.kill(paused, signal.SIGSTOP)
+        time.sleep(3.0)
+        b = watch_on_h0("--stale", "2.5")
+        os.kill(paused, signal.SIGCONT)
+        paused = None
+        assert states(b) == {0: "running", 1: "running", 2: "running", 3: "stalled"}, b["ranks"]
+        assert b["job"]["stopped_ranks"] == [3]
+        assert next(r for r in b["ranks"] if r["rank"] == 3)["heartbeat_age_s"] > 2.5
+
+        (tmp_path / "stop").touch()
+        out, _ = job.communicate(timeout=120)
+        assert job.returncode == 0, out[-3000:]
+    finally:
+        if paused is not None:
+            os.kill(paused, signal.SIGCONT)
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.communicate(timeout=30)
+        if far is not None:
+            far.close()
+    # the host each rank reported (mpirun may join two ranks' lines: match the names)
+    seen = {int(k): v for k, v in re.findall(r"RANK (\d+) HOST (h\d+)", out)}
+    assert seen == want_hosts and out.count("RESULT OK") == 4, out[-3000:]
+    wait_for(lambda: (prof / "trace.json").is_file(), 60, "trace.json")
+    final = watch_on_h0()
+    assert final["finished"] and states(final) == dict.fromkeys(range(4), "closed")
+    assert {r["rank"]: r["host"] for r in final["ranks"]} == want_hosts
+    assert snapshot_counts(final) == trace_counts(prof / "trace.json")
 
 
 def free_port() -> int:
