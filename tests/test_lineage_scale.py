@@ -219,7 +219,10 @@ def test_issue_mlp_lineage_written_and_agrees_with_the_timeline(
     lin = pd.read_parquet(prof / "lineage.parquet")
     ar = lin[lin["op"] == "ALLREDUCE"]
     assert len(ar) == 30 * 12 and set(ar["certainty"]) <= {"certain", "ambiguous"}
-    assert (ar["certainty"] == "certain").mean() > 0.8, ar["certainty"].value_counts()
+    # How many rows are certain depends on how Horovod's cycles split a step's
+    # equal-sized tensors over calls (timing); a disambiguation that stopped
+    # working leaves nearly every one of them ambiguous, far below this bar
+    assert (ar["certainty"] == "certain").mean() > 0.5, ar["certainty"].value_counts()
     for args in (["tensors", str(prof)], ["tensors", str(prof), "--whatif"],
                  ["tensors", str(prof), "--format", "json"]):
         p = profiler_cli(*args)
