@@ -205,7 +205,8 @@ def _calls(df: pd.DataFrame, kinds: list[str]) -> pd.DataFrame:
     return df.loc[mask]
 
 
-def rank_breakdown(df: pd.DataFrame, meta: Mapping[str, Any] | None = None) -> pd.DataFrame:
+def rank_breakdown(df: pd.DataFrame, meta: Mapping[str, Any] | None = None, *,
+                   n_ranks: int | None = None) -> pd.DataFrame:
     """One row per (rank, step): the step's parts (see the module docstring).
 
     Columns: rank, step, t_start_ns, t_end_ns, wall_ms, compute_ms,
@@ -215,7 +216,8 @@ def rank_breakdown(df: pd.DataFrame, meta: Mapping[str, Any] | None = None) -> p
     step's last blocking collective without synchronize), sync_start_ns,
     sync_end_ns, source ("sync": Horovod's synchronize; "calls": blocking
     collectives on the main thread; "none": neither, the step is all compute).
-    Every row's parts sum to wall_ms."""
+    Every row's parts sum to wall_ms.  n_ranks: the job's ranks (default: the
+    ranks with rows in df), for a df that holds only some ranks' rows."""
     if df.empty or "op" not in df.columns:
         return _empty()
     st = _steps(df)
@@ -263,7 +265,8 @@ def rank_breakdown(df: pd.DataFrame, meta: Mapping[str, Any] | None = None) -> p
 
     # the job's arrival per step: the last rank's (only where every rank has
     # it, or is in hvd.join: a rank whose data ran out holds no step back)
-    n_ranks = int(pd.unique(df["rank"]).size)
+    if n_ranks is None:
+        n_ranks = int(pd.unique(df["rank"]).size)
     frame = pd.DataFrame({"step": st["step"].to_numpy(), "arrival": arrival})
     g = frame.loc[arrival >= 0].groupby("step")["arrival"]
     job_arr = g.max()

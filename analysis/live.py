@@ -39,7 +39,19 @@ Rules the snapshot follows:
   without that anchor stays "unknown" until the heartbeat is seen to move;
 * the profiler's cost of a rank: call_cost_ns x its records and aggregated
   calls, plus its helper thread's CPU time; its share is that over the rank's
-  time since start.
+  time since start;
+* where a step goes: profiler.analysis.breakdown's rank_breakdown, the same
+  rules as `profiler advise`, over steps that every rank with steps has run.
+  Every BREAKDOWN_EVERY_S seconds (and once every rank has stopped) a
+  refresh splits the newest such steps that are final (at most
+  MAX_BREAKDOWN_STEPS: a sample when steps are short), from the step,
+  synchronize, tensor and join rows and the MPI/NCCL calls kept since the
+  last split; a step is final when each rank's newest record is FINAL_LAG_S
+  past its end (any call of the step on another thread is published by then)
+  or the rank has stopped.  The view is the mean, over the split steps of the
+  last `window_s` seconds, of the ranks' mean per part.  Live, the
+  profiler's own hooks are part of compute (their cost is known at exit; the
+  view shows the cost separately).
 """
 
 from __future__ import annotations
@@ -64,6 +76,7 @@ from profiler.formats import record as F
 from profiler.formats.clock import ns_per_tick, ticks_to_job_ns, ticks_to_mono_ns
 from profiler.formats.raw import c_string, read_agg, writer_state
 from profiler.formats.rawtail import RawTail, TailRead
+from profiler.formats.rows import thread_kind_of
 
 __all__ = ["Watcher", "SIZE_CLASSES", "LATENCY_BOUNDS_S", "SCHEMA", "STUCK_MIN_S",
            "size_class_index"]
@@ -83,12 +96,25 @@ NB = len(LATENCY_BOUNDS_S) + 1
 STUCK_MIN_S = 1.0
 #: Recent steps kept per rank, at most.
 MAX_RECENT_STEPS = 4096
+#: Rows kept per rank for the step breakdown until their step is split, at most.
+MAX_PENDING_ROWS = 1 << 16
+#: Steps split per refresh, at most (the newest final ones).
+MAX_BREAKDOWN_STEPS = 16
+#: A step is final once every rank's newest record is this far past its end.
+FINAL_LAG_S = 0.5
+#: Seconds between two splits of steps (each costs tens of ms of pandas).
+BREAKDOWN_EVERY_S = 5.0
 _SIZE_UPPER = np.array([u if math.isfinite(u) else np.inf for u, _ in SIZE_CLASSES])
 _KINDS = ("data", "control", "p2p", "app")
 _NO_COMM = 0xFFFFF
 _OP_NET = F.OP_BY_NAME["nccl_net"]
 _OP_STEP = F.OP_APP_STEP
 _NOT_CALLS = np.array([F.OP_APP_CPU, _OP_NET], dtype=np.uint16)
+# what the step breakdown reads: these app rows, and the MPI/NCCL calls
+_BREAKDOWN_APP = np.array([F.OP_BY_NAME[n] for n in ("step", "sync", "tensor", "join")],
+                          dtype=np.uint16)
+_COMM_OPS = np.array([k for k in F.OPS if F.op_backend(k) in ("mpi", "nccl")
+                      and F.op_name(k) not in ("init", "finalize")], dtype=np.uint16)
 # value columns of an aggregate: calls, bytes, ns, max ns, then NB histogram buckets
 _CALLS, _BYTES, _NS, _MAX = 0, 1, 2, 3
 _NV = 4 + NB
@@ -105,6 +131,7 @@ class _Rank:
     tail: RawTail
     header: dict[str, Any] = field(default_factory=dict)
     comms: np.ndarray = field(default_factory=lambda: np.zeros(0, F.COMM_ENTRY_DTYPE))
+    tracks: np.ndarray = field(default_factory=lambda: np.zeros(0, F.TRACK_ENTRY_DTYPE))
     inflight: np.ndarray = field(default_factory=lambda: np.zeros(0))
     stats: dict[tuple[int, int, int, int], np.ndarray] = field(default_factory=dict)
     agg_stats: dict[tuple[int, int, int, int], np.ndarray] = field(default_factory=dict)
@@ -119,6 +146,8 @@ class _Rank:
     step_ns: int = 0
     recent: deque[tuple[int, int, int]] = field(
         default_factory=lambda: deque(maxlen=MAX_RECENT_STEPS))  # (t_end job ns, dur, images)
+    pending: list[dict[str, np.ndarray]] = field(default_factory=list)  # breakdown rows
+    pending_n: int = 0
     first_ns: int | None = None
     last_ns: int | None = None
     beat: tuple[int, int] | None = None
@@ -148,6 +177,10 @@ class Watcher:
         self.refreshes = 0
         self.last_refresh_cpu_s = 0.0
         self._history: deque[tuple[float, dict[int, np.ndarray]]] = deque()
+        # split steps: (step, end ns, ranks, source, [wall, *parts] in ms)
+        self._split: deque[tuple[int, int, int, str, np.ndarray]] = deque()
+        self._fresh = False  # rows arrived since the last split
+        self._split_at = -math.inf
         self._host = socket.gethostname()
 
     # -- reading ----------------------------------------------------------
@@ -170,6 +203,11 @@ class Watcher:
             self._fold_agg(st, path)
         self.problems = problems
         now = time.monotonic()
+        if self._fresh and (now - self._split_at >= BREAKDOWN_EVERY_S or self._stopping()):
+            self._split_steps()
+            self._prune()
+            self._fresh, self._split_at = False, now
+        now = time.monotonic()
         self._history.append((now, self._op_totals()))
         while len(self._history) > 2 and now - self._history[1][0] >= self.window_s:
             self._history.popleft()
@@ -182,7 +220,7 @@ class Watcher:
 
     def _fold(self, st: _Rank, read: TailRead) -> None:
         h = read.header
-        st.header, st.comms, st.inflight = h, read.comms, read.inflight
+        st.header, st.comms, st.tracks, st.inflight = h, read.comms, read.tracks, read.inflight
         st.problems = (st.problems + read.problems)[-8:]
         beat = (int(h.get("cal1_mono_ns") or 0), int(h.get("helper_cpu_ns") or 0))
         if beat != st.beat:
@@ -224,11 +262,148 @@ class Watcher:
                 st.recent.popleft()
         kinds = self._kinds(st, rec["op"], rec["dtype"], rec["redop"], rec["track"],
                             rec["root"] == 0)
+        self._keep(st, rec, t_start, t_end, kinds)
         comm = rec["comm"].astype(np.int64)
         comm = np.where(comm >= _NO_COMM, _NO_COMM, comm)
         _add(st.stats, rec["op"].astype(np.int64), kinds, comm,
              size_class_index(rec["bytes"]), rec["bytes"].astype(np.float64),
              dur.astype(np.float64), np.searchsorted(_BOUNDS_NS, dur, side="left"))
+
+    def _keep(self, st: _Rank, rec: np.ndarray, t_start: np.ndarray, t_end: np.ndarray,
+              kinds: np.ndarray) -> None:
+        """The rows the step breakdown reads (breakdown.rank_breakdown's columns),
+        kept until their step is split."""
+        use = np.isin(rec["op"], _BREAKDOWN_APP) | (
+            np.isin(rec["op"], _COMM_OPS) & ((rec["flags"] & F.FLAG_DEVICE) == 0))
+        if not use.any():
+            return
+        r = rec[use]
+        ops = r["op"].astype(np.int64)
+        tk = np.array([thread_kind_of(int(k), int(m), c_string(c)) for k, m, c in
+                       zip(st.tracks["kind"], st.tracks["is_main"], st.tracks["caller"])]
+                      + ["other"], dtype=object)
+        track = r["track"].astype(np.int64)
+        track = np.where((track >= 0) & (track < len(st.tracks)), track, len(st.tracks))
+        ci = r["comm"].astype(np.int64)
+        ok = (ci >= 0) & (ci < len(st.comms))
+        safe = np.where(ok, ci, 0)
+        has = len(st.comms) > 0
+        st.pending.append({
+            "op": ops, "t_start_ns": t_start[use].astype(np.int64),
+            "t_end_ns": t_end[use].astype(np.int64), "seq": r["seq"].astype(np.int64),
+            "kind": kinds[use].astype(np.int64),
+            "comm": np.where(ok, st.comms["id"][safe] if has else 0, 0).astype(np.uint64),
+            "comm_size": np.where(ok, st.comms["size"][safe] if has else -1, -1
+                                  ).astype(np.int64),
+            "thread_kind": tk[track], "flags": r["flags"].astype(np.int64)})
+        st.pending_n += len(r)
+        self._fresh = True
+
+    def _stopping(self) -> bool:
+        """Every rank has stopped writing: split now, the final state."""
+        return bool(self.ranks) and all(
+            self.status(st)[0] in ("closed", "finalized", "dead", "stalled")
+            for st in self.ranks.values())
+
+    @staticmethod
+    def _rows(st: _Rank) -> dict[str, np.ndarray]:
+        """The rank's pending rows as one set of columns (kept that way)."""
+        if len(st.pending) > 1:
+            st.pending = [{k: np.concatenate([d[k] for d in st.pending])
+                           for k in st.pending[0]}]
+        return st.pending[0]
+
+    def _split_steps(self) -> None:
+        """Split the newest final steps every rank with steps has run (see the
+        module docstring) and keep their parts for the window."""
+        from profiler.analysis.breakdown import PARTS, rank_breakdown
+
+        ranks = [st for st in self.ranks.values() if st.steps > 0 and st.header]
+        if not ranks or any(not st.pending for st in ranks):
+            return
+        cols, final = {}, {}
+        shared: np.ndarray | None = None
+        for st in ranks:
+            c = cols[st.rank] = self._rows(st)
+            stopped = self.status(st)[0] in ("closed", "finalized", "dead", "stalled")
+            horizon = np.inf if stopped else (st.last_ns or 0) - FINAL_LAG_S * 1e9
+            sel = np.flatnonzero((c["op"] == _OP_STEP) & (c["t_end_ns"] <= horizon))
+            final[st.rank] = sel
+            got = np.unique(c["seq"][sel])
+            shared = got if shared is None else np.intersect1d(shared, got)
+        if shared is None or not len(shared):
+            return
+        chosen = shared[-MAX_BREAKDOWN_STEPS:]
+        frames = []
+        for st in ranks:
+            c, sel = cols[st.rank], final[st.rank]
+            pick = sel[np.isin(c["seq"][sel], chosen)]
+            lo, hi = int(c["t_start_ns"][pick].min()), int(c["t_end_ns"][pick].max())
+            done = int(c["t_end_ns"][sel[np.isin(c["seq"][sel], shared)]].max())
+            t0 = c["t_start_ns"]
+            keep = (t0 >= lo) & (t0 < hi)
+            frames.append(pd.DataFrame({
+                "rank": np.full(int(keep.sum()), st.rank, dtype=np.int64),
+                "op": np.array([F.op_name(int(o)) for o in c["op"][keep]], dtype=object),
+                "backend": np.array([F.op_backend(int(o)) for o in c["op"][keep]],
+                                    dtype=object),
+                "t_start_ns": t0[keep], "t_end_ns": c["t_end_ns"][keep],
+                "seq": c["seq"][keep],
+                "step": np.where(c["op"][keep] == _OP_STEP, c["seq"][keep], -1),
+                "kind": np.asarray(_KINDS, dtype=object)[c["kind"][keep]],
+                "comm": c["comm"][keep], "comm_size": c["comm_size"][keep],
+                "thread_kind": c["thread_kind"][keep], "flags": c["flags"][keep]}))
+            rest = t0 >= done  # rows up to the newest split step are done with
+            st.pending = [{k: v[rest] for k, v in c.items()}]
+            st.pending_n = int(rest.sum())
+        bd = rank_breakdown(pd.concat(frames, ignore_index=True),
+                            n_ranks=sum(1 for x in self.ranks.values() if x.header))
+        bd = bd.loc[bd["step"].isin(chosen) & (bd["source"] != "none")]
+        if bd.empty:
+            return
+        names = ["wall_ms", *[f"{p}_ms" for p in PARTS]]
+        g = bd.groupby("step")
+        per, ends = g[names].mean(), g["t_end_ns"].max()
+        src = g["source"].agg(lambda x: str(x.mode().iat[0]))
+        for step in per.index.tolist():
+            self._split.append((int(step), int(ends[step]), len(ranks), str(src[step]),
+                                per.loc[step].to_numpy(dtype=np.float64)))
+
+    def _prune(self) -> None:
+        """Bound what the breakdown keeps: split steps of the window, and rows
+        not older than the window (at most MAX_PENDING_ROWS per rank)."""
+        newest = max((st.last_ns or 0 for st in self.ranks.values()), default=0)
+        cut = newest - self.window_s * 1e9
+        while self._split and (self._split[0][1] < cut or len(self._split) > MAX_RECENT_STEPS):
+            self._split.popleft()
+        for st in self.ranks.values():
+            if not st.pending:
+                continue
+            c = self._rows(st)
+            t1 = c["t_end_ns"]
+            if st.pending_n > MAX_PENDING_ROWS or (len(t1) and t1.min() < cut):
+                idx = np.flatnonzero(t1 >= cut)
+                idx = idx[np.argsort(c["t_start_ns"][idx], kind="stable")][-MAX_PENDING_ROWS:]
+                st.pending = [{k: v[idx] for k, v in c.items()}]
+                st.pending_n = len(idx)
+
+    def breakdown(self) -> dict[str, Any] | None:
+        """Where a step goes over the window (see the module docstring), None
+        before any step was split."""
+        from profiler.analysis.breakdown import LABELS, PARTS
+
+        if not self._split:
+            return None
+        vals = np.array([v for *_x, v in self._split])
+        mean = vals.mean(axis=0)
+        wall = float(mean[0])
+        srcs = [x[3] for x in self._split]
+        return {"steps": len(self._split), "ranks": self._split[-1][2],
+                "step_numbers": sorted(x[0] for x in self._split),
+                "step_ms": wall, "source": max(set(srcs), key=srcs.count),
+                "parts": [{"part": p, "label": LABELS[p], "ms": float(mean[i + 1]),
+                           "share": float(mean[i + 1]) / wall if wall > 0 else None}
+                          for i, p in enumerate(PARTS)]}
 
     def _kinds(self, st: _Rank, op: np.ndarray, dtype: np.ndarray, redop: np.ndarray,
                track: np.ndarray, root0: np.ndarray) -> np.ndarray:
@@ -489,6 +664,7 @@ class Watcher:
                 "profiler_cost_share_max": max(cost) if cost else None,
                 "profiler_helper_cpu_s": sum(x["cost"]["helper_cpu_s"] for x in live),
             },
+            "breakdown": self.breakdown(),
             "collectives": collectives,
             "in_flight": sorted(in_flight, key=lambda f: -(f["age_s"] or 0.0)),
             "ranks": ranks_out,

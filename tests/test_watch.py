@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 import rawgen
-from conftest import PYTHON, base_env, profiler_cli, requires_mpi
+from conftest import PYTHON, ROOT, base_env, profiler_cli, requires_mpi
 from profiler.analysis.live import Watcher
 from simcluster_fixture import ClusterFactory, sim_cluster  # noqa: F401 (fixture)
 
@@ -221,6 +221,82 @@ def test_watcher_snapshot_on_synthetic_ranks(tmp_path: Path) -> None:
     w8.close()
 
 
+MS = 1_000_000
+
+
+def synchronize_rank(rank: int, steps: int = 10) -> rawgen.RawWriter:
+    """Steps of 100 ms on the main thread: tensors handed over until 50 + 10r ms,
+    synchronize from 55 + 10r to 95 ms, one gradient allreduce 70-85 ms on a
+    second thread.  By advise's rules: rank 0 waits 5 ms for rank 1, transfer
+    15 ms, Horovod 20 ms (rank 0) and 15 ms (rank 1), compute the rest."""
+    w = rawgen.RawWriter(rank=rank, world_size=2, hostname="testhost")
+    w.add_comm(0x5EED, 2, rank, "MPI_COMM_WORLD")
+    main = w.add_track(1000 + rank, is_main=True)
+    other = w.add_track(2000 + rank, name="worker")
+    b = np.arange(steps, dtype=np.uint64) * 100 * MS + 10 * MS
+    one = np.ones(steps, dtype=np.uint64)
+    rows = [("step", b, b + 100 * MS), ("tensor", b + 40 * MS, b + (50 + 10 * rank) * MS),
+            ("sync", b + (55 + 10 * rank) * MS, b + 95 * MS)]
+    recs = np.concatenate([rawgen.records(steps, t_start=t0, t_end=t1, seq=np.arange(steps),
+                                          count=16 * one if name == "step" else one,
+                                          op=rawgen.op(name)) for name, t0, t1 in rows])
+    w.add(main, recs[np.argsort(recs["t_start"], kind="stable")])
+    w.add(other, rawgen.records(steps, t_start=b + 70 * MS, t_end=b + 85 * MS,
+                                bytes=4 << 20, count=1 << 20, seq=np.arange(steps),
+                                op=rawgen.op("allreduce"), dtype=rawgen.dtype("MPI_FLOAT"),
+                                redop=rawgen.redop("sum"), dtype_size=4))
+    return w
+
+
+def test_where_a_step_goes_live(tmp_path: Path) -> None:
+    """The live breakdown applies advise's rules to the window's shared steps:
+    known parts, summing to the step."""
+    (tmp_path / "raw").mkdir()
+    for r in range(2):
+        synchronize_rank(r).write(tmp_path / "raw" / f"rank-{r:05d}.hvprof")
+    w8 = Watcher(tmp_path)
+    w8.refresh()
+    bd = w8.snapshot()["breakdown"]
+    w8.close()
+    assert bd is not None and bd["source"] == "sync" and bd["ranks"] == 2, bd
+    assert bd["step_numbers"] == list(range(10)) and bd["steps"] == 10
+    got = {p["part"]: p["ms"] for p in bd["parts"]}
+    want = {"compute": 65.0, "wait_ranks": 2.5, "horovod": 17.5, "transfer": 15.0,
+            "profiler": 0.0, "unexplained": 0.0}
+    assert got == pytest.approx(want, abs=1e-9), got
+    assert bd["step_ms"] == pytest.approx(100.0)
+    from profiler.cli.watch import render
+
+    text = "\n".join(render({**_empty_snap(), "breakdown": bd}))
+    assert "where a step goes (10 steps of the last 10 s, mean of 2 ranks): 100" in text
+    assert "waiting for other ranks" in text and "unexplained" not in text
+
+
+def _empty_snap() -> dict[str, Any]:
+    return {"directory": "d", "time": "2026-12-03T00:00:00+0000", "ranks_seen": 0,
+            "world_size": 0, "elapsed_s": None, "finished": False, "window_s": 10.0,
+            "missing_ranks": [], "ranks": [], "collectives": [], "in_flight": [],
+            "job": {"steps": 0, "images_per_sec": None, "images_per_sec_recent": None,
+                    "slowest_rank": None, "dropped_records": 0,
+                    "profiler_helper_cpu_s": 0.0, "profiler_cost_share_max": None}}
+
+
+def test_no_waiting_claimed_without_the_other_ranks_steps(tmp_path: Path) -> None:
+    """Rank 1 recorded no step: nobody's arrival is known, so synchronize is
+    not split into waiting and transfer; it stays unexplained (40 ms)."""
+    (tmp_path / "raw").mkdir()
+    synchronize_rank(0).write(tmp_path / "raw" / "rank-00000.hvprof")
+    rawgen.simple_rank(rank=1, world_size=2, n=10).write(tmp_path / "raw" / "rank-00001.hvprof")
+    w8 = Watcher(tmp_path)
+    w8.refresh()
+    bd = w8.snapshot()["breakdown"]
+    w8.close()
+    assert bd is not None and bd["ranks"] == 1, bd
+    got = {p["part"]: p["ms"] for p in bd["parts"]}
+    assert got["wait_ranks"] == 0 and got["transfer"] == 0 and got["horovod"] == 0, got
+    assert got["unexplained"] == pytest.approx(40.0) and got["compute"] == pytest.approx(60.0)
+
+
 def test_heartbeat_of_a_rank_on_another_host(tmp_path: Path) -> None:
     """A rank on another host: its pid cannot be checked and its
     CLOCK_MONOTONIC is not ours (here 5000 s ahead), so its heartbeat alone
@@ -316,6 +392,40 @@ def test_prometheus_exposition_and_bounded_labels(tmp_path: Path) -> None:
     wt.close()
 
 
+def test_grafana_dashboard_uses_only_exported_series(tmp_path: Path) -> None:
+    """Every series the shipped dashboard queries is one the exporter serves
+    (on ranks with steps, synchronize and collectives), and the file is a
+    dashboard Grafana imports: panels with unique ids, a Prometheus data
+    source variable."""
+    import threading
+
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from profiler.cli._prometheus import make_registry
+
+    (tmp_path / "raw").mkdir()
+    now = time.monotonic_ns()
+    for r in range(2):
+        w = synchronize_rank(r)
+        w.cal0, w.cal1 = (0, now - 60_000_000_000), (0, now)  # a run time: the cost share
+        w.write(tmp_path / "raw" / f"rank-{r:05d}.hvprof")
+    wt = Watcher(tmp_path)
+    wt.refresh()
+    served = {smp.name for f in text_string_to_metric_families(
+        generate_latest(make_registry(wt, threading.Lock())).decode()) for smp in f.samples}
+    wt.close()
+    dash = json.loads((ROOT / "docs" / "grafana" / "horovod-profiler.json").read_text())
+    ids = [panel["id"] for panel in dash["panels"]]
+    assert len(ids) == len(set(ids)) and dash["title"]
+    assert any(v.get("type") == "datasource" and v.get("query") == "prometheus"
+               for v in dash["templating"]["list"])
+    used = {m for panel in dash["panels"] for t in panel.get("targets", [])
+            for m in re.findall(r"\bhvprof_[a-z_]+", t["expr"])}
+    assert used and used <= served, sorted(used - served)
+    assert "hvprof_step_part_seconds" in used
+
+
 # ---------------------------------------------------------------------------
 # the command line
 # ---------------------------------------------------------------------------
@@ -353,6 +463,52 @@ def test_cli_once_json_and_textfile(tmp_path: Path) -> None:
     t = profiler_cli("watch", str(tmp_path), "--once")
     assert t.returncode == 0 and max(len(x) for x in t.stdout.splitlines()) <= 80
     assert "allreduce" in t.stdout and "FINISHED" in t.stdout
+
+
+def test_live_view_on_a_terminal(tmp_path: Path) -> None:
+    """On a terminal (a pty, as over ssh or in tmux) the view is redrawn in
+    place, fits 80 columns, and exits 0 on a finished job with its final
+    state, the step breakdown included."""
+    import pty
+    import select
+
+    (tmp_path / "raw").mkdir()
+    for r in range(2):
+        synchronize_rank(r).write(tmp_path / "raw" / f"rank-{r:05d}.hvprof")
+    master, slave = pty.openpty()
+    env = base_env(TERM="xterm-256color", COLUMNS="80", LINES="50")
+    env.pop("NO_COLOR", None)
+    proc = subprocess.Popen([PYTHON, "-P", "-m", "profiler.cli", "watch", str(tmp_path),
+                             "--interval", "0.2"], stdin=slave, stdout=slave, stderr=slave,
+                            env=env, close_fds=True)
+    os.close(slave)
+    out = b""
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: the other side closed
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            elif proc.poll() is not None:
+                break
+        assert proc.wait(timeout=30) == 0, out[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        os.close(master)
+    text = out.decode("utf-8", "replace")
+    assert "\x1b[" in text  # drawn with terminal control sequences, not printed
+    # each redraw moves the cursor up and erases lines: a line break, for reading
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "\n", text).replace("\r", "")
+    assert "FINISHED" in plain and "where a step goes (10 steps" in plain, plain[-2000:]
+    assert max(len(x) for x in plain.splitlines()) <= 80
 
 
 # ---------------------------------------------------------------------------
@@ -429,6 +585,22 @@ def test_watch_a_training_job(tmp_path: Path) -> None:
     final = watch_json(prof)
     assert final["finished"] and {r["status"] for r in final["ranks"]} == {"closed"}
     assert snapshot_counts(final) == trace_counts(prof / "trace.json")
+    # where a step goes, live: advise's rules on the window's steps, equal to
+    # the final trace's breakdown of those steps
+    live = b["breakdown"]
+    assert live is not None and live["source"] == "sync" and live["steps"] > 0, live
+    assert sum(p["ms"] for p in live["parts"]) == pytest.approx(live["step_ms"], rel=1e-9)
+    bd = final["breakdown"]
+    assert bd is not None and bd["ranks"] == 2 and bd["steps"] >= 2, bd
+    from profiler.analysis.breakdown import rank_breakdown
+    from profiler.analysis.load import load
+
+    tb = rank_breakdown(load(prof / "trace.json"))
+    tb = tb.loc[tb["step"].isin(bd["step_numbers"])]
+    assert tb["step"].nunique() == bd["steps"] == len(bd["step_numbers"])
+    want = tb.groupby("step")[[f"{p['part']}_ms" for p in bd["parts"]]].mean().mean()
+    for p in bd["parts"]:
+        assert p["ms"] == pytest.approx(want[f"{p['part']}_ms"], rel=1e-6, abs=1e-6), p
 
 
 HANG = textwrap.dedent("""

@@ -9,7 +9,8 @@ in the name (`_seconds`, `_bytes`), `_total` on counters.  Labels are bounded:
 * `host`: the first max_hosts host names (in rank order) are kept, the others
   are host="other";
 * `op` comes from the format's op table, `kind` from the classification
-  (data, control, p2p, app), `size_class` from analysis.live.SIZE_CLASSES: all fixed.
+  (data, control, p2p, app), `size_class` from analysis.live.SIZE_CLASSES,
+  `part` from the step breakdown's parts: all fixed.
 
 So a job of any size exposes at most (max_ranks + 1) x (max_hosts + 1) label
 pairs per op, and the latency histogram has no rank label at all.
@@ -169,6 +170,14 @@ class WatchCollector(Collector):
                               "N times their usual duration")
         g.add_metric([], float(job["stuck_calls"]))
         yield g
+        bd = snap.get("breakdown")
+        if bd:  # part: fixed (analysis.breakdown.PARTS)
+            g = GaugeMetricFamily("hvprof_step_part_seconds", "Where a step goes over the "
+                                  "recent window: each part's mean (the parts sum to the "
+                                  "step)", labels=["part"])
+            for part in bd["parts"]:
+                g.add_metric([part["part"]], float(part["ms"]) / 1e3)
+            yield g
 
 
 def make_registry(watcher: Watcher, lock: threading.Lock, *,

@@ -12,7 +12,8 @@ live counters of each file's header, and the summary-mode snapshots
 job records exactly what it would without it.
 
 The view fits 80 columns: the job's steps and images/sec (since start and over
-the recent --window), the slowest rank, each rank's state, the top
+the recent --window), the slowest rank, each rank's state, where a step goes
+over the window (the parts of `profiler advise`'s breakdown), the top
 collectives by time (calls/s per rank, mean size, bus bandwidth), calls in
 flight for longer than --stuck-factor times their usual duration, ranks that
 stopped writing (dead, or no heartbeat for --stale seconds), dropped records
@@ -211,6 +212,27 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "~"
 
 
+def _breakdown_lines(bd: dict[str, Any] | None, window_s: float, width: int) -> list[str]:
+    """Where a step goes over the window: a line per part that took time, its
+    mean, share and a bar (as `profiler advise` shows it)."""
+    from profiler.units import fmt_ms, fmt_number
+
+    if not bd or not bd["step_ms"] > 0:
+        return []
+    bar_w = max(10, min(30, width - 50))
+    out = ["", _cut(f"where a step goes ({bd['steps']} steps of the last "
+                    f"{fmt_number(window_s)} s, mean of {bd['ranks']} ranks): "
+                    f"{fmt_ms(bd['step_ms'])}", width)]
+    for p in bd["parts"]:
+        share = p["share"] or 0.0
+        if p["ms"] <= 0.0005 * bd["step_ms"] and p["part"] != "compute":
+            continue
+        pct = "<1%" if 0 < share < 0.005 else f"{share:.0%}"
+        bar = "\u2588" * int(round(max(share, 0.0) * bar_w))
+        out.append(_cut(f"  {p['label']:<24} {fmt_ms(p['ms']):>9} {pct:>4}  {bar}", width))
+    return out
+
+
 def render(snap: dict[str, Any], *, top: int = 5, width: int = 80) -> list[str]:
     """The snapshot as the terminal view: lines of at most `width` characters."""
     from profiler.units import fmt_bw, fmt_bytes, fmt_count, fmt_number, fmt_share, fmt_us
@@ -254,6 +276,7 @@ def render(snap: dict[str, Any], *, top: int = 5, width: int = 80) -> list[str]:
     if len(ranks) > MAX_RANK_ROWS:
         lines.append(f"  ... {len(ranks) - MAX_RANK_ROWS} more ranks (stopped and slowest "
                      "shown first)")
+    lines += _breakdown_lines(snap.get("breakdown"), snap["window_s"], width)
     lines.append("")
     lines.append(f"{'top collectives by time':<23} {'calls':>9} {'mean size':>10} "
                  f"{'calls/s':>8} {'busbw GB/s':>10} {'time':>8} {'share':>5}")
