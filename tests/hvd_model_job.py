@@ -8,7 +8,9 @@ SLOW_EVERY_MS (rank SLOW_RANK, default 1, sleeps that many ms before its backwar
 pass in every step), MODEL=repeated (four layers of one shape: tensors of
 equal sizes), BUSY_MS (the main thread spins that long, runnable throughout,
 before its backward pass in every step: a CPU-bound step whose length does not
-depend on how much CPU it gets).
+depend on how much CPU it gets), READY_FILE (set up, the job creates that file
+and waits for READY_FILE.go before its first step: a test starts what should
+only meet the steps in between).
 """
 
 from __future__ import annotations
@@ -52,6 +54,12 @@ def main() -> None:
     every_s = float(os.environ.get("SLOW_EVERY_MS", "0")) / 1e3
     slow_rank = int(os.environ.get("SLOW_RANK", "1"))
     busy_s = float(os.environ.get("BUSY_MS", "0")) / 1e3
+    ready = os.environ.get("READY_FILE")
+    if ready:
+        open(ready, "w").close()
+        deadline = time.monotonic() + 120
+        while not os.path.exists(ready + ".go") and time.monotonic() < deadline:
+            time.sleep(0.01)
     for step in range(steps):
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(net(x), y)

@@ -207,7 +207,7 @@ def test_every_collective_counted_exactly(impl: dict, tmp_path: Path, np_: int) 
 
 
 def test_thread_multiple_counts_exact(impl: dict, tmp_path: Path) -> None:
-    threads, calls = 4, 3000
+    threads, calls = 4, 1000
     prof = tmp_path / "prof"
     proc = launch(impl, 2, "threads", [str(threads), str(calls)], prof, tmp_path)
     if "NO_THREAD_MULTIPLE" in proc.stdout:

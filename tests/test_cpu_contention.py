@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -373,20 +374,39 @@ def _nice_prefix() -> list[str]:
 
 
 def _pinned_run(tmp: Path, cpu: int, competitor: int | None) -> pd.DataFrame:
+    """The job pinned to `cpu`; the busy competitor on `competitor` starts once
+    the job is set up (its start-up on a shared core would take a minute), before
+    its first step."""
+    import threading
+
     prof = tmp / f"prof-{competitor}"
+    ready = tmp / f"ready-{competitor}"
     nice = _nice_prefix()
-    comp = None
-    if competitor is not None:
-        comp = subprocess.Popen([*nice, "taskset", "-c", str(competitor), PYTHON, "-c",
-                                 "while True: pass"])
+    procs: list[subprocess.Popen[bytes]] = []
+    stop = threading.Event()
+
+    def start_competitor() -> None:
+        while not ready.exists() and not stop.wait(0.01):
+            pass
+        if ready.exists():
+            if competitor is not None:
+                procs.append(subprocess.Popen([*nice, "taskset", "-c", str(competitor),
+                                               PYTHON, "-c", "while True: pass"]))
+                time.sleep(0.2)  # running before the steps begin
+            Path(f"{ready}.go").touch()
+
+    t = threading.Thread(target=start_competitor, daemon=True)
+    t.start()
     try:
         mpirun(1, [*nice, "taskset", "-c", str(cpu), PYTHON, str(JOB)], cwd=tmp, timeout=240,
                env={"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof),
-                    "STEPS": "12", "BUSY_MS": "30"})
+                    "STEPS": "12", "BUSY_MS": "30", "READY_FILE": str(ready)})
     finally:
-        if comp is not None:
-            comp.kill()
-            comp.wait()
+        stop.set()
+        t.join(timeout=30)
+        for c in procs:
+            c.kill()
+            c.wait()
     return _rows(prof)
 
 
