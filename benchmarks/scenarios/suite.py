@@ -204,7 +204,13 @@ SCENARIOS: list[Scenario] = [
              ["--model", "heads", "--steps", "30", "--batch", "16"],
              env={"HOROVOD_FUSION_THRESHOLD": "0"}, rules=True, confirm=True,
              twin_env={}, also={"rank_waiting": WAITING,
-                                "transfer_bound": "the cliff's slow transfers"}),
+                                "transfer_bound": "the cliff's slow transfers",
+                                # the job runs unfused on purpose: fused, its ten
+                                # gradients of 16 KiB-1 MiB (2.5 MiB a step, five of
+                                # them in the slowed range) ride in about two calls
+                                # of about 1 MiB a step, above the slowed range
+                                "fusion": "fusion would lift the messages out of the "
+                                          "slowed sizes"}),
     Scenario("cliff-twin", "the cliff scenario's job without the rules file", None, "none",
              ["--model", "heads", "--steps", "30", "--batch", "16"],
              env={"HOROVOD_FUSION_THRESHOLD": "0"}, confirm=True,
