@@ -12,6 +12,8 @@
 #      cmake<4, the analysis stack, test tools).
 #   4. Horovod, built from its source package into a wheel cache outside the
 #      checkout (once: it takes minutes), then installed from that cache.
+#      With TensorFlow too when HVPROF_WITH_TENSORFLOW=1 (requirements-tf.txt;
+#      the test command sets it) or when the venv already has TensorFlow.
 #   5. horovod-profiler itself (compiles hooks/*.c through setup.py).
 #   +  NCCL's own libnccl.so.2 (nvidia-nccl-cu12, a 350 MB wheel: about 6 s
 #      to download here), cached outside the checkout once, for the check
@@ -24,6 +26,8 @@
 #   HVPROF_WHEEL_CACHE      wheel cache (default ~/.cache/horovod-profiler/wheels)
 #   HVPROF_PYTHON           interpreter for a new venv (default python3.11, python3)
 #   HVPROF_BUILD_JOBS       parallel compile jobs for the Horovod build (default 2)
+#   HVPROF_WITH_TENSORFLOW  1: install TensorFlow (requirements-tf.txt) and build
+#                           Horovod's TensorFlow/Keras support (about 3 more minutes once)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -52,6 +56,19 @@ patch_cxx17() {
     if grep -Eq 'set\(CMAKE_CXX_STANDARD 14\)' "$cm" || ! grep -Eq 'set\(CMAKE_CXX_STANDARD 17\)' "$cm"; then
         die "$cm: the C++17 patch did not apply"
     fi
+}
+
+# Horovod 0.28.1 compiles xla_mpi_ops.cc into its TensorFlow extension; all
+# of it but its includes is GPU-only (HAVE_GPU), and TensorFlow >= 2.16 wheels
+# lack headers those includes need (highwayhash).  A CPU build drops the file
+# from the sources, and fails loudly when the line is not there.
+patch_no_xla() {
+    local cm=$1
+    [ -f "$cm" ] || die "$cm: no such file"
+    grep -q 'horovod/tensorflow/xla_mpi_ops.cc' "$cm" \
+        || die "$cm: xla_mpi_ops.cc not listed: the CPU-build patch needs review for Horovod $HOROVOD_VERSION"
+    sed -i '/horovod\/tensorflow\/xla_mpi_ops.cc/d' "$cm"
+    ! grep -q 'xla_mpi_ops.cc' "$cm" || die "$cm: the xla_mpi_ops.cc patch did not apply"
 }
 
 # `setup.sh --patch-cxx17 FILE`: apply only that fix (used by the tests).
@@ -198,14 +215,49 @@ else
     say "  installing (missing or wrong version: $missing)"
     pip_q install -q -r "$REQS"
 fi
+TF_REQS=$ROOT/requirements-tf.txt
+WITH_TF=${HVPROF_WITH_TENSORFLOW:-0}
+if "$PY" -c 'import importlib.metadata as m; m.version("tensorflow-cpu")' 2>/dev/null; then
+    WITH_TF=1  # once installed, Horovod keeps its TensorFlow support
+fi
+if [ "$WITH_TF" = 1 ]; then
+    tf_missing=$("$PY" - "$TF_REQS" <<'PYEOF' 2>/dev/null || echo "(check failed)"
+import importlib.metadata as md, sys
+from packaging.requirements import Requirement
+bad = []
+for line in open(sys.argv[1]):
+    line = line.split("#", 1)[0].strip()
+    if line:
+        req = Requirement(line)
+        try:
+            if not req.specifier.contains(md.version(req.name), prereleases=True):
+                bad.append(req.name)
+        except md.PackageNotFoundError:
+            bad.append(req.name)
+print(" ".join(bad))
+PYEOF
+)
+    if [ -z "$tf_missing" ]; then
+        say "  present: TensorFlow ($(basename "$TF_REQS"))"
+    else
+        say "  installing TensorFlow ($(basename "$TF_REQS"): $tf_missing; about a minute)"
+        pip_q install -q -r "$TF_REQS"
+    fi
+fi
 
 # --------------------------------------------------------------------------
-say "[4/5] Horovod $HOROVOD_VERSION (MPI + PyTorch, wheel cache $WHEEL_CACHE)"
+FRAMEWORKS=PyTorch
+[ "$WITH_TF" = 1 ] && FRAMEWORKS="PyTorch + TensorFlow"
+say "[4/5] Horovod $HOROVOD_VERSION (MPI + $FRAMEWORKS, wheel cache $WHEEL_CACHE)"
 ABI=$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
 TORCH=$("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))')
 # Cache key: Horovod version, Python ABI, torch version (the extension links
 # against torch's C++ ABI, so a wheel is only good for the torch it was built on).
 KEY="horovod-$HOROVOD_VERSION-$ABI-torch-$TORCH"
+if [ "$WITH_TF" = 1 ]; then
+    # and TensorFlow's, whose C++ ABI its extension links against
+    KEY="$KEY-tf-$("$PY" -c 'import importlib.metadata as m; print(m.version("tensorflow-cpu"))')"
+fi
 KEYDIR=$WHEEL_CACHE/$KEY
 STAMP=$VENV/.hvprof-horovod
 have_hvd=$("$PY" -c 'import importlib.metadata as m; print(m.version("horovod"))' 2>/dev/null || true)
@@ -216,6 +268,10 @@ check_import() {
     # Importing the extension resolves its symbols against libmpi and torch:
     # a wheel built for another torch fails here.
     "$PY" -c 'import horovod.torch as hvd; assert hvd.mpi_built(), "Horovod built without MPI"'
+    if [ "$WITH_TF" = 1 ]; then
+        TF_CPP_MIN_LOG_LEVEL=3 "$PY" -c 'import horovod.tensorflow as hvd; assert hvd.mpi_built()' 2>/dev/null \
+            || { echo "horovod.tensorflow does not import" >&2; return 1; }
+    fi
 }
 
 install_wheel() {
@@ -235,10 +291,16 @@ build_wheel() {
     src=$tmp/horovod-$HOROVOD_VERSION
     say "  patching horovod/torch/CMakeLists.txt: CMAKE_CXX_STANDARD 14 -> 17"
     patch_cxx17 "$src/horovod/torch/CMakeLists.txt"
-    say "  compiling (HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1, no Gloo/TensorFlow/MXNet; log: $tmp/build.log)"
+    local tf_flag=HOROVOD_WITHOUT_TENSORFLOW=1
+    if [ "$WITH_TF" = 1 ]; then
+        say "  patching horovod/tensorflow/CMakeLists.txt: no xla_mpi_ops.cc (GPU-only)"
+        patch_no_xla "$src/horovod/tensorflow/CMakeLists.txt"
+        tf_flag=HOROVOD_WITH_TENSORFLOW=1
+    fi
+    say "  compiling (HOROVOD_WITH_PYTORCH=1 $tf_flag HOROVOD_WITH_MPI=1, no Gloo/MXNet; log: $tmp/build.log)"
     if ! (cd "$src" && env PATH="$VENV/bin:$PATH" \
             HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_GLOO=1 \
-            HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+            "$tf_flag" HOROVOD_WITHOUT_MXNET=1 \
             HOROVOD_CPU_OPERATIONS=MPI MAKEFLAGS="-j${HVPROF_BUILD_JOBS:-2}" \
             "$PY" -m pip wheel --no-build-isolation --no-deps -w "$tmp/wheel" . \
             >"$tmp/build.log" 2>&1); then

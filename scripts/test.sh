@@ -17,7 +17,9 @@ if [ "${1:-}" = "--quick" ]; then
     export HVPROF_QUICK=1
 fi
 
-bash scripts/setup.sh || { echo "test: error: set-up failed" >&2; exit 1; }
+# TensorFlow too: the tests profile TensorFlow and Keras jobs (tests/test_tensorflow.py).
+HVPROF_WITH_TENSORFLOW=${HVPROF_WITH_TENSORFLOW:-1} bash scripts/setup.sh \
+    || { echo "test: error: set-up failed" >&2; exit 1; }
 
 # Hygiene first (seconds with warm caches): lint, types and the architecture
 # contracts (pyproject.toml).  mypy and lint-imports read the installed package,

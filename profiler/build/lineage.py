@@ -536,8 +536,8 @@ def build_lineage(
             rec_table = None
             reasons.append(rinfo.get("reason", "no tensor carried by a recorded call"))
     elif "records" in sources:
-        reasons.append("no tensor records (a job that did not use horovod.torch, or "
-                       "recorded by an older profiler)")
+        reasons.append("no tensor records (they are recorded from horovod.torch; a "
+                       "TensorFlow job's tensors come from Horovod's timeline)")
 
     tl_table: pd.DataFrame | None = None
     tl_path = find_timeline(d, env) if "timeline" in sources else None

@@ -261,13 +261,16 @@ def _drift(header: dict[str, Any]) -> float | None:
 
 def _throughput(rank_meta: list[dict[str, Any]]) -> dict[str, Any]:
     """The run's batch size (per rank) and images/sec (summed over ranks), from
-    the steps that carried images; absent when the job marked no steps."""
+    the steps that carried images; absent when the job marked no steps.
+    steps_marked_by: what marked the steps (profiler.collect.facts)."""
     steps = [m.get("steps") or {} for m in rank_meta]
+    marked = sorted({str(m["steps_marked_by"]) for m in rank_meta if m.get("steps_marked_by")})
     rates = [s["images_per_sec"] for s in steps if s.get("images_per_sec")]
     if not rates:
-        return {}
+        return {"steps_marked_by": marked} if marked else {}
     batches = sorted({int(s["batch_size"]) for s in steps if s.get("batch_size")})
-    return {"batch_size": batches[0] if len(batches) == 1 else batches,
+    return {**({"steps_marked_by": marked} if marked else {}),
+            "batch_size": batches[0] if len(batches) == 1 else batches,
             "images_per_sec": float(sum(rates)),
             "images_per_sec_per_rank": {str(m["rank"]): s.get("images_per_sec")
                                         for m, s in zip(rank_meta, steps)}}

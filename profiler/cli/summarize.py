@@ -356,7 +356,8 @@ def _rank_line(calls: Calls) -> str | None:
 
 def _trace_lines(ta: TraceAnalysis) -> list[str]:
     """What the trace lacks or qualifies: missing, partial and dropping ranks,
-    clock alignment, the interconnect and the profiler's cost, an event window."""
+    clock alignment, what marked the steps, the interconnect and the
+    profiler's cost, an event window."""
     meta = ta.meta
     if not meta:
         return []
@@ -376,6 +377,8 @@ def _trace_lines(ta: TraceAnalysis) -> list[str]:
     clock = _clock_line(meta)
     if clock:
         out.append(clock)
+    if meta.get("steps_marked_by"):
+        out.append("steps marked by: " + "; ".join(map(str, meta["steps_marked_by"])))
     out += ta.notes()
     ev = meta.get("events") or {}
     if ev.get("selection", "all") != "all":

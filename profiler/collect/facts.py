@@ -10,6 +10,21 @@ import os
 import sys
 from typing import Any
 
+STEP_MARKERS = {"explicit": "the application (profiler.step)",
+                "hook": "optimizer.step (PyTorch)"}
+
+
+def steps_marked_by() -> str | None:
+    """What marked this process's steps, in words (None: nothing did): the
+    application, PyTorch's optimizer hook, or a TensorFlow hook
+    (profiler.collect.tf_hooks.marked_by)."""
+    from profiler.collect import steps
+
+    mode = steps.mode()
+    tf = sys.modules.get("profiler.collect.tf_hooks")
+    by = tf.marked_by() if tf is not None and mode == "hook" else None  # type: ignore[attr-defined]
+    return by or STEP_MARKERS.get(mode)
+
 
 def rank_facts(raw_path: str) -> dict[str, Any]:
     from profiler.collect import nvml, selfcost
@@ -31,6 +46,7 @@ def rank_facts(raw_path: str) -> dict[str, Any]:
         "nccl": native_state(),
         "interface_kinds": kinds,
         "torch_threads": threads,
+        "steps_marked_by": steps_marked_by(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "environ": dict(os.environ),
         "argv": list(sys.argv),

@@ -1,4 +1,4 @@
-"""Step detection without code change for ``hvd.DistributedOptimizer`` (PyTorch).
+"""Step detection without code change: ``hvd.DistributedOptimizer`` (PyTorch), Keras.
 
 ``horovod.torch.DistributedOptimizer(opt)`` builds a new class each time it
 is called, from a copy of the namespace of ``horovod.torch.optimizer.
@@ -18,6 +18,10 @@ waits in it as a "join" row (:func:`profiler.collect.steps.mark_join`).
 
 :func:`install` adds a ``sys.meta_path`` finder that notices the import of
 ``horovod.torch.optimizer`` and patches the module right after it executes.
+The imports of ``horovod.tensorflow`` and ``horovod.tensorflow.keras`` are
+noticed the same way: ``DistributedGradientTape`` and Keras's ``model.fit``
+then mark steps (:mod:`profiler.collect.tf_hooks`).
+
 It imports neither torch nor Horovod (start-up cost: a list insert).  If the
 module is already imported, it is patched at once.
 """
@@ -39,6 +43,8 @@ __all__ = ["TARGET", "install", "uninstall", "installed", "patch_module"]
 
 TARGET = "horovod.torch.optimizer"
 MPI_OPS = "horovod.torch.mpi_ops"
+KERAS = "horovod.tensorflow.keras"  # profiler.collect.tf_hooks.KERAS
+TF_MODULES = ("horovod.tensorflow", KERAS)  # patched by profiler.collect.tf_hooks
 TEMPLATE_CLASSES = ("_DistributedOptimizer", "_DistributedAdasumOptimizer")
 _WRAPPED = "__hvprof_wrapped__"
 
@@ -204,6 +210,9 @@ class _PatchingLoader:
         if module.__name__ == MPI_OPS:
             _patch_mpi_ops(module)
             return
+        if module.__name__ in TF_MODULES:
+            _patch_tf(module)
+            return
         try:
             patch_module(module)
         except Exception as exc:  # a Horovod whose layout we do not know
@@ -229,7 +238,7 @@ class _HorovodFinder:
         path: Sequence[str] | None,
         target: ModuleType | None = None,
     ) -> ModuleSpec | None:
-        if fullname != TARGET and fullname != MPI_OPS:
+        if fullname != TARGET and fullname != MPI_OPS and fullname not in TF_MODULES:
             return None
         for finder in sys.meta_path:
             if finder is self or isinstance(finder, _HorovodFinder):
@@ -261,6 +270,19 @@ def install() -> None:
     ops = sys.modules.get(MPI_OPS)
     if ops is not None:
         _patch_mpi_ops(ops)
+    for name in TF_MODULES:
+        tf_module = sys.modules.get(name)
+        if tf_module is not None:
+            _patch_tf(tf_module)
+
+
+def _patch_tf(module: ModuleType) -> None:
+    try:
+        from profiler.collect import tf_hooks
+
+        tf_hooks.patch_module(module)
+    except Exception as exc:  # a TensorFlow or Keras whose layout we do not know
+        _warn_once(f"could not watch TensorFlow's steps in {module.__name__}: {exc}")
 
 
 JOIN = "join"
@@ -319,6 +341,12 @@ def uninstall() -> None:
 
         tensors.unpatch_module(ops)
     _unpatch_join()
+    for name in TF_MODULES:
+        tf_module = sys.modules.get(name)
+        if tf_module is not None:
+            from profiler.collect import tf_hooks
+
+            tf_hooks.unpatch_module(tf_module)
 
 
 def installed() -> bool:

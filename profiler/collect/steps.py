@@ -69,6 +69,8 @@ __all__ = [
     "set_batch_size",
     "batch_size",
     "hook_step",
+    "hook_begin",
+    "hook_end",
     "steps_recorded",
     "mark_join",
     "mode",
@@ -363,7 +365,7 @@ def mark_synchronize(t_in: int, t_out: int, cpu_in: tuple[int, int] = (-1, -1),
              cpu_out[1] - cpu_in[1] if ok else -1)
 
 
-def hook_step(entered: int | None = None) -> None:
+def hook_step(entered: int | None = None, images: int | None = None) -> None:
     """Called by the DistributedOptimizer hook after each optimizer step.
 
     The step's "sync" row is the time this rank waited in synchronize for the
@@ -372,6 +374,8 @@ def hook_step(entered: int | None = None) -> None:
     thread's ns on a CPU in it, count = its ns waiting for a CPU, 0 when not
     read), else [entered, now), with entered the clock (now()) as that
     optimizer.step began, which holds the optimizer update too.
+    images: the step's images when the hook knows them (else
+    :func:`batch_size`).
     Quiet once the application marks steps itself (:func:`step` or
     :func:`step_context`).  Never raises into the training loop.
     """
@@ -394,7 +398,45 @@ def hook_step(entered: int | None = None) -> None:
             elif entered is not None:
                 lib.record_app(APP_SYNC, int(entered), int(lib.now()), 0,
                                _next_seq & 0xFFFFFFFF)
-        _boundary(lib, batch_size())
+        _boundary(lib, batch_size() if images is None else max(0, int(images)))
+
+
+_begun: int | None = None  # hook_begin's clock, until its hook_end
+
+
+def hook_begin() -> None:
+    """Called by a framework's hook as a step begins (the Keras callback's
+    on_train_batch_begin): opens step number :func:`steps_recorded`, which
+    :func:`hook_end` closes.  The time between a hook_end and the next
+    hook_begin belongs to no step.  Quiet once the application marks steps
+    itself."""
+    global _hooked, _begun
+    lib = _lib if _lib is not _UNRESOLVED else _library()
+    if lib is None or _explicit:
+        return
+    with _lock:
+        if _explicit:
+            return
+        _hooked = True
+        _open_step(lib)
+        _begun = int(lib.now())
+        _cpu_baseline(lib)
+
+
+def hook_end(images: int) -> None:
+    """Called by a framework's hook as the step :func:`hook_begin` opened ends:
+    one step record [begin, now) of `images` images."""
+    global _last, _begun
+    lib = _lib if _lib is not _UNRESOLVED else _library()
+    if lib is None or _explicit or _begun is None:
+        return
+    with _lock:
+        if _explicit or _begun is None:
+            return
+        now = int(lib.now())
+        _record(lib, _begun, now, max(0, int(images)))
+        _last, _begun = now, None
+        _open_step(lib)
 
 
 def mark_join(t_in: int, t_out: int, last_rank: int) -> None:

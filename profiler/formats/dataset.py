@@ -69,7 +69,8 @@ _INT64 = 1 << 63
 # refused here rather than failing somewhere downstream.
 _META_COUNTS = ("calls", "rows", "aggregated_calls", "unsampled_calls")
 _META_LISTS = ("comms", "tracks")
-_META_STRINGS = ("host", "mode", "profiler_version", "parquet", "aggregates", "executable")
+_META_STRINGS = ("host", "mode", "profiler_version", "parquet", "aggregates", "executable",
+                 "steps_marked_by")
 _HEADER_INTS = ("world_size", "state", "dropped_records", "pid", "n_chunks", "job_id",
                 "offset_ns", "offset_err_ns", "job_t0_ns", "local_rank", "thread_level",
                 "clock_kind", "offset_method", "mode", "unsampled_calls", "aggregated_calls",

@@ -1,0 +1,205 @@
+"""TensorFlow and Keras jobs under Horovod, profiled with no change to their code
+(issue 27): steps, images and gradient bytes per step, from the hooks of
+profiler.collect.tf_hooks, checked against what the jobs measure themselves
+and against their models' own parameter lists.
+
+The jobs (tests/tf_keras_job.py, tests/tf_loop_job.py) run on tf_keras
+(TF_USE_LEGACY_KERAS=1: Horovod 0.28.1 supports Keras 2 only).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, mpirun, requires_mpi
+
+from profiler.collect import tf_hooks
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import corpus as C  # noqa: E402
+
+try:  # TensorFlow, and Horovod built with it (scripts/setup.sh, HVPROF_WITH_TENSORFLOW=1)
+    import importlib.util
+
+    HAVE_TF = (importlib.util.find_spec("tensorflow") is not None
+               and importlib.util.find_spec("horovod.tensorflow") is not None)
+except Exception:  # pragma: no cover
+    HAVE_TF = False
+
+needs_tf = pytest.mark.skipif(
+    not HAVE_TF, reason="TensorFlow or Horovod's TensorFlow support not installed "
+    "(HVPROF_WITH_TENSORFLOW=1 bash scripts/setup.sh)")
+JOB_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def _run(job: str, tmp: Path, args: list[str], *, np: int = 2, profile: bool = True,
+         env: dict[str, str] | None = None) -> tuple[dict[str, Any], Path]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    prof = tmp / "prof"
+    out = tmp / "result.json"
+    e = {**JOB_ENV, **(env or {})}
+    if profile:
+        e.update(HOROVOD_PROFILE="1", HOROVOD_PROFILE_DIR=str(prof))
+    p = mpirun(np, [sys.executable, str(ROOT / "tests" / job), "--out", str(out), *args],
+               env=e, cwd=tmp, timeout=300)
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    if profile:
+        assert (prof / "trace.json").is_file(), p.stderr[-3000:]
+    return json.loads(out.read_text()), prof
+
+
+def _meta(prof: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((prof / "trace.json").read_bytes())["horovod_profiler"]
+    return doc
+
+
+def _steps(prof: Path, rank: int = 0) -> Any:
+    import pandas as pd
+
+    df = pd.read_parquet(prof / "ranks" / f"rank-{rank:05d}.parquet")
+    return df[df["op"] == "step"].sort_values("seq")
+
+
+def _grad_bytes(res: dict[str, Any]) -> int:
+    return sum(n * size for _, n, size in res["params"])
+
+
+def test_images_of_an_epoch_in_batches() -> None:
+    # 200 samples in batches of 32: six full batches and one of 8
+    assert [tf_hooks.images_of(b, b, 32, 200) for b in range(7)] == [32] * 6 + [8]
+    # steps_per_execution=3: batches 0-2, 3-5, then 6 alone
+    assert [tf_hooks.images_of(f, min(f + 2, 6), 32, 200) for f in (0, 3, 6)] == [96, 96, 8]
+    assert tf_hooks.images_of(0, 1, 32, None) == 64  # a dataset: no remainder known
+    assert tf_hooks.images_of(0, 0, 0, 200) == 0  # batch size unknown: no images
+
+
+@pytest.mark.mpi
+@pytest.mark.horovod
+@pytest.mark.timeout(600)
+@requires_mpi
+@needs_tf
+def test_keras_fit_gives_steps_images_and_gradient_bytes(tmp_path: Path) -> None:
+    """model.fit, 2 ranks, fusion on: one step per batch, its images (the last
+    batch of an epoch holds the remainder), every step's gradient bytes equal
+    to the model's parameter bytes, step times equal to the job's own, the
+    same losses as without the profiler, and with Horovod's timeline on
+    (HOROVOD_PROFILE_TIMELINE=1) a lineage of every gradient, all certain."""
+    res, prof = _run("tf_keras_job.py", tmp_path / "on", ["--epochs", "2"],
+                     env={"HOROVOD_PROFILE_TIMELINE": "1"})
+    plain, _ = _run("tf_keras_job.py", tmp_path / "off", ["--epochs", "2"], profile=False)
+    assert res["losses"] == plain["losses"]
+
+    per_epoch = math.ceil(res["samples"] / res["batch"])
+    st = _steps(prof)
+    assert len(st) == len(res["spans"]) == 2 * per_epoch
+    images = st["count"].tolist()
+    last = res["samples"] - (per_epoch - 1) * res["batch"]
+    assert images == ([res["batch"]] * (per_epoch - 1) + [last]) * 2
+    meta = _meta(prof)
+    assert meta["steps_marked_by"] == [tf_hooks.KERAS_MARK]
+    assert meta["batch_size"] == res["batch"]
+    # the job's own clock around each run of the training function: our
+    # callback runs after the job's, on both sides, so the two differ by
+    # callbacks' time only
+    own = [b - a for a, b, _, _ in res["spans"]]
+    ours = (st["dur_ns"] / 1e9).tolist()
+    assert abs(sum(ours) - sum(own)) <= 0.05 * sum(own), (sum(ours), sum(own))
+    rate_own = 2 * res["samples"] / sum(own)
+    assert abs(meta["images_per_sec_per_rank"]["0"] - rate_own) <= 0.05 * rate_own
+
+    by = C.per_step(prof)
+    ar = by[by["op"] == "allreduce"].groupby("step")["bytes"].sum()
+    assert sorted(ar.index) == list(range(len(st))), ar
+    assert set(ar.tolist()) == {_grad_bytes(res)}, (ar.tolist(), _grad_bytes(res))
+
+    for argv in (["summarize", str(prof)], ["advise", str(prof)], ["check", str(prof)],
+                 ["tensors", str(prof)]):
+        rc, out, err = C._cli(argv)
+        assert rc == 0 and "Traceback" not in err, (argv, rc, err[-2000:])
+    # the fusion what-if needs each tensor's readiness, which only the
+    # (PyTorch) tensor records give: one line saying so
+    rc, _, err = C._cli(["tensors", str(prof), "--whatif"])
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "readiness" in err, err
+    rc, out, _ = C._cli(["summarize", str(prof)])
+    assert f"steps marked by: {tf_hooks.KERAS_MARK}" in out, out[-2000:]
+
+    lin = C.lineage(prof)
+    assert lin["status"] == "ok" and set(lin["certainty"]) == {"certain"}, lin
+    grads = [n for n in lin["names"] if "HorovodAllreduce" in n]
+    assert len(grads) == len(res["params"]), lin["names"]
+
+
+@pytest.mark.mpi
+@pytest.mark.horovod
+@pytest.mark.timeout(600)
+@requires_mpi
+@needs_tf
+def test_keras_steps_per_execution_counts_its_batches(tmp_path: Path) -> None:
+    """steps_per_execution=3, fusion off: one step per execution (3 batches,
+    the epoch's last holds one), 3 x 8 gradient calls and 3 x the parameter
+    bytes per full step."""
+    res, prof = _run("tf_keras_job.py", tmp_path, ["--epochs", "2", "--steps-per-execution", "3"],
+                     env={"HOROVOD_FUSION_THRESHOLD": "0"})
+    st = _steps(prof)
+    # 7 batches an epoch: executions of 3, 3 and 1 batches
+    assert st["count"].tolist() == [96, 96, 8] * 2
+    assert len(st) == len(res["spans"]) == 6
+    by = C.per_step(prof)
+    ar = by[by["op"] == "allreduce"].groupby("step")[["calls", "bytes"]].sum()
+    tensors = len(res["params"])
+    assert ar["calls"].tolist() == [3 * tensors, 3 * tensors, tensors] * 2
+    assert ar["bytes"].tolist() == [3 * _grad_bytes(res), 3 * _grad_bytes(res),
+                                    _grad_bytes(res)] * 2
+    # no timeline: the lineage says in one line where a TensorFlow job's comes from
+    rc, _, err = C._cli(["tensors", str(prof)])
+    assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "HOROVOD_PROFILE_TIMELINE=1" in err and "TensorFlow" in err, err
+
+
+@pytest.mark.parametrize("mode", ["function", "eager"])
+@pytest.mark.mpi
+@pytest.mark.horovod
+@pytest.mark.timeout(600)
+@requires_mpi
+@needs_tf
+def test_custom_loop_steps_from_the_gradient_tape(mode: str, tmp_path: Path) -> None:
+    """DistributedGradientTape: in a tf.function, every call of the function
+    that traced the tape's gradient is a step, its images the batch dimension
+    of its first argument; eager, every gradient call is a boundary, its
+    images HOROVOD_PROFILE_BATCH_SIZE.  N calls make N - 1 steps (the first
+    call opens the first), each with the model's gradient bytes."""
+    args = ["--steps", "10"] + (["--eager"] if mode == "eager" else [])
+    env = {"HOROVOD_PROFILE_BATCH_SIZE": "16"} if mode == "eager" else {}
+    res, prof = _run("tf_loop_job.py", tmp_path / "on", args, env=env)
+    st = _steps(prof)
+    assert len(st) == res["steps"] - 1
+    assert set(st["count"].tolist()) == {res["batch"]}
+    meta = _meta(prof)
+    want = (tf_hooks.FUNCTION_MARK if mode == "function" else tf_hooks.EAGER_MARK)
+    assert meta["steps_marked_by"] == [want]
+    by = C.per_step(prof)
+    ar = by[by["op"] == "allreduce"].groupby("step")["bytes"].sum()
+    assert set(ar.tolist()) == {_grad_bytes(res)}, (ar.tolist(), _grad_bytes(res))
+    assert len(ar) >= res["steps"] - 2
+    if mode == "function":
+        plain, _ = _run("tf_loop_job.py", tmp_path / "off", args, profile=False)
+        assert res["losses"] == plain["losses"]
+
+
+@pytest.mark.mpi
+@pytest.mark.horovod
+@pytest.mark.timeout(600)
+@requires_mpi
+@needs_tf
+def test_keras_fit_on_one_rank(tmp_path: Path) -> None:
+    res, prof = _run("tf_keras_job.py", tmp_path, ["--epochs", "1"], np=1)
+    st = _steps(prof)
+    assert len(st) == len(res["spans"]) == 7
+    assert int(st["count"].sum()) == res["samples"]
+    assert os.path.exists(prof / "trace.json")

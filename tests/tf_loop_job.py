@@ -1,0 +1,74 @@
+"""A TensorFlow custom training loop under Horovod, as its users write it:
+``hvd.DistributedGradientTape`` in a ``tf.function`` (or eager, --eager), and
+nothing of the profiler in it.  It measures its own steps and writes them,
+with its losses and its parameters, to --out (rank 0).
+
+    mpirun -np 2 python tests/tf_loop_job.py --out result.json [--eager]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import horovod.tensorflow as hvd  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--eager", action="store_true")
+    a = p.parse_args()
+
+    hvd.init()
+    tf.keras.utils.set_random_seed(2)  # the same losses run to run: a check of transparency
+    tf.config.experimental.enable_op_determinism()
+    keras = tf.keras
+    model = keras.Sequential([
+        keras.layers.Dense(64, activation="relu", input_shape=(32,)),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dense(10),
+    ])
+    opt = keras.optimizers.SGD(0.01)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    step_fn = train_step if a.eager else tf.function(train_step)
+    rng = np.random.default_rng(200 + hvd.rank())
+    losses, spans = [], []
+    for i in range(a.steps):
+        x = tf.constant(rng.standard_normal((a.batch, 32)).astype("float32"))
+        y = tf.constant(rng.integers(0, 10, a.batch))
+        t0 = time.perf_counter()
+        loss = step_fn(x, y)
+        if i == 0:
+            hvd.broadcast_variables(model.variables, root_rank=0)
+            hvd.broadcast_variables(opt.variables(), root_rank=0)
+        losses.append(float(loss))
+        spans.append((t0, time.perf_counter()))
+    if hvd.rank() == 0:
+        params = [(v.name, int(np.prod(v.shape)), v.dtype.size) for v in model.trainable_variables]
+        with open(a.out, "w") as f:
+            json.dump({"size": hvd.size(), "losses": losses, "spans": spans, "params": params,
+                       "batch": a.batch, "steps": a.steps, "eager": a.eager}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
