@@ -71,10 +71,11 @@ patch_no_xla() {
     ! grep -q 'xla_mpi_ops.cc' "$cm" || die "$cm: the xla_mpi_ops.cc patch did not apply"
 }
 
-# `setup.sh --patch-cxx17 FILE`: apply only that fix (used by the tests).
-if [ "${1:-}" = "--patch-cxx17" ]; then
-    [ $# -eq 2 ] || die "usage: setup.sh --patch-cxx17 CMakeLists.txt"
-    patch_cxx17 "$2"
+# `setup.sh --patch-cxx17 FILE` / `--patch-no-xla FILE`: apply only that fix
+# (used by the tests).
+if [ "${1:-}" = "--patch-cxx17" ] || [ "${1:-}" = "--patch-no-xla" ]; then
+    [ $# -eq 2 ] || die "usage: setup.sh $1 CMakeLists.txt"
+    if [ "$1" = "--patch-cxx17" ]; then patch_cxx17 "$2"; else patch_no_xla "$2"; fi
     say "patched $2"
     exit 0
 fi

@@ -21,6 +21,19 @@ Run = tuple[subprocess.CompletedProcess[str], float]
 REQS = ROOT / "requirements-dev.txt"
 
 
+def _have_tf() -> bool:
+    try:
+        md.version("tensorflow-cpu")
+        return True
+    except md.PackageNotFoundError:
+        return False
+
+
+#: the venv has TensorFlow (the test command installs it): set-up then says so,
+#: and the Horovod wheel's key names its version
+HAVE_TF = _have_tf()
+
+
 def run_setup(**env: str) -> Run:
     t0 = time.monotonic()
     proc = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True,
@@ -53,7 +66,8 @@ def test_second_run_does_nothing_heavy(second_run: Run) -> None:
     present = re.findall(r"^setup:   present: ", out, flags=re.M)
     # one per step, and the cached real NCCL library (unless it is skipped)
     nccl = os.environ.get("HVPROF_NO_REAL_NCCL") != "1"
-    assert len(present) == 5 + nccl, out
+    assert len(present) == 5 + nccl + HAVE_TF, out
+    assert ("present: TensorFlow" in out) == HAVE_TF, out
     assert ("libnccl.so.2" in out) == nccl, out
     for heavy in ("installing", "building", "apt-get", "creating"):
         assert heavy not in out, f"second run did {heavy!r}:\n{out}"
@@ -65,6 +79,8 @@ def test_horovod_wheel_is_cached_under_its_key(second_run: Run) -> None:
                                 Path.home() / ".cache" / "horovod-profiler" / "wheels"))
     abi = f"cp{sys.version_info[0]}{sys.version_info[1]}"
     key = f"horovod-{md.version('horovod')}-{abi}-torch-{md.version('torch')}"
+    if HAVE_TF:  # and TensorFlow's version: its extension links against TF's C++ ABI
+        key += f"-tf-{md.version('tensorflow-cpu')}"
     wheels = list((cache / key).glob(f"horovod-{md.version('horovod')}-{abi}-*.whl"))
     assert len(wheels) == 1, f"no cached wheel under {cache / key}"
     assert (ROOT / ".venv" / ".hvprof-horovod").read_text().strip() == key
@@ -110,6 +126,24 @@ def test_cxx17_patch_fails_loudly_when_the_pattern_is_missing(tmp_path: Path) ->
     assert proc.returncode != 0
     assert "pattern 'set(CMAKE_CXX_STANDARD 14)' not found" in proc.stderr
     assert proc.stderr.startswith("setup: error: ")
+
+
+XLA_LINE = 'list(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}/horovod/tensorflow/xla_mpi_ops.cc")\n'
+
+
+def test_no_xla_patch_drops_exactly_that_source(tmp_path: Path) -> None:
+    cm = tmp_path / "CMakeLists.txt"
+    keep = 'list(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}/horovod/tensorflow/mpi_ops.cc")\n'
+    cm.write_text(keep + XLA_LINE + "set_output_dir()\n")
+    proc = subprocess.run(["bash", str(SETUP), "--patch-no-xla", str(cm)],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert cm.read_text() == keep + "set_output_dir()\n"
+    # a second time the line is gone: the patch says so rather than pass silently
+    again = subprocess.run(["bash", str(SETUP), "--patch-no-xla", str(cm)],
+                           capture_output=True, text=True, timeout=30)
+    assert again.returncode != 0
+    assert again.stderr.startswith("setup: error: ") and "xla_mpi_ops.cc not listed" in again.stderr
 
 
 def test_scripts_are_valid_bash() -> None:

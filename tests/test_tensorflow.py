@@ -3,7 +3,7 @@
 profiler.collect.tf_hooks, checked against what the jobs measure themselves
 and against their models' own parameter lists.
 
-The jobs (tests/tf_keras_job.py, tests/tf_loop_job.py) run on tf_keras
+The jobs (profiler.workloads.keras_cnn, tests/tf_loop_job.py) run on tf_keras
 (TF_USE_LEGACY_KERAS=1: Horovod 0.28.1 supports Keras 2 only).
 """
 
@@ -46,8 +46,10 @@ def _run(job: str, tmp: Path, args: list[str], *, np: int = 2, profile: bool = T
     e = {**JOB_ENV, **(env or {})}
     if profile:
         e.update(HOROVOD_PROFILE="1", HOROVOD_PROFILE_DIR=str(prof))
-    p = mpirun(np, [sys.executable, str(ROOT / "tests" / job), "--out", str(out), *args],
-               env=e, cwd=tmp, timeout=300)
+    argv = (["-m", f"profiler.workloads.{job}"] if job == "keras_cnn"
+            else [str(ROOT / "tests" / job)])
+    p = mpirun(np, [sys.executable, *argv, "--out", str(out), *args], env=e, cwd=tmp,
+               timeout=300)
     assert "Traceback" not in p.stderr, p.stderr[-3000:]
     if profile:
         assert (prof / "trace.json").is_file(), p.stderr[-3000:]
@@ -90,9 +92,9 @@ def test_keras_fit_gives_steps_images_and_gradient_bytes(tmp_path: Path) -> None
     to the model's parameter bytes, step times equal to the job's own, the
     same losses as without the profiler, and with Horovod's timeline on
     (HOROVOD_PROFILE_TIMELINE=1) a lineage of every gradient, all certain."""
-    res, prof = _run("tf_keras_job.py", tmp_path / "on", ["--epochs", "2"],
+    res, prof = _run("keras_cnn", tmp_path / "on", ["--epochs", "2"],
                      env={"HOROVOD_PROFILE_TIMELINE": "1"})
-    plain, _ = _run("tf_keras_job.py", tmp_path / "off", ["--epochs", "2"], profile=False)
+    plain, _ = _run("keras_cnn", tmp_path / "off", ["--epochs", "2"], profile=False)
     assert res["losses"] == plain["losses"]
 
     per_epoch = math.ceil(res["samples"] / res["batch"])
@@ -144,7 +146,7 @@ def test_keras_steps_per_execution_counts_its_batches(tmp_path: Path) -> None:
     """steps_per_execution=3, fusion off: one step per execution (3 batches,
     the epoch's last holds one), 3 x 8 gradient calls and 3 x the parameter
     bytes per full step."""
-    res, prof = _run("tf_keras_job.py", tmp_path, ["--epochs", "2", "--steps-per-execution", "3"],
+    res, prof = _run("keras_cnn", tmp_path, ["--epochs", "2", "--steps-per-execution", "3"],
                      env={"HOROVOD_FUSION_THRESHOLD": "0"})
     st = _steps(prof)
     # 7 batches an epoch: executions of 3, 3 and 1 batches
@@ -198,7 +200,7 @@ def test_custom_loop_steps_from_the_gradient_tape(mode: str, tmp_path: Path) -> 
 @requires_mpi
 @needs_tf
 def test_keras_fit_on_one_rank(tmp_path: Path) -> None:
-    res, prof = _run("tf_keras_job.py", tmp_path, ["--epochs", "1"], np=1)
+    res, prof = _run("keras_cnn", tmp_path, ["--epochs", "1"], np=1)
     st = _steps(prof)
     assert len(st) == len(res["spans"]) == 7
     assert int(st["count"].sum()) == res["samples"]

@@ -1,13 +1,14 @@
 """A Keras ``model.fit`` job under Horovod, as its users write it: nothing of the
-profiler in it.  It measures its own steps (a callback of its own around every
-execution of the training function) and writes them, with its losses and its
-parameter count, to --out (rank 0), for the tests to compare with the trace.
+profiler in it (the project's own TensorFlow workload: tests, notebook 03).
+It measures its own steps (a callback of its own around every run of the
+training function) and writes them, with its losses and its parameter list,
+to --out (rank 0), for a comparison with the trace.
 
 Horovod 0.28.1 supports Keras 2 only; with TensorFlow >= 2.16 that is tf_keras,
 chosen by TF_USE_LEGACY_KERAS=1 before TensorFlow is imported, as Horovod's
 users on those versions do.
 
-    mpirun -np 2 python tests/tf_keras_job.py --out result.json [--epochs 2]
+    mpirun -np 2 python -m profiler.workloads.keras_cnn --out result.json [--epochs 2]
 """
 
 from __future__ import annotations
@@ -16,23 +17,24 @@ import argparse
 import json
 import os
 import time
-
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-import horovod.tensorflow.keras as hvd  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+from typing import Any
 
 
-def main() -> int:
-    p = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--samples", type=int, default=200, help="per rank")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--steps-per-execution", type=int, default=1)
-    a = p.parse_args()
+    a = p.parse_args(argv)
+
+    # before TensorFlow is imported: Keras 2 (tf_keras), and no start-up chatter
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import horovod.tensorflow.keras as hvd
+    import numpy as np
+    import tensorflow as tf
 
     hvd.init()
     tf.keras.utils.set_random_seed(1)  # the same losses run to run: a check of transparency
@@ -54,11 +56,11 @@ def main() -> int:
 
     spans: list[tuple[float, float, int, int]] = []
 
-    class Meter(keras.callbacks.Callback):
-        def on_train_batch_begin(self, batch, logs=None):  # type: ignore[no-untyped-def]
+    class Meter(keras.callbacks.Callback):  # type: ignore[misc,name-defined]
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
             self.t0, self.b0 = time.perf_counter(), batch
 
-        def on_train_batch_end(self, batch, logs=None):  # type: ignore[no-untyped-def]
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             spans.append((self.t0, time.perf_counter(), self.b0, batch))
 
     hist = model.fit(x, y, batch_size=a.batch, epochs=a.epochs, verbose=0, shuffle=False,
