@@ -205,3 +205,32 @@ def test_keras_fit_on_one_rank(tmp_path: Path) -> None:
     assert len(st) == len(res["spans"]) == 7
     assert int(st["count"].sum()) == res["samples"]
     assert os.path.exists(prof / "trace.json")
+
+
+@pytest.mark.mpi
+@pytest.mark.horovod
+@pytest.mark.timeout(600)
+@requires_mpi
+@needs_tf
+def test_uneven_data_with_join_in_a_custom_loop(tmp_path: Path) -> None:
+    """Rank 1 runs 6 steps more than rank 0, then both call hvd.join()
+    (eagerly): one join row per rank, and advise names the uneven data (rank
+    0 waited in join for rank 1's extra steps), as for PyTorch."""
+    extra = 6
+    res, prof = _run("tf_loop_job.py", tmp_path, ["--steps", "8", "--extra", str(extra)])
+    assert res["last_rank"] == 1
+    import pandas as pd
+
+    rows = pd.concat([pd.read_parquet(prof / "ranks" / f"rank-{r:05d}.parquet")
+                      for r in (0, 1)])
+    j = rows[rows["op"] == "join"]
+    assert sorted(j["rank"].tolist()) == [0, 1]
+    assert set(j["count"].tolist()) == {1}  # what join returned: the last rank
+    steps = rows[rows["op"] == "step"].groupby("rank").size().to_dict()
+    assert steps == {0: res["steps"] - 1, 1: res["steps"] + extra - 1}
+    from profiler.analysis.findings import advise
+
+    (f,) = [f for f in advise(prof / "trace.json").findings if f.key == "uneven_data"]
+    assert f.numbers["last_rank"] == 1 and f.numbers["waiting_ranks"] == [0]
+    assert f.numbers["waits"][0]["extra_steps"] == extra
+    assert f.headline.startswith("Uneven data: rank 0 waited ")

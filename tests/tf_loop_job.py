@@ -3,7 +3,7 @@
 nothing of the profiler in it.  It measures its own steps and writes them,
 with its losses and its parameters, to --out (rank 0).
 
-    mpirun -np 2 python tests/tf_loop_job.py --out result.json [--eager]
+    mpirun -np 2 python tests/tf_loop_job.py --out result.json [--eager] [--extra N]
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--eager", action="store_true")
+    p.add_argument("--extra", type=int, default=0,
+                   help="steps rank 1 runs beyond the others, then every rank calls hvd.join()")
     a = p.parse_args()
 
     hvd.init()
@@ -52,7 +54,8 @@ def main() -> int:
     step_fn = train_step if a.eager else tf.function(train_step)
     rng = np.random.default_rng(200 + hvd.rank())
     losses, spans = [], []
-    for i in range(a.steps):
+    mine = a.steps + (a.extra if hvd.rank() == 1 else 0)
+    for i in range(mine):
         x = tf.constant(rng.standard_normal((a.batch, 32)).astype("float32"))
         y = tf.constant(rng.integers(0, 10, a.batch))
         t0 = time.perf_counter()
@@ -62,11 +65,13 @@ def main() -> int:
             hvd.broadcast_variables(opt.variables(), root_rank=0)
         losses.append(float(loss))
         spans.append((t0, time.perf_counter()))
+    last = int(hvd.join()) if a.extra else None  # eager: the last rank to join
     if hvd.rank() == 0:
         params = [(v.name, int(np.prod(v.shape)), v.dtype.size) for v in model.trainable_variables]
         with open(a.out, "w") as f:
             json.dump({"size": hvd.size(), "losses": losses, "spans": spans, "params": params,
-                       "batch": a.batch, "steps": a.steps, "eager": a.eager}, f)
+                       "batch": a.batch, "steps": a.steps, "eager": a.eager,
+                       "extra": a.extra, "last_rank": last}, f)
     return 0
 
 

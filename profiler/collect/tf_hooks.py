@@ -20,6 +20,9 @@ every tape the job makes.
   the batch dimension of the step function's first argument that has one (an
   inference, named as such in the trace); eager steps: the batch size only.
 
+``hvd.join`` called eagerly is recorded as for PyTorch: one "join" row, the
+time this rank waited in it (:func:`profiler.collect.steps.mark_join`).
+
 **Keras** (``horovod.tensorflow.keras``):
 
 ``fit`` of the Keras ``Model`` that Horovod uses
@@ -314,6 +317,59 @@ def _function_class() -> Any:
     return type(tf.function(lambda: None))
 
 
+def _wrap_join(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def join(*args: Any, **kwargs: Any) -> Any:
+        t_in = None
+        try:
+            import tensorflow as tf
+
+            if tf.executing_eagerly():  # inside tf.function: tracing, not waiting
+                from profiler.collect import steps
+
+                t_in = steps.now()
+        except Exception:  # never break the training loop
+            t_in = None
+        result = orig(*args, **kwargs)
+        if t_in is not None:
+            try:
+                from profiler.collect import steps
+
+                steps.mark_join(t_in, steps.now(), int(result))
+            except Exception as exc:  # never break the training loop
+                _warn_once(f"hvd.join hook failed: {exc}")
+        return result
+
+    setattr(join, _WRAPPED, orig)
+    return join
+
+
+JOIN_MODULES = ("horovod.tensorflow.mpi_ops", TF)  # where hvd.join is bound
+
+
+def _patch_join() -> None:
+    """Wrap hvd.join (eager calls: the time this rank waits in it, as for
+    PyTorch; profiler.collect.steps.mark_join), in the module that defines it
+    and in the package that re-exports it."""
+    ops = sys.modules.get(JOIN_MODULES[0])
+    orig = ops.__dict__.get("join") if ops is not None else None
+    if orig is None or getattr(orig, _WRAPPED, None) is not None:
+        return
+    wrapped = _wrap_join(orig)
+    for name in JOIN_MODULES:
+        mod = sys.modules.get(name)
+        if mod is not None and mod.__dict__.get("join") is orig:
+            setattr(mod, "join", wrapped)  # noqa: B010
+
+
+def _unpatch_join() -> None:
+    for name in JOIN_MODULES:
+        mod = sys.modules.get(name)
+        orig = getattr(mod.__dict__.get("join"), _WRAPPED, None) if mod is not None else None
+        if orig is not None:
+            setattr(mod, "join", orig)  # noqa: B010
+
+
 def _patch_tape(module: ModuleType) -> bool:
     tape: Any = getattr(module, TAPE_TEMPLATE, None)
     orig = tape.__dict__.get("gradient") if tape is not None else None
@@ -344,6 +400,10 @@ def patch_module(module: ModuleType) -> bool:
     if module.__name__ == KERAS:
         return _patch_keras(module)
     if module.__name__ == TF:
+        try:
+            _patch_join()
+        except Exception as exc:  # a Horovod whose layout we do not know
+            _warn_once(f"could not wrap hvd.join: {exc}")
         return _patch_tape(module)
     return False
 
@@ -354,3 +414,4 @@ def unpatch_module(module: ModuleType) -> None:
         _unpatch_keras(module)
     elif module.__name__ == TF:
         _unpatch_tape(module)
+        _unpatch_join()
