@@ -149,16 +149,18 @@ def test_join_hook_passes_result_and_errors_through() -> None:
     """The wrapper returns join's value and raises its exception unchanged (no
     library loaded here: nothing is recorded); install() after `import
     horovod.torch` wraps both bindings of hvd.join, uninstall() restores them."""
-    from profiler.collect import horovod_hooks as hh
+    from profiler.collect.steps import wrap_join
 
-    w = hh._wrap_join(lambda device=-1: 7 + device)
+    w = wrap_join(lambda device=-1: 7 + device)
     assert w() == 6 and w(device=3) == 10
+    # TensorFlow's: only eager calls are timed; a traced one passes through too
+    assert wrap_join(lambda: 5, when=lambda: False)() == 5
 
     def boom(device: int = -1) -> int:
         raise RuntimeError("join failed")
 
     with pytest.raises(RuntimeError, match="join failed"):
-        hh._wrap_join(boom)()
+        wrap_join(boom)()
     script = (
         "import horovod.torch as hvd, horovod.torch.mpi_ops as m\n"
         "from profiler.collect import horovod_hooks as hh\n"

@@ -35,6 +35,16 @@ except Exception:  # pragma: no cover
 needs_tf = pytest.mark.skipif(
     not HAVE_TF, reason="TensorFlow or Horovod's TensorFlow support not installed "
     "(HVPROF_WITH_TENSORFLOW=1 bash scripts/setup.sh)")
+
+
+def tf_job(test: Any) -> Any:
+    """The marks of a test that runs a TensorFlow job under mpirun."""
+    for mark in (needs_tf, requires_mpi, pytest.mark.timeout(600), pytest.mark.horovod,
+                 pytest.mark.mpi):
+        test = mark(test)
+    return test
+
+
 JOB_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
@@ -81,11 +91,7 @@ def test_images_of_an_epoch_in_batches() -> None:
     assert tf_hooks.images_of(0, 0, 0, 200) == 0  # batch size unknown: no images
 
 
-@pytest.mark.mpi
-@pytest.mark.horovod
-@pytest.mark.timeout(600)
-@requires_mpi
-@needs_tf
+@tf_job
 def test_keras_fit_gives_steps_images_and_gradient_bytes(tmp_path: Path) -> None:
     """model.fit, 2 ranks, fusion on: one step per batch, its images (the last
     batch of an epoch holds the remainder), every step's gradient bytes equal
@@ -105,6 +111,9 @@ def test_keras_fit_gives_steps_images_and_gradient_bytes(tmp_path: Path) -> None
     assert images == ([res["batch"]] * (per_epoch - 1) + [last]) * 2
     meta = _meta(prof)
     assert meta["steps_marked_by"] == [tf_hooks.KERAS_MARK]
+    # the callback's own time is in the trace's self-cost: two calls a step
+    cost = json.loads((prof / "ranks" / "rank-00000.json").read_bytes())["self_cost"]
+    assert cost["python_hook_calls"] == 2 * len(st) and cost["python_hook_ns"] > 0, cost
     assert meta["batch_size"] == res["batch"]
     # the job's own clock around each run of the training function: our
     # callback runs after the job's, on both sides, so the two differ by
@@ -137,11 +146,7 @@ def test_keras_fit_gives_steps_images_and_gradient_bytes(tmp_path: Path) -> None
     assert len(grads) == len(res["params"]), lin["names"]
 
 
-@pytest.mark.mpi
-@pytest.mark.horovod
-@pytest.mark.timeout(600)
-@requires_mpi
-@needs_tf
+@tf_job
 def test_keras_steps_per_execution_counts_its_batches(tmp_path: Path) -> None:
     """steps_per_execution=3, fusion off: one step per execution (3 batches,
     the epoch's last holds one), 3 x 8 gradient calls and 3 x the parameter
@@ -165,11 +170,7 @@ def test_keras_steps_per_execution_counts_its_batches(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("mode", ["function", "eager"])
-@pytest.mark.mpi
-@pytest.mark.horovod
-@pytest.mark.timeout(600)
-@requires_mpi
-@needs_tf
+@tf_job
 def test_custom_loop_steps_from_the_gradient_tape(mode: str, tmp_path: Path) -> None:
     """DistributedGradientTape: in a tf.function, every call of the function
     that traced the tape's gradient is a step, its images the batch dimension
@@ -194,11 +195,7 @@ def test_custom_loop_steps_from_the_gradient_tape(mode: str, tmp_path: Path) -> 
         assert res["losses"] == plain["losses"]
 
 
-@pytest.mark.mpi
-@pytest.mark.horovod
-@pytest.mark.timeout(600)
-@requires_mpi
-@needs_tf
+@tf_job
 def test_keras_fit_on_one_rank(tmp_path: Path) -> None:
     res, prof = _run("keras_cnn", tmp_path, ["--epochs", "1"], np=1)
     st = _steps(prof)
@@ -207,11 +204,7 @@ def test_keras_fit_on_one_rank(tmp_path: Path) -> None:
     assert os.path.exists(prof / "trace.json")
 
 
-@pytest.mark.mpi
-@pytest.mark.horovod
-@pytest.mark.timeout(600)
-@requires_mpi
-@needs_tf
+@tf_job
 def test_uneven_data_with_join_in_a_custom_loop(tmp_path: Path) -> None:
     """Rank 1 runs 6 steps more than rank 0, then both call hvd.join()
     (eagerly): one join row per rank, and advise names the uneven data (rank

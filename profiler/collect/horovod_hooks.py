@@ -110,26 +110,6 @@ def _wrap_synchronize(orig: Callable[..., Any]) -> Callable[..., Any]:
     return synchronize
 
 
-def _wrap_join(orig: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(orig)
-    def join(*args: Any, **kwargs: Any) -> Any:
-        try:
-            steps = (_mods or _modules())[1]
-            t_in = steps.now()
-        except Exception:  # never break the training loop
-            t_in = None
-        result = orig(*args, **kwargs)
-        if t_in is not None:
-            try:
-                steps.mark_join(t_in, steps.now(), int(result))
-            except Exception as exc:  # never break the training loop
-                _warn_once(f"join hook failed: {exc}")
-        return result
-
-    setattr(join, _WRAPPED, orig)
-    return join
-
-
 _WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     "step": _wrap_step, "synchronize": _wrap_synchronize}
 
@@ -295,7 +275,9 @@ def _patch_join(module: ModuleType) -> None:
     orig = module.__dict__.get(JOIN)
     if orig is None or getattr(orig, _WRAPPED, None) is not None:
         return
-    wrapped = _wrap_join(orig)
+    from profiler.collect.steps import wrap_join
+
+    wrapped = wrap_join(orig)
     setattr(module, JOIN, wrapped)
     pkg = sys.modules.get("horovod.torch")
     if pkg is not None and pkg is not module and pkg.__dict__.get(JOIN) is orig:

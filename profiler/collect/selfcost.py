@@ -1,7 +1,7 @@
 """The profiler's own cost in this process, measured where it is spent.
 
 The Python hooks (tensor records from Horovod's entry points, the
-DistributedOptimizer step hook) measure the time they spend after the code
+DistributedOptimizer step hook, TensorFlow's step hooks) measure the time they spend after the code
 they wrap returns (reading their arguments, writing the record).  After the
 first MEASURE_FIRST invocations (all measured: the one-off costs are there)
 one in SAMPLE_EVERY is measured; a sampled invocation stands for

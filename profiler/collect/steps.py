@@ -73,6 +73,7 @@ __all__ = [
     "hook_end",
     "steps_recorded",
     "mark_join",
+    "wrap_join",
     "mode",
     "sampling",
     "paused",
@@ -449,6 +450,38 @@ def mark_join(t_in: int, t_out: int, last_rank: int) -> None:
         return
     last = int(last_rank) if int(last_rank) >= 0 else (1 << 64) - 1
     lib.record_app(APP_JOIN, int(t_in), int(t_out), last, _next_seq & 0xFFFFFFFF)
+
+
+WRAPPED = "__hvprof_wrapped__"  # the original, on each wrapper the hooks install
+_join_warned = False
+
+
+def wrap_join(orig: Any, when: Any = None) -> Any:
+    """hvd.join wrapped: the time this rank waits in it becomes one "join"
+    row (:func:`mark_join`); only for calls where ``when()`` holds, when
+    given (TensorFlow: eager calls; inside tf.function join is only traced).
+    The original's result and exceptions pass through untouched."""
+    import functools
+
+    @functools.wraps(orig)
+    def join(*args: Any, **kwargs: Any) -> Any:
+        global _join_warned
+        try:
+            t_in = now() if when is None or when() else None
+        except Exception:  # never break the training loop
+            t_in = None
+        result = orig(*args, **kwargs)
+        if t_in is not None:
+            try:
+                mark_join(t_in, int(now() or 0), int(result))
+            except Exception as exc:  # never break the training loop
+                if not _join_warned:
+                    _join_warned = True
+                    print(f"profiler: warning: join hook failed: {exc}", file=sys.stderr)
+        return result
+
+    setattr(join, WRAPPED, orig)
+    return join
 
 
 def steps_recorded() -> int:

@@ -97,6 +97,19 @@ def _samples(x: Any) -> int | None:
         return None
 
 
+def _measured(work: Callable[[], Any]) -> None:
+    """Run a hook's work, its cost measured as the PyTorch hooks' are
+    (profiler.collect.selfcost: sampled, into the trace's self_cost)."""
+    from profiler.collect import selfcost
+
+    if selfcost.sample():
+        opened = selfcost.start()
+        work()
+        selfcost.close(opened)
+    else:
+        work()
+
+
 def _dataset_batch(x: Any) -> int | None:
     """The static batch dimension of a tf.data.Dataset's first component."""
     spec = getattr(x, "element_spec", None)
@@ -164,15 +177,15 @@ def _callback_class(keras: Any) -> type:
             _state["marked_by"] = KERAS_MARK
             try:
                 self._first = int(batch)
-                steps.hook_begin()
+                _measured(steps.hook_begin)
             except Exception as exc:  # never break the training loop
                 _warn_once(f"Keras step hook failed: {exc}")
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             try:
                 s = self._shape
-                steps.hook_end(images_of(self._first, max(int(batch), self._first),
-                                         s.batch, s.samples))
+                n = images_of(self._first, max(int(batch), self._first), s.batch, s.samples)
+                _measured(lambda: steps.hook_end(n))
             except Exception as exc:  # never break the training loop
                 _warn_once(f"Keras step hook failed: {exc}")
 
@@ -273,8 +286,8 @@ def _wrap_call(orig: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 from profiler.collect import steps
 
-                n = steps.batch_size() or _first_batch(args)
-                steps.hook_step(None, images=n)
+                _measured(lambda: steps.hook_step(
+                    None, images=steps.batch_size() or _first_batch(args)))
             except Exception as exc:  # never break the training loop
                 _warn_once(f"tf.function step hook failed: {exc}")
         return result
@@ -299,7 +312,7 @@ def _wrap_gradient(orig: Callable[..., Any]) -> Callable[..., Any]:
                     from profiler.collect import steps
 
                     _state["marked_by"] = EAGER_MARK
-                    steps.hook_step(None)
+                    _measured(steps.hook_step)
         except Exception as exc:  # never break the training loop
             _warn_once(f"DistributedGradientTape step hook failed: {exc}")
         return result
@@ -317,31 +330,10 @@ def _function_class() -> Any:
     return type(tf.function(lambda: None))
 
 
-def _wrap_join(orig: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(orig)
-    def join(*args: Any, **kwargs: Any) -> Any:
-        t_in = None
-        try:
-            import tensorflow as tf
+def _eager() -> bool:
+    import tensorflow as tf
 
-            if tf.executing_eagerly():  # inside tf.function: tracing, not waiting
-                from profiler.collect import steps
-
-                t_in = steps.now()
-        except Exception:  # never break the training loop
-            t_in = None
-        result = orig(*args, **kwargs)
-        if t_in is not None:
-            try:
-                from profiler.collect import steps
-
-                steps.mark_join(t_in, steps.now(), int(result))
-            except Exception as exc:  # never break the training loop
-                _warn_once(f"hvd.join hook failed: {exc}")
-        return result
-
-    setattr(join, _WRAPPED, orig)
-    return join
+    return bool(tf.executing_eagerly())
 
 
 JOIN_MODULES = ("horovod.tensorflow.mpi_ops", TF)  # where hvd.join is bound
@@ -355,7 +347,9 @@ def _patch_join() -> None:
     orig = ops.__dict__.get("join") if ops is not None else None
     if orig is None or getattr(orig, _WRAPPED, None) is not None:
         return
-    wrapped = _wrap_join(orig)
+    from profiler.collect.steps import wrap_join
+
+    wrapped = wrap_join(orig, when=_eager)
     for name in JOIN_MODULES:
         mod = sys.modules.get(name)
         if mod is not None and mod.__dict__.get("join") is orig:
