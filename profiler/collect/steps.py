@@ -367,7 +367,9 @@ def mark_synchronize(t_in: int, t_out: int, cpu_in: tuple[int, int] = (-1, -1),
 
 
 def hook_step(entered: int | None = None, images: int | None = None) -> None:
-    """Called by the DistributedOptimizer hook after each optimizer step.
+    """Called by a step hook at each boundary: the DistributedOptimizer hook
+    after each optimizer step, TensorFlow's after each call of the step
+    function or each eager tape gradient (profiler.collect.tf_hooks).
 
     The step's "sync" row is the time this rank waited in synchronize for the
     others' gradients (a rank that arrives late waits least): the last

@@ -18,7 +18,8 @@ every tape the job makes.
   is wrapped: one Python frame per call).
 * Images per step: :func:`profiler.collect.steps.batch_size` when set, else
   the batch dimension of the step function's first argument that has one (an
-  inference, named as such in the trace); eager steps: the batch size only.
+  inference: the trace's ``steps_marked_by`` states the rule); eager steps:
+  the batch size only.
 
 ``hvd.join`` called eagerly is recorded as for PyTorch: one "join" row, the
 time this rank waited in it (:func:`profiler.collect.steps.mark_join`).
@@ -67,7 +68,8 @@ KERAS = "horovod.tensorflow.keras"
 TAPE_TEMPLATE = "_DistributedGradientTape"
 # what marked the steps, as the trace says it (steps_marked_by)
 KERAS_MARK = "Keras model.fit (one step per run of its training function)"
-FUNCTION_MARK = "tf.function calls (the function that traced DistributedGradientTape.gradient)"
+FUNCTION_MARK = ("tf.function calls (the function that traced DistributedGradientTape.gradient;"
+                 " images: HOROVOD_PROFILE_BATCH_SIZE, else its first argument's batch dimension)")
 EAGER_MARK = "DistributedGradientTape.gradient (eager: one call to the next)"
 _WRAPPED = "__hvprof_wrapped__"
 _CALLBACKS_ARG = 5  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
