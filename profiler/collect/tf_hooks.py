@@ -60,6 +60,8 @@ import weakref
 from types import ModuleType
 from typing import Any, Callable
 
+from profiler.collect import selfcost, steps
+
 __all__ = ["KERAS", "TF", "KERAS_MARK", "FUNCTION_MARK", "EAGER_MARK", "patch_module",
            "unpatch_module", "images_of", "marked_by"]
 
@@ -71,7 +73,7 @@ KERAS_MARK = "Keras model.fit (one step per run of its training function)"
 FUNCTION_MARK = ("tf.function calls (the function that traced DistributedGradientTape.gradient;"
                  " images: HOROVOD_PROFILE_BATCH_SIZE, else its first argument's batch dimension)")
 EAGER_MARK = "DistributedGradientTape.gradient (eager: one call to the next)"
-_WRAPPED = "__hvprof_wrapped__"
+_WRAPPED = steps.WRAPPED
 _CALLBACKS_ARG = 5  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
 _BATCH_ARG = 2
 KERAS_DEFAULT_BATCH = 32
@@ -102,8 +104,6 @@ def _samples(x: Any) -> int | None:
 def _measured(work: Callable[[], Any]) -> None:
     """Run a hook's work, its cost measured as the PyTorch hooks' are
     (profiler.collect.selfcost: sampled, into the trace's self_cost)."""
-    from profiler.collect import selfcost
-
     if selfcost.sample():
         opened = selfcost.start()
         work()
@@ -147,16 +147,13 @@ class _Shape:
         self.samples: int | None = None
         if hasattr(x, "element_spec"):
             self.batch = _dataset_batch(x) or 0
-        elif _samples(x) is not None:
+        elif (n := _samples(x)) is not None:
             self.batch = int(batch) if batch else KERAS_DEFAULT_BATCH
-            self.samples = _samples(x)
-            if kwargs.get("steps_per_epoch"):
-                self.samples = None  # epochs need not end where the arrays do
+            # epochs need not end where the arrays do when steps_per_epoch is given
+            self.samples = None if kwargs.get("steps_per_epoch") else n
         else:
             self.batch = int(batch) if batch else 0  # a generator or Sequence
         if not self.batch:
-            from profiler.collect import steps
-
             self.batch = steps.batch_size()
 
 
@@ -165,7 +162,6 @@ def _callback_class(keras: Any) -> type:
     cached = getattr(keras, "__hvprof_callback__", None)
     if cached is not None:
         return cached  # type: ignore[no-any-return]
-    from profiler.collect import steps
 
     class ProfilerSteps(keras.callbacks.Callback):  # type: ignore[misc]
         """Marks one profiler step per execution of the training function."""
@@ -286,8 +282,6 @@ def _wrap_call(orig: Callable[..., Any]) -> Callable[..., Any]:
             calls.pop()
         if not calls and self in _step_functions:
             try:
-                from profiler.collect import steps
-
                 _measured(lambda: steps.hook_step(
                     None, images=steps.batch_size() or _first_batch(args)))
             except Exception as exc:  # never break the training loop
@@ -311,8 +305,6 @@ def _wrap_gradient(orig: Callable[..., Any]) -> Callable[..., Any]:
                 import tensorflow as tf
 
                 if not tf.inside_function():  # eager: this call is the boundary
-                    from profiler.collect import steps
-
                     _state["marked_by"] = EAGER_MARK
                     _measured(steps.hook_step)
         except Exception as exc:  # never break the training loop
@@ -349,9 +341,7 @@ def _patch_join() -> None:
     orig = ops.__dict__.get("join") if ops is not None else None
     if orig is None or getattr(orig, _WRAPPED, None) is not None:
         return
-    from profiler.collect.steps import wrap_join
-
-    wrapped = wrap_join(orig, when=_eager)
+    wrapped = steps.wrap_join(orig, when=_eager)
     for name in JOIN_MODULES:
         mod = sys.modules.get(name)
         if mod is not None and mod.__dict__.get("join") is orig:
