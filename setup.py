@@ -89,6 +89,61 @@ def build_fastrec(out_dir: Path) -> Path:
     return target
 
 
+def tensorflow_headers() -> tuple[Path, str] | None:
+    """(TensorFlow's include directory, its version) when the building
+    environment has TensorFlow, without importing it (seconds)."""
+    import importlib.metadata as md
+    import importlib.util
+
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    include = Path(list(spec.submodule_search_locations)[0]) / "include"
+    dists = md.packages_distributions().get("tensorflow") or []
+    if not include.is_dir() or not dists:
+        return None
+    return include, md.version(dists[0])
+
+
+TF_KERNELS_NAME = "libhvprof_tf.so"
+
+
+def build_tf_kernels(out_dir: Path) -> Path | None:
+    """hooks/tf/kernels.cc against the installed TensorFlow's headers
+    (profiler.collect.tf_kernels); None without TensorFlow.  The headers are
+    system headers (their own warnings are not ours); no TensorFlow library is
+    linked: what the code calls of it, it looks up at run time.  Cached by
+    source, flags and version (~/.cache/horovod-profiler/tf-kernels): the
+    compile takes ~10 s, and the package is reinstalled often."""
+    import hashlib
+
+    found = tensorflow_headers()
+    if found is None:
+        print("not building", TF_KERNELS_NAME, ": no TensorFlow in this environment")
+        return None
+    include, tf_version = found
+    source = HOOKS / "tf" / "kernels.cc"
+    cxx = shlex.split(os.environ.get("CXX") or "c++")
+    cmd = [*cxx, "-std=c++17", "-O2", "-g", "-DNDEBUG", "-fPIC", "-shared", "-pthread",
+           "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-Wall", "-Wextra", "-Werror",
+           "-D_GLIBCXX_USE_CXX11_ABI=1", "-DEIGEN_MAX_ALIGN_BYTES=64",
+           f'-DHVPROF_TF_VERSION="{tf_version}"', "-isystem", str(include), str(source),
+           "-ldl", "-Wl,--no-undefined"]
+    key = hashlib.sha256(source.read_bytes() + " ".join([*cmd[1:]]).encode()).hexdigest()[:20]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") \
+        / "horovod-profiler" / "tf-kernels" / f"{key}.so"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / TF_KERNELS_NAME
+    if not cache.is_file():
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        print("building", TF_KERNELS_NAME, "for TensorFlow", tf_version, ":", " ".join(cmd))
+        subprocess.run([*cmd, "-o", str(tmp)], check=True)
+        os.replace(tmp, cache)
+    shutil.copy(cache, target)
+    return target
+
+
 class BuildPy(build_py):
     def run(self) -> None:
         super().run()
@@ -96,6 +151,7 @@ class BuildPy(build_py):
         build_library(build_lib / "profiler" / "_lib")
         record_python(build_lib / "profiler" / "_lib")
         build_fastrec(build_lib / "profiler")
+        build_tf_kernels(build_lib / "profiler" / "_lib")
         # The start-up hook lands at the root of site-packages.
         shutil.copy(HERE / "profiler" / PTH_NAME, build_lib / PTH_NAME)
 

@@ -41,6 +41,9 @@ def cost_line(meta: dict[str, Any] | None) -> str | None:
     python = [r["python_hook_ns"] for r in ranks if r.get("python_hook_ns") is not None]
     if python and max(python) > 0:
         parts.append(f"Python hooks {fmt_ns(max(python))}")
+    kernel = [r["kernel_hook_ns"] for r in ranks if r.get("kernel_hook_ns")]
+    if kernel:
+        parts.append(f"TensorFlow kernel hooks {fmt_ns(max(kernel))}")
     text = "profiler cost"
     if head:
         text += ": " + ", ".join(head) + (" (worst rank)" if len(ranks) > 1 else "")

@@ -218,6 +218,15 @@ enum hvprof_flag {
 #undef HVPROF_X
 };
 
+/* APP_TENSOR flags bits 12-15: the operation of a tensor whose name does not
+ * say it (profiler.formats.record.TENSOR_OPS mirrors these). */
+#define HVPROF_TENSOR_OP_SHIFT 12
+#define HVPROF_TENSOR_OP_ALLREDUCE 1
+#define HVPROF_TENSOR_OP_ALLGATHER 2
+#define HVPROF_TENSOR_OP_BROADCAST 3
+#define HVPROF_TENSOR_OP_ALLTOALL 4
+#define HVPROF_TENSOR_OP_REDUCESCATTER 5
+
 /* ---------------------------------------------------------------------------
  * One call = one record, 64 bytes.  Times are raw clock ticks of this rank
  * (see hvprof_file_header.clock_*): the reader converts them to nanoseconds
@@ -262,7 +271,14 @@ typedef struct hvprof_record {
                                 names file (rank-R.tensors), root = broadcast
                                 root or -1, dtype (NCCL codes), dtype_size,
                                 redop (Horovod's op), rc = process set id,
-                                aux = hvprof_fold_ptr(output data).
+                                aux = hvprof_fold_ptr(the buffer of the call
+                                that carries it alone: the output's, or
+                                for TensorFlow's kernels, recorded where the
+                                kernel reads its input, a broadcast root's
+                                input; 0 when not known), flags bits 12-15 = the
+                                operation (HVPROF_TENSOR_OP_*) when the
+                                name does not start with it (TensorFlow's
+                                node names), else 0.
                                 APP_JOIN: the time in hvd.join (Horovod's
                                 uneven-data barrier: a rank whose data ran
                                 out waits there, its Horovod thread adding

@@ -27,6 +27,7 @@ C_TYPES: dict[str, object] = {
     "int64_t": ctypes.c_int64,
     "uint32_t": ctypes.c_uint32,
     "int32_t": ctypes.c_int32,
+    "size_t": ctypes.c_size_t,
 }
 _PROTO = re.compile(r"HVPROF_EXPORT\s+([\w\s\*]+?)\s*\b(hvprof_\w+)\s*\(([^)]*)\)", re.S)
 

@@ -78,6 +78,20 @@ def _steps(prof: Path, rank: int = 0) -> Any:
     return df[df["op"] == "step"].sort_values("seq")
 
 
+def _tensor_rows(prof: Path, rank: int = 0) -> Any:
+    """The rank's tensor records (the kernel hooks' APP_TENSOR rows) with
+    their names and the step each fell in."""
+    import pandas as pd
+
+    from profiler.formats.raw import read_tensor_names
+
+    df = pd.read_parquet(prof / "ranks" / f"rank-{rank:05d}.parquet")
+    names = read_tensor_names(prof / "raw" / f"rank-{rank:05d}.hvprof")
+    t = df[df["op"] == "tensor"].copy()
+    t["name"] = [names[i] for i in t["seq"].astype(int)]
+    return t
+
+
 def _grad_bytes(res: dict[str, Any]) -> int:
     return sum(n * size for _, n, size in res["params"])
 
@@ -130,20 +144,32 @@ def test_keras_fit_gives_steps_images_and_gradient_bytes(tmp_path: Path) -> None
     assert set(ar.tolist()) == {_grad_bytes(res)}, (ar.tolist(), _grad_bytes(res))
 
     for argv in (["summarize", str(prof)], ["advise", str(prof)], ["check", str(prof)],
-                 ["tensors", str(prof)]):
+                 ["tensors", str(prof)], ["tensors", str(prof), "--whatif"]):
         rc, out, err = C._cli(argv)
         assert rc == 0 and "Traceback" not in err, (argv, rc, err[-2000:])
-    # the fusion what-if needs each tensor's readiness, which only the
-    # (PyTorch) tensor records give: one line saying so
-    rc, _, err = C._cli(["tensors", str(prof), "--whatif"])
-    assert rc == 2 and len(err.strip().splitlines()) == 1 and "readiness" in err, err
     rc, out, _ = C._cli(["summarize", str(prof)])
     assert f"steps marked by: {tf_hooks.KERAS_MARK}" in out, out[-2000:]
 
+    # the kernels' tensor records: the lineage from them alone agrees with
+    # Horovod's timeline (the oracle) call by call, every tensor certain
+    # (the broadcasts' by their root's buffer)
     lin = C.lineage(prof)
     assert lin["status"] == "ok" and set(lin["certainty"]) == {"certain"}, lin
     grads = [n for n in lin["names"] if "HorovodAllreduce" in n]
     assert len(grads) == len(res["params"]), lin["names"]
+    a = lin["agreement"]
+    assert a["calls"] > 0 and a["equal"] == a["calls"], a
+    assert a["wrong"] == a["missing"] == 0, a
+    # every step hands Horovod each gradient once, with the parameter's bytes
+    t = _tensor_rows(prof)
+    grad_rows = t[t["name"].str.contains("HorovodAllreduce")]
+    per_step = grad_rows.groupby("step")["bytes"].agg(["size", "sum"])
+    assert set(per_step["size"]) == {len(res["params"])}, per_step
+    assert set(per_step["sum"]) == {_grad_bytes(res)}, per_step
+    assert sorted(n * size for _, n, size in res["params"]) == \
+        sorted(grad_rows.drop_duplicates("name")["bytes"].tolist())
+    # their own time is in the self-cost
+    assert cost["kernel_hook_records"] == len(t) and cost["kernel_hook_ns"] > 0, cost
 
 
 @tf_job
@@ -163,10 +189,16 @@ def test_keras_steps_per_execution_counts_its_batches(tmp_path: Path) -> None:
     assert ar["calls"].tolist() == [3 * tensors, 3 * tensors, tensors] * 2
     assert ar["bytes"].tolist() == [3 * _grad_bytes(res), 3 * _grad_bytes(res),
                                     _grad_bytes(res)] * 2
-    # no timeline: the lineage says in one line where a TensorFlow job's comes from
-    rc, _, err = C._cli(["tensors", str(prof)])
-    assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    assert "HOROVOD_PROFILE_TIMELINE=1" in err and "TensorFlow" in err, err
+    # no timeline: the lineage from the kernels' records, fusion off: each
+    # gradient rode alone, in every execution's 3 (or 1) batches
+    for argv in (["tensors", str(prof)], ["tensors", str(prof), "--whatif"]):
+        rc, _, err = C._cli(argv)
+        assert rc == 0 and "Traceback" not in err, (argv, err[-2000:])
+    lin = C.lineage(prof)
+    assert lin["status"] == "ok" and "unmatched" not in lin["certainty"], lin
+    t = _tensor_rows(prof)
+    grads = t[t["name"].str.contains("HorovodAllreduce")]
+    assert grads.groupby("step").size().tolist() == [3 * tensors, 3 * tensors, tensors] * 2
 
 
 @pytest.mark.parametrize("mode", ["function", "eager"])
@@ -190,6 +222,16 @@ def test_custom_loop_steps_from_the_gradient_tape(mode: str, tmp_path: Path) -> 
     ar = by[by["op"] == "allreduce"].groupby("step")["bytes"].sum()
     assert set(ar.tolist()) == {_grad_bytes(res)}, (ar.tolist(), _grad_bytes(res))
     assert len(ar) >= res["steps"] - 2
+    # the tensors, recorded in Horovod's kernels in both modes: each gradient
+    # once a call, the model's bytes, and a lineage of every one
+    t = _tensor_rows(prof)
+    grads = t[t["name"].str.contains("HorovodAllreduce")]
+    assert grads["name"].nunique() == len(res["params"])
+    assert len(grads) == res["steps"] * len(res["params"])
+    assert int(grads["bytes"].sum()) == res["steps"] * _grad_bytes(res)
+    lin = C.lineage(prof)
+    assert lin["status"] == "ok" and "unmatched" not in lin["certainty"], lin
+    assert set(grads["name"]) <= set(lin["names"])
     if mode == "function":
         plain, _ = _run("tf_loop_job.py", tmp_path / "off", args, profile=False)
         assert res["losses"] == plain["losses"]
@@ -227,3 +269,63 @@ def test_uneven_data_with_join_in_a_custom_loop(tmp_path: Path) -> None:
     assert f.numbers["last_rank"] == 1 and f.numbers["waiting_ranks"] == [0]
     assert f.numbers["waits"][0]["extra_steps"] == extra
     assert f.headline.startswith("Uneven data: rank 0 waited ")
+
+
+TF_HANG_JOB = """
+    import tensorflow as tf
+    import horovod.tensorflow as hvd
+    hvd.init()
+    x = tf.ones([4])
+
+    @tf.function
+    def grad_x(v):
+        return hvd.allreduce(v, name="grad_x")
+
+    @tf.function
+    def other(v):
+        return hvd.allreduce(v, name="other")  # a tensor rank 0 never submits
+
+    for i in range(4):
+        if hvd.rank() == 1 and i == SKIP:
+            other(tf.ones([8]))
+        else:
+            grad_x(x)
+    print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("skip", [2, -1], ids=["rank1-skips", "clean"])
+@tf_job
+def test_hang_names_the_tensorflow_tensor_one_rank_never_submits(tmp_path: Path,
+                                                                  skip: int) -> None:
+    """Inside tf.function, rank 1 hands Horovod a different tensor at its
+    third call: every MPI call completes, so the kernel hooks' pending
+    tensors are what the watchdog sees, and `profiler hang` names the tensor
+    rank 1 never submitted, by its Horovod name, from the kernels' records.
+    The same job without the skip: no watchdog line, nothing missing."""
+    from test_hang import hang_cli, run_until_killed
+
+    def snapshots(prof: Path) -> bool:
+        return all((prof / "hang" / f"rank-0000{r}.stacks.txt").is_file() for r in (0, 1))
+
+    env = {**JOB_ENV, "HOROVOD_CYCLE_TIME": "5", "HOROVOD_PROFILE_HANG_S": "2"}
+    prof, out = run_until_killed(tmp_path, TF_HANG_JOB.replace("SKIP", str(skip)),
+                                 after_s=120.0, env=env, until=snapshots)
+    if skip < 0:
+        assert out.count("done") == 2 and "waited in Horovod" not in out, out[-3000:]
+        rc, text, doc = hang_cli(prof)
+        assert rc == 0 and doc["tensors"] == [], text
+        return
+    assert "done" not in out, out[-3000:]
+    # the watchdog fired on a pending TensorFlow tensor, naming it
+    assert "grad_x has waited in Horovod for" in out or "other has waited in Horovod for" in out, \
+        out[-3000:]
+    rc, text, doc = hang_cli(prof)
+    assert rc == 1, text
+    gaps = {(g["tensor"], g["occurrence"]): g for g in doc["tensors"]}
+    assert set(gaps) == {("grad_x", 2), ("other", 0)}, gaps
+    g = gaps[("grad_x", 2)]
+    assert g["missing"] == [1] and list(g["submitted"]) == ["0"]
+    assert gaps[("other", 0)]["missing"] == [0]
+    assert "tensor grad_x (submission #2): handed to Horovod by rank 0" in text, text
+    assert "NEVER by rank(s) 1" in text

@@ -91,6 +91,7 @@ import numpy as np
 import pandas as pd
 
 from profiler.build.classify import classify, is_horovod_row
+from profiler.formats import record as F
 from profiler.formats.lineage import LINEAGE_COLUMNS
 
 __all__ = ["FAMILIES", "infer", "solve_subset", "compare", "with_timeline", "MAX_RANKS",
@@ -270,6 +271,18 @@ def solve_subset(weights: Sequence[int], counts: Sequence[int], target: int,
 # evidence
 # --------------------------------------------------------------------------
 
+def _prefixes(name: np.ndarray, sel: pd.DataFrame) -> list[str]:
+    """Each tensor's operation: its name's prefix (horovod.torch's names), else
+    the one its record states (TensorFlow's node names: flags bits 12-15)."""
+    ops = ((sel["flags"].to_numpy(dtype=np.int64) >> F.TENSOR_OP_SHIFT) & 15
+           if "flags" in sel.columns else np.zeros(len(sel), dtype=np.int64))
+    out = []
+    for s, op in zip(name.tolist(), ops.tolist()):
+        p = s.split(".", 1)[0]
+        out.append(F.TENSOR_OPS.get(op, p) if op and p not in FAMILIES else p)
+    return out
+
+
 def _tensor_rows(frame: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
     """The APP_TENSOR rows of one rank with name, prefix and occurrence."""
     cols = ["name", "prefix", "occurrence", "t_start_ns", "t_end_ns", "bytes", "dtype", "buf",
@@ -285,7 +298,7 @@ def _tensor_rows(frame: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
     t0 = sel["t_start_ns"].to_numpy(dtype=np.int64)
     out = pd.DataFrame({
         "name": name,
-        "prefix": [s.split(".", 1)[0] for s in name.tolist()],
+        "prefix": _prefixes(name, sel),
         "t_start_ns": t0,
         "t_end_ns": (sel["t_end_ns"].to_numpy(dtype=np.int64) if "t_end_ns" in sel.columns
                      else t0),

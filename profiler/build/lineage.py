@@ -536,8 +536,10 @@ def build_lineage(
             rec_table = None
             reasons.append(rinfo.get("reason", "no tensor carried by a recorded call"))
     elif "records" in sources:
-        reasons.append("no tensor records (they are recorded from horovod.torch; a "
-                       "TensorFlow job's tensors come from Horovod's timeline)")
+        not_recorded = rank_meta.get("tensors_not_recorded")
+        reasons.append(f"no tensor records ({not_recorded})" if not_recorded else
+                       "no tensor records (they come from horovod.torch's entry points "
+                       "and Horovod's TensorFlow kernels)")
 
     tl_table: pd.DataFrame | None = None
     tl_path = find_timeline(d, env) if "timeline" in sources else None

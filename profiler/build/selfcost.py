@@ -45,7 +45,12 @@ def job_summary(rank_meta: list[dict[str, Any]]) -> dict[str, Any]:
         record_ns = per_call * records if per_call is not None else None
         helper = _num(h.get("helper_cpu_ns"))
         python = _num(own.get("python_hook_ns"))
-        parts = [v for v in (record_ns, helper, python, cpu_read) if v is not None]
+        # TensorFlow's kernel hooks: their measured time, less their records'
+        # (priced above at the per-record cost)
+        kernel = _num(own.get("kernel_hook_ns"))
+        if kernel is not None and per_call is not None:
+            kernel = max(0.0, kernel - per_call * (_num(own.get("kernel_hook_records")) or 0))
+        parts = [v for v in (record_ns, helper, python, kernel, cpu_read) if v is not None]
         total = float(sum(parts)) if parts else None
         cpu = _num(own.get("process_cpu_ns"))
         # each step's share: the cost spread evenly over the process's life
@@ -59,6 +64,8 @@ def job_summary(rank_meta: list[dict[str, Any]]) -> dict[str, Any]:
             "helper_cpu_ns": helper,
             "python_hook_ns": python,
             "python_hook_calls": _num(own.get("python_hook_calls")),
+            "kernel_hook_ns": kernel,
+            "kernel_hook_records": _num(own.get("kernel_hook_records")),
             "cpu_read_ns": cpu_read,
             "cpu_rows": cpu_rows,
             "total_ns": total,
@@ -78,7 +85,8 @@ def job_summary(rank_meta: list[dict[str, Any]]) -> dict[str, Any]:
         "method": "records x the per-record cost calibrated at start-up (call_cost_ns), "
                   "+ the helper thread's CPU time (its thread clock), + the per-step reads "
                   "of every thread's CPU figures with their rows (the stepping thread's "
-                  "clock), + the Python hooks' "
+                  "clock), + TensorFlow's kernel hooks' measured time beyond their "
+                  "records, + the Python hooks' "
                   "own time (sampled: each sample the smaller of its wall-clock and thread-clock "
                   "intervals, the clock reads priced; an upper bound); shares of "
                   "the rank's CPU time (getrusage at exit) and of its wall time (each step's "

@@ -186,6 +186,12 @@ def activate() -> None:
     # started with HOROVOD_PROFILE=1): _allow_late_imports() lets the exit
     # work import it, and frame_to_table converts without a thread pool.
     native.set_python(True)  # this rank converts its own file at exit (finish)
+    try:  # before anything imports TensorFlow: its tensors' hooks (built with it)
+        from profiler.collect import tf_kernels
+
+        tf_kernels.preload()
+    except Exception as exc:  # never break the job
+        _say(f"warning: TensorFlow's tensors will not be recorded: {_one_line(exc)}")
     nccl_plugin()
     try:
         from profiler.collect import horovod_hooks as hooks

@@ -26,6 +26,16 @@ def steps_marked_by() -> str | None:
     return by or STEP_MARKERS.get(mode)
 
 
+def tensors_not_recorded() -> str | None:
+    """Why the tensors TensorFlow handed to Horovod were not recorded, when
+    this process used Horovod's TensorFlow kernels and they were not
+    (profiler.collect.tf_kernels.reason); else None."""
+    tf = sys.modules.get("profiler.collect.tf_kernels")
+    if tf is None or "horovod.tensorflow.mpi_ops" not in sys.modules:
+        return None
+    return tf.reason()  # type: ignore[attr-defined,no-any-return]
+
+
 def rank_facts(raw_path: str) -> dict[str, Any]:
     from profiler.collect import nvml, selfcost
     from profiler.collect.native import native_state
@@ -47,6 +57,7 @@ def rank_facts(raw_path: str) -> dict[str, Any]:
         "interface_kinds": kinds,
         "torch_threads": threads,
         "steps_marked_by": steps_marked_by(),
+        "tensors_not_recorded": tensors_not_recorded(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "environ": dict(os.environ),
         "argv": list(sys.argv),

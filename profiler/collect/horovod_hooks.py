@@ -20,7 +20,10 @@ waits in it as a "join" row (:func:`profiler.collect.steps.mark_join`).
 ``horovod.torch.optimizer`` and patches the module right after it executes.
 The imports of ``horovod.tensorflow`` and ``horovod.tensorflow.keras`` are
 noticed the same way: ``DistributedGradientTape`` and Keras's ``model.fit``
-then mark steps (:mod:`profiler.collect.tf_hooks`).
+then mark steps (:mod:`profiler.collect.tf_hooks`), and before
+``horovod.tensorflow.mpi_ops`` loads Horovod's kernel library, the kernel
+hooks that record TensorFlow's tensors are armed
+(:mod:`profiler.collect.tf_kernels`).
 
 It imports neither torch nor Horovod (start-up cost: a list insert).  If the
 module is already imported, it is patched at once.
@@ -45,6 +48,9 @@ TARGET = "horovod.torch.optimizer"
 MPI_OPS = "horovod.torch.mpi_ops"
 KERAS = "horovod.tensorflow.keras"  # profiler.collect.tf_hooks.KERAS
 TF_MODULES = ("horovod.tensorflow", KERAS)  # patched by profiler.collect.tf_hooks
+#: loads Horovod's TensorFlow kernel library: the kernel hooks go global first
+#: (profiler.collect.tf_kernels)
+TF_MPI_OPS = "horovod.tensorflow.mpi_ops"
 TEMPLATE_CLASSES = ("_DistributedOptimizer", "_DistributedAdasumOptimizer")
 _WRAPPED = "__hvprof_wrapped__"
 
@@ -186,6 +192,10 @@ class _PatchingLoader:
         return create(spec) if create is not None else None
 
     def exec_module(self, module: ModuleType) -> None:
+        if module.__name__ == TF_MPI_OPS:
+            _load_tf_kernels()
+            self._inner.exec_module(module)
+            return
         self._inner.exec_module(module)
         if module.__name__ == MPI_OPS:
             _patch_mpi_ops(module)
@@ -218,7 +228,8 @@ class _HorovodFinder:
         path: Sequence[str] | None,
         target: ModuleType | None = None,
     ) -> ModuleSpec | None:
-        if fullname != TARGET and fullname != MPI_OPS and fullname not in TF_MODULES:
+        if (fullname != TARGET and fullname != MPI_OPS and fullname != TF_MPI_OPS
+                and fullname not in TF_MODULES):
             return None
         for finder in sys.meta_path:
             if finder is self or isinstance(finder, _HorovodFinder):
@@ -254,6 +265,21 @@ def install() -> None:
         tf_module = sys.modules.get(name)
         if tf_module is not None:
             _patch_tf(tf_module)
+    if TF_MPI_OPS in sys.modules:
+        from profiler.collect import tf_kernels
+
+        tf_kernels.note_late_load()
+
+
+def _load_tf_kernels() -> None:
+    """Before Horovod's TensorFlow kernels load: arm the kernel hooks (a
+    failure is kept as the reason the tensors are not recorded)."""
+    try:
+        from profiler.collect import tf_kernels
+
+        tf_kernels.arm()
+    except Exception as exc:  # never let the hook stop the application's import
+        _warn_once(f"could not record TensorFlow's tensors: {exc}")
 
 
 def _patch_tf(module: ModuleType) -> None:

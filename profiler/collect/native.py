@@ -59,6 +59,9 @@ EXPORTS: dict[str, tuple[Any, tuple[Any, ...], str]] = {
                                         _c.c_uint32, _c.c_int32, _c.c_uint32, _c.c_uint32,
                                         _c.c_uint32, _c.c_int32, _c.c_uint64),
                              "tensors: a tensor handed to Horovod"),
+    "hvprof_tensor_name_id": (_c.c_int64, (_c.c_char_p, _c.c_size_t),
+                              "tensors: a tensor name's id (one id space with the "
+                              "TensorFlow kernels' records)"),
     "hvprof_cpu_baseline": (_c.c_int, (), "steps: every thread's CPU read as a step opens"),
     "hvprof_set_enabled": (None, (_c.c_int,), "bench: run-time switch"),
     "hvprof_set_sampling": (None, (_c.c_int,), "steps: pause/resume recording"),
@@ -75,6 +78,8 @@ EXPORTS: dict[str, tuple[Any, tuple[Any, ...], str]] = {
 del _c
 # Exports Python never calls, each with the reason.
 C_ONLY: dict[str, str] = {
+    "hvprof_record_op_tensor": "the TensorFlow kernels' tensor records "
+                               "(hooks/tf/kernels.cc, on TensorFlow's threads, no Python)",
     "hvprof_nccl_flush": "called by hvprof_nccl_finish (Python calls that); exported for C "
                          "applications that collect device times mid-run",
 }

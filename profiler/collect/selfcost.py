@@ -33,6 +33,7 @@ to; the trace's summary of it all is profiler.build.selfcost.job_summary.
 from __future__ import annotations
 
 import resource
+import sys
 import time
 from typing import Any
 
@@ -87,10 +88,14 @@ def close(opened: tuple[int, int], before: int = 0) -> None:
 
 
 def snapshot() -> dict[str, Any]:
-    """This process's figures so far: Python hooks (ns, invocations) and the
-    process's CPU time (user + system, all threads)."""
+    """This process's figures so far: Python hooks (ns, invocations), the
+    TensorFlow kernel hooks (ns, records; profiler.collect.tf_kernels) when
+    they recorded, and the process's CPU time (user + system, all threads)."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
+    tf = sys.modules.get("profiler.collect.tf_kernels")
+    kernels = tf.cost() if tf is not None else None  # type: ignore[attr-defined]
     return {"python_hook_ns": int(python_ns), "python_hook_calls": int(python_calls),
+            **(kernels or {}),
             "process_cpu_ns": int((ru.ru_utime + ru.ru_stime) * 1e9),
             "process_wall_ns": _process_wall_ns()}
 

@@ -17,10 +17,12 @@ MPI_Allreduce or MPI_Bcast that Horovod makes for it.
 Names are Horovod's own (``horovod/torch/mpi_ops_v2.cc`` GetOpName): the
 operation prefix, then the user's name, or ``noname.<handle>``; a grouped
 operation's tensors are ``<base>_<i>of<n>``.  They are the names Horovod's
-timeline uses.  Each name is given an id the first time it is seen and
-appended to ``raw/rank-R.tensors`` (one JSON string per line; line i is id i;
-read back by profiler.formats.raw.read_tensor_names) with one write: it is on
-disk as soon as a record can refer to it, so a rank that dies keeps its names.
+timeline uses.  Each name is given an id the first time it is seen, by the
+library (hooks/names.c: one id space per process, shared with the TensorFlow
+kernels' records of hooks/tf/kernels.cc), which appends it to
+``raw/rank-R.tensors`` (one JSON string per line; line i is id i; read back
+by profiler.formats.raw.read_tensor_names) with one write: it is on disk as
+soon as a record can refer to it, so a rank that dies keeps its names.
 
 Nothing here may change what the application sees: the original's result and
 exceptions pass through untouched, and a failure of the recording is reported
@@ -43,8 +45,6 @@ import threading
 from time import monotonic as _monotonic
 from types import ModuleType
 from typing import Any, Callable
-
-import orjson
 
 from profiler._env import setting
 from profiler.collect.selfcost import close as _close
@@ -82,7 +82,7 @@ REDUCE_OPS: dict[int, int] = {0: 15, 1: 1, 2: 255, 3: 3, 4: 4, 5: 2}
 
 _lock = threading.Lock()
 _ids: dict[str, int] = {}
-_fd: int | None = None
+_name_fn: Any = None  # native hvprof_tensor_name_id, resolved once
 _record: Any = None  # native hvprof_record_tensor, resolved once
 _now: Any = None
 _warned = False
@@ -143,34 +143,31 @@ def _library() -> bool:
 
 
 def _name_id(name: str) -> int:
-    """The id of `name`, appending it to the names file the first time."""
-    global _fd
+    """The id of `name`: the library's (hvprof_tensor_name_id, one id space
+    with the TensorFlow kernels' records), which writes its line the first
+    time; cached here by name."""
+    global _name_fn
     got = _ids.get(name)
     if got is not None:
         return got
     with _lock:
-        if _fd is None:  # the first name of this process (a forked child starts over)
-            mod = sys.modules["profiler.collect.native"]
-            raw = mod.function("hvprof_raw_path")()  # type: ignore[attr-defined]
-            if not raw:
-                raise OSError("no raw file open")
-            from profiler.layout import tensor_names_path
-
-            path = tensor_names_path(raw.decode())
-            _fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         got = _ids.get(name)
         if got is None:
-            got = len(_ids)
-            os.write(_fd, orjson.dumps(name) + b"\n")
+            if _name_fn is None:  # the first name of this process (a forked child starts over)
+                _name_fn = sys.modules["profiler.collect.native"].function(  # type: ignore[attr-defined]
+                    "hvprof_tensor_name_id")
+            raw = name.encode("utf-8", "surrogatepass")
+            got = int(_name_fn(raw, len(raw))) if _name_fn is not None else -1
+            if got < 0:
+                raise OSError("no raw file open, or its names file cannot be written")
             _ids[name] = got
         return got
 
 
 def _after_fork() -> None:
-    """A forked child writes its own raw file: its names start over."""
-    global _fd
+    """A forked child writes its own raw file: its names start over (the
+    library's table too: hooks/names.c)."""
     _ids.clear()
-    _fd = None
 
 
 os.register_at_fork(after_in_child=_after_fork)

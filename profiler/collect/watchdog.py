@@ -131,9 +131,15 @@ def _what_is_stuck() -> str:
 
 
 def _oldest_tensor() -> tuple[float, str] | None:
-    """The oldest tensor handed to Horovod and not handed back (seconds, name)."""
-    mod = sys.modules.get("profiler.collect.tensors")
-    return mod.oldest_pending() if mod is not None else None  # type: ignore[attr-defined]
+    """The oldest tensor handed to Horovod and not handed back (seconds, name):
+    by horovod.torch's entry points or by Horovod's TensorFlow kernels."""
+    found = []
+    for name in ("profiler.collect.tensors", "profiler.collect.tf_kernels"):
+        mod = sys.modules.get(name)
+        got = mod.oldest_pending() if mod is not None else None  # type: ignore[attr-defined]
+        if got is not None:
+            found.append(got)
+    return max(found, key=lambda f: f[0]) if found else None
 
 
 def _mark(hang: Path) -> bool:

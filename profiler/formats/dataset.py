@@ -70,7 +70,7 @@ _INT64 = 1 << 63
 _META_COUNTS = ("calls", "rows", "aggregated_calls", "unsampled_calls")
 _META_LISTS = ("comms", "tracks")
 _META_STRINGS = ("host", "mode", "profiler_version", "parquet", "aggregates", "executable",
-                 "steps_marked_by")
+                 "steps_marked_by", "tensors_not_recorded")
 _HEADER_INTS = ("world_size", "state", "dropped_records", "pid", "n_chunks", "job_id",
                 "offset_ns", "offset_err_ns", "job_t0_ns", "local_rank", "thread_level",
                 "clock_kind", "offset_method", "mode", "unsampled_calls", "aggregated_calls",

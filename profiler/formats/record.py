@@ -415,6 +415,12 @@ FLAG_NO_COMPLETION = 0x0040
 FLAG_DEVICE_PENDING = 0x0080
 FLAG_FROM_STATUS = 0x0100
 
+#: APP_TENSOR flags bits 12-15 (hvprof_format.h HVPROF_TENSOR_OP_*): the
+#: operation of a tensor whose name does not start with it (TensorFlow's node
+#: names); 0: the name's prefix says it (horovod.torch's names)
+TENSOR_OP_SHIFT = 12
+TENSOR_OPS = {1: "allreduce", 2: "allgather", 3: "broadcast", 4: "alltoall", 5: "reducescatter"}
+
 # MPI point-to-point (hvprof_format.h, ops 16..23): no per-communicator
 # sequence number; root = the peer (a rank of the record's communicator, or
 # PEER_PROC_NULL / PEER_ANY_SOURCE), seq = the tag (int32 bits).  Sends carry
