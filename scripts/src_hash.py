@@ -1,5 +1,6 @@
 """The hash of what the installed package is built from (setup.py, hooks/,
-profiler/, analysis/): one definition for scripts/setup.sh and
+profiler/, analysis/, and the version of the environment's TensorFlow, whose
+headers the kernel hooks are built against): one definition for scripts/setup.sh and
 scripts/dev-install.sh, which record it at each install
 (.venv/.hvprof-package), and tests/conftest.py, which reinstalls when the
 checkout has moved on since.
@@ -14,7 +15,8 @@ import hashlib
 import sys
 from pathlib import Path
 
-PATTERNS = ["setup.py", "pyproject.toml", "hooks/*.c", "hooks/*.h", "profiler/**/*.py",
+PATTERNS = ["setup.py", "pyproject.toml", "hooks/*.c", "hooks/*.h", "hooks/tf/*.cc",
+            "profiler/**/*.py",
             "profiler/*.pth", "profiler/py.typed", "analysis/**/*.py", "analysis/**/*.js"]
 STAMP = Path(".venv") / ".hvprof-package"
 
@@ -24,7 +26,21 @@ def src_hash(root: Path) -> str:
     files = sorted({p for pat in PATTERNS for p in root.glob(pat) if p.is_file()})
     for p in files:
         h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+    h.update(b"tensorflow=" + tensorflow_version().encode())
     return h.hexdigest()
+
+
+def tensorflow_version() -> str:
+    """The version of TensorFlow in the running interpreter's environment
+    ("none" without it), without importing it: installing or changing it
+    after the package rebuilds the kernel hooks."""
+    import importlib.metadata as md
+    import importlib.util
+
+    if importlib.util.find_spec("tensorflow") is None:
+        return "none"
+    dists = md.packages_distributions().get("tensorflow") or []
+    return md.version(dists[0]) if dists else "unknown"
 
 
 if __name__ == "__main__":

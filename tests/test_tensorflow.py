@@ -96,6 +96,37 @@ def _grad_bytes(res: dict[str, Any]) -> int:
     return sum(n * size for _, n, size in res["params"])
 
 
+def test_kernel_hooks_refuse_another_tensorflow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel hooks read Horovod's kernels through the inline accessors of
+    the headers they were built with: built for another TensorFlow, they stay
+    off, and the reason names both versions; without the library, the reason
+    says it was not built."""
+    from profiler.collect import tf_kernels
+
+    class Lib:
+        armed: list[int] = []
+
+        def hvprof_tf_built_for(self) -> bytes:
+            return b"2.0.0"
+
+        def hvprof_tf_arm(self, on: int) -> int:
+            self.armed.append(on)
+            return 0
+
+    fake_tf = type(sys)("tensorflow")
+    fake_tf.__version__ = "2.21.0"  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tensorflow", fake_tf)
+    monkeypatch.setattr(tf_kernels, "_lib", Lib())
+    why = tf_kernels._arm()
+    assert why is not None and "built for TensorFlow 2.0.0" in why and "2.21.0" in why
+    assert Lib.armed == []
+    fake_tf.__version__ = "2.0.0"  # type: ignore[attr-defined]
+    assert tf_kernels._arm() is None and Lib.armed == [1]
+    monkeypatch.setattr(tf_kernels, "_lib", None)
+    monkeypatch.setattr(tf_kernels, "library_path", lambda: "/nonexistent/libhvprof_tf.so")
+    assert "not built" in (tf_kernels._arm() or "")
+
+
 def test_images_of_an_epoch_in_batches() -> None:
     # 200 samples in batches of 32: six full batches and one of 8
     assert [tf_hooks.images_of(b, b, 32, 200) for b in range(7)] == [32] * 6 + [8]

@@ -162,7 +162,31 @@ struct Attrs {
 };
 
 // The kernel's Info, made on its first run (names registered then).
+const Info* info_locked(const tensorflow::OpKernel& k, Kind kind, int ninputs);
+
+// In front of it, per thread: a few kernels' Infos, no lock (an Info is
+// never freed or moved: the map's nodes stay put).
+struct Seen {
+  const void* kernel;
+  const char* name_data;
+  size_t name_len;
+  const Info* info;
+};
+constexpr size_t kSeen = 64;
+thread_local Seen seen[kSeen];
+
 const Info* info_of(const tensorflow::OpKernel& k, Kind kind, int ninputs) {
+  absl::string_view name = k.name_view();
+  Seen& e = seen[(reinterpret_cast<uintptr_t>(&k) >> 4) % kSeen];
+  if (e.kernel == &k && e.name_data == name.data() && e.name_len == name.size() &&
+      (!kind.grouped || e.info->ids.size() == static_cast<size_t>(ninputs)))
+    return e.info;
+  const Info* info = info_locked(k, kind, ninputs);
+  e = Seen{&k, name.data(), name.size(), info};
+  return info;
+}
+
+const Info* info_locked(const tensorflow::OpKernel& k, Kind kind, int ninputs) {
   absl::string_view name = k.name_view();
   std::lock_guard<std::mutex> guard(cache_lock);
   if (cache == nullptr) cache = new std::unordered_map<const void*, Info>();
@@ -198,24 +222,40 @@ const Info* info_of(const tensorflow::OpKernel& k, Kind kind, int ninputs) {
 // seen yet): for the hang watchdog, which cannot see a tensor one rank never
 // submits in the MPI calls (they all complete).  A context's address is
 // reused only after its run ended.
+// A short vector (about the tensors in flight), searched linearly: no
+// allocation once it has grown.
 struct Pending {
+  const void* ctx;
   std::chrono::steady_clock::time_point since;
   int64_t name_id;
 };
 std::mutex pending_lock;
-std::unordered_map<const void*, Pending>* pending = nullptr;
+std::vector<Pending>* pending = nullptr;
 
-void pending_add(const void* ctx, int64_t name_id) {
+void pending_add(const void* ctx, std::chrono::steady_clock::time_point since,
+                 int64_t name_id) {
   std::lock_guard<std::mutex> guard(pending_lock);
-  if (pending == nullptr) pending = new std::unordered_map<const void*, Pending>();
-  (*pending)[ctx] = Pending{std::chrono::steady_clock::now(), name_id};
+  if (pending == nullptr) pending = new std::vector<Pending>();
+  for (auto& p : *pending)
+    if (p.ctx == ctx) {
+      p = Pending{ctx, since, name_id};
+      return;
+    }
+  pending->push_back(Pending{ctx, since, name_id});
 }
 
 void pending_done(const tensorflow::OpKernelContext* ctx) {
   absl::string_view type = ctx->op_kernel().type_string_view();
   if (type.size() < 8 || std::memcmp(type.data(), "Horovod", 7) != 0) return;
+  if (kind_of(type).op == 0) return;
   std::lock_guard<std::mutex> guard(pending_lock);
-  if (pending != nullptr) pending->erase(ctx);
+  if (pending == nullptr) return;
+  for (size_t i = 0; i < pending->size(); i++)
+    if ((*pending)[i].ctx == ctx) {
+      (*pending)[i] = pending->back();
+      pending->pop_back();
+      return;
+    }
 }
 
 // A grouped kernel's two passes over its inputs on this thread: the first is
@@ -256,7 +296,7 @@ void observe(const tensorflow::OpKernelContext* ctx, int index, const tensorflow
   if (record_fn(now, count * size, count, static_cast<uint32_t>(id), info->root, code, size,
                 info->redop, info->process_set, kind.op, buffer) == 0)
     recorded.fetch_add(1, std::memory_order_relaxed);
-  if (!kind.grouped || index == 0) pending_add(ctx, id);
+  if (!kind.grouped || index == 0) pending_add(ctx, began, id);
   cost_ns.fetch_add(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                         std::chrono::steady_clock::now() - began).count()),
                     std::memory_order_relaxed);
@@ -377,10 +417,10 @@ HVPROF_TF_EXPORT int hvprof_tf_oldest_pending(int64_t* age_ns, int64_t* name_id)
   if (pending == nullptr || pending->empty()) return 0;
   auto oldest = pending->begin();
   for (auto it = pending->begin(); it != pending->end(); ++it)
-    if (it->second.since < oldest->second.since) oldest = it;
+    if (it->since < oldest->since) oldest = it;
   *age_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::steady_clock::now() - oldest->second.since).count();
-  *name_id = oldest->second.name_id;
+      std::chrono::steady_clock::now() - oldest->since).count();
+  *name_id = oldest->name_id;
   return 1;
 }
 
