@@ -62,7 +62,9 @@ def arms_for(n: int, seed: int) -> list[str]:
 
 class Switch:
     """The profiler's per-call work, on or off, in this process: the MPI
-    wrappers, the tensor hooks, or both (`what`)."""
+    wrappers, the tensor hooks, or both (`what`).  TensorFlow's kernel hooks
+    go with either (a Keras job's Switch("mpi") switches its tensor records
+    too)."""
 
     def __init__(self, what: str = "all") -> None:
         from profiler.collect import native
@@ -81,6 +83,10 @@ class Switch:
         on = state == "on"
         if self.what in ("all", "mpi"):
             native.set_enabled(on)
+        kernels = sys.modules.get("profiler.collect.tf_kernels")
+        if kernels is not None and kernels.loaded() and self.what in ("all", "mpi", "tensors"):
+            # TensorFlow's tensor records, in Horovod's kernels (hooks/tf/kernels.cc)
+            kernels._lib.hvprof_tf_arm(1 if on else 0)
         ops = sys.modules.get(tensors.TARGET)
         if ops is not None and self.what in ("all", "tensors"):
             if on:  # the same hook objects again, as a run keeps them

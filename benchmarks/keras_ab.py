@@ -4,13 +4,14 @@
 A Keras ``model.fit`` job (a small CNN on synthetic 32x32 images) runs under
 ``HOROVOD_PROFILE=1``; a callback of this benchmark splits the training into
 chunks of --chunk batches and switches the profiler's per-call work (the MPI
-wrappers: ``ab_driver.Switch("mpi")``; TensorFlow's tensors are not hooked)
-off and on between chunks, in pairs whose order is drawn at random, as
+wrappers and TensorFlow's tensor records in Horovod's kernels:
+``ab_driver.Switch("mpi")``) off and on between chunks, in pairs whose order is drawn at random, as
 ``ab_driver.py`` does for PyTorch.  The figure is the geometric mean of the
 pairs' ratios (profiled / unprofiled images/sec, all ranks) with a 95% block
 bootstrap interval, beside an A/A control run (nothing switched) and the
 CPU share the trace itself states (``self_cost``: records x calibrated cost,
-the helper thread, the Python hooks: here the Keras step callback).
+the helper thread, the Python hooks: here the Keras step callback, and the
+kernel hooks' own time).
 
 What stays on in both arms: the step callback, the helper thread, the
 watchdog.  Their cost is in the trace's share, measured directly.

@@ -102,7 +102,10 @@ static int open_file(void)
 HVPROF_EXPORT int64_t hvprof_tensor_name_id(const char *name, size_t len)
 {
     if (!name) return -1;
-    if (len > NAME_MAX_BYTES) len = NAME_MAX_BYTES;
+    if (len > NAME_MAX_BYTES) { /* cut at a character's start: the line stays UTF-8 */
+        len = NAME_MAX_BYTES;
+        while (len > 0 && ((unsigned char)name[len] & 0xC0) == 0x80) len--;
+    }
     uint64_t h = fnv1a(name, len);
     int64_t got = -1;
     pthread_mutex_lock(&lock);

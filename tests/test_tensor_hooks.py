@@ -122,9 +122,16 @@ for hook in hooks("_allreduce_async"):
     current[0] = 77
     failed.append(hook(object(), None, "bad", 1, 1.0, 1.0, None))
 
+# names as JSON lines written by the library (hooks/names.c): escapes,
+# non-ASCII, a name past 4096 bytes cut at a character's start; one id each
+odd = ['q"uote', "back\\slash", "new\nline", "tab\t\x01", "caf\u00e9", "\U0001F600",
+       "\u00e9" * 2100]
+odd_ids = [tensors._name_id(n) for n in odd]
+assert [tensors._name_id(n) for n in odd] == odd_ids
+
 with open(out, "w") as f:
     json.dump({"calls": calls, "errors": errors, "failed": failed,
-               "recorded": tensors.tensors_recorded()}, f)
+               "recorded": tensors.tensors_recorded(), "odd": odd, "odd_ids": odd_ids}, f)
 '''
 
 FIELDS = ("bytes", "count", "dtype", "dtype_size", "redop", "root", "rc", "aux", "flags")
@@ -205,3 +212,17 @@ def test_errors_pass_and_failures_warn_once(job: tuple[dict, Path, str]) -> None
     warnings = [x for x in stderr.splitlines() if "tensor record failed" in x]
     assert len(warnings) == 1, stderr
     assert "_allreduce_async" in warnings[0]
+
+
+def test_names_file_holds_any_name_once(job: tuple[dict, Path, str]) -> None:
+    """The library's names file (hooks/names.c): line i is id i's name as a
+    JSON string, whatever its characters; a name past 4096 bytes is cut at
+    a character's start, and the lines after it still read."""
+    doc, prof, _ = job
+    names = read_tensor_names(prof / "raw" / "rank-00000.hvprof")
+    ids = doc["odd_ids"]
+    assert ids == list(range(ids[0], ids[0] + len(ids))) and ids[-1] == len(names) - 1
+    got = [names[i] for i in ids]
+    assert got[:-1] == doc["odd"][:-1]
+    assert got[-1] == "\u00e9" * 2048  # 4096 bytes: 2048 two-byte characters
+    assert len(set(names)) == len(names)

@@ -156,7 +156,7 @@ def _name_id(name: str) -> int:
             if _name_fn is None:  # the first name of this process (a forked child starts over)
                 _name_fn = sys.modules["profiler.collect.native"].function(  # type: ignore[attr-defined]
                     "hvprof_tensor_name_id")
-            raw = name.encode("utf-8", "surrogatepass")
+            raw = name.encode("utf-8", "replace")  # the names file is UTF-8 JSON
             got = int(_name_fn(raw, len(raw))) if _name_fn is not None else -1
             if got < 0:
                 raise OSError("no raw file open, or its names file cannot be written")
