@@ -175,7 +175,8 @@ def test_keras_fit_gives_steps_images_and_gradient_bytes(tmp_path: Path) -> None
     assert set(ar.tolist()) == {_grad_bytes(res)}, (ar.tolist(), _grad_bytes(res))
 
     for argv in (["summarize", str(prof)], ["advise", str(prof)], ["check", str(prof)],
-                 ["tensors", str(prof)], ["tensors", str(prof), "--whatif"]):
+                 ["tensors", str(prof)], ["tensors", str(prof), "--whatif"],
+                 ["report", str(prof), "-o", str(tmp_path / "report.html")]):
         rc, out, err = C._cli(argv)
         assert rc == 0 and "Traceback" not in err, (argv, rc, err[-2000:])
     rc, out, _ = C._cli(["summarize", str(prof)])
@@ -275,6 +276,10 @@ def test_keras_fit_on_one_rank(tmp_path: Path) -> None:
     assert len(st) == len(res["spans"]) == 7
     assert int(st["count"].sum()) == res["samples"]
     assert os.path.exists(prof / "trace.json")
+    # one rank: Horovod's optimizer skips the allreduce (its tf.cond on
+    # size() > 1), so no gradient reaches its kernels, and none is recorded
+    t = _tensor_rows(prof)
+    assert not t["name"].str.contains("HorovodAllreduce").any(), t["name"].tolist()
 
 
 @tf_job
