@@ -16,11 +16,18 @@
 // tensors of a grouped op.  Ids come from libhvprof (hvprof_tensor_name_id:
 // one id space with the PyTorch hooks).
 //
-// Built against the installed TensorFlow's headers (setup.py) and loaded only
-// by the same version (profiler.collect.tf_kernels): the kernel's layout is
-// read through TensorFlow's inline accessors.  It changes nothing the
-// application sees: TensorFlow's function is called first, and its result is
-// returned untouched; nothing here throws.
+// Its definition of OpKernelContext::SetStatus, which Horovod's callback
+// calls when the collective is done, ends the run's pending entry: the hang
+// watchdog's view of a tensor one rank never submits.
+//
+// Built against the installed TensorFlow's headers (setup.py), loaded global
+// at the profiler's activation, before TensorFlow (whose libraries are global
+// too: the first definition wins), and armed only under the TensorFlow it was
+// built for (profiler.collect.tf_kernels): the kernel's layout is read
+// through the headers' inline accessors.  Until armed, and for every kernel
+// that is not Horovod's, it only calls TensorFlow's function.  It changes
+// nothing the application sees: TensorFlow's function is always called, its
+// result returned untouched; nothing here throws.
 
 #include <dlfcn.h>
 
@@ -28,6 +35,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -114,7 +122,8 @@ uint32_t redop_of(int64_t op) {
 
 // What one kernel object's records share, found once per kernel.  The node
 // name's storage identifies the kernel with the pointer (a kernel freed and
-// another made at its address is looked up again).
+// another made at its address gets a new Info; an Info is never changed or
+// freed, so a pointer to it read by another thread stays good).
 struct Info {
   const char* name_data;
   size_t name_len;
@@ -126,10 +135,10 @@ struct Info {
 };
 
 std::mutex cache_lock;
-std::unordered_map<const void*, Info>* cache = nullptr;
+std::unordered_map<const void*, const Info*>* cache = nullptr;
 
 // The kernel's attributes, read through TensorFlow's own exported functions
-// (resolved in hvprof_tf_init): the headers' inline map lookups would tie this
+// (resolved in hvprof_tf_arm): the headers' inline map lookups would tie this
 // library to the protobuf and Abseil symbols of one build.
 using AttrSliceCtor = void (*)(tensorflow::AttrSlice*, const tensorflow::NodeDef&);
 using TryIntFn = bool (*)(const tensorflow::AttrSlice&, std::string_view, int64_t*);
@@ -182,39 +191,41 @@ const Info* info_of(const tensorflow::OpKernel& k, Kind kind, int ninputs) {
       (!kind.grouped || e.info->ids.size() == static_cast<size_t>(ninputs)))
     return e.info;
   const Info* info = info_locked(k, kind, ninputs);
-  e = Seen{&k, name.data(), name.size(), info};
+  if (info != nullptr) e = Seen{&k, name.data(), name.size(), info};
   return info;
 }
 
 const Info* info_locked(const tensorflow::OpKernel& k, Kind kind, int ninputs) {
   absl::string_view name = k.name_view();
   std::lock_guard<std::mutex> guard(cache_lock);
-  if (cache == nullptr) cache = new std::unordered_map<const void*, Info>();
+  if (cache == nullptr) cache = new std::unordered_map<const void*, const Info*>();
   auto it = cache->find(&k);
-  if (it != cache->end() && it->second.name_data == name.data() &&
-      it->second.name_len == name.size() &&
-      (!kind.grouped || it->second.ids.size() == static_cast<size_t>(ninputs)))
-    return &it->second;
+  if (it != cache->end() && it->second->name_data == name.data() &&
+      it->second->name_len == name.size() &&
+      (!kind.grouped || it->second->ids.size() == static_cast<size_t>(ninputs)))
+    return it->second;
   Attrs attrs(k.def());
-  Info info{name.data(), name.size(), kind, -1, 0, 0, {}};
+  auto info = std::make_unique<Info>(Info{name.data(), name.size(), kind, -1, 0, 0, {}});
   std::string base(name);
   if (attrs.get_bool("ignore_name_scope")) {
     size_t pos = base.find_last_of('/');
     if (pos != std::string::npos) base = base.substr(pos + 1);
   }
-  if (kind.op == kBroadcast) info.root = static_cast<int32_t>(attrs.get_int("root_rank", -1));
+  if (kind.op == kBroadcast) info->root = static_cast<int32_t>(attrs.get_int("root_rank", -1));
   if (kind.op == kAllreduce || kind.op == kReducescatter)
-    info.redop = redop_of(attrs.get_int("reduce_op", -1));
-  info.process_set = static_cast<int32_t>(attrs.get_int("process_set_id", 0));
+    info->redop = redop_of(attrs.get_int("reduce_op", -1));
+  info->process_set = static_cast<int32_t>(attrs.get_int("process_set_id", 0));
   int n = kind.grouped ? ninputs : 1;
   for (int i = 0; i < n; i++) {
     std::string full = kind.grouped
         ? base + "_" + std::to_string(i + 1) + "of" + std::to_string(ninputs) : base;
-    info.ids.push_back(name_id_fn(full.data(), full.size()));
+    int64_t id = name_id_fn(full.data(), full.size());
+    if (id < 0) return nullptr;  // no raw file open yet: asked again next time
+    info->ids.push_back(id);
   }
-  auto& slot = (*cache)[&k];
-  slot = std::move(info);
-  return &slot;
+  const Info* kept = info.release();  // never freed: see Info
+  (*cache)[&k] = kept;
+  return kept;
 }
 
 // The kernel runs handed to Horovod and not handed back (their context's
@@ -285,8 +296,8 @@ void observe(const tensorflow::OpKernelContext* ctx, int index, const tensorflow
   uint32_t code, size;
   dtype_of(t.dtype(), &code, &size);
   const Info* info = info_of(k, kind, ninputs);
+  if (info == nullptr) return;
   int64_t id = info->ids[kind.grouped ? index : 0];
-  if (id < 0) return;
   uint64_t count = static_cast<uint64_t>(t.NumElements());
   // The root of a broadcast sends from its input (MPIBroadcast::Execute): the
   // call's buffer names the tensor, as an output's does for PyTorch's.
