@@ -116,6 +116,10 @@ SETTINGS: tuple[Setting, ...] = (
             "ranks in trace.json's window (the first ones plus likely stragglers)", "Python"),
     Setting("HOROVOD_PROFILE_TRACE_STEPS", "an integer >= 1", "10",
             "middle steps in trace.json's window", "Python"),
+    Setting("HOROVOD_PROFILE_TF_KERNELS", "0 or 1", "1",
+            "0: TensorFlow's tensors are not recorded in Horovod's kernels (the kernel "
+            "hooks are not loaded: no lineage, fusion what-if or hang diagnosis by tensor "
+            "for TensorFlow jobs)", "Python"),
     Setting("HOROVOD_PROFILE_FASTREC", "0 or 1", "1",
             "0: the tensor hooks in Python and the step hook through ctypes instead of "
             "the C extension (the same records, at about three times the cost)", "Python"),

@@ -267,6 +267,15 @@ def test_custom_loop_steps_from_the_gradient_tape(mode: str, tmp_path: Path) -> 
     if mode == "function":
         plain, _ = _run("tf_loop_job.py", tmp_path / "off", args, profile=False)
         assert res["losses"] == plain["losses"]
+        # the kernel hooks off (not loaded): the same losses, steps all the
+        # same, no tensor records, and the lineage's reason says why
+        res0, prof0 = _run("tf_loop_job.py", tmp_path / "kernels-off", args,
+                           env={"HOROVOD_PROFILE_TF_KERNELS": "0"})
+        assert res0["losses"] == plain["losses"]
+        assert len(_steps(prof0)) == res["steps"] - 1
+        assert len(_tensor_rows(prof0)) == 0
+        lin0 = _meta(prof0)["lineage"]
+        assert lin0["status"] != "ok" and "HOROVOD_PROFILE_TF_KERNELS=0" in lin0["reason"], lin0
 
 
 @tf_job

@@ -27,7 +27,7 @@ import sys
 from typing import Any
 
 __all__ = ["LIB_NAME", "arm", "cost", "library_path", "loaded", "note_late_load",
-           "oldest_pending", "preload", "recorded", "reason"]
+           "oldest_pending", "preload", "recorded", "reason", "wanted"]
 
 LIB_NAME = "libhvprof_tf.so"
 _lib: Any = None
@@ -40,12 +40,27 @@ def library_path() -> str:
                         LIB_NAME)
 
 
+def wanted() -> bool:
+    """HOROVOD_PROFILE_TF_KERNELS: 1 (the default) or 0 (not loaded at all)."""
+    from profiler._env import setting
+
+    def parse(raw: str) -> bool:
+        if raw not in ("0", "1"):
+            raise ValueError(raw)
+        return raw == "1"
+
+    return setting("HOROVOD_PROFILE_TF_KERNELS", True, parse, "0 or 1")
+
+
 def preload() -> None:
     """At activation (profiler.collect.activate), when the library was built:
     load it global, recording off.  Costs a dlopen."""
     global _lib, _reason
     path = library_path()
     if _lib is not None or not os.path.isfile(path):
+        return
+    if not wanted():
+        _reason = "the kernel hooks are off (HOROVOD_PROFILE_TF_KERNELS=0)"
         return
     if "tensorflow" in sys.modules:
         _reason = "TensorFlow was imported before the profiler started"
