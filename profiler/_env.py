@@ -50,6 +50,13 @@ def at_least(lo: float, kind: Callable[[str], T]) -> Callable[[str], T]:
     return parse
 
 
+def zero_or_one(raw: str) -> bool:
+    """A parser for a switch: "1" -> True, "0" -> False, else ValueError."""
+    if raw not in ("0", "1"):
+        raise ValueError(raw)
+    return raw == "1"
+
+
 # ---------------------------------------------------------------- the table
 
 

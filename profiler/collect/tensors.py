@@ -46,7 +46,7 @@ from time import monotonic as _monotonic
 from types import ModuleType
 from typing import Any, Callable
 
-from profiler._env import setting
+from profiler._env import setting, zero_or_one
 from profiler.collect.selfcost import close as _close
 from profiler.collect.selfcost import sample as _sample
 from profiler.collect.selfcost import start as _start
@@ -215,13 +215,7 @@ def fast_hooks_wanted() -> bool:
     """HOROVOD_PROFILE_FASTREC: 1 (the default) = the C hooks where built; 0 =
     the Python hooks (the same records, more cost: a fallback and the tests'
     reference)."""
-
-    def parse(raw: str) -> bool:
-        if raw not in ("0", "1"):
-            raise ValueError(raw)
-        return raw == "1"
-
-    return setting("HOROVOD_PROFILE_FASTREC", True, parse, "0 or 1")
+    return setting("HOROVOD_PROFILE_FASTREC", True, zero_or_one, "0 or 1")
 
 
 def _fast_module() -> Any:

@@ -42,14 +42,9 @@ def library_path() -> str:
 
 def wanted() -> bool:
     """HOROVOD_PROFILE_TF_KERNELS: 1 (the default) or 0 (not loaded at all)."""
-    from profiler._env import setting
+    from profiler._env import setting, zero_or_one
 
-    def parse(raw: str) -> bool:
-        if raw not in ("0", "1"):
-            raise ValueError(raw)
-        return raw == "1"
-
-    return setting("HOROVOD_PROFILE_TF_KERNELS", True, parse, "0 or 1")
+    return setting("HOROVOD_PROFILE_TF_KERNELS", True, zero_or_one, "0 or 1")
 
 
 def preload() -> None:
