@@ -48,8 +48,8 @@ TARGET = "horovod.torch.optimizer"
 MPI_OPS = "horovod.torch.mpi_ops"
 KERAS = "horovod.tensorflow.keras"  # profiler.collect.tf_hooks.KERAS
 TF_MODULES = ("horovod.tensorflow", KERAS)  # patched by profiler.collect.tf_hooks
-#: loads Horovod's TensorFlow kernel library: the kernel hooks go global first
-#: (profiler.collect.tf_kernels)
+#: loads Horovod's TensorFlow kernel library: the kernel hooks (loaded at
+#: activation) are armed first (profiler.collect.tf_kernels)
 TF_MPI_OPS = "horovod.tensorflow.mpi_ops"
 TEMPLATE_CLASSES = ("_DistributedOptimizer", "_DistributedAdasumOptimizer")
 _WRAPPED = "__hvprof_wrapped__"
