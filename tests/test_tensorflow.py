@@ -242,7 +242,9 @@ def test_custom_loop_steps_from_the_gradient_tape(mode: str, tmp_path: Path) -> 
     images HOROVOD_PROFILE_BATCH_SIZE.  N calls make N - 1 steps (the first
     call opens the first), each with the model's gradient bytes."""
     args = ["--steps", "10"] + (["--eager"] if mode == "eager" else [])
-    env = {"HOROVOD_PROFILE_BATCH_SIZE": "16"} if mode == "eager" else {}
+    # in a tf.function, Horovod's timeline on: the oracle for the lineage
+    env = ({"HOROVOD_PROFILE_BATCH_SIZE": "16"} if mode == "eager"
+           else {"HOROVOD_PROFILE_TIMELINE": "1"})
     res, prof = _run("tf_loop_job.py", tmp_path / "on", args, env=env)
     st = _steps(prof)
     assert len(st) == res["steps"] - 1
@@ -265,6 +267,9 @@ def test_custom_loop_steps_from_the_gradient_tape(mode: str, tmp_path: Path) -> 
     assert lin["status"] == "ok" and "unmatched" not in lin["certainty"], lin
     assert set(grads["name"]) <= set(lin["names"])
     if mode == "function":
+        a = lin["agreement"]  # the records' lineage against the timeline's, call by call
+        assert a["calls"] > 0 and a["wrong"] == a["missing"] == 0, a
+        assert a["equal"] + a["ambiguous_ok"] == a["calls"], a
         plain, _ = _run("tf_loop_job.py", tmp_path / "off", args, profile=False)
         assert res["losses"] == plain["losses"]
         # the kernel hooks off (not loaded): the same losses, steps all the
