@@ -60,6 +60,9 @@ constexpr const char* kDataSymbol = "_ZNK10tensorflow6Tensor4dataEv";
 
 std::atomic<InputFn> real_input{nullptr};
 std::atomic<bool> armed{false};
+// Armed once: the pending runs are ended even while disarmed again (a run
+// queued while armed may end after), or the watchdog would see it forever.
+std::atomic<bool> tracking{false};
 NameIdFn name_id_fn = nullptr;
 RecordFn record_fn = nullptr;
 NowFn now_fn = nullptr;
@@ -368,7 +371,7 @@ HVPROF_TF_EXPORT const Tensor& OpKernelContext::input(int index) const {
 HVPROF_TF_EXPORT void OpKernelContext::SetStatus(const absl::Status& status) {
   SetStatusFn fn = resolve_set_status();
   if (fn == nullptr) std::abort();  // unreachable: a kernel runs, so TensorFlow is loaded
-  if (armed.load(std::memory_order_relaxed)) {
+  if (tracking.load(std::memory_order_relaxed)) {
     try {
       pending_done(this);  // before the call: Horovod's done() follows it
     } catch (...) {
@@ -413,10 +416,12 @@ HVPROF_TF_EXPORT int hvprof_tf_arm(int on) {
   try_int = reinterpret_cast<TryIntFn>(tf_symbol(kTryInt));
   try_bool = reinterpret_cast<TryBoolFn>(tf_symbol(kTryBool));
   data_fn = reinterpret_cast<DataFn>(tf_symbol(kDataSymbol));
-  if (resolve_input() == nullptr || resolve_set_status() == nullptr || attr_slice_ctor == nullptr || try_int == nullptr ||
-      try_bool == nullptr || data_fn == nullptr || name_id_fn == nullptr ||
-      record_fn == nullptr || now_fn == nullptr || rank_fn == nullptr)
+  if (resolve_input() == nullptr || resolve_set_status() == nullptr ||
+      attr_slice_ctor == nullptr || try_int == nullptr || try_bool == nullptr ||
+      data_fn == nullptr || name_id_fn == nullptr || record_fn == nullptr ||
+      now_fn == nullptr || rank_fn == nullptr)
     return -1;
+  tracking.store(true, std::memory_order_release);
   armed.store(true, std::memory_order_release);
   return 0;
 }
