@@ -84,9 +84,8 @@ class Switch:
         if self.what in ("all", "mpi"):
             native.set_enabled(on)
         kernels = sys.modules.get("profiler.collect.tf_kernels")
-        if kernels is not None and kernels.loaded() and self.what in ("all", "mpi", "tensors"):
-            # TensorFlow's tensor records, in Horovod's kernels (hooks/tf/kernels.cc)
-            kernels._lib.hvprof_tf_arm(1 if on else 0)
+        if kernels is not None and self.what in ("all", "mpi", "tensors"):
+            kernels.switch(on)  # TensorFlow's tensor records, in Horovod's kernels
         ops = sys.modules.get(tensors.TARGET)
         if ops is not None and self.what in ("all", "tensors"):
             if on:  # the same hook objects again, as a run keeps them

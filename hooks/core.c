@@ -1556,43 +1556,46 @@ HVPROF_EXPORT int hvprof_record_app_cpu(int op, uint64_t t_start, uint64_t t_end
         .dtype_size = 0, .aux = 0}, 0);
 }
 
-/* A tensor handed to Horovod (profiler.collect.tensors, from Horovod's Python
- * entry points): one APP_TENSOR record on the calling thread, at the cost of
- * any record.  Gated like the app records. */
-HVPROF_EXPORT int hvprof_record_tensor(uint64_t t_start, uint64_t t_end, uint64_t bytes,
-                                       uint64_t count, uint32_t name_id, int32_t root,
-                                       uint32_t dtype, uint32_t dtype_size, uint32_t redop,
-                                       int32_t process_set, uint64_t output)
+/* One APP_TENSOR record on the calling thread, at the cost of any record;
+ * gated like the app records.  aux: the call's buffer folded (0: unknown,
+ * hvprof_fold_ptr(NULL) == 0); flags: the operation when the name lacks it. */
+static int record_tensor(uint64_t t_start, uint64_t t_end, uint64_t bytes, uint64_t count,
+                         uint32_t name_id, int32_t root, uint32_t dtype, uint32_t dtype_size,
+                         uint32_t redop, int32_t process_set, uint16_t flags, uint64_t buffer)
 {
     if (!atomic_load(&app_active)) return -1; /* as hvprof_record_app */
     return hvprof_emit_record(&(hvprof_record){
         .t_start = t_start, .t_end = t_end, .bytes = bytes, .count = count, .seq = name_id,
         .comm = UINT32_MAX, .track = HVPROF_TRACK_SELF, .root = root,
         .op = HVPROF_OP_APP_TENSOR, .dtype = (uint8_t)dtype, .redop = (uint8_t)redop,
-        .flags = 0, .rc = (int16_t)(process_set > 32767 ? 32767 : process_set),
-        .dtype_size = dtype_size, .aux = hvprof_fold_ptr((const void *)(uintptr_t)output)}, 0);
+        .flags = flags, .rc = (int16_t)(process_set > 32767 ? 32767 : process_set),
+        .dtype_size = dtype_size, .aux = hvprof_fold_ptr((const void *)(uintptr_t)buffer)}, 0);
+}
+
+/* A tensor handed to Horovod (profiler.collect.tensors, from Horovod's Python
+ * entry points): t_start/t_end around the enqueue, aux its output. */
+HVPROF_EXPORT int hvprof_record_tensor(uint64_t t_start, uint64_t t_end, uint64_t bytes,
+                                       uint64_t count, uint32_t name_id, int32_t root,
+                                       uint32_t dtype, uint32_t dtype_size, uint32_t redop,
+                                       int32_t process_set, uint64_t output)
+{
+    return record_tensor(t_start, t_end, bytes, count, name_id, root, dtype, dtype_size, redop,
+                         process_set, 0, output);
 }
 
 /* A tensor a TensorFlow kernel of Horovod's hands over (hooks/tf/kernels.cc):
- * as hvprof_record_tensor, with the operation in flags (its node name does not
- * say it) and, for aux, the buffer Horovod's call will use when the kernel
- * knows it (a broadcast's root: its input), else 0 (an output not allocated
- * yet). */
+ * the operation in flags (its node name does not say it) and, for aux, the
+ * buffer Horovod's call will use when the kernel knows it (a broadcast's
+ * root: its input), else 0 (an output not allocated yet). */
 HVPROF_EXPORT int hvprof_record_op_tensor(uint64_t t, uint64_t bytes, uint64_t count,
                                           uint32_t name_id, int32_t root, uint32_t dtype,
                                           uint32_t dtype_size, uint32_t redop,
                                           int32_t process_set, uint32_t tensor_op,
                                           uint64_t buffer)
 {
-    if (!atomic_load(&app_active)) return -1;
-    return hvprof_emit_record(&(hvprof_record){
-        .t_start = t, .t_end = t, .bytes = bytes, .count = count, .seq = name_id,
-        .comm = UINT32_MAX, .track = HVPROF_TRACK_SELF, .root = root,
-        .op = HVPROF_OP_APP_TENSOR, .dtype = (uint8_t)dtype, .redop = (uint8_t)redop,
-        .flags = (uint16_t)((tensor_op & 15u) << HVPROF_TENSOR_OP_SHIFT),
-        .rc = (int16_t)(process_set > 32767 ? 32767 : process_set),
-        .dtype_size = dtype_size,
-        .aux = buffer ? hvprof_fold_ptr((const void *)(uintptr_t)buffer) : 0}, 0);
+    return record_tensor(t, t, bytes, count, name_id, root, dtype, dtype_size, redop,
+                         process_set, (uint16_t)((tensor_op & 15u) << HVPROF_TENSOR_OP_SHIFT),
+                         buffer);
 }
 
 HVPROF_EXPORT void hvprof_process_exit(void)

@@ -236,40 +236,62 @@ const Info* info_locked(const tensorflow::OpKernel& k, Kind kind, int ninputs) {
 // seen yet): for the hang watchdog, which cannot see a tensor one rank never
 // submits in the MPI calls (they all complete).  A context's address is
 // reused only after its run ended.
-// A short vector (about the tensors in flight), searched linearly: no
-// allocation once it has grown.
-struct Pending {
-  const void* ctx;
-  std::chrono::steady_clock::time_point since;
-  int64_t name_id;
+// No lock and no allocation per run: a fixed table, each context in one of
+// kProbe slots from its hash (claimed by compare-and-swap, published after
+// its fields); a run whose slots are all taken goes untracked (the watchdog
+// misses it; it never reports one that ended).
+constexpr size_t kSlots = 2048;  // a power of two; tensors in flight: hundreds
+constexpr size_t kProbe = 8;
+const void* const kClaimed = reinterpret_cast<const void*>(1);
+struct Slot {
+  std::atomic<const void*> ctx;  // nullptr: free; kClaimed: being written
+  std::atomic<int64_t> since_ns;  // steady clock
+  std::atomic<int64_t> name_id;
 };
-std::mutex pending_lock;
-std::vector<Pending>* pending = nullptr;
+Slot slots[kSlots];
+
+size_t slot_of(const void* ctx, size_t i) {
+  uintptr_t h = reinterpret_cast<uintptr_t>(ctx) >> 4;
+  return ((h ^ (h >> 11) ^ (h >> 23)) + i) & (kSlots - 1);
+}
+
+int64_t ns_of(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
 
 void pending_add(const void* ctx, std::chrono::steady_clock::time_point since,
                  int64_t name_id) {
-  std::lock_guard<std::mutex> guard(pending_lock);
-  if (pending == nullptr) pending = new std::vector<Pending>();
-  for (auto& p : *pending)
-    if (p.ctx == ctx) {
-      p = Pending{ctx, since, name_id};
+  for (size_t i = 0; i < kProbe; i++) {
+    Slot& s = slots[slot_of(ctx, i)];
+    if (s.ctx.load(std::memory_order_acquire) == ctx) {  // its last end unseen: replaced
+      s.since_ns.store(ns_of(since), std::memory_order_relaxed);
+      s.name_id.store(name_id, std::memory_order_relaxed);
       return;
     }
-  pending->push_back(Pending{ctx, since, name_id});
+  }
+  for (size_t i = 0; i < kProbe; i++) {
+    Slot& s = slots[slot_of(ctx, i)];
+    const void* expected = nullptr;
+    if (s.ctx.compare_exchange_strong(expected, kClaimed, std::memory_order_acq_rel)) {
+      s.since_ns.store(ns_of(since), std::memory_order_relaxed);
+      s.name_id.store(name_id, std::memory_order_relaxed);
+      s.ctx.store(ctx, std::memory_order_release);
+      return;
+    }
+  }
 }
 
 void pending_done(const tensorflow::OpKernelContext* ctx) {
   absl::string_view type = ctx->op_kernel().type_string_view();
   if (type.size() < 8 || std::memcmp(type.data(), "Horovod", 7) != 0) return;
   if (kind_of(type).op == 0) return;
-  std::lock_guard<std::mutex> guard(pending_lock);
-  if (pending == nullptr) return;
-  for (size_t i = 0; i < pending->size(); i++)
-    if ((*pending)[i].ctx == ctx) {
-      (*pending)[i] = pending->back();
-      pending->pop_back();
+  for (size_t i = 0; i < kProbe; i++) {
+    Slot& s = slots[slot_of(ctx, i)];
+    if (s.ctx.load(std::memory_order_acquire) == ctx) {
+      s.ctx.store(nullptr, std::memory_order_release);
       return;
     }
+  }
 }
 
 // A grouped kernel's two passes over its inputs on this thread: the first is
@@ -429,14 +451,21 @@ HVPROF_TF_EXPORT int hvprof_tf_arm(int on) {
 // The oldest kernel run handed to Horovod and not handed back: 1 with its
 // age and its (first) tensor's name id, else 0.
 HVPROF_TF_EXPORT int hvprof_tf_oldest_pending(int64_t* age_ns, int64_t* name_id) {
-  std::lock_guard<std::mutex> guard(pending_lock);
-  if (pending == nullptr || pending->empty()) return 0;
-  auto oldest = pending->begin();
-  for (auto it = pending->begin(); it != pending->end(); ++it)
-    if (it->since < oldest->since) oldest = it;
-  *age_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::steady_clock::now() - oldest->since).count();
-  *name_id = oldest->name_id;
+  int64_t oldest = 0, id = 0;
+  bool any = false;
+  for (Slot& s : slots) {
+    const void* c = s.ctx.load(std::memory_order_acquire);
+    if (c == nullptr || c == kClaimed) continue;
+    int64_t since = s.since_ns.load(std::memory_order_relaxed);
+    if (!any || since < oldest) {
+      oldest = since;
+      id = s.name_id.load(std::memory_order_relaxed);
+      any = true;
+    }
+  }
+  if (!any) return 0;
+  *age_ns = ns_of(std::chrono::steady_clock::now()) - oldest;
+  *name_id = id;
   return 1;
 }
 

@@ -27,7 +27,7 @@ import sys
 from typing import Any
 
 __all__ = ["LIB_NAME", "arm", "cost", "library_path", "loaded", "note_late_load",
-           "oldest_pending", "preload", "recorded", "reason", "wanted"]
+           "oldest_pending", "preload", "recorded", "reason", "switch", "wanted"]
 
 LIB_NAME = "libhvprof_tf.so"
 _lib: Any = None
@@ -145,9 +145,16 @@ def oldest_pending() -> tuple[float, str] | None:
 def cost() -> dict[str, int] | None:
     """The kernel hooks' own time (for the rank's self-cost): None when they
     never recorded."""
-    if _lib is None or not recorded():
+    n = recorded()
+    if not n:
         return None
-    return {"kernel_hook_ns": int(_lib.hvprof_tf_cost_ns()), "kernel_hook_records": recorded()}
+    return {"kernel_hook_ns": int(_lib.hvprof_tf_cost_ns()), "kernel_hook_records": n}
+
+
+def switch(on: bool) -> None:
+    """Recording off or on again once armed (benchmarks' A/B switch)."""
+    if _lib is not None and _reason is None:
+        _lib.hvprof_tf_arm(1 if on else 0)
 
 
 def note_late_load() -> None:
