@@ -32,6 +32,7 @@ __all__ = ["LIB_NAME", "arm", "cost", "library_path", "loaded", "note_late_load"
 LIB_NAME = "libhvprof_tf.so"
 _lib: Any = None
 _reason: str | None = None
+_armed = False  # arm() succeeded: only then does switch() act
 
 
 def library_path() -> str:
@@ -83,9 +84,10 @@ def preload() -> None:
 def arm() -> str | None:
     """Before Horovod's TensorFlow kernels load: recording on when the library
     was built for this TensorFlow.  None when on, else why not (kept)."""
-    global _reason
-    if _reason is None:
+    global _reason, _armed
+    if _reason is None and not _armed:
         _reason = _arm()
+        _armed = _reason is None
     return _reason
 
 
@@ -153,7 +155,7 @@ def cost() -> dict[str, int] | None:
 
 def switch(on: bool) -> None:
     """Recording off or on again once armed (benchmarks' A/B switch)."""
-    if _lib is not None and _reason is None:
+    if _armed:
         _lib.hvprof_tf_arm(1 if on else 0)
 
 
