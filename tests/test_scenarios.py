@@ -7,7 +7,10 @@ against known causes")."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -28,8 +31,21 @@ def _horovod() -> None:
     pytest.importorskip("horovod.torch")
 
 
+#: The scenarios' jobs take 5-20 s here.  One that runs past this limit is
+#: reported as a warning with the profiler's own hang diagnosis (its watchdog's
+#: snapshot, `profiler hang`) and run once more: the suite judges diagnoses,
+#: and a job hung in the MPI library's forced algorithm (the cliff's 64-byte
+#: segments: thousands of messages per call) is no diagnosis to judge.  Twice
+#: is a failure.
+suite.JOB_TIMEOUT_S = 90.0
+
+
 def _run(name: str, tmp_path: Path) -> object:
-    r = suite.evaluate(suite.BY_NAME[name], 1, tmp_path, twin=False)
+    try:
+        r = suite.evaluate(suite.BY_NAME[name], 1, tmp_path, twin=False)
+    except suite.JobHung as e:
+        warnings.warn(f"{name}: {e}", stacklevel=1)
+        r = suite.evaluate(suite.BY_NAME[name], 2, tmp_path, twin=False)
     print(name, r.first, r.cost_ms, r.truth_ms, r.false, r.job, r.findings)
     return r
 
@@ -109,3 +125,28 @@ def test_a_cliff_made_by_the_mpi_library_is_confirmed_by_replay(tmp_path: Path) 
     # replay dismisses them, and nothing names a size
     t = _run("cliff-twin", tmp_path)
     assert not any(f["key"] == "latency_cliffs" and f["significant"] for f in t.findings)
+
+
+def test_a_job_past_its_limit_is_stopped_whole_and_reported(tmp_path: Path) -> None:
+    # a "job" that starts a child of its own and never ends: after the limit
+    # both are gone (no process left on a core for the tests after it)
+    pid_file = tmp_path / "child.pid"
+    job = [sys.executable, "-c",
+           "import subprocess, sys, time\n"
+           "c = subprocess.Popen(['sleep', '60'])\n"
+           f"open({str(pid_file)!r}, 'w').write(str(c.pid))\n"
+           "print('started', flush=True)\n"
+           "time.sleep(60)\n"]
+    with pytest.raises(suite.JobHung, match=r"ran past 2 s[\s\S]*started"):
+        suite._mpirun_bounded(job, dict(os.environ), 2.0, None)
+    child = int(pid_file.read_text())
+    for _ in range(50):
+        try:
+            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            break
+        if state == "Z":  # killed, not yet reaped by its new parent
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the job's child {child} outlived the job's limit")

@@ -60,9 +60,12 @@ profiler's public API.  Several hosts are simulated with network namespaces
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -77,6 +80,8 @@ JOB = HERE / "job.py"
 TOLERANCE = 0.25
 #: Alternating unprofiled (cause, twin) pairs behind a "twin" truth.
 TWIN_ROUNDS = 3
+#: A scenario job's time limit (seconds; they take 5-60 s here)
+JOB_TIMEOUT_S = 600.0
 #: The job's clocks corroborate a late rank the profiler names when they make
 #: the same rank last at this p (the finding's own bar is 0.01: the profiler's
 #: steps and the job's differ by one at the ends, so the two tests can fall
@@ -224,13 +229,57 @@ def _python() -> str:
     return sys.executable
 
 
+class JobHung(RuntimeError):
+    """A scenario's job ran past its time limit; the message holds its output
+    and, for a profiled job, `profiler hang` on its profile directory."""
+
+
+def _mpirun_bounded(cmd: list[str], env: dict[str, str], timeout: float,
+                    profile_dir: Path | None) -> subprocess.CompletedProcess[str]:
+    """`cmd` to completion, or JobHung after `timeout` s: mpirun is asked to
+    stop (SIGTERM, which it passes to its ranks), then its whole process group
+    is killed, so that no rank is left spinning on a core for later runs."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                stdout, stderr = proc.communicate(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        else:
+            stdout, stderr = "", ""
+        diagnosis = ""
+        if profile_dir is not None and (profile_dir / "hang").is_dir():
+            from profiler.cli import main as cli
+
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+                try:
+                    cli(["hang", str(profile_dir)])
+                except SystemExit:
+                    pass
+            diagnosis = f"\nprofiler hang {profile_dir}:\n{buf.getvalue()[-3000:]}"
+        raise JobHung(f"the job ran past {timeout:g} s: {' '.join(cmd[:4])} ...\n"
+                      f"{(stdout or '')[-1500:]}\n{(stderr or '')[-1500:]}{diagnosis}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
 def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
             job: list[str] | None = None, profile: bool = True,
-            rules_file: Path | None = None, timeout: float = 600,
+            rules_file: Path | None = None, timeout: float | None = None,
             twin: bool = False) -> dict[str, Any]:
     """One run of the scenario's job (profiled into `out` when `profile`; its
     twin, without the link's rate limit, when `twin`); returns the job's own
     measurements (rank 0's JSON line)."""
+    timeout = JOB_TIMEOUT_S if timeout is None else timeout
     e = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
     e.update(MPI_ENV)
     for k, v in {**sc.env, **(env or {})}.items():
@@ -244,8 +293,10 @@ def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
     batch = (job or sc.job)[(job or sc.job).index("--batch") + 1] if "--batch" in (
         job or sc.job) else "64"
     if profile:
+        # the watchdog leaves its snapshot well before the runner gives up
         e.update({"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(out),
-                  "HOROVOD_PROFILE_BATCH_SIZE": batch})
+                  "HOROVOD_PROFILE_BATCH_SIZE": batch,
+                  "HOROVOD_PROFILE_HANG_S": f"{max(10.0, timeout / 4):g}"})
     argv = [_python(), str(JOB), *(job or sc.job)]
     if sc.pin is not None:
         argv = ["taskset", "-c", sc.pin, *argv]
@@ -262,8 +313,8 @@ def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
                 proc = c.mpirun(sc.np, argv, env=simcluster.run_env(e), timeout=timeout,
                                 per_host=-(-sc.np // sc.hosts))
         else:
-            proc = subprocess.run(["mpirun", "-n", str(sc.np), *argv], env=e,
-                                  capture_output=True, text=True, timeout=timeout)
+            proc = _mpirun_bounded(["mpirun", "-n", str(sc.np), *argv], e, timeout,
+                                   out if profile else None)
     finally:
         for c_ in competitors:
             c_.kill()
