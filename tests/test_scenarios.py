@@ -128,17 +128,18 @@ def test_a_cliff_made_by_the_mpi_library_is_confirmed_by_replay(tmp_path: Path) 
 
 
 def test_a_job_past_its_limit_is_stopped_whole_and_reported(tmp_path: Path) -> None:
-    # a "job" that starts a child of its own and never ends: after the limit
-    # both are gone (no process left on a core for the tests after it)
+    # a "job" that starts a child in a session of its own (as Open MPI's ranks
+    # have process groups of their own) and never ends: after the limit both
+    # are gone (no process left on a core for the tests after it)
     pid_file = tmp_path / "child.pid"
     job = [sys.executable, "-c",
            "import subprocess, sys, time\n"
-           "c = subprocess.Popen(['sleep', '60'])\n"
+           "c = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
            f"open({str(pid_file)!r}, 'w').write(str(c.pid))\n"
            "print('started', flush=True)\n"
            "time.sleep(60)\n"]
     with pytest.raises(suite.JobHung, match=r"ran past 2 s[\s\S]*started"):
-        suite._mpirun_bounded(job, dict(os.environ), 2.0, None)
+        suite._mpirun_bounded(job, dict(os.environ), 2.0, None, grace=1.0)
     child = int(pid_file.read_text())
     for _ in range(50):
         try:

@@ -235,27 +235,37 @@ class JobHung(RuntimeError):
 
 
 def _mpirun_bounded(cmd: list[str], env: dict[str, str], timeout: float,
-                    profile_dir: Path | None) -> subprocess.CompletedProcess[str]:
+                    profile_dir: Path | None, grace: float = 10.0
+                    ) -> subprocess.CompletedProcess[str]:
     """`cmd` to completion, or JobHung after `timeout` s: mpirun is asked to
-    stop (SIGTERM, which it passes to its ranks), then its whole process group
-    is killed, so that no rank is left spinning on a core for later runs."""
+    stop (SIGTERM, which it passes to its ranks), `grace` s later whatever is left of it
+    and of every process it started is killed (Open MPI puts each rank in a
+    process group of its own), so that no rank is left spinning on a core."""
+    import psutil
+
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                stdout, stderr = proc.communicate(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        else:
-            stdout, stderr = "", ""
+        try:
+            family = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            family = []
+        stdout = stderr = ""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            stdout, stderr = proc.communicate(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+        for p in family:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            stdout, stderr = proc.communicate(timeout=grace)
         diagnosis = ""
         if profile_dir is not None and (profile_dir / "hang").is_dir():
             from profiler.cli import main as cli
