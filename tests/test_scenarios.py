@@ -13,6 +13,7 @@ import time
 import warnings
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,10 +144,9 @@ def test_a_job_past_its_limit_is_stopped_whole_and_reported(tmp_path: Path) -> N
     child = int(pid_file.read_text())
     for _ in range(50):
         try:
-            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
-            break
-        if state == "Z":  # killed, not yet reaped by its new parent
+            if psutil.Process(child).status() == psutil.STATUS_ZOMBIE:
+                break  # killed, not yet reaped by its new parent
+        except psutil.NoSuchProcess:
             break
         time.sleep(0.1)
     else:

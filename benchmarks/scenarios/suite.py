@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
 import os
 import shutil
@@ -268,15 +267,13 @@ def _mpirun_bounded(cmd: list[str], env: dict[str, str], timeout: float,
             stdout, stderr = proc.communicate(timeout=grace)
         diagnosis = ""
         if profile_dir is not None and (profile_dir / "hang").is_dir():
-            from profiler.cli import main as cli
+            from profiler.analysis.facade import TraceAnalysis
 
-            buf = io.StringIO()
-            with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
-                try:
-                    cli(["hang", str(profile_dir)])
-                except SystemExit:
-                    pass
-            diagnosis = f"\nprofiler hang {profile_dir}:\n{buf.getvalue()[-3000:]}"
+            try:
+                lines = TraceAnalysis.open_raw(profile_dir).hang().lines()
+            except Exception as exc:  # noqa: BLE001 - the hang is reported either way
+                lines = [f"(no diagnosis: {exc})"]
+            diagnosis = f"\nprofiler hang {profile_dir}:\n" + "\n".join(lines)[-3000:]
         raise JobHung(f"the job ran past {timeout:g} s: {' '.join(cmd[:4])} ...\n"
                       f"{(stdout or '')[-1500:]}\n{(stderr or '')[-1500:]}{diagnosis}") from None
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
