@@ -7,6 +7,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from setuptools import setup
@@ -115,8 +116,6 @@ def build_tf_kernels(out_dir: Path) -> Path | None:
     linked: what the code calls of it, it looks up at run time.  Cached by
     source, flags and version (~/.cache/horovod-profiler/tf-kernels): the
     compile takes ~10 s, and the package is reinstalled often."""
-    import hashlib
-
     found = tensorflow_headers()
     if found is None:
         print("not building", TF_KERNELS_NAME, ": no TensorFlow in this environment")
@@ -129,25 +128,113 @@ def build_tf_kernels(out_dir: Path) -> Path | None:
            "-D_GLIBCXX_USE_CXX11_ABI=1", "-DEIGEN_MAX_ALIGN_BYTES=64",
            f'-DHVPROF_TF_VERSION="{tf_version}"', "-isystem", str(include), str(source),
            "-ldl", "-Wl,--no-undefined"]
-    key = hashlib.sha256(source.read_bytes() + " ".join([*cmd[1:]]).encode()).hexdigest()[:20]
+    return cached_build(TF_KERNELS_NAME, f"for TensorFlow {tf_version}", source, cmd, out_dir,
+                        "tf-kernels", "TensorFlow's tensors will not be recorded")
+
+
+def cached_build(name: str, what: str, source: Path, cmd: list[str], out_dir: Path,
+                 cache_name: str, without: str) -> Path | None:
+    """Compile `source` with `cmd` (+ -o) into out_dir/name, through a cache
+    keyed by source and command (~/.cache/horovod-profiler/
+    cache_name): these compiles take 10-20 s, and the package is reinstalled
+    often.  Optional: a failed compile is a warning saying what the profiler
+    then goes `without`, and None."""
+    import hashlib
+
+    key = hashlib.sha256(source.read_bytes() + " ".join(cmd[1:]).encode()).hexdigest()[:20]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") \
-        / "horovod-profiler" / "tf-kernels" / f"{key}.so"
+        / "horovod-profiler" / cache_name / f"{key}.so"
     out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / TF_KERNELS_NAME
+    target = out_dir / name
     if not cache.is_file():
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        print("building", TF_KERNELS_NAME, "for TensorFlow", tf_version, ":", " ".join(cmd))
-        try:  # optional: the profiler installs without it (the lineage says why)
+        print("building", name, what, ":", " ".join(cmd))
+        try:
             subprocess.run([*cmd, "-o", str(tmp)], check=True)
         except (OSError, subprocess.CalledProcessError) as exc:
-            print(f"warning: {TF_KERNELS_NAME} not built ({exc}): TensorFlow's tensors "
-                  "will not be recorded")
+            print(f"warning: {name} not built ({exc}): {without}")
             tmp.unlink(missing_ok=True)
             return None
         os.replace(tmp, cache)
     shutil.copy(cache, target)
     return target
+
+
+TORCH_FIELDS_NAME = "libhvprof_torch.so"
+
+
+def torch_headers() -> tuple[Path, Path, str] | None:
+    """(PyTorch's include directory, its lib directory, its version) when the
+    building environment has PyTorch, without importing it."""
+    import importlib.metadata as md
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(list(spec.submodule_search_locations)[0])
+    if not (root / "include" / "torch").is_dir() or not (root / "lib").is_dir():
+        return None
+    try:
+        return root / "include", root / "lib", md.version("torch")
+    except md.PackageNotFoundError:
+        return None
+
+
+def build_torch_fields(out_dir: Path) -> Path | None:
+    """profiler/_ext/torch_fields.cc against the installed PyTorch's headers
+    (the C tensor hook's field reads, profiler.collect.tensors); None without
+    PyTorch.  Linked to c10 only, which PyTorch loads first."""
+    found = torch_headers()
+    if found is None:
+        print("not building", TORCH_FIELDS_NAME, ": no PyTorch in this environment")
+        return None
+    include, lib, version = found
+    source = HERE / "profiler" / "_ext" / "torch_fields.cc"
+    cxx = shlex.split(os.environ.get("CXX") or "c++")
+
+    def command(abi: str) -> list[str]:
+        # no -g: PyTorch's headers would make it 5 MB
+        return [*cxx, "-std=c++17", "-O2", "-DNDEBUG", "-fPIC", "-shared", "-pthread",
+                "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-Wall", "-Wextra",
+                "-Werror", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+                f'-DHVPROF_TORCH_VERSION="{version}"', "-isystem", str(include),
+                "-isystem", str(include / "torch" / "csrc" / "api" / "include"),
+                "-isystem", sysconfig_include(), str(source), f"-L{lib}", "-lc10",
+                f"-Wl,-rpath,{lib}"]
+
+    return cached_build(TORCH_FIELDS_NAME, f"for PyTorch {version}", source,
+                        command(torch_abi(version, include)), out_dir, "torch-fields",
+                        "the C tensor hook reads tensors through Python")
+
+
+def torch_abi(version: str, include: Path) -> str:
+    """PyTorch's _GLIBCXX_USE_CXX11_ABI (fixed by its build): asked of PyTorch
+    itself once per version and location (an import: seconds), then cached."""
+    import hashlib
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") \
+        / "horovod-profiler" / "torch-fields" / (hashlib.sha256(
+            f"{version} {include}".encode()).hexdigest()[:20] + ".abi")
+    if cache.is_file():
+        return cache.read_text().strip()
+    try:
+        out = subprocess.run([sys.executable, "-c", "import torch; print(int("
+                              "torch.compiled_with_cxx11_abi()))"], check=True,
+                             capture_output=True, text=True, timeout=300).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "1"  # every PyTorch wheel since 2.7; not cached
+    flag = "1" if out.endswith("1") else "0"
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(flag + "\n")
+    return flag
+
+
+def sysconfig_include() -> str:
+    import sysconfig
+
+    return str(sysconfig.get_paths()["include"])
 
 
 class BuildPy(build_py):
@@ -158,6 +245,7 @@ class BuildPy(build_py):
         record_python(build_lib / "profiler" / "_lib")
         build_fastrec(build_lib / "profiler")
         build_tf_kernels(build_lib / "profiler" / "_lib")
+        build_torch_fields(build_lib / "profiler" / "_lib")
         # The start-up hook lands at the root of site-packages.
         shutil.copy(HERE / "profiler" / PTH_NAME, build_lib / PTH_NAME)
 

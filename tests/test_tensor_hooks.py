@@ -105,6 +105,19 @@ for fname, (prefix, grouped, out_i, root_i, op_i, name_i, ps_i) in tensors.ENTRY
         calls.append({"fname": fname, "records": len(ts) if grouped else 1, "k": k})
         k += 1
 
+# a tensor subclass may answer otherwise: the C hook asks it through Python
+# (its field reader takes only torch.Tensor and Parameter), as the Python hook does
+class Odd(torch.Tensor):
+    def numel(self):
+        return 5
+
+odd_t = torch.zeros(3).as_subclass(Odd)
+for hook in hooks("_allreduce_async"):
+    current[0] = k
+    assert hook(odd_t, odd_t, "subclass", 1, 1.0, 1.0, None) == 1000 + k
+calls.append({"fname": "_allreduce_async", "records": 1, "k": k})
+k += 1
+
 # an error of the entry point reaches the caller unchanged, from both hooks
 def broken(*args, **kwargs):
     raise ValueError("boom")
@@ -131,7 +144,8 @@ assert [tensors._name_id(n) for n in odd] == odd_ids
 
 with open(out, "w") as f:
     json.dump({"calls": calls, "errors": errors, "failed": failed,
-               "recorded": tensors.tensors_recorded(), "odd": odd, "odd_ids": odd_ids}, f)
+               "recorded": tensors.tensors_recorded(), "odd": odd, "odd_ids": odd_ids,
+               "fields": tensors.fields_reason()}, f)
 '''
 
 FIELDS = ("bytes", "count", "dtype", "dtype_size", "redop", "root", "rc", "aux", "flags")
@@ -155,6 +169,8 @@ def test_both_hooks_write_the_same_records(job: tuple[dict, Path, str]) -> None:
     rec = raw.records[raw.records["op"] == 35]  # APP_TENSOR
     expected = sum(2 * c["records"] for c in out["calls"])
     assert len(rec) == expected == out["recorded"]
+    # the C hook read the tensors through PyTorch's field reader (setup.py builds it)
+    assert out["fields"] is None, out["fields"]
     assert raw.header["dropped_records"] == 0
     i = 0
     for c in out["calls"]:
@@ -191,6 +207,8 @@ def test_values_as_horovod_passes_them(job: tuple[dict, Path, str]) -> None:
     # variant 5: a 0-d tensor, an op Horovod does not know (2: Adasum -> user), set 1
     r = by_name["allreduce.layer5.weight"]
     assert (int(r["count"]), int(r["redop"]), int(r["rc"])) == (1, 255, 1)
+    # a tensor subclass's own numel, in both hooks
+    assert int(by_name["allreduce.subclass"]["count"]) == 5
     # broadcast's root, by position (variant 1) and by keyword (variant 3)
     assert int(by_name["broadcast.layer1.weight"]["root"]) == 1
     assert int(by_name["broadcast.layer3.weight"]["root"]) == 1

@@ -11,15 +11,19 @@
  * callable that stands in for one of Horovod's entry points.  tensors.py stays
  * the definition: it passes the entry point's argument positions, and the
  * state the hook shares with it (configure(): the name ids and the function
- * that appends a new name to the names file, the pending handles and their
- * pruning, the reduction-op and dtype tables and the function that fills the
- * latter, the warning, selfcost's sampling functions); its own Python hook
- * does the same in Python and is used when this module is absent or
- * HOROVOD_PROFILE_FASTREC=0 (tests/test_tensor_hooks.py compares the two,
- * record by record).  Why: a hook runs once per tensor per step, inside the
- * backward pass; without the interpreter's argument handling this one costs
- * a fraction of the Python hook in a warm loop, and less inside a training
- * step too (figures: docs/validation.md, "Fusion lineage and what-if").
+ * that appends a new name to the names file, the reduction-op and dtype
+ * tables and the function that fills the latter, the warning, selfcost's
+ * sampling rule and its functions); its own Python hook does the same in
+ * Python and is used when this module is absent or HOROVOD_PROFILE_FASTREC=0
+ * (tests/test_tensor_hooks.py compares the two, record by record).  Why: a
+ * hook runs once per tensor per step, inside the backward pass, where every
+ * line it touches is cold: without the interpreter this one costs a fraction
+ * of the Python hook (figures: docs/validation.md, "Fusion lineage and
+ * what-if").  What it keeps per call is kept here, without allocating: the
+ * pending handles (a table indexed by handle, read by oldest_pending) and the
+ * sampling count; where PyTorch's field reader is loaded (torch_fields(),
+ * profiler/_ext/torch_fields.cc) the tensor's size, dtype and address are
+ * read without calling into Python.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -29,6 +33,7 @@
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -197,34 +202,266 @@ static PyObject *fr_sync_point(PyObject *self, PyObject *unused)
 /* ------------------------------------------------------------------------ */
 /* Hook                                                                      */
 
-static PyObject *g_ids, *g_new_id, *g_pending, *g_prune, *g_redops, *g_dtypes, *g_dtype_info,
-    *g_warn, *g_sample, *g_start, *g_close, *g_wall;
-static Py_ssize_t g_prune_at;
+static PyObject *g_ids, *g_new_id, *g_redops, *g_dtypes, *g_dtype_info, *g_warn, *g_start,
+    *g_close, *g_wall;
 static unsigned long long g_count;
+/* selfcost's rule (profiler.collect.selfcost.sample): the first g_first
+ * invocations measured, then one in g_every; g_calls counts them all */
+static unsigned long long g_calls, g_first = 256, g_every = 16;
 static PyObject *s_numel, *s_dtype, *s_data_ptr, *s_process_set_id, *s_name,
     *s_root_rank, *s_op, *s_process_set, *s_empty;
 
-/* configure(ids, new_id, pending, prune, prune_at, redops, dtypes, dtype_info,
- *           warn, sample, start, close, wall): the state a Hook shares with
- * profiler.collect.tensors (see there); called once before any Hook runs. */
+/* configure(ids, new_id, redops, dtypes, dtype_info, warn, start, close,
+ *           wall): the state a Hook shares with profiler.collect.tensors (see
+ * there); called once before any Hook runs. */
 static PyObject *fr_configure(PyObject *self, PyObject *const *args, Py_ssize_t n)
 {
     (void)self;
-    if (n != 13) {
-        PyErr_SetString(PyExc_TypeError, "configure() takes 13 arguments");
+    if (n != 9) {
+        PyErr_SetString(PyExc_TypeError, "configure() takes 9 arguments");
         return NULL;
     }
-    Py_ssize_t at = PyLong_AsSsize_t(args[4]);
-    if (at == -1 && PyErr_Occurred()) return NULL;
-    PyObject **slots[] = {&g_ids, &g_new_id, &g_pending, &g_prune, NULL, &g_redops, &g_dtypes,
-                          &g_dtype_info, &g_warn, &g_sample, &g_start, &g_close, &g_wall};
-    for (int i = 0; i < 13; i++) {
-        if (!slots[i]) continue;
+    PyObject **slots[] = {&g_ids, &g_new_id, &g_redops, &g_dtypes, &g_dtype_info, &g_warn,
+                          &g_start, &g_close, &g_wall};
+    for (int i = 0; i < 9; i++) {
         Py_INCREF(args[i]);
         Py_XSETREF(*slots[i], args[i]);
     }
-    g_prune_at = at;
     Py_RETURN_NONE;
+}
+
+/* sampling(measure_first, sample_every): selfcost's rule, as its constants
+ * say (a benchmark measures every invocation with a huge measure_first). */
+static PyObject *fr_sampling(PyObject *self, PyObject *const *args, Py_ssize_t n)
+{
+    (void)self;
+    if (n != 2) {
+        PyErr_SetString(PyExc_TypeError, "sampling() takes 2 arguments");
+        return NULL;
+    }
+    unsigned long long first = PyLong_AsUnsignedLongLong(args[0]);
+    unsigned long long every = PyLong_AsUnsignedLongLong(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    if (every < 1) {
+        PyErr_SetString(PyExc_ValueError, "sample_every must be 1 or more");
+        return NULL;
+    }
+    g_first = first;
+    g_every = every;
+    Py_RETURN_NONE;
+}
+
+/* calls(): Hook invocations so far (profiler.collect.selfcost adds them to
+ * its own count) */
+static PyObject *fr_calls(PyObject *self, PyObject *unused)
+{
+    (void)self; (void)unused;
+    return PyLong_FromUnsignedLongLong(g_calls);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The tensors handed to Horovod and not yet handed back, for the hang
+ * watchdog (tensors.py oldest_pending): slot = handle mod PENDING_SLOTS, the
+ * handle, its name and when it was enqueued.  Horovod's handles count up, so
+ * a slot is taken again only PENDING_SLOTS tensors later; a tensor still
+ * pending after that many more were enqueued is forgotten.  No allocation,
+ * no pruning: a handle Horovod handed back is found out (not in its handle
+ * map) when the table is read.  Handles that are no int are not kept. */
+
+#define PENDING_SLOTS 8192
+typedef struct {
+    PyObject *handle; /* NULL: free */
+    PyObject *name;
+    double t;         /* CLOCK_MONOTONIC seconds: time.monotonic() */
+} pending_slot;
+static pending_slot pending[PENDING_SLOTS];
+
+static double monotonic_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void pending_put(PyObject *handle, PyObject *name)
+{
+    if (!PyLong_CheckExact(handle)) return;
+    long long v = PyLong_AsLongLong(handle);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return;
+    }
+    pending_slot *s = &pending[(unsigned long long)v % PENDING_SLOTS];
+    PyObject *old_h = s->handle, *old_n = s->name;
+    s->handle = Py_NewRef(handle);
+    s->name = Py_NewRef(name);
+    s->t = monotonic_s();
+    Py_XDECREF(old_h);
+    Py_XDECREF(old_n);
+}
+
+/* oldest_pending(live) -> (seconds, name) of the oldest kept handle that is
+ * still in `live` (Horovod's handle map), or None; the others are dropped. */
+static PyObject *fr_oldest_pending(PyObject *self, PyObject *live)
+{
+    (void)self;
+    double now = monotonic_s(), age = -1.0;
+    PyObject *name = NULL;
+    for (size_t i = 0; i < PENDING_SLOTS; i++) {
+        pending_slot *s = &pending[i];
+        if (!s->handle) continue;
+        int in = PySequence_Contains(live, s->handle);
+        if (in < 0) return NULL;
+        if (!in) {
+            PyObject *h = s->handle, *n = s->name;
+            s->handle = s->name = NULL;
+            Py_DECREF(h);
+            Py_DECREF(n);
+        } else if (now - s->t > age) {
+            age = now - s->t;
+            name = s->name;
+        }
+    }
+    if (!name) Py_RETURN_NONE;
+    return Py_BuildValue("(dO)", age, name);
+}
+
+/* ------------------------------------------------------------------------ */
+/* PyTorch's field reader (profiler/_ext/torch_fields.cc), when loaded and
+ * accepted by profiler.collect.tensors: it is given only objects whose type
+ * is one of torch_types, and a scalar type maps to (dtype code, bytes per
+ * element) through the table tensors.py filled from its probes (code -1:
+ * not in it, ask Python). */
+
+typedef int (*fields_fn)(PyObject *, int64_t *, int32_t *, uint64_t *);
+static fields_fn torch_fields_p;
+static void *torch_fields_dl;
+static PyTypeObject *torch_types[2];
+#define SCALAR_TYPES 64
+static int32_t st_code[SCALAR_TYPES], st_size[SCALAR_TYPES];
+
+/* torch_fields_load(path) -> the PyTorch version it was built for; loads
+ * the library (not yet used: torch_fields_use). */
+static PyObject *fr_torch_fields_load(PyObject *self, PyObject *path)
+{
+    (void)self;
+    const char *p = PyUnicode_AsUTF8(path);
+    if (!p) return NULL;
+    if (!torch_fields_dl) {
+        void *dl = dlopen(p, RTLD_NOW | RTLD_LOCAL);
+        if (!dl) {
+            const char *e = dlerror();
+            PyErr_SetString(PyExc_OSError, e ? e : "dlopen failed");
+            return NULL;
+        }
+        torch_fields_dl = dl;
+    }
+    const char *(*built)(void) = (const char *(*)(void))dlsym(torch_fields_dl,
+                                                             "hvprof_torch_built_for");
+    if (!built || !dlsym(torch_fields_dl, "hvprof_torch_fields")) {
+        PyErr_SetString(PyExc_OSError, "not a field reader (its exports are missing)");
+        return NULL;
+    }
+    return PyUnicode_FromString(built());
+}
+
+static int read_fields(PyObject *t, int64_t *n, int32_t *st, uint64_t *ptr)
+{
+    fields_fn f = (fields_fn)dlsym(torch_fields_dl, "hvprof_torch_fields");
+    return f ? f(t, n, st, ptr) : -1;
+}
+
+/* torch_fields_probe(tensor) -> (numel, scalar type, data address), or None
+ * where the reader does not answer: what tensors.py compares with Python's
+ * own answers before it lets the hook use the reader. */
+static PyObject *fr_torch_fields_probe(PyObject *self, PyObject *t)
+{
+    (void)self;
+    if (!torch_fields_dl) {
+        PyErr_SetString(PyExc_RuntimeError, "torch_fields_load() first");
+        return NULL;
+    }
+    int64_t n;
+    int32_t st;
+    uint64_t ptr;
+    if (read_fields(t, &n, &st, &ptr) != 0) Py_RETURN_NONE;
+    return Py_BuildValue("(LiK)", (long long)n, (int)st, (unsigned long long)ptr);
+}
+
+/* torch_fields_use(types, table): from now on the hook reads objects of
+ * exactly these types (a tuple of 1-2 types) through the reader, the scalar
+ * type mapping to (code, size) by table ({scalar type: (code, size)}).
+ * torch_fields_use(None, None) stops it. */
+static PyObject *fr_torch_fields_use(PyObject *self, PyObject *const *args, Py_ssize_t n)
+{
+    (void)self;
+    if (n != 2) {
+        PyErr_SetString(PyExc_TypeError, "torch_fields_use() takes 2 arguments");
+        return NULL;
+    }
+    torch_fields_p = NULL;
+    if (args[0] == Py_None) Py_RETURN_NONE;
+    if (!torch_fields_dl) {
+        PyErr_SetString(PyExc_RuntimeError, "torch_fields_load() first");
+        return NULL;
+    }
+    if (!PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) < 1 ||
+        PyTuple_GET_SIZE(args[0]) > 2 || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "torch_fields_use(types tuple, table dict)");
+        return NULL;
+    }
+    PyTypeObject *types[2] = {NULL, NULL};
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args[0]); i++) {
+        PyObject *tp = PyTuple_GET_ITEM(args[0], i);
+        if (!PyType_Check(tp)) {
+            PyErr_SetString(PyExc_TypeError, "torch_fields_use: not a type");
+            return NULL;
+        }
+        types[i] = (PyTypeObject *)tp;
+    }
+    int32_t code[SCALAR_TYPES], size[SCALAR_TYPES];
+    for (int i = 0; i < SCALAR_TYPES; i++) code[i] = size[i] = -1;
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(args[1], &pos, &k, &v)) {
+        long st = PyLong_AsLong(k);
+        long c = -1, z = -1;
+        if (PyTuple_Check(v) && PyTuple_GET_SIZE(v) == 2) {
+            c = PyLong_AsLong(PyTuple_GET_ITEM(v, 0));
+            z = PyLong_AsLong(PyTuple_GET_ITEM(v, 1));
+        }
+        if (PyErr_Occurred()) return NULL;
+        if (st < 0 || st >= SCALAR_TYPES || c < 0 || z < 0) {
+            PyErr_SetString(PyExc_ValueError, "torch_fields_use: a table entry out of range");
+            return NULL;
+        }
+        code[st] = (int32_t)c;
+        size[st] = (int32_t)z;
+    }
+    memcpy(st_code, code, sizeof code);
+    memcpy(st_size, size, sizeof size);
+    /* types held by the module that defines them: they outlive every Hook */
+    torch_types[0] = types[0];
+    torch_types[1] = types[1] ? types[1] : types[0];
+    torch_fields_p = (fields_fn)dlsym(torch_fields_dl, "hvprof_torch_fields");
+    Py_RETURN_NONE;
+}
+
+/* The reader's answer for a tensor of an accepted type: 0 with numel,
+ * (code, size) and address; -1: ask Python. */
+static inline int fast_fields(PyObject *t, long long *n, long *code, long *size, uint64_t *ptr)
+{
+    if (!torch_fields_p || (Py_TYPE(t) != torch_types[0] && Py_TYPE(t) != torch_types[1]))
+        return -1;
+    int64_t nn;
+    int32_t st;
+    if (torch_fields_p(t, &nn, &st, ptr) != 0 || st < 0 || st >= SCALAR_TYPES ||
+        st_code[st] < 0)
+        return -1;
+    *n = nn;
+    *code = st_code[st];
+    *size = st_size[st];
+    return 0;
 }
 
 static PyObject *fr_count(PyObject *self, PyObject *unused)
@@ -278,7 +515,11 @@ static long long call_int(PyObject *obj, PyObject *method)
 static int emit(uint64_t t0, PyObject *name, PyObject *tensor, PyObject *output, int32_t root,
                 uint32_t redop, int32_t ps)
 {
-    long long n = call_int(tensor, s_numel);
+    long long n;
+    long code = -1, size = -1;
+    uint64_t ptr = 0, unused;
+    if (fast_fields(tensor, &n, &code, &size, &unused) == 0) goto fields_read;
+    n = call_int(tensor, s_numel);
     if (n == -1 && PyErr_Occurred()) return -1;
     /* (dtype code, bytes per element) by dtype: tensors.py _dtype_info */
     PyObject *dt = PyObject_GetAttr(tensor, s_dtype);
@@ -292,7 +533,6 @@ static int emit(uint64_t t0, PyObject *name, PyObject *tensor, PyObject *output,
     } else if (!(info = PyObject_CallOneArg(g_dtype_info, tensor))) {
         return -1;
     }
-    long code = -1, size = -1;
     if (PyTuple_Check(info) && PyTuple_GET_SIZE(info) == 2) {
         code = PyLong_AsLong(PyTuple_GET_ITEM(info, 0));
         size = PyLong_AsLong(PyTuple_GET_ITEM(info, 1));
@@ -301,8 +541,11 @@ static int emit(uint64_t t0, PyObject *name, PyObject *tensor, PyObject *output,
     }
     Py_DECREF(info);
     if (PyErr_Occurred()) return -1;
-    uint64_t ptr = 0;
+fields_read:
     if (output && output != Py_None) {
+        long long n2;
+        long c2, z2;
+        if (fast_fields(output, &n2, &c2, &z2, &ptr) == 0) goto address_read;
         PyObject *p = PyObject_CallMethodNoArgs(output, s_data_ptr);
         if (p) {
             ptr = PyLong_AsUnsignedLongLongMask(p);
@@ -313,6 +556,7 @@ static int emit(uint64_t t0, PyObject *name, PyObject *tensor, PyObject *output,
             ptr = 0;
         }
     }
+address_read:;
     long id;
     PyObject *id_o = PyDict_GetItemWithError(g_ids, name); /* borrowed */
     if (id_o) {
@@ -427,23 +671,9 @@ static int hook_record(HookObject *h, PyObject *const *args, Py_ssize_t na, PyOb
     if (PyErr_Occurred()) return -1;
     PyObject *base = base_name(h, name, handle);
     if (!base) return -1;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic() */
-    PyObject *entry = Py_BuildValue("(dO)", (double)ts.tv_sec + ts.tv_nsec * 1e-9, base);
-    int rc = entry ? PyDict_SetItem(g_pending, handle, entry) : -1;
-    Py_XDECREF(entry);
-    if (rc == 0 && PyDict_GET_SIZE(g_pending) > g_prune_at) { /* tensors.py _prune */
-        PyObject *at = PyObject_CallNoArgs(g_prune);
-        if (at) {
-            Py_ssize_t v = PyLong_AsSsize_t(at);
-            Py_DECREF(at);
-            if (v == -1 && PyErr_Occurred()) rc = -1;
-            else g_prune_at = v;
-        } else {
-            rc = -1;
-        }
-    }
-    if (rc == 0) {
+    pending_put(handle, base);
+    int rc = 0;
+    {
         if (h->grouped && tensors && tensors != Py_None) {
             PyObject *ts_ = PySequence_Fast(tensors, "tensors is not a sequence");
             PyObject *os_ = (ts_ && outputs && outputs != Py_None)
@@ -505,11 +735,9 @@ static PyObject *hook_vectorcall(PyObject *self, PyObject *const *args, size_t n
                                  PyObject *kwnames)
 {
     HookObject *h = (HookObject *)self;
-    if (!g_sample || !resolve()) return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
-    PyObject *s = PyObject_CallNoArgs(g_sample);
-    int measured = s ? PyObject_IsTrue(s) > 0 : 0;
-    Py_XDECREF(s);
-    PyErr_Clear();
+    if (!g_start || !resolve()) return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
+    unsigned long long call = ++g_calls;
+    int measured = call <= g_first || call % g_every == 0;
     long long w0 = 0, before = 0;
     PyObject *w;
     if (measured && (w = PyObject_CallNoArgs(g_wall))) {
@@ -527,11 +755,13 @@ static PyObject *hook_vectorcall(PyObject *self, PyObject *const *args, size_t n
     PyObject *opened = measured ? PyObject_CallNoArgs(g_start) : NULL;
     PyErr_Clear();
     if (hook_record(h, args, PyVectorcall_NARGS(nargsf), kwnames, handle, t0) < 0) hook_failed(h);
-    if (opened) {
+    if (opened) { /* selfcost.close(opened, before, weight) */
         PyObject *b = PyLong_FromLongLong(before);
-        PyObject *r = b ? PyObject_CallFunctionObjArgs(g_close, opened, b, NULL) : NULL;
+        PyObject *wt = PyLong_FromUnsignedLongLong(call <= g_first ? 1 : g_every);
+        PyObject *r = b && wt ? PyObject_CallFunctionObjArgs(g_close, opened, b, wt, NULL) : NULL;
         Py_XDECREF(r);
         Py_XDECREF(b);
+        Py_XDECREF(wt);
         Py_DECREF(opened);
         PyErr_Clear();
     }
@@ -657,6 +887,17 @@ static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))fr_configure, METH_FASTCALL,
      "the state Hook shares with profiler.collect.tensors"},
     {"count", fr_count, METH_NOARGS, "tensor records written by Hook objects"},
+    {"calls", fr_calls, METH_NOARGS, "Hook invocations"},
+    {"sampling", (PyCFunction)(void (*)(void))fr_sampling, METH_FASTCALL,
+     "(measure_first, sample_every): which Hook invocations are measured"},
+    {"oldest_pending", fr_oldest_pending, METH_O,
+     "(seconds, name) of the oldest handle kept that is still in the given map"},
+    {"torch_fields_load", fr_torch_fields_load, METH_O,
+     "load PyTorch's field reader: the version it was built for"},
+    {"torch_fields_probe", fr_torch_fields_probe, METH_O,
+     "(numel, scalar type, address) by the field reader, or None"},
+    {"torch_fields_use", (PyCFunction)(void (*)(void))fr_torch_fields_use, METH_FASTCALL,
+     "let the hook read tensors of these types through the field reader"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -35,9 +35,10 @@ from __future__ import annotations
 import resource
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["add_python", "start", "close", "snapshot", "clock", "wall", "sample", "SAMPLE_EVERY"]
+__all__ = ["add_python", "start", "close", "snapshot", "clock", "wall", "sample", "SAMPLE_EVERY",
+           "MEASURE_FIRST", "count_elsewhere", "note"]
 
 clock = time.thread_time_ns
 wall = time.perf_counter_ns
@@ -58,15 +59,36 @@ def sample() -> bool:
     return python_calls <= MEASURE_FIRST or python_calls % SAMPLE_EVERY == 0
 
 
-def add_python(work_ns: int, paid_ns: int = 0) -> None:
+def add_python(work_ns: int, paid_ns: int = 0, weight: int | None = None) -> None:
     """Account one measured hook invocation: `work_ns` its work, `paid_ns`
     what its own clock reads cost.  Among the first MEASURE_FIRST it counts
     for itself (its work and its reads); after, for SAMPLE_EVERY
-    invocations at its work alone, plus its own reads."""
+    invocations at its work alone, plus its own reads.  `weight`: the
+    invocations it stands for, from a hook that keeps its own count of the
+    same rule (the C tensor hook: :func:`count_elsewhere`)."""
     global python_ns
     work = max(0, work_ns)
     paid = max(0, paid_ns)
-    python_ns += work + paid if python_calls <= MEASURE_FIRST else work * SAMPLE_EVERY + paid
+    if weight is None:
+        weight = 1 if python_calls <= MEASURE_FIRST else SAMPLE_EVERY
+    python_ns += work + paid if weight == 1 else work * weight + paid
+
+
+_counters: list[Callable[[], int]] = []
+_notes: dict[str, str] = {}
+
+
+def note(key: str, text: str) -> None:
+    """A fact about how the hooks run (the tensor hook's field reads), kept
+    in :func:`snapshot` under `key`."""
+    _notes[key] = text
+
+
+def count_elsewhere(counter: Callable[[], int]) -> None:
+    """Invocations of a hook that samples by :func:`sample`'s rule with its
+    own count (the C tensor hook: profiler._fastrec.calls): added to
+    python_calls in :func:`snapshot`."""
+    _counters.append(counter)
 
 
 def start() -> tuple[int, int]:
@@ -75,16 +97,16 @@ def start() -> tuple[int, int]:
     return c, wall()
 
 
-def close(opened: tuple[int, int], before: int = 0) -> None:
+def close(opened: tuple[int, int], before: int = 0, weight: int | None = None) -> None:
     """End a measured invocation opened by :func:`start` after the wrapped
     call returned; `before`: the wall time of its work before the wrapped
-    call (a few hundred ns: no wait to fear)."""
+    call (a few hundred ns: no wait to fear); `weight`: as :func:`add_python`."""
     w1 = wall()
     c1 = clock()
     read = clock() - c1
     by_wall = w1 - opened[1]
     by_cpu = c1 - opened[0] - read  # the interval holds about one read
-    add_python(before + max(0, min(by_wall, by_cpu)), 3 * max(0, read))
+    add_python(before + max(0, min(by_wall, by_cpu)), 3 * max(0, read), weight)
 
 
 def snapshot() -> dict[str, Any]:
@@ -94,8 +116,9 @@ def snapshot() -> dict[str, Any]:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     tf = sys.modules.get("profiler.collect.tf_kernels")
     kernels = tf.cost() if tf is not None else None  # type: ignore[attr-defined]
-    return {"python_hook_ns": int(python_ns), "python_hook_calls": int(python_calls),
-            **(kernels or {}),
+    calls = python_calls + sum(int(c()) for c in _counters)
+    return {"python_hook_ns": int(python_ns), "python_hook_calls": int(calls),
+            **(kernels or {}), **_notes,
             "process_cpu_ns": int((ru.ru_utime + ru.ru_stime) * 1e9),
             "process_wall_ns": _process_wall_ns()}
 

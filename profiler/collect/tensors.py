@@ -47,6 +47,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from profiler._env import setting, zero_or_one
+from profiler.collect import selfcost
 from profiler.collect.selfcost import close as _close
 from profiler.collect.selfcost import sample as _sample
 from profiler.collect.selfcost import start as _start
@@ -88,8 +89,9 @@ _now: Any = None
 _warned = False
 _count = 0
 # handle -> (time.monotonic() at enqueue, name): the tensors this process
-# handed to Horovod that may still be waiting; entries whose handle has left
-# Horovod's _handle_map (synchronized) are dropped by oldest_pending()
+# handed to Horovod through the Python hooks that may still be waiting;
+# entries whose handle has left Horovod's _handle_map (synchronized) are
+# dropped by oldest_pending() (the C hook keeps its own table, read there too)
 _pending: dict[Any, tuple[float, str]] = {}
 PRUNE_AT = 4096
 _prune_at = PRUNE_AT
@@ -229,13 +231,75 @@ def _fast_module() -> Any:
                 # a compiled extension: no source for the import graph to follow
                 mod = importlib.import_module("profiler._fastrec")
                 if mod.available() and hasattr(mod, "Hook"):
-                    mod.configure(_ids, _name_id, _pending, _prune, _prune_at, REDUCE_OPS,
-                                  _DTYPES, _dtype_info, _warn_once, _sample, _start, _close,
-                                  _wall)
+                    mod.configure(_ids, _name_id, REDUCE_OPS, _DTYPES, _dtype_info, _warn_once,
+                                  _start, _close, _wall)
+                    mod.sampling(selfcost.MEASURE_FIRST, selfcost.SAMPLE_EVERY)
+                    selfcost.count_elsewhere(mod.calls)
                     _fast = mod
+                    _use_torch_fields(mod)
             except ImportError:
                 pass
     return _fast or None
+
+
+FIELDS_NAME = "libhvprof_torch.so"  # setup.py TORCH_FIELDS_NAME
+_fields_reason: str | None = "not tried"
+
+
+def fields_reason() -> str | None:
+    """Why the C hook reads tensors through Python rather than through
+    PyTorch's field reader (profiler/_ext/torch_fields.cc); None when it
+    uses the reader."""
+    return _fields_reason
+
+
+def _probe_tensors(torch: Any) -> list[Any]:
+    """Tensors the field reader must read as Python does: every dtype the
+    records know and one they do not, a view with an offset, an empty
+    tensor, a Parameter."""
+    dtypes = [getattr(torch, n) for n in TORCH_DTYPES if hasattr(torch, n)]
+    dtypes += [d for d in (getattr(torch, "complex64", None),) if d is not None]
+    probes = [torch.zeros(3, dtype=d) for d in dtypes]
+    probes += [torch.zeros(4, 5)[1:, 2:], torch.zeros(0), torch.zeros(2, 0, 3),
+               torch.nn.Parameter(torch.ones(7, dtype=torch.float64))]
+    return probes
+
+
+def _use_torch_fields(mod: Any) -> None:
+    """Let the C hook read tensors through PyTorch's field reader, when it
+    was built (setup.py) for the PyTorch this process runs and reads every
+    probe tensor (:func:`_probe_tensors`) exactly as the Python calls do;
+    else keep the reason (:func:`fields_reason`; in the rank's self_cost)."""
+    global _fields_reason
+    torch = sys.modules.get("torch")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_lib",
+                        FIELDS_NAME)
+    if torch is None:
+        _fields_reason = "PyTorch is not imported"
+    elif not os.path.isfile(path):
+        _fields_reason = f"{FIELDS_NAME} was not built"
+    else:
+        try:
+            built = mod.torch_fields_load(path)
+            if built != torch.__version__:
+                _fields_reason = f"built for PyTorch {built}, running {torch.__version__}"
+            else:
+                table: dict[int, tuple[int, int]] = {}
+                for t in _probe_tensors(torch):
+                    got = mod.torch_fields_probe(t)
+                    want = (int(t.numel()), int(t.data_ptr()))
+                    info = _DTYPES.get(t.dtype) or _dtype_info(t)
+                    if got is None or (got[0], got[2]) != want \
+                            or table.setdefault(got[1], info) != info:
+                        _fields_reason = f"reads a {t.dtype} tensor otherwise than Python"
+                        break
+                else:
+                    mod.torch_fields_use((torch.Tensor, torch.nn.Parameter), table)
+                    _fields_reason = None
+        except (OSError, RuntimeError, TypeError, ValueError) as exc:
+            _fields_reason = f"{FIELDS_NAME} did not load ({exc})"
+    selfcost.note("tensor_fields", "PyTorch's field reader" if _fields_reason is None
+                  else f"Python calls: {_fields_reason}")
 
 
 def _wrap(fname: str, orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -313,10 +377,10 @@ def oldest_pending() -> tuple[float, str] | None:
     a tensor that one rank never submits keeps the others waiting here while
     every MPI call completes."""
     live = getattr(_module, "_handle_map", None)
-    if live is None or not _pending:
+    if live is None:
         return None
+    oldest: tuple[float, str] | None = _fast.oldest_pending(live) if _fast else None
     now = _monotonic()
-    oldest: tuple[float, str] | None = None
     for handle, (t, name) in list(_pending.items()):
         if handle not in live:
             _pending.pop(handle, None)
