@@ -32,7 +32,7 @@
  * and the sidecar says so ("schedstat": false, "reason").  Cost: one pread
  * and one record per thread per step, never on a call's path; measured in
  * docs/CPU_CONTENTION.md (benchmarks/cpu_read_cost.py) and in every run
- * (the sidecar's step_read_cpu_ns).
+ * (the sidecar's step_read_cpu_ns, timed on one step in 16).
  *
  * Locking: cpu_lock guards the per-track state; the order is g.lock (core.c)
  * before cpu_lock.  A thread holding cpu_lock never creates a track (the
@@ -263,15 +263,24 @@ static int64_t thread_cpu_ns(void)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* The reads' own cost (step_ns) is timed on CPU_TIMED_FIRST steps, then on
+ * one in CPU_TIMED_EVERY, which stands for that many: each timing is two
+ * system calls, a sixth of what it times. */
+#define CPU_TIMED_FIRST 16
+#define CPU_TIMED_EVERY 16
+
 static void cpu_step(uint32_t seq)
 {
     if (!available) return;
     hvprof_track_self(); /* the stepping thread's own track first: never under cpu_lock */
     pthread_mutex_lock(&cpu_lock);
-    int64_t c0 = thread_cpu_ns();
+    int timed = steps < CPU_TIMED_FIRST || steps % CPU_TIMED_EVERY == 0;
+    int64_t c0 = timed ? thread_cpu_ns() : 0;
     read_all(1, seq);
-    int64_t c1 = thread_cpu_ns();
-    if (c1 > c0) step_ns += (uint64_t)(c1 - c0);
+    if (timed) {
+        int64_t c1 = thread_cpu_ns();
+        if (c1 > c0) step_ns += (uint64_t)(c1 - c0) * (steps < CPU_TIMED_FIRST ? 1 : CPU_TIMED_EVERY);
+    }
     steps++;
     pthread_mutex_unlock(&cpu_lock);
 }

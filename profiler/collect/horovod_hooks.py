@@ -97,17 +97,23 @@ def _wrap_step(orig: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_synchronize(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def synchronize(self: Any, *args: Any, **kwargs: Any) -> Any:
-        steps = (_mods or _modules())[1]
+        selfcost, steps = _mods or _modules()
+        measured = selfcost.sample()  # its two schedstat reads are its cost
+        w0 = selfcost.wall() if measured else 0
         try:
             p0 = steps.sync_point()
         except Exception:  # never break the training loop
             p0 = None
+        before = selfcost.wall() - w0 if measured else 0
         result = orig(self, *args, **kwargs)
         if p0 is not None:
+            opened = selfcost.start() if measured else None
             try:
                 p1 = steps.sync_point()
                 if p1 is not None:
                     steps.mark_synchronize(p0[0], p1[0], (p0[1], p0[2]), (p1[1], p1[2]))
+                if opened is not None:
+                    selfcost.close(opened, before)
             except Exception as exc:  # never break the training loop
                 _warn_once(f"synchronize hook failed: {exc}")
         return result

@@ -17,7 +17,8 @@ keeps its last successful read).  :func:`rank_doc` turns it into the block:
      "omp_num_threads": str | None, "rows": APP_CPU rows in the rank's
      dataset, "steps" (step records that read them), "step_read_cpu_ns" (the
      stepping thread's CPU time spent reading and recording them, over all
-     steps, on its thread clock), "threads_gone" (thread tracks whose read failed: exited),
+     steps, on its thread clock: timed on one step in 16), "threads_gone"
+     (thread tracks whose read failed: exited),
      "threads_omitted" (threads past the sidecar's capacity),
      "threads": [{"tid", "name" (/proc comm), "kind", "track" (index of its
      track, None when it recorded nothing), "start": {"cpu_ns", "wait_ns",
