@@ -21,7 +21,7 @@
  * of the Python hook (figures: docs/validation.md, "Fusion lineage and
  * what-if").  What it keeps per call is kept here, without allocating: the
  * pending handles (a table indexed by handle, read by oldest_pending) and the
- * sampling count; where PyTorch's field reader is loaded (torch_fields(),
+ * sampling count; where PyTorch's field reader is in use (torch_fields_use(),
  * profiler/_ext/torch_fields.cc) the tensor's size, dtype and address are
  * read without calling into Python.
  */
