@@ -83,7 +83,7 @@ def build_fastrec(out_dir: Path) -> Path:
 
     target = out_dir / ("_fastrec" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
     cc = shlex.split(os.environ.get("CC") or "cc")
-    cmd = [*cc, *CFLAGS, "-I", sysconfig.get_paths()["include"],
+    cmd = [*cc, *CFLAGS, "-I", sysconfig_include(),
            str(HERE / "profiler" / "_ext" / "fastrec.c"), "-o", str(target), "-ldl"]
     print("building _fastrec :", " ".join(cmd))
     subprocess.run(cmd, check=True)
@@ -132,6 +132,12 @@ def build_tf_kernels(out_dir: Path) -> Path | None:
                         "tf-kernels", "TensorFlow's tensors will not be recorded")
 
 
+def build_cache(name: str) -> Path:
+    """~/.cache/horovod-profiler/`name` (or under $XDG_CACHE_HOME)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") \
+        / "horovod-profiler" / name
+
+
 def cached_build(name: str, what: str, source: Path, cmd: list[str], out_dir: Path,
                  cache_name: str, without: str) -> Path | None:
     """Compile `source` with `cmd` (+ -o) into out_dir/name, through a cache
@@ -142,8 +148,7 @@ def cached_build(name: str, what: str, source: Path, cmd: list[str], out_dir: Pa
     import hashlib
 
     key = hashlib.sha256(source.read_bytes() + " ".join(cmd[1:]).encode()).hexdigest()[:20]
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") \
-        / "horovod-profiler" / cache_name / f"{key}.so"
+    cache = build_cache(cache_name) / f"{key}.so"
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / name
     if not cache.is_file():
@@ -214,9 +219,8 @@ def torch_abi(version: str, include: Path) -> str:
     itself once per version and location (an import: seconds), then cached."""
     import hashlib
 
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") \
-        / "horovod-profiler" / "torch-fields" / (hashlib.sha256(
-            f"{version} {include}".encode()).hexdigest()[:20] + ".abi")
+    cache = build_cache("torch-fields") / (hashlib.sha256(
+        f"{version} {include}".encode()).hexdigest()[:20] + ".abi")
     if cache.is_file():
         return cache.read_text().strip()
     try:

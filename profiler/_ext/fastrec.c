@@ -334,8 +334,8 @@ static PyObject *fr_oldest_pending(PyObject *self, PyObject *live)
  * not in it, ask Python). */
 
 typedef int (*fields_fn)(PyObject *, int64_t *, int32_t *, uint64_t *);
-static fields_fn torch_fields_p;
-static void *torch_fields_dl;
+static fields_fn torch_fields_loaded; /* the reader, once loaded */
+static fields_fn torch_fields_p;      /* the same, once in use (else NULL) */
 static PyTypeObject *torch_types[2];
 #define SCALAR_TYPES 64
 static int32_t st_code[SCALAR_TYPES], st_size[SCALAR_TYPES];
@@ -347,28 +347,20 @@ static PyObject *fr_torch_fields_load(PyObject *self, PyObject *path)
     (void)self;
     const char *p = PyUnicode_AsUTF8(path);
     if (!p) return NULL;
-    if (!torch_fields_dl) {
-        void *dl = dlopen(p, RTLD_NOW | RTLD_LOCAL);
-        if (!dl) {
-            const char *e = dlerror();
-            PyErr_SetString(PyExc_OSError, e ? e : "dlopen failed");
-            return NULL;
-        }
-        torch_fields_dl = dl;
+    void *dl = dlopen(p, RTLD_NOW | RTLD_LOCAL); /* a second load is the same handle */
+    if (!dl) {
+        const char *e = dlerror();
+        PyErr_SetString(PyExc_OSError, e ? e : "dlopen failed");
+        return NULL;
     }
-    const char *(*built)(void) = (const char *(*)(void))dlsym(torch_fields_dl,
-                                                             "hvprof_torch_built_for");
-    if (!built || !dlsym(torch_fields_dl, "hvprof_torch_fields")) {
+    const char *(*built)(void) = (const char *(*)(void))dlsym(dl, "hvprof_torch_built_for");
+    fields_fn f = (fields_fn)dlsym(dl, "hvprof_torch_fields");
+    if (!built || !f) {
         PyErr_SetString(PyExc_OSError, "not a field reader (its exports are missing)");
         return NULL;
     }
+    torch_fields_loaded = f;
     return PyUnicode_FromString(built());
-}
-
-static int read_fields(PyObject *t, int64_t *n, int32_t *st, uint64_t *ptr)
-{
-    fields_fn f = (fields_fn)dlsym(torch_fields_dl, "hvprof_torch_fields");
-    return f ? f(t, n, st, ptr) : -1;
 }
 
 /* torch_fields_probe(tensor) -> (numel, scalar type, data address), or None
@@ -377,14 +369,14 @@ static int read_fields(PyObject *t, int64_t *n, int32_t *st, uint64_t *ptr)
 static PyObject *fr_torch_fields_probe(PyObject *self, PyObject *t)
 {
     (void)self;
-    if (!torch_fields_dl) {
+    if (!torch_fields_loaded) {
         PyErr_SetString(PyExc_RuntimeError, "torch_fields_load() first");
         return NULL;
     }
     int64_t n;
     int32_t st;
     uint64_t ptr;
-    if (read_fields(t, &n, &st, &ptr) != 0) Py_RETURN_NONE;
+    if (torch_fields_loaded(t, &n, &st, &ptr) != 0) Py_RETURN_NONE;
     return Py_BuildValue("(LiK)", (long long)n, (int)st, (unsigned long long)ptr);
 }
 
@@ -401,7 +393,7 @@ static PyObject *fr_torch_fields_use(PyObject *self, PyObject *const *args, Py_s
     }
     torch_fields_p = NULL;
     if (args[0] == Py_None) Py_RETURN_NONE;
-    if (!torch_fields_dl) {
+    if (!torch_fields_loaded) {
         PyErr_SetString(PyExc_RuntimeError, "torch_fields_load() first");
         return NULL;
     }
@@ -443,7 +435,7 @@ static PyObject *fr_torch_fields_use(PyObject *self, PyObject *const *args, Py_s
     /* types held by the module that defines them: they outlive every Hook */
     torch_types[0] = types[0];
     torch_types[1] = types[1] ? types[1] : types[0];
-    torch_fields_p = (fields_fn)dlsym(torch_fields_dl, "hvprof_torch_fields");
+    torch_fields_p = torch_fields_loaded;
     Py_RETURN_NONE;
 }
 
@@ -673,39 +665,37 @@ static int hook_record(HookObject *h, PyObject *const *args, Py_ssize_t na, PyOb
     if (!base) return -1;
     pending_put(handle, base);
     int rc = 0;
-    {
-        if (h->grouped && tensors && tensors != Py_None) {
-            PyObject *ts_ = PySequence_Fast(tensors, "tensors is not a sequence");
-            PyObject *os_ = (ts_ && outputs && outputs != Py_None)
-                                ? PySequence_Fast(outputs, "outputs is not a sequence") : NULL;
-            if (!ts_ || (outputs && outputs != Py_None && !os_)) {
-                rc = -1;
-            } else {
-                Py_ssize_t n = PySequence_Fast_GET_SIZE(ts_);
-                for (Py_ssize_t i = 0; i < n && rc == 0; i++) {
-                    PyObject *out = NULL;
-                    if (os_) {
-                        if (i >= PySequence_Fast_GET_SIZE(os_)) {
-                            PyErr_SetString(PyExc_IndexError, "list index out of range");
-                            rc = -1;
-                            break;
-                        }
-                        out = PySequence_Fast_GET_ITEM(os_, i);
-                    }
-                    PyObject *nm = PyUnicode_FromFormat("%U_%zdof%zd", base, i + 1, n);
-                    if (!nm) {
+    if (h->grouped && tensors && tensors != Py_None) {
+        PyObject *ts_ = PySequence_Fast(tensors, "tensors is not a sequence");
+        PyObject *os_ = (ts_ && outputs && outputs != Py_None)
+                            ? PySequence_Fast(outputs, "outputs is not a sequence") : NULL;
+        if (!ts_ || (outputs && outputs != Py_None && !os_)) {
+            rc = -1;
+        } else {
+            Py_ssize_t n = PySequence_Fast_GET_SIZE(ts_);
+            for (Py_ssize_t i = 0; i < n && rc == 0; i++) {
+                PyObject *out = NULL;
+                if (os_) {
+                    if (i >= PySequence_Fast_GET_SIZE(os_)) {
+                        PyErr_SetString(PyExc_IndexError, "list index out of range");
                         rc = -1;
                         break;
                     }
-                    rc = emit(t0, nm, PySequence_Fast_GET_ITEM(ts_, i), out, -1, redop, ps);
-                    Py_DECREF(nm);
+                    out = PySequence_Fast_GET_ITEM(os_, i);
                 }
+                PyObject *nm = PyUnicode_FromFormat("%U_%zdof%zd", base, i + 1, n);
+                if (!nm) {
+                    rc = -1;
+                    break;
+                }
+                rc = emit(t0, nm, PySequence_Fast_GET_ITEM(ts_, i), out, -1, redop, ps);
+                Py_DECREF(nm);
             }
-            Py_XDECREF(ts_);
-            Py_XDECREF(os_);
-        } else {
-            rc = emit(t0, base, tensors ? tensors : Py_None, outputs, (int32_t)root, redop, ps);
         }
+        Py_XDECREF(ts_);
+        Py_XDECREF(os_);
+    } else {
+        rc = emit(t0, base, tensors ? tensors : Py_None, outputs, (int32_t)root, redop, ps);
     }
     Py_DECREF(base);
     return rc;

@@ -21,14 +21,16 @@ LIB_NAME = "libhvprof.so"
 _lib: ctypes.CDLL | None = None
 
 
+def packaged(name: str) -> str:
+    """Path of a library built into the package (profiler/_lib/`name`)."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_lib",
+                        name)
+
+
 def library_path() -> str:
     """Path of the library: $HVPROF_LIB, else the copy inside the package."""
     override = os.environ.get("HVPROF_LIB")
-    if override:
-        path = os.path.abspath(override)
-    else:
-        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_lib",
-                            LIB_NAME)
+    path = os.path.abspath(override) if override else packaged(LIB_NAME)
     if not os.path.isfile(path):
         raise LibraryError(
             path, "interposition library not found (reinstall horovod-profiler)"

@@ -71,7 +71,7 @@ def add_python(work_ns: int, paid_ns: int = 0, weight: int | None = None) -> Non
     paid = max(0, paid_ns)
     if weight is None:
         weight = 1 if python_calls <= MEASURE_FIRST else SAMPLE_EVERY
-    python_ns += work + paid if weight == 1 else work * weight + paid
+    python_ns += work * weight + paid
 
 
 _counters: list[Callable[[], int]] = []

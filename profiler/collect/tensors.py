@@ -271,9 +271,10 @@ def _use_torch_fields(mod: Any) -> None:
     probe tensor (:func:`_probe_tensors`) exactly as the Python calls do;
     else keep the reason (:func:`fields_reason`; in the rank's self_cost)."""
     global _fields_reason
+    from profiler.collect.native import packaged
+
     torch = sys.modules.get("torch")
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_lib",
-                        FIELDS_NAME)
+    path = packaged(FIELDS_NAME)
     if torch is None:
         _fields_reason = "PyTorch is not imported"
     elif not os.path.isfile(path):
@@ -360,14 +361,13 @@ def _wrap(fname: str, orig: Callable[..., Any]) -> Callable[..., Any]:
     return entry
 
 
-def _prune() -> int:
-    """Drop the handed-back handles; the next pruning at twice what is left
-    (amortised constant time per tensor, whatever Horovod keeps pending),
-    which is returned (the C hook keeps its own copy)."""
+def _prune() -> None:
+    """Drop the handed-back handles of the Python hooks' table; the next
+    pruning at twice what is left (amortised constant time per tensor,
+    whatever Horovod keeps pending)."""
     global _prune_at
     oldest_pending()
     _prune_at = max(PRUNE_AT, 2 * len(_pending))
-    return _prune_at
 
 
 def oldest_pending() -> tuple[float, str] | None:

@@ -37,8 +37,9 @@ _armed = False  # arm() succeeded: only then does switch() act
 
 def library_path() -> str:
     """The copy inside the package (profiler/_lib), beside libhvprof.so."""
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_lib",
-                        LIB_NAME)
+    from profiler.collect.native import packaged
+
+    return packaged(LIB_NAME)
 
 
 def wanted() -> bool:
