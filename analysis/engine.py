@@ -190,8 +190,9 @@ def query(con: Any, ds: Dataset, sql: str) -> pd.DataFrame:
 def has_device_rows(con: Any, ds: Dataset) -> bool:
     if "device" not in ds.columns:
         return False
-    got = query(con, ds, f"SELECT bool_or(device) AS d FROM {_source(ds)} WHERE device")
-    return bool(len(got) and got["d"].iloc[0] is True)
+    got = query(con, ds, f"SELECT count(*) AS n FROM {_source(ds)} WHERE device")
+    # a count, never a boolean: DuckDB 2 hands booleans back as numpy.bool_
+    return bool(len(got)) and int(got["n"].iloc[0]) > 0
 
 
 def nccl_extras(ds: Dataset, con: Any = None) -> pd.DataFrame | None:

@@ -268,6 +268,31 @@ def test_device_times_equal_the_standin_delays(run_all: Run) -> None:
     assert run_all.out["profiler"]["anchor_err_ns_max"] < 1e6
 
 
+def test_summaries_time_nccl_calls_by_their_device_rows(run_all: Run, tmp_path: Path) -> None:
+    # the ten 3 ms allreduces: the device time, not the enqueue, in summarize,
+    # queried in place (DuckDB) and in memory (pandas) alike
+    import pandas as pd
+    from profiler.analysis import load
+    from profiler.analysis.engine import summarize_dataset
+    from profiler.analysis.summary import summarize
+
+    prof = tmp_path / "prof"
+    shutil.copytree(run_all.profile_dir, prof)
+    m = profiler_cli("merge", str(prof))
+    assert m.returncode == 0, m.stderr
+    frames = {"in place": summarize_dataset(prof, by=["op"]),
+              "in memory": summarize(load(prof), by=["op"])}
+    for how, t in frames.items():
+        ar = t.loc[t["op"].astype(str) == "nccl_allreduce"].iloc[0]
+        assert 30_000 <= float(ar["total_us"]) < 40_000, (how, ar.to_dict())
+    a, b = (f.set_index("op").sort_index() for f in frames.values())
+    pd.testing.assert_series_equal(a["total_us"], b["total_us"], check_dtype=False)
+    p = profiler_cli("summarize", str(prof), "--format", "json", "--by", "op")
+    assert p.returncode == 0, p.stderr
+    rows = {r["op"]: r for r in orjson.loads(p.stdout)}
+    assert 30_000 <= rows["nccl_allreduce"]["total_us"] < 40_000, rows["nccl_allreduce"]
+
+
 def test_profiler_never_synchronizes_and_allocates_no_events_per_call(run_all: Run) -> None:
     out = run_all.out
     assert out["syncs"] == 0 and out["stream_syncs"] == 0
