@@ -155,9 +155,21 @@ def gpu_warnings(meta: Mapping[str, Any] | None, nccl_calls: int | None = None) 
                        "sees NCCL even when it is linked statically; with this NCCL only "
                        "HOROVOD_NCCL_LINK=SHARED (or NCCL >= 2.23) makes its calls visible")
         elif codes:
-            out.append(f"note: NCCL {', '.join(nccl_version_text(c) for c in codes)} has the "
-                       "profiler-plugin interface but did not load the profiler's plugin: "
-                       "check that NCCL_PROFILER_PLUGIN was not overridden")
+            plugins = [s.get("plugin") or {} for s in states]
+            loaded = [p for p in plugins if int(p.get("comms_init") or 0) > 0]
+            one = sum(int(p.get("one_rank_comms") or 0) for p in loaded)
+            inits = sum(int(p["comms_init"]) for p in loaded)
+            if loaded and one == inits:
+                out.append(f"note: NCCL loaded the profiler's plugin, but every communicator "
+                           f"({inits}) had one rank: NCCL runs a one-rank collective as a "
+                           "local copy that it reports to no profiler plugin")
+            elif loaded:
+                out.append(f"note: NCCL loaded the profiler's plugin for {inits} "
+                           "communicator(s) but reported no collective to it")
+            else:
+                out.append(f"note: NCCL {', '.join(nccl_version_text(c) for c in codes)} has "
+                           "the profiler-plugin interface but did not load the profiler's "
+                           "plugin: check that NCCL_PROFILER_PLUGIN was not overridden")
     lost = 0
     for s in states:
         miss = s.get("miss") or {}

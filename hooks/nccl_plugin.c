@@ -367,6 +367,11 @@ struct pev {
 static _Atomic int negotiated;          /* version of the first init */
 static _Atomic uint64_t p_inits, p_finals, p_silent, p_events, p_unknown,
     p_empty_groups, p_single_groups, p_not_recording;
+/* Communicators of one rank: NCCL (2.19 on, so every NCCL with this interface)
+ * runs their collectives as a local copy (ncclLaunchOneRank) before any
+ * profiler event, so this path never sees them; counted so that a profile
+ * with no event can say why. */
+static _Atomic uint64_t p_one_rank;
 static _Atomic uint64_t p_children, p_orphans, p_remote, p_net_records, p_dev_records,
     p_ring_flushed;
 static _Atomic uint32_t p_group_counter;
@@ -450,6 +455,7 @@ static ncclResult_t ctx_new(void **context, int version, uint64_t id, int nranks
     int expect = 0;
     atomic_compare_exchange_strong(&negotiated, &expect, version);
     atomic_fetch_add(&p_inits, 1);
+    if (nranks == 1) atomic_fetch_add(&p_one_rank, 1);
     int m = CALL_MASK | (proxy_wanted() ? child_mask(version) : 0);
     if (mask) *mask = m;
     pctx *c = calloc(1, sizeof *c);
@@ -1141,7 +1147,8 @@ static size_t plugin_json(char *buf, size_t n, uint64_t records)
     int k = snprintf(buf, n,
                      "\"plugin\": {\"interface_version\": %d, \"versions_exported\": [1, 2, 3, 4, "
                      "5, 6, 7], \"activation_mask\": %d, \"comms_init\": %llu, "
-                     "\"comms_finalized\": %llu, \"events\": %llu, \"records\": %llu, "
+                     "\"one_rank_comms\": %llu, \"comms_finalized\": %llu, \"events\": %llu, "
+                     "\"records\": %llu, "
                      "\"silent_in_wrapper\": %llu, \"not_recording\": %llu, "
                      "\"other_events\": %llu, \"single_call_groups\": %llu, "
                      "\"empty_groups\": %llu, \"proxy_events\": %s, \"child_events\": %llu, "
@@ -1150,6 +1157,7 @@ static size_t plugin_json(char *buf, size_t n, uint64_t records)
                      "\"device_time\": \"%s\"}",
                      v, mask,
                      (unsigned long long)atomic_load(&p_inits),
+                     (unsigned long long)atomic_load(&p_one_rank),
                      (unsigned long long)atomic_load(&p_finals),
                      (unsigned long long)atomic_load(&p_events),
                      (unsigned long long)records,

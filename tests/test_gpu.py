@@ -163,6 +163,27 @@ def test_invisible_nccl_names_its_version() -> None:
     assert len(gpu.gpu_warnings({"ranks": [{"rank": 0, "nccl": _state()}]})) == 1
 
 
+def test_a_loaded_plugin_that_saw_nothing_says_why() -> None:
+    # as on an H200 with NCCL 2.28.9 and torch.distributed at one rank
+    # (benchmarks/gpu_check.sh, 2026-12-04): the plugin was loaded, the
+    # communicator had one rank, NCCL reported nothing to it
+    def meta(one: int, inits: int) -> dict[str, Any]:
+        plugin = {"interface_version": 5, "comms_init": inits, "one_rank_comms": one,
+                  "events": 0}
+        return {"ranks": [{"rank": 0, "nccl": _state(nccl_version=22809, nccl_loaded=True,
+                                                     interposable=True, plugin=plugin)}]}
+
+    w = gpu.gpu_warnings(meta(1, 1))
+    assert len(w) == 2 and w[1] == (
+        "note: NCCL loaded the profiler's plugin, but every communicator (1) had one rank: "
+        "NCCL runs a one-rank collective as a local copy that it reports to no profiler "
+        "plugin")
+    w = gpu.gpu_warnings(meta(1, 3))
+    assert w[1] == ("note: NCCL loaded the profiler's plugin for 3 communicator(s) but "
+                    "reported no collective to it")
+    assert "did not load the profiler's plugin" in gpu.gpu_warnings(meta(0, 0))[1]
+
+
 def test_no_warning_for_cpu_jobs_or_visible_nccl() -> None:
     cpu = {"ranks": [{"rank": 0, "nccl": _state(cuda_driver_loaded=False)}]}
     assert gpu.gpu_warnings(cpu) == []

@@ -127,6 +127,8 @@ def test_static_nccl_every_call_recorded_through_the_plugin(static_run: tuple[in
     assert side["seen_by"] == ["plugin"] and side["recorded_by"] == "plugin"
     assert side["wrapper_records"] == 0 and side["plugin"]["records"] == len(host)
     assert side["plugin"]["comms_init"] == 5  # world, two (InitAll), sub, cfg
+    # of one rank: world, sub, cfg (init gives nranks from v4 on)
+    assert side["plugin"]["one_rank_comms"] == (3 if v >= 4 else 0)
     assert not r.raw.problems
     assert r.raw.header["state"] & F.STATE_CLOSED
 
