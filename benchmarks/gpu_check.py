@@ -25,8 +25,10 @@ wrappers see nothing), "both" (each call must be recorded once): exact counts
 and bytes each, device times against the workload's CUDA events where the
 negotiated interface gives kernel timers (v4 on; older: reported, not judged),
 the metadata's seen_by / recorded_by / interface version, the host time per
-call with and without the plugin, and (torch, --pair) two processes sharing
-the GPU through the plugin path, where NCCL allows it.
+call with and without the plugin.  On a GPU (torch, --pair, the default) the
+three paths run as two processes sharing GPU 0 (pair_env: NCCL reports a
+one-rank communicator's calls to no plugin), and so does the host cost per
+call; --no-pair runs them at one rank, as the stand-in does.
 
 Writes to OUT: summary.txt, summary.json, <backend>-trace.json, topology.json.
 Exit status 0 when every check passed, 1 otherwise.
@@ -153,11 +155,11 @@ class TorchBackend(Backend):
         torch.cuda.set_device(0)
         port = int(os.environ.get("GPU_CHECK_PORT", "0")) or _free_port()
         rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-        # world 2: two processes sharing GPU 0 (--pair), where NCCL allows it
+        # world 2: two processes sharing GPU 0 (--pair: pair_env)
         dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world, device_id=torch.device("cuda:0"))
         self.buf = torch.ones(max_bytes // 4, dtype=torch.float32, device="cuda")
-        self.out = torch.zeros(max_bytes // 4, dtype=torch.float32, device="cuda")
+        self.out = torch.zeros(world * max_bytes // 4, dtype=torch.float32, device="cuda")
         self.stream = torch.cuda.current_stream()
 
     def issue(self, op: str, nbytes: int) -> None:
@@ -440,6 +442,8 @@ def check_sweep(rep: Report, backend: str, res: dict[str, Any], work: Path, tag:
     from profiler.formats import raw as rawfmt
 
     name = backend if path == "wrappers" else f"{backend}+{path}"
+    if ranks > 1:
+        name = f"{name}@{ranks}"
 
     prof = work / f"{tag}-profile"
     m = subprocess.run([sys.executable, "-m", "profiler.cli", "merge", str(prof)],
@@ -448,7 +452,9 @@ def check_sweep(rep: Report, backend: str, res: dict[str, Any], work: Path, tag:
               (m.stderr or m.stdout).strip().splitlines()[-1] if (m.stderr or m.stdout) else "")
     trace = prof / "trace.json"
     if trace.is_file():
-        shutil.copy(trace, out_dir / f"{name}-trace.json")
+        # letters, digits, '.', '_' and '-' only: what a device call brings back
+        safe = name.replace("+", "-").replace("@", "-x")
+        shutil.copy(trace, out_dir / f"{safe}-trace.json")
     df = load(prof)
     sides = [rawfmt.read_sidecar(prof / "raw" / f"rank-{r:05d}.hvprof") for r in range(ranks)]
     st = res.get("profiler") or {}
@@ -568,7 +574,7 @@ def overhead(rep: Report, backend: str, work: Path, lib: Path,
         "device": run_worker(rep, backend, "overhead", work, lib, args, {},
                              f"{backend}-ovh-device"),
     }
-    if backend in PLUGIN_BACKENDS and "plugin" in args.paths:
+    if backend in PLUGIN_BACKENDS and "plugin" in args.paths and (args.dry_run or not args.pair):
         # NCCL's plugin path alone (no LD_PRELOAD): with its proxy / kernel
         # events, and with calls only (HOROVOD_PROFILE_NCCL_PROXY=0)
         runs["plugin"] = run_worker(rep, backend, "overhead", work, lib, args, {},
@@ -595,34 +601,81 @@ def overhead(rep: Report, backend: str, work: Path, lib: Path,
     return out
 
 
-def run_pair(rep: Report, backend: str, work: Path, lib: Path, args: argparse.Namespace,
-             sizes: list[int], tag: str) -> list[dict[str, Any]] | None:
-    """Two worker processes sharing GPU 0 through the plugin path (world 2);
-    None, said once, where NCCL refuses two ranks on one device."""
+def pair_env(work: Path, lib: Path | None, tag: str, path: str, rank: int,
+             port: str) -> dict[str, str]:
+    """A worker's environment as rank `rank` of 2 sharing GPU 0.  NCCL refuses
+    two ranks on one GPU of one host ("Duplicate GPU detected"): a host id of
+    its own per process (NCCL_HOSTID) makes them two hosts to NCCL, joined by
+    its socket transport over loopback, so that a one-GPU machine runs real
+    two-rank communicators (a one-rank one reports nothing to the plugin)."""
+    env = worker_env(work, lib, tag, path)
+    env.update({"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                "GPU_CHECK_PORT": port, "NCCL_HOSTID": f"gpu-check-host-{rank}",
+                "NCCL_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1", "NCCL_DEBUG": "WARN"})
+    return env
+
+
+def run_pair(rep: Report, backend: str, work: Path, lib: Path | None,
+             args: argparse.Namespace, sizes: list[int], tag: str, path: str = "plugin",
+             mode: str = "sweep", extra_env: dict[str, str] | None = None,
+             ) -> list[dict[str, Any]] | None:
+    """Two worker processes sharing GPU 0 (world 2) on `path`; None, said
+    with both processes' output, where they did not run."""
     port = str(_free_port())
     procs = []
     for r in (0, 1):
-        env = worker_env(work, lib, tag, "plugin")
-        env.update({"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "GPU_CHECK_PORT": port})
+        env = pair_env(work, lib, tag, path, r, port)
+        env.update(extra_env or {})
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", backend, "--mode",
-               "sweep", "--sizes", ",".join(map(str, sizes)), "--iters", str(args.iters),
-               "--warmup", str(args.warmup), "--result", str(work / f"{tag}-{r}.json")]
+               mode, "--sizes", ",".join(map(str, sizes)), "--iters", str(args.iters),
+               "--warmup", str(args.warmup), "--calls", str(args.calls), "--rounds",
+               str(args.rounds), "--result", str(work / f"{tag}-{r}.json")]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     outs = []
+    deadline = time.monotonic() + args.pair_timeout  # one limit for the pair
     for p in procs:
         try:
-            out, _ = p.communicate(timeout=args.timeout)
+            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             p.kill()
             out, _ = p.communicate()
         outs.append((p.returncode, out or ""))
     if any(rc != 0 for rc, _ in outs):
-        tail = " | ".join(o.strip().splitlines()[-1] if o.strip() else "?" for _, o in outs)
-        rep.say(f"  [SKIP] {backend}+pair: two processes on one GPU did not run "
-                f"(NCCL may refuse two ranks on one device): {tail[:300]}")
+        rep.say(f"  [SKIP] {tag}: two processes on one GPU did not run:")
+        for r, (rc, o) in enumerate(outs):
+            rep.say(f"    rank {r} (status {rc}): ...{o.strip()[-1200:]}")
         return None
     return [json.loads((work / f"{tag}-{r}.json").read_text()) for r in (0, 1)]
+
+
+def overhead_pair(rep: Report, backend: str, work: Path, lib: Path,
+                  args: argparse.Namespace) -> dict[str, Any] | None:
+    """The host time per NCCL call at world 2 (rank 0's rounds): no profiler,
+    the wrappers with host records only and with device timing, the plugin
+    path with its proxy/kernel events and with calls only."""
+    configs: list[tuple[str, Path | None, str, dict[str, str]]] = [
+        ("none", None, "wrappers", {}),
+        ("host", lib, "wrappers", {"HOROVOD_PROFILE_NCCL_DEVICE": "0"}),
+        ("device", lib, "wrappers", {}),
+        ("plugin", lib, "plugin", {}),
+        ("plugin_calls_only", lib, "plugin", {"HOROVOD_PROFILE_NCCL_PROXY": "0"}),
+    ]
+    med: dict[str, float] = {}
+    for key, lb, path, extra in configs:
+        got = run_pair(rep, backend, work, lb, args, [8], f"{backend}-ovh2-{key}", path=path,
+                       mode="overhead", extra_env=extra)
+        if got is None:
+            return None
+        med[key] = statistics.median(got[0]["host_us_per_call"])
+    n = med["none"]
+    rep.say(f"  host time per NCCL call at 2 ranks ({args.calls} x {args.rounds} calls of 8 "
+            f"bytes, rank 0, median of rounds): no profiler {n:.2f} us, host records "
+            f"{med['host']:.2f} (+{med['host'] - n:.2f}), with device timing "
+            f"{med['device']:.2f} (+{med['device'] - n:.2f}); plugin path alone "
+            f"{med['plugin']:.2f} (+{med['plugin'] - n:.2f}) with proxy/kernel events, "
+            f"{med['plugin_calls_only']:.2f} (+{med['plugin_calls_only'] - n:.2f}) calls only")
+    return {"us_per_call": med, **{f"added_{k}_us": v - n for k, v in med.items() if k != "none"}}
 
 
 def available(name: str) -> str | None:
@@ -634,6 +687,34 @@ def available(name: str) -> str | None:
     p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                        timeout=300)
     return None if p.returncode == 0 else (p.stderr.strip().splitlines() or ["?"])[-1]
+
+
+def pair_paths(rep: Report, b: str, work: Path, lib: Path, args: argparse.Namespace,
+               out_dir: Path, results: dict[str, Any]) -> None:
+    """Each NCCL path (wrappers, plugin, both) with two processes on GPU 0,
+    then the host cost per call at world 2."""
+    sizes = [x for x in args.sizes if x <= PAIR_MAX_BYTES]
+    for path in args.paths:
+        tag = f"{b}-pair-{path}-sweep"
+        rep.say(f"\n== {b}+{path}@2 (2 processes on GPU 0, NCCL's socket transport)")
+        try:
+            got = run_pair(rep, b, work, lib, args, sizes, tag, path=path)
+            if got is None:
+                rep.check(f"{b}+{path}@2: ran", False, "the two processes did not run")
+                continue
+            rep.say(f"  versions {got[0].get('versions')}")
+            summ = check_sweep(rep, b, got[0], work, tag, args, out_dir, path=path, ranks=2)
+            summ["profile_dir"] = str(work / f"{tag}-profile")
+            results["backends"][f"{b}+{path}@2"] = summ
+        except Exception as exc:
+            rep.check(f"{b}+{path}@2: ran", False, f"{type(exc).__name__}: {exc}")
+    rep.say(f"\n== {b}: host cost per call at 2 ranks")
+    try:
+        ovh = overhead_pair(rep, b, work, lib, args)
+        if ovh is not None:
+            results["backends"].setdefault(f"{b}+wrappers@2", {})["overhead"] = ovh
+    except Exception as exc:
+        rep.check(f"{b}: overhead at 2 ranks", False, f"{type(exc).__name__}: {exc}")
 
 
 def orchestrate(args: argparse.Namespace) -> int:
@@ -683,6 +764,11 @@ def orchestrate(args: argparse.Namespace) -> int:
             rep.check(f"{b}: ran", False, f"{type(exc).__name__}: {exc}")
         if b not in PLUGIN_BACKENDS:
             continue
+        if args.pair and b == "torch":
+            # NCCL runs a one-rank communicator's collectives as a local copy
+            # and reports them to no plugin: every path at world 2 instead
+            pair_paths(rep, b, work, lib, args, out_dir, results)
+            continue
         small = [x for x in args.sizes if x <= PLUGIN_MAX_BYTES]
         for path in [x for x in args.paths if x != "wrappers"]:
             name, tag = f"{b}+{path}", f"{b}-{path}-sweep"
@@ -696,18 +782,6 @@ def orchestrate(args: argparse.Namespace) -> int:
                 results["backends"][name] = summ
             except Exception as exc:
                 rep.check(f"{name}: ran", False, f"{type(exc).__name__}: {exc}")
-        if args.pair and b == "torch" and "plugin" in args.paths:
-            rep.say(f"\n== {b}+pair (2 processes on GPU 0, plugin path)")
-            pair_sizes = [x for x in args.sizes if x <= PAIR_MAX_BYTES]
-            try:
-                got = run_pair(rep, b, work, lib, args, pair_sizes, f"{b}-pair-sweep")
-                if got is not None:
-                    summ = check_sweep(rep, b, got[0], work, f"{b}-pair-sweep", args, out_dir,
-                                       path="plugin", ranks=2)
-                    summ["profile_dir"] = str(work / f"{b}-pair-sweep-profile")
-                    results["backends"][f"{b}+pair"] = summ
-            except Exception as exc:
-                rep.check(f"{b}+pair: ran", False, f"{type(exc).__name__}: {exc}")
     ok = bool(rep.checks) and all(c["ok"] for c in rep.checks) and bool(results["backends"])
     rep.say(f"\n{'ALL CHECKS PASSED' if ok else 'SOME CHECKS FAILED'} "
             f"({sum(c['ok'] for c in rep.checks)}/{len(rep.checks)}) in {time.time() - t0:.0f} s")
@@ -757,8 +831,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=240.0, help="per worker, seconds")
     ap.add_argument("--paths", default="wrappers,plugin,both",
                     help="NCCL paths checked for torch (and the stand-in): wrappers, plugin, both")
+    ap.add_argument("--pair-timeout", type=float, default=90.0,
+                    help="the two-process check's limit, seconds (NCCL may refuse or stall)")
     ap.add_argument("--no-pair", dest="pair", action="store_false",
-                    help="skip the two-process (one GPU) plugin-path check")
+                    help="the NCCL paths at one rank instead of two processes on GPU 0")
     ap.add_argument("--worker", choices=sorted(BACKENDS), help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=("sweep", "overhead"), default="sweep",
                     help=argparse.SUPPRESS)

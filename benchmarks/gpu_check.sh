@@ -2,20 +2,24 @@
 # The GPU checks of issues 5 and 16, as one prepared script for a bare
 # single-GPU machine (the `device` tool's H200: CUDA image, python3 with torch +
 # cupy + nvidia-ml-py, no network).  Bounded to 8 minutes (timeout 480 on the
-# check); not yet run on a GPU (no device was lent to the sessions so far).
+# check).  Run on an H200 on 2026-12-04 (docs/validation.md, "GPU"): cupy in
+# about 90 s, torch with the three paths at 2 ranks in about 400 s (take
+# `-- --backends torch` or `-- --backends cupy` apart under a 10-minute call).
 #
 #   issue 5:  cupy and torch.distributed NCCL through the symbol wrappers
 #             (NCCL_PROFILER_PLUGIN=none): exact counts and bytes, device times
 #             against the workload's own CUDA events (5%), host cost per call.
 #   issue 16: torch.distributed NCCL through NCCL's profiler-plugin path alone
 #             (no LD_PRELOAD, HOROVOD_PROFILE_NCCL_WRAPPERS=0: it stands for a
-#             static NCCL) and through both paths (each call once): exact counts
-#             and bytes, which path the metadata says saw NCCL and the
-#             negotiated interface version, device times from the kernel-channel
-#             timers against the CUDA events (5%, where NCCL sends them), host
-#             time per call without / with the plugin (with and without proxy
-#             events), 2 processes sharing the GPU through the plugin (where
-#             NCCL allows it; --no-pair skips), the pynvml topology block.
+#             static NCCL) and through both paths (each call once), with two
+#             processes sharing the GPU (NCCL reports a one-rank communicator's
+#             calls to no plugin; a host id per process lets NCCL join two
+#             ranks on one GPU): exact counts and bytes, which path the
+#             metadata says saw NCCL and the negotiated interface version,
+#             device times from the kernel-channel timers against the CUDA
+#             events (5%), host time per call without / with the wrappers and
+#             the plugin, the pynvml topology block.  --no-pair: the plugin
+#             paths at one rank instead (the stand-in's --dry-run does so).
 #
 #   benchmarks/gpu_check.sh [--dry-run] [--fetch-wheels] [-- gpu_check.py options]
 #
@@ -57,8 +61,11 @@ if [ "$FETCH" = 1 ]; then
     grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
     PIP=${PIP:-$ROOT/.venv/bin/pip}
     [ -x "$PIP" ] || PIP="python3 -m pip"
-    WHEELS="orjson==$($PIP show orjson 2>/dev/null | awk '/^Version:/{print $2}')"
-    [ "$WHEELS" != "orjson==" ] || WHEELS=orjson
+    WHEELS=""
+    for name in orjson duckdb; do  # duckdb: the analysis engine's, for summarize
+        v=$($PIP show $name 2>/dev/null | awk '/^Version:/{print $2}')
+        WHEELS="$WHEELS $name${v:+==$v}"
+    done
     # shellcheck disable=SC2086
     $PIP download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
