@@ -6,9 +6,11 @@ against known causes")."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import sys
+import textwrap
 import time
 import warnings
 from pathlib import Path
@@ -151,3 +153,42 @@ def test_a_job_past_its_limit_is_stopped_whole_and_reported(tmp_path: Path) -> N
         time.sleep(0.1)
     else:
         pytest.fail(f"the job's child {child} outlived the job's limit")
+
+
+def test_a_multihost_job_past_its_limit_is_diagnosed(tmp_path: Path, monkeypatch) -> None:
+    # the same limit on the simulated cluster (2 hosts): the job is stopped,
+    # no rank is left in the hosts, and the error carries the watchdog's
+    # diagnosis of the cause (rank 1 never enters the last allreduce)
+    from simcluster_fixture import cluster_available
+
+    ok, why = cluster_available()
+    if not ok:
+        pytest.skip(f"simulated cluster unavailable: {why}")
+    job = tmp_path / "job.py"
+    job.write_text(textwrap.dedent("""
+        import time
+        import numpy as np
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        buf, out = np.ones(4), np.empty(4)
+        for i in range(3):
+            if comm.Get_rank() == 1 and i == 2:
+                break
+            comm.Allreduce(buf, out)
+        print("entered", flush=True)
+        time.sleep(600)
+    """))
+    monkeypatch.setattr(suite, "JOB", job)
+    sc = dataclasses.replace(suite.BY_NAME["late"], name="hung", hosts=2, np=2, job=[],
+                             env={}, pin=None, competitors=0, host_rates=None)
+    prof = tmp_path / "prof"
+    t0 = time.monotonic()
+    with pytest.raises(suite.JobHung) as e:
+        suite.run_job(sc, prof, timeout=20.0)  # the watchdog's snapshot comes at 10 s
+    msg = str(e.value)
+    assert time.monotonic() - t0 < 60, msg
+    assert "ran past 20 s" in msg and "entered" in msg, msg
+    assert f"profiler hang {prof}" in msg and "NEVER entered by rank(s) 1" in msg, msg
+    left = [p.info for p in psutil.process_iter(["pid", "cmdline"])
+            if str(job) in " ".join(p.info["cmdline"] or [])]
+    assert left == [], left

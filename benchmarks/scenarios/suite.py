@@ -228,9 +228,30 @@ def _python() -> str:
     return sys.executable
 
 
+def _text(b: str | bytes | None) -> str:
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+
+
 class JobHung(RuntimeError):
     """A scenario's job ran past its time limit; the message holds its output
     and, for a profiled job, `profiler hang` on its profile directory."""
+
+
+def _hung(cmd: list[str], timeout: float, stdout: str | None, stderr: str | None,
+          profile_dir: Path | None) -> JobHung:
+    """The JobHung of a job stopped after `timeout` s: the end of its output
+    and, where the watchdog left a snapshot, `profiler hang` on it."""
+    diagnosis = ""
+    if profile_dir is not None and (profile_dir / "hang").is_dir():
+        from profiler.analysis.facade import TraceAnalysis
+
+        try:
+            lines = TraceAnalysis.open_raw(profile_dir).hang().lines()
+        except Exception as exc:  # noqa: BLE001 - the hang is reported either way
+            lines = [f"(no diagnosis: {exc})"]
+        diagnosis = f"\nprofiler hang {profile_dir}:\n" + "\n".join(lines)[-3000:]
+    return JobHung(f"the job ran past {timeout:g} s: {' '.join(cmd[:4])} ...\n"
+                   f"{(stdout or '')[-1500:]}\n{(stderr or '')[-1500:]}{diagnosis}")
 
 
 def _mpirun_bounded(cmd: list[str], env: dict[str, str], timeout: float,
@@ -265,17 +286,7 @@ def _mpirun_bounded(cmd: list[str], env: dict[str, str], timeout: float,
             os.killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             stdout, stderr = proc.communicate(timeout=grace)
-        diagnosis = ""
-        if profile_dir is not None and (profile_dir / "hang").is_dir():
-            from profiler.analysis.facade import TraceAnalysis
-
-            try:
-                lines = TraceAnalysis.open_raw(profile_dir).hang().lines()
-            except Exception as exc:  # noqa: BLE001 - the hang is reported either way
-                lines = [f"(no diagnosis: {exc})"]
-            diagnosis = f"\nprofiler hang {profile_dir}:\n" + "\n".join(lines)[-3000:]
-        raise JobHung(f"the job ran past {timeout:g} s: {' '.join(cmd[:4])} ...\n"
-                      f"{(stdout or '')[-1500:]}\n{(stderr or '')[-1500:]}{diagnosis}") from None
+        raise _hung(cmd, timeout, stdout, stderr, profile_dir) from None
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
@@ -317,8 +328,13 @@ def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
 
             with simcluster.SimCluster(hosts=sc.hosts, slots=1,
                                        host_rates=None if twin else sc.host_rates) as c:
-                proc = c.mpirun(sc.np, argv, env=simcluster.run_env(e), timeout=timeout,
-                                per_host=-(-sc.np // sc.hosts))
+                try:
+                    proc = c.mpirun(sc.np, argv, env=simcluster.run_env(e), timeout=timeout,
+                                    per_host=-(-sc.np // sc.hosts))
+                except subprocess.TimeoutExpired as exc:
+                    # simcluster.run has killed every process in the hosts
+                    raise _hung(list(map(str, exc.cmd)), timeout, _text(exc.stdout),
+                                _text(exc.stderr), out if profile else None) from None
         else:
             proc = _mpirun_bounded(["mpirun", "-n", str(sc.np), *argv], e, timeout,
                                    out if profile else None)
