@@ -717,6 +717,32 @@ def pair_paths(rep: Report, b: str, work: Path, lib: Path, args: argparse.Namesp
         rep.check(f"{b}: overhead at 2 ranks", False, f"{type(exc).__name__}: {exc}")
 
 
+def alternate_overhead(rep: Report, b: str, work: Path, lib: Path, args: argparse.Namespace,
+                       results: dict[str, Any]) -> None:
+    """The host time per call at 2 ranks without the profiler and with its
+    device timing, in `args.alternate` alternating pairs of runs (ABBA...):
+    one pair of runs each cannot tell the profiler's cost from a transport
+    whose per-call time varies from one process pair to the next."""
+    cfg = {"none": (None, {}), "device": (lib, {})}
+    got: dict[str, list[float]] = {"none": [], "device": []}
+    order = [k for i in range(args.alternate)
+             for k in (("none", "device") if i % 2 == 0 else ("device", "none"))]
+    for i, key in enumerate(order):
+        lb, extra = cfg[key]
+        r = run_pair(rep, b, work, lb, args, [8], f"{b}-alt{i}-{key}", path="wrappers",
+                     mode="overhead", extra_env=extra)
+        if r is None:
+            rep.check(f"{b}: alternating overhead", False, f"run {i} ({key}) did not run")
+            return
+        m = [statistics.median(x["host_us_per_call"]) for x in r]
+        got[key].append(m[0])
+        rep.say(f"  run {i:2d} {key:6}: {m[0]:9.2f} us per call (rank 1 {m[1]:9.2f})")
+    for key, v in got.items():
+        rep.say(f"  {key:6}: median {statistics.median(v):9.2f} us, runs "
+                + ", ".join(f"{x:.2f}" for x in v))
+    results["alternate"] = got
+
+
 def orchestrate(args: argparse.Namespace) -> int:
     out_dir = Path(args.out).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -751,6 +777,10 @@ def orchestrate(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {"dry_run": args.dry_run, "sizes": args.sizes,
                                "iters": args.iters, "warmup": args.warmup, "backends": {},
                                "topology": topo}
+    if args.alternate:
+        alternate_overhead(rep, backends[0] if backends else "standin", work, lib, args,
+                           results)
+        backends = []
     for b in backends:
         rep.say(f"\n== {b}")
         try:
@@ -782,7 +812,8 @@ def orchestrate(args: argparse.Namespace) -> int:
                 results["backends"][name] = summ
             except Exception as exc:
                 rep.check(f"{name}: ran", False, f"{type(exc).__name__}: {exc}")
-    ok = bool(rep.checks) and all(c["ok"] for c in rep.checks) and bool(results["backends"])
+    ok = all(c["ok"] for c in rep.checks) and (
+        bool(rep.checks) and bool(results["backends"]) or "alternate" in results)
     rep.say(f"\n{'ALL CHECKS PASSED' if ok else 'SOME CHECKS FAILED'} "
             f"({sum(c['ok'] for c in rep.checks)}/{len(rep.checks)}) in {time.time() - t0:.0f} s")
     for b, summ in results["backends"].items():
@@ -835,6 +866,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the two-process check's limit, seconds (NCCL may refuse or stall)")
     ap.add_argument("--no-pair", dest="pair", action="store_false",
                     help="the NCCL paths at one rank instead of two processes on GPU 0")
+    ap.add_argument("--alternate", type=int, default=0, metavar="K",
+                    help="only the host cost per call at 2 ranks, without the profiler and "
+                         "with device timing, in K alternating pairs of runs")
     ap.add_argument("--worker", choices=sorted(BACKENDS), help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=("sweep", "overhead"), default="sweep",
                     help=argparse.SUPPRESS)
