@@ -97,7 +97,11 @@ def run_once(args: argparse.Namespace, arm: str, extra: dict[str, str] | None,
     if p.returncode != 0 or line is None:
         raise RuntimeError(f"{arm}: {' '.join(cmd)} failed ({p.returncode}):\n"
                            f"{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
-    timing = json.loads(line[len("RESULT "):])["timing"]
+    timing = json.loads(line[len("RESULT "):]).get("timing")
+    if timing is None:  # ops: its collectives, once each, no training loop
+        print(f"job_rate: {args.workload} has no training steps to time (its RESULT has "
+              "no timing)", file=sys.stderr)
+        raise SystemExit(2)
     res: dict[str, Any] = {"arm": arm, "job_wall_s": round(wall, 2), **timing}
     if timing.get("steps"):
         res["main_cpu_us_per_step"] = round(timing["main_cpu_s"] / timing["steps"] * 1e6, 1)
