@@ -565,39 +565,58 @@ def check_sweep(rep: Report, backend: str, res: dict[str, Any], work: Path, tag:
     return summary
 
 
-def overhead(rep: Report, backend: str, work: Path, lib: Path,
-             args: argparse.Namespace) -> dict[str, Any]:
-    runs = {
-        "none": run_worker(rep, backend, "overhead", work, None, args, {}, f"{backend}-ovh-none"),
-        "host": run_worker(rep, backend, "overhead", work, lib, args,
-                           {"HOROVOD_PROFILE_NCCL_DEVICE": "0"}, f"{backend}-ovh-host"),
-        "device": run_worker(rep, backend, "overhead", work, lib, args, {},
-                             f"{backend}-ovh-device"),
-    }
-    if backend in PLUGIN_BACKENDS and "plugin" in args.paths and (args.dry_run or not args.pair):
-        # NCCL's plugin path alone (no LD_PRELOAD): with its proxy / kernel
-        # events, and with calls only (HOROVOD_PROFILE_NCCL_PROXY=0)
-        runs["plugin"] = run_worker(rep, backend, "overhead", work, lib, args, {},
-                                    f"{backend}-ovh-plugin", path="plugin")
-        runs["plugin_calls_only"] = run_worker(rep, backend, "overhead", work, lib, args,
-                                               {"HOROVOD_PROFILE_NCCL_PROXY": "0"},
-                                               f"{backend}-ovh-plugin-calls", path="plugin")
-    med = {k: statistics.median(v["host_us_per_call"]) for k, v in runs.items()}
-    rep.say(f"  host time per NCCL call ({args.calls} x {args.rounds} calls of 8 bytes, "
-            f"median of rounds): no profiler {med['none']:.2f} us, host records "
-            f"{med['host']:.2f} us (+{med['host'] - med['none']:.2f}), with device timing "
-            f"{med['device']:.2f} us (+{med['device'] - med['none']:.2f})")
+#: The host-cost configurations: key -> (profiled, NCCL path, extra environment).
+OVERHEAD_CONFIGS: dict[str, tuple[bool, str, dict[str, str]]] = {
+    "none": (False, "wrappers", {}),
+    "host": (True, "wrappers", {"HOROVOD_PROFILE_NCCL_DEVICE": "0"}),
+    "device": (True, "wrappers", {}),
+    # NCCL's plugin path alone (no LD_PRELOAD): with its proxy / kernel
+    # events, and with calls only
+    "plugin": (True, "plugin", {}),
+    "plugin_calls_only": (True, "plugin", {"HOROVOD_PROFILE_NCCL_PROXY": "0"}),
+}
+
+
+def overhead(rep: Report, backend: str, work: Path, lib: Path, args: argparse.Namespace,
+             ranks: int = 1) -> dict[str, Any] | None:
+    """The host time per NCCL call of 8 bytes in each OVERHEAD_CONFIGS
+    configuration, at one rank or (ranks=2) two processes on GPU 0 (rank 0's
+    rounds); the plugin configurations only where the plugin sees calls (a
+    plugin backend, and not a one-rank communicator on a GPU).  None when a
+    pair did not run."""
+    keys = ["none", "host", "device"]
+    if backend in PLUGIN_BACKENDS and "plugin" in args.paths and (
+            ranks > 1 or args.dry_run or not args.pair):
+        keys += ["plugin", "plugin_calls_only"]
+    runs: dict[str, list[float]] = {}
+    for key in keys:
+        profiled, path, extra = OVERHEAD_CONFIGS[key]
+        lb = lib if profiled else None
+        if ranks > 1:
+            got = run_pair(rep, backend, work, lb, args, [8], f"{backend}-ovh2-{key}",
+                           path=path, mode="overhead", extra_env=extra)
+            if got is None:
+                return None
+            runs[key] = got[0]["host_us_per_call"]
+        else:
+            runs[key] = run_worker(rep, backend, "overhead", work, lb, args, extra,
+                                   f"{backend}-ovh-{key}", path=path)["host_us_per_call"]
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    n = med["none"]
+    at = f", {ranks} ranks, rank 0" if ranks > 1 else ""
+    rep.say(f"  host time per NCCL call ({args.calls} x {args.rounds} calls of 8 bytes{at}, "
+            f"median of rounds): no profiler {n:.2f} us, host records "
+            f"{med['host']:.2f} us (+{med['host'] - n:.2f}), with device timing "
+            f"{med['device']:.2f} us (+{med['device'] - n:.2f})")
     if "plugin" in med:
-        rep.say(f"  plugin path alone: {med['plugin']:.2f} us "
-                f"(+{med['plugin'] - med['none']:.2f}) with proxy/kernel events, "
-                f"{med['plugin_calls_only']:.2f} us "
-                f"(+{med['plugin_calls_only'] - med['none']:.2f}) calls only")
-    out = {"us_per_call": med, "rounds": {k: v["host_us_per_call"] for k, v in runs.items()},
-           "added_host_only_us": med["host"] - med["none"],
-           "added_with_device_us": med["device"] - med["none"]}
+        rep.say(f"  plugin path alone: {med['plugin']:.2f} us (+{med['plugin'] - n:.2f}) with "
+                f"proxy/kernel events, {med['plugin_calls_only']:.2f} us "
+                f"(+{med['plugin_calls_only'] - n:.2f}) calls only")
+    out = {"us_per_call": med, "rounds": runs,
+           "added_host_only_us": med["host"] - n, "added_with_device_us": med["device"] - n}
     if "plugin" in med:
-        out["added_plugin_us"] = med["plugin"] - med["none"]
-        out["added_plugin_calls_only_us"] = med["plugin_calls_only"] - med["none"]
+        out["added_plugin_us"] = med["plugin"] - n
+        out["added_plugin_calls_only_us"] = med["plugin_calls_only"] - n
     return out
 
 
@@ -649,35 +668,6 @@ def run_pair(rep: Report, backend: str, work: Path, lib: Path | None,
     return [json.loads((work / f"{tag}-{r}.json").read_text()) for r in (0, 1)]
 
 
-def overhead_pair(rep: Report, backend: str, work: Path, lib: Path,
-                  args: argparse.Namespace) -> dict[str, Any] | None:
-    """The host time per NCCL call at world 2 (rank 0's rounds): no profiler,
-    the wrappers with host records only and with device timing, the plugin
-    path with its proxy/kernel events and with calls only."""
-    configs: list[tuple[str, Path | None, str, dict[str, str]]] = [
-        ("none", None, "wrappers", {}),
-        ("host", lib, "wrappers", {"HOROVOD_PROFILE_NCCL_DEVICE": "0"}),
-        ("device", lib, "wrappers", {}),
-        ("plugin", lib, "plugin", {}),
-        ("plugin_calls_only", lib, "plugin", {"HOROVOD_PROFILE_NCCL_PROXY": "0"}),
-    ]
-    med: dict[str, float] = {}
-    for key, lb, path, extra in configs:
-        got = run_pair(rep, backend, work, lb, args, [8], f"{backend}-ovh2-{key}", path=path,
-                       mode="overhead", extra_env=extra)
-        if got is None:
-            return None
-        med[key] = statistics.median(got[0]["host_us_per_call"])
-    n = med["none"]
-    rep.say(f"  host time per NCCL call at 2 ranks ({args.calls} x {args.rounds} calls of 8 "
-            f"bytes, rank 0, median of rounds): no profiler {n:.2f} us, host records "
-            f"{med['host']:.2f} (+{med['host'] - n:.2f}), with device timing "
-            f"{med['device']:.2f} (+{med['device'] - n:.2f}); plugin path alone "
-            f"{med['plugin']:.2f} (+{med['plugin'] - n:.2f}) with proxy/kernel events, "
-            f"{med['plugin_calls_only']:.2f} (+{med['plugin_calls_only'] - n:.2f}) calls only")
-    return {"us_per_call": med, **{f"added_{k}_us": v - n for k, v in med.items() if k != "none"}}
-
-
 def available(name: str) -> str | None:
     """None when the backend can run here, else why not."""
     probe = {"cupy": "import cupy, cupy.cuda.nccl as n; assert n.available; "
@@ -710,7 +700,7 @@ def pair_paths(rep: Report, b: str, work: Path, lib: Path, args: argparse.Namesp
             rep.check(f"{b}+{path}@2: ran", False, f"{type(exc).__name__}: {exc}")
     rep.say(f"\n== {b}: host cost per call at 2 ranks")
     try:
-        ovh = overhead_pair(rep, b, work, lib, args)
+        ovh = overhead(rep, b, work, lib, args, ranks=2)
         if ovh is not None:
             results["backends"].setdefault(f"{b}+wrappers@2", {})["overhead"] = ovh
     except Exception as exc:
@@ -723,14 +713,12 @@ def alternate_overhead(rep: Report, b: str, work: Path, lib: Path, args: argpars
     device timing, in `args.alternate` alternating pairs of runs (ABBA...):
     one pair of runs each cannot tell the profiler's cost from a transport
     whose per-call time varies from one process pair to the next."""
-    cfg = {"none": (None, {}), "device": (lib, {})}
     got: dict[str, list[float]] = {"none": [], "device": []}
     order = [k for i in range(args.alternate)
              for k in (("none", "device") if i % 2 == 0 else ("device", "none"))]
     for i, key in enumerate(order):
-        lb, extra = cfg[key]
-        r = run_pair(rep, b, work, lb, args, [8], f"{b}-alt{i}-{key}", path="wrappers",
-                     mode="overhead", extra_env=extra)
+        r = run_pair(rep, b, work, lib if key == "device" else None, args, [8],
+                     f"{b}-alt{i}-{key}", path="wrappers", mode="overhead")
         if r is None:
             rep.check(f"{b}: alternating overhead", False, f"run {i} ({key}) did not run")
             return
