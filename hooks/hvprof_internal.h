@@ -256,6 +256,15 @@ HVPROF_EXPORT const char *hvprof_dir(void);
 HVPROF_EXPORT const char *hvprof_raw_path(void);
 HVPROF_EXPORT int hvprof_rank(void);
 HVPROF_HIDDEN int hvprof_python_attached(void);
+/* The library's clock and the application records (core.c, cpu.c), which
+ * the step state (steps.c) writes through. */
+HVPROF_EXPORT uint64_t hvprof_now(void);
+HVPROF_EXPORT void hvprof_set_sampling(int on);
+HVPROF_EXPORT int hvprof_record_app(int op, uint64_t t_start, uint64_t t_end, uint64_t count,
+                                    uint32_t seq);
+HVPROF_EXPORT int hvprof_record_app_cpu(int op, uint64_t t_start, uint64_t t_end,
+                                        uint64_t cpu_ns, uint64_t wait_ns, uint32_t seq);
+HVPROF_EXPORT int hvprof_cpu_baseline(void);
 
 /* 64-bit mixing used for stable communicator ids. */
 static inline uint64_t hvprof_mix(uint64_t h, uint64_t v)

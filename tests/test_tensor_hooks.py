@@ -33,7 +33,7 @@ from mpi4py import MPI
 from profiler.collect import tensors
 
 out = sys.argv[1]
-fast = tensors._fast_module()
+fast = tensors.fast_module()
 assert fast is not None, "profiler._fastrec is not available"
 
 class ProcessSet:  # horovod.common.process_sets.ProcessSet: its id attribute

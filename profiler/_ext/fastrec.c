@@ -96,63 +96,6 @@ static PyObject *fr_record(PyObject *self, PyObject *const *args, Py_ssize_t n)
 }
 
 /* ------------------------------------------------------------------------ */
-/* The step hook's calls (profiler.collect.steps): the same exports ctypes
- * reaches, without its argument conversion; looked up on first use. */
-
-typedef int (*app_fn)(int, uint64_t, uint64_t, uint64_t, uint32_t);
-typedef int (*app_cpu_fn)(int, uint64_t, uint64_t, uint64_t, uint64_t, uint32_t);
-static app_fn app_p;
-static app_cpu_fn app_cpu_p;
-static int app_resolved;
-
-static int resolve_app(void)
-{
-    if (!app_resolved) {
-        app_p = (app_fn)dlsym(RTLD_DEFAULT, "hvprof_record_app");
-        app_cpu_p = (app_cpu_fn)dlsym(RTLD_DEFAULT, "hvprof_record_app_cpu");
-        app_resolved = 1;
-    }
-    return app_p && app_cpu_p && resolve();
-}
-
-static int u64_args(PyObject *const *args, Py_ssize_t n, uint64_t *v)
-{
-    for (Py_ssize_t i = 0; i < n; i++) {
-        v[i] = PyLong_AsUnsignedLongLongMask(args[i]);
-        if (v[i] == (uint64_t)-1 && PyErr_Occurred()) return -1;
-    }
-    return 0;
-}
-
-/* record_app(op, t_start, t_end, count, seq) -> hvprof_record_app's result */
-static PyObject *fr_record_app(PyObject *self, PyObject *const *args, Py_ssize_t n)
-{
-    (void)self;
-    uint64_t v[5];
-    if (n != 5) {
-        PyErr_SetString(PyExc_TypeError, "record_app() takes 5 arguments");
-        return NULL;
-    }
-    if (u64_args(args, n, v) < 0) return NULL;
-    if (!resolve_app()) return PyLong_FromLong(-1);
-    return PyLong_FromLong(app_p((int)(int64_t)v[0], v[1], v[2], v[3], (uint32_t)v[4]));
-}
-
-/* record_app_cpu(op, t_start, t_end, cpu_ns, wait_ns, seq) -> its result */
-static PyObject *fr_record_app_cpu(PyObject *self, PyObject *const *args, Py_ssize_t n)
-{
-    (void)self;
-    uint64_t v[6];
-    if (n != 6) {
-        PyErr_SetString(PyExc_TypeError, "record_app_cpu() takes 6 arguments");
-        return NULL;
-    }
-    if (u64_args(args, n, v) < 0) return NULL;
-    if (!resolve_app()) return PyLong_FromLong(-1);
-    return PyLong_FromLong(app_cpu_p((int)(int64_t)v[0], v[1], v[2], v[3], v[4],
-                                     (uint32_t)v[5]));
-}
-
 /* sync_point() -> (ticks, ns on a CPU, ns waiting on a run queue): the
  * records' clock and the calling thread's schedstat, as
  * profiler.collect.steps.now() and schedstat() give them, in one call (-1,
@@ -162,11 +105,11 @@ static PyObject *fr_record_app_cpu(PyObject *self, PyObject *const *args, Py_ssi
 static __thread int ss_fd = -1;
 static __thread long ss_tid;
 
-static PyObject *fr_sync_point(PyObject *self, PyObject *unused)
+/* The calling thread's schedstat: *run, *wait (ns), both -1 where it cannot
+ * be read. */
+static void self_schedstat(long long *run, long long *wait)
 {
-    (void)self; (void)unused;
-    uint64_t ticks = resolve() ? now_p() : 0;
-    long long run = -1, wait = -1;
+    *run = *wait = -1;
     long tid = PyThread_get_thread_native_id();
     if (ss_fd >= 0 && ss_tid != tid) {
         close(ss_fd);
@@ -176,27 +119,125 @@ static PyObject *fr_sync_point(PyObject *self, PyObject *unused)
         ss_fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
         ss_tid = tid;
     }
-    if (ss_fd >= 0) {
-        char buf[128];
-        ssize_t k;
-        do {
-            k = pread(ss_fd, buf, sizeof buf - 1, 0);
-        } while (k < 0 && errno == EINTR);
-        if (k > 0) {
-            buf[k] = 0;
-            char *end;
-            unsigned long long a = strtoull(buf, &end, 10);
-            if (end != buf) {
-                char *p = end;
-                unsigned long long b = strtoull(p, &end, 10);
-                if (end != p) {
-                    run = (long long)a;
-                    wait = (long long)b;
-                }
-            }
+    if (ss_fd < 0) return;
+    char buf[128];
+    ssize_t k;
+    do {
+        k = pread(ss_fd, buf, sizeof buf - 1, 0);
+    } while (k < 0 && errno == EINTR);
+    if (k <= 0) return;
+    buf[k] = 0;
+    char *end;
+    unsigned long long a = strtoull(buf, &end, 10);
+    if (end == buf) return;
+    char *p = end;
+    unsigned long long b = strtoull(p, &end, 10);
+    if (end == p) return;
+    *run = (long long)a;
+    *wait = (long long)b;
+}
+
+static PyObject *fr_sync_point(PyObject *self, PyObject *unused)
+{
+    (void)self; (void)unused;
+    uint64_t ticks = resolve() ? now_p() : 0;
+    long long run, wait;
+    self_schedstat(&run, &wait);
+    return Py_BuildValue("(KLL)", (unsigned long long)ticks, run, wait);
+}
+
+/* The step state's exports (hooks/steps.c), for profiler.collect.steps and
+ * StepHook below. */
+typedef void (*steps_u64_fn)(uint64_t);
+typedef void (*steps_void_fn)(void);
+typedef void (*steps_hook_fn)(uint64_t, int64_t);
+typedef void (*steps_sync_fn)(uint64_t, uint64_t, int64_t, int64_t);
+static steps_u64_fn steps_mark_p, steps_hook_end_p;
+static steps_void_fn steps_hook_begin_p;
+static steps_hook_fn steps_hook_p;
+static steps_sync_fn steps_sync_p;
+static int steps_resolved;
+
+static int resolve_steps(void)
+{
+    if (!steps_resolved) {
+        steps_mark_p = (steps_u64_fn)dlsym(RTLD_DEFAULT, "hvprof_steps_mark");
+        steps_hook_end_p = (steps_u64_fn)dlsym(RTLD_DEFAULT, "hvprof_steps_hook_end");
+        steps_hook_begin_p = (steps_void_fn)dlsym(RTLD_DEFAULT, "hvprof_steps_hook_begin");
+        steps_hook_p = (steps_hook_fn)dlsym(RTLD_DEFAULT, "hvprof_steps_hook");
+        steps_sync_p = (steps_sync_fn)dlsym(RTLD_DEFAULT, "hvprof_steps_sync");
+        steps_resolved = 1;
+    }
+    return steps_mark_p && steps_hook_end_p && steps_hook_begin_p && steps_hook_p
+           && steps_sync_p && resolve();
+}
+
+static PyObject *fr_steps_available(PyObject *self, PyObject *unused)
+{
+    (void)self; (void)unused;
+    return PyBool_FromLong(resolve_steps());
+}
+
+static int i64_args(PyObject *const *args, Py_ssize_t n, Py_ssize_t want, const char *what,
+                    int64_t *v)
+{
+    if (n != want) {
+        PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments", what, want);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        v[i] = (int64_t)PyLong_AsLongLong(args[i]);
+        if (v[i] == -1 && PyErr_Occurred()) {
+            /* a tick count past 2**63 */
+            PyErr_Clear();
+            v[i] = (int64_t)PyLong_AsUnsignedLongLongMask(args[i]);
+            if (PyErr_Occurred()) return -1;
         }
     }
-    return Py_BuildValue("(KLL)", (unsigned long long)ticks, run, wait);
+    return 0;
+}
+
+static PyObject *fr_steps_mark(PyObject *self, PyObject *const *args, Py_ssize_t n)
+{
+    (void)self;
+    int64_t v[1];
+    if (i64_args(args, n, 1, "steps_mark", v) < 0) return NULL;
+    if (resolve_steps()) steps_mark_p((uint64_t)v[0]);
+    Py_RETURN_NONE;
+}
+
+static PyObject *fr_steps_hook(PyObject *self, PyObject *const *args, Py_ssize_t n)
+{
+    (void)self;
+    int64_t v[2];
+    if (i64_args(args, n, 2, "steps_hook", v) < 0) return NULL;
+    if (resolve_steps()) steps_hook_p((uint64_t)v[0], v[1]);
+    Py_RETURN_NONE;
+}
+
+static PyObject *fr_steps_sync(PyObject *self, PyObject *const *args, Py_ssize_t n)
+{
+    (void)self;
+    int64_t v[4];
+    if (i64_args(args, n, 4, "steps_sync", v) < 0) return NULL;
+    if (resolve_steps()) steps_sync_p((uint64_t)v[0], (uint64_t)v[1], v[2], v[3]);
+    Py_RETURN_NONE;
+}
+
+static PyObject *fr_steps_hook_begin(PyObject *self, PyObject *unused)
+{
+    (void)self; (void)unused;
+    if (resolve_steps()) steps_hook_begin_p();
+    Py_RETURN_NONE;
+}
+
+static PyObject *fr_steps_hook_end(PyObject *self, PyObject *const *args, Py_ssize_t n)
+{
+    (void)self;
+    int64_t v[1];
+    if (i64_args(args, n, 1, "steps_hook_end", v) < 0) return NULL;
+    if (resolve_steps()) steps_hook_end_p((uint64_t)v[0]);
+    Py_RETURN_NONE;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -721,6 +762,38 @@ static void hook_failed(HookObject *h)
     PyErr_Clear();
 }
 
+/* selfcost's measurement of a hook's own work (profiler.collect.selfcost:
+ * wall(), start(), close()); every failure is dropped. */
+static long long wall_ns(void)
+{
+    PyObject *w = PyObject_CallNoArgs(g_wall);
+    long long v = w ? PyLong_AsLongLong(w) : 0;
+    Py_XDECREF(w);
+    PyErr_Clear();
+    return v;
+}
+
+static PyObject *measure_open(void)
+{
+    PyObject *opened = PyObject_CallNoArgs(g_start);
+    PyErr_Clear();
+    return opened;
+}
+
+/* selfcost.close(opened, before, weight) for invocation number `call`. */
+static void measure_close(PyObject *opened, long long before, unsigned long long call)
+{
+    if (!opened) return;
+    PyObject *b = PyLong_FromLongLong(before);
+    PyObject *wt = PyLong_FromUnsignedLongLong(call <= g_first ? 1 : g_every);
+    PyObject *r = b && wt ? PyObject_CallFunctionObjArgs(g_close, opened, b, wt, NULL) : NULL;
+    Py_XDECREF(r);
+    Py_XDECREF(b);
+    Py_XDECREF(wt);
+    Py_DECREF(opened);
+    PyErr_Clear();
+}
+
 static PyObject *hook_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                  PyObject *kwnames)
 {
@@ -728,33 +801,14 @@ static PyObject *hook_vectorcall(PyObject *self, PyObject *const *args, size_t n
     if (!g_start || !resolve()) return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
     unsigned long long call = ++g_calls;
     int measured = call <= g_first || call % g_every == 0;
-    long long w0 = 0, before = 0;
-    PyObject *w;
-    if (measured && (w = PyObject_CallNoArgs(g_wall))) {
-        w0 = PyLong_AsLongLong(w);
-        Py_DECREF(w);
-    }
+    long long w0 = measured ? wall_ns() : 0;
     uint64_t t0 = now_p();
-    if (measured && (w = PyObject_CallNoArgs(g_wall))) {
-        before = PyLong_AsLongLong(w) - w0;
-        Py_DECREF(w);
-    }
-    PyErr_Clear();
+    long long before = measured ? wall_ns() - w0 : 0;
     PyObject *handle = PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
     if (!handle) return NULL; /* Horovod's error, untouched */
-    PyObject *opened = measured ? PyObject_CallNoArgs(g_start) : NULL;
-    PyErr_Clear();
+    PyObject *opened = measured ? measure_open() : NULL;
     if (hook_record(h, args, PyVectorcall_NARGS(nargsf), kwnames, handle, t0) < 0) hook_failed(h);
-    if (opened) { /* selfcost.close(opened, before, weight) */
-        PyObject *b = PyLong_FromLongLong(before);
-        PyObject *wt = PyLong_FromUnsignedLongLong(call <= g_first ? 1 : g_every);
-        PyObject *r = b && wt ? PyObject_CallFunctionObjArgs(g_close, opened, b, wt, NULL) : NULL;
-        Py_XDECREF(r);
-        Py_XDECREF(b);
-        Py_XDECREF(wt);
-        Py_DECREF(opened);
-        PyErr_Clear();
-    }
+    measure_close(opened, before, call);
     return handle;
 }
 
@@ -863,15 +917,175 @@ static PyTypeObject HookType = {
     .tp_getset = hook_getset,
 };
 
+/* ------------------------------------------------------------------------ */
+/* StepHook                                                                  */
+
+/* StepHook(orig, kind, prepare): the DistributedOptimizer's step (kind 0) or
+ * synchronize (kind 1) hook of profiler.collect.horovod_hooks in C, as a
+ * method of the optimizer's class (it binds like a function).  synchronize:
+ * the clock and the calling thread's schedstat on either side of Horovod's,
+ * handed to the step state (hvprof_steps_sync); step: the clock as it
+ * begins, and after it the step's boundary (hvprof_steps_hook: the sync
+ * row, then the step record).  prepare() (profiler.collect.steps.prepare)
+ * is called once, at the first invocation: it hands the library the step
+ * settings and says whether profiling is on; when it is off, or the
+ * library lacks the step state, the hook only calls the original.  The
+ * invocations count and are measured with the tensor hooks' (selfcost's
+ * rule). */
+enum { STEP_HOOK_STEP = 0, STEP_HOOK_SYNC = 1 };
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *orig, *prepare, *name;
+    int kind;
+    int ready; /* 0: not asked yet, 1: recording, -1: only the original */
+} StepHookObject;
+
+static int step_hook_ready(StepHookObject *h)
+{
+    if (h->ready == 0) {
+        PyObject *r = PyObject_CallNoArgs(h->prepare);
+        int on = r ? PyObject_IsTrue(r) : 0;
+        Py_XDECREF(r);
+        PyErr_Clear();
+        h->ready = on > 0 && resolve_steps() ? 1 : -1;
+    }
+    return h->ready > 0;
+}
+
+static PyObject *step_hook_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                      PyObject *kwnames)
+{
+    StepHookObject *h = (StepHookObject *)self;
+    if (!step_hook_ready(h)) return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
+    unsigned long long call = ++g_calls;
+    int measured = g_start && (call <= g_first || call % g_every == 0);
+    long long w0 = measured ? wall_ns() : 0;
+    uint64_t t_in = now_p();
+    long long run0 = -1, wait0 = -1;
+    if (h->kind == STEP_HOOK_SYNC) self_schedstat(&run0, &wait0);
+    long long before = measured ? wall_ns() - w0 : 0;
+    PyObject *result = PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
+    if (!result) return NULL; /* Horovod's error, untouched */
+    PyObject *opened = measured ? measure_open() : NULL;
+    if (h->kind == STEP_HOOK_SYNC) {
+        uint64_t t_out = now_p();
+        long long run1, wait1;
+        self_schedstat(&run1, &wait1);
+        int ok = run0 >= 0 && wait0 >= 0 && run1 >= 0 && wait1 >= 0;
+        steps_sync_p(t_in, t_out, ok ? run1 - run0 : -1, ok ? wait1 - wait0 : -1);
+    } else {
+        steps_hook_p(t_in, -1);
+    }
+    measure_close(opened, before, call);
+    return result;
+}
+
+static PyObject *step_hook_call(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    return PyVectorcall_Call(self, args, kwargs);
+}
+
+/* Bound to an optimizer, as a function is. */
+static PyObject *step_hook_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    (void)type;
+    if (obj == NULL || obj == Py_None) return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+static int step_hook_traverse(StepHookObject *h, visitproc visit, void *arg)
+{
+    Py_VISIT(h->orig);
+    Py_VISIT(h->prepare);
+    Py_VISIT(h->name);
+    return 0;
+}
+
+static int step_hook_clear(StepHookObject *h)
+{
+    Py_CLEAR(h->orig);
+    Py_CLEAR(h->prepare);
+    Py_CLEAR(h->name);
+    return 0;
+}
+
+static void step_hook_dealloc(StepHookObject *h)
+{
+    PyObject_GC_UnTrack(h);
+    step_hook_clear(h);
+    Py_TYPE(h)->tp_free((PyObject *)h);
+}
+
+static PyObject *step_hook_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *orig, *prepare;
+    int kind;
+    if (kwargs && PyDict_GET_SIZE(kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "StepHook() takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OiO", &orig, &kind, &prepare)) return NULL;
+    if (kind != STEP_HOOK_STEP && kind != STEP_HOOK_SYNC) {
+        PyErr_SetString(PyExc_ValueError, "kind: 0 (step) or 1 (synchronize)");
+        return NULL;
+    }
+    StepHookObject *h = (StepHookObject *)type->tp_alloc(type, 0);
+    if (!h) return NULL;
+    h->vectorcall = step_hook_vectorcall;
+    h->orig = Py_NewRef(orig);
+    h->prepare = Py_NewRef(prepare);
+    h->kind = kind;
+    h->name = PyUnicode_FromString(kind == STEP_HOOK_SYNC ? "synchronize" : "step");
+    if (!h->name) {
+        Py_DECREF(h);
+        return NULL;
+    }
+    return (PyObject *)h;
+}
+
+static PyMemberDef step_hook_members[] = {
+    {"__hvprof_wrapped__", T_OBJECT_EX, offsetof(StepHookObject, orig), READONLY,
+     "Horovod's method"},
+    {"__wrapped__", T_OBJECT_EX, offsetof(StepHookObject, orig), READONLY, "Horovod's method"},
+    {"__name__", T_OBJECT_EX, offsetof(StepHookObject, name), READONLY, "the method's name"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject StepHookType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "profiler._fastrec.StepHook",
+    .tp_doc = "The DistributedOptimizer's step or synchronize hook.",
+    .tp_basicsize = sizeof(StepHookObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL
+                | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_vectorcall_offset = offsetof(StepHookObject, vectorcall),
+    .tp_call = step_hook_call,
+    .tp_descr_get = step_hook_get,
+    .tp_new = step_hook_new,
+    .tp_dealloc = (destructor)step_hook_dealloc,
+    .tp_traverse = (traverseproc)step_hook_traverse,
+    .tp_clear = (inquiry)step_hook_clear,
+    .tp_members = step_hook_members,
+};
+
 static PyMethodDef methods[] = {
     {"available", fr_available, METH_NOARGS, "whether libhvprof.so's exports are loaded"},
     {"now", fr_now, METH_NOARGS, "hvprof_now(): the raw records' clock (0 when absent)"},
     {"record", (PyCFunction)(void (*)(void))fr_record, METH_FASTCALL,
      "hvprof_record_tensor with t_end read now"},
-    {"record_app", (PyCFunction)(void (*)(void))fr_record_app, METH_FASTCALL,
-     "hvprof_record_app(op, t_start, t_end, count, seq)"},
-    {"record_app_cpu", (PyCFunction)(void (*)(void))fr_record_app_cpu, METH_FASTCALL,
-     "hvprof_record_app_cpu(op, t_start, t_end, cpu_ns, wait_ns, seq)"},
+    {"steps_available", fr_steps_available, METH_NOARGS,
+     "whether libhvprof.so's step state (hooks/steps.c) is loaded"},
+    {"steps_mark", (PyCFunction)(void (*)(void))fr_steps_mark, METH_FASTCALL,
+     "hvprof_steps_mark(images)"},
+    {"steps_hook", (PyCFunction)(void (*)(void))fr_steps_hook, METH_FASTCALL,
+     "hvprof_steps_hook(entered, images)"},
+    {"steps_sync", (PyCFunction)(void (*)(void))fr_steps_sync, METH_FASTCALL,
+     "hvprof_steps_sync(t_in, t_out, cpu_ns, wait_ns)"},
+    {"steps_hook_begin", fr_steps_hook_begin, METH_NOARGS, "hvprof_steps_hook_begin()"},
+    {"steps_hook_end", (PyCFunction)(void (*)(void))fr_steps_hook_end, METH_FASTCALL,
+     "hvprof_steps_hook_end(images)"},
     {"sync_point", fr_sync_point, METH_NOARGS,
      "(records' clock, the calling thread's ns on a CPU and waiting for one)"},
     {"configure", (PyCFunction)(void (*)(void))fr_configure, METH_FASTCALL,
@@ -907,10 +1121,11 @@ PyMODINIT_FUNC PyInit__fastrec(void)
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!*names[i].slot && !(*names[i].slot = PyUnicode_InternFromString(names[i].text)))
             return NULL;
-    if (PyType_Ready(&HookType) < 0) return NULL;
+    if (PyType_Ready(&HookType) < 0 || PyType_Ready(&StepHookType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
-    if (PyModule_AddObjectRef(m, "Hook", (PyObject *)&HookType) < 0) {
+    if (PyModule_AddObjectRef(m, "Hook", (PyObject *)&HookType) < 0
+        || PyModule_AddObjectRef(m, "StepHook", (PyObject *)&StepHookType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

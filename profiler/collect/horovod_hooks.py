@@ -5,7 +5,10 @@ is called, from a copy of the namespace of ``horovod.torch.optimizer.
 _DistributedOptimizer`` (or ``_DistributedAdasumOptimizer``).  Wrapping the
 ``step`` function of those two template classes as soon as their module is
 imported therefore reaches every DistributedOptimizer the job creates.  The
-wrapper calls the original ``step`` and then :func:`profiler.collect.steps.hook_step`.
+wrapper calls the original ``step`` and then marks the step's boundary
+(:func:`profiler.collect.steps.hook_step`).  The wrappers are C
+(``profiler._fastrec.StepHook``, straight into the library's step state,
+hooks/steps.c) where the extension is built, else the Python functions below.
 Their ``synchronize`` is wrapped too: the interval the main thread spends in
 it (waiting for every gradient to be reduced) becomes the step's "sync" row,
 apart from the optimizer update that follows it.
@@ -69,7 +72,25 @@ def _modules() -> tuple[Any, Any]:
     return _mods
 
 
+def _c_hook(orig: Callable[..., Any], kind: int) -> Callable[..., Any] | None:
+    """profiler._fastrec.StepHook for `orig` (kind 0: step, 1: synchronize):
+    the same work as the Python wrappers below, without a Python frame in
+    the step (the step state is the library's: hooks/steps.c); None where
+    the extension is not built or HOROVOD_PROFILE_FASTREC=0."""
+    from profiler.collect import steps, tensors
+
+    fast = tensors.fast_module()
+    if fast is None or not hasattr(fast, "StepHook") or not fast.steps_available():
+        return None
+    hook: Callable[..., Any] = fast.StepHook(orig, kind, steps.prepare)
+    return hook
+
+
 def _wrap_step(orig: Callable[..., Any]) -> Callable[..., Any]:
+    hook = _c_hook(orig, 0)
+    if hook is not None:
+        return hook
+
     @functools.wraps(orig)
     def step(self: Any, *args: Any, **kwargs: Any) -> Any:
         selfcost, steps = _mods or _modules()
@@ -95,6 +116,10 @@ def _wrap_step(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _wrap_synchronize(orig: Callable[..., Any]) -> Callable[..., Any]:
+    hook = _c_hook(orig, 1)
+    if hook is not None:
+        return hook
+
     @functools.wraps(orig)
     def synchronize(self: Any, *args: Any, **kwargs: Any) -> Any:
         selfcost, steps = _mods or _modules()

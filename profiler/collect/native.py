@@ -53,10 +53,8 @@ EXPORTS: dict[str, tuple[Any, tuple[Any, ...], str]] = {
     "hvprof_world_size": (_c.c_int, (), "activate: number of ranks"),
     "hvprof_now": (_c.c_uint64, (), "steps: the raw records' clock"),
     "hvprof_record_app": (_c.c_int, (_c.c_int, _c.c_uint64, _c.c_uint64, _c.c_uint64,
-                                     _c.c_uint32), "steps: step records"),
-    "hvprof_record_app_cpu": (_c.c_int, (_c.c_int, _c.c_uint64, _c.c_uint64, _c.c_uint64,
-                                         _c.c_uint64, _c.c_uint32),
-                              "steps: synchronize with its schedstat"),
+                                     _c.c_uint32), "benchmarks: app records (steps.c writes "
+                                                   "them)"),
     "hvprof_record_tensor": (_c.c_int, (_c.c_uint64, _c.c_uint64, _c.c_uint64, _c.c_uint64,
                                         _c.c_uint32, _c.c_int32, _c.c_uint32, _c.c_uint32,
                                         _c.c_uint32, _c.c_int32, _c.c_uint64),
@@ -64,9 +62,24 @@ EXPORTS: dict[str, tuple[Any, tuple[Any, ...], str]] = {
     "hvprof_tensor_name_id": (_c.c_int64, (_c.c_char_p, _c.c_size_t),
                               "tensors: a tensor name's id (one id space with the "
                               "TensorFlow kernels' records)"),
-    "hvprof_cpu_baseline": (_c.c_int, (), "steps: every thread's CPU read as a step opens"),
+    "hvprof_steps_configure": (None, (_c.c_uint32, _c.c_uint64),
+                               "steps: one step in N recorded, images of a hooked step"),
+    "hvprof_steps_set_batch": (None, (_c.c_uint64,), "steps: set_batch_size"),
+    "hvprof_steps_mark": (None, (_c.c_uint64,), "steps: profiler.step()"),
+    "hvprof_steps_context_enter": (_c.c_uint64, (), "steps: step_context's entry"),
+    "hvprof_steps_context_exit": (None, (_c.c_uint64, _c.c_uint64),
+                                  "steps: step_context's exit"),
+    "hvprof_steps_sync": (None, (_c.c_uint64, _c.c_uint64, _c.c_int64, _c.c_int64),
+                          "steps: the open step's synchronize (Python hooks)"),
+    "hvprof_steps_hook": (None, (_c.c_uint64, _c.c_int64), "steps: a framework hook's boundary"),
+    "hvprof_steps_hook_begin": (None, (), "steps: a framework hook's step begins"),
+    "hvprof_steps_hook_end": (None, (_c.c_uint64,), "steps: ... and ends"),
+    "hvprof_steps_join": (None, (_c.c_uint64, _c.c_uint64, _c.c_uint64), "steps: hvd.join"),
+    "hvprof_steps_user_sampling": (_c.c_int, (_c.c_int,),
+                                   "steps: sampling()/paused(); the previous setting"),
+    "hvprof_steps_recorded": (_c.c_uint64, (), "steps: step records written"),
+    "hvprof_steps_mode": (_c.c_int, (), "steps: none, hook or explicit"),
     "hvprof_set_enabled": (None, (_c.c_int,), "bench: run-time switch"),
-    "hvprof_set_sampling": (None, (_c.c_int,), "steps: pause/resume recording"),
     "hvprof_set_python": (None, (_c.c_int,), "activate: this rank converts its own file at exit"),
     "hvprof_process_exit": (None, (), "activate: mark the raw file CLOSED"),
     "hvprof_exit_work": (None, (), "activate: the library's exit work now (rank 0: the "
@@ -80,6 +93,12 @@ EXPORTS: dict[str, tuple[Any, tuple[Any, ...], str]] = {
 del _c
 # Exports Python never calls, each with the reason.
 C_ONLY: dict[str, str] = {
+    "hvprof_record_app_cpu": "a sync row with its schedstat, written by the step state "
+                             "(hooks/steps.c)",
+    "hvprof_cpu_baseline": "every thread's CPU read as a step opens, by the step state "
+                           "(hooks/steps.c)",
+    "hvprof_set_sampling": "pause/resume recording, switched by the step state "
+                           "(hooks/steps.c: hvprof_steps_user_sampling, SAMPLE_STEPS)",
     "hvprof_record_op_tensor": "the TensorFlow kernels' tensor records "
                                "(hooks/tf/kernels.cc, on TensorFlow's threads, no Python)",
     "hvprof_nccl_flush": "called by hvprof_nccl_finish (Python calls that); exported for C "

@@ -47,6 +47,11 @@ are always written.
 
 Both combine: a call is recorded when neither pauses it.
 
+The step state (the open step, the next step's number, who marks steps,
+sampling) is the library's (hooks/steps.c), one for every way steps are
+marked: the functions here, TensorFlow's hooks, and the DistributedOptimizer
+hook, which in C (profiler._fastrec.StepHook) reaches it without Python.
+
 When profiling is off (the library was not loaded at start-up) every function
 here returns at once, after one cached check.
 """
@@ -85,25 +90,19 @@ APP_SYNC = 34  # hvprof_format.h: X(34, APP_SYNC, "sync", "app")
 APP_JOIN = 37  # hvprof_format.h: X(37, APP_JOIN, "join", "app")
 BATCH_SIZE_ENV = "HOROVOD_PROFILE_BATCH_SIZE"
 SAMPLE_STEPS_ENV = "HOROVOD_PROFILE_SAMPLE_STEPS"
+#: the library's step functions, one of which each API below calls
+_STEP_FUNCTIONS = ("steps_configure", "steps_set_batch", "steps_mark", "steps_context_enter",
+                   "steps_context_exit", "steps_sync", "steps_hook", "steps_hook_begin",
+                   "steps_hook_end", "steps_join", "steps_user_sampling", "steps_recorded",
+                   "steps_mode")
 
 _UNRESOLVED: Any = object()
 # the library's functions (profiler.collect.native.Functions), None when profiling is off
 _lib: Any = _UNRESOLVED
-
-_lock = threading.Lock()
-_last: int | None = None  # ticks of the last boundary (start of the open step)
-_next_seq = 0  # number of the next step record
-_explicit = False  # the application marks steps itself
-_hooked = False  # the optimizer hook has marked a boundary
 _batch_size: int | None = None  # set_batch_size()
 _env_batch: int | None = None
 _env_read = False
-_user_on = True  # profiler.sampling() / paused()
-_steps_on = True  # HOROVOD_PROFILE_SAMPLE_STEPS: the open step is one to record
 _every: int | None = None  # HOROVOD_PROFILE_SAMPLE_STEPS, read once (1 = every step)
-# the open step's last synchronize: ticks in, out, and the main thread's ns on a
-# CPU and waiting for one (schedstat) during it (-1: not read)
-_sync: tuple[int, int, int, int] | None = None
 _schedstat_fd: int | None = None  # /proc/thread-self/schedstat of the thread that opened it
 _schedstat_tid = -1
 
@@ -116,7 +115,10 @@ _sync_point: Any = None
 def _library() -> Any:
     """The loaded interposition library, or None when profiling is off.
 
-    The step hook's per-step calls (the clock, the step and sync records) go
+    The step state lives in the library (hooks/steps.c: one state for every
+    way steps are marked, the C step hook of profiler._fastrec included);
+    the first call hands it HOROVOD_PROFILE_SAMPLE_STEPS and the batch size.
+    The calls made every step (the clock, a boundary, a synchronize) go
     through profiler._fastrec where it is built: the same exports without
     ctypes' argument conversion, which inside a training step costs several
     microseconds a call."""
@@ -125,19 +127,26 @@ def _library() -> Any:
         mod = sys.modules.get("profiler.collect.native")
         lib = mod.loaded() if mod is not None else None  # type: ignore[attr-defined]
         fns = mod.Functions(lib) if mod is not None and lib is not None else None
-        if fns is not None and fns.record_app is not None:
+        if fns is not None and all(getattr(fns, n) is not None for n in _STEP_FUNCTIONS):
             fast = _fastrec()
             if fast is not None:
-                fns.now, fns.record_app = fast.now, fast.record_app
-                if fns.record_app_cpu is not None:
-                    fns.record_app_cpu = fast.record_app_cpu
+                for name in FAST_FUNCTIONS:
+                    setattr(fns, name, getattr(fast, name))
                 _sync_point = fast.sync_point
-        _lib = fns if fns is not None and fns.record_app is not None else None
+            _lib = fns
+            fns.steps_configure(sample_every(_rank_of(fns)), batch_size())
+        else:
+            _lib = None
     return _lib
 
 
+#: the library's functions that profiler._fastrec also exports, called instead
+FAST_FUNCTIONS = ("now", "steps_mark", "steps_sync", "steps_hook", "steps_hook_begin",
+                  "steps_hook_end")
+
+
 def _fastrec() -> Any:
-    """profiler._fastrec with the step hook's calls, or None (not built, an
+    """profiler._fastrec with the step functions, or None (not built, an
     older build, the library's exports absent, HOROVOD_PROFILE_FASTREC=0)."""
     import os
 
@@ -150,9 +159,16 @@ def _fastrec() -> Any:
         fast = importlib.import_module("profiler._fastrec")
     except ImportError:
         return None
-    if not all(hasattr(fast, n) for n in ("record_app", "record_app_cpu", "sync_point")):
+    if not all(hasattr(fast, n) for n in (*FAST_FUNCTIONS, "sync_point")):
         return None
-    return fast if fast.available() else None
+    return fast if fast.available() and fast.steps_available() else None
+
+
+def prepare() -> bool:
+    """Resolve the library and hand it the step settings; False when
+    profiling is off.  The C step hook (profiler._fastrec.StepHook) calls it
+    once, at its first step."""
+    return (_lib if _lib is not _UNRESOLVED else _library()) is not None
 
 
 def _check_images(images: int) -> int:
@@ -177,55 +193,11 @@ def sample_every(rank: int = 0) -> int:
     return _every
 
 
-def _apply_sampling(lib: Any) -> None:
-    """Tell the library whether calls are recorded now (caller holds the lock)."""
-    if lib.set_sampling is not None:
-        lib.set_sampling(1 if (_user_on and _steps_on) else 0)
-
-
 def _rank_of(lib: Any) -> int:
     try:
         return int(lib.rank()) if lib.rank is not None else 0
     except (TypeError, ValueError):
         return 0
-
-
-def _open_step(lib: Any) -> None:
-    """Step number _next_seq has just opened: sample it or not (caller holds the lock)."""
-    global _steps_on
-    every = _every if _every is not None else sample_every(_rank_of(lib))
-    if every > 1:
-        on = _next_seq % every == 0
-        if on != _steps_on:
-            _steps_on = on
-            _apply_sampling(lib)
-
-
-def _cpu_baseline(lib: Any) -> None:
-    """A step opens with no step closing at the same moment: the library reads
-    every thread's CPU figures now, so that the APP_CPU records of the step
-    (written with its step record, hooks/cpu.c) cover the step alone."""
-    if lib.cpu_baseline is not None:
-        lib.cpu_baseline()
-
-
-def _record(lib: Any, t_start: int, t_end: int, images: int) -> None:
-    """Write one step record (caller holds the lock)."""
-    global _next_seq
-    lib.record_app(APP_STEP, t_start, t_end, images, _next_seq & 0xFFFFFFFF)
-    _next_seq += 1
-
-
-def _boundary(lib: Any, images: int) -> None:
-    """Close the open step (if any) at now and open the next (caller holds the lock)."""
-    global _last
-    now = int(lib.now())
-    if _last is not None:
-        _record(lib, _last, now, images)
-    else:
-        _cpu_baseline(lib)
-    _last = now
-    _open_step(lib)
 
 
 def step(images: int = 0) -> None:
@@ -234,41 +206,19 @@ def step(images: int = 0) -> None:
     Closes the interval that began at the previous call (the first call opens
     the first interval and records nothing).  A no-op when profiling is off.
     """
-    global _explicit, _last
     lib = _lib if _lib is not _UNRESOLVED else _library()
     if lib is None:
         return
-    n = _check_images(images)
-    with _lock:
-        if not _explicit:
-            _explicit = True
-            if _hooked:
-                # The optimizer hook opened (or recorded) steps before the
-                # application started marking its own: restart the open
-                # interval here so that no step is counted twice.
-                _last = int(lib.now())
-                _cpu_baseline(lib)
-                _open_step(lib)
-                return
-        _boundary(lib, n)
+    lib.steps_mark(_check_images(images))
 
 
 @contextmanager
 def _step_context(lib: Any, images: int) -> Iterator[None]:
-    global _explicit, _last
-    with _lock:
-        _open_step(lib)  # the body is step number _next_seq
-    t0 = int(lib.now())
-    _cpu_baseline(lib)
+    t0 = int(lib.steps_context_enter())  # the body is the next step
     try:
         yield
     finally:
-        with _lock:
-            _explicit = True
-            t1 = int(lib.now())
-            _record(lib, t0, t1, images)
-            _last = t1
-            _open_step(lib)
+        lib.steps_context_exit(t0, images)
 
 
 @contextmanager
@@ -293,6 +243,8 @@ def set_batch_size(n: int | None) -> None:
     environment's HOROVOD_PROFILE_BATCH_SIZE, else 0).  Overrides the variable."""
     global _batch_size
     _batch_size = None if n is None else _check_images(n)
+    if _lib is not _UNRESOLVED and _lib is not None:
+        _lib.steps_set_batch(batch_size())
 
 
 def _env_batch_size() -> int:
@@ -360,10 +312,12 @@ def mark_synchronize(t_in: int, t_out: int, cpu_in: tuple[int, int] = (-1, -1),
     interval (ticks) the main thread waited for every gradient to be reduced,
     and its schedstat (:func:`schedstat`) at both ends, recorded as the open
     step's "sync" row by :func:`hook_step`."""
-    global _sync
+    lib = _lib if _lib is not _UNRESOLVED else _library()
+    if lib is None:
+        return
     ok = min(*cpu_in, *cpu_out) >= 0
-    _sync = (int(t_in), int(t_out), cpu_out[0] - cpu_in[0] if ok else -1,
-             cpu_out[1] - cpu_in[1] if ok else -1)
+    lib.steps_sync(int(t_in), int(t_out), cpu_out[0] - cpu_in[0] if ok else -1,
+                   cpu_out[1] - cpu_in[1] if ok else -1)
 
 
 def hook_step(entered: int | None = None, images: int | None = None) -> None:
@@ -382,29 +336,10 @@ def hook_step(entered: int | None = None, images: int | None = None) -> None:
     Quiet once the application marks steps itself (:func:`step` or
     :func:`step_context`).  Never raises into the training loop.
     """
-    global _hooked, _sync
     lib = _lib if _lib is not _UNRESOLVED else _library()
-    if lib is None or _explicit:
+    if lib is None:
         return
-    with _lock:
-        if _explicit:
-            return
-        _hooked = True
-        span, _sync = _sync, None
-        if _last is not None:
-            if span is not None and span[0] >= _last:
-                if span[2] >= 0 and lib.record_app_cpu is not None:
-                    lib.record_app_cpu(APP_SYNC, span[0], span[1], span[2], span[3],
-                                       _next_seq & 0xFFFFFFFF)
-                else:
-                    lib.record_app(APP_SYNC, span[0], span[1], 0, _next_seq & 0xFFFFFFFF)
-            elif entered is not None:
-                lib.record_app(APP_SYNC, int(entered), int(lib.now()), 0,
-                               _next_seq & 0xFFFFFFFF)
-        _boundary(lib, batch_size() if images is None else max(0, int(images)))
-
-
-_begun: int | None = None  # hook_begin's clock, until its hook_end
+    lib.steps_hook(int(entered or 0), -1 if images is None else max(0, int(images)))
 
 
 def hook_begin() -> None:
@@ -413,33 +348,17 @@ def hook_begin() -> None:
     :func:`hook_end` closes.  The time between a hook_end and the next
     hook_begin belongs to no step.  Quiet once the application marks steps
     itself."""
-    global _hooked, _begun
     lib = _lib if _lib is not _UNRESOLVED else _library()
-    if lib is None or _explicit:
-        return
-    with _lock:
-        if _explicit:
-            return
-        _hooked = True
-        _open_step(lib)
-        _begun = int(lib.now())
-        _cpu_baseline(lib)
+    if lib is not None:
+        lib.steps_hook_begin()
 
 
 def hook_end(images: int) -> None:
     """Called by a framework's hook as the step :func:`hook_begin` opened ends:
     one step record [begin, now) of `images` images."""
-    global _last, _begun
     lib = _lib if _lib is not _UNRESOLVED else _library()
-    if lib is None or _explicit or _begun is None:
-        return
-    with _lock:
-        if _explicit or _begun is None:
-            return
-        now = int(lib.now())
-        _record(lib, _begun, now, max(0, int(images)))
-        _last, _begun = now, None
-        _open_step(lib)
+    if lib is not None:
+        lib.steps_hook_end(max(0, int(images)))
 
 
 def mark_join(t_in: int, t_out: int, last_rank: int) -> None:
@@ -451,7 +370,7 @@ def mark_join(t_in: int, t_out: int, last_rank: int) -> None:
     if lib is None:
         return
     last = int(last_rank) if int(last_rank) >= 0 else (1 << 64) - 1
-    lib.record_app(APP_JOIN, int(t_in), int(t_out), last, _next_seq & 0xFFFFFFFF)
+    lib.steps_join(int(t_in), int(t_out), last)
 
 
 WRAPPED = "__hvprof_wrapped__"  # the original, on each wrapper the hooks install
@@ -488,16 +407,16 @@ def wrap_join(orig: Any, when: Any = None) -> Any:
 
 def steps_recorded() -> int:
     """Step records written by this process so far."""
-    return _next_seq
+    lib = _lib if _lib is not _UNRESOLVED else _library()
+    return 0 if lib is None else int(lib.steps_recorded())
 
 
 def mode() -> str:
     """How steps are being marked: "off" (profiling off), "none" yet, "hook" or "explicit"."""
-    if (_lib if _lib is not _UNRESOLVED else _library()) is None:
+    lib = _lib if _lib is not _UNRESOLVED else _library()
+    if lib is None:
         return "off"
-    if _explicit:
-        return "explicit"
-    return "hook" if _hooked else "none"
+    return ("none", "hook", "explicit")[int(lib.steps_mode())]
 
 
 def sampling(on: bool) -> None:
@@ -508,28 +427,18 @@ def sampling(on: bool) -> None:
     are still written.  Combines with HOROVOD_PROFILE_SAMPLE_STEPS: a call is
     recorded when neither pauses it.  A no-op when profiling is off, and in a
     forked child (the library ignores it there)."""
-    global _user_on
     lib = _lib if _lib is not _UNRESOLVED else _library()
-    if lib is None:
-        return
-    with _lock:
-        _user_on = bool(on)
-        _apply_sampling(lib)
+    if lib is not None:
+        lib.steps_user_sampling(1 if on else 0)
 
 
 @contextmanager
 def _paused(lib: Any) -> Iterator[None]:
-    global _user_on
-    with _lock:
-        before = _user_on
-        _user_on = False
-        _apply_sampling(lib)
+    before = int(lib.steps_user_sampling(0))
     try:
         yield
     finally:
-        with _lock:
-            _user_on = before
-            _apply_sampling(lib)
+        lib.steps_user_sampling(before)
 
 
 def paused() -> Any:

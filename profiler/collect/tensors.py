@@ -220,7 +220,7 @@ def fast_hooks_wanted() -> bool:
     return setting("HOROVOD_PROFILE_FASTREC", True, zero_or_one, "0 or 1")
 
 
-def _fast_module() -> Any:
+def fast_module() -> Any:
     """profiler._fastrec, configured with this module's state, or None (not
     built, the library not loaded, or HOROVOD_PROFILE_FASTREC=0)."""
     global _fast
@@ -305,7 +305,7 @@ def _use_torch_fields(mod: Any) -> None:
 
 def _wrap(fname: str, orig: Callable[..., Any]) -> Callable[..., Any]:
     prefix, grouped, out_i, root_i, op_i, name_i, ps_i = ENTRY_POINTS[fname]
-    fast = _fast_module()
+    fast = fast_module()
     if fast is not None:
         hook: Callable[..., Any] = fast.Hook(orig, fname, prefix, grouped, out_i, root_i, op_i,
                                              name_i, ps_i)
