@@ -248,7 +248,7 @@ static PyObject *g_ids, *g_new_id, *g_redops, *g_dtypes, *g_dtype_info, *g_warn,
 static unsigned long long g_count;
 /* selfcost's rule (profiler.collect.selfcost.sample): the first g_first
  * invocations measured, then one in g_every; g_calls counts them all */
-static unsigned long long g_calls, g_first = 256, g_every = 16;
+static unsigned long long g_calls, g_first = 256, g_every = 64;
 static PyObject *s_numel, *s_dtype, *s_data_ptr, *s_process_set_id, *s_name,
     *s_root_rank, *s_op, *s_process_set, *s_empty;
 

@@ -42,7 +42,10 @@ __all__ = ["add_python", "start", "close", "snapshot", "clock", "wall", "sample"
 
 clock = time.thread_time_ns
 wall = time.perf_counter_ns
-SAMPLE_EVERY = 16
+#: A measured invocation costs about 2 us more than another (four clock
+#: reads, two Python calls): one in 64 keeps that under 0.5 us a step for a
+#: model of 12 gradient tensors.
+SAMPLE_EVERY = 64
 python_ns = 0
 python_calls = 0
 
