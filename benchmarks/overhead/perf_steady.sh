@@ -5,9 +5,11 @@
 # unprofiled and three profiled runs alternating, ranks bound to a core.
 # Writes /tmp/ps/{off,on}-{1,2,3}.data and .out (the job's RESULT line).
 # Run under the machine's lock: flock /tmp/hvprof-machine.lock bash THIS.
-# Then, per run: perf report -i /tmp/ps/on-1.data -n -s pid,dso --stdio
-# (the main thread is the pid with the most libtorch_cpu samples); a
-# library's time a step = samples / 4999 / (4 s x the run's steps/s).
+# Then: python benchmarks/overhead/perf_by_thread.py /tmp/ps (us of CPU a
+# step by thread and library, median of each arm's runs), or per run
+# perf report -i /tmp/ps/on-1.data -n -s pid,dso --stdio (the main thread
+# is the pid with the most libtorch_cpu samples; a library's time a step =
+# samples / 4999 / (4 s x the run's steps/s)).
 set -u
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_tcp_if_include=lo
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
