@@ -70,3 +70,21 @@ def test_workload_end_to_end(workload: str, tmp_path: Path) -> None:
         assert set(r["fused"]) == {"grouped_allreduce", "allgather", "alltoall",
                                    "reducescatter"}
         assert r["unfused"]["grouped_allreduce"]["calls_per_step"] == 3.0
+
+
+def test_busy_loop_spins_the_time_asked() -> None:
+    """The workloads' --busy-us (job_rate.py --busy): the main thread's work
+    before each optimizer step lasts at least what was asked, not much more."""
+    import time
+
+    from profiler.workloads import corpus
+
+    assert corpus.parse_args(["mlp6", "--busy-us", "30"]).busy_us == 30.0
+    assert corpus.parse_args(["mlp6"]).busy_us == 0.0
+    took = []
+    for _ in range(20):
+        t0 = time.perf_counter_ns()
+        corpus._busy(200)
+        took.append(time.perf_counter_ns() - t0)
+    assert min(took) >= 200_000
+    assert sorted(took)[len(took) // 2] < 2_000_000  # a median under 10x: it stops

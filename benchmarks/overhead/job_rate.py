@@ -13,7 +13,11 @@ profiler.workloads.corpus WORKLOAD --steps N``, in an order drawn at random
 arms are ``off`` (HOROVOD_PROFILE unset) and ``on``
 (HOROVOD_PROFILE=1, the profiler's defaults), plus any ``--arm``: a name and
 the variables it sets besides HOROVOD_PROFILE=1 (``--arm nohelper=
-HOROVOD_PROFILE_HELPER=0``).  The rate is the workload's own ``timing``
+HOROVOD_PROFILE_HELPER=0``), plus with ``--busy 16,40`` unprofiled arms
+whose main thread spins 16 and 40 us after each optimizer step (the
+workload's ``--busy-us``): what that much work costs the job here, and so
+how much main-thread work the profiler's cost is worth
+(:func:`busy_equivalent`).  The rate is the workload's own ``timing``
 (rank 0: optimizer steps per second from the start of step 10 to the end of
 the loop, so start-up, the first steps and the exit merge are outside it),
 and the main thread's CPU time per step over the same steps (no waits in it:
@@ -75,7 +79,7 @@ def base_env() -> dict[str, str]:
 
 
 def run_once(args: argparse.Namespace, arm: str, extra: dict[str, str] | None,
-             work: Path) -> dict[str, Any]:
+             work: Path, busy_us: float = 0.0) -> dict[str, Any]:
     """One mpirun; `extra` None = unprofiled.  Returns rank 0's timing and,
     when profiled, the trace's self_cost."""
     env = base_env()
@@ -89,6 +93,8 @@ def run_once(args: argparse.Namespace, arm: str, extra: dict[str, str] | None,
     bind = ["--bind-to", args.bind] if args.bind != "none" else []
     cmd = ["mpirun", "-n", str(args.np), *bind, sys.executable, "-m",
            "profiler.workloads.corpus", args.workload, "--steps", str(args.steps)]
+    if busy_us:
+        cmd += ["--busy-us", str(busy_us)]
     t0 = time.monotonic()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout,
                        cwd=str(work))
@@ -130,6 +136,39 @@ def self_cost(trace: Path, steps: int) -> dict[str, Any] | None:
             "cpu_share": r.get("cpu_share")}
 
 
+def busy_equivalent(runs: list[dict[str, Any]], off: dict[int, dict[str, Any]],
+                    busy: dict[str, float], profiled: list[str]) -> dict[str, Any]:
+    """What a known amount of main-thread work costs this job, and how much of
+    it each profiled arm's cost is worth.  Per round, an arm's extra time a
+    step is the unprofiled step x (unprofiled rate / the arm's - 1); a busy
+    arm of B us a step that adds X us multiplies main-thread work by X / B
+    (on shared cores, more than 1: Horovod's background thread polls while
+    the other rank is late).  A profiled arm's extra time divided by the
+    busy arms' median factor is the main-thread work it is worth."""
+    def extra(arm: str) -> float:
+        return statistics.median(
+            1e6 / off[r["round"]]["steps_per_s"]
+            * (off[r["round"]]["steps_per_s"] / r["steps_per_s"] - 1)
+            for r in runs if r["arm"] == arm)
+
+    factors, xs = {}, {}
+    for arm, us in busy.items():
+        xs[arm] = x = extra(arm)
+        factors[arm] = x / us
+        print(f"  {arm}: a step {x:+.1f} us for {us:g} us of main-thread work "
+              f"(x{x / us:.2f})")
+    # least squares through the origin: the larger loops weigh more
+    factor = sum(xs[a] * busy[a] for a in busy) / sum(u * u for u in busy.values())
+    worth = {}
+    for arm in profiled:
+        x = extra(arm)
+        worth[arm] = {"extra_us": x, "main_thread_us": x / factor if factor > 0 else None}
+        print(f"  {arm}: a step {x:+.1f} us, "
+              + (f"as much as {x / factor:.1f} us of main-thread work (the busy arms' "
+                 f"x{factor:.2f})" if factor > 0 else "the busy arms resolve no factor"))
+    return {"factors": factors, "factor": factor, "profiled": worth}
+
+
 def median_ci(values: list[float], seed: int = 1, n: int = 4000) -> tuple[float, float, float]:
     """Median with a 95% bootstrap interval of the median."""
     rng = random.Random(seed)
@@ -156,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bind", choices=("none", "core"), default="none",
                    help="none (the corpus' setting, default) or each rank bound to a core")
+    p.add_argument("--busy", type=lambda v: [float(x) for x in v.split(",")], default=[],
+                   metavar="US,US", help="unprofiled arms with a busy loop of US "
+                   "microseconds a step (the workload's --busy-us): what that much "
+                   "main-thread work costs this job here")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--json", metavar="OUT")
     args = p.parse_args(argv)
@@ -163,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_on:
         arms["on"] = {}
     arms.update(dict(args.arm))
+    busy = {f"busy{b:g}": b for b in args.busy}
+    arms.update({name: None for name in busy})
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="job_rate-"))
     runs: list[dict[str, Any]] = []
@@ -172,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             order = list(arms)
             rng.shuffle(order)
             for arm in order:
-                r = run_once(args, arm, arms[arm], work)
+                r = run_once(args, arm, arms[arm], work, busy.get(arm, 0.0))
                 r["round"] = rnd
                 r["load1"] = os.getloadavg()[0]
                 runs.append(r)
@@ -210,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
               f"CPU/step {cm:.3f} ({clo:.3f}-{chi:.3f})"
               + (f"; Python hooks {statistics.median(hooks):.1f} us/step (self_cost)"
                  if hooks else ""))
+    if busy:
+        summary["busy"] = busy_equivalent(runs, off, busy, [a for a in arms if a != "off"
+                                                          and a not in busy])
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"args": {k: v for k, v in vars(args).items() if k != "arm"},

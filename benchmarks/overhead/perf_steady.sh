@@ -3,7 +3,9 @@
 # event this VM has) on rank 0 of the corpus' mlp6 over a 4 s window in its
 # steady state (6 s after launch: past start-up, before the exit), three
 # unprofiled and three profiled runs alternating, ranks bound to a core.
-# Writes /tmp/ps/{off,on}-{1,2,3}.data and .out (the job's RESULT line).
+# ARMS="off on busy40" adds an unprofiled arm whose main thread spins 40 us
+# after each optimizer step (the workload's --busy-us): a known cost.
+# Writes /tmp/ps/ARM-{1,2,3}.data and .out (the job's RESULT line).
 # Run under the machine's lock: flock /tmp/hvprof-machine.lock bash THIS.
 # Then: python benchmarks/overhead/perf_by_thread.py /tmp/ps (us of CPU a
 # step by thread and library, median of each arm's runs), or per run
@@ -16,9 +18,14 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 cd /tmp && rm -rf /tmp/ps && mkdir -p /tmp/ps
 for i in 1 2 3; do
- for arm in off on; do
-  if [ $arm = on ]; then E="HOROVOD_PROFILE=1 HOROVOD_PROFILE_DIR=/tmp/ps/prof-$arm-$i HOROVOD_PROFILE_MERGE=0"; else E="X=1"; fi
-  env $E mpirun -n 2 --bind-to core $PY -m profiler.workloads.corpus mlp6 --steps 8000 > /tmp/ps/$arm-$i.out 2>&1 &
+ for arm in ${ARMS:-off on}; do
+  B=""
+  case $arm in
+   on) E="HOROVOD_PROFILE=1 HOROVOD_PROFILE_DIR=/tmp/ps/prof-$arm-$i HOROVOD_PROFILE_MERGE=0";;
+   busy*) E="X=1"; B="--busy-us ${arm#busy}";;
+   *) E="X=1";;
+  esac
+  env $E mpirun -n 2 --bind-to core $PY -m profiler.workloads.corpus mlp6 --steps 8000 $B > /tmp/ps/$arm-$i.out 2>&1 &
   M=$!
   sleep 6
   P=""

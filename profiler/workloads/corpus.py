@@ -310,6 +310,13 @@ def _elem(dtype: torch.dtype) -> int:
     return torch.empty(0, dtype=dtype).element_size()
 
 
+def _busy(us: float) -> None:
+    """Spin on the clock for `us` microseconds (the main thread's work, no wait)."""
+    end = time.perf_counter_ns() + int(us * 1000)
+    while time.perf_counter_ns() < end:
+        pass
+
+
 def _train(name: str, args: argparse.Namespace, hvd: Any, mark: Callable[[int], None]
            ) -> dict[str, Any]:
     wl = build_model(name, args)
@@ -344,6 +351,8 @@ def _train(name: str, args: argparse.Namespace, hvd: Any, mark: Callable[[int], 
             g = _embedding(model).weight.grad
             sparse_rows.append(int(g._nnz()) if g is not None and g.is_sparse else 0)
         opt.step()
+        if args.busy_us > 0:
+            _busy(args.busy_us)
         losses.append(float(loss.detach()))
         if ps_single is not None:  # a collective on a process set of this rank alone
             hvd.allreduce(torch.full((8,), float(rank)), name=f"single.{rank}",
@@ -474,6 +483,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dynamic", action="store_true",
                    help="procset: hvd.add_process_set (HOROVOD_DYNAMIC_PROCESS_SETS=1)")
     p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--busy-us", type=float, default=0.0, metavar="US",
+                   help="a busy loop of US microseconds on the main thread after each "
+                        "optimizer step (after Horovod's synchronize, in series with the "
+                        "step): a known cost, to calibrate what the job loses to that much "
+                        "work a step (benchmarks/overhead/job_rate.py --busy)")
     return p.parse_args(argv)
 
 
