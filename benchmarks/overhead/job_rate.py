@@ -141,10 +141,9 @@ def busy_equivalent(runs: list[dict[str, Any]], off: dict[int, dict[str, Any]],
     """What a known amount of main-thread work costs this job, and how much of
     it each profiled arm's cost is worth.  Per round, an arm's extra time a
     step is the unprofiled step x (unprofiled rate / the arm's - 1); a busy
-    arm of B us a step that adds X us multiplies main-thread work by X / B
-    (on shared cores, more than 1: Horovod's background thread polls while
-    the other rank is late).  A profiled arm's extra time divided by the
-    busy arms' median factor is the main-thread work it is worth."""
+    arm of B us a step that adds X us costs the job X / B per us of work.
+    A profiled arm's extra time divided by the busy arms' factor (least
+    squares through the origin) is the main-thread work it is worth."""
     def extra(arm: str) -> float:
         return statistics.median(
             1e6 / off[r["round"]]["steps_per_s"]
@@ -157,7 +156,6 @@ def busy_equivalent(runs: list[dict[str, Any]], off: dict[int, dict[str, Any]],
         factors[arm] = x / us
         print(f"  {arm}: a step {x:+.1f} us for {us:g} us of main-thread work "
               f"(x{x / us:.2f})")
-    # least squares through the origin: the larger loops weigh more
     factor = sum(xs[a] * busy[a] for a in busy) / sum(u * u for u in busy.values())
     worth = {}
     for arm in profiled:

@@ -96,17 +96,14 @@ static PyObject *fr_record(PyObject *self, PyObject *const *args, Py_ssize_t n)
 }
 
 /* ------------------------------------------------------------------------ */
-/* sync_point() -> (ticks, ns on a CPU, ns waiting on a run queue): the
- * records' clock and the calling thread's schedstat, as
- * profiler.collect.steps.now() and schedstat() give them, in one call (-1,
- * -1 where schedstat cannot be read).  The descriptor of
- * /proc/thread-self/schedstat is kept per thread (a forked child's copy is
- * dropped: the tid it was opened for is kept beside it). */
+/* The calling thread's schedstat, for StepHook's synchronize.  The
+ * descriptor of /proc/thread-self/schedstat is kept per thread (a forked
+ * child's copy is dropped: the tid it was opened for is kept beside it). */
 static __thread int ss_fd = -1;
 static __thread long ss_tid;
 
-/* The calling thread's schedstat: *run, *wait (ns), both -1 where it cannot
- * be read. */
+/* *run, *wait: ns on a CPU and waiting on a run queue so far, both -1 where
+ * they cannot be read. */
 static void self_schedstat(long long *run, long long *wait)
 {
     *run = *wait = -1;
@@ -137,17 +134,9 @@ static void self_schedstat(long long *run, long long *wait)
     *wait = (long long)b;
 }
 
-static PyObject *fr_sync_point(PyObject *self, PyObject *unused)
-{
-    (void)self; (void)unused;
-    uint64_t ticks = resolve() ? now_p() : 0;
-    long long run, wait;
-    self_schedstat(&run, &wait);
-    return Py_BuildValue("(KLL)", (unsigned long long)ticks, run, wait);
-}
-
-/* The step state's exports (hooks/steps.c), for profiler.collect.steps and
- * StepHook below. */
+/* The step state's exports (hooks/steps.c), for StepHook below and for
+ * profiler.collect.steps' calls outside the optimizer's hooks (profiler.step,
+ * TensorFlow's hooks). */
 typedef void (*steps_u64_fn)(uint64_t);
 typedef void (*steps_void_fn)(void);
 typedef void (*steps_hook_fn)(uint64_t, int64_t);
@@ -212,15 +201,6 @@ static PyObject *fr_steps_hook(PyObject *self, PyObject *const *args, Py_ssize_t
     int64_t v[2];
     if (i64_args(args, n, 2, "steps_hook", v) < 0) return NULL;
     if (resolve_steps()) steps_hook_p((uint64_t)v[0], v[1]);
-    Py_RETURN_NONE;
-}
-
-static PyObject *fr_steps_sync(PyObject *self, PyObject *const *args, Py_ssize_t n)
-{
-    (void)self;
-    int64_t v[4];
-    if (i64_args(args, n, 4, "steps_sync", v) < 0) return NULL;
-    if (resolve_steps()) steps_sync_p((uint64_t)v[0], (uint64_t)v[1], v[2], v[3]);
     Py_RETURN_NONE;
 }
 
@@ -1081,13 +1061,9 @@ static PyMethodDef methods[] = {
      "hvprof_steps_mark(images)"},
     {"steps_hook", (PyCFunction)(void (*)(void))fr_steps_hook, METH_FASTCALL,
      "hvprof_steps_hook(entered, images)"},
-    {"steps_sync", (PyCFunction)(void (*)(void))fr_steps_sync, METH_FASTCALL,
-     "hvprof_steps_sync(t_in, t_out, cpu_ns, wait_ns)"},
     {"steps_hook_begin", fr_steps_hook_begin, METH_NOARGS, "hvprof_steps_hook_begin()"},
     {"steps_hook_end", (PyCFunction)(void (*)(void))fr_steps_hook_end, METH_FASTCALL,
      "hvprof_steps_hook_end(images)"},
-    {"sync_point", fr_sync_point, METH_NOARGS,
-     "(records' clock, the calling thread's ns on a CPU and waiting for one)"},
     {"configure", (PyCFunction)(void (*)(void))fr_configure, METH_FASTCALL,
      "the state Hook shares with profiler.collect.tensors"},
     {"count", fr_count, METH_NOARGS, "tensor records written by Hook objects"},

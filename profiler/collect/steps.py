@@ -107,22 +107,17 @@ _schedstat_fd: int | None = None  # /proc/thread-self/schedstat of the thread th
 _schedstat_tid = -1
 
 
-# profiler._fastrec's sync_point once resolved (None: not built, or
-# HOROVOD_PROFILE_FASTREC=0: now() and schedstat() instead)
-_sync_point: Any = None
-
-
 def _library() -> Any:
     """The loaded interposition library, or None when profiling is off.
 
     The step state lives in the library (hooks/steps.c: one state for every
     way steps are marked, the C step hook of profiler._fastrec included);
     the first call hands it HOROVOD_PROFILE_SAMPLE_STEPS and the batch size.
-    The calls made every step (the clock, a boundary, a synchronize) go
-    through profiler._fastrec where it is built: the same exports without
+    The calls made every step (the clock, a boundary) go through
+    profiler._fastrec where it is built: the same exports without
     ctypes' argument conversion, which inside a training step costs several
     microseconds a call."""
-    global _lib, _sync_point
+    global _lib
     if _lib is _UNRESOLVED:
         mod = sys.modules.get("profiler.collect.native")
         lib = mod.loaded() if mod is not None else None  # type: ignore[attr-defined]
@@ -132,7 +127,6 @@ def _library() -> Any:
             if fast is not None:
                 for name in FAST_FUNCTIONS:
                     setattr(fns, name, getattr(fast, name))
-                _sync_point = fast.sync_point
             _lib = fns
             fns.steps_configure(sample_every(_rank_of(fns)), batch_size())
         else:
@@ -141,8 +135,7 @@ def _library() -> Any:
 
 
 #: the library's functions that profiler._fastrec also exports, called instead
-FAST_FUNCTIONS = ("now", "steps_mark", "steps_sync", "steps_hook", "steps_hook_begin",
-                  "steps_hook_end")
+FAST_FUNCTIONS = ("now", "steps_mark", "steps_hook", "steps_hook_begin", "steps_hook_end")
 
 
 def _fastrec() -> Any:
@@ -159,7 +152,7 @@ def _fastrec() -> Any:
         fast = importlib.import_module("profiler._fastrec")
     except ImportError:
         return None
-    if not all(hasattr(fast, n) for n in (*FAST_FUNCTIONS, "sync_point")):
+    if not all(hasattr(fast, n) for n in FAST_FUNCTIONS):
         return None
     return fast if fast.available() and fast.steps_available() else None
 
@@ -294,14 +287,11 @@ def schedstat() -> tuple[int, int]:
 
 def sync_point() -> tuple[int, int, int] | None:
     """(:func:`now`, then :func:`schedstat`'s two figures) in one call, None
-    when profiling is off: what the DistributedOptimizer hook reads on
-    either side of synchronize."""
+    when profiling is off: what the Python DistributedOptimizer hook reads
+    on either side of synchronize (the C hook reads the same itself)."""
     lib = _lib if _lib is not _UNRESOLVED else _library()
     if lib is None:
         return None
-    if _sync_point is not None:
-        point: tuple[int, int, int] = _sync_point()
-        return point
     t = int(lib.now())
     return (t, *schedstat())
 
