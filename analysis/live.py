@@ -28,7 +28,7 @@ Rules the snapshot follows:
 * a rank's status: "closed", "finalized", "running", "dead", "unknown" (as
   profiler.formats.raw.writer_state says), or "stalled": running or unknown,
   with a helper thread, whose heartbeat (the header's calibration pair and
-  helper CPU time, stored by the helper every 25 ms to 1 s) has not moved for
+  helper CPU time, stored by the helper every 100 ms to 1 s) has not moved for
   `stale_s` seconds.  "dead" and "stalled" ranks are the stopped ones.  On
   another host (its pid cannot be checked, its CLOCK_MONOTONIC is not ours)
   the heartbeat alone decides: "running" when it was stored less than

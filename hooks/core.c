@@ -63,10 +63,12 @@ static void agg_snapshot(void);
 static void window_init(void);
 static int parse_window(const char *w, double *a, double *b);
 /* The helper's flush period: the most a SIGKILL can lose.  Each wake-up
- * costs the helper tens of microseconds of CPU, the largest part of the
- * profiler's own CPU share, so the period trades loss on SIGKILL against
- * that share (figures: docs/validation.md). */
-#define DEFAULT_FLUSH_MS 25
+ * costs the job far more than the helper's own tens of microseconds of CPU
+ * where ranks share cores (a 2-rank job of 1.2 ms steps lost about 3% of
+ * its rate at 25 ms, under 1% at 100 or 250 ms, measured within runs:
+ * benchmarks/overhead/ab_corpus.py), so the period trades loss on SIGKILL
+ * against that (figures: docs/validation.md). */
+#define DEFAULT_FLUSH_MS 100
 static void window_tick(int64_t now_mono);
 int hvprof_clock_kind = HVPROF_CLOCK_MONOTONIC;
 
@@ -732,7 +734,7 @@ hvprof_file_header *hvprof_header(void) { return g.open ? g.hdr : NULL; }
  * buffer laid out exactly like a file chunk (64-byte header + slots).  A
  * helper thread ("hvprof-io") copies what is new in every live buffer into
  * the buffer's chunk of the raw file with pwrite every few milliseconds
- * (HOROVOD_PROFILE_FLUSH_MS, default 25), recycles full buffers, and keeps a
+ * (HOROVOD_PROFILE_FLUSH_MS, default 100), recycles full buffers, and keeps a
  * few fresh ones ready.  The calling thread never makes a system call for a
  * record, and the kernel's page-cache work runs on the helper.  A rank
  * killed with SIGKILL loses at most the records of the last flush interval.
@@ -764,7 +766,7 @@ static _Atomic int helper_run;
 static _Atomic uint32_t helper_futex;
 static pthread_t helper_thread;
 static int helper_started;
-static int flush_ms = DEFAULT_FLUSH_MS;
+static _Atomic int flush_ms = DEFAULT_FLUSH_MS; /* 0: no clock ticks (hvprof_set_flush_ms) */
 
 /* Flusher-private progress of a buffer: records already in the file. */
 #define FLUSHED(ch) ((ch)->reserved[0])
@@ -1003,8 +1005,9 @@ static void *helper_main(void *arg)
         }
         helper_cpu_store();
         if (!run) break; /* drained once more after the stop request */
-        struct timespec ts = {flush_ms / 1000, (long)(flush_ms % 1000) * 1000000L};
-        syscall(SYS_futex, &helper_futex, FUTEX_WAIT_PRIVATE, seen, &ts, NULL, 0);
+        int ms = atomic_load(&flush_ms);
+        struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+        syscall(SYS_futex, &helper_futex, FUTEX_WAIT_PRIVATE, seen, ms > 0 ? &ts : NULL, NULL, 0);
     }
     return NULL;
 }
@@ -1093,7 +1096,7 @@ static void signals_install(void)
 static void helper_start(void)
 {
     const char *ms = hvprof_setting("HOROVOD_PROFILE_FLUSH_MS");
-    if (ms && int_in(ms, 1, 60000)) flush_ms = atoi(ms);
+    if (ms && int_in(ms, 1, 60000)) atomic_store(&flush_ms, atoi(ms));
     if (helper_started) return;
     const char *v = hvprof_setting("HOROVOD_PROFILE_HELPER");
     if (v && strcmp(v, "0") == 0) return; /* everything on the calling threads */
@@ -1517,6 +1520,19 @@ HVPROF_EXPORT void hvprof_set_enabled(int on)
     if (!g.open || g.pid != getpid()) return;
     if (g.hdr->state & HVPROF_STATE_FINALIZED) return;
     atomic_store(&hvprof_active, on ? 1 : 0);
+}
+
+/* The helper's flush period from now on, in ms (1 to 60000; 0: no clock
+ * ticks, it wakes only when a thread runs short of ready buffers); returns
+ * the previous one.  Benchmarks switch it within a run
+ * (benchmarks/overhead/ab_corpus.py); a job sets HOROVOD_PROFILE_FLUSH_MS.
+ * A longer period widens what a SIGKILL loses and slows the heartbeat. */
+HVPROF_EXPORT int hvprof_set_flush_ms(int ms)
+{
+    if (!g.open || g.pid != getpid() || ms < 0 || ms > 60000) return -1;
+    int was = atomic_exchange(&flush_ms, ms);
+    if (ms != was && helper_started) helper_wake(); /* the new period at once */
+    return was;
 }
 
 HVPROF_EXPORT int hvprof_record_app(int op, uint64_t t_start, uint64_t t_end, uint64_t count,

@@ -92,7 +92,7 @@ SETTINGS: tuple[Setting, ...] = (
             "record only from A to B seconds after start", "C"),
     Setting("HOROVOD_PROFILE_CHUNK_KB", "KiB", "256",
             "size of each thread's record buffer, which is one chunk of the raw file", "C"),
-    Setting("HOROVOD_PROFILE_FLUSH_MS", "ms", "25",
+    Setting("HOROVOD_PROFILE_FLUSH_MS", "ms", "100",
             "how often the helper thread writes the buffers out: the most a SIGKILL can "
             "lose (fatal signals flush first)", "C"),
     Setting("HOROVOD_PROFILE_HELPER", "0 or 1", "1",

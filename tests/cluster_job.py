@@ -57,7 +57,7 @@ if a.kill_host is not None:
     print(f"RESULT OK {r} {total:.1f}", flush=True)
     c.Barrier()  # the survivors' work is done and recorded
     if doomed:
-        time.sleep(0.25)  # ten flush periods (25 ms): the records are on disk
+        time.sleep(0.5)  # five flush periods (100 ms): the records are on disk
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(0.5)
 else:

@@ -260,7 +260,7 @@ def test_sigkill_keeps_records_up_to_the_kill(impl: dict, tmp_path: Path) -> Non
         if line.startswith("DONE"):
             pids.append(int(line.split()[3]))
     assert len(pids) == 2
-    time.sleep(0.3)  # far longer than the flush interval (25 ms)
+    time.sleep(0.5)  # five flush periods (100 ms)
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     try:

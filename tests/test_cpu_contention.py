@@ -494,7 +494,7 @@ import profiler
 MPI.COMM_WORLD.Barrier()
 for _ in range(4):
     profiler.step()     # 3 step records, each with the main thread's cpu row
-time.sleep(0.3)         # far longer than the helper's flush period
+time.sleep(0.5)         # five of the helper's flush periods (100 ms)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 

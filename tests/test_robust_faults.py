@@ -66,7 +66,7 @@ if mode == "work":                      # plain work; the directory may vanish m
 
 if mode == "segv":                      # rank 1 crashes in the application
     calls(n_calls)
-    time.sleep(0.25)                    # well past the helper's 25 ms flush period
+    time.sleep(0.5)                     # five of the helper's 100 ms flush periods
     calls(n_calls)
     if r == 1:
         import ctypes

@@ -80,6 +80,8 @@ EXPORTS: dict[str, tuple[Any, tuple[Any, ...], str]] = {
     "hvprof_steps_recorded": (_c.c_uint64, (), "steps: step records written"),
     "hvprof_steps_mode": (_c.c_int, (), "steps: none, hook or explicit"),
     "hvprof_set_enabled": (None, (_c.c_int,), "bench: run-time switch"),
+    "hvprof_set_flush_ms": (_c.c_int, (_c.c_int,),
+                            "bench: the helper's period (0: no ticks); the previous one"),
     "hvprof_set_python": (None, (_c.c_int,), "activate: this rank converts its own file at exit"),
     "hvprof_process_exit": (None, (), "activate: mark the raw file CLOSED"),
     "hvprof_exit_work": (None, (), "activate: the library's exit work now (rank 0: the "
@@ -195,6 +197,12 @@ def world_size() -> int:
 
 def set_enabled(on: bool) -> None:
     _fn("hvprof_set_enabled")(1 if on else 0)
+
+
+def set_flush_ms(ms: int) -> int:
+    """The helper's flush period from now on (0: no clock ticks); the
+    previous one, or -1 (no raw file open in this process, or out of range)."""
+    return int(_fn("hvprof_set_flush_ms")(int(ms)))
 
 
 def set_python(on: bool) -> None:

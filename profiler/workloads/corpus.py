@@ -317,8 +317,12 @@ def _busy(us: float) -> None:
         pass
 
 
-def _train(name: str, args: argparse.Namespace, hvd: Any, mark: Callable[[int], None]
-           ) -> dict[str, Any]:
+def _train(name: str, args: argparse.Namespace, hvd: Any, mark: Callable[[int], None],
+           before_step: Callable[[int, Any], None] | None = None) -> dict[str, Any]:
+    """Train workload `name` for args.steps optimizer steps; RESULT's fields.
+    `before_step(step, optimizer)`, where given, runs as each step begins
+    and once more with the step count at the end, outside the step's work
+    (the within-run A/B's switch: benchmarks/overhead/ab_corpus.py)."""
     wl = build_model(name, args)
     model = wl.model
     rank, size = hvd.rank(), hvd.size()
@@ -341,6 +345,8 @@ def _train(name: str, args: argparse.Namespace, hvd: Any, mark: Callable[[int], 
         ps_single = _own_process_set(hvd, args)
     clock = _LoopClock()
     for step in range(steps):
+        if before_step is not None:
+            before_step(step, opt)
         clock.tick(step)
         opt.zero_grad()
         for p in range(passes):
@@ -357,6 +363,8 @@ def _train(name: str, args: argparse.Namespace, hvd: Any, mark: Callable[[int], 
         if ps_single is not None:  # a collective on a process set of this rank alone
             hvd.allreduce(torch.full((8,), float(rank)), name=f"single.{rank}",
                           process_set=ps_single)
+    if before_step is not None:
+        before_step(steps, opt)
     clock.tick(steps)
     joined_last = hvd.join() if name == "join" else None  # --extra 0: joins all the same
     grads = [(n, p.numel(), p.dtype) for n, p in model.named_parameters() if p.requires_grad]
