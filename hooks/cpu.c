@@ -86,6 +86,11 @@ static pthread_mutex_t cpu_lock = PTHREAD_MUTEX_INITIALIZER;
 static cpu_slot slots[HVPROF_TRACK_TABLE_CAPACITY];
 static int n_fds;
 static int available = 1;            /* schedstat readable (decided at open) */
+/* HOROVOD_PROFILE_CPU=0: no reads at steps (no APP_CPU rows, no descriptors
+ * kept); the sidecar's start and end figures stay.  Each read is a system
+ * call, which costs a job on a nested virtual machine several times its own
+ * time (docs/validation.md). */
+static int step_reads = 1;
 static char reason[160];             /* why not */
 static int64_t read_cost_ns = -1;
 static double loadavg_start[3], loadavg_end[3];
@@ -204,7 +209,7 @@ static int slot_read(cpu_slot *s, uint64_t v[3], uint64_t *t)
 
 static void cpu_track(uint32_t idx, int32_t tid)
 {
-    if (idx >= HVPROF_TRACK_TABLE_CAPACITY || tid <= 0 || !available) return;
+    if (idx >= HVPROF_TRACK_TABLE_CAPACITY || tid <= 0 || !available || !step_reads) return;
     pthread_mutex_lock(&cpu_lock);
     cpu_slot *s = &slots[idx];
     slot_close(s);
@@ -271,7 +276,7 @@ static int64_t thread_cpu_ns(void)
 
 static void cpu_step(uint32_t seq)
 {
-    if (!available) return;
+    if (!available || !step_reads) return;
     hvprof_track_self(); /* the stepping thread's own track first: never under cpu_lock */
     pthread_mutex_lock(&cpu_lock);
     int timed = steps < CPU_TIMED_FIRST || steps % CPU_TIMED_EVERY == 0;
@@ -285,9 +290,13 @@ static void cpu_step(uint32_t seq)
     pthread_mutex_unlock(&cpu_lock);
 }
 
+/* 1 when steps read every thread's CPU figures (schedstat readable, and not
+ * HOROVOD_PROFILE_CPU=0): the synchronize hooks read their own only then. */
+HVPROF_EXPORT int hvprof_cpu_step_reads(void) { return available && step_reads; }
+
 HVPROF_EXPORT int hvprof_cpu_baseline(void)
 {
-    if (!available || !hvprof_header() || !hvprof_app_active()) return -1;
+    if (!available || !step_reads || !hvprof_header() || !hvprof_app_active()) return -1;
     hvprof_track_self();
     pthread_mutex_lock(&cpu_lock);
     read_all(0, 0);
@@ -402,8 +411,9 @@ static void write_sidecar(const char *state)
     j.buf = malloc(j.n);
     if (!j.buf) return;
     j.buf[0] = 0;
-    jout(&j, "{\"version\": 1, \"state\": \"%s\", \"pid\": %d, \"schedstat\": %s, \"reason\": ",
-         state, (int)getpid(), available ? "true" : "false");
+    jout(&j, "{\"version\": 1, \"state\": \"%s\", \"pid\": %d, \"schedstat\": %s, "
+         "\"step_reads\": %s, \"reason\": ", state, (int)getpid(), available ? "true" : "false",
+         available && step_reads ? "true" : "false");
     jstr(&j, reason);
     jout(&j, ", \"host_cpus\": %ld, \"affinity\": [", sysconf(_SC_NPROCESSORS_ONLN));
     cpu_set_t set;
@@ -464,6 +474,7 @@ static void cpu_reset(void)
     }
     n_fds = 0;
     available = 1;
+    step_reads = 1;
     reason[0] = 0;
     read_cost_ns = -1;
     have_load_start = have_load_end = have_omp = 0;
@@ -476,6 +487,8 @@ static void cpu_reset(void)
 static void cpu_open(void)
 {
     pthread_mutex_lock(&cpu_lock);
+    const char *setting = hvprof_setting("HOROVOD_PROFILE_CPU");
+    step_reads = !(setting && strcmp(setting, "0") == 0);
     char path[64];
     snprintf(path, sizeof path, "/proc/self/task/%ld/schedstat", (long)syscall(SYS_gettid));
     int fd = open(path, O_RDONLY | O_CLOEXEC);

@@ -265,6 +265,7 @@ HVPROF_EXPORT int hvprof_record_app(int op, uint64_t t_start, uint64_t t_end, ui
 HVPROF_EXPORT int hvprof_record_app_cpu(int op, uint64_t t_start, uint64_t t_end,
                                         uint64_t cpu_ns, uint64_t wait_ns, uint32_t seq);
 HVPROF_EXPORT int hvprof_cpu_baseline(void);
+HVPROF_EXPORT int hvprof_cpu_step_reads(void);
 
 /* 64-bit mixing used for stable communicator ids. */
 static inline uint64_t hvprof_mix(uint64_t h, uint64_t v)

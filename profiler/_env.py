@@ -95,6 +95,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("HOROVOD_PROFILE_FLUSH_MS", "ms", "100",
             "how often the helper thread writes the buffers out: the most a SIGKILL can "
             "lose (fatal signals flush first)", "C"),
+    Setting("HOROVOD_PROFILE_CPU", "0 or 1", "1",
+            "read each thread's CPU and run-queue time at every step (4-5 system calls "
+            "a step); 0 leaves them out, and the CPU contention findings with them", "C"),
     Setting("HOROVOD_PROFILE_HELPER", "0 or 1", "1",
             "0: no helper thread; each thread writes its own full buffers", "C"),
     Setting("HOROVOD_PROFILE_SIGNALS", "0 or 1", "1",

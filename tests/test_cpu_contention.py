@@ -355,6 +355,34 @@ def test_cpu_metadata_for_every_rank(two_ranks: Path) -> None:
             assert rows_t["bytes"].sum() <= t["end"]["cpu_ns"] - t["start"]["cpu_ns"] + 25_000_000
 
 
+@requires_mpi
+@pytest.mark.mpi
+@pytest.mark.horovod
+@pytest.mark.parametrize("fastrec", ["1", "0"])
+def test_cpu_off_reads_nothing_at_steps(tmp_path: Path, fastrec: str) -> None:
+    """HOROVOD_PROFILE_CPU=0: no cpu rows and no CPU figures in the sync rows
+    (the C synchronize hook, and the Python one with HOROVOD_PROFILE_FASTREC=0),
+    the steps and the sidecar's start and end figures as before."""
+    prof = tmp_path / "prof"
+    mpirun(2, [PYTHON, str(JOB)], cwd=tmp_path, timeout=240,
+           env={"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof),
+                "HOROVOD_PROFILE_CPU": "0", "HOROVOD_PROFILE_FASTREC": fastrec,
+                "STEPS": str(STEPS)})
+    df = _rows(prof)
+    ops = df["op"].astype(str)
+    assert not (ops == "cpu").any()
+    for r in (0, 1):
+        steps = df[(df["rank"] == r) & (ops == "step")]
+        assert sorted(steps["seq"]) == list(range(STEPS - 1))
+        sync = df[(df["rank"] == r) & (ops == "sync")]
+        assert len(sync) == STEPS - 1 and (sync["count"] == 0).all() and (sync["bytes"] == 0).all()
+    for m in _trace_meta(prof)["ranks"]:
+        c = m["cpu"]
+        assert c["schedstat"] is True and c["step_reads"] is False and c["rows"] == 0
+        kinds = {t["kind"]: t for t in c["threads"]}
+        assert kinds["main"]["start"] is not None and kinds["main"]["end"] is not None
+
+
 # ---------------------------------------------------------------------------
 # a known contention: one core, shared with a busy competitor or not
 # ---------------------------------------------------------------------------

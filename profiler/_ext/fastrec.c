@@ -145,6 +145,7 @@ static steps_u64_fn steps_mark_p, steps_hook_end_p;
 static steps_void_fn steps_hook_begin_p;
 static steps_hook_fn steps_hook_p;
 static steps_sync_fn steps_sync_p;
+static int (*cpu_step_reads_p)(void); /* absent: an older library, reads on */
 static int steps_resolved;
 
 static int resolve_steps(void)
@@ -155,6 +156,7 @@ static int resolve_steps(void)
         steps_hook_begin_p = (steps_void_fn)dlsym(RTLD_DEFAULT, "hvprof_steps_hook_begin");
         steps_hook_p = (steps_hook_fn)dlsym(RTLD_DEFAULT, "hvprof_steps_hook");
         steps_sync_p = (steps_sync_fn)dlsym(RTLD_DEFAULT, "hvprof_steps_sync");
+        cpu_step_reads_p = (int (*)(void))dlsym(RTLD_DEFAULT, "hvprof_cpu_step_reads");
         steps_resolved = 1;
     }
     return steps_mark_p && steps_hook_end_p && steps_hook_begin_p && steps_hook_p
@@ -944,15 +946,16 @@ static PyObject *step_hook_vectorcall(PyObject *self, PyObject *const *args, siz
     long long w0 = measured ? wall_ns() : 0;
     uint64_t t_in = now_p();
     long long run0 = -1, wait0 = -1;
-    if (h->kind == STEP_HOOK_SYNC) self_schedstat(&run0, &wait0);
+    int reads = h->kind == STEP_HOOK_SYNC && (!cpu_step_reads_p || cpu_step_reads_p());
+    if (reads) self_schedstat(&run0, &wait0);
     long long before = measured ? wall_ns() - w0 : 0;
     PyObject *result = PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
     if (!result) return NULL; /* Horovod's error, untouched */
     PyObject *opened = measured ? measure_open() : NULL;
     if (h->kind == STEP_HOOK_SYNC) {
         uint64_t t_out = now_p();
-        long long run1, wait1;
-        self_schedstat(&run1, &wait1);
+        long long run1 = -1, wait1 = -1;
+        if (reads) self_schedstat(&run1, &wait1);
         int ok = run0 >= 0 && wait0 >= 0 && run1 >= 0 && wait1 >= 0;
         steps_sync_p(t_in, t_out, ok ? run1 - run0 : -1, ok ? wait1 - wait0 : -1);
     } else {

@@ -94,7 +94,7 @@ SAMPLE_STEPS_ENV = "HOROVOD_PROFILE_SAMPLE_STEPS"
 _STEP_FUNCTIONS = ("steps_configure", "steps_set_batch", "steps_mark", "steps_context_enter",
                    "steps_context_exit", "steps_sync", "steps_hook", "steps_hook_begin",
                    "steps_hook_end", "steps_join", "steps_user_sampling", "steps_recorded",
-                   "steps_mode")
+                   "steps_mode", "cpu_step_reads")
 
 _UNRESOLVED: Any = object()
 # the library's functions (profiler.collect.native.Functions), None when profiling is off
@@ -293,6 +293,8 @@ def sync_point() -> tuple[int, int, int] | None:
     if lib is None:
         return None
     t = int(lib.now())
+    if not lib.cpu_step_reads():  # HOROVOD_PROFILE_CPU=0, or no schedstat
+        return (t, -1, -1)
     return (t, *schedstat())
 
 

@@ -10,7 +10,9 @@ keeps its last successful read).  :func:`rank_doc` turns it into the block:
 
     {"host_cpus": int, "affinity": [cpu, ...], "loadavg_start": [1, 5, 15 min],
      "loadavg_end": [...] | None, "read_cost_ns": int | None (median of 9 reads
-     of an open descriptor at start), "schedstat": bool, "reason": str (why
+     of an open descriptor at start), "schedstat": bool, "step_reads": bool
+     (rows were read at steps: schedstat, and not HOROVOD_PROFILE_CPU=0;
+     files written before it was stated: schedstat), "reason": str (why
      not, "" when readable), "state": "start" | "finalize" | "exit" (the last
      time the library wrote it: "start" means the rank died before
      MPI_Finalize), "torch_threads": None (the rank's own exit adds it),
@@ -151,6 +153,8 @@ def rank_doc(raw_path: str | os.PathLike[str], header: Mapping[str, Any],
         "read_cost_ns": (lambda c: c if c is not None and c >= 0 else None)(
             _int(doc.get("read_cost_ns"))),
         "schedstat": schedstat if isinstance(schedstat, bool) else None,
+        "step_reads": (doc.get("step_reads") if isinstance(doc.get("step_reads"), bool)
+                       else schedstat if isinstance(schedstat, bool) else None),
         "reason": doc.get("reason") if isinstance(doc.get("reason"), str) else "",
         "state": doc.get("state") if isinstance(doc.get("state"), str) else None,
         "torch_threads": None,
