@@ -2,9 +2,10 @@
 hvprof_set_flush_ms (the within-run A/B's switch,
 benchmarks/overhead/ab_corpus.py).
 
-A rank reads its own raw file from disk while it runs: records reach the
-file within the period and not before, none while the helper has no period
-(0) until it gets one back, and every record is there at the end."""
+A rank reads its own raw file from disk while it runs: while the helper
+has no period (0), none of its calls reach the file in six default
+periods; given one back, all of them do at once, and the later calls
+within a few periods."""
 
 from __future__ import annotations
 

@@ -210,12 +210,17 @@ def inner(args: argparse.Namespace) -> int:
     hvd.init()
     parts = Parts()
     marks: list[tuple[float, float]] = []
+    from profiler.collect import native
+
+    now = native.function("hvprof_now")
+    ticks: list[int] = []  # the profiler's clock (records' ticks) as each block begins, ends
 
     def before_step(step: int, opt: Any) -> None:
         k, r = divmod(step - args.warm, args.block)
         if step < args.warm or r:
             return
         if k:
+            ticks.append(int(now()))
             marks.append((time.perf_counter(), time.thread_time()))  # block k-1 ends
         # the records still in memory go to the file between the blocks, so
         # that no block's flush work lands in the next block
@@ -223,6 +228,7 @@ def inner(args: argparse.Namespace) -> int:
         if k < len(order):
             parts.set(arms[order[k]], opt)
             marks.append((time.perf_counter(), time.thread_time()))  # block k begins
+            ticks.append(int(now()))
         else:
             parts.set((frozenset(PARTS), None), opt)  # the job ends as it started
 
@@ -233,7 +239,8 @@ def inner(args: argparse.Namespace) -> int:
         print("AB " + json.dumps({
             "order": order, "block": args.block,
             "wall_s": [e[0] - s[0] for s, e in zip(starts, ends)],
-            "cpu_s": [e[1] - s[1] for s, e in zip(starts, ends)]}), flush=True)
+            "cpu_s": [e[1] - s[1] for s, e in zip(starts, ends)],
+            "ticks": [ticks[i:i + 2] for i in range(0, len(ticks), 2)]}), flush=True)
     hvd.shutdown()
     return 0
 
