@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # ab_driver
 from job_rate import base_env, median_ci  # noqa: E402
 
 PARTS = ("mpi", "tensors", "steps", "helper")
@@ -122,7 +123,9 @@ class Parts:
         if native.loaded() is None:
             raise SystemExit("ab_corpus: the profiler is not active (HOROVOD_PROFILE=1)")
         self.on = frozenset(PARTS)
-        self.tensor_hooks: dict[str, Any] = {}
+        from ab_driver import Switch  # benchmarks/: Horovod's tensor entry points
+
+        self.tensor_switch = Switch("tensors")
         self.step_hooks: dict[str, Any] = {}
         self.period = native.set_flush_ms(25)  # the job's (HOROVOD_PROFILE_FLUSH_MS)
         native.set_flush_ms(self.period)
@@ -140,7 +143,7 @@ class Parts:
         native.set_flush_ms(self.period)
 
     def set(self, arm: Arm, opt: Any) -> None:
-        from profiler.collect import native, tensors
+        from profiler.collect import native
 
         want, period = arm
         period = (period or self.job_period) if "helper" in want else 0
@@ -154,14 +157,7 @@ class Parts:
             if part == "mpi":
                 native.set_enabled(on)
             elif part == "tensors":
-                ops = sys.modules[tensors.TARGET]
-                if on:
-                    for name, hook in self.tensor_hooks.items():
-                        setattr(ops, name, hook)
-                else:
-                    self.tensor_hooks = {n: ops.__dict__[n] for n in tensors.ENTRY_POINTS
-                                         if n in ops.__dict__}
-                    tensors.unpatch_module(ops)
+                self.tensor_switch.set("on" if on else "off")
             elif part == "steps":
                 cls = type(opt)  # Horovod's per-optimizer class, its template's methods
                 for method in ("step", "synchronize"):
