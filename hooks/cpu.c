@@ -7,8 +7,9 @@
  * queue> <timeslices>"), and /proc/self/task/<tid>/status
  * (voluntary_ctxt_switches, nonvoluntary_ctxt_switches).  Two products:
  *
- * - APP_CPU records (hvprof_format.h): at every APP_STEP record, one record
- *   per thread track (a thread that recorded anything: the main thread,
+ * - APP_CPU records (hvprof_format.h): at the APP_STEP record of each step
+ *   that is read (every step of the first 64, then one in HOROVOD_PROFILE_CPU,
+ *   16 by default), one record per thread track (a thread that recorded anything: the main thread,
  *   Horovod's background thread, any other) with what that thread used and
  *   waited since its previous read.  A thread's first read is taken when its
  *   track is created, and again (no record) when a step opens without
@@ -30,7 +31,7 @@
  *
  * Reading never fails the job: a kernel without the files makes no records,
  * and the sidecar says so ("schedstat": false, "reason").  Cost: one pread
- * and one record per thread per step, never on a call's path; measured in
+ * and one record per thread per step read, never on a call's path; measured in
  * docs/CPU_CONTENTION.md (benchmarks/cpu_read_cost.py) and in every run
  * (the sidecar's step_read_cpu_ns, timed on one step in 16).
  *
@@ -86,11 +87,21 @@ static pthread_mutex_t cpu_lock = PTHREAD_MUTEX_INITIALIZER;
 static cpu_slot slots[HVPROF_TRACK_TABLE_CAPACITY];
 static int n_fds;
 static int available = 1;            /* schedstat readable (decided at open) */
-/* HOROVOD_PROFILE_CPU=0: no reads at steps (no APP_CPU rows, no descriptors
- * kept); the sidecar's start and end figures stay.  Each read is a system
- * call, which costs a job on a nested virtual machine several times its own
- * time (docs/validation.md). */
+/* Which steps are read (HOROVOD_PROFILE_CPU=K): every step of the first
+ * CPU_FIRST_STEPS, then one in K (K=1: all; 0: none, no descriptors kept; the
+ * sidecar's start and end figures stay).  A step is read at both its ends, so
+ * its rows cover it alone.  Each read is a system call per thread, which on
+ * a nested virtual machine costs the job several times its own time
+ * (docs/validation.md): one step in 16 keeps the contention findings' samples
+ * at a sixteenth of that cost. */
+#define CPU_FIRST_STEPS 64
+#define CPU_DEFAULT_EVERY 16
+#define CPU_MAX_EVERY 1000000
 static int step_reads = 1;
+static uint32_t step_every = CPU_DEFAULT_EVERY;
+/* The open step (the one after the last step record) is read: the
+ * synchronize hooks read their own thread only then. */
+static _Atomic int open_read = 1;
 static char reason[160];             /* why not */
 static int64_t read_cost_ns = -1;
 static double loadavg_start[3], loadavg_end[3];
@@ -98,7 +109,7 @@ static int have_load_start, have_load_end;
 static char omp_threads[64];
 static int have_omp;
 /* step_ns: the stepping thread's CPU time in the reads and their records */
-static uint64_t rows, steps, step_ns, gone, omitted;
+static uint64_t rows, steps, reads, step_ns, gone, omitted;
 static int exit_written;
 static cpu_thread threads[CPU_MAX_THREADS];
 static int n_threads;
@@ -274,29 +285,45 @@ static int64_t thread_cpu_ns(void)
 #define CPU_TIMED_FIRST 16
 #define CPU_TIMED_EVERY 16
 
+/* Step seq is read (HOROVOD_PROFILE_CPU's rule, above). */
+static int step_is_read(uint64_t seq)
+{
+    return step_reads && (seq < CPU_FIRST_STEPS || seq % step_every == 0);
+}
+
+/* Step seq has ended: its rows when it is read, and the read that opens the
+ * next when that one is. */
 static void cpu_step(uint32_t seq)
 {
     if (!available || !step_reads) return;
+    int emit = step_is_read(seq), next = step_is_read((uint64_t)seq + 1);
+    atomic_store(&open_read, next);
     hvprof_track_self(); /* the stepping thread's own track first: never under cpu_lock */
     pthread_mutex_lock(&cpu_lock);
-    int timed = steps < CPU_TIMED_FIRST || steps % CPU_TIMED_EVERY == 0;
+    steps++;
+    if (!emit && !next) {
+        pthread_mutex_unlock(&cpu_lock);
+        return;
+    }
+    int timed = reads < CPU_TIMED_FIRST || reads % CPU_TIMED_EVERY == 0;
     int64_t c0 = timed ? thread_cpu_ns() : 0;
-    read_all(1, seq);
+    read_all(emit, seq);
     if (timed) {
         int64_t c1 = thread_cpu_ns();
-        if (c1 > c0) step_ns += (uint64_t)(c1 - c0) * (steps < CPU_TIMED_FIRST ? 1 : CPU_TIMED_EVERY);
+        if (c1 > c0) step_ns += (uint64_t)(c1 - c0) * (reads < CPU_TIMED_FIRST ? 1 : CPU_TIMED_EVERY);
     }
-    steps++;
+    reads++;
     pthread_mutex_unlock(&cpu_lock);
 }
 
-/* 1 when steps read every thread's CPU figures (schedstat readable, and not
- * HOROVOD_PROFILE_CPU=0): the synchronize hooks read their own only then. */
-HVPROF_EXPORT int hvprof_cpu_step_reads(void) { return available && step_reads; }
+/* 1 when the open step is read (schedstat readable, HOROVOD_PROFILE_CPU's
+ * rule): the synchronize hooks read their own thread only then. */
+HVPROF_EXPORT int hvprof_cpu_step_reads(void) { return available && atomic_load(&open_read); }
 
 HVPROF_EXPORT int hvprof_cpu_baseline(void)
 {
-    if (!available || !step_reads || !hvprof_header() || !hvprof_app_active()) return -1;
+    if (!available || !atomic_load(&open_read) || !hvprof_header() || !hvprof_app_active())
+        return -1;
     hvprof_track_self();
     pthread_mutex_lock(&cpu_lock);
     read_all(0, 0);
@@ -412,8 +439,9 @@ static void write_sidecar(const char *state)
     if (!j.buf) return;
     j.buf[0] = 0;
     jout(&j, "{\"version\": 1, \"state\": \"%s\", \"pid\": %d, \"schedstat\": %s, "
-         "\"step_reads\": %s, \"reason\": ", state, (int)getpid(), available ? "true" : "false",
-         available && step_reads ? "true" : "false");
+         "\"step_reads\": %s, \"step_first\": %d, \"step_every\": %u, \"reason\": ", state,
+         (int)getpid(), available ? "true" : "false", available && step_reads ? "true" : "false",
+         CPU_FIRST_STEPS, step_reads ? step_every : 0u);
     jstr(&j, reason);
     jout(&j, ", \"host_cpus\": %ld, \"affinity\": [", sysconf(_SC_NPROCESSORS_ONLN));
     cpu_set_t set;
@@ -431,9 +459,10 @@ static void write_sidecar(const char *state)
     jout(&j, "\"read_cost_ns\": %lld, \"omp_num_threads\": ", (long long)read_cost_ns);
     if (have_omp) jstr(&j, omp_threads);
     else jout(&j, "null");
-    jout(&j, ", \"helper_tid\": %d, \"rows\": %llu, \"steps\": %llu, \"step_read_cpu_ns\": %llu, "
-         "\"threads_gone\": %llu, \"threads_omitted\": %llu, \"threads\": [",
-         atomic_load(&hvprof_helper_tid), (unsigned long long)rows, (unsigned long long)steps,
+    jout(&j, ", \"helper_tid\": %d, \"rows\": %llu, \"steps\": %llu, \"steps_read\": %llu, "
+         "\"step_read_cpu_ns\": %llu, \"threads_gone\": %llu, \"threads_omitted\": %llu, "
+         "\"threads\": [", atomic_load(&hvprof_helper_tid), (unsigned long long)rows,
+         (unsigned long long)steps, (unsigned long long)reads,
          (unsigned long long)step_ns, (unsigned long long)gone, (unsigned long long)omitted);
     for (int i = 0; i < n_threads; i++) {
         const cpu_thread *e = &threads[i];
@@ -475,10 +504,12 @@ static void cpu_reset(void)
     n_fds = 0;
     available = 1;
     step_reads = 1;
+    step_every = CPU_DEFAULT_EVERY;
+    atomic_store(&open_read, 1);
     reason[0] = 0;
     read_cost_ns = -1;
     have_load_start = have_load_end = have_omp = 0;
-    rows = steps = step_ns = gone = omitted = 0;
+    rows = steps = reads = step_ns = gone = omitted = 0;
     exit_written = 0;
     n_threads = 0;
     pthread_mutex_unlock(&cpu_lock);
@@ -488,7 +519,12 @@ static void cpu_open(void)
 {
     pthread_mutex_lock(&cpu_lock);
     const char *setting = hvprof_setting("HOROVOD_PROFILE_CPU");
-    step_reads = !(setting && strcmp(setting, "0") == 0);
+    char *end = NULL;
+    long every = setting && *setting ? strtol(setting, &end, 10) : -1;
+    if (every < 0 || every > CPU_MAX_EVERY || (end && *end)) every = CPU_DEFAULT_EVERY;
+    step_reads = every > 0;
+    step_every = every > 0 ? (uint32_t)every : 1u;
+    atomic_store(&open_read, step_reads);
     char path[64];
     snprintf(path, sizeof path, "/proc/self/task/%ld/schedstat", (long)syscall(SYS_gettid));
     int fd = open(path, O_RDONLY | O_CLOEXEC);

@@ -95,9 +95,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("HOROVOD_PROFILE_FLUSH_MS", "ms", "100",
             "how often the helper thread writes the buffers out: the most a SIGKILL can "
             "lose (fatal signals flush first)", "C"),
-    Setting("HOROVOD_PROFILE_CPU", "0 or 1", "1",
-            "read each thread's CPU and run-queue time at every step (4-5 system calls "
-            "a step); 0 leaves them out, and the CPU contention findings with them", "C"),
+    Setting("HOROVOD_PROFILE_CPU", "K, steps (0 to 1000000)", "16",
+            "read each thread's CPU and run-queue time at every step of the first 64, then "
+            "at one step in K (4-5 system calls a step read); 1 reads every step, 0 none, "
+            "and leaves out the CPU contention findings", "C"),
     Setting("HOROVOD_PROFILE_HELPER", "0 or 1", "1",
             "0: no helper thread; each thread writes its own full buffers", "C"),
     Setting("HOROVOD_PROFILE_SIGNALS", "0 or 1", "1",

@@ -358,29 +358,101 @@ def test_cpu_metadata_for_every_rank(two_ranks: Path) -> None:
 @requires_mpi
 @pytest.mark.mpi
 @pytest.mark.horovod
-@pytest.mark.parametrize("fastrec", ["1", "0"])
-def test_cpu_off_reads_nothing_at_steps(tmp_path: Path, fastrec: str) -> None:
-    """HOROVOD_PROFILE_CPU=0: no cpu rows and no CPU figures in the sync rows
-    (the C synchronize hook, and the Python one with HOROVOD_PROFILE_FASTREC=0),
-    the steps and the sidecar's start and end figures as before."""
+@pytest.mark.parametrize(("every", "fastrec"), [("0", "1"), ("4", "1"), ("4", "0")])
+def test_steps_not_read_have_no_cpu_figures(tmp_path: Path, every: str, fastrec: str) -> None:
+    """HOROVOD_PROFILE_CPU=0: no cpu rows and no CPU figures in the sync rows;
+    =4: rows and figures only in the steps read (0-63, then one in 4), in the
+    C synchronize hook and the Python one (HOROVOD_PROFILE_FASTREC=0); the
+    steps and the sidecar's start and end figures as ever."""
     prof = tmp_path / "prof"
+    n = STEPS if every == "0" else 72
     mpirun(2, [PYTHON, str(JOB)], cwd=tmp_path, timeout=240,
            env={"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof),
-                "HOROVOD_PROFILE_CPU": "0", "HOROVOD_PROFILE_FASTREC": fastrec,
-                "STEPS": str(STEPS)})
+                "HOROVOD_PROFILE_CPU": every, "HOROVOD_PROFILE_FASTREC": fastrec,
+                "STEPS": str(n)})
     df = _rows(prof)
     ops = df["op"].astype(str)
-    assert not (ops == "cpu").any()
+    read = [] if every == "0" else [*range(64), 64, 68]
     for r in (0, 1):
         steps = df[(df["rank"] == r) & (ops == "step")]
-        assert sorted(steps["seq"]) == list(range(STEPS - 1))
-        sync = df[(df["rank"] == r) & (ops == "sync")]
-        assert len(sync) == STEPS - 1 and (sync["count"] == 0).all() and (sync["bytes"] == 0).all()
+        assert sorted(steps["seq"]) == list(range(n - 1))
+        main = df[(df["rank"] == r) & (ops == "cpu") & (df["thread_kind"].astype(str) == "main")]
+        assert sorted(main["seq"]) == read
+        sync = df[(df["rank"] == r) & (ops == "sync")].set_index("seq")
+        assert len(sync) == n - 1
+        off = sync.drop(index=read)
+        assert (off["count"] == 0).all() and (off["bytes"] == 0).all()
+        if read:  # synchronize ran on a CPU (a short one may fall inside one tick)
+            assert (sync.loc[read, "bytes"] > 0).sum() >= len(read) // 2
     for m in _trace_meta(prof)["ranks"]:
         c = m["cpu"]
-        assert c["schedstat"] is True and c["step_reads"] is False and c["rows"] == 0
+        assert c["schedstat"] is True and c["step_reads"] is (every != "0")
+        assert c["step_every"] == int(every) and c["rows"] >= len(read)
         kinds = {t["kind"]: t for t in c["threads"]}
         assert kinds["main"]["start"] is not None and kinds["main"]["end"] is not None
+
+
+# ---------------------------------------------------------------------------
+# sampled steps: every step of the first 64, then one in HOROVOD_PROFILE_CPU
+# ---------------------------------------------------------------------------
+SAMPLED = """
+import threading
+from mpi4py import MPI
+import profiler
+
+comm = MPI.COMM_WORLD
+recorded, go = threading.Event(), threading.Event()
+
+def worker():
+    comm.Barrier()      # its track, first seen in step 65 (not read)
+    recorded.set()
+    go.wait()
+
+t = threading.Thread(target=worker)
+for i in range(100):    # 99 step records, seq 0..98
+    profiler.step()
+    if i == 66:         # step 65 is open
+        t.start()
+        recorded.wait()
+go.set()
+t.join()
+"""
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_steps_past_the_first_64_are_read_one_in_k(tmp_path: Path) -> None:
+    """HOROVOD_PROFILE_CPU=4: rows for steps 0-63 and every fourth after, each
+    covering its own step alone (read at both its ends), also for a thread
+    first seen in a step that is not read; the sidecar counts the reads."""
+    prof = tmp_path / "prof"
+    mpirun(1, [PYTHON, "-c", SAMPLED], cwd=tmp_path, timeout=120,
+           env={"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof),
+                "HOROVOD_PROFILE_CPU": "4"})
+    df = _rows(prof)
+    ops = df["op"].astype(str)
+    steps = df[ops == "step"].set_index("seq").sort_index()
+    assert steps.index.tolist() == list(range(99))
+    cpu = df[ops == "cpu"]
+    read = list(range(64)) + list(range(64, 99, 4))
+    main = cpu[cpu["thread_kind"].astype(str) == "main"].set_index("seq").sort_index()
+    assert main.index.tolist() == read
+    s = steps.loc[read]
+    # the row's start: the read just after the step opened; its end: just after it closed
+    assert (main["t_start_ns"] >= s["t_start_ns"]).all()
+    assert (main["t_start_ns"] <= s["t_end_ns"]).all()
+    nxt = steps["t_end_ns"].reindex([q + 1 for q in read]).fillna(float("inf")).to_numpy()
+    assert (main["t_end_ns"].to_numpy() >= s["t_end_ns"].to_numpy()).all()
+    assert (main["t_end_ns"].to_numpy() <= nxt).all()
+    other = cpu[cpu["thread_kind"].astype(str) == "other"]
+    assert sorted(other["seq"]) == list(range(68, 99, 4))
+    assert (other["t_start_ns"].to_numpy() >= steps.loc[sorted(other["seq"]), "t_start_ns"]
+            .to_numpy()).all()
+    c = _trace_meta(prof)["ranks"][0]["cpu"]
+    assert c["step_first"] == 64 and c["step_every"] == 4 and c["step_reads"] is True
+    # reads: each of steps 0-63's ends, then the ends of 64, 67, 68, 71, ... 96
+    assert c["steps"] == 99 and c["steps_read"] == 64 + 9 + 8
+    assert c["rows"] == len(cpu) == len(read) + 8
 
 
 # ---------------------------------------------------------------------------

@@ -284,14 +284,16 @@ def test_a_cliff_over_most_sizes_is_found_confirmed_and_priced_by_the_run() -> N
     assert not g.significant and g.numbers["confirmed"] == [] and g.cost_ms is None
 
 
-def _with_cpu_rows(df, steps: int, step_ns: int, kind: str, wait_ns: int):  # type: ignore[no-untyped-def]
-    """`df` with one schedstat row per step and rank for a thread of `kind`
-    ("main" or "horovod"): `wait_ns` on the run queue, the rest of the step run."""
+def _with_cpu_rows(df, steps: int, step_ns: int, kind: str, wait_ns: int,  # type: ignore[no-untyped-def]
+                   every: int = 1):
+    """`df` with one schedstat row per step read (one in `every`) and rank for a
+    thread of `kind` ("main" or "horovod"): `wait_ns` on the run queue, the rest
+    of the step run."""
     import pandas as pd
     from analysis_fixtures import frame
 
     rows: dict[str, list] = {k: [] for k in df.columns if k != "comm_size"}
-    for s in range(steps):
+    for s in range(0, steps, every):
         for r in range(2):
             row = {k: df[k].iloc[0] for k in rows}
             row.update(t_start_ns=s * step_ns, t_end_ns=(s + 1) * step_ns, rank=r, op="cpu",
@@ -317,6 +319,26 @@ def test_compute_that_waited_for_a_core_is_the_contentions_not_the_models() -> N
     (b,) = _by_key(a, "compute_bound")
     assert c.cost_ms == pytest.approx(wait_ns / 1e6, rel=0.02)
     assert b.cost_ms == pytest.approx(b.numbers["compute_ms"] - c.cost_ms, rel=1e-6)
+
+
+def test_contention_is_measured_over_the_steps_read_only() -> None:
+    # HOROVOD_PROFILE_CPU samples steps: rows in one step of three, a sync row
+    # (without CPU figures) in every step.  The per-step table and the figure
+    # come from the steps read; the others are not steps without waiting.
+    from profiler.analysis.findings import Context
+    from profiler.analysis.findings.contention import cpu_waits
+
+    steps, step_ns, wait_ns = 30, 100_000_000, 70_000_000
+    df = training(steps=steps, step_ns=step_ns, call_ns=(2_000, 3_000), tail_ns=50_000,
+                  control_per_step=0, sync=True)
+    df = _with_cpu_rows(df, steps, step_ns, "main", wait_ns, every=3)
+    assert (df["op"].astype(str) == "sync").sum() == 2 * steps
+    table = cpu_waits(Context(df=df, meta={}))
+    assert table.index.tolist() == list(range(0, steps, 3))
+    assert np.allclose(table.to_numpy(), wait_ns / 1e6)
+    (c,) = _by_key(advise_frame(df, {}), "cpu_contention")
+    assert c.cost_ms == pytest.approx(wait_ns / 1e6, rel=0.02) and c.significant
+    assert " read of " in c.confidence
 
 
 @pytest.mark.parametrize("wait_ms, claimed", [(16.0, True), (24.0, False)])

@@ -1,7 +1,9 @@
 """CPU contention, measured directly: the job's threads waiting on a run queue
-for a core (Linux schedstat, read by the library at every step boundary for
+for a core (Linux schedstat, read by the library at the boundaries of the steps
+it samples, every step of the first 64 and then one in HOROVOD_PROFILE_CPU, for
 each thread that recorded: the "cpu" rows, and for every thread of the process
-at start and exit: the ranks' ``cpu`` metadata).
+at start and exit: the ranks' ``cpu`` metadata).  Every figure here is over the
+steps read.
 
 The per-step rows carry, for the main (compute) thread and Horovod's background
 thread, the nanoseconds on a CPU (``bytes``) and waiting for one (``count``)
@@ -79,10 +81,14 @@ def cpu_waits(ctx: Context) -> pd.DataFrame:
                       "wait": cpu["count"].to_numpy(dtype=np.float64) / 1e6})
     sync = df.loc[(df["op"].astype(str) == "sync").to_numpy()]
     if len(sync):
-        w = pd.concat([w, pd.DataFrame({"step": sync["seq"].to_numpy(dtype=np.int64),
-                                        "rank": sync["rank"].to_numpy(dtype=np.int64),
-                                        "wait": -sync["count"].to_numpy(dtype=np.float64)
-                                        / 1e6})])
+        s = pd.DataFrame({"step": sync["seq"].to_numpy(dtype=np.int64),
+                          "rank": sync["rank"].to_numpy(dtype=np.int64),
+                          "wait": -sync["count"].to_numpy(dtype=np.float64) / 1e6})
+        # only the steps that were read (HOROVOD_PROFILE_CPU samples them): a
+        # sync row elsewhere carries no CPU figures
+        read = pd.MultiIndex.from_frame(w[["step", "rank"]])
+        s = s.loc[pd.MultiIndex.from_frame(s[["step", "rank"]]).isin(read)]
+        w = pd.concat([w, s])
     return w.pivot_table(index="step", columns="rank", values="wait", aggfunc="sum").dropna()
 
 
@@ -150,7 +156,7 @@ def analyze(ctx: Context) -> list[Finding]:
     rows = rows.loc[rows["step"].isin(ctx.steady["step"])]
     main = rows.loc[rows["kind"] == "main"]
     bg = rows.loc[rows["kind"] == "horovod"]
-    if main.empty:
+    if main["step"].nunique() < MIN_STEPS:  # too few steps read for an interval
         return []
     m = main.groupby(["step", "rank"])[["wait_ns", "run_ns", "interval_ns"]].sum()
     sync = _sync_cpu(ctx)
@@ -216,7 +222,9 @@ def analyze(ctx: Context) -> list[Finding]:
                              if contended else ""),
         details=details, cost_ms=mean, cost_interval_ms=(lo, hi),
         cost_img_s=ctx.cost_img_s(mean), cost_label="explains",
-        confidence=f"95% interval over {ctx.n_steps} steady steps (schedstat run-queue delay)",
+        confidence=(f"95% interval over {len(per_step)} steady steps"
+                    + (f" read of {ctx.n_steps}" if len(per_step) < ctx.n_steps else "")
+                    + " (schedstat run-queue delay)"),
         recommendation=("give each rank's threads their own cores: fewer intra-op threads "
                         "(torch.set_num_threads, OMP_NUM_THREADS) leaving one for Horovod's "
                         "thread, fewer ranks per host, or mpirun --bind-to core --map-by "

@@ -79,8 +79,8 @@ EXPORTS: dict[str, tuple[Any, tuple[Any, ...], str]] = {
                                    "steps: sampling()/paused(); the previous setting"),
     "hvprof_steps_recorded": (_c.c_uint64, (), "steps: step records written"),
     "hvprof_steps_mode": (_c.c_int, (), "steps: none, hook or explicit"),
-    "hvprof_cpu_step_reads": (_c.c_int, (), "steps: each thread's CPU read at steps "
-                                            "(HOROVOD_PROFILE_CPU)"),
+    "hvprof_cpu_step_reads": (_c.c_int, (), "steps: the open step reads each thread's "
+                                            "CPU (HOROVOD_PROFILE_CPU)"),
     "hvprof_set_enabled": (None, (_c.c_int,), "bench: run-time switch"),
     "hvprof_set_flush_ms": (_c.c_int, (_c.c_int,),
                             "bench: the helper's period (0: no ticks); the previous one"),

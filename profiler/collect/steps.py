@@ -293,7 +293,7 @@ def sync_point() -> tuple[int, int, int] | None:
     if lib is None:
         return None
     t = int(lib.now())
-    if not lib.cpu_step_reads():  # HOROVOD_PROFILE_CPU=0, or no schedstat
+    if not lib.cpu_step_reads():  # a step not read (HOROVOD_PROFILE_CPU), no schedstat
         return (t, -1, -1)
     return (t, *schedstat())
 

@@ -12,12 +12,16 @@ keeps its last successful read).  :func:`rank_doc` turns it into the block:
      "loadavg_end": [...] | None, "read_cost_ns": int | None (median of 9 reads
      of an open descriptor at start), "schedstat": bool, "step_reads": bool
      (rows were read at steps: schedstat, and not HOROVOD_PROFILE_CPU=0;
-     files written before it was stated: schedstat), "reason": str (why
+     files written before it was stated: schedstat), "step_first",
+     "step_every": int | None (which steps were read: every one of the first
+     step_first, then one in step_every; 0: none; None: every step, in files
+     written before steps were sampled), "reason": str (why
      not, "" when readable), "state": "start" | "finalize" | "exit" (the last
      time the library wrote it: "start" means the rank died before
      MPI_Finalize), "torch_threads": None (the rank's own exit adds it),
      "omp_num_threads": str | None, "rows": APP_CPU rows in the rank's
-     dataset, "steps" (step records that read them), "step_read_cpu_ns" (the
+     dataset, "steps" (step records seen), "steps_read" (those that read
+     the threads: None in older files, where it is steps), "step_read_cpu_ns" (the
      stepping thread's CPU time spent reading and recording them, over all
      steps, on its thread clock: timed on one step in 16), "threads_gone"
      (thread tracks whose read failed: exited),
@@ -155,12 +159,15 @@ def rank_doc(raw_path: str | os.PathLike[str], header: Mapping[str, Any],
         "schedstat": schedstat if isinstance(schedstat, bool) else None,
         "step_reads": (doc.get("step_reads") if isinstance(doc.get("step_reads"), bool)
                        else schedstat if isinstance(schedstat, bool) else None),
+        "step_first": _int(doc.get("step_first")),
+        "step_every": _int(doc.get("step_every")),
         "reason": doc.get("reason") if isinstance(doc.get("reason"), str) else "",
         "state": doc.get("state") if isinstance(doc.get("state"), str) else None,
         "torch_threads": None,
         "omp_num_threads": omp if isinstance(omp, str) else None,
         "rows": int(rows),
         "steps": _int(doc.get("steps")),
+        "steps_read": _int(doc.get("steps_read")),
         "step_read_cpu_ns": _int(doc.get("step_read_cpu_ns")),
         "threads_gone": _int(doc.get("threads_gone")),
         "threads_omitted": _int(doc.get("threads_omitted")),
