@@ -91,6 +91,8 @@ for fname, (prefix, grouped, out_i, root_i, op_i, name_i, ps_i) in tensors.ENTRY
                 kwargs["root_rank"] = variant % 2
             if op_i is not None:
                 kwargs["op"] = op
+            if variant == 4:  # keywords that are not interned (built at run time)
+                kwargs = {"".join(list(key)): v for key, v in kwargs.items()}
         elif variant == 6:  # everything by keyword
             args = []
             kwargs = {"tensors" if grouped else "tensor": ts, "name": name}
