@@ -8,10 +8,11 @@
  * (voluntary_ctxt_switches, nonvoluntary_ctxt_switches).  Two products:
  *
  * - APP_CPU records (hvprof_format.h): at the APP_STEP record of each step
- *   that is read (every step of the first 64, then one in HOROVOD_PROFILE_CPU,
- *   16 by default), one record per thread track (a thread that recorded anything: the main thread,
- *   Horovod's background thread, any other) with what that thread used and
- *   waited since its previous read.  A thread's first read is taken when its
+ *   that is read (every step of the first 64, then one in
+ *   HOROVOD_PROFILE_CPU, 16 by default), one record per thread track (a
+ *   thread that recorded anything: the main thread, Horovod's background
+ *   thread, any other) with what that thread used and waited since its
+ *   previous read.  A thread's first read is taken when its
  *   track is created, and again (no record) when a step opens without
  *   another closing at the same moment (hvprof_cpu_baseline: Python's first
  *   step boundary, step_context's entry), so that step 0 covers step 0.
@@ -31,9 +32,9 @@
  *
  * Reading never fails the job: a kernel without the files makes no records,
  * and the sidecar says so ("schedstat": false, "reason").  Cost: one pread
- * and one record per thread per step read, never on a call's path; measured in
- * docs/CPU_CONTENTION.md (benchmarks/cpu_read_cost.py) and in every run
- * (the sidecar's step_read_cpu_ns, timed on one step in 16).
+ * and one record per thread per step read, never on a call's path; measured
+ * in docs/CPU_CONTENTION.md (benchmarks/cpu_read_cost.py) and in every run
+ * (the sidecar's step_read_cpu_ns, timed on one read in 16).
  *
  * Locking: cpu_lock guards the per-track state; the order is g.lock (core.c)
  * before cpu_lock.  A thread holding cpu_lock never creates a track (the
@@ -279,9 +280,9 @@ static int64_t thread_cpu_ns(void)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* The reads' own cost (step_ns) is timed on CPU_TIMED_FIRST steps, then on
- * one in CPU_TIMED_EVERY, which stands for that many: each timing is two
- * system calls, a sixth of what it times. */
+/* The reads' own cost (step_ns) is timed on the first CPU_TIMED_FIRST
+ * reads, then on one in CPU_TIMED_EVERY, which stands for that many: each
+ * timing is two system calls, a sixth of what it times. */
 #define CPU_TIMED_FIRST 16
 #define CPU_TIMED_EVERY 16
 

@@ -203,7 +203,7 @@ def inner(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     import horovod.torch as hvd
 
-    hvd.init()
+    corpus.init_horovod(hvd, args.workload)
     parts = Parts()
     marks: list[tuple[float, float]] = []
     from profiler.collect import native

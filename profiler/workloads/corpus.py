@@ -442,6 +442,18 @@ def _own_process_set(hvd: Any, args: argparse.Namespace) -> Any:
 _INIT_SETS: list[Any] = []
 
 
+def init_horovod(hvd: Any, workload: str, dynamic: bool = False) -> None:
+    """hvd.init() as the workload needs it: procset's process sets of one rank
+    each are made at init unless they are added later (--dynamic)."""
+    if workload == "procset" and not dynamic:
+        sets = [hvd.ProcessSet([r]) for r in range(int(os.environ.get("OMPI_COMM_WORLD_SIZE",
+                                                                      "2")))]
+        hvd.init(process_sets=sets)
+        _INIT_SETS[:] = sets
+    else:
+        hvd.init()
+
+
 def _ops(args: argparse.Namespace, hvd: Any, mark: Callable[[int], None]) -> dict[str, Any]:
     """Per step: grouped_allreduce, uneven allgather, alltoall, reducescatter."""
     rank, size = hvd.rank(), hvd.size()
@@ -508,13 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(1)  # the same losses run after run
     import horovod.torch as hvd
 
-    if args.workload == "procset" and not args.dynamic:
-        sets = [hvd.ProcessSet([r]) for r in range(int(os.environ.get("OMPI_COMM_WORLD_SIZE",
-                                                                      "2")))]
-        hvd.init(process_sets=sets)
-        _INIT_SETS[:] = sets
-    else:
-        hvd.init()
+    init_horovod(hvd, args.workload, args.dynamic)
 
     def mark(images: int) -> None:
         import profiler
