@@ -222,9 +222,10 @@ def analyze(ctx: Context) -> list[Finding]:
                              if contended else ""),
         details=details, cost_ms=mean, cost_interval_ms=(lo, hi),
         cost_img_s=ctx.cost_img_s(mean), cost_label="explains",
-        confidence=(f"95% interval over {len(per_step)} steady steps"
-                    + (f" read of {ctx.n_steps}" if len(per_step) < ctx.n_steps else "")
-                    + " (schedstat run-queue delay)"),
+        confidence=(f"95% interval over {len(per_step)} of {ctx.n_steps} steady steps (those "
+                    "read: HOROVOD_PROFILE_CPU; schedstat run-queue delay)"
+                    if len(per_step) < ctx.n_steps else
+                    f"95% interval over {ctx.n_steps} steady steps (schedstat run-queue delay)"),
         recommendation=("give each rank's threads their own cores: fewer intra-op threads "
                         "(torch.set_num_threads, OMP_NUM_THREADS) leaving one for Horovod's "
                         "thread, fewer ranks per host, or mpirun --bind-to core --map-by "
