@@ -23,7 +23,7 @@ keeps its last successful read).  :func:`rank_doc` turns it into the block:
      dataset, "steps" (step records seen), "steps_read" (those that read
      the threads: None in older files, where it is steps), "step_read_cpu_ns" (the
      stepping thread's CPU time spent reading and recording them, over all
-     steps, on its thread clock: timed on one step in 16), "threads_gone"
+     steps, on its thread clock: timed on one read in 16), "threads_gone"
      (thread tracks whose read failed: exited),
      "threads_omitted" (threads past the sidecar's capacity),
      "threads": [{"tid", "name" (/proc comm), "kind", "track" (index of its
