@@ -545,9 +545,10 @@ static void env_check(int rank)
     if ((v = hvprof_setting("HOROVOD_PROFILE_FLUSH_MS")) && !int_in(v, 1, 60000))
         hvprof_warn("warning: ignoring HOROVOD_PROFILE_FLUSH_MS=%.64s (1 to 60000): using %d",
                     v, DEFAULT_FLUSH_MS);
-    if ((v = hvprof_setting("HOROVOD_PROFILE_CPU")) && !int_in(v, 0, 1000000))
-        hvprof_warn("warning: ignoring HOROVOD_PROFILE_CPU=%.64s (0 to 1000000: one step in "
-                    "how many is read after the first 64; 0: none): using 16", v);
+    if ((v = hvprof_setting("HOROVOD_PROFILE_CPU")) && !int_in(v, 0, HVPROF_CPU_MAX_EVERY))
+        hvprof_warn("warning: ignoring HOROVOD_PROFILE_CPU=%.64s (0 to %d: one step in how "
+                    "many is read after the first %d; 0: none): using %d", v,
+                    HVPROF_CPU_MAX_EVERY, HVPROF_CPU_FIRST_STEPS, HVPROF_CPU_DEFAULT_EVERY);
     if ((v = hvprof_setting("HOROVOD_PROFILE_HELPER")) && !one_of(v, bools))
         hvprof_warn("warning: ignoring HOROVOD_PROFILE_HELPER=%.64s (0 or 1)", v);
     if ((v = hvprof_setting("HOROVOD_PROFILE_SIGNALS")) && !one_of(v, bools))

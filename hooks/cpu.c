@@ -89,17 +89,14 @@ static cpu_slot slots[HVPROF_TRACK_TABLE_CAPACITY];
 static int n_fds;
 static int available = 1;            /* schedstat readable (decided at open) */
 /* Which steps are read (HOROVOD_PROFILE_CPU=K): every step of the first
- * CPU_FIRST_STEPS, then one in K (K=1: all; 0: none, no descriptors kept; the
- * sidecar's start and end figures stay).  A step is read at both its ends, so
+ * HVPROF_CPU_FIRST_STEPS, then one in K (K=1: all; 0: none, no descriptors
+ * kept; the sidecar's start and end figures stay).  A step is read at both its ends, so
  * its rows cover it alone.  Each read is a system call per thread, which on
  * a nested virtual machine costs the job several times its own time
  * (docs/validation.md): one step in 16 keeps the contention findings' samples
  * at a sixteenth of that cost. */
-#define CPU_FIRST_STEPS 64
-#define CPU_DEFAULT_EVERY 16
-#define CPU_MAX_EVERY 1000000
 static int step_reads = 1;
-static uint32_t step_every = CPU_DEFAULT_EVERY;
+static uint32_t step_every = HVPROF_CPU_DEFAULT_EVERY;
 /* The open step (the one after the last step record) is read: the
  * synchronize hooks read their own thread only then. */
 static _Atomic int open_read = 1;
@@ -289,7 +286,7 @@ static int64_t thread_cpu_ns(void)
 /* Step seq is read (HOROVOD_PROFILE_CPU's rule, above). */
 static int step_is_read(uint64_t seq)
 {
-    return step_reads && (seq < CPU_FIRST_STEPS || seq % step_every == 0);
+    return step_reads && (seq < HVPROF_CPU_FIRST_STEPS || seq % step_every == 0);
 }
 
 /* Step seq has ended: its rows when it is read, and the read that opens the
@@ -442,7 +439,7 @@ static void write_sidecar(const char *state)
     jout(&j, "{\"version\": 1, \"state\": \"%s\", \"pid\": %d, \"schedstat\": %s, "
          "\"step_reads\": %s, \"step_first\": %d, \"step_every\": %u, \"reason\": ", state,
          (int)getpid(), available ? "true" : "false", available && step_reads ? "true" : "false",
-         CPU_FIRST_STEPS, step_reads ? step_every : 0u);
+         HVPROF_CPU_FIRST_STEPS, step_reads ? step_every : 0u);
     jstr(&j, reason);
     jout(&j, ", \"host_cpus\": %ld, \"affinity\": [", sysconf(_SC_NPROCESSORS_ONLN));
     cpu_set_t set;
@@ -505,7 +502,7 @@ static void cpu_reset(void)
     n_fds = 0;
     available = 1;
     step_reads = 1;
-    step_every = CPU_DEFAULT_EVERY;
+    step_every = HVPROF_CPU_DEFAULT_EVERY;
     atomic_store(&open_read, 1);
     reason[0] = 0;
     read_cost_ns = -1;
@@ -522,7 +519,8 @@ static void cpu_open(void)
     const char *setting = hvprof_setting("HOROVOD_PROFILE_CPU");
     char *end = NULL;
     long every = setting && *setting ? strtol(setting, &end, 10) : -1;
-    if (every < 0 || every > CPU_MAX_EVERY || (end && *end)) every = CPU_DEFAULT_EVERY;
+    if (every < 0 || every > HVPROF_CPU_MAX_EVERY || (end && *end))
+        every = HVPROF_CPU_DEFAULT_EVERY;
     step_reads = every > 0;
     step_every = every > 0 ? (uint32_t)every : 1u;
     atomic_store(&open_read, step_reads);

@@ -265,6 +265,12 @@ HVPROF_EXPORT int hvprof_record_app(int op, uint64_t t_start, uint64_t t_end, ui
 HVPROF_EXPORT int hvprof_record_app_cpu(int op, uint64_t t_start, uint64_t t_end,
                                         uint64_t cpu_ns, uint64_t wait_ns, uint32_t seq);
 HVPROF_EXPORT int hvprof_cpu_baseline(void);
+/* Which steps read every thread's CPU (cpu.c; checked by core.c's
+ * env_check): all of the first HVPROF_CPU_FIRST_STEPS, then one in
+ * HOROVOD_PROFILE_CPU (0 to HVPROF_CPU_MAX_EVERY; default below). */
+#define HVPROF_CPU_FIRST_STEPS 64
+#define HVPROF_CPU_DEFAULT_EVERY 16
+#define HVPROF_CPU_MAX_EVERY 1000000
 HVPROF_EXPORT int hvprof_cpu_step_reads(void);
 
 /* 64-bit mixing used for stable communicator ids. */

@@ -342,6 +342,26 @@ def test_contention_is_measured_over_the_steps_read_only() -> None:
     assert c.confidence.startswith("95% interval over 9 of 29 steady steps (those read")
 
 
+@pytest.mark.parametrize("every", [3, 15])
+def test_sampled_steps_of_an_uncontended_job_claim_no_contention(every: int) -> None:
+    # the null for the case above: the same sampling, every rank's main thread
+    # waiting 0.5% of its step (a thread alone on its core).  One step in 3:
+    # the finding is stated and not claimed; one in 15 leaves 2 steps read,
+    # too few for an interval: no finding at all.
+    steps, step_ns = 30, 100_000_000
+    df = training(steps=steps, step_ns=step_ns, call_ns=(2_000, 3_000), tail_ns=50_000,
+                  control_per_step=0, sync=True)
+    df = _with_cpu_rows(df, steps, step_ns, "main", 500_000, every=every)
+    found = _by_key(advise_frame(df, {}), "cpu_contention")
+    if every == 15:
+        assert found == []
+        return
+    (c,) = found
+    assert not c.significant and c.recommendation == ""
+    assert c.headline == "The job's threads seldom wait for a CPU"
+    assert c.cost_ms == pytest.approx(0.5, rel=0.02)
+
+
 @pytest.mark.parametrize("wait_ms, claimed", [(16.0, True), (24.0, False)])
 def test_transfers_are_not_the_links_when_horovods_thread_waited_half_of_them(
         wait_ms: float, claimed: bool) -> None:
