@@ -104,8 +104,42 @@ for fname, (prefix, grouped, out_i, root_i, op_i, name_i, ps_i) in tensors.ENTRY
         for hook in (c_hook, py_hook):
             current[0] = k
             assert hook(*args, **kwargs) == 1000 + k
-        calls.append({"fname": fname, "records": len(ts) if grouped else 1, "k": k})
+        calls.append({"fname": fname, "records": len(ts) if grouped else 1, "k": k,
+                      "unnamed": name is None})
         k += 1
+
+# the same name object call after call, as the DistributedOptimizer passes
+# it each step: the C hook's remembered base, id and op must give what the
+# Python hook works out each time (other ops, dtypes, roots and sets; the
+# output the tensor itself, as allreduce_ and broadcast_ pass it, or none)
+for fname, (prefix, grouped, out_i, root_i, op_i, name_i, ps_i) in tensors.ENTRY_POINTS.items():
+    if grouped:
+        continue
+    c_hook, py_hook = hooks(fname)
+    width = 1 + max(p for p in (out_i, root_i, op_i, name_i, ps_i) if p is not None)
+    same = "".join(["same.", fname])  # one object, built at run time
+    for i, (dt, op) in enumerate([(torch.float32, 1), (torch.float16, 0),
+                                  (torch.float32, 1), (torch.int64, 4)]):
+        ts = tensor(dt, 4 + i)
+        values = {out_i: ts if i % 2 == 0 else None, root_i: i % 2, op_i: op,
+                  name_i: same, ps_i: ProcessSet(i)}
+        args = [ts] + [values.get(j) for j in range(1, width)]
+        for hook in (c_hook, py_hook):
+            current[0] = k
+            assert hook(*args) == 1000 + k
+        calls.append({"fname": fname, "records": 1, "k": k})
+        k += 1
+
+# more names than the C hook remembers (profiler/_ext/fastrec.c NAME_SLOTS),
+# each twice: names that share a slot take it from each other
+c_hook, py_hook = hooks("_allreduce_async")
+many = ["".join(["many.", str(i)]) for i in range(600)]
+for name in many + many:
+    for hook in (c_hook, py_hook):
+        current[0] = k
+        assert hook(tensor(torch.float32, 2), None, name, 1, 1.0, 1.0, None) == 1000 + k
+    calls.append({"fname": "_allreduce_async", "records": 1, "k": k})
+    k += 1
 
 # a tensor subclass may answer otherwise: the C hook asks it through Python
 # (its field reader takes only torch.Tensor and Parameter), as the Python hook does
@@ -185,7 +219,7 @@ def test_both_hooks_write_the_same_records(job: tuple[dict, Path, str]) -> None:
         assert got == [names[s] for s in theirs["seq"]], c
         prefix = {"_allreduce_async": "allreduce", "_broadcast_async": "broadcast"}.get(
             c["fname"])
-        if prefix and c["k"] % 7 == 2:  # unnamed: Horovod's noname.<handle>
+        if prefix and c.get("unnamed"):  # Horovod's noname.<handle>
             assert got == [f"{prefix}.noname.{1000 + c['k']}"], got
         assert (mine["t_end"] >= mine["t_start"]).all()
         assert (mine["bytes"] == mine["count"] * mine["dtype_size"]).all()
@@ -220,6 +254,13 @@ def test_values_as_horovod_passes_them(job: tuple[dict, Path, str]) -> None:
     # a grouped call: one record per tensor, <base>_<i>of<n>
     assert {"grouped_allreduce.layer0.weight_1of3", "grouped_allreduce.layer0.weight_2of3",
             "grouped_allreduce.layer0.weight_3of3"} <= set(by_name)
+    # the same name object four times: one name, one id, each call's own values
+    same = rec[[names[s] == "allreduce.same._allreduce_async" for s in rec["seq"]]]
+    assert len(set(same["seq"])) == 1 and len(same) == 8
+    assert [int(r) for r in same["redop"][::2]] == [1, 15, 1, 4]
+    assert [int(r) for r in same["rc"][::2]] == [0, 1, 2, 3]
+    assert [int(c) for c in same["count"][::2]] == [4, 5, 6, 7]
+    assert [int(a) != 0 for a in same["aux"][::2]] == [True, False, True, False]
     # a process set id that is no integer, or none at all: 0
     assert int(by_name["allreduce.layer4.weight"]["rc"]) == 0
     assert int(by_name["allreduce.layer3.weight"]["rc"]) == 0

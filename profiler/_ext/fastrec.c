@@ -31,6 +31,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -228,6 +229,10 @@ static PyObject *fr_steps_hook_end(PyObject *self, PyObject *const *args, Py_ssi
 static PyObject *g_ids, *g_new_id, *g_redops, *g_dtypes, *g_dtype_info, *g_warn, *g_start,
     *g_close, *g_wall;
 static unsigned long long g_count;
+/* Bumped by configure() and in a forked child (whose names start over:
+ * tensors.py _after_fork): a Hook's cached ids and reduction ops are used
+ * only when taken in the current generation. */
+static unsigned g_gen = 1;
 /* selfcost's rule (profiler.collect.selfcost.sample): the first g_first
  * invocations measured, then one in g_every; g_calls counts them all */
 static unsigned long long g_calls, g_first = 256, g_every = 64;
@@ -250,6 +255,7 @@ static PyObject *fr_configure(PyObject *self, PyObject *const *args, Py_ssize_t 
         Py_INCREF(args[i]);
         Py_XSETREF(*slots[i], args[i]);
     }
+    g_gen++;
     Py_RETURN_NONE;
 }
 
@@ -285,16 +291,17 @@ static PyObject *fr_calls(PyObject *self, PyObject *unused)
 /* ------------------------------------------------------------------------ */
 /* The tensors handed to Horovod and not yet handed back, for the hang
  * watchdog (tensors.py oldest_pending): slot = handle mod PENDING_SLOTS, the
- * handle, its name and when it was enqueued.  Horovod's handles count up, so
- * a slot is taken again only PENDING_SLOTS tensors later; a tensor still
- * pending after that many more were enqueued is forgotten.  No allocation,
- * no pruning: a handle Horovod handed back is found out (not in its handle
- * map) when the table is read.  Handles that are no int are not kept. */
+ * handle's value, its name and when it was enqueued.  Horovod's handles
+ * count up, so a slot is taken again only PENDING_SLOTS tensors later; a
+ * tensor still pending after that many more were enqueued is forgotten.  No
+ * allocation, no pruning: a handle Horovod handed back is found out (not in
+ * its handle map) when the table is read.  Handles that are no int are not
+ * kept; the value, not the int object, is kept (no object freed here). */
 
 #define PENDING_SLOTS 8192
 typedef struct {
-    PyObject *handle; /* NULL: free */
-    PyObject *name;
+    long long handle;
+    PyObject *name;   /* NULL: free */
     double t;         /* CLOCK_MONOTONIC seconds: time.monotonic() */
 } pending_slot;
 static pending_slot pending[PENDING_SLOTS];
@@ -315,11 +322,10 @@ static void pending_put(PyObject *handle, PyObject *name)
         return;
     }
     pending_slot *s = &pending[(unsigned long long)v % PENDING_SLOTS];
-    PyObject *old_h = s->handle, *old_n = s->name;
-    s->handle = Py_NewRef(handle);
+    PyObject *old_n = s->name;
+    s->handle = v;
     s->name = Py_NewRef(name);
     s->t = monotonic_s();
-    Py_XDECREF(old_h);
     Py_XDECREF(old_n);
 }
 
@@ -332,13 +338,14 @@ static PyObject *fr_oldest_pending(PyObject *self, PyObject *live)
     PyObject *name = NULL;
     for (size_t i = 0; i < PENDING_SLOTS; i++) {
         pending_slot *s = &pending[i];
-        if (!s->handle) continue;
-        int in = PySequence_Contains(live, s->handle);
+        if (!s->name) continue;
+        PyObject *h = PyLong_FromLongLong(s->handle);
+        int in = h ? PySequence_Contains(live, h) : -1;
+        Py_XDECREF(h);
         if (in < 0) return NULL;
         if (!in) {
-            PyObject *h = s->handle, *n = s->name;
-            s->handle = s->name = NULL;
-            Py_DECREF(h);
+            PyObject *n = s->name;
+            s->name = NULL;
             Py_DECREF(n);
         } else if (now - s->t > age) {
             age = now - s->t;
@@ -495,11 +502,33 @@ typedef struct {
     PyObject *out_key;    /* "output" or "outputs" */
     PyObject *bases;      /* name -> "<prefix>.<name>" (a name is usually the same object
                              every step: formatted and hashed once) */
+    struct name_slot *names; /* in front of bases: by the name object's address */
+    PyObject *op_obj;     /* the last reduction op given (an int), and its code */
+    uint32_t op_redop;
+    unsigned op_gen;
     int grouped;
     Py_ssize_t out_i, root_i, op_i, name_i, ps_i; /* positions, -1: not an argument */
 } HookObject;
 
 #define BASES_MAX 65536 /* names cached per entry point (then forgotten at once) */
+
+/* A name's base and id, found by the address of the name object Horovod's
+ * caller passes (the DistributedOptimizer passes the same str each step):
+ * one cold line a tensor instead of two dictionary probes.  Direct-mapped;
+ * a slot holds its name, so an address is never mistaken for a freed
+ * object's.  Only exact, non-empty str names. */
+#define NAME_SLOTS 512
+typedef struct name_slot {
+    PyObject *name, *base; /* NULL: empty */
+    long id;
+    unsigned gen;          /* g_gen when filled */
+} name_slot;
+
+static inline name_slot *name_slot_of(HookObject *h, PyObject *name)
+{
+    uintptr_t a = (uintptr_t)name;
+    return &h->names[((a >> 4) ^ (a >> 13)) & (NAME_SLOTS - 1)];
+}
 
 /* The argument at position i or keyword key (borrowed), NULL when absent. */
 static PyObject *arg_at(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, Py_ssize_t i,
@@ -526,14 +555,37 @@ static long long call_int(PyObject *obj, PyObject *method)
     return v;
 }
 
-/* One APP_TENSOR record (tensors.py _emit). */
-static int emit(uint64_t t0, PyObject *name, PyObject *tensor, PyObject *output, int32_t root,
-                uint32_t redop, int32_t ps)
+/* The name's id (tensors.py _name_id): -1 with an exception set on failure. */
+static long name_id(PyObject *name)
+{
+    long id;
+    PyObject *id_o = PyDict_GetItemWithError(g_ids, name); /* borrowed */
+    if (id_o) {
+        id = PyLong_AsLong(id_o);
+    } else if (PyErr_Occurred()) {
+        return -1;
+    } else {
+        PyObject *r = PyObject_CallOneArg(g_new_id, name);
+        if (!r) return -1;
+        id = PyLong_AsLong(r);
+        Py_DECREF(r);
+    }
+    return id == -1 && PyErr_Occurred() ? -1 : id;
+}
+
+/* One APP_TENSOR record (tensors.py _emit).  *id: the name's id, or -1 to
+ * look it up (after the fields, as the Python hook does), stored back. */
+static int emit(uint64_t t0, PyObject *name, long *id, PyObject *tensor, PyObject *output,
+                int32_t root, uint32_t redop, int32_t ps)
 {
     long long n;
     long code = -1, size = -1;
-    uint64_t ptr = 0, unused;
-    if (fast_fields(tensor, &n, &code, &size, &unused) == 0) goto fields_read;
+    uint64_t ptr = 0, tptr;
+    if (fast_fields(tensor, &n, &code, &size, &tptr) == 0) {
+        if (output != tensor) goto fields_read;
+        ptr = tptr; /* in place (allreduce_, broadcast_): the output is the tensor */
+        goto address_read;
+    }
     n = call_int(tensor, s_numel);
     if (n == -1 && PyErr_Occurred()) return -1;
     /* (dtype code, bytes per element) by dtype: tensors.py _dtype_info */
@@ -571,22 +623,10 @@ fields_read:
             ptr = 0;
         }
     }
-address_read:;
-    long id;
-    PyObject *id_o = PyDict_GetItemWithError(g_ids, name); /* borrowed */
-    if (id_o) {
-        id = PyLong_AsLong(id_o);
-    } else if (PyErr_Occurred()) {
-        return -1;
-    } else {
-        PyObject *r = PyObject_CallOneArg(g_new_id, name);
-        if (!r) return -1;
-        id = PyLong_AsLong(r);
-        Py_DECREF(r);
-    }
-    if (id == -1 && PyErr_Occurred()) return -1;
+address_read:
+    if (*id < 0 && (*id = name_id(name)) < 0) return -1;
     uint64_t t_end = now_p();
-    record_p(t0, t_end, (uint64_t)(n * size), (uint64_t)n, (uint32_t)id, root, (uint32_t)code,
+    record_p(t0, t_end, (uint64_t)(n * size), (uint64_t)n, (uint32_t)*id, root, (uint32_t)code,
              (uint32_t)size, redop, ps, ptr);
     g_count++;
     return 0;
@@ -647,6 +687,34 @@ static PyObject *base_name(HookObject *h, PyObject *name, PyObject *handle)
     return b;
 }
 
+/* The reduction op's code (tensors.REDUCE_OPS; 255: not in it), the last
+ * int op of this entry point remembered. */
+static int redop_of(HookObject *h, PyObject *op, uint32_t *redop)
+{
+    if (op == h->op_obj && h->op_gen == g_gen) {
+        *redop = h->op_redop;
+        return 0;
+    }
+    PyObject *k = PyNumber_Long(op);
+    if (!k) return -1;
+    PyObject *v = PyDict_GetItemWithError(g_redops, k); /* borrowed */
+    Py_DECREF(k);
+    if (v) {
+        *redop = (uint32_t)PyLong_AsLong(v);
+        if (PyErr_Occurred()) return -1;
+    } else if (PyErr_Occurred()) {
+        return -1;
+    } else {
+        *redop = 255;
+    }
+    if (PyLong_CheckExact(op)) { /* an int is immutable: its code stays */
+        Py_XSETREF(h->op_obj, Py_NewRef(op));
+        h->op_redop = *redop;
+        h->op_gen = g_gen;
+    }
+    return 0;
+}
+
 /* Everything after Horovod's function returned (tensors.py _wrap). */
 static int hook_record(HookObject *h, PyObject *const *args, Py_ssize_t na, PyObject *kwnames,
                        PyObject *handle, uint64_t t0)
@@ -667,25 +735,22 @@ static int hook_record(HookObject *h, PyObject *const *args, Py_ssize_t na, PyOb
     }
     uint32_t redop = 0;
     PyObject *op = h->op_i >= 0 ? arg_at(args, na, kwnames, h->op_i, s_op) : NULL;
-    if (op && op != Py_None) {
-        PyObject *k = PyNumber_Long(op);
-        if (!k) return -1;
-        PyObject *v = PyDict_GetItemWithError(g_redops, k); /* borrowed */
-        Py_DECREF(k);
-        if (v) {
-            redop = (uint32_t)PyLong_AsLong(v);
-            if (PyErr_Occurred()) return -1;
-        } else if (PyErr_Occurred()) {
-            return -1;
-        } else {
-            redop = 255;
-        }
-    }
+    if (op && op != Py_None && redop_of(h, op, &redop) < 0) return -1;
     PyObject *ps_arg = arg_at(args, na, kwnames, h->ps_i, s_process_set);
     int32_t ps = (ps_arg && ps_arg != Py_None) ? process_set_id(ps_arg) : 0;
     if (PyErr_Occurred()) return -1;
-    PyObject *base = base_name(h, name, handle);
-    if (!base) return -1;
+    name_slot *slot = NULL;
+    PyObject *base;
+    long id = -1;
+    if (name && h->names && PyUnicode_CheckExact(name) && PyUnicode_GET_LENGTH(name) > 0) {
+        slot = name_slot_of(h, name);
+        if (slot->name == name && slot->gen == g_gen) id = slot->id;
+    }
+    if (id >= 0) {
+        base = Py_NewRef(slot->base);
+    } else if (!(base = base_name(h, name, handle))) {
+        return -1;
+    }
     pending_put(handle, base);
     int rc = 0;
     if (h->grouped && tensors && tensors != Py_None) {
@@ -711,14 +776,22 @@ static int hook_record(HookObject *h, PyObject *const *args, Py_ssize_t na, PyOb
                     rc = -1;
                     break;
                 }
-                rc = emit(t0, nm, PySequence_Fast_GET_ITEM(ts_, i), out, -1, redop, ps);
+                long nid = -1;
+                rc = emit(t0, nm, &nid, PySequence_Fast_GET_ITEM(ts_, i), out, -1, redop, ps);
                 Py_DECREF(nm);
             }
         }
         Py_XDECREF(ts_);
         Py_XDECREF(os_);
     } else {
-        rc = emit(t0, base, tensors ? tensors : Py_None, outputs, (int32_t)root, redop, ps);
+        int known = id >= 0;
+        rc = emit(t0, base, &id, tensors ? tensors : Py_None, outputs, (int32_t)root, redop, ps);
+        if (rc == 0 && slot && !known) {
+            Py_XSETREF(slot->name, Py_NewRef(name));
+            Py_XSETREF(slot->base, Py_NewRef(base));
+            slot->id = id;
+            slot->gen = g_gen;
+        }
     }
     Py_DECREF(base);
     return rc;
@@ -803,6 +876,7 @@ static int hook_traverse(HookObject *h, visitproc visit, void *arg)
 {
     Py_VISIT(h->orig);
     Py_VISIT(h->bases);
+    Py_VISIT(h->op_obj);
     return 0;
 }
 
@@ -814,6 +888,12 @@ static int hook_clear(HookObject *h)
     Py_CLEAR(h->tensor_key);
     Py_CLEAR(h->out_key);
     Py_CLEAR(h->bases);
+    Py_CLEAR(h->op_obj);
+    if (h->names)
+        for (int i = 0; i < NAME_SLOTS; i++) {
+            Py_CLEAR(h->names[i].name);
+            Py_CLEAR(h->names[i].base);
+        }
     return 0;
 }
 
@@ -821,6 +901,7 @@ static void hook_dealloc(HookObject *h)
 {
     PyObject_GC_UnTrack(h);
     hook_clear(h);
+    PyMem_Free(h->names);
     Py_TYPE(h)->tp_free((PyObject *)h);
 }
 
@@ -853,6 +934,7 @@ static PyObject *hook_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     h->tensor_key = PyUnicode_FromString(grouped ? "tensors" : "tensor");
     h->out_key = PyUnicode_FromString(grouped ? "outputs" : "output");
     h->bases = PyDict_New();
+    h->names = PyMem_Calloc(NAME_SLOTS, sizeof(name_slot)); /* NULL: not cached */
     h->out_i = p[0];
     h->root_i = p[1];
     h->op_i = p[2];
@@ -1089,8 +1171,12 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
+static void fork_child(void) { g_gen++; }
+
 PyMODINIT_FUNC PyInit__fastrec(void)
 {
+    static int atfork;
+    if (!atfork && pthread_atfork(NULL, NULL, fork_child) == 0) atfork = 1;
     struct { PyObject **slot; const char *text; } names[] = {
         {&s_numel, "numel"}, {&s_dtype, "dtype"},
         {&s_data_ptr, "data_ptr"}, {&s_process_set_id, "process_set_id"}, {&s_name, "name"},
