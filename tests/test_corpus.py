@@ -90,6 +90,32 @@ def test_busy_loop_spins_the_time_asked() -> None:
     assert sorted(took)[len(took) // 2] < 2_000_000  # a median under 10x: it stops
 
 
+def test_loop_clock_splits_each_timed_step_in_two(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RESULT's timing (job_rate.py's phases): the steps from WARM_STEPS on,
+    each split at the optimizer's step; wall and CPU apart."""
+    from profiler.workloads import corpus
+
+    now = {"wall": 0.0, "cpu": 0.0}
+    monkeypatch.setattr(corpus.time, "perf_counter", lambda: now["wall"])
+    monkeypatch.setattr(corpus.time, "thread_time", lambda: now["cpu"])
+    clock = corpus._LoopClock()
+    steps = corpus.WARM_STEPS + 5
+    for step in range(steps):
+        clock.tick(step)
+        now["wall"] += 1.0 + step  # the backward passes
+        now["cpu"] += 0.5
+        clock.phase(step)
+        now["wall"] += 10.0  # the optimizer's step
+        now["cpu"] += 0.25
+    clock.tick(steps)
+    t = clock.result()
+    timed = range(corpus.WARM_STEPS, steps)
+    assert t["steps"] == 5 and t["first_step"] == corpus.WARM_STEPS
+    assert t["compute_s"] == sum(1.0 + s for s in timed)
+    assert t["step_s"] == 50.0 and t["compute_cpu_s"] == 2.5 and t["step_cpu_s"] == 1.25
+    assert t["compute_s"] + t["step_s"] == t["wall_s"]
+
+
 @pytest.mark.mpi
 @pytest.mark.horovod
 @requires_mpi

@@ -111,10 +111,30 @@ def run_once(args: argparse.Namespace, arm: str, extra: dict[str, str] | None,
     res: dict[str, Any] = {"arm": arm, "job_wall_s": round(wall, 2), **timing}
     if timing.get("steps"):
         res["main_cpu_us_per_step"] = round(timing["main_cpu_s"] / timing["steps"] * 1e6, 1)
+        for key in PHASES:  # the corpus' two phases of a step (corpus._LoopClock)
+            if key in timing:
+                res[f"{key}_us_per_step"] = round(timing[key] / timing["steps"] * 1e6, 1)
     if out is not None:
         res["self_cost"] = self_cost(out / "prof" / "trace.json", args.steps)
         shutil.rmtree(out, ignore_errors=True)
     return res
+
+
+#: the corpus' phases of a step, wall and main-thread CPU (corpus._LoopClock)
+PHASES = ("compute_s", "compute_cpu_s", "step_s", "step_cpu_s")
+
+
+def phase_deltas(mine: list[dict[str, Any]], off: dict[int, dict[str, Any]]
+                 ) -> dict[str, list[float]]:
+    """Per phase: the median (95% interval) of what the arm adds a step to the
+    same round's unprofiled run, in us."""
+    out: dict[str, list[float]] = {}
+    for key in PHASES:
+        k = f"{key}_us_per_step"
+        d = [r[k] - off[r["round"]][k] for r in mine if k in r and k in off[r["round"]]]
+        if d:
+            out[key] = [round(v, 1) for v in median_ci(d)]
+    return out
 
 
 def self_cost(trace: Path, steps: int) -> dict[str, Any] | None:
@@ -245,14 +265,21 @@ def main(argv: list[str] | None = None) -> int:
         q1, q3 = quartiles(rate)
         cm, clo, chi = median_ci(cpu)
         hooks = [r["self_cost"]["us_per_step"]["python_hook"] for r in mine if r.get("self_cost")]
+        phases = phase_deltas(mine, off)
         summary[arm] = {"rate_ratio": [m, lo, hi], "rate_quartiles": [q1, q3],
                         "rate_ratios": rate, "main_cpu_ratio": [cm, clo, chi],
                         "python_hook_us_per_step_median":
-                            statistics.median(hooks) if hooks else None}
+                            statistics.median(hooks) if hooks else None,
+                        "phase_us_added": phases}
         print(f"  {arm}: rate {m:.3f} [{q1:.3f}, {q3:.3f}] ({lo:.3f}-{hi:.3f}); main thread "
               f"CPU/step {cm:.3f} ({clo:.3f}-{chi:.3f})"
               + (f"; Python hooks {statistics.median(hooks):.1f} us/step (self_cost)"
                  if hooks else ""))
+        if phases:
+            print("    added a step, median (95% interval): " + "; ".join(
+                f"{label} {phases[k][0]:+.1f} us ({phases[k][1]:+.1f} to {phases[k][2]:+.1f})"
+                for k, label in zip(PHASES, ("compute", "its CPU", "optimizer step",
+                                             "its CPU")) if k in phases))
     if busy:
         summary["busy"] = busy_equivalent(runs, off, busy, [a for a in arms if a != "off"
                                                           and a not in busy])

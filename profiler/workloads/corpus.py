@@ -356,6 +356,7 @@ def _train(name: str, args: argparse.Namespace, hvd: Any, mark: Callable[[int], 
         if wl.sparse and not kwargs.get("sparse_as_dense"):
             g = _embedding(model).weight.grad
             sparse_rows.append(int(g._nnz()) if g is not None and g.is_sparse else 0)
+        clock.phase(step)
         opt.step()
         if args.busy_us > 0:
             _busy(args.busy_us)
@@ -403,21 +404,39 @@ class _LoopClock:
     """The training loop's pace on this rank: wall and main-thread CPU time
     from the start of step WARM_STEPS (step 0 when the loop is shorter) to
     the end of the last step: ``timing`` in RESULT, for benchmarks that
-    compare runs (benchmarks/overhead/job_rate.py)."""
+    compare runs (benchmarks/overhead/job_rate.py).  Each step in two
+    phases: ``compute`` (zero_grad, the forward and backward passes, with
+    the gradient hooks that hand tensors to Horovod) and ``step`` (the
+    optimizer's step: Horovod's synchronize, the wait for the allreduces,
+    the update), each step's phase counted from its step's start."""
 
     def __init__(self) -> None:
         self.first: tuple[int, float, float] | None = None
         self.warm: tuple[int, float, float] | None = None
         self.end: tuple[int, float, float] | None = None
+        self.at: tuple[float, float] | None = None  # this step's start (wall, CPU)
+        self.split: tuple[float, float] | None = None  # its phase boundary
+        # per phase and step index from 0 (the first step) and from WARM_STEPS
+        self.sums: dict[str, list[float]] = {"all": [0.0] * 4, "warm": [0.0] * 4}
 
     def tick(self, step: int) -> None:
         """Called as step `step` begins (and with the step count at the end)."""
         point = (step, time.perf_counter(), time.thread_time())
+        if self.at is not None and self.split is not None:
+            parts = (self.split[0] - self.at[0], self.split[1] - self.at[1],
+                     point[1] - self.split[0], point[2] - self.split[1])
+            for key in ("all", "warm") if step > WARM_STEPS else ("all",):
+                self.sums[key] = [a + b for a, b in zip(self.sums[key], parts)]
+        self.at, self.split = (point[1], point[2]), None
         if self.first is None:
             self.first = point
         if step == WARM_STEPS:
             self.warm = point
         self.end = point
+
+    def phase(self, step: int) -> None:
+        """Called between the backward passes and the optimizer's step."""
+        self.split = (time.perf_counter(), time.thread_time())
 
     def result(self) -> dict[str, Any]:
         e = self.end
@@ -426,8 +445,11 @@ class _LoopClock:
         if s is None or e is None or e[0] <= s[0] or e[1] <= s[1]:
             return {"steps": 0}
         n = e[0] - s[0]
+        sums = self.sums["warm" if s is self.warm else "all"]
         return {"steps": n, "first_step": s[0], "wall_s": round(e[1] - s[1], 6),
-                "main_cpu_s": round(e[2] - s[2], 6), "steps_per_s": round(n / (e[1] - s[1]), 3)}
+                "main_cpu_s": round(e[2] - s[2], 6), "steps_per_s": round(n / (e[1] - s[1]), 3),
+                "compute_s": round(sums[0], 6), "compute_cpu_s": round(sums[1], 6),
+                "step_s": round(sums[2], 6), "step_cpu_s": round(sums[3], 6)}
 
 
 def _own_process_set(hvd: Any, args: argparse.Namespace) -> Any:
