@@ -114,6 +114,9 @@ def test_loop_clock_splits_each_timed_step_in_two(monkeypatch: pytest.MonkeyPatc
     assert t["compute_s"] == sum(1.0 + s for s in timed)
     assert t["step_s"] == 50.0 and t["compute_cpu_s"] == 2.5 and t["step_cpu_s"] == 1.25
     assert t["compute_s"] + t["step_s"] == t["wall_s"]
+    # quantiles over the timed steps only: compute 11-15 s, the step 10 s each
+    assert t["compute_us_q"] == [11e6, 13e6, 15e6, 15e6]
+    assert t["step_us_q"] == [10e6] * 4
 
 
 @pytest.mark.mpi

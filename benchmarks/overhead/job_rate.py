@@ -137,6 +137,20 @@ def phase_deltas(mine: list[dict[str, Any]], off: dict[int, dict[str, Any]]
     return out
 
 
+#: the corpus' quantiles of each phase's wall time (corpus.QUANTILES)
+PHASE_QUANTILES = {"compute_us_q": "backward passes", "step_us_q": "optimizer step"}
+
+
+def phase_quantiles(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per phase: the median over `runs` of each of its quantiles, in us."""
+    out: dict[str, list[float]] = {}
+    for key in PHASE_QUANTILES:
+        rows = [r[key] for r in runs if r.get(key)]
+        if rows:
+            out[key] = [round(statistics.median(col), 1) for col in zip(*rows)]
+    return out
+
+
 def self_cost(trace: Path, steps: int) -> dict[str, Any] | None:
     """Rank 0's self_cost from the trace's metadata, per optimizer step."""
     try:
@@ -275,6 +289,14 @@ def main(argv: list[str] | None = None) -> int:
               f"CPU/step {cm:.3f} ({clo:.3f}-{chi:.3f})"
               + (f"; Python hooks {statistics.median(hooks):.1f} us/step (self_cost)"
                  if hooks else ""))
+        quant = phase_quantiles(mine)
+        summary[arm]["phase_quantiles_us"] = quant
+        base_q = phase_quantiles(list(off.values()))
+        for key, label in PHASE_QUANTILES.items():
+            if key in quant and key in base_q:
+                print(f"    {label} p10/p50/p90/p99, median of the rounds: unprofiled "
+                      + "/".join(f"{v:.0f}" for v in base_q[key]) + f" us, {arm} "
+                      + "/".join(f"{v:.0f}" for v in quant[key]) + " us")
         if phases:
             print("    added a step, median (95% interval): " + "; ".join(
                 f"{label} {phases[k][0]:+.1f} us ({phases[k][1]:+.1f} to {phases[k][2]:+.1f})"

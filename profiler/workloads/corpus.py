@@ -408,7 +408,9 @@ class _LoopClock:
     phases: ``compute`` (zero_grad, the forward and backward passes, with
     the gradient hooks that hand tensors to Horovod) and ``step`` (the
     optimizer's step: Horovod's synchronize, the wait for the allreduces,
-    the update), each step's phase counted from its step's start."""
+    the update), each step's phase counted from its step's start; and the
+    quantiles of each phase's wall time over the timed steps (whether a
+    cost sits in every step or in a few long ones)."""
 
     def __init__(self) -> None:
         self.first: tuple[int, float, float] | None = None
@@ -418,6 +420,8 @@ class _LoopClock:
         self.split: tuple[float, float] | None = None  # its phase boundary
         # per phase and step index from 0 (the first step) and from WARM_STEPS
         self.sums: dict[str, list[float]] = {"all": [0.0] * 4, "warm": [0.0] * 4}
+        # each step's two wall times, from the first step
+        self.walls: list[tuple[int, float, float]] = []
 
     def tick(self, step: int) -> None:
         """Called as step `step` begins (and with the step count at the end)."""
@@ -427,6 +431,7 @@ class _LoopClock:
                      point[1] - self.split[0], point[2] - self.split[1])
             for key in ("all", "warm") if step > WARM_STEPS else ("all",):
                 self.sums[key] = [a + b for a, b in zip(self.sums[key], parts)]
+            self.walls.append((step - 1, parts[0], parts[2]))
         self.at, self.split = (point[1], point[2]), None
         if self.first is None:
             self.first = point
@@ -446,10 +451,25 @@ class _LoopClock:
             return {"steps": 0}
         n = e[0] - s[0]
         sums = self.sums["warm" if s is self.warm else "all"]
+        timed = [w for w in self.walls if w[0] >= s[0]]
         return {"steps": n, "first_step": s[0], "wall_s": round(e[1] - s[1], 6),
                 "main_cpu_s": round(e[2] - s[2], 6), "steps_per_s": round(n / (e[1] - s[1]), 3),
                 "compute_s": round(sums[0], 6), "compute_cpu_s": round(sums[1], 6),
-                "step_s": round(sums[2], 6), "step_cpu_s": round(sums[3], 6)}
+                "step_s": round(sums[2], 6), "step_cpu_s": round(sums[3], 6),
+                "compute_us_q": _quantiles([w[1] for w in timed]),
+                "step_us_q": _quantiles([w[2] for w in timed])}
+
+
+#: the quantiles RESULT's timing gives of each phase (corpus._LoopClock)
+QUANTILES = (0.1, 0.5, 0.9, 0.99)
+
+
+def _quantiles(seconds: list[float]) -> list[float]:
+    """QUANTILES of `seconds` in microseconds (nearest rank); [] when empty."""
+    if not seconds:
+        return []
+    v = sorted(seconds)
+    return [round(v[min(len(v) - 1, int(q * len(v)))] * 1e6, 1) for q in QUANTILES]
 
 
 def _own_process_set(hvd: Any, args: argparse.Namespace) -> Any:
