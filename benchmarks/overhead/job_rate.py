@@ -291,6 +291,12 @@ def main(argv: list[str] | None = None) -> int:
                  if hooks else ""))
         quant = phase_quantiles(mine)
         summary[arm]["phase_quantiles_us"] = quant
+        slow = [r["slow_share"] for r in mine if r.get("slow_share") is not None]
+        base_slow = [r["slow_share"] for r in off.values() if r.get("slow_share") is not None]
+        if slow and base_slow:
+            summary[arm]["slow_share"] = statistics.median(slow)
+            print(f"    steps of 1.5x the median or more, median of the rounds: unprofiled "
+                  f"{statistics.median(base_slow):.1%}, {arm} {statistics.median(slow):.1%}")
         base_q = phase_quantiles(list(off.values()))
         for key, label in PHASE_QUANTILES.items():
             if key in quant and key in base_q:

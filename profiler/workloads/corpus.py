@@ -457,11 +457,26 @@ class _LoopClock:
                 "compute_s": round(sums[0], 6), "compute_cpu_s": round(sums[1], 6),
                 "step_s": round(sums[2], 6), "step_cpu_s": round(sums[3], 6),
                 "compute_us_q": _quantiles([w[1] for w in timed]),
-                "step_us_q": _quantiles([w[2] for w in timed])}
+                "step_us_q": _quantiles([w[2] for w in timed]),
+                "slow_share": _slow_share([w[1] + w[2] for w in timed])}
 
 
 #: the quantiles RESULT's timing gives of each phase (corpus._LoopClock)
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
+
+
+#: a step this many times the median step or longer is a slow one
+SLOW_FACTOR = 1.5
+
+
+def _slow_share(seconds: list[float]) -> float | None:
+    """The share of steps at least SLOW_FACTOR times the median step (None
+    when none were timed): whether a cost is in every step or in more
+    steps taking a slow mode."""
+    if not seconds:
+        return None
+    limit = SLOW_FACTOR * sorted(seconds)[len(seconds) // 2]
+    return round(sum(1 for v in seconds if v >= limit) / len(seconds), 4)
 
 
 def _quantiles(seconds: list[float]) -> list[float]:
