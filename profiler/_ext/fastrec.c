@@ -500,9 +500,7 @@ typedef struct {
     PyObject *prefix;     /* Horovod's operation prefix ("allreduce") */
     PyObject *tensor_key; /* "tensor" or "tensors" */
     PyObject *out_key;    /* "output" or "outputs" */
-    PyObject *bases;      /* name -> "<prefix>.<name>" (a name is usually the same object
-                             every step: formatted and hashed once) */
-    struct name_slot *names; /* in front of bases: by the name object's address */
+    struct name_slot *names; /* each name's base and id, by the name object's address */
     PyObject *op_obj;     /* the last reduction op given (an int), and its code */
     uint32_t op_redop;
     unsigned op_gen;
@@ -510,13 +508,13 @@ typedef struct {
     Py_ssize_t out_i, root_i, op_i, name_i, ps_i; /* positions, -1: not an argument */
 } HookObject;
 
-#define BASES_MAX 65536 /* names cached per entry point (then forgotten at once) */
-
-/* A name's base and id, found by the address of the name object Horovod's
- * caller passes (the DistributedOptimizer passes the same str each step):
- * one cold line a tensor instead of two dictionary probes.  Direct-mapped;
- * a slot holds its name, so an address is never mistaken for a freed
- * object's.  Only exact, non-empty str names. */
+/* A name's base ("<prefix>.<name>") and id, found by the address of the
+ * name object Horovod's caller passes (the DistributedOptimizer passes the
+ * same str each step): one cold line a tensor, the base formatted once.
+ * Direct-mapped (a name whose slot another took is formatted again); a
+ * slot holds its name, so an address is never mistaken for a freed
+ * object's.  Only exact, non-empty str names; id -1: not known yet (a
+ * grouped entry point's base has none: its tensors' names do). */
 #define NAME_SLOTS 512
 typedef struct name_slot {
     PyObject *name, *base; /* NULL: empty */
@@ -658,7 +656,7 @@ static int32_t process_set_id(PyObject *ps)
     return (int32_t)r;
 }
 
-/* "<prefix>.<name>" (cached by name), or "<prefix>.noname.<handle>". */
+/* "<prefix>.<name>", or "<prefix>.noname.<handle>". */
 static PyObject *base_name(HookObject *h, PyObject *name, PyObject *handle)
 {
     int named = name ? PyObject_IsTrue(name) : 0;
@@ -670,20 +668,10 @@ static PyObject *base_name(HookObject *h, PyObject *name, PyObject *handle)
         Py_DECREF(hs);
         return b;
     }
-    int cacheable = PyUnicode_CheckExact(name);
-    if (cacheable) {
-        PyObject *b = PyDict_GetItemWithError(h->bases, name);
-        if (b) return Py_NewRef(b);
-        if (PyErr_Occurred()) return NULL;
-    }
     PyObject *ns = PyObject_Format(name, s_empty);
     if (!ns) return NULL;
     PyObject *b = PyUnicode_FromFormat("%U.%U", h->prefix, ns);
     Py_DECREF(ns);
-    if (b && cacheable) {
-        if (PyDict_GET_SIZE(h->bases) >= BASES_MAX) PyDict_Clear(h->bases);
-        if (PyDict_SetItem(h->bases, name, b) < 0) Py_CLEAR(b);
-    }
     return b;
 }
 
@@ -740,16 +728,23 @@ static int hook_record(HookObject *h, PyObject *const *args, Py_ssize_t na, PyOb
     int32_t ps = (ps_arg && ps_arg != Py_None) ? process_set_id(ps_arg) : 0;
     if (PyErr_Occurred()) return -1;
     name_slot *slot = NULL;
-    PyObject *base;
+    PyObject *base = NULL;
     long id = -1;
     if (name && h->names && PyUnicode_CheckExact(name) && PyUnicode_GET_LENGTH(name) > 0) {
         slot = name_slot_of(h, name);
-        if (slot->name == name && slot->gen == g_gen) id = slot->id;
+        if (slot->name == name && slot->gen == g_gen) {
+            base = Py_NewRef(slot->base);
+            id = slot->id;
+        }
     }
-    if (id >= 0) {
-        base = Py_NewRef(slot->base);
-    } else if (!(base = base_name(h, name, handle))) {
-        return -1;
+    if (!base) {
+        if (!(base = base_name(h, name, handle))) return -1;
+        if (slot) {
+            Py_XSETREF(slot->name, Py_NewRef(name));
+            Py_XSETREF(slot->base, Py_NewRef(base));
+            slot->id = -1;
+            slot->gen = g_gen;
+        }
     }
     pending_put(handle, base);
     int rc = 0;
@@ -786,12 +781,7 @@ static int hook_record(HookObject *h, PyObject *const *args, Py_ssize_t na, PyOb
     } else {
         int known = id >= 0;
         rc = emit(t0, base, &id, tensors ? tensors : Py_None, outputs, (int32_t)root, redop, ps);
-        if (rc == 0 && slot && !known) {
-            Py_XSETREF(slot->name, Py_NewRef(name));
-            Py_XSETREF(slot->base, Py_NewRef(base));
-            slot->id = id;
-            slot->gen = g_gen;
-        }
+        if (rc == 0 && slot && !known && slot->name == name) slot->id = id; /* still ours */
     }
     Py_DECREF(base);
     return rc;
@@ -875,7 +865,6 @@ static PyObject *hook_call(PyObject *self, PyObject *args, PyObject *kwargs)
 static int hook_traverse(HookObject *h, visitproc visit, void *arg)
 {
     Py_VISIT(h->orig);
-    Py_VISIT(h->bases);
     Py_VISIT(h->op_obj);
     return 0;
 }
@@ -887,7 +876,6 @@ static int hook_clear(HookObject *h)
     Py_CLEAR(h->prefix);
     Py_CLEAR(h->tensor_key);
     Py_CLEAR(h->out_key);
-    Py_CLEAR(h->bases);
     Py_CLEAR(h->op_obj);
     if (h->names)
         for (int i = 0; i < NAME_SLOTS; i++) {
@@ -933,14 +921,13 @@ static PyObject *hook_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     h->grouped = grouped;
     h->tensor_key = PyUnicode_FromString(grouped ? "tensors" : "tensor");
     h->out_key = PyUnicode_FromString(grouped ? "outputs" : "output");
-    h->bases = PyDict_New();
     h->names = PyMem_Calloc(NAME_SLOTS, sizeof(name_slot)); /* NULL: not cached */
     h->out_i = p[0];
     h->root_i = p[1];
     h->op_i = p[2];
     h->name_i = p[3];
     h->ps_i = p[4];
-    if (!h->tensor_key || !h->out_key || !h->bases) {
+    if (!h->tensor_key || !h->out_key) {
         Py_DECREF(h);
         return NULL;
     }
