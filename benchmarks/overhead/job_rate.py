@@ -5,7 +5,8 @@ threads, exit work and all (issue 25, "what profiling them costs, measured
 across runs").
 
     python benchmarks/overhead/job_rate.py [--workload mlp6] [--steps 1500]
-        [--rounds 7] [--arm NAME=VAR=V,VAR=V ...] [--json OUT]
+        [--rounds 7] [--arm NAME=VAR=V,VAR=V ...] [--env VAR=V,...]
+        [--pair ARM:BASE ...] [--json OUT]
 
 Each round runs every arm once as its own ``mpirun -n NP python -m
 profiler.workloads.corpus WORKLOAD --steps N``, in an order drawn at random
@@ -13,9 +14,14 @@ profiler.workloads.corpus WORKLOAD --steps N``, in an order drawn at random
 arms are ``off`` (HOROVOD_PROFILE unset) and ``on``
 (HOROVOD_PROFILE=1, the profiler's defaults), plus any ``--arm``: a name and
 the variables it sets besides HOROVOD_PROFILE=1 (``--arm nohelper=
-HOROVOD_PROFILE_HELPER=0``), plus with ``--busy 16,40`` unprofiled arms
+HOROVOD_PROFILE_HELPER=0``).  An arm that sets HOROVOD_PROFILE=0 runs
+unprofiled with the rest, ``--env`` sets variables in every arm (``off``
+included), and ``--pair ARM:BASE`` prints ARM's rate against BASE's round
+by round: ``--arm off25=HOROVOD_PROFILE=0,HOROVOD_CYCLE_TIME=0.25 --arm
+on25=HOROVOD_CYCLE_TIME=0.25 --pair on25:off25`` is the profiler's cost at
+another Horovod setting.  With ``--busy 16,40``, unprofiled arms
 whose main thread spins 16 and 40 us after each optimizer step (the
-workload's ``--busy-us``): what that much work costs the job here, and so
+workload's ``--busy-us``) run too: what that much work costs the job here, and so
 how much main-thread work the profiler's cost is worth
 (:func:`busy_equivalent`).  The rate is the workload's own ``timing``
 (rank 0: optimizer steps per second from the start of step 10 to the end of
@@ -78,13 +84,22 @@ def base_env() -> dict[str, str]:
     return env
 
 
+def unprofiled(extra: dict[str, str]) -> bool:
+    """An arm that sets HOROVOD_PROFILE=0 (or off) runs unprofiled with its
+    other variables: a Horovod setting's own effect, beside the profiler's."""
+    return extra.get("HOROVOD_PROFILE", "1").lower() in ("0", "off", "")
+
+
 def run_once(args: argparse.Namespace, arm: str, extra: dict[str, str] | None,
              work: Path, busy_us: float = 0.0) -> dict[str, Any]:
     """One mpirun; `extra` None = unprofiled.  Returns rank 0's timing and,
     when profiled, the trace's self_cost."""
     env = base_env()
+    env.update(args.env)
     out = None
-    if extra is not None:
+    if extra is not None and unprofiled(extra):
+        env.update(extra)
+    elif extra is not None:
         out = Path(tempfile.mkdtemp(prefix=f"{arm}-", dir=work))
         env.update(HOROVOD_PROFILE="1", HOROVOD_PROFILE_DIR=str(out / "prof"))
         env.update(extra)
@@ -222,7 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--arm", type=parse_arm, action="append", default=[],
-                   help="NAME=VAR=V,VAR=V: another profiled arm")
+                   help="NAME=VAR=V,VAR=V: another profiled arm (unprofiled when it "
+                   "sets HOROVOD_PROFILE=0)")
+    p.add_argument("--env", type=lambda v: parse_arm("all=" + v)[1], default={},
+                   metavar="VAR=V,VAR=V", help="variables every arm's run sets, 'off' "
+                   "included (a Horovod setting the comparison is made at)")
     p.add_argument("--no-on", action="store_true", help="leave out the default 'on' arm")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bind", choices=("none", "core"), default="none",
@@ -231,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
                    metavar="US,US", help="unprofiled arms with a busy loop of US "
                    "microseconds a step (the workload's --busy-us): what that much "
                    "main-thread work costs this job here")
+    p.add_argument("--pair", action="append", default=[], metavar="ARM:BASE",
+                   help="also the ratio of ARM's rate to BASE's, round by round (a "
+                   "profiled arm against the unprofiled arm of the same --arm settings)")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--json", metavar="OUT")
     args = p.parse_args(argv)
@@ -308,6 +330,19 @@ def main(argv: list[str] | None = None) -> int:
                 f"{label} {phases[k][0]:+.1f} us ({phases[k][1]:+.1f} to {phases[k][2]:+.1f})"
                 for k, label in zip(PHASES, ("compute", "its CPU", "optimizer step",
                                              "its CPU")) if k in phases))
+    for pair in args.pair:
+        a, _, b = pair.partition(":")
+        by = {(r["round"], r["arm"]): r["steps_per_s"] for r in runs}
+        rate = [by[(n, a)] / by[(n, b)] for n in range(args.rounds)
+                if (n, a) in by and (n, b) in by]
+        if not rate:
+            print(f"  {a} against {b}: no round ran both")
+            continue
+        m, lo, hi = median_ci(rate)
+        q1, q3 = quartiles(rate)
+        summary[f"{a}:{b}"] = {"rate_ratio": [m, lo, hi], "rate_quartiles": [q1, q3],
+                               "rate_ratios": rate}
+        print(f"  {a} against {b}: rate {m:.3f} [{q1:.3f}, {q3:.3f}] ({lo:.3f}-{hi:.3f})")
     if busy:
         summary["busy"] = busy_equivalent(runs, off, busy, [a for a in arms if a != "off"
                                                           and a not in busy])
