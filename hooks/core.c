@@ -1503,6 +1503,8 @@ HVPROF_EXPORT const char *hvprof_raw_path(void) { return g.open ? g.raw_path : "
 HVPROF_EXPORT int hvprof_rank(void) { return g.open ? g.hdr->rank : -1; }
 HVPROF_EXPORT int hvprof_world_size(void) { return g.open ? g.hdr->world_size : -1; }
 HVPROF_EXPORT uint64_t hvprof_now(void) { return hvprof_ticks(); }
+/* hvprof_now()'s ticks per nanosecond (0 before the raw file is open). */
+HVPROF_EXPORT double hvprof_ticks_per_ns(void) { return g.open ? g.hdr->ticks_per_ns : 0.0; }
 HVPROF_EXPORT void hvprof_set_python(int on)
 {
     g.python = on;

@@ -171,6 +171,22 @@ for hook in hooks("_allreduce_async"):
     current[0] = 77
     failed.append(hook(object(), None, "bad", 1, 1.0, 1.0, None))
 
+# the C hook's own work, measured in C (fastrec's meter): every call, then
+# one in 64 standing for 64; the loop's CPU time bounds what it may claim
+import time
+from profiler.collect import selfcost
+c_hook, _ = hooks("_allreduce_async")
+t = tensor(torch.float32, 8)
+cost = {}
+for mode, (first, every, n) in {"every": (1 << 62, 64, 2000), "sampled": (0, 64, 64 * 60)}.items():
+    fast.sampling(first, every)
+    w0, c0 = fast.work_ns(), time.thread_time_ns()
+    for _ in range(n):
+        c_hook(t, None, "cost", 1, 1.0, 1.0, None)
+    c1, w1 = time.thread_time_ns(), fast.work_ns()
+    cost[mode] = {"n": n, "cpu": c1 - c0, "work": [b - a for a, b in zip(w0, w1)]}
+fast.sampling(selfcost.MEASURE_FIRST, selfcost.SAMPLE_EVERY)
+
 # names as JSON lines written by the library (hooks/names.c): escapes,
 # non-ASCII, a name past 4096 bytes cut at a character's start; one id each
 odd = ['q"uote', "back\\slash", "new\nline", "tab\t\x01", "caf\u00e9", "\U0001F600",
@@ -181,7 +197,7 @@ assert [tensors._name_id(n) for n in odd] == odd_ids
 with open(out, "w") as f:
     json.dump({"calls": calls, "errors": errors, "failed": failed,
                "recorded": tensors.tensors_recorded(), "odd": odd, "odd_ids": odd_ids,
-               "fields": tensors.fields_reason()}, f)
+               "fields": tensors.fields_reason(), "cost": cost}, f)
 '''
 
 FIELDS = ("bytes", "count", "dtype", "dtype_size", "redop", "root", "rc", "aux", "flags")
@@ -204,7 +220,9 @@ def test_both_hooks_write_the_same_records(job: tuple[dict, Path, str]) -> None:
     names = read_tensor_names(prof / "raw" / "rank-00000.hvprof")
     rec = raw.records[raw.records["op"] == 35]  # APP_TENSOR
     expected = sum(2 * c["records"] for c in out["calls"])
-    assert len(rec) == expected == out["recorded"]
+    measured = sum(c["n"] for c in out["cost"].values())  # after the pairs, all one name
+    assert len(rec) == expected + measured == out["recorded"]
+    assert len(set(rec["seq"][expected:])) == 1
     # the C hook read the tensors through PyTorch's field reader (setup.py builds it)
     assert out["fields"] is None, out["fields"]
     assert raw.header["dropped_records"] == 0
@@ -223,6 +241,25 @@ def test_both_hooks_write_the_same_records(job: tuple[dict, Path, str]) -> None:
             assert got == [f"{prefix}.noname.{1000 + c['k']}"], got
         assert (mine["t_end"] >= mine["t_start"]).all()
         assert (mine["bytes"] == mine["count"] * mine["dtype_size"]).all()
+
+
+def test_c_hook_measures_its_own_work(job: tuple[dict, Path, str]) -> None:
+    """The C hook's work, measured on every call and on one in 64 (standing
+    for 64), is the same work: the two estimates a call agree within a factor
+    of 4.  Neither claims more than the calls took (their thread CPU time), no
+    step hook ran, and the clock reads are counted apart, one set per measured
+    call."""
+    cost = job[0]["cost"]
+    every, sampled = cost["every"], cost["sampled"]
+    for c in (every, sampled):
+        tensor_ns, step_ns, paid_ns = c["work"]
+        assert step_ns == 0, c
+        assert 0 < tensor_ns + paid_ns < c["cpu"], c
+    per_every = every["work"][0] / every["n"]
+    per_sampled = sampled["work"][0] / sampled["n"]
+    assert per_every / 4 < per_sampled < per_every * 4, (per_every, per_sampled)
+    # 60 measured calls pay for their reads, 2000 for theirs
+    assert sampled["work"][2] < every["work"][2] / 10, (sampled, every)
 
 
 def test_values_as_horovod_passes_them(job: tuple[dict, Path, str]) -> None:

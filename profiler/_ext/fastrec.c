@@ -43,6 +43,7 @@ typedef int (*record_fn)(uint64_t, uint64_t, uint64_t, uint64_t, uint32_t, int32
                          uint32_t, uint32_t, int32_t, uint64_t);
 static now_fn now_p;
 static record_fn record_p;
+static double (*ticks_per_ns_p)(void);
 static int resolved;
 
 static int resolve(void)
@@ -50,9 +51,10 @@ static int resolve(void)
     if (!resolved) {
         now_p = (now_fn)dlsym(RTLD_DEFAULT, "hvprof_now");
         record_p = (record_fn)dlsym(RTLD_DEFAULT, "hvprof_record_tensor");
+        ticks_per_ns_p = (double (*)(void))dlsym(RTLD_DEFAULT, "hvprof_ticks_per_ns");
         resolved = 1;
     }
-    return now_p && record_p;
+    return now_p && record_p && ticks_per_ns_p;
 }
 
 static PyObject *fr_available(PyObject *self, PyObject *unused)
@@ -226,8 +228,7 @@ static PyObject *fr_steps_hook_end(PyObject *self, PyObject *const *args, Py_ssi
 /* ------------------------------------------------------------------------ */
 /* Hook                                                                      */
 
-static PyObject *g_ids, *g_new_id, *g_redops, *g_dtypes, *g_dtype_info, *g_warn, *g_start,
-    *g_close, *g_wall;
+static PyObject *g_ids, *g_new_id, *g_redops, *g_dtypes, *g_dtype_info, *g_warn;
 static unsigned long long g_count;
 /* Bumped by configure() and in a forked child (whose names start over:
  * tensors.py _after_fork): a Hook's cached ids and reduction ops are used
@@ -239,19 +240,18 @@ static unsigned long long g_calls, g_first = 256, g_every = 64;
 static PyObject *s_numel, *s_dtype, *s_data_ptr, *s_process_set_id, *s_name,
     *s_root_rank, *s_op, *s_process_set, *s_empty;
 
-/* configure(ids, new_id, redops, dtypes, dtype_info, warn, start, close,
- *           wall): the state a Hook shares with profiler.collect.tensors (see
- * there); called once before any Hook runs. */
+/* configure(ids, new_id, redops, dtypes, dtype_info, warn): the state a Hook
+ * shares with profiler.collect.tensors (see there); called once before any
+ * Hook runs. */
 static PyObject *fr_configure(PyObject *self, PyObject *const *args, Py_ssize_t n)
 {
     (void)self;
-    if (n != 9) {
-        PyErr_SetString(PyExc_TypeError, "configure() takes 9 arguments");
+    if (n != 6) {
+        PyErr_SetString(PyExc_TypeError, "configure() takes 6 arguments");
         return NULL;
     }
-    PyObject **slots[] = {&g_ids, &g_new_id, &g_redops, &g_dtypes, &g_dtype_info, &g_warn,
-                          &g_start, &g_close, &g_wall};
-    for (int i = 0; i < 9; i++) {
+    PyObject **slots[] = {&g_ids, &g_new_id, &g_redops, &g_dtypes, &g_dtype_info, &g_warn};
+    for (int i = 0; i < 6; i++) {
         Py_INCREF(args[i]);
         Py_XSETREF(*slots[i], args[i]);
     }
@@ -286,6 +286,72 @@ static PyObject *fr_calls(PyObject *self, PyObject *unused)
 {
     (void)self; (void)unused;
     return PyLong_FromUnsignedLongLong(g_calls);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The hooks' own work, measured by selfcost's rule (profiler.collect.selfcost:
+ * close) in C: a measured invocation reads the library's clock and this
+ * thread's CPU clock around each stretch of its own work (never around what
+ * it wraps); its work is the smaller of the two, the CPU interval less the
+ * reads inside it (a wait for a core is in the wall interval only).  Calling
+ * back into Python for the clocks, as this did before, cost more than the
+ * work it timed and was counted with it.  Sums, ns: per kind of hook, the
+ * work times the invocations it stands for; apart, what the measured
+ * invocations' own CPU clock reads cost. */
+
+static double g_work_ns[2]; /* [0]: Hook (tensors), [1]: StepHook */
+static double g_paid_ns;
+
+static long long thread_cpu_ns(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+typedef struct {
+    uint64_t ticks, t_open; /* library clock: summed, at the open stretch */
+    long long cpu, c_open;  /* thread CPU ns: summed, at the open stretch */
+    int stretches;
+} meter;
+
+static inline void meter_open(meter *m)
+{
+    m->c_open = thread_cpu_ns();
+    m->t_open = now_p();
+}
+
+static inline void meter_close(meter *m)
+{
+    uint64_t t = now_p();
+    long long c = thread_cpu_ns();
+    m->ticks += t - m->t_open;
+    m->cpu += c - m->c_open;
+    m->stretches++;
+}
+
+/* Invocation number `call` of a hook of `kind`, measured as `m`. */
+static void meter_account(const meter *m, int kind, unsigned long long call)
+{
+    long long c0 = thread_cpu_ns(), read = thread_cpu_ns() - c0;
+    double tpn = ticks_per_ns_p();
+    if (read < 0) read = 0;
+    double wall = tpn > 0 ? (double)m->ticks / tpn : 0.0;
+    double by_cpu = (double)(m->cpu - m->stretches * read);
+    double work = wall < by_cpu ? wall : by_cpu;
+    if (work < 0) work = 0;
+    g_work_ns[kind] += work * (double)(call <= g_first ? 1 : g_every);
+    g_paid_ns += (double)((2 * m->stretches + 2) * read);
+}
+
+/* work_ns() -> (tensor hooks, step hooks, clock reads): the hooks' measured
+ * work so far and what measuring it cost, ns (selfcost adds them to the
+ * Python hooks'). */
+static PyObject *fr_work_ns(PyObject *self, PyObject *unused)
+{
+    (void)self; (void)unused;
+    return Py_BuildValue("(LLL)", (long long)g_work_ns[0], (long long)g_work_ns[1],
+                         (long long)g_paid_ns);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -807,53 +873,23 @@ static void hook_failed(HookObject *h)
     PyErr_Clear();
 }
 
-/* selfcost's measurement of a hook's own work (profiler.collect.selfcost:
- * wall(), start(), close()); every failure is dropped. */
-static long long wall_ns(void)
-{
-    PyObject *w = PyObject_CallNoArgs(g_wall);
-    long long v = w ? PyLong_AsLongLong(w) : 0;
-    Py_XDECREF(w);
-    PyErr_Clear();
-    return v;
-}
-
-static PyObject *measure_open(void)
-{
-    PyObject *opened = PyObject_CallNoArgs(g_start);
-    PyErr_Clear();
-    return opened;
-}
-
-/* selfcost.close(opened, before, weight) for invocation number `call`. */
-static void measure_close(PyObject *opened, long long before, unsigned long long call)
-{
-    if (!opened) return;
-    PyObject *b = PyLong_FromLongLong(before);
-    PyObject *wt = PyLong_FromUnsignedLongLong(call <= g_first ? 1 : g_every);
-    PyObject *r = b && wt ? PyObject_CallFunctionObjArgs(g_close, opened, b, wt, NULL) : NULL;
-    Py_XDECREF(r);
-    Py_XDECREF(b);
-    Py_XDECREF(wt);
-    Py_DECREF(opened);
-    PyErr_Clear();
-}
-
 static PyObject *hook_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                  PyObject *kwnames)
 {
     HookObject *h = (HookObject *)self;
-    if (!g_start || !resolve()) return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
+    if (!g_ids || !resolve()) return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
     unsigned long long call = ++g_calls;
     int measured = call <= g_first || call % g_every == 0;
-    long long w0 = measured ? wall_ns() : 0;
     uint64_t t0 = now_p();
-    long long before = measured ? wall_ns() - w0 : 0;
     PyObject *handle = PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
     if (!handle) return NULL; /* Horovod's error, untouched */
-    PyObject *opened = measured ? measure_open() : NULL;
+    meter m = {0};
+    if (measured) meter_open(&m);
     if (hook_record(h, args, PyVectorcall_NARGS(nargsf), kwnames, handle, t0) < 0) hook_failed(h);
-    measure_close(opened, before, call);
+    if (measured) {
+        meter_close(&m);
+        meter_account(&m, 0, call);
+    }
     return handle;
 }
 
@@ -1011,16 +1047,17 @@ static PyObject *step_hook_vectorcall(PyObject *self, PyObject *const *args, siz
     StepHookObject *h = (StepHookObject *)self;
     if (!step_hook_ready(h)) return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
     unsigned long long call = ++g_calls;
-    int measured = g_start && (call <= g_first || call % g_every == 0);
-    long long w0 = measured ? wall_ns() : 0;
+    int measured = g_ids && (call <= g_first || call % g_every == 0);
+    meter m = {0};
+    if (measured) meter_open(&m);
     uint64_t t_in = now_p();
     long long run0 = -1, wait0 = -1;
     int reads = h->kind == STEP_HOOK_SYNC && (!cpu_step_reads_p || cpu_step_reads_p());
     if (reads) self_schedstat(&run0, &wait0);
-    long long before = measured ? wall_ns() - w0 : 0;
+    if (measured) meter_close(&m);
     PyObject *result = PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
     if (!result) return NULL; /* Horovod's error, untouched */
-    PyObject *opened = measured ? measure_open() : NULL;
+    if (measured) meter_open(&m);
     if (h->kind == STEP_HOOK_SYNC) {
         uint64_t t_out = now_p();
         long long run1 = -1, wait1 = -1;
@@ -1030,7 +1067,10 @@ static PyObject *step_hook_vectorcall(PyObject *self, PyObject *const *args, siz
     } else {
         steps_hook_p(t_in, -1);
     }
-    measure_close(opened, before, call);
+    if (measured) {
+        meter_close(&m);
+        meter_account(&m, 1, call);
+    }
     return result;
 }
 
@@ -1140,6 +1180,8 @@ static PyMethodDef methods[] = {
      "the state Hook shares with profiler.collect.tensors"},
     {"count", fr_count, METH_NOARGS, "tensor records written by Hook objects"},
     {"calls", fr_calls, METH_NOARGS, "Hook invocations"},
+    {"work_ns", fr_work_ns, METH_NOARGS,
+     "(tensor hooks, step hooks, clock reads): measured work so far, ns"},
     {"sampling", (PyCFunction)(void (*)(void))fr_sampling, METH_FASTCALL,
      "(measure_first, sample_every): which Hook invocations are measured"},
     {"oldest_pending", fr_oldest_pending, METH_O,

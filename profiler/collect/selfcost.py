@@ -13,21 +13,22 @@ Each measured interval is read on two clocks (:func:`start`, :func:`close`):
 the wall clock (time.perf_counter_ns: the vDSO, no system call), and around
 it this thread's CPU clock (time.thread_time_ns: a system call, several times
 dearer inside a training step than in a quiet loop).  The work is the
-smaller of the two.  The wall interval holds the
-work alone unless the thread waited for a core meanwhile (on a busy node
-Horovod's background threads poll: a wait of a scheduler tick inside a
-10-us hook happens often enough to double a wall-clock mean); the CPU
-interval never holds a wait but holds parts of its own two system calls.
-The estimate is an upper bound: a measured invocation runs its work right
-after a system call, with colder caches than an unmeasured one.  The CPU
-reads are
-priced from one more read right after (:func:`close`).  What runs before
-the hook's first read (the call into it) is not counted.  The C side
-states its share in the raw file's header: the per-call cost calibrated at
-start-up (call_cost_ns) and the helper thread's CPU time (helper_cpu_ns).
-:func:`snapshot` is written into ranks/rank-R.json by the rank itself at
-exit (profiler.collect.facts), with the process's CPU time to relate them
-to; the trace's summary of it all is profiler.build.selfcost.job_summary.
+smaller of the two.  The wall interval holds the work alone unless the
+thread waited for a core meanwhile (on a busy node Horovod's background
+threads poll: a wait of a scheduler tick inside a 10-us hook happens often
+enough to double a wall-clock mean); the CPU interval never holds a wait but
+holds parts of its own two system calls.  The estimate is an upper bound: a
+measured invocation runs its work right after a system call, with colder
+caches than an unmeasured one.  The CPU reads are priced from one more read
+right after (:func:`close`).  What runs before the hook's first read (the
+call into it) is not counted.  The C hooks (profiler._fastrec) follow the
+same rule from C, with the library's clock for the wall interval
+(:func:`count_elsewhere`).  The library states its share in the raw file's
+header: the per-call cost calibrated at start-up (call_cost_ns) and the
+helper thread's CPU time (helper_cpu_ns).  :func:`snapshot` is written into
+ranks/rank-R.json by the rank itself at exit (profiler.collect.facts), with
+the process's CPU time to relate them to; the trace's summary of it all is
+profiler.build.selfcost.job_summary.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def add_python(work_ns: int, paid_ns: int = 0, weight: int | None = None) -> Non
 
 
 _counters: list[Callable[[], int]] = []
+_work: list[Callable[[], int]] = []
 _notes: dict[str, str] = {}
 
 
@@ -87,11 +89,13 @@ def note(key: str, text: str) -> None:
     _notes[key] = text
 
 
-def count_elsewhere(counter: Callable[[], int]) -> None:
-    """Invocations of a hook that samples by :func:`sample`'s rule with its
-    own count (the C tensor hook: profiler._fastrec.calls): added to
-    python_calls in :func:`snapshot`."""
+def count_elsewhere(counter: Callable[[], int], work_ns: Callable[[], int]) -> None:
+    """Invocations of hooks that sample by :func:`sample`'s rule with their
+    own count, and the work they measured by :func:`close`'s rule (the C
+    hooks: profiler._fastrec.calls, work_ns): added to python_calls and
+    python_ns in :func:`snapshot`."""
     _counters.append(counter)
+    _work.append(work_ns)
 
 
 def start() -> tuple[int, int]:
@@ -120,7 +124,8 @@ def snapshot() -> dict[str, Any]:
     tf = sys.modules.get("profiler.collect.tf_kernels")
     kernels = tf.cost() if tf is not None else None  # type: ignore[attr-defined]
     calls = python_calls + sum(int(c()) for c in _counters)
-    return {"python_hook_ns": int(python_ns), "python_hook_calls": int(calls),
+    work = python_ns + sum(int(w()) for w in _work)
+    return {"python_hook_ns": int(work), "python_hook_calls": int(calls),
             **(kernels or {}), **_notes,
             "process_cpu_ns": int((ru.ru_utime + ru.ru_stime) * 1e9),
             "process_wall_ns": _process_wall_ns()}

@@ -231,10 +231,9 @@ def fast_module() -> Any:
                 # a compiled extension: no source for the import graph to follow
                 mod = importlib.import_module("profiler._fastrec")
                 if mod.available() and hasattr(mod, "Hook"):
-                    mod.configure(_ids, _name_id, REDUCE_OPS, _DTYPES, _dtype_info, _warn_once,
-                                  _start, _close, _wall)
+                    mod.configure(_ids, _name_id, REDUCE_OPS, _DTYPES, _dtype_info, _warn_once)
                     mod.sampling(selfcost.MEASURE_FIRST, selfcost.SAMPLE_EVERY)
-                    selfcost.count_elsewhere(mod.calls)
+                    selfcost.count_elsewhere(mod.calls, lambda: sum(mod.work_ns()))
                     _fast = mod
                     _use_torch_fields(mod)
             except ImportError:
