@@ -17,8 +17,11 @@ nn.Linear(96, 96), 12 gradient tensors) with the library loaded.  Two parts:
   (the DistributedOptimizer step/synchronize wrappers and the tensor entry
   points) and off (Horovod's own functions: horovod_hooks.unpatch_module,
   tensors.unpatch_module); the main thread's CPU time per step in each
-  block (no waits in it), and the difference of the medians.  The MPI
-  wrappers stay on in both: what is compared is the Python side alone.
+  block (no waits in it), and the difference of the medians; the same for
+  the forward and backward passes alone (where the tensor hooks run, without
+  synchronize's polling); ``--toggle tensors`` switches the tensor hooks
+  alone.  The MPI wrappers stay on in both: what is compared is the Python
+  side alone.
 """
 
 from __future__ import annotations
@@ -61,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inside", type=int, default=0, metavar="STEPS",
                    help="first, STEPS steps with every hook invocation measured")
     p.add_argument("--calls", type=int, default=2000, help="calls per piece")
+    p.add_argument("--toggle", choices=("all", "tensors"), default="all",
+                   help="whole steps: switch every Python-side hook (all) or the tensor "
+                        "hooks alone, the step hooks staying on (tensors)")
     p.add_argument("--wall-only", action="store_true",
                    help="with --inside: time each invocation on the wall clock alone (no "
                         "thread-clock system call before it, which leaves its work colder)")
@@ -87,12 +93,19 @@ def main(argv: list[str] | None = None) -> int:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     rank = hvd.rank()
 
-    def train(n: int, first: int) -> None:
+    def train(n: int, first: int) -> int:
+        """n steps; returns the main thread's CPU ns in their forward and
+        backward passes (the tensor hooks run there; synchronize's polling
+        does not)."""
+        passes = 0
         for s in range(first, first + n):
             opt.zero_grad()
             x, y = wl.batch(rank, s % 50)
+            c0 = time.thread_time_ns()
             wl.loss(model(x), y).backward()
+            passes += time.thread_time_ns() - c0
             opt.step()
+        return passes
 
     train(30, 0)  # warm: caches, Horovod's response cache, first records
     out: dict[str, Any] = {}
@@ -188,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     # -- whole steps, hooks on/off in alternating blocks -----------------
     cpu: dict[str, list[float]] = {"on": [], "off": []}
     wall: dict[str, list[float]] = {"on": [], "off": []}
+    passes: dict[str, list[float]] = {"on": [], "off": []}
     rng = random.Random(args.seed)  # the same on every rank
     order: list[str] = []
     for _ in range(args.blocks):
@@ -195,25 +209,33 @@ def main(argv: list[str] | None = None) -> int:
     step = 30
     for arm in order:
         if arm == "off":
-            horovod_hooks.unpatch_module(hopt)
+            if args.toggle == "all":
+                horovod_hooks.unpatch_module(hopt)
             tensors.unpatch_module(mpi_ops)
         train(5, step)
         step += 5
         c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
-        train(args.steps, step)
+        p_ns = train(args.steps, step)
         cpu[arm].append((time.thread_time_ns() - c0) / args.steps)
         wall[arm].append((time.perf_counter_ns() - w0) / args.steps)
+        passes[arm].append(p_ns / args.steps)
         step += args.steps
         if arm == "off":
-            horovod_hooks.patch_module(hopt)
+            if args.toggle == "all":
+                horovod_hooks.patch_module(hopt)
             tensors.patch_module(mpi_ops)
     if rank == 0 and args.blocks:
-        for what, d in (("main thread CPU", cpu), ("wall", wall)):
+        which = "every Python-side hook" if args.toggle == "all" else "the tensor hooks"
+        print(f"  switched: {which}")
+        for what, d in (("main thread CPU", cpu), ("wall", wall),
+                        ("forward and backward passes' CPU", passes)):
             ratios = [a / b for a, b in zip(d["on"], d["off"])]
             gm, lo, hi = geo_ci(ratios, args.seed)
             print(f"  {what} per step, hooks on / off ({len(ratios)} pairs): {gm:.4f} "
                   f"[{lo:.4f}, {hi:.4f}]; medians on {statistics.median(d['on']) / 1e3:.1f}"
-                  f" us, off {statistics.median(d['off']) / 1e3:.1f} us")
+                  f" us, off {statistics.median(d['off']) / 1e3:.1f} us, difference of the "
+                  f"medians {(statistics.median(d['on']) - statistics.median(d['off'])) / 1e3:+.1f}"
+                  " us")
         print(f"  pid {os.getpid()}, steps recorded {steps.steps_recorded()}")
     hvd.shutdown()
     return 0
