@@ -336,9 +336,9 @@ static void meter_account(const meter *m, int kind, unsigned long long call)
     long long c0 = thread_cpu_ns(), read = thread_cpu_ns() - c0;
     double tpn = ticks_per_ns_p();
     if (read < 0) read = 0;
-    double wall = tpn > 0 ? (double)m->ticks / tpn : 0.0;
     double by_cpu = (double)(m->cpu - m->stretches * read);
-    double work = wall < by_cpu ? wall : by_cpu;
+    double work = by_cpu; /* the library's clock unknown yet: the CPU alone */
+    if (tpn > 0 && (double)m->ticks / tpn < by_cpu) work = (double)m->ticks / tpn;
     if (work < 0) work = 0;
     g_work_ns[kind] += work * (double)(call <= g_first ? 1 : g_every);
     g_paid_ns += (double)((2 * m->stretches + 2) * read);
