@@ -10,7 +10,9 @@ outputs, dtypes of 1, 2 and 8 bytes, reduction ops, roots and process sets
 pair of calls must leave the same APP_TENSOR records (every field but the
 times) and return the entry point's handle; an error of the entry point
 reaches the caller unchanged from both; a recording that fails (an argument
-that is no tensor) costs a warning, once, and never the call."""
+that is no tensor) costs a warning, once, and never the call.  The C hook
+measures its own work in C (selfcost's rule, on every call or on one in 64)
+within what the calls took."""
 
 from __future__ import annotations
 
