@@ -105,6 +105,8 @@ C_ONLY: dict[str, str] = {
                            "(hooks/steps.c: hvprof_steps_user_sampling, SAMPLE_STEPS)",
     "hvprof_record_op_tensor": "the TensorFlow kernels' tensor records "
                                "(hooks/tf/kernels.cc, on TensorFlow's threads, no Python)",
+    "hvprof_ticks_per_ns": "the C hooks' own-work meter (profiler/_ext/fastrec.c, through "
+                           "dlsym): the library's clock in ns",
     "hvprof_nccl_flush": "called by hvprof_nccl_finish (Python calls that); exported for C "
                          "applications that collect device times mid-run",
 }
