@@ -317,8 +317,9 @@ def main(argv: list[str] | None = None) -> int:
         base_slow = [r["slow_share"] for r in off.values() if r.get("slow_share") is not None]
         if slow and base_slow:
             summary[arm]["slow_share"] = statistics.median(slow)
-            print(f"    steps of 1.5x the median or more, median of the rounds: unprofiled "
-                  f"{statistics.median(base_slow):.1%}, {arm} {statistics.median(slow):.1%}")
+            print(f"    steps of 1.5x the fast ones (p10) or more, median of the rounds: "
+                  f"unprofiled {statistics.median(base_slow):.1%}, {arm} "
+                  f"{statistics.median(slow):.1%}")
         base_q = phase_quantiles(list(off.values()))
         for key, label in PHASE_QUANTILES.items():
             if key in quant and key in base_q:
