@@ -331,9 +331,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{label} {phases[k][0]:+.1f} us ({phases[k][1]:+.1f} to {phases[k][2]:+.1f})"
                 for k, label in zip(PHASES, ("compute", "its CPU", "optimizer step",
                                              "its CPU")) if k in phases))
+    by = {(r["round"], r["arm"]): r["steps_per_s"] for r in runs}
     for pair in args.pair:
         a, _, b = pair.partition(":")
-        by = {(r["round"], r["arm"]): r["steps_per_s"] for r in runs}
         rate = [by[(n, a)] / by[(n, b)] for n in range(args.rounds)
                 if (n, a) in by and (n, b) in by]
         if not rate:
