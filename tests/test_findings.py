@@ -181,6 +181,35 @@ def test_advise_fits_the_terminal(width: int) -> None:
     assert "\u2026" not in text
 
 
+def test_advise_files_each_unclaimed_finding_under_what_it_is() -> None:
+    # A finding that claims no cost is a description, not noise: a step that
+    # waits 0.7 ms for Horovod's cycle is listed with its reason, not "below
+    # the noise floor"; a cost the noise hides is; a failed test is "not
+    # claimed".
+    from profiler.analysis.findings import Advice
+    from profiler.analysis.findings.base import Finding
+    from profiler.cli.advise import render
+
+    a = Advice(path="t.json", header={"ranks": 2, "hosts": 1}, findings=[
+        Finding(key="horovod_wait", headline="Tensors wait 709 us per step for Horovod",
+                details=["568 us waiting for Horovod's next cycle", "second line"]),
+        Finding(key="efficiency", headline="Transfers run at 88%", cost_ms=0.0097,
+                cost_interval_ms=(0.0066, 0.0128)),
+        Finding(key="late_ranks", headline="Rank 1 is last", cost_ms=0.5,
+                not_claimed="chance explains it"),
+    ])
+    lines = render(a, width=100).splitlines()
+    heads = {h: lines.index(h) for h in ("Not claimed:", "Below the noise floor:",
+                                          "Measured, no cost claimed:")}
+    at = {k: next(i for i, x in enumerate(lines) if k in x)
+          for k in ("Tensors wait", "Transfers run", "Rank 1 is last")}
+    assert heads["Not claimed:"] < at["Rank 1 is last"] < heads["Below the noise floor:"]
+    assert heads["Below the noise floor:"] < at["Transfers run"] < heads[
+        "Measured, no cost claimed:"] < at["Tensors wait"]
+    assert "568 us waiting for Horovod's next cycle" in lines[at["Tensors wait"]]
+    assert "second line" not in "\n".join(lines)
+
+
 def test_advise_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
     p = _cli("advise", str(tmp_path / "nothing.json"))
     assert p.returncode == 2

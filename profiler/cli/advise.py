@@ -201,8 +201,13 @@ def render(a: Any, *, width: int = 100) -> str:
     if not sig:
         out += textwrap.wrap("no significant finding: nothing measured here costs more than "
                              "the run-to-run noise, or passed its test.", width=width) + [""]
-    minor = [f for f in a.minor if not getattr(f, "not_claimed", "")]
+    # Three kinds of finding that are not claimed, each under what it is: one
+    # that failed its test, one whose cost the noise hides, and one that
+    # claims no cost at all (a description, however large the part it
+    # describes: a long wait for Horovod's cycle is not noise).
     unclaimed = [f for f in a.minor if getattr(f, "not_claimed", "")]
+    minor = [f for f in a.minor if not getattr(f, "not_claimed", "") and f.cost_ms is not None]
+    described = [f for f in a.minor if not getattr(f, "not_claimed", "") and f.cost_ms is None]
     if unclaimed:
         out.append("Not claimed:")
         for f in unclaimed:
@@ -212,6 +217,11 @@ def render(a: Any, *, width: int = 100) -> str:
         out.append("Below the noise floor:")
         for f in minor:
             out += wrap.wrap(f"{f.headline} {_cost(f)}".rstrip())
+        out.append("")
+    if described:
+        out.append("Measured, no cost claimed:")
+        for f in described:
+            out += wrap.wrap(f.headline + (f": {f.details[0]}" if f.details else ""))
         out.append("")
     if a.limits:
         out.append("Cannot conclude:")
