@@ -188,6 +188,7 @@ def test_advise_files_each_unclaimed_finding_under_what_it_is() -> None:
     # claimed".
     from profiler.analysis.findings import Advice
     from profiler.analysis.findings.base import Finding
+
     from profiler.cli.advise import render
 
     a = Advice(path="t.json", header={"ranks": 2, "hosts": 1}, findings=[

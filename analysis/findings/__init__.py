@@ -5,7 +5,9 @@ with `analyze(ctx) -> list[Finding]`:
 * late_ranks: which rank the others wait for (tested against chance), and the
   waiting no rank causes (rank_waiting);
 * horovod_cycle: the time tensors wait for Horovod's cycle (cycle_time when
-  HOROVOD_CYCLE_TIME is longer than the default, else horovod_wait);
+  HOROVOD_CYCLE_TIME is longer than the default, else horovod_wait), and the
+  steps that wait a whole cycle more than the fast ones (second_cycles:
+  step times in peaks a cycle apart, tested against one spread);
 * cpu_contention: threads of the job waiting for a CPU (schedstat);
 * uneven_data: ranks waiting in hvd.join for a rank with more batches (the
   time in join, apart from the steps the ranks share);

@@ -9,11 +9,31 @@ A finding names HOROVOD_CYCLE_TIME only when the job ran with a cycle longer
 than Horovod's default: the idle part of the cycle grows with the cycle time,
 so the cost is the idle part a default cycle would not have spent
 (idle x (1 - default / cycle)).  At the default cycle the part is reported,
-and claims nothing: no setting would shorten it."""
+and claims nothing: no setting would shorten it.
+
+``second_cycles``: the steps take one cycle or more.  A step's gradients
+that miss the cycle under way wait for the next one, so where the compute
+sits near a cycle's length the step times fall in peaks one cycle apart: the
+fast steps, and steps a whole cycle (or two) longer.  The claim is that
+peak: as many steps sit near the fast level plus one cycle as on the way
+to it, which no one-peaked spread of step times gives (step times spread
+evenly over a cycle, as gradients arriving at random moments of it would
+make them, or any noise whose density falls off above the fast steps).
+The test: of the steps between 0.35 and 0.65 of a cycle above the fast
+level (the trough) and between 0.8 and 1.2 (the peak), the peak holds more
+than its width's share (binomial, p < 0.01).  What it explains is drawn
+from the wait for Horovod: for the steps that sit within a quarter cycle of
+a whole number of cycles above the fast level, their wait beyond the fast
+steps' (their compute is often longer too, where the cycle's work shares
+the core: that stays in the compute part).  Such a job answers any change
+in its compute by whole cycles: a few microseconds added to the backward
+pass (the profiler's own among them) move steps across the edge, and cost
+several times their length in rate."""
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from profiler.formats.horovod_env import DEFAULT_CYCLE_MS
 from profiler.formats.horovod_env import settings as horovod_settings
@@ -21,14 +41,129 @@ from profiler.units import fmt_ms
 
 from .base import MIN_STEPS, Context, Finding, bootstrap_mean
 
+#: Steps needed to tell one peak from two.
+EDGE_STEPS = 30
+#: The windows of the test, in cycles above the fast level: the trough and the
+#: peak of a step that waited one cycle more.
+TROUGH = (0.35, 0.65)
+PEAK = (0.8, 1.2)
+#: A step within this share of a cycle of k whole cycles above the fast level
+#: waited k cycles more.
+NEAR = 0.25
+EDGE_ALPHA = 0.01
+
+EDGE_NULL = ("one peak of step times: spread evenly over a cycle or falling off above the "
+             "fast steps, as many steps half a cycle above them as a whole cycle above "
+             f"(binomial, p < {EDGE_ALPHA:g})")
+
 NULL = ("Horovod's default cycle (1 ms): the idle part of a cycle shrinks in proportion to "
         "the cycle time; at the default there is no setting to recommend")
+
+
+def _second_cycles(ctx: Context, per: pd.DataFrame, cycle: float,
+                   env: dict) -> Finding | None:
+    """The steps that waited whole cycles more than the fast ones (module
+    docstring); None when there are too few steps or no cycle to test."""
+    from ..stats import binom_sf
+    from .contention import UNCONTENDED_SHARE
+    from .step_time import _horovod_thread_wait
+
+    per = per.loc[np.isfinite(per["wall_ms"].to_numpy())]
+    w = per["wall_ms"].to_numpy()
+    if len(w) < EDGE_STEPS or not cycle > 0:
+        return None
+    low = float(np.percentile(w, 10))
+    fast = float(np.median(w[w < low + cycle / 2]))
+    above = (w - fast) / cycle
+
+    def between(lo: float, hi: float) -> int:
+        return int(((above >= lo) & (above < hi)).sum())
+
+    trough, peak = between(*TROUGH), between(*PEAK)
+    p_peak = (PEAK[1] - PEAK[0]) / (PEAK[1] - PEAK[0] + TROUGH[1] - TROUGH[0])
+    p = binom_sf(peak, trough + peak, p_peak) if trough + peak else 1.0
+    k = np.rint(above)
+    waited = (k >= 1) & (np.abs(above - k) <= NEAR)
+    # what the missed cycles explain, drawn from the wait for Horovod alone: a
+    # waited step's wait beyond the fast steps' (its compute, longer too where
+    # the cycle's work shares the core, is left to the compute part)
+    hv = per["horovod_ms"].to_numpy()
+    base_hv = float(np.median(hv[np.abs(above) <= NEAR])) if (np.abs(above) <= NEAR).any() \
+        else 0.0
+    extra = np.where(waited, np.maximum(hv - base_hv, 0.0), 0.0)
+    share = float(waited.mean())
+    mean, lo, hi = bootstrap_mean(extra)
+    slow = float(np.median(w[waited])) if waited.any() else float("nan")
+    passed = p < EDGE_ALPHA and peak > 0
+    test = (f"{peak} steps a cycle above the fast ones against {trough} half a cycle above "
+            f"(p = {p:.2g}" if p >= 1e-3 else
+            f"{peak} steps a cycle above the fast ones against {trough} half a cycle above "
+            "(p < 0.001")
+    test += f", {len(w)} steps)"
+    if not passed:
+        if peak < 0.05 * len(w):  # nothing that looks like a second peak: nothing to say
+            return None
+        return Finding(
+            key="second_cycles",
+            headline=(f"{peak / len(w):.0%} of the steps take about a cycle more than the "
+                      "fast ones"),
+            details=[test + "."], cost_ms=None, confidence=f"{len(w)} steady steps",
+            null=EDGE_NULL, part="horovod",
+            not_claimed=(test + ": as many steps sit on the way to a cycle above the fast "
+                         "ones, so the step times are one spread, not steps that missed "
+                         "Horovod's cycle"),
+            numbers={"cycle_time_ms": cycle, "fast_ms": fast, "trough": trough,
+                     "peak": peak, "p_value": p, "steps": len(w)})
+    share_bg, _ = _horovod_thread_wait(ctx)
+    contended = bool(np.isfinite(share_bg) and share_bg >= UNCONTENDED_SHARE)
+    set_ = "HOROVOD_CYCLE_TIME" in env
+    details = [
+        f"the fast steps take {fmt_ms(fast)}; {share:.0%} of the steps take whole cycles more "
+        f"({fmt_ms(slow)} at the median), HOROVOD_CYCLE_TIME={cycle:g} ms"
+        + ("" if set_ else " (the default)") + ": their last gradients missed the cycle "
+        "under way and waited for the next.",
+        test + ".",
+        "such a job answers any change in its compute by whole cycles: a few microseconds "
+        "added to the backward pass (the profiler's own among them) move steps across the "
+        "edge and cost several times their length in rate; compare rates with that in mind.",
+    ]
+    rec = check = ""
+    if contended:
+        details.append(f"a shorter cycle would make a missed cycle cheaper, but Horovod's "
+                       f"background thread already waits for a core ({share_bg:.0%} of its "
+                       "run time): waking it more often would cost the compute more.")
+    else:
+        rec = (f"HOROVOD_CYCLE_TIME={cycle / 2:g} makes a missed cycle cost half as much; "
+               "its background thread then wakes twice as often, which costs where cores "
+               "are short")
+        check = (f"HOROVOD_CYCLE_TIME={cycle / 2:g} ...; then profiler compare BEFORE AFTER "
+                 "(the step times and this finding's share)")
+    return Finding(
+        key="second_cycles",
+        headline=(f"{share:.0%} of the steps wait a whole Horovod cycle more than the fast "
+                  f"ones ({fmt_ms(slow)} against {fmt_ms(fast)})"),
+        details=details, cost_ms=mean, cost_interval_ms=(lo, hi), cost_label="explains",
+        cost_img_s=ctx.cost_img_s(mean),
+        confidence=f"95% interval over {len(w)} steady steps",
+        recommendation=rec, check=check,
+        numbers={"cycle_time_ms": cycle, "fast_ms": fast, "slow_ms": slow,
+                 "share": share, "trough": trough, "peak": peak, "p_value": p,
+                 "explains_ms": mean, "steps": len(w)},
+        significant=ctx.significant(lo), part="horovod", null=EDGE_NULL)
 
 
 def analyze(ctx: Context) -> list[Finding]:
     bd = ctx.breakdown
     if ctx.n_steps < MIN_STEPS or bd.empty or not (bd["source"] == "sync").any():
         return []
+    found = _cycle_wait(ctx, bd)
+    env = ctx.meta.get("env") or {}
+    per = bd.loc[bd["source"] == "sync"].groupby("step")[["wall_ms", "horovod_ms"]].mean()
+    edge = _second_cycles(ctx, per, horovod_settings(env).cycle_time_ms, env)
+    return found + ([edge] if edge is not None else [])
+
+
+def _cycle_wait(ctx: Context, bd: pd.DataFrame) -> list[Finding]:
     per = bd.loc[bd["source"] == "sync"].groupby("step")[
         ["horovod_ms", "negotiation_ms", "completion_ms"]].mean()
     idle = np.maximum(per["horovod_ms"] - per["negotiation_ms"] - per["completion_ms"], 0.0)
