@@ -15,10 +15,11 @@ and claims nothing: no setting would shorten it.
 that miss the cycle under way wait for the next one, so where the compute
 sits near a cycle's length the step times fall in peaks one cycle apart: the
 fast steps, and steps a whole cycle (or two) longer.  The claim is that
-peak: as many steps sit near the fast level plus one cycle as on the way
-to it, which no one-peaked spread of step times gives (step times spread
-evenly over a cycle, as gradients arriving at random moments of it would
-make them, or any noise whose density falls off above the fast steps).
+peak: steps gather more densely a cycle above the fast level than half a
+cycle above it, which no one-peaked spread of step times gives (step times
+spread evenly over a cycle, as gradients arriving at random moments of it
+would make them, or any noise whose density falls off above the fast
+steps).
 The test: of the steps between 0.35 and 0.65 of a cycle above the fast
 level (the trough) and between 0.8 and 1.2 (the peak), the peak holds more
 than its width's share (binomial, p < 0.01).  What it explains is drawn
