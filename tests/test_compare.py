@@ -102,6 +102,19 @@ def test_golden_fused_vs_unfused() -> None:
     assert steps.loc["data_calls_per_step", "baseline_value"] < 6.0
 
 
+def test_verdict_says_images_were_not_recorded() -> None:
+    # steps without a batch size count 0 images: "0 vs 0, within the noise"
+    # would read as a verdict on throughput
+    from profiler.cli.compare import _verdict
+
+    for images, want in ((0, "  images/sec: not recorded"), (32, "  images/sec: ")):
+        t = compare(concat(training(steps=12, label="a", images=images),
+                           training(steps=12, label="b", images=images)))
+        lines = _verdict("b", "a", t.loc[t["label"] == "b"])
+        assert lines[1].startswith(want) and lines[2].startswith("  step time (ms): ")
+        assert ("not recorded" in lines[1]) == (images == 0)
+
+
 def test_cli_compare_json_and_table(tmp_path: Path) -> None:
     a, b = str(GOLDEN / "fused" / "trace.json"), str(GOLDEN / "unfused" / "trace.json")
     p = profiler_cli("compare", a, b, "--labels", "fused,unfused", "--format", "json",

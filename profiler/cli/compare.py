@@ -141,8 +141,15 @@ def _verdict(label: str, base: str, part: Any) -> list[str]:
     steps = part.loc[part["bucket"] == ""]
     for metric, name in _VERDICT_METRICS:
         rows = steps.loc[steps["metric"] == metric]
-        if len(rows):
-            out.append(_row_text(name, next(rows.itertuples(index=False))))
+        if not len(rows):
+            continue
+        r = next(rows.itertuples(index=False))
+        if metric == "images_per_s" and not r.value and not r.baseline_value:
+            # steps with no batch size: "0 vs 0, within the noise" would read as a verdict
+            out.append("  images/sec: not recorded (the steps carry no batch size; "
+                       "HOROVOD_PROFILE_BATCH_SIZE=N gives each step its images)")
+            continue
+        out.append(_row_text(name, r))
     if len(out) == 1:
         out.append("  no steps recorded in both traces: no images/sec or step-time verdict")
     sig = part.loc[(part["significant"] == True)  # noqa: E712 - the column holds None too
