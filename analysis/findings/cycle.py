@@ -119,10 +119,9 @@ def _second_cycles(ctx: Context, per: pd.DataFrame, cycle: float,
     contended = bool(np.isfinite(share_bg) and share_bg >= UNCONTENDED_SHARE)
     set_ = "HOROVOD_CYCLE_TIME" in env
     details = [
-        f"the fast steps take {fmt_ms(fast)}; {share:.0%} of the steps take whole cycles more "
-        f"({fmt_ms(slow)} at the median), HOROVOD_CYCLE_TIME={cycle:g} ms"
-        + ("" if set_ else " (the default)") + ": their last gradients missed the cycle "
-        "under way and waited for the next.",
+        f"HOROVOD_CYCLE_TIME={cycle:g} ms" + ("" if set_ else " (the default)")
+        + ": in those steps the last gradients missed the cycle under way and waited for "
+        "the next (or two).",
         test + ".",
         "such a job answers any change in its compute by whole cycles: a few microseconds "
         "added to the backward pass (the profiler's own among them) move steps across the "
