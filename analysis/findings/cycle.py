@@ -83,24 +83,10 @@ def _second_cycles(ctx: Context, per: pd.DataFrame, cycle: float,
     trough, peak = between(*TROUGH), between(*PEAK)
     p_peak = (PEAK[1] - PEAK[0]) / (PEAK[1] - PEAK[0] + TROUGH[1] - TROUGH[0])
     p = binom_sf(peak, trough + peak, p_peak) if trough + peak else 1.0
-    k = np.rint(above)
-    waited = (k >= 1) & (np.abs(above - k) <= NEAR)
-    # what the missed cycles explain, drawn from the wait for Horovod alone: a
-    # waited step's wait beyond the fast steps' (its compute, longer too where
-    # the cycle's work shares the core, is left to the compute part)
-    hv = per["horovod_ms"].to_numpy()
-    base_hv = float(np.median(hv[np.abs(above) <= NEAR])) if (np.abs(above) <= NEAR).any() \
-        else 0.0
-    extra = np.where(waited, np.maximum(hv - base_hv, 0.0), 0.0)
-    share = float(waited.mean())
-    mean, lo, hi = bootstrap_mean(extra)
-    slow = float(np.median(w[waited])) if waited.any() else float("nan")
     passed = p < EDGE_ALPHA and peak > 0
+    p_text = "p < 0.001" if p < 1e-3 else f"p = {p:.2g}"
     test = (f"{peak} steps a cycle above the fast ones against {trough} half a cycle above "
-            f"(p = {p:.2g}" if p >= 1e-3 else
-            f"{peak} steps a cycle above the fast ones against {trough} half a cycle above "
-            "(p < 0.001")
-    test += f", {len(w)} steps)"
+            f"({p_text}, {len(w)} steps)")
     if not passed:
         if peak < 0.05 * len(w):  # nothing that looks like a second peak: nothing to say
             return None
@@ -115,6 +101,18 @@ def _second_cycles(ctx: Context, per: pd.DataFrame, cycle: float,
                          "Horovod's cycle"),
             numbers={"cycle_time_ms": cycle, "fast_ms": fast, "trough": trough,
                      "peak": peak, "p_value": p, "steps": len(w)})
+    k = np.rint(above)
+    waited = (k >= 1) & (np.abs(above - k) <= NEAR)
+    # what the missed cycles explain, drawn from the wait for Horovod alone: a
+    # waited step's wait beyond the fast steps' (its compute, longer too where
+    # the cycle's work shares the core, is left to the compute part)
+    hv = per["horovod_ms"].to_numpy()
+    at_fast = np.abs(above) <= NEAR
+    base_hv = float(np.median(hv[at_fast])) if at_fast.any() else 0.0
+    extra = np.where(waited, np.maximum(hv - base_hv, 0.0), 0.0)
+    share = float(waited.mean())
+    mean, lo, hi = bootstrap_mean(extra)
+    slow = float(np.median(w[waited])) if waited.any() else float("nan")
     share_bg, _ = _horovod_thread_wait(ctx)
     contended = bool(np.isfinite(share_bg) and share_bg >= UNCONTENDED_SHARE)
     set_ = "HOROVOD_CYCLE_TIME" in env
