@@ -181,6 +181,7 @@ def test_advise_fits_the_terminal(width: int) -> None:
     assert "\u2026" not in text
 
 
+
 def test_advise_files_each_unclaimed_finding_under_what_it_is() -> None:
     # A finding that claims no cost is a description, not noise: a step that
     # waits 0.7 ms for Horovod's cycle is listed with its reason, not "below
@@ -209,6 +210,26 @@ def test_advise_files_each_unclaimed_finding_under_what_it_is() -> None:
         "Measured, no cost claimed:"] < at["Tensors wait"]
     assert "568 us waiting for Horovod's next cycle" in lines[at["Tensors wait"]]
     assert "second line" not in "\n".join(lines)
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_breakdown_bar_narrows_before_an_interval_is_cut(width: int) -> None:
+    import pandas as pd
+    from profiler.analysis.findings import Advice
+
+    from profiler.cli.advise import render
+
+    bd = pd.DataFrame({"part": ["compute", "wait_ranks", "horovod"],
+                       "label": ["compute and the rest", "waiting for other ranks",
+                                 "waiting for Horovod"],
+                       "ms": [0.9621, 0.03735, 0.408], "lo_ms": [0.9559, 0.03372, 0.3963],
+                       "hi_ms": [0.9683, 0.04098, 0.4196], "share": [0.68, 0.03, 0.29]})
+    a = Advice(path="t.json", header={"ranks": 2, "hosts": 1, "steps": 2998, "step_ms": 1.22},
+               breakdown=bd)
+    lines = render(a, width=width).splitlines()
+    rows = [x for x in lines if x.startswith("  ") and "[" in x]
+    assert len(rows) == 3 and all(x.endswith("]") and len(x) <= width for x in rows)
+    assert "[955.9 us, 968.3 us]" in rows[0]
 
 
 def test_advise_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:

@@ -146,9 +146,10 @@ def header_line(a: Any) -> str:
 BAR_WIDTH = 30
 
 
-def breakdown_lines(a: Any) -> list[str]:
+def breakdown_lines(a: Any, width: int = 160) -> list[str]:
     """'Where a step goes': one line per part of the step breakdown, its mean,
-    interval, share and a bar (empty without a breakdown)."""
+    interval, share and a bar (empty without a breakdown), within `width`:
+    the bar shrinks (to 8 at least) before an interval would be cut."""
     from profiler.units import fmt_ms
 
     bd = getattr(a, "breakdown", None)
@@ -159,15 +160,18 @@ def breakdown_lines(a: Any) -> list[str]:
         return []
     label_w = max(len(str(x)) for x in bd["label"])
     steps = a.header.get("steps") or 0
-    out = [f"Where a step goes (mean of ranks, {steps} steady steps; the parts sum to the "
-           "step):"]
-    for r in bd.itertuples(index=False):
+    out = textwrap.wrap(f"Where a step goes (mean of ranks, {steps} steady steps; the parts "
+                        "sum to the step):", width=width, subsequent_indent="  ")
+    rows = list(bd.itertuples(index=False))
+    ivs = [f"[{fmt_ms(r.lo_ms)}, {fmt_ms(r.hi_ms)}]"
+           if r.hi_ms - r.lo_ms > 0.01 * max(abs(r.ms), 1e-9) else "" for r in rows]
+    fixed = 2 + label_w + 2 + 9 + 1 + 4 + 2 + 1  # the columns around the bar
+    bar_w = max(8, min(BAR_WIDTH, width - fixed - max(len(iv) for iv in ivs)))
+    for r, iv in zip(rows, ivs):
         share = float(r.ms) / total
         pct = "<1%" if 0 < share < 0.005 else f"{share:.0%}"
-        bar = "\u2588" * int(round(share * BAR_WIDTH))
-        iv = (f"[{fmt_ms(r.lo_ms)}, {fmt_ms(r.hi_ms)}]"
-              if r.hi_ms - r.lo_ms > 0.01 * max(abs(r.ms), 1e-9) else "")
-        out.append(f"  {str(r.label):<{label_w}}  {fmt_ms(r.ms):>9} {pct:>4}  {bar:<{BAR_WIDTH}}"
+        bar = "\u2588" * int(round(share * bar_w))
+        out.append(f"  {str(r.label):<{label_w}}  {fmt_ms(r.ms):>9} {pct:>4}  {bar:<{bar_w}}"
                    f" {iv}".rstrip())
     return out
 
@@ -176,7 +180,7 @@ def render(a: Any, *, width: int = 100) -> str:
     """The advice as text a person reads in ten seconds, wrapped to `width`."""
     width = max(60, min(int(width), 160))
     out = textwrap.wrap(header_line(a), width=width, subsequent_indent="  ") + [""]
-    parts = breakdown_lines(a)
+    parts = breakdown_lines(a, width)
     if parts:
         out += [line if len(line) <= width else line[:width].rstrip() for line in parts] + [""]
     wrap = textwrap.TextWrapper(width=width, initial_indent="   ", subsequent_indent="   ")
