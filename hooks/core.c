@@ -1484,8 +1484,10 @@ static void exit_work(void)
 {
     static atomic_int done;
     if (!g.open || g.pid != getpid() || atomic_exchange(&done, 1)) return;
-    hvprof_close(HVPROF_STATE_CLOSED);
     int rank = g.hdr ? g.hdr->rank : -1, world = g.hdr ? g.hdr->world_size : -1;
+    FOR_EACH_BACKEND(b)
+        if (b->exit_begin) b->exit_begin(rank);
+    hvprof_close(HVPROF_STATE_CLOSED);
     FOR_EACH_BACKEND(b)
         if (b->at_exit) b->at_exit(g.dir, g.raw_path, rank, world);
 }

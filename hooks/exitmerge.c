@@ -160,19 +160,26 @@ static int relay(const char *buf, size_t len, int out, char *last, size_t lastn)
     return said;
 }
 
-/* While this process waits, a launcher may end it (mpirun aborts the job
- * when another rank exits with a non-zero status; Slurm, Ctrl-C): the child
- * goes on alone (its own session) and this line, written from the signal
- * handler, says so; then the signal does what it did before. */
+/* From the start of the exit work to the merge's end, a launcher may end
+ * this process (mpirun aborts the job when another rank exits with a
+ * non-zero status; Slurm, Ctrl-C).  Until the merge has started, such a
+ * signal waits (the close and the start take milliseconds): a rank ended
+ * there would leave no trace and say nothing.  Once it has started, the
+ * child goes on alone (its own session) and this line, written from the
+ * signal handler, says so; then the signal does what it did before. */
 static const int end_signals[] = {SIGTERM, SIGINT, SIGHUP};
 #define N_END (sizeof end_signals / sizeof end_signals[0])
 static struct sigaction end_old[N_END];
 static char end_line[1400];
 static size_t end_len;
-static volatile sig_atomic_t end_said;
+static volatile sig_atomic_t end_said, end_armed, end_pending;
 
 static void on_end_signal(int sig)
 {
+    if (!end_armed) { /* the merge is not started yet: after it is */
+        end_pending = sig;
+        return;
+    }
     int saved = errno;
     if (!end_said && end_len) {
         end_said = 1;
@@ -204,6 +211,22 @@ static void end_signals_catch(int on)
                 sigaction(end_signals[i], &end_old[i], NULL);
         }
     }
+}
+
+/* The merge started (the line set) or cannot start (its one line said): a
+ * signal that waited ends the process now, as it would have. */
+static void end_arm(void)
+{
+    end_armed = 1;
+    int sig = end_pending;
+    if (!sig) return;
+    if (!end_said && end_len) {
+        end_said = 1;
+        ssize_t w = write(2, end_line, end_len);
+        (void)w;
+    }
+    end_signals_catch(0);
+    raise(sig);
 }
 
 /* Run the Python merge as a child, bounded.  Prints one line; never fails
@@ -274,7 +297,7 @@ static void exit_merge(const char *dir, const char *raw, int world)
                      "built (pid %d, left running): %s/trace.json appears when it ends; or "
                      "build it with: profiler merge %s\n", (int)pid, dir, dir);
     end_len = n > 0 && (size_t)n < sizeof end_line ? (size_t)n : 0;
-    end_signals_catch(1);
+    end_arm();
 
     static char buf[OUTPUT_KEEP + 1];
     size_t len = 0;
@@ -338,14 +361,24 @@ static void exit_merge(const char *dir, const char *raw, int world)
 
 /* The core's destructor, after the raw file is closed: rank 0 builds the
  * trace, whatever the program. */
+static void exitmerge_exit_begin(int rank)
+{
+    const char *opt = hvprof_setting("HOROVOD_PROFILE_MERGE");
+    if (rank != 0 || (opt && strcmp(opt, "0") == 0)) return;
+    end_signals_catch(1);
+}
+
 static void exitmerge_at_exit(const char *dir, const char *raw, int rank, int world)
 {
     if (rank != 0) return;
     exit_merge(dir, raw, world);
+    end_arm(); /* a merge that could not start: the signal that waited */
+    end_signals_catch(0);
 }
 
 static const hvprof_backend exitmerge_backend = {
     .name = "exitmerge",
+    .exit_begin = exitmerge_exit_begin,
     .at_exit = exitmerge_at_exit,
 };
 

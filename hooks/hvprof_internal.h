@@ -204,6 +204,8 @@ typedef struct hvprof_backend {
     void (*closed)(int at_exit);
     /* In a forked child, after the core has reset its own state. */
     void (*atfork_child)(void);
+    /* Process exit, before the raw file is closed (this process's rank). */
+    void (*exit_begin)(int rank);
     /* Process exit, after the raw file was closed: the profile directory,
      * the raw file, this process's rank and the world size. */
     void (*at_exit)(const char *dir, const char *raw, int rank, int world);

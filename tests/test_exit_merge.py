@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -122,6 +123,33 @@ def test_exit_status_3_after_finalize_is_kept(prog: Path, tmp_path: Path) -> Non
     deadline = time.time() + 60
     while not (prof / "trace.json").is_file() and time.time() < deadline:
         time.sleep(0.2)  # written whole (a temporary file renamed)
+    assert_exact(prof / "trace.json")
+
+
+def test_rank0_ended_just_before_its_merge_starts_still_says_so(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A launcher's SIGTERM after rank 0 closed its raw file and before its
+    merge started (tests/c/exit_status.c, -DTERM_BEFORE_MERGE) waits for the
+    start: the rank is still ended by it, says the one line, and the merge,
+    left running, writes the whole trace.  Before, the rank died silently
+    and no trace came (seen in CI when rank 1's exit 3 made mpirun abort)."""
+    cc = "mpicc.openmpi" if shutil.which("mpicc.openmpi") else "mpicc"
+    exe = tmp_path_factory.mktemp("exitterm") / "exit_term"
+    subprocess.run([cc, "-O1", "-Wall", "-Wextra", "-Werror", "-DTERM_BEFORE_MERGE",
+                    "-rdynamic", str(ROOT / "tests" / "c" / "exit_status.c"), "-o", str(exe),
+                    "-ldl"], check=True)
+    prof = tmp_path / "prof"
+    proc = run_c(exe, prof, tmp_path, 0)
+    assert proc.returncode != 0 and "exited on signal 15" in proc.stderr, proc.stderr
+    lines = said(proc)
+    assert len(lines) == 1, proc.stderr
+    assert re.fullmatch(
+        re.escape(f"{PREFIX}this process was ended while the trace was being built (pid ")
+        + r"\d+" + re.escape(f", left running): {prof}/trace.json appears when it ends; "
+                             f"or build it with: profiler merge {prof}"), lines[0]), lines
+    deadline = time.time() + 60
+    while not (prof / "trace.json").is_file() and time.time() < deadline:
+        time.sleep(0.2)
     assert_exact(prof / "trace.json")
 
 
