@@ -152,3 +152,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("full") is not None:
             item.add_marker(skip)
+
+
+_SESSION_START = 0.0
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _SESSION_START
+    import time
+    _SESSION_START = time.time()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Open MPI's session folders (TMPDIR/ompi.HOST.UID/pid.N) of the jobs the
+    tests killed (a hang, a timeout): mpirun removes its own only when it
+    ends normally.  Only those made during this run whose mpirun is gone."""
+    import tempfile
+    for top in Path(tempfile.gettempdir()).glob("ompi.*"):
+        for d in top.glob("pid.*"):
+            try:
+                pid = int(d.name[4:])
+                if d.stat().st_mtime < _SESSION_START - 1:
+                    continue
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                shutil.rmtree(d, ignore_errors=True)
+            except (ValueError, OSError):
+                continue

@@ -322,6 +322,9 @@ def test_uneven_data_with_join_in_a_custom_loop(tmp_path: Path) -> None:
 
 
 TF_HANG_JOB = """
+    import os, tempfile
+    # autograph's generated modules, which a killed rank never removes: here
+    tempfile.tempdir = os.path.dirname(os.path.abspath(__file__))
     import tensorflow as tf
     import horovod.tensorflow as hvd
     hvd.init()
