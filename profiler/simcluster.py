@@ -58,7 +58,9 @@ MAX_HOSTS = 16
 # remote daemons inherit the launcher's environment here, but the list is
 # passed with -x as on a real cluster).
 FORWARD_PREFIXES = ("HOROVOD_", "NCCL_", "PYTHON", "OMP_", "MKL_")
-FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "HOME", "VIRTUAL_ENV", "TMPDIR")
+# TMPDIR is each host's own (its folder in the cluster's state, gone with
+# it): Open MPI's session folders of a killed job go with the cluster.
+FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "HOME", "VIRTUAL_ENV")
 # Settings for one machine that must not reach a cluster run.
 _DROP_ENV = ("OMPI_MCA_btl", "OMPI_MCA_btl_tcp_if_include", "OMPI_MCA_oob_tcp_if_include",
              "OMPI_MCA_btl_tcp_if_exclude", "OMPI_MCA_oob_tcp_if_exclude", "OMPI_MCA_pml")
@@ -292,20 +294,23 @@ def _rate_bits(rate: str) -> float:
 AGENT = """#!/bin/sh
 # Open MPI's plm_rsh_agent for simulated cluster {name}: `agent.sh HOST CMD...`
 # runs CMD (a shell command, as ssh would) on HOST: its network namespace,
-# its hostname (UTS namespace) and its clock offset (time namespace).
+# its hostname (UTS namespace), its clock offset (time namespace) and its
+# own TMPDIR.
 host=$1; shift
 case "$host" in
 {cases}
   *) echo "simcluster agent: unknown host $host" >&2; exit 255 ;;
 esac
-exec ip netns exec "$ns" unshare --uts --time --monotonic "$off" --boottime "$off" \\
-    /bin/sh -c 'hostname "$0" && eval "$1"' "$host" "$*"
+mkdir -p "$tmp"
+exec ip netns exec "$ns" env TMPDIR="$tmp" unshare --uts --time --monotonic "$off" \\
+    --boottime "$off" /bin/sh -c 'hostname "$0" && eval "$1"' "$host" "$*"
 """
 
 
 def _write_agent(st: ClusterState) -> None:
     cases = "\n".join(
-        f"  {h.name}|{h.ip}) ns={h.ns}; off={h.offset_s} ;;" for h in st.hosts)
+        f"  {h.name}|{h.ip}) ns={h.ns}; off={h.offset_s}; tmp={host_tmp(st, h)} ;;"
+        for h in st.hosts)
     st.dir.mkdir(parents=True, exist_ok=True)
     st.agent.write_text(AGENT.format(name=st.name, cases=cases))
     st.agent.chmod(0o755)
@@ -391,12 +396,20 @@ def _create(hosts: int, offs: list[int], rate: str | None, slots: int, owner: bo
 # running
 
 
+def host_tmp(st: ClusterState, h: Host) -> Path:
+    """A host's TMPDIR: in the cluster's state folder, removed with it."""
+    return st.dir / "tmp" / h.name
+
+
 def host_cmd(st: ClusterState, host: Host | int, argv: Sequence[str]) -> list[str]:
-    """argv run on a host (its namespace, hostname and clock)."""
+    """argv run on a host (its namespace, hostname, clock and TMPDIR)."""
     h = st.hosts[host] if isinstance(host, int) else host
     off = str(h.offset_s)
-    return ["ip", "netns", "exec", h.ns, "unshare", "--uts", "--time", "--monotonic", off,
-            "--boottime", off, "/bin/sh", "-c", 'hostname "$0" && exec "$@"', h.name, *argv]
+    tmp = host_tmp(st, h)
+    tmp.mkdir(parents=True, exist_ok=True)
+    return ["ip", "netns", "exec", h.ns, "env", f"TMPDIR={tmp}", "unshare", "--uts", "--time",
+            "--monotonic", off, "--boottime", off, "/bin/sh", "-c",
+            'hostname "$0" && exec "$@"', h.name, *argv]
 
 
 def mpirun_cmd(st: ClusterState, np: int, argv: Sequence[str], *,
