@@ -10,6 +10,9 @@ Each label is compared with a baseline (the first label unless named) on:
   step breakdown's parts (analysis.breakdown, mean over ranks; the profiler's
   own part stays in compute here, the frame carries no self-cost) where both
   traces have one;
+* the share of steady steps that waited a whole Horovod cycle (or more) beyond
+  the fast ones (analysis.cycles, each trace on its own HOROVOD_CYCLE_TIME,
+  from ``cycles``), where the test finds that second peak in either trace;
 * per power-of-two size bucket (data calls): calls as the lowest rank makes
   them (divided by the number of steps when steps exist, else in total), mean
   and p99 latency over every rank's calls.
@@ -26,7 +29,7 @@ no interval.  Bootstrap uses a fixed seed: results are reproducible.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -34,6 +37,7 @@ import pandas as pd
 from profiler.errors import UsageError
 
 from ._frame import distinct, isin, keys_of, pow2_bucket, timed_calls
+from .cycles import CycleEdge, cycle_edge
 from .throughput import steady_steps, step_table
 
 __all__ = ["compare", "welch", "bootstrap_diff", "STEP_METRICS"]
@@ -187,17 +191,29 @@ def _row(label: str, base: str, metric: str, bucket: str, a: np.ndarray, b: np.n
             "n": int(a.size), "n_baseline": int(b.size)}
 
 
-def _parts(df: pd.DataFrame, label: str, steps: pd.Series) -> pd.DataFrame | None:
-    """Per steady step of one label: the breakdown's parts, mean over ranks
-    (None when the trace has no breakdown)."""
+def _breakdown(df: pd.DataFrame, label: str) -> pd.DataFrame | None:
+    """One label's rank breakdown (None when the trace has none)."""
     from .breakdown import rank_breakdown
 
-    sub = df.loc[isin(df["label"], [label])].drop(columns=["label"])
-    bd = rank_breakdown(sub)
-    if bd.empty or (bd["source"] == "none").all():
+    bd = rank_breakdown(df.loc[isin(df["label"], [label])].drop(columns=["label"]))
+    return None if bd.empty or (bd["source"] == "none").all() else bd
+
+
+def _parts(bd: pd.DataFrame | None, steps: pd.Series) -> pd.DataFrame | None:
+    """Per steady step: the breakdown's parts, mean over ranks."""
+    if bd is None:
         return None
     bd = bd.loc[bd["step"].isin(steps)]
     return bd.groupby("step")[list(BREAKDOWN_METRICS)].mean() if len(bd) else None
+
+
+def _edge(bd: pd.DataFrame | None, steps: pd.Series, cycle: float | None) -> CycleEdge | None:
+    """The cycle test on the steady steps timed from synchronize (as the
+    finding takes them: wall time, mean over ranks)."""
+    if bd is None or not cycle:
+        return None
+    sync = bd.loc[(bd["source"] == "sync") & bd["step"].isin(steps)]
+    return cycle_edge(sync.groupby("step")["wall_ms"].mean().to_numpy(), cycle)
 
 
 def compare(
@@ -211,6 +227,7 @@ def compare(
     seed: int = 0,
     kinds: str | Sequence[str] | None = ("data",),
     ops: str | Sequence[str] | None = None,
+    cycles: Mapping[str, float] | None = None,
 ) -> pd.DataFrame:
     """Every label against the baseline; one row per (label, metric, bucket).
 
@@ -218,7 +235,8 @@ def compare(
     bucket's upper bound in bytes as text), value, baseline_value, diff, rel_diff,
     ci_low, ci_high (95% bootstrap interval of the difference), p_value (Welch,
     per-step metrics), significant (True/False, None when no interval), n,
-    n_baseline (samples: steps or calls)."""
+    n_baseline (samples: steps or calls).  cycles: each label's
+    HOROVOD_CYCLE_TIME in ms, for the share of steps a whole cycle late."""
     chosen, base = _labels(df, labels, baseline)
     rng = np.random.default_rng(seed)
     rows: list[dict[str, object]] = []
@@ -240,7 +258,16 @@ def compare(
                 b = per_step[base][col].to_numpy(dtype=float)
                 a, b = a[np.isfinite(a)], b[np.isfinite(b)]
                 rows.append(_row(lb, base, metric, "", a, b, _mean, True, rng, n_boot))
-        parts = {lb: _parts(df, lb, per_step[lb]["step"]) for lb in chosen}
+        bds = {lb: _breakdown(df, lb) for lb in chosen}
+        parts = {lb: _parts(bds[lb], per_step[lb]["step"]) for lb in chosen}
+        edges = {lb: _edge(bds[lb], per_step[lb]["step"], (cycles or {}).get(lb))
+                 for lb in chosen}
+        for lb in chosen:
+            ea, eb = edges[lb], edges[base]
+            if lb != base and ea is not None and eb is not None and (ea.passed or eb.passed):
+                rows.append(_row(lb, base, "second_cycle_share", "",
+                                 ea.waited.astype(float), eb.waited.astype(float), _mean,
+                                 True, rng, n_boot))
         if all(p is not None for p in parts.values()):
             for lb in chosen:
                 if lb == base:

@@ -444,7 +444,13 @@ class TraceAnalysis:
         df = load(self.path, *(o.path for o in others),
                   label=list(labels) if labels is not None else None,
                   columns=_COMPARE_COLUMNS, ranks=ranks, steps=steps, max_rows=max_rows)
-        return Comparison(table=compare(df, baseline=baseline, warmup=warmup),
+        from profiler.formats.horovod_env import settings as horovod_settings
+
+        names = (list(df["label"].cat.categories) if "label" in df.columns
+                 and isinstance(df["label"].dtype, pd.CategoricalDtype) else [])
+        cycles = {name: horovod_settings((ta.meta or {}).get("env") or {}).cycle_time_ms
+                  for name, ta in zip(names, (self, *others))}
+        return Comparison(table=compare(df, baseline=baseline, warmup=warmup, cycles=cycles),
                           windows=dict(df.attrs.get("selection") or {}))
 
     def report(self, out: str | os.PathLike[str], *others: TraceAnalysis,

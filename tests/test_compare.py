@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from analysis_fixtures import concat, training
 from conftest import profiler_cli
@@ -148,3 +149,53 @@ def test_cli_compare_bad_input(tmp_path: Path, args: list[str]) -> None:
     assert p.returncode == 2, p.stderr
     assert p.stderr.startswith("profiler: error: ")
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+def _edge_pair(share_a: float, share_b: float, seed: int = 5) -> pd.DataFrame:
+    """Two jobs of test_breakdown's cycle edge, 200 steps each: in a, share_a
+    of the steps miss the cycle under way and wait one more (1 ms); in b,
+    share_b; the same 20 us of noise on every step."""
+    from test_breakdown import _edge_job
+
+    rng = np.random.default_rng(seed)
+    u = rng.random(200)
+    noise = rng.normal(0, 0.02, 200).clip(-0.15, 0.15)
+    out = []
+    for label, share in (("a", share_a), ("b", share_b)):
+        if share < 0:  # the null: the wait spread evenly over a cycle
+            extra = np.random.default_rng(seed + 1).uniform(0, 1.0, 200)
+        else:
+            extra = np.where(u < share, 1.0, 0.0) + noise
+        df, _ = _edge_job(extra)
+        out.append(df.assign(label=label))
+    both = pd.concat(out, ignore_index=True)
+    return both.assign(label=both["label"].astype("category"))
+
+
+def test_the_share_of_steps_a_cycle_late_is_compared() -> None:
+    """After halving the cycle, a job's steps wait a second cycle less often:
+    compare gives each trace's exact share (steady steps) and calls the
+    difference; the same share in both is within the noise; a job without
+    the second peak in either trace gets no row (a share of 'late' steps in
+    one spread of step times would mean nothing)."""
+    t = compare(_edge_pair(0.1, 0.3), cycles={"a": 1.0, "b": 1.0})
+    (r,) = t.loc[t["metric"] == "second_cycle_share"].itertuples()
+    u = np.random.default_rng(5).random(200)[1:]  # the first step is the warm-up
+    assert (r.label, r.baseline, r.n, r.n_baseline) == ("b", "a", 199, 199)
+    assert r.value == (u < 0.3).mean() and r.baseline_value == (u < 0.1).mean()
+    assert r.significant is True and r.ci_low > 0
+    from profiler.cli.compare import _verdict
+
+    lines = _verdict("b", "a", t.loc[t["label"] == "b"])
+    assert lines[3] == (f"  steps a whole Horovod cycle late: {r.value:.0%} vs "
+                        f"{r.baseline_value:.0%} (+{round(r.diff * 100)} points, 95% CI "
+                        f"[+{round(r.ci_low * 100)}, +{round(r.ci_high * 100)}]; each on its "
+                        "own HOROVOD_CYCLE_TIME): significant"), lines
+    assert not any("second_cycle_share" in ln for ln in lines)  # not twice
+
+    same = compare(_edge_pair(0.3, 0.3), cycles={"a": 1.0, "b": 1.0})
+    (r,) = same.loc[same["metric"] == "second_cycle_share"].itertuples()
+    assert r.diff == 0 and r.significant is False
+    for null in (compare(_edge_pair(-1, -1), cycles={"a": 1.0, "b": 1.0}),
+                 compare(_edge_pair(0.1, 0.3))):  # no cycle times given
+        assert not (null["metric"] == "second_cycle_share").any()

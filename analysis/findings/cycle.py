@@ -11,24 +11,13 @@ so the cost is the idle part a default cycle would not have spent
 (idle x (1 - default / cycle)).  At the default cycle the part is reported,
 and claims nothing: no setting would shorten it.
 
-``second_cycles``: the steps take one cycle or more.  A step's gradients
-that miss the cycle under way wait for the next one, so where the compute
-sits near a cycle's length the step times fall in peaks one cycle apart: the
-fast steps, and steps a whole cycle (or two) longer.  The claim is that
-peak: steps gather more densely a cycle above the fast level than half a
-cycle above it, which no one-peaked spread of step times gives (step times
-spread evenly over a cycle, as gradients arriving at random moments of it
-would make them, or any noise whose density falls off above the fast
-steps).
-The test: of the steps between 0.35 and 0.65 of a cycle above the fast
-level (the trough) and between 0.8 and 1.2 (the peak), the peak holds more
-than its width's share (binomial, p < 0.01).  What it explains is drawn
-from the wait for Horovod: for the steps that sit within a quarter cycle of
-a whole number of cycles above the fast level, their wait beyond the fast
-steps' (their compute is often longer too, where the cycle's work shares
-the core: that stays in the compute part).  Such a job answers any change
-in its compute by whole cycles: a few microseconds added to the backward
-pass (the profiler's own among them) move steps across the edge, and cost
+``second_cycles``: the steps take one cycle or more (the test and its null:
+analysis/cycles.py).  What it explains is drawn from the wait for Horovod:
+for the steps that waited whole cycles, their wait beyond the fast steps'
+(their compute is often longer too, where the cycle's work shares the core:
+that stays in the compute part).  Such a job answers any change in its
+compute by whole cycles: a few microseconds added to the backward pass (the
+profiler's own among them) move steps across the edge, and cost
 several times their length in rate."""
 
 from __future__ import annotations
@@ -40,18 +29,8 @@ from profiler.formats.horovod_env import DEFAULT_CYCLE_MS
 from profiler.formats.horovod_env import settings as horovod_settings
 from profiler.units import fmt_ms
 
+from ..cycles import EDGE_ALPHA, cycle_edge
 from .base import MIN_STEPS, Context, Finding, bootstrap_mean
-
-#: Steps needed to tell one peak from two.
-EDGE_STEPS = 30
-#: The windows of the test, in cycles above the fast level: the trough and the
-#: peak of a step that waited one cycle more.
-TROUGH = (0.35, 0.65)
-PEAK = (0.8, 1.2)
-#: A step within this share of a cycle of k whole cycles above the fast level
-#: waited k cycles more.
-NEAR = 0.25
-EDGE_ALPHA = 0.01
 
 EDGE_NULL = ("one peak of step times: spread evenly over a cycle or falling off above the "
              "fast steps, as many steps half a cycle above them as a whole cycle above "
@@ -65,25 +44,16 @@ def _second_cycles(ctx: Context, per: pd.DataFrame, cycle: float,
                    env: dict) -> Finding | None:
     """The steps that waited whole cycles more than the fast ones (module
     docstring); None when there are too few steps or no cycle to test."""
-    from ..stats import binom_sf
     from .contention import UNCONTENDED_SHARE
     from .step_time import _horovod_thread_wait
 
     per = per.loc[np.isfinite(per["wall_ms"].to_numpy())]
     w = per["wall_ms"].to_numpy()
-    if len(w) < EDGE_STEPS or not cycle > 0:
+    edge = cycle_edge(w, cycle)
+    if edge is None:
         return None
-    low = float(np.percentile(w, 10))
-    fast = float(np.median(w[w < low + cycle / 2]))
-    above = (w - fast) / cycle
-
-    def between(lo: float, hi: float) -> int:
-        return int(((above >= lo) & (above < hi)).sum())
-
-    trough, peak = between(*TROUGH), between(*PEAK)
-    p_peak = (PEAK[1] - PEAK[0]) / (PEAK[1] - PEAK[0] + TROUGH[1] - TROUGH[0])
-    p = binom_sf(peak, trough + peak, p_peak) if trough + peak else 1.0
-    passed = p < EDGE_ALPHA and peak > 0
+    fast, trough, peak, p, passed = (edge.fast_ms, edge.trough, edge.peak, edge.p_value,
+                                     edge.passed)
     p_text = "p < 0.001" if p < 1e-3 else f"p = {p:.2g}"
     test = (f"{peak} steps a cycle above the fast ones against {trough} half a cycle above "
             f"({p_text}, {len(w)} steps)")
@@ -101,13 +71,12 @@ def _second_cycles(ctx: Context, per: pd.DataFrame, cycle: float,
                          "Horovod's cycle"),
             numbers={"cycle_time_ms": cycle, "fast_ms": fast, "trough": trough,
                      "peak": peak, "p_value": p, "steps": len(w)})
-    k = np.rint(above)
-    waited = (k >= 1) & (np.abs(above - k) <= NEAR)
+    waited = edge.waited
     # what the missed cycles explain, drawn from the wait for Horovod alone: a
     # waited step's wait beyond the fast steps' (its compute, longer too where
     # the cycle's work shares the core, is left to the compute part)
     hv = per["horovod_ms"].to_numpy()
-    at_fast = np.abs(above) <= NEAR
+    at_fast = edge.at_fast
     base_hv = float(np.median(hv[at_fast])) if at_fast.any() else 0.0
     extra = np.where(waited, np.maximum(hv - base_hv, 0.0), 0.0)
     share = float(waited.mean())

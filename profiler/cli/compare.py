@@ -6,8 +6,10 @@ run-to-run noise.
 
 Each trace is compared with the baseline (the first unless --baseline names
 one) on per-step metrics (step time, images/sec, communication and exposed
-communication per step, calls and bytes per step; when the traces mark steps)
-and per power-of-two size bucket (calls, mean and p99 latency of data calls).
+communication per step, calls and bytes per step; when the traces mark steps),
+the share of steps that waited a whole Horovod cycle more than the fast ones
+(where either trace shows that second peak: advise's second_cycles), and per
+power-of-two size bucket (calls, mean and p99 latency of data calls).
 A difference is significant (*) when its 95% bootstrap interval excludes 0
 (steps, or calls, are the resampled units; Welch's p for per-step means).
 Labels default to the traces' directory names.  json: a list of objects with
@@ -52,6 +54,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def _fmt(v: Any, metric: str = "") -> str:
     from profiler.units import fmt_bytes, fmt_number
 
+    if metric.endswith("_share") and isinstance(v, float) and math.isfinite(v):
+        return f"{v:.0%}"
     return fmt_bytes(v) if metric.endswith("bytes_per_step") else fmt_number(v)
 
 
@@ -116,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-_VERDICT_METRICS = (("images_per_s", "images/sec"), ("step_ms", "step time (ms)"))
+_VERDICT_METRICS = (("images_per_s", "images/sec"), ("step_ms", "step time (ms)"),
+                    ("second_cycle_share", "steps a whole Horovod cycle late"))
 SHOWN = 5
 
 
@@ -130,6 +135,18 @@ def _row_text(name: str, r: Any) -> str:
                else "within run-to-run noise")
     return (f"  {name}: {_fmt(r.value, r.metric)} vs {_fmt(r.baseline_value, r.metric)}"
             f"{rel}{ci}{')' if rel else ''}: {verdict}")
+
+
+def _share_text(name: str, r: Any) -> str:
+    """A share of steps: its difference in percentage points, not relative."""
+    def pts(v: float) -> str:
+        return f"{v * 100:+.0f}"
+
+    ci = ("" if isinstance(r.ci_low, float) and math.isnan(r.ci_low)
+          else f", 95% CI [{pts(r.ci_low)}, {pts(r.ci_high)}]")
+    verdict = "significant" if r.significant is True else "within run-to-run noise"
+    return (f"  {name}: {r.value:.0%} vs {r.baseline_value:.0%} ({pts(r.diff)} points{ci}; "
+            f"each on its own HOROVOD_CYCLE_TIME): {verdict}")
 
 
 def _verdict(label: str, base: str, part: Any) -> list[str]:
@@ -149,7 +166,7 @@ def _verdict(label: str, base: str, part: Any) -> list[str]:
             out.append("  images/sec: not recorded (the steps carry no batch size; "
                        "HOROVOD_PROFILE_BATCH_SIZE=N gives each step its images)")
             continue
-        out.append(_row_text(name, r))
+        out.append(_share_text(name, r) if metric.endswith("_share") else _row_text(name, r))
     if len(out) == 1:
         out.append("  no steps recorded in both traces: no images/sec or step-time verdict")
     sig = part.loc[(part["significant"] == True)  # noqa: E712 - the column holds None too
