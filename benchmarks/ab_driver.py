@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     switch = Switch(args.what)
     arms = arms_for(bench_args.num_iters, args.seed)
     marks: list[tuple[int, int]] = []
+    switched_at: list[int] = []  # CLOCK_MONOTONIC once each iteration's switch is done
 
     def mark() -> None:
         marks.append((time.thread_time_ns(), time.process_time_ns()))
@@ -144,13 +145,15 @@ def main(argv: list[str] | None = None) -> int:
         if i < len(arms):
             if args.arms == "ab":
                 switch.set(arms[i])
+            switched_at.append(time.monotonic_ns())
             mark()
 
     result: dict[str, Any] = train_bench.run(bench_args, before_iteration=before)
     switch.set("on")  # the job ends as it started
     starts, ends = marks[0::2], marks[1::2]
     cpu = _gather({"thread_ns": [e[0] - b[0] for b, e in zip(starts, ends)],
-                   "process_ns": [e[1] - b[1] for b, e in zip(starts, ends)]})
+                   "process_ns": [e[1] - b[1] for b, e in zip(starts, ends)],
+                   "switched_mono_ns": switched_at})
     if _rank() == 0:
         print("AB " + json.dumps({"arms": arms, "switched": args.arms == "ab",
                                   "images_per_sec": result["per_iteration"], "cpu": cpu}),
