@@ -359,8 +359,8 @@ static void exit_merge(const char *dir, const char *raw, int world)
         failed(dir, "%s said nothing%s%s%s", python, open_, last, close_);
 }
 
-/* The core's destructor, after the raw file is closed: rank 0 builds the
- * trace, whatever the program. */
+/* The exit work's start, before the raw file is closed: rank 0 takes the
+ * signals that end it from here (a merge left to later needs none). */
 static void exitmerge_exit_begin(int rank)
 {
     const char *opt = hvprof_setting("HOROVOD_PROFILE_MERGE");
@@ -368,6 +368,8 @@ static void exitmerge_exit_begin(int rank)
     end_signals_catch(1);
 }
 
+/* The core's destructor, after the raw file is closed: rank 0 builds the
+ * trace, whatever the program. */
 static void exitmerge_at_exit(const char *dir, const char *raw, int rank, int world)
 {
     if (rank != 0) return;
