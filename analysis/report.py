@@ -455,9 +455,13 @@ def render_report(
         return out or '<p class="muted">no fusion lineage</p>'
 
     def sec_compare() -> str:
+        from profiler.formats.horovod_env import settings as horovod_settings
+
         from .compare import compare
 
-        t = compare(df)
+        cycles = {lb: horovod_settings(dict(metas.get(lb) or {}).get("env") or {}).cycle_time_ms
+                  for lb in labels}
+        t = compare(df, cycles=cycles)
         t["bucket"] = [f"\u2264 {fmt_bytes(int(b))}" if b else "" for b in t["bucket"]]
         return _table(t, max_rows=200)
 
