@@ -1078,6 +1078,18 @@ static void on_fatal_signal(int sig, siginfo_t *info, void *ctx)
     }
 }
 
+int hvprof_signal_ends_process(int sig)
+{
+    struct sigaction cur;
+    if (sigaction(sig, NULL, &cur) != 0) return 0;
+    if (!(cur.sa_flags & SA_SIGINFO)) return cur.sa_handler == SIG_DFL;
+    if (cur.sa_sigaction != on_fatal_signal) return 0;
+    for (size_t i = 0; i < N_FATAL; i++)
+        if (fatal_signals[i] == sig)
+            return !(old_actions[i].sa_flags & SA_SIGINFO) && old_actions[i].sa_handler == SIG_DFL;
+    return 0;
+}
+
 static void signals_install(void)
 {
     const char *v = hvprof_setting("HOROVOD_PROFILE_SIGNALS");
@@ -1495,6 +1507,17 @@ static void exit_work(void)
 __attribute__((destructor)) static void hvprof_dtor(void) { exit_work(); }
 
 HVPROF_EXPORT void hvprof_exit_work(void) { exit_work(); }
+
+/* A Python rank's exit work starts (activate.finish): the backends' first
+ * look at it (exitmerge.c: rank 0 says so if a signal ends it from here). */
+HVPROF_EXPORT void hvprof_exit_prepare(void)
+{
+    static atomic_int done;
+    if (!g.open || g.pid != getpid() || atomic_exchange(&done, 1)) return;
+    int rank = g.hdr ? g.hdr->rank : -1;
+    FOR_EACH_BACKEND(b)
+        if (b->exit_prepare) b->exit_prepare(g.dir, rank);
+}
 
 /* ------------------------------------------------------------------------ */
 /* Exports for Python (ctypes) and for tools.                                 */

@@ -162,53 +162,70 @@ static int relay(const char *buf, size_t len, int out, char *last, size_t lastn)
 
 /* From the start of the exit work to the merge's end, a launcher may end
  * this process (mpirun aborts the job when another rank exits with a
- * non-zero status; Slurm, Ctrl-C).  Until the merge has started, such a
- * signal waits (the close and the start take milliseconds): a rank ended
- * there would leave no trace and say nothing.  Once it has started, the
- * child goes on alone (its own session) and this line, written from the
- * signal handler, says so; then the signal does what it did before. */
+ * non-zero status; Slurm, Ctrl-C).  Only signals that would end it are
+ * taken (an application's own handler, Python's SIGINT, stay as they are),
+ * in three phases:
+ *  - EARLY, a Python rank's MPI_Finalize and its own conversion (seconds):
+ *    the signal ends it at once, with a line that names `profiler merge`;
+ *  - DEFER, from the close of the raw file to the merge's start
+ *    (milliseconds): the signal waits for the start;
+ *  - ARMED, the merge started: the child goes on alone (its own session)
+ *    and the line says so.
+ * The line is written from the signal handler; then the signal does what it
+ * did before. */
+enum { END_OFF, END_EARLY, END_DEFER, END_ARMED };
 static const int end_signals[] = {SIGTERM, SIGINT, SIGHUP};
 #define N_END (sizeof end_signals / sizeof end_signals[0])
 static struct sigaction end_old[N_END];
-static char end_line[1400];
-static size_t end_len;
-static volatile sig_atomic_t end_said, end_armed, end_pending;
+static char end_line[1400], early_line[1400];
+static size_t end_len, early_len;
+static volatile sig_atomic_t end_mode, end_said, end_pending;
+
+static void end_say(void)
+{
+    const char *line = end_mode == END_ARMED ? end_line : early_line;
+    size_t len = end_mode == END_ARMED ? end_len : early_len;
+    if (!end_said && len) {
+        end_said = 1;
+        ssize_t w = write(2, line, len);
+        (void)w;
+    }
+}
 
 static void on_end_signal(int sig)
 {
-    if (!end_armed) { /* the merge is not started yet: after it is */
+    if (end_mode == END_DEFER) { /* the merge is not started yet: after it is */
         end_pending = sig;
         return;
     }
     int saved = errno;
-    if (!end_said && end_len) {
-        end_said = 1;
-        ssize_t w = write(2, end_line, end_len);
-        (void)w;
-    }
+    end_say();
     for (size_t i = 0; i < N_END; i++)
         if (end_signals[i] == sig) sigaction(sig, &end_old[i], NULL);
     raise(sig); /* delivered to the previous handler once this one returns */
     errno = saved;
 }
 
+static int is_ours(const struct sigaction *sa)
+{
+    return !(sa->sa_flags & SA_SIGINFO) && sa->sa_handler == on_end_signal;
+}
+
 static void end_signals_catch(int on)
 {
     for (size_t i = 0; i < N_END; i++) {
+        struct sigaction cur;
+        if (sigaction(end_signals[i], NULL, &cur) != 0) continue;
         if (on) {
+            if (is_ours(&cur) || !hvprof_signal_ends_process(end_signals[i])) continue;
             struct sigaction sa;
             memset(&sa, 0, sizeof sa);
             sa.sa_handler = on_end_signal;
             sigemptyset(&sa.sa_mask);
-            if (sigaction(end_signals[i], NULL, &end_old[i]) != 0) continue;
-            if (!(end_old[i].sa_flags & SA_SIGINFO) && end_old[i].sa_handler == SIG_IGN)
-                continue; /* ignored: it never ends this process */
+            end_old[i] = cur;
             sigaction(end_signals[i], &sa, NULL);
-        } else {
-            struct sigaction cur;
-            if (sigaction(end_signals[i], NULL, &cur) == 0 && !(cur.sa_flags & SA_SIGINFO) &&
-                cur.sa_handler == on_end_signal)
-                sigaction(end_signals[i], &end_old[i], NULL);
+        } else if (is_ours(&cur)) {
+            sigaction(end_signals[i], &end_old[i], NULL);
         }
     }
 }
@@ -217,14 +234,10 @@ static void end_signals_catch(int on)
  * signal that waited ends the process now, as it would have. */
 static void end_arm(void)
 {
-    end_armed = 1;
+    end_mode = END_ARMED;
     int sig = end_pending;
     if (!sig) return;
-    if (!end_said && end_len) {
-        end_said = 1;
-        ssize_t w = write(2, end_line, end_len);
-        (void)w;
-    }
+    end_say();
     end_signals_catch(0);
     raise(sig);
 }
@@ -361,10 +374,29 @@ static void exit_merge(const char *dir, const char *raw, int world)
 
 /* The exit work's start, before the raw file is closed: rank 0 takes the
  * signals that end it from here (a merge left to later needs none). */
-static void exitmerge_exit_begin(int rank)
+static int merges_at_exit(int rank)
 {
     const char *opt = hvprof_setting("HOROVOD_PROFILE_MERGE");
-    if (rank != 0 || (opt && strcmp(opt, "0") == 0)) return;
+    return rank == 0 && !(opt && strcmp(opt, "0") == 0);
+}
+
+/* A Python rank's exit work starts: a signal that ends rank 0 before its
+ * merge starts says how to build the trace. */
+static void exitmerge_exit_prepare(const char *dir, int rank)
+{
+    if (!merges_at_exit(rank)) return;
+    int n = snprintf(early_line, sizeof early_line,
+                     "horovod-profiler: this process was ended before the trace was built; "
+                     "the raw files are kept: build it with: profiler merge %s\n", dir);
+    early_len = n > 0 && (size_t)n < sizeof early_line ? (size_t)n : 0;
+    end_mode = END_EARLY;
+    end_signals_catch(1);
+}
+
+static void exitmerge_exit_begin(int rank)
+{
+    if (!merges_at_exit(rank)) return;
+    end_mode = END_DEFER;
     end_signals_catch(1);
 }
 
@@ -380,6 +412,7 @@ static void exitmerge_at_exit(const char *dir, const char *raw, int rank, int wo
 
 static const hvprof_backend exitmerge_backend = {
     .name = "exitmerge",
+    .exit_prepare = exitmerge_exit_prepare,
     .exit_begin = exitmerge_exit_begin,
     .at_exit = exitmerge_at_exit,
 };

@@ -204,12 +204,19 @@ typedef struct hvprof_backend {
     void (*closed)(int at_exit);
     /* In a forked child, after the core has reset its own state. */
     void (*atfork_child)(void);
+    /* A Python rank's exit work starts (before MPI_Finalize and its own
+     * conversion): the profile directory and this process's rank. */
+    void (*exit_prepare)(const char *dir, int rank);
     /* Process exit, before the raw file is closed (this process's rank). */
     void (*exit_begin)(int rank);
     /* Process exit, after the raw file was closed: the profile directory,
      * the raw file, this process's rank and the world size. */
     void (*at_exit)(const char *dir, const char *raw, int rank, int world);
 } hvprof_backend;
+
+/* 1 when sig would end the process as its default action does: no handler
+ * but the default, or only the core's fatal-signal handler before it. */
+HVPROF_HIDDEN int hvprof_signal_ends_process(int sig);
 
 /* Register b (kept, not copied); a second registration of b is ignored. */
 HVPROF_HIDDEN void hvprof_register_backend(const hvprof_backend *b);

@@ -343,3 +343,40 @@ def test_python_job_aborted_by_mpirun_still_gets_its_trace(tmp_path: Path) -> No
     got = counts_in_trace(prof / "trace.json")
     assert got[0][("allreduce", 8)] == calls
     assert got[1][("allreduce", 8)] == calls + extra
+
+
+def test_python_rank0_ended_while_it_converts_says_how_to_build_the_trace(
+        tmp_path: Path) -> None:
+    """Rank 0 records 1,000,000 calls (on MPI_COMM_SELF), so its own
+    conversion at exit takes a while; rank 1 exits with status 3 right after
+    MPI_Finalize, and mpirun ends rank 0 in that conversion, before its merge
+    starts.  Before, it died silently and no trace came.  Now one line names
+    `profiler merge`, which builds the trace with every call of both ranks."""
+    prof = tmp_path / "prof"
+    calls, extra = 200, 1_000_000
+    code = ("import sys\n"
+            "import numpy as np\n"
+            "from mpi4py import MPI\n"
+            "c = MPI.COMM_WORLD\n"
+            "a = np.zeros(1); b = np.zeros(1)\n"
+            f"for _ in range({calls}): c.Allreduce(a, b)\n"
+            "if c.Get_rank() == 0:\n"
+            f"    for _ in range({extra}): MPI.COMM_SELF.Allreduce(a, b)\n"
+            "c.Barrier()\n"
+            "if c.Get_rank() == 1:\n"
+            "    sys.exit(3)\n")
+    env = {"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof)}
+    proc = subprocess.run(["mpirun", "-n", "2", *[a for k in env for a in ("-x", k)],
+                           sys.executable, "-c", code], env=base_env(**env), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert said(proc) == [f"{PREFIX}this process was ended before the trace was built; the "
+                          f"raw files are kept: build it with: profiler merge {prof}"], \
+        proc.stderr[-3000:]
+    time.sleep(1.0)
+    assert not (prof / "trace.json").exists()  # no merge was started
+    p = profiler_cli("merge", str(prof), timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = counts_in_trace(prof / "trace.json")
+    assert got[0][("allreduce", 8)] == calls + extra
+    assert got[1][("allreduce", 8)] == calls

@@ -58,6 +58,7 @@ def finish() -> None:
         return None  # this process never profiled anything: say nothing
     rank = native.rank()
     raw = native.raw_path()
+    native.exit_prepare()
     try:
         _finalize_mpi4py()
     except Exception as exc:

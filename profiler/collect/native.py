@@ -88,6 +88,8 @@ EXPORTS: dict[str, tuple[Any, tuple[Any, ...], str]] = {
     "hvprof_process_exit": (None, (), "activate: mark the raw file CLOSED"),
     "hvprof_exit_work": (None, (), "activate: the library's exit work now (rank 0: the "
                                    "exit merge), once"),
+    "hvprof_exit_prepare": (None, (), "activate: the exit work starts (rank 0 says so if "
+                                      "a signal ends it before its merge)"),
     "hvprof_nccl_visible": (_c.c_int, (), "tests: NCCL visibility bits"),
     "hvprof_nccl_json": (_c.c_char_p, (), "nvml: NCCL state and counters"),
     "hvprof_nccl_finish": (_c.c_int, (_c.c_int,), "activate: NCCL device times, sidecar"),
@@ -219,6 +221,14 @@ def set_python(on: bool) -> None:
 
 def process_exit() -> None:
     _fn("hvprof_process_exit")()
+
+
+def exit_prepare() -> None:
+    """A Python rank's exit work starts: on rank 0, a signal that ends it
+    before its exit merge starts says how to build the trace."""
+    fn = function("hvprof_exit_prepare")
+    if fn is not None:
+        fn()
 
 
 def exit_work() -> None:
