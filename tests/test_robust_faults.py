@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -500,6 +501,41 @@ def test_sigint_flushes_everything(script: Path, tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------
 # MPI errors returned to the application
 # ---------------------------------------------------------------------------
+def test_ctrl_c_during_the_exit_work_still_gives_one_line_and_the_trace(
+        tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT) after the job's last call, while its exit work
+    converts 300,000 calls: the exit status is the job's (0), the library's
+    own exit work still builds the trace with every call, and the one line
+    is its "trace written" (before, "error: KeyboardInterrupt" came first)."""
+    calls = 300_000
+    code = ("import numpy as np\n"
+            "from mpi4py import MPI\n"
+            "a = np.zeros(1); b = np.zeros(1)\n"
+            f"for _ in range({calls}): MPI.COMM_SELF.Allreduce(a, b)\n")
+    prof = tmp_path / "prof"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_PROFILE")}
+    env.update(HOROVOD_PROFILE="1", HOROVOD_PROFILE_DIR=str(prof))
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=tmp_path, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    raw = prof / "raw" / "rank-00000.hvprof"
+    deadline = time.time() + 120
+    closed = False
+    while not closed and time.time() < deadline and p.poll() is None:
+        with contextlib.suppress(Exception):
+            closed = "closed" in read_header(raw)["state_names"]
+        time.sleep(0.01)
+    assert closed, "the exit work never started"
+    time.sleep(0.3)  # into the conversion (past the rank's facts, which take anything)
+    assert not (prof / "ranks" / "rank-00000.parquet").exists()  # still converting
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=150)
+    assert p.returncode == 0, err[-3000:]
+    assert ours(err) == [f"horovod-profiler: trace written to {prof}/trace.json (1 ranks, "
+                         f"{calls + 2} calls)"], \
+        err[-3000:]
+    assert allreduce_seqs(prof, 0) == list(range(calls))  # COMM_SELF numbers from 0
+
+
 def test_mpi_errors_pass_through_and_are_recorded(script: Path, tmp_path: Path) -> None:
     ref_out, out, prof = tmp_path / "ref", tmp_path / "out", tmp_path / "prof"
     ref = job(script, "errors", 0, ref_out, prof=None)

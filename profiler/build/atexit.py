@@ -98,13 +98,26 @@ def convert_rank(directory: str, raw: str, rank: int,
             return "ok", None  # the rank converted it itself
         convert_raw(raw, directory, facts=facts)
         return "ok", None
-    except OSError as exc:
-        if no_space(exc):
+    except Exception as exc:  # rank 0 still merges what is there
+        if _interrupted(exc):  # Ctrl-C, masked by a failing clean-up: the caller's
+            raise KeyboardInterrupt from exc
+        if isinstance(exc, OSError) and no_space(exc):
             return "no space", exc
         say(f"error: rank {rank}: cannot convert {raw}: {one_line(exc)}")
-    except Exception as exc:  # rank 0 still merges what is there
-        say(f"error: rank {rank}: cannot convert {raw}: {one_line(exc)}")
     return "failed", None
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """exc was raised while a KeyboardInterrupt was being handled (a mapped
+    file's close refused with "exported pointers exist" replaces it)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _merge(directory: str, world: int, *, timeout: float | None = None) -> str:

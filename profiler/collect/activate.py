@@ -136,6 +136,12 @@ def _at_exit() -> None:
     try:
         _allow_late_imports()
         finish()
+    except KeyboardInterrupt:
+        # Ctrl-C in the exit work: the library's own (its destructor, at the
+        # process's end) still closes the file and, on rank 0, builds the
+        # trace and says so in its one line; "error: KeyboardInterrupt"
+        # before it would be a second line, and a wrong one
+        pass
     except BaseException as exc:  # noqa: BLE001 - never change the exit status
         _say(f"error: {_one_line(exc)}")
     finally:
