@@ -309,8 +309,8 @@ exec ip netns exec "$ns" env TMPDIR="$tmp" unshare --uts --time --monotonic "$of
 
 def _write_agent(st: ClusterState) -> None:
     cases = "\n".join(
-        f"  {h.name}|{h.ip}) ns={h.ns}; off={h.offset_s}; tmp={host_tmp(st, h)} ;;"
-        for h in st.hosts)
+        f"  {h.name}|{h.ip}) ns={h.ns}; off={h.offset_s}; "
+        f"tmp={shlex.quote(str(host_tmp(st, h)))} ;;" for h in st.hosts)
     st.dir.mkdir(parents=True, exist_ok=True)
     st.agent.write_text(AGENT.format(name=st.name, cases=cases))
     st.agent.chmod(0o755)
