@@ -308,6 +308,28 @@ def test_merge_at_exit_can_be_left_for_later(prog: Path, tmp_path: Path) -> None
     assert got[0][("barrier", 0)] == got[1][("barrier", 0)] == 5
 
 
+def _exit3_job(tmp_path: Path, prof: Path, calls: int, extra: int, *, busy_rank: int,
+               barrier: bool) -> subprocess.CompletedProcess[str]:
+    """A profiled 2-rank Python job under mpirun: `calls` allreduces on
+    COMM_WORLD, `extra` more on COMM_SELF by busy_rank, a barrier if asked,
+    then rank 1 exits with status 3 (mpirun aborts the job)."""
+    code = ("import sys\n"
+            "import numpy as np\n"
+            "from mpi4py import MPI\n"
+            "c = MPI.COMM_WORLD\n"
+            "a = np.zeros(1); b = np.zeros(1)\n"
+            f"for _ in range({calls}): c.Allreduce(a, b)\n"
+            f"if c.Get_rank() == {busy_rank}:\n"
+            f"    for _ in range({extra}): MPI.COMM_SELF.Allreduce(a, b)\n"
+            + ("c.Barrier()\n" if barrier else "")
+            + "if c.Get_rank() == 1:\n"
+            "    sys.exit(3)\n")
+    env = {"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof)}
+    return subprocess.run(["mpirun", "-n", "2", *[a for k in env for a in ("-x", k)],
+                           sys.executable, "-c", code], env=base_env(**env), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=150)
+
+
 def test_python_job_aborted_by_mpirun_still_gets_its_trace(tmp_path: Path) -> None:
     """mpirun aborts the job when a rank exits non-zero.  Rank 1 records far
     more calls than rank 0 (on MPI_COMM_SELF), so rank 0 has converted its own
@@ -318,19 +340,7 @@ def test_python_job_aborted_by_mpirun_still_gets_its_trace(tmp_path: Path) -> No
     than mpirun).  The exit status stays the failing rank's."""
     prof = tmp_path / "prof"
     calls, extra = 2_000, 200_000
-    code = ("import sys\n"
-            "import numpy as np\n"
-            "from mpi4py import MPI\n"
-            "c = MPI.COMM_WORLD\n"
-            "a = np.zeros(1); b = np.zeros(1)\n"
-            f"for _ in range({calls}): c.Allreduce(a, b)\n"
-            "if c.Get_rank() == 1:\n"
-            f"    for _ in range({extra}): MPI.COMM_SELF.Allreduce(a, b)\n"
-            "    sys.exit(3)\n")
-    env = {"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof)}
-    proc = subprocess.run(["mpirun", "-n", "2", *[a for k in env for a in ("-x", k)],
-                           sys.executable, "-c", code], env=base_env(**env), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=150)
+    proc = _exit3_job(tmp_path, prof, calls, extra, busy_rank=1, barrier=False)
     assert proc.returncode == 3, proc.stderr[-3000:]
     lines = said(proc)
     assert len(lines) <= 1, proc.stderr[-3000:]
@@ -354,21 +364,7 @@ def test_python_rank0_ended_while_it_converts_says_how_to_build_the_trace(
     `profiler merge`, which builds the trace with every call of both ranks."""
     prof = tmp_path / "prof"
     calls, extra = 200, 1_000_000
-    code = ("import sys\n"
-            "import numpy as np\n"
-            "from mpi4py import MPI\n"
-            "c = MPI.COMM_WORLD\n"
-            "a = np.zeros(1); b = np.zeros(1)\n"
-            f"for _ in range({calls}): c.Allreduce(a, b)\n"
-            "if c.Get_rank() == 0:\n"
-            f"    for _ in range({extra}): MPI.COMM_SELF.Allreduce(a, b)\n"
-            "c.Barrier()\n"
-            "if c.Get_rank() == 1:\n"
-            "    sys.exit(3)\n")
-    env = {"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof)}
-    proc = subprocess.run(["mpirun", "-n", "2", *[a for k in env for a in ("-x", k)],
-                           sys.executable, "-c", code], env=base_env(**env), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=150)
+    proc = _exit3_job(tmp_path, prof, calls, extra, busy_rank=0, barrier=True)
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert said(proc) == [f"{PREFIX}this process was ended before the trace was built; the "
                           f"raw files are kept: build it with: profiler merge {prof}"], \
