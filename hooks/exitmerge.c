@@ -242,9 +242,44 @@ static void end_arm(void)
     raise(sig);
 }
 
+/* While rank 0 waits for its merge, a SIGINT whose handler lets the process
+ * go on (Python's: a KeyboardInterrupt later; an application's own) is a
+ * person at the terminal who wants the process to end, not a wait of up to
+ * the merge's bound: the wait stops, the merge goes on alone, one line says
+ * where its trace appears, and the signal then goes to that handler. */
+static struct sigaction wait_old;
+static volatile sig_atomic_t wait_taken, wait_interrupted;
+
+static void on_wait_interrupt(int sig)
+{
+    (void)sig;
+    wait_interrupted = 1;
+}
+
+static void wait_interrupt_catch(int on)
+{
+    struct sigaction cur;
+    if (on) {
+        wait_interrupted = 0;
+        if (sigaction(SIGINT, NULL, &cur) != 0 || (cur.sa_flags & SA_SIGINFO) ||
+            cur.sa_handler == SIG_IGN || cur.sa_handler == SIG_DFL ||
+            cur.sa_handler == on_end_signal)
+            return; /* ignored, or one that ends the process: the end signals' path */
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_wait_interrupt; /* no SA_RESTART: poll and nanosleep return */
+        sigemptyset(&sa.sa_mask);
+        wait_old = cur;
+        if (sigaction(SIGINT, &sa, NULL) == 0) wait_taken = 1;
+    } else if (wait_taken) {
+        wait_taken = 0;
+        sigaction(SIGINT, &wait_old, NULL);
+    }
+}
+
 /* Run the Python merge as a child, bounded.  Prints one line; never fails
  * the process. */
-static void exit_merge(const char *dir, const char *raw, int world)
+static void exit_merge_run(const char *dir, const char *raw, int world)
 {
     char python[PATH_MAX], lib[PATH_MAX];
     const char *why = NULL;
@@ -293,6 +328,7 @@ static void exit_merge(const char *dir, const char *raw, int world)
     posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
                                       POSIX_SPAWN_SETSID);
     fflush(NULL); /* the application's buffered output first (exit would, after this) */
+    wait_interrupt_catch(1); /* before the child exists: a Ctrl-C once it does stops the wait */
     pid_t pid = -1;
     int rc = posix_spawn(&pid, python, &fa, &at, argv, env ? env : environ);
     posix_spawn_file_actions_destroy(&fa);
@@ -316,7 +352,7 @@ static void exit_merge(const char *dir, const char *raw, int world)
     size_t len = 0;
     double deadline = now_s() + bound;
     int eof = 0;
-    while (!eof) {
+    while (!eof && !wait_interrupted) {
         double left = deadline - now_s();
         if (left <= 0) break;
         struct pollfd p = {.fd = fds[0], .events = POLLIN};
@@ -334,7 +370,7 @@ static void exit_merge(const char *dir, const char *raw, int world)
     }
     close(fds[0]); /* a child left running writes into a closed pipe (EPIPE) */
     int status = 0, known = 0, elsewhere = 0;
-    while (eof) {
+    while (eof && !wait_interrupted) {
         pid_t w = waitpid(pid, &status, WNOHANG);
         if (w == pid) { known = 1; break; }
         if (w < 0 && errno != EINTR) { /* ECHILD: reaped elsewhere (SIGCHLD ignored) */
@@ -346,6 +382,13 @@ static void exit_merge(const char *dir, const char *raw, int world)
         nanosleep(&ts, NULL);
     }
     end_signals_catch(0);
+    wait_interrupt_catch(0);
+    if (wait_interrupted && !known && !elsewhere) {
+        hvprof_warn("interrupted while the trace was being built (pid %d, left running): "
+                    "%s/trace.json appears when it ends; or build it with: profiler merge %s",
+                    (int)pid, dir, dir);
+        return; /* the caller hands the SIGINT on */
+    }
     char last[256];
     int said = relay(buf, len, 0, last, sizeof last);
     if (!eof || (!known && !elsewhere)) {
@@ -370,6 +413,16 @@ static void exit_merge(const char *dir, const char *raw, int world)
                last, close_);
     else
         failed(dir, "%s said nothing%s%s%s", python, open_, last, close_);
+}
+
+static void exit_merge(const char *dir, const char *raw, int world)
+{
+    exit_merge_run(dir, raw, world);
+    wait_interrupt_catch(0);
+    if (wait_interrupted) { /* the handler the wait interrupted gets its SIGINT now */
+        wait_interrupted = 0;
+        raise(SIGINT);
+    }
 }
 
 /* The exit work's start, before the raw file is closed: rank 0 takes the

@@ -376,3 +376,81 @@ def test_python_rank0_ended_while_it_converts_says_how_to_build_the_trace(
     got = counts_in_trace(prof / "trace.json")
     assert got[0][("allreduce", 8)] == calls + extra
     assert got[1][("allreduce", 8)] == calls
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter (Z: ended, not yet reaped), None when gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _merge_child(pid: int) -> int | None:
+    """The exit merge that process `pid` started (profiler.build.atexit), if any."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmd = (d / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and b"profiler.build.atexit" in cmd:
+            return int(d.name)
+    return None
+
+
+def test_ctrl_c_while_rank0_waits_for_its_merge_ends_the_wait(tmp_path: Path) -> None:
+    """Rank 1 records 1,000,000 calls (on MPI_COMM_SELF), so rank 0's exit merge
+    waits seconds for rank 1's own conversion.  A SIGINT to rank 0 there (a
+    person's Ctrl-C) used to be held by Python's handler until the merge
+    ended, up to its bound of minutes.  Now rank 0 ends at once, before the
+    trace exists, with one line that says where it appears, and the exit
+    status is the job's own (0); the merge, left running, writes every call."""
+    prof = tmp_path / "prof"
+    calls, extra = 100, 1_000_000
+    code = ("import os\n"
+            "import numpy as np\n"
+            "from mpi4py import MPI\n"
+            "c = MPI.COMM_WORLD\n"
+            f"open(r'{tmp_path}/pid-%d' % c.Get_rank(), 'w').write(str(os.getpid()))\n"
+            "a = np.zeros(1); b = np.zeros(1)\n"
+            f"for _ in range({calls}): c.Allreduce(a, b)\n"
+            "if c.Get_rank() == 1:\n"
+            f"    for _ in range({extra}): MPI.COMM_SELF.Allreduce(a, b)\n")
+    env = {"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof)}
+    proc = subprocess.Popen(["mpirun", "-n", "2", *[a for k in env for a in ("-x", k)],
+                             sys.executable, "-c", code], env=base_env(**env), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        rank0 = child = None
+        while child is None and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.01)
+            if rank0 is None and (tmp_path / "pid-0").is_file():
+                text = (tmp_path / "pid-0").read_text()
+                rank0 = int(text) if text else None
+            child = _merge_child(rank0) if rank0 else None
+        assert child is not None, "rank 0's exit merge was not seen"
+        os.kill(rank0, 2)
+        while _state(rank0) not in (None, "Z") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        trace_at_rank0_end = (prof / "trace.json").exists()
+        out, err = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    assert not trace_at_rank0_end, err[-3000:]  # rank 0 did not wait for the merge
+    lines = [ln for ln in err.splitlines() if ln.startswith(PREFIX)]
+    assert lines == [f"{PREFIX}interrupted while the trace was being built (pid {child}, left "
+                     f"running): {prof}/trace.json appears when it ends; or build it with: "
+                     f"profiler merge {prof}"], err[-3000:]
+    deadline = time.time() + 120
+    while not (prof / "trace.json").is_file() and time.time() < deadline:
+        time.sleep(0.2)
+    got = counts_in_trace(prof / "trace.json")
+    assert got[0][("allreduce", 8)] == calls
+    assert got[1][("allreduce", 8)] == calls + extra
