@@ -5,7 +5,7 @@ threads, exit work and all (issue 25, "what profiling them costs, measured
 across runs").
 
     python benchmarks/overhead/job_rate.py [--workload mlp6] [--steps 1500]
-        [--rounds 7] [--arm NAME=VAR=V,VAR=V ...] [--env VAR=V,...]
+        [--rounds 7] [--batch-size N] [--arm NAME=VAR=V,VAR=V ...] [--env VAR=V,...]
         [--pair ARM:BASE ...] [--json OUT]
 
 Each round runs every arm once as its own ``mpirun -n NP python -m
@@ -110,6 +110,8 @@ def run_once(args: argparse.Namespace, arm: str, extra: dict[str, str] | None,
            "profiler.workloads.corpus", args.workload, "--steps", str(args.steps)]
     if busy_us:
         cmd += ["--busy-us", str(busy_us)]
+    if args.batch_size:
+        cmd += ["--batch-size", str(args.batch_size)]
     t0 = time.monotonic()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout,
                        cwd=str(work))
@@ -235,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload", default="mlp6")
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--np", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=0, metavar="N",
+                   help="the workload's --batch-size (0: its default): a longer step "
+                   "with the same tensors and calls")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--arm", type=parse_arm, action="append", default=[],
                    help="NAME=VAR=V,VAR=V: another profiled arm (unprofiled when it "
@@ -282,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"\n{args.workload}, {args.np} ranks (binding: {args.bind}), {args.steps} steps a "
+    print(f"\n{args.workload}"
+          + (f" at batch size {args.batch_size}" if args.batch_size else "")
+          + f", {args.np} ranks (binding: {args.bind}), {args.steps} steps a "
           f"run, {args.rounds} rounds, started {started}; ratio to the same round's "
           f"unprofiled run: median [p25, p75] (95% bootstrap interval of the median)")
     summary: dict[str, Any] = {}
