@@ -243,3 +243,31 @@ def test_one_spread_of_step_times_is_not_a_second_cycle(null: str) -> None:
         assert f.not_claimed and f.numbers["p_value"] >= 0.01 and f.numbers["peak"] >= 30
     if null in ("uniform", "half-cycle", "few steps"):
         assert found == []
+
+
+def test_a_remedy_at_the_cycle_edge_says_the_step_moves_by_whole_cycles() -> None:
+    """At the edge (second_cycles claimed), each claimed remedy says that its
+    saving shows as steps that stop missing the cycle; not beside a finding
+    that recommends nothing, and not when the edge failed its test."""
+    from profiler.analysis.findings import Finding, _at_the_cycle_edge
+
+    def found(edge_cost: float | None) -> list[Finding]:
+        return [
+            Finding(key="second_cycles", headline="", cost_ms=edge_cost,
+                    significant=edge_cost is not None,
+                    numbers={"share": 0.28, "cycle_time_ms": 1.0}),
+            Finding(key="fusion", headline="", cost_ms=0.06, significant=True,
+                    recommendation="HOROVOD_FUSION_THRESHOLD=0"),
+            Finding(key="late_ranks", headline="", cost_ms=0.5, significant=False,
+                    recommendation="look at rank 1"),
+            Finding(key="horovod_wait", headline="", cost_ms=None, significant=False)]
+
+    fs = found(0.3)
+    _at_the_cycle_edge(fs)
+    assert [len(f.details) for f in fs] == [0, 1, 0, 0]
+    assert fs[1].details[0].startswith(
+        "this job's steps sit at Horovod's cycle edge (28% wait a whole 1 ms cycle more")
+    assert "second_cycle_share" in fs[1].details[0]
+    fs = found(None)  # the edge's test failed: a spread, not whole cycles
+    _at_the_cycle_edge(fs)
+    assert [len(f.details) for f in fs] == [0, 0, 0, 0]

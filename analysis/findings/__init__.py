@@ -153,6 +153,30 @@ def _residual(found: list[Finding], ctx: Context) -> None:
         f.significant = ctx.significant(f.cost_interval_ms[0])
 
 
+def _at_the_cycle_edge(found: list[Finding]) -> None:
+    """A job whose steps sit at Horovod's cycle edge (second_cycles passed
+    its test) answers a change in its step by whole cycles: what another
+    finding's remedy saves shows as steps that stop missing the cycle, a
+    cycle each, or not at all, not as the milliseconds priced.  Said beside
+    each claimed remedy, with the figure that shows it (compare's
+    second_cycle_share)."""
+    edge = next((f for f in found if f.key == "second_cycles" and f.cost_ms is not None),
+                None)  # the claimed form: the test against its null passed
+    share = edge.numbers.get("share") if edge is not None else None
+    cycle = edge.numbers.get("cycle_time_ms") if edge is not None else None
+    if not isinstance(share, (int, float)) or not isinstance(cycle, (int, float)):
+        return
+    for f in found:
+        if f is edge or not (f.significant and f.recommendation and f.cost_ms):
+            continue
+        f.details.append(
+            f"this job's steps sit at Horovod's cycle edge ({share:.0%} wait a whole "
+            f"{cycle:g} ms cycle more: second_cycles): a step's time moves by whole cycles, "
+            "so this saving shows as fewer steps a cycle late, a cycle each, rather than as "
+            "its own length; profiler compare BEFORE AFTER gives both (the step time and "
+            "second_cycle_share).")
+
+
 def _rank_key(f: Finding) -> tuple[int, float]:
     order = 0 if f.kind == "finding" and f.significant else 1 if f.kind == "finding" else 2
     lo = f.cost_interval_ms[0] if f.cost_interval_ms else (f.cost_ms or 0.0)
@@ -199,6 +223,7 @@ def advise_frame(df: Any, meta: dict[str, Any] | None = None, *, path: str = "",
             continue
         found.extend(fn(ctx))
     _residual(found, ctx)
+    _at_the_cycle_edge(found)
     found.sort(key=_rank_key)
     return Advice(path=path, header=_header(ctx), findings=found, breakdown=ctx.parts)
 
