@@ -63,14 +63,57 @@ def test_job_table_summary_and_correlation() -> None:
     assert t["wall_ms"].iloc[3] == pytest.approx(10.3)
     s = throughput_summary(table=t).iloc[0]
     assert s["steps"] == n - 1  # warm-up step left out
-    walls = t["wall_ms"].iloc[1:]
-    assert s["images_per_s"] == pytest.approx(64 * (n - 1) / walls.sum() * 1e3)
+    # over the time the steady steps' windows cover (each step here runs into
+    # the next by its jitter: the union, not the sum of their lengths)
+    steady = t.iloc[1:]
+    span_ns = steady["t_end_ns"].max() - steady["t_start_ns"].min()
+    assert s["images_per_s"] == pytest.approx(64 * (n - 1) / span_ns * 1e9)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         c = correlation(table=t).iloc[0]
     assert c["pearson"] == pytest.approx(1.0) and c["spearman"] == pytest.approx(1.0)
     assert c["slope"] == pytest.approx(1.0)
     assert c["note"] == ""
+
+
+def test_images_per_sec_counts_the_ranks_skew_once() -> None:
+    """Two ranks train in 10 ms steps, rank 1's boundaries 1 ms after rank
+    0's: each job step's window (earliest start to latest end) is 11 ms and
+    overlaps the next by 1 ms.  The run's rate is its images over the time
+    the steady steps cover, 101 ms for steps 1-10: 1% below the ranks'
+    own rates summed (3,200 each); summing the windows' lengths (110 ms)
+    read 9% low.  Time between steps stays out (each stretch of steps then
+    counts the skew once: 51 + 51 ms)."""
+    from profiler.analysis.findings.base import Context
+    from profiler.analysis.throughput import run_images_per_s
+
+    def job(gap_after: int | None) -> dict[str, list]:
+        rows: dict[str, list] = {k: [] for k in ("t_start_ns", "t_end_ns", "rank", "op",
+                                                  "bytes", "count", "seq", "kind", "step",
+                                                  "comm_size")}
+        pause = 0
+        for s in range(11):
+            for r in (0, 1):
+                t0 = s * 10_000_000 + r * 1_000_000 + pause
+                for k, v in (("t_start_ns", t0), ("t_end_ns", t0 + 10_000_000), ("rank", r),
+                             ("op", "step"), ("bytes", 0), ("count", 32), ("seq", s),
+                             ("kind", "app"), ("step", s), ("comm_size", 2)):
+                    rows[k].append(v)
+            if s == gap_after:
+                pause = 50_000_000  # an evaluation between steps s and s + 1
+        return rows
+
+    for gap_after, covered_s in ((None, 0.101), (5, 0.102)):
+        rows = job(gap_after)
+        t = step_table(frame(rows))
+        assert list(t["wall_ms"]) == [11.0] * 11
+        s = throughput_summary(table=t).iloc[0]
+        assert s["steps"] == 10
+        assert s["images_per_s"] == pytest.approx(640 / covered_s)
+        assert s["images_per_s"] == pytest.approx(6400, rel=0.02)
+        assert run_images_per_s(t.iloc[1:]) == s["images_per_s"]
+        ctx = Context(df=frame(rows), meta={})  # the findings' header: the same figure
+        assert ctx.images_per_s == pytest.approx(640 / covered_s)
 
 
 def test_few_steps_give_a_caveat() -> None:

@@ -157,11 +157,9 @@ class Context:
 
     @cached_property
     def images_per_s(self) -> float:
-        s = self.steady
-        if not len(s):
-            return float("nan")
-        wall = float(s["wall_ms"].sum())
-        return float(s["images"].sum()) / wall * 1e3 if wall > 0 else float("nan")
+        from ..throughput import run_images_per_s
+
+        return run_images_per_s(self.steady)
 
     @cached_property
     def ranks(self) -> list[int]:
