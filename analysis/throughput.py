@@ -255,8 +255,8 @@ def run_images_per_s(table: pd.DataFrame) -> float:
     step's window runs from the earliest rank's start to the latest rank's
     end, so where the ranks' step boundaries are skewed, consecutive windows
     overlap by the skew; summing the windows' lengths would count it once a
-    step and read the rate low by skew / step (5-6% measured on 2 ranks of
-    the bundled benchmark).  Time between steps (a gap, an evaluation) stays
+    step and read the rate low by skew / step (docs/validation.md, "The
+    run's images/sec").  Time between steps (a gap, an evaluation) stays
     out, as before.  nan without steps or time."""
     if not len(table):
         return float("nan")
