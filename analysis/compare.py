@@ -5,7 +5,8 @@ Input: one frame holding several traces told apart by ``label`` (``load(a, b)``)
 Each label is compared with a baseline (the first label unless named) on:
 
 * per-step metrics (when the traces mark steps; the steady steps, see
-  throughput.steady_steps): step time, images/sec, communication time, exposed
+  throughput.steady_steps): step time, images/sec (summarize's figure, the
+  run's images over the time its steps cover), communication time, exposed
   communication, data and control calls per step, data bytes per step, and the
   step breakdown's parts (analysis.breakdown, mean over ranks; the profiler's
   own part stays in compute here, the frame carries no self-cost) where both
@@ -38,7 +39,7 @@ from profiler.errors import UsageError
 
 from ._frame import distinct, isin, keys_of, pow2_bucket, timed_calls
 from .cycles import CycleEdge, cycle_edge
-from .throughput import steady_steps, step_table
+from .throughput import covered_ns, steady_steps, step_table
 
 __all__ = ["compare", "welch", "bootstrap_diff", "STEP_METRICS"]
 
@@ -191,6 +192,29 @@ def _row(label: str, base: str, metric: str, bucket: str, a: np.ndarray, b: np.n
             "n": int(a.size), "n_baseline": int(b.size)}
 
 
+def _rate_row(label: str, base: str, a: pd.DataFrame, b: pd.DataFrame,
+              rng: np.random.Generator, n_boot: int) -> dict[str, object]:
+    """images/sec: each run's images over the time its steps cover
+    (throughput.run_images_per_s, the figure summarize gives), the interval
+    a bootstrap over steps of that ratio; the p-value Welch's on each
+    step's own rate."""
+    images = np.concatenate([a["images"].to_numpy(dtype=float),
+                             b["images"].to_numpy(dtype=float)])
+    covered = np.concatenate([covered_ns(a), covered_ns(b)]).astype(float)
+
+    def rate(ix: np.ndarray) -> np.ndarray:  # ix: step indices into both runs' steps
+        k = ix.astype(np.int64)
+        c = covered[k].sum(axis=-1)
+        return np.where(c > 0, images[k].sum(axis=-1) / np.where(c > 0, c, 1.0) * 1e9, np.nan)
+
+    ia = np.arange(len(a), dtype=float)
+    row = _row(label, base, "images_per_s", "", ia, len(a) + np.arange(len(b), dtype=float),
+               rate, False, rng, n_boot)
+    ra, rb = (x["images_per_s"].to_numpy(dtype=float) for x in (a, b))
+    row["p_value"] = welch(ra[np.isfinite(ra)], rb[np.isfinite(rb)])[2]
+    return row
+
+
 def _breakdown(df: pd.DataFrame, label: str) -> pd.DataFrame | None:
     """One label's rank breakdown (None when the trace has none)."""
     from .breakdown import rank_breakdown
@@ -254,6 +278,10 @@ def compare(
             if lb == base:
                 continue
             for col, metric in STEP_METRICS.items():
+                if col == "images_per_s":
+                    rows.append(_rate_row(lb, base, per_step[lb], per_step[base], rng,
+                                          n_boot))
+                    continue
                 a = per_step[lb][col].to_numpy(dtype=float)
                 b = per_step[base][col].to_numpy(dtype=float)
                 a, b = a[np.isfinite(a)], b[np.isfinite(b)]

@@ -39,7 +39,8 @@ import pandas as pd
 
 from ._frame import call_mask, distinct, isin, label_keys, require
 
-__all__ = ["steps", "rank_steps", "step_table", "steady_steps", "run_images_per_s",
+__all__ = ["steps", "rank_steps", "step_table", "steady_steps", "covered_ns",
+           "run_images_per_s",
            "throughput_summary",
            "correlation", "MIN_STEPS_FOR_CORRELATION"]
 
@@ -249,29 +250,35 @@ def step_table(df: pd.DataFrame, *, gap_ns: int = DEFAULT_GAP_NS,
     return out[cols]
 
 
-def run_images_per_s(table: pd.DataFrame) -> float:
-    """Images/sec of a run over these steps of its step table (step_table):
-    their images over the time the union of their windows covers.  A job
-    step's window runs from the earliest rank's start to the latest rank's
-    end, so where the ranks' step boundaries are skewed, consecutive windows
-    overlap by the skew; summing the windows' lengths would count it once a
-    step and read the rate low by skew / step (docs/validation.md, "The
-    run's images/sec").  Time between steps (a gap, an evaluation) stays
-    out, as before.  nan without steps or time."""
-    if not len(table):
-        return float("nan")
+def covered_ns(table: pd.DataFrame) -> np.ndarray:
+    """Per step of `table` (in its order), the time its window adds to the
+    windows that start before it: their sum is the time the union of the
+    windows covers.  A job step's window runs from the earliest rank's start
+    to the latest rank's end, so where the ranks' step boundaries are skewed,
+    consecutive windows overlap by the skew, and a step adds its length less
+    that overlap; time between steps (a gap, an evaluation) is in no window."""
     t0 = table["t_start_ns"].to_numpy(dtype=np.int64)
     t1 = table["t_end_ns"].to_numpy(dtype=np.int64)
+    if not len(t0):
+        return np.zeros(0, dtype=np.int64)
     order = np.argsort(t0, kind="stable")
-    t0, t1 = t0[order], np.maximum(t1[order], t0[order])
-    reach = np.maximum.accumulate(t1)
-    # a window opens a new stretch where it starts after every earlier one ended
-    new = np.ones(len(t0), dtype=bool)
-    new[1:] = t0[1:] > reach[:-1]
-    starts = t0[new]
-    ends = np.append(reach[np.flatnonzero(new)[1:] - 1], reach[-1])
-    covered = float((ends - starts).sum())
-    images = float(table["images"].sum())
+    s0, s1 = t0[order], np.maximum(t1[order], t0[order])
+    reach = np.maximum.accumulate(s1)
+    before = np.concatenate([[np.iinfo(np.int64).min], reach[:-1]])
+    added = np.maximum(s1 - np.maximum(s0, before), 0)
+    out = np.empty_like(added)
+    out[order] = added
+    return out
+
+
+def run_images_per_s(table: pd.DataFrame) -> float:
+    """Images/sec of a run over these steps of its step table (step_table):
+    their images over the time their windows cover together (covered_ns).
+    Summing the windows' lengths instead would count the ranks' skew once a
+    step and read the rate low by skew / step (docs/validation.md, "The
+    run's images/sec").  nan without steps or time."""
+    covered = float(covered_ns(table).sum())
+    images = float(table["images"].sum()) if len(table) else 0.0
     return images / covered * 1e9 if covered > 0 else float("nan")
 
 

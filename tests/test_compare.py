@@ -95,6 +95,25 @@ def test_golden_fused_vs_unfused() -> None:
         assert steps.loc[metric, "value"] == pytest.approx(want["value"], rel=1e-6), metric
         assert steps.loc[metric, "baseline_value"] == pytest.approx(
             want["baseline_value"], rel=1e-6), metric
+    # images/sec is one figure: compare's is summarize's (throughput_summary),
+    # and both are within 1% of the ranks' own rates summed (each rank's images
+    # over the time from its first steady step's start to its last one's end).
+    # Until 12-05 compare averaged each step's own rate (fused: 1,059 img/s
+    # where the ranks made 649) and summarize summed the steps' windows,
+    # counting the ranks' skew once a step (569).
+    from profiler.analysis.throughput import rank_steps, throughput_summary
+
+    thr = throughput_summary(df).set_index("label")
+    per_rank = rank_steps(df)
+    for lb, col in (("unfused", "value"), ("fused", "baseline_value")):
+        rate = float(thr.loc[lb, "images_per_s"])
+        assert rate == pytest.approx(expected["images_per_s"][lb], rel=1e-6)
+        assert steps.loc["images_per_s", col] == pytest.approx(rate, rel=1e-9)
+        mine = per_rank.loc[per_rank["label"].astype(str) == lb]
+        mine = mine.loc[mine["step"] >= 1]  # the steady steps: the first is warm-up
+        own = sum(float(g["images"].sum()) / (g["t_end_ns"].max() - g["t_start_ns"].min()) * 1e9
+                  for _, g in mine.groupby("rank"))
+        assert rate == pytest.approx(own, rel=0.01), lb
     # invariants of the workload: same gradient bytes every step, 6 tensors unfused
     assert steps.loc["data_bytes_per_step", "value"] == 21672.0
     assert steps.loc["data_bytes_per_step", "baseline_value"] == 21672.0
