@@ -40,9 +40,8 @@ import pandas as pd
 from ._frame import call_mask, distinct, isin, label_keys, require
 
 __all__ = ["steps", "rank_steps", "step_table", "steady_steps", "covered_ns",
-           "run_images_per_s",
-           "throughput_summary",
-           "correlation", "MIN_STEPS_FOR_CORRELATION"]
+           "run_images_per_s", "throughput_summary", "correlation",
+           "MIN_STEPS_FOR_CORRELATION"]
 
 MIN_STEPS_FOR_CORRELATION = 10
 DEFAULT_GAP_NS = 500_000

@@ -262,8 +262,7 @@ static void wait_interrupt_catch(int on)
     if (on) {
         wait_interrupted = 0;
         if (sigaction(SIGINT, NULL, &cur) != 0 || (cur.sa_flags & SA_SIGINFO) ||
-            cur.sa_handler == SIG_IGN || cur.sa_handler == SIG_DFL ||
-            cur.sa_handler == on_end_signal)
+            cur.sa_handler == SIG_IGN || cur.sa_handler == SIG_DFL || is_ours(&cur))
             return; /* ignored, or one that ends the process: the end signals' path */
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
@@ -382,7 +381,6 @@ static void exit_merge_run(const char *dir, const char *raw, int world)
         nanosleep(&ts, NULL);
     }
     end_signals_catch(0);
-    wait_interrupt_catch(0);
     if (wait_interrupted && !known && !elsewhere) {
         hvprof_warn("interrupted while the trace was being built (pid %d, left running): "
                     "%s/trace.json appears when it ends; or build it with: profiler merge %s",
@@ -418,7 +416,7 @@ static void exit_merge_run(const char *dir, const char *raw, int world)
 static void exit_merge(const char *dir, const char *raw, int world)
 {
     exit_merge_run(dir, raw, world);
-    wait_interrupt_catch(0);
+    wait_interrupt_catch(0); /* whichever way the run ended */
     if (wait_interrupted) { /* the handler the wait interrupted gets its SIGINT now */
         wait_interrupted = 0;
         raise(SIGINT);

@@ -12,12 +12,14 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import ROOT, base_env, hooks_cflags, profiler_cli, requires_mpi
 
@@ -378,26 +380,22 @@ def test_python_rank0_ended_while_it_converts_says_how_to_build_the_trace(
     assert got[1][("allreduce", 8)] == calls
 
 
-def _state(pid: int) -> str | None:
-    """The process's state letter (Z: ended, not yet reaped), None when gone."""
+def _running(pid: int) -> bool:
+    """The process exists and has not ended (a zombie its parent has not reaped)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _merge_child(pid: int) -> int | None:
     """The exit merge that process `pid` started (profiler.build.atexit), if any."""
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmd = (d / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == pid and b"profiler.build.atexit" in cmd:
-            return int(d.name)
+    try:
+        for c in psutil.Process(pid).children():
+            if any("profiler.build.atexit" in a for a in c.cmdline()):
+                return c.pid
+    except psutil.Error:
+        pass
     return None
 
 
@@ -433,11 +431,11 @@ def test_ctrl_c_while_rank0_waits_for_its_merge_ends_the_wait(tmp_path: Path) ->
                 rank0 = int(text) if text else None
             child = _merge_child(rank0) if rank0 else None
         assert child is not None, "rank 0's exit merge was not seen"
-        os.kill(rank0, 2)
-        while _state(rank0) not in (None, "Z") and time.monotonic() < deadline:
+        os.kill(rank0, signal.SIGINT)
+        while _running(rank0) and time.monotonic() < deadline:
             time.sleep(0.01)
         trace_at_rank0_end = (prof / "trace.json").exists()
-        out, err = proc.communicate(timeout=150)
+        _, err = proc.communicate(timeout=150)
     finally:
         if proc.poll() is None:
             proc.kill()
