@@ -219,10 +219,14 @@ def rank_steps(df: pd.DataFrame, *, gap_ns: int = DEFAULT_GAP_NS) -> pd.DataFram
 
 def step_table(df: pd.DataFrame, *, gap_ns: int = DEFAULT_GAP_NS,
                ranked: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per step of the job (ranks combined): wall_ms = latest end - earliest
-    start over ranks, images summed over ranks, images_per_s = images / wall, and the
-    per-rank communication figures averaged over ranks (comm_ms, data_ms,
-    control_ms, comm_union_ms, exposed_ms, calls, data_calls, bytes).
+    """One row per step of the job (ranks combined): its window t_start_ns..t_end_ns
+    from the earliest rank's start to the latest rank's end, wall_ms = the ranks'
+    own step times averaged (not the window: where the ranks' step boundaries are
+    skewed the window is longer than any rank's step by the skew, and a run of
+    back-to-back steps would read long by it every step), images summed over
+    ranks, images_per_s = images / wall, and the per-rank communication figures
+    averaged over ranks (comm_ms, data_ms, control_ms, comm_union_ms, exposed_ms,
+    calls, data_calls, bytes).
 
     Columns: [label], step, ranks, t_start_ns, t_end_ns, wall_ms, images,
     images_per_s, calls, data_calls, control_calls, comm_ms, data_ms, control_ms,
@@ -238,9 +242,9 @@ def step_table(df: pd.DataFrame, *, gap_ns: int = DEFAULT_GAP_NS,
     g = rs.groupby([*keys, "step"], sort=True)
     out = g.agg(ranks=("rank", "nunique"), t_start_ns=("t_start_ns", "min"),
                 t_end_ns=("t_end_ns", "max"), images=("images", "sum"),
+                wall_ms=("wall_ms", "mean"),
                 **{c: (c, "mean") for c in mean_cols}).reset_index()
-    wall = (out["t_end_ns"] - out["t_start_ns"]).to_numpy(dtype=np.float64)
-    out["wall_ms"] = wall / 1e6
+    wall = out["wall_ms"].to_numpy(dtype=np.float64) * 1e6
     out["images_per_s"] = np.where(wall > 0, out["images"] / np.where(wall > 0, wall, 1) * 1e9,
                                    np.nan)
     for c in ("calls", "data_calls", "control_calls", "bytes"):

@@ -114,6 +114,11 @@ def test_golden_fused_vs_unfused() -> None:
         own = sum(float(g["images"].sum()) / (g["t_end_ns"].max() - g["t_start_ns"].min()) * 1e9
                   for _, g in mine.groupby("rank"))
         assert rate == pytest.approx(own, rel=0.01), lb
+        # and the step time agrees with it: the ranks' own steps, not the job
+        # windows, which the ranks' skew made 13% longer (fused) until 12-05
+        step_ms = steps.loc["step_ms", col]
+        assert step_ms == pytest.approx(thr.loc[lb, "step_ms_mean"], rel=1e-9)
+        assert step_ms / 1e3 * rate == pytest.approx(2 * 16, rel=0.01), lb  # 2 ranks x 16
     # invariants of the workload: same gradient bytes every step, 6 tensors unfused
     assert steps.loc["data_bytes_per_step", "value"] == 21672.0
     assert steps.loc["data_bytes_per_step", "baseline_value"] == 21672.0

@@ -83,7 +83,9 @@ def test_images_per_sec_counts_the_ranks_skew_once() -> None:
     the steady steps cover, 101 ms for steps 1-10: 1% below the ranks'
     own rates summed (3,200 each); summing the windows' lengths (110 ms)
     read 9% low.  Time between steps stays out (each stretch of steps then
-    counts the skew once: 51 + 51 ms)."""
+    counts the skew once: 51 + 51 ms).  The step time is the ranks' own,
+    10 ms, not the window's 11 ms (read until 12-05): step time and rate
+    then agree (64 images a step / 10 ms = 6,400 img/s)."""
     from profiler.analysis.findings.base import Context
     from profiler.analysis.throughput import run_images_per_s
 
@@ -106,14 +108,18 @@ def test_images_per_sec_counts_the_ranks_skew_once() -> None:
     for gap_after, covered_s in ((None, 0.101), (5, 0.102)):
         rows = job(gap_after)
         t = step_table(frame(rows))
-        assert list(t["wall_ms"]) == [11.0] * 11
+        assert list(t["t_end_ns"] - t["t_start_ns"]) == [11_000_000] * 11  # the windows
+        assert list(t["wall_ms"]) == [10.0] * 11
+        assert list(t["images_per_s"]) == [6400.0] * 11
         s = throughput_summary(table=t).iloc[0]
         assert s["steps"] == 10
+        assert s["step_ms_median"] == s["step_ms_mean"] == 10.0
         assert s["images_per_s"] == pytest.approx(640 / covered_s)
         assert s["images_per_s"] == pytest.approx(6400, rel=0.02)
         assert run_images_per_s(t.iloc[1:]) == s["images_per_s"]
         ctx = Context(df=frame(rows), meta={})  # the findings' header: the same figure
         assert ctx.images_per_s == pytest.approx(640 / covered_s)
+        assert ctx.step_ms == 10.0
 
 
 def test_few_steps_give_a_caveat() -> None:
