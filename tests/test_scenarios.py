@@ -106,12 +106,31 @@ def test_symmetric_jitter_is_waiting_that_blames_no_rank(tmp_path: Path) -> None
     assert 0.75 * r.truth_ms <= r.cost_ms <= 1.6 * r.truth_ms
 
 
+def _late_by(r: object) -> object:
+    return next(f["late_by"] for f in r.findings if f["key"] == "late_ranks")  # type: ignore[attr-defined]
+
+
 def test_a_late_rank_is_named_with_the_waiting_it_causes(tmp_path: Path) -> None:
+    """Rank 1 sleeps 40 ms a step: named, priced, and its lateness is time
+    blocked (neither on a CPU nor waiting for one), not work or contention."""
     r = _run("late", tmp_path)
     assert r.first == "late_ranks" and r.false == [], (r.findings, r.job)
     assert r.job["late_rank"] == 1
     assert r.cost_ms == pytest.approx(r.truth_ms, rel=suite.TOLERANCE)
     assert r.sum_error < 0.02
+    assert _late_by(r) == "blocked", r.findings
+
+
+def test_a_late_rank_that_computes_more_is_told_from_one_that_sleeps(tmp_path: Path) -> None:
+    """The same job, rank 1 busy for 40 ms of its own CPU time a step instead
+    of asleep: the late rank is named as before, and its lateness is more CPU
+    time for the step (more work or a slower core), not time blocked."""
+    base = suite.BY_NAME["late"]
+    sc = dataclasses.replace(base, name="late-spin", job=[*base.job, "--late-kind", "spin"])
+    r = suite.evaluate(sc, 1, tmp_path, twin=False)
+    print(r.first, r.job, r.findings)
+    assert r.first == "late_ranks" and r.job["late_rank"] == 1, (r.findings, r.job)
+    assert _late_by(r) == "run", r.findings
 
 
 def test_a_cliff_made_by_the_mpi_library_is_confirmed_by_replay(tmp_path: Path) -> None:

@@ -65,31 +65,47 @@ def cpu_rows(df: pd.DataFrame) -> pd.DataFrame:
     })
 
 
+def main_split(ctx: Context) -> dict[str, pd.DataFrame]:
+    """The main thread's time outside synchronize, per step (rows) and rank
+    (columns), ms, in three parts: "run" (on a CPU), "wait" (on a run queue)
+    and "blocked" (neither: I/O, a lock, a sleep).  The "cpu" rows (the step's
+    interval, bytes on a CPU, count waiting) less the "sync" rows of the same
+    steps (their duration, bytes, count); only the steps whose CPU figures were
+    read (HOROVOD_PROFILE_CPU samples them: a sync row elsewhere carries none).
+    Empty tables without "cpu" rows."""
+    df = ctx.df
+    parts = ("run", "wait", "blocked")
+    if "op" not in df.columns or "thread_kind" not in df.columns:
+        return {p: pd.DataFrame() for p in parts}
+    op = df["op"].astype(str).to_numpy()
+    cpu = df.loc[(op == "cpu") & (df["thread_kind"].astype(str) == "main").to_numpy()]
+    if cpu.empty:
+        return {p: pd.DataFrame() for p in parts}
+
+    def frame(rows: pd.DataFrame, sign: float) -> pd.DataFrame:
+        return pd.DataFrame({
+            "step": rows["seq"].to_numpy(dtype=np.int64),
+            "rank": rows["rank"].to_numpy(dtype=np.int64),
+            "run": sign * rows["bytes"].to_numpy(dtype=np.float64) / 1e6,
+            "wait": sign * rows["count"].to_numpy(dtype=np.float64) / 1e6,
+            "span": sign * (rows["t_end_ns"] - rows["t_start_ns"]).to_numpy(
+                dtype=np.float64) / 1e6})
+
+    w = frame(cpu, 1.0)
+    sync = df.loc[op == "sync"]
+    if len(sync):
+        s = frame(sync, -1.0)
+        read = pd.MultiIndex.from_frame(w[["step", "rank"]])
+        w = pd.concat([w, s.loc[pd.MultiIndex.from_frame(s[["step", "rank"]]).isin(read)]])
+    t = w.groupby(["step", "rank"]).sum()
+    t["blocked"] = (t["span"] - t["run"] - t["wait"]).clip(lower=0.0)
+    return {p: t[p].unstack("rank").dropna() for p in parts}
+
+
 def cpu_waits(ctx: Context) -> pd.DataFrame:
     """Per step (rows) and rank (columns): the main thread's run-queue delay in
-    that step outside synchronize, ms ("cpu" rows less the "sync" rows' count);
-    empty without "cpu" rows."""
-    df = ctx.df
-    if "op" not in df.columns or "thread_kind" not in df.columns:
-        return pd.DataFrame()
-    cpu = df.loc[(df["op"].astype(str) == "cpu").to_numpy()
-                 & (df["thread_kind"].astype(str) == "main").to_numpy()]
-    if cpu.empty:
-        return pd.DataFrame()
-    w = pd.DataFrame({"step": cpu["seq"].to_numpy(dtype=np.int64),
-                      "rank": cpu["rank"].to_numpy(dtype=np.int64),
-                      "wait": cpu["count"].to_numpy(dtype=np.float64) / 1e6})
-    sync = df.loc[(df["op"].astype(str) == "sync").to_numpy()]
-    if len(sync):
-        s = pd.DataFrame({"step": sync["seq"].to_numpy(dtype=np.int64),
-                          "rank": sync["rank"].to_numpy(dtype=np.int64),
-                          "wait": -sync["count"].to_numpy(dtype=np.float64) / 1e6})
-        # only the steps that were read (HOROVOD_PROFILE_CPU samples them): a
-        # sync row elsewhere carries no CPU figures
-        read = pd.MultiIndex.from_frame(w[["step", "rank"]])
-        s = s.loc[pd.MultiIndex.from_frame(s[["step", "rank"]]).isin(read)]
-        w = pd.concat([w, s])
-    return w.pivot_table(index="step", columns="rank", values="wait", aggfunc="sum").dropna()
+    that step outside synchronize, ms (main_split's "wait")."""
+    return main_split(ctx)["wait"]
 
 
 def _sync_cpu(ctx: Context) -> pd.DataFrame:

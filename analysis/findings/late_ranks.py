@@ -30,7 +30,7 @@ from profiler.units import fmt_ms, fmt_share
 
 from ..stats import ChanceTest, most_often
 from .base import MIN_STEPS, Context, Finding, bootstrap_mean
-from .contention import cpu_waits
+from .contention import cpu_waits, main_split
 
 NULL = ("chance: with n ranks whose step times vary alike, each is last in 1/n of the steps "
         "(binomial test, p < 0.01 after correcting for n ranks and for runs of steps)")
@@ -95,6 +95,10 @@ def _cpu_excess_ms(table: pd.DataFrame, rank: int, steps: pd.Series) -> float | 
     return float(t[rank].mean() - t.drop(columns=[rank]).mean(axis=1).mean())
 
 
+def _more(ms: float) -> str:
+    return f"{fmt_ms(ms)} more" if ms >= 0 else f"{fmt_ms(-ms)} less"
+
+
 def _from_breakdown(ctx: Context) -> list[Finding] | None:
     from ..breakdown import caused_wait, last_ranks
 
@@ -139,15 +143,29 @@ def _late_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: Chance
                f"if it arrived with the others, each step would end {fmt_ms(gain)} sooner "
                "on average (the cost above is the others' waiting, averaged over all "
                "ranks like the breakdown)."]
-    excess = _cpu_excess_ms(cpu_waits(ctx), late, lr["step"])
-    # lateness the rank's own run-queue delay accounts for is the scheduler's,
-    # not its work: say so, and point at the contention instead
-    by_cpu = excess is not None and lead > 0 and excess >= 0.5 * lead
-    if excess is not None and excess > 0:
-        details.append(f"its compute thread waited {fmt_ms(excess)} per step longer for a CPU "
-                       "than the others' (run-queue delay outside synchronize)"
-                       + (": most of its lateness is waiting for a core, not more work."
-                          if by_cpu else "."))
+    # where the late rank's extra time outside synchronize went, against the
+    # others' in the same steps: waiting for a core is the scheduler's, not its
+    # work; more time on a CPU is more work or a slower core; neither is time
+    # blocked (I/O, a lock, a sleep).  A part that covers half the lateness
+    # is named as its cause, else the figures are given as they are.
+    got = {part: _cpu_excess_ms(t, late, lr["step"]) for part, t in main_split(ctx).items()}
+    excess = got["wait"]
+    ex = {part: v for part, v in got.items() if v is not None}  # all three, or none
+    cause = next((part for part in ("wait", "run", "blocked")
+                  if lead > 0 and part in ex and ex[part] >= 0.5 * lead), None)
+    by_cpu = cause == "wait"
+    if len(ex) == 3:
+        details.append(
+            f"outside synchronize its compute thread spent, per step, {_more(ex['run'])} "
+            f"than the others' running on a CPU, {_more(ex['wait'])} waiting for one and "
+            f"{_more(ex['blocked'])} blocked (neither)"
+            + {"wait": ": most of its lateness is waiting for a core, not more work.",
+               "run": ": most of its lateness is more CPU time for the step, that is more "
+                      "work (its data, another code path) or a slower core (its clock, a "
+                      "busy hyper-thread sibling, a virtual machine's stolen time).",
+               "blocked": ": most of its lateness is time blocked, neither computing nor "
+                          "waiting for a core (I/O, data loading, a lock, a sleep).",
+               None: "."}[cause])
     significant = ctx.significant(lo)
     conf = f"95% interval over {len(lr)} steps"
     if err > 0 and err >= 0.5 * max(lead, 1e-9):
@@ -164,6 +182,12 @@ def _late_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: Chance
                         f"give rank {late}'s threads cores of their own (see the CPU "
                         "contention finding): fewer threads per rank, binding, no other "
                         "busy processes on its cores" if by_cpu else
+                        f"find what rank {late} computes more, or what slows its cores: its "
+                        "data, its CPU placement (mpirun --bind-to core, then move it), the "
+                        "cores' clocks, what else runs on them" if cause == "run" else
+                        f"find what rank {late} waits on outside the step's work: its data "
+                        "loading and I/O (storage, loader workers), locks, sleeps"
+                        if cause == "blocked" else
                         f"find what rank {late} does differently (its data, its host's load, "
                         "its CPU placement, other processes on its cores)"),
         check="profiler summarize TRACE --by rank; profiler compare BEFORE AFTER",
@@ -171,7 +195,9 @@ def _late_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: Chance
                  "steps": test.trials, "p_value": test.p_value, "n_eff": test.n_eff,
                  "lateness_ms": lead, "step_gain_ms": gain, "others_wait_ms_per_step": mean,
                  "source": source, "clock_error_ms": err,
-                 "cpu_excess_ms": excess, "late_by_cpu": by_cpu},
+                 "cpu_excess_ms": excess, "late_by_cpu": by_cpu,
+                 "run_excess_ms": got["run"], "blocked_excess_ms": got["blocked"],
+                 "late_by": cause},
         significant=significant, part="wait_ranks", null=NULL,
     )
 

@@ -12,7 +12,8 @@ clock for every process of a kernel, simulated hosts included); and the
 busiest other threads' run-queue share over the timed steps (Horovod's
 background thread, intra-op workers).
 
-    mpirun -n 2 python job.py --model mlp --steps 40 [--late-rank 1 --late-ms 30]
+    mpirun -n 2 python job.py --model mlp --steps 40 [--late-rank 1 --late-ms 30
+        [--late-kind spin]]
         [--jitter-ms 60] [--stall-ms 50] [--threads 2]
 """
 
@@ -126,6 +127,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--late-rank", type=int, default=-1)
     p.add_argument("--late-ms", type=float, default=0.0)
+    p.add_argument("--late-kind", choices=("sleep", "spin"), default="sleep",
+                   help="how the late rank spends --late-ms: asleep, or computing (a busy "
+                        "loop until its thread has run that long on a CPU)")
     p.add_argument("--jitter-ms", type=float, default=0.0)
     p.add_argument("--stall-ms", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
@@ -152,7 +156,11 @@ def main() -> None:
         pause = a.stall_ms
         if a.jitter_ms:
             pause += rng.uniform(0.0, a.jitter_ms)
-        if rank == a.late_rank:
+        if rank == a.late_rank and a.late_kind == "spin":
+            until = time.thread_time_ns() + int(a.late_ms * 1e6)
+            while time.thread_time_ns() < until:
+                pass
+        elif rank == a.late_rank:
             pause += a.late_ms
         if pause:
             time.sleep(pause / 1e3)

@@ -584,7 +584,8 @@ def judge(sc: Scenario, run: int, a: Any, *, truth: float | None,
                  sum_error=sum_error, ok=False, note=note,
                  findings=[{"key": f.key, "headline": f.headline, "cost_ms": f.cost_ms,
                             "interval_ms": f.cost_interval_ms,
-                            "significant": f.significant} for f in a.findings],
+                            "significant": f.significant,
+                            "late_by": f.numbers.get("late_by")} for f in a.findings],
                  job=truths, truth_interval=truth_iv, no_effect=no_effect, step_ms=step_ms)
     if expect is None:
         res.ok = not false and not any(f.key in NAMING and not true_claim(f) for f in sig)
