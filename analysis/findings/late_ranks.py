@@ -147,14 +147,22 @@ def _late_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: Chance
     # others' in the same steps: waiting for a core is the scheduler's, not its
     # work; more time on a CPU is more work or a slower core; neither is time
     # blocked (I/O, a lock, a sleep).  A part that covers half the lateness
-    # is named as its cause, else the figures are given as they are.
-    got = {part: _cpu_excess_ms(t, late, lr["step"]) for part, t in main_split(ctx).items()}
+    # is named as its cause, else the figures are given as they are.  Only
+    # where the others wait in synchronize (its CPU figures are taken out):
+    # waiting in a blocking collective, an MPI library polls, on a CPU.
+    split = main_split(ctx)
+    parts = ("wait", "run", "blocked") if source == "sync" else ("wait",)
+    got = {part: _cpu_excess_ms(split[part], late, lr["step"]) for part in parts}
     excess = got["wait"]
-    ex = {part: v for part, v in got.items() if v is not None}  # all three, or none
-    cause = next((part for part in ("wait", "run", "blocked")
+    ex = {part: v for part, v in got.items() if v is not None}  # all, or none
+    cause = next((part for part in parts
                   if lead > 0 and part in ex and ex[part] >= 0.5 * lead), None)
     by_cpu = cause == "wait"
-    if len(ex) == 3:
+    if len(ex) == 1 and ex["wait"] > 0:
+        details.append(f"its compute thread waited {fmt_ms(ex['wait'])} per step longer for "
+                       "a CPU than the others'" + (": most of its lateness is waiting for a "
+                                                   "core, not more work." if by_cpu else "."))
+    elif len(ex) == 3:
         details.append(
             f"outside synchronize its compute thread spent, per step, {_more(ex['run'])} "
             f"than the others' running on a CPU, {_more(ex['wait'])} waiting for one and "
@@ -196,7 +204,7 @@ def _late_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: Chance
                  "lateness_ms": lead, "step_gain_ms": gain, "others_wait_ms_per_step": mean,
                  "source": source, "clock_error_ms": err,
                  "cpu_excess_ms": excess, "late_by_cpu": by_cpu,
-                 "run_excess_ms": got["run"], "blocked_excess_ms": got["blocked"],
+                 "run_excess_ms": got.get("run"), "blocked_excess_ms": got.get("blocked"),
                  "late_by": cause},
         significant=significant, part="wait_ranks", null=NULL,
     )
