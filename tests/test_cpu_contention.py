@@ -620,3 +620,26 @@ def test_a_killed_rank_keeps_its_start_figures(tmp_path: Path) -> None:
     cpu = df[df["op"].astype(str) == "cpu"]
     assert cpu["seq"].tolist() == [0, 1, 2] and c["rows"] == 3
     assert set(cpu["tid"]) == {main["tid"]}
+
+
+def test_cores_per_host_are_the_union_of_the_ranks_affinities() -> None:
+    """Two ranks bound to a core each (mpirun --bind-to core) use two cores of
+    their host, not one (the smallest affinity, read until 12-05); ranks on
+    another host count for theirs; no affinity: the host's CPUs."""
+    from profiler.analysis.findings.contention import _threads
+
+    def rank(r: int, host: str, aff: list[int] | None) -> dict[str, Any]:
+        cpu: dict[str, Any] = {"host_cpus": 4, "threads": []}
+        if aff is not None:
+            cpu["affinity"] = aff
+        return {"rank": r, "host": host, "cpu": cpu}
+
+    bound = {"ranks": [rank(0, "a", [0]), rank(1, "a", [1])]}
+    assert _threads(bound)[1]["job_cores"] == 2
+    shared = {"ranks": [rank(0, "a", [0, 1]), rank(1, "a", [0, 1])]}
+    assert _threads(shared)[1]["job_cores"] == 2
+    hosts = {"ranks": [rank(0, "a", [0]), rank(1, "a", [1]), rank(2, "b", [3])]}
+    assert _threads(hosts)[1]["job_cores"] == 1  # the smaller host's
+    none = {"ranks": [rank(0, "a", None)]}
+    info = _threads(none)[1]
+    assert (info["job_cores"], info["host_cpus"]) == (0, 4)

@@ -125,11 +125,13 @@ def _sync_cpu(ctx: Context) -> pd.DataFrame:
 
 def _threads(meta: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every rank's threads at exit (run, wait and kind), and the host figures:
-    cores per host, ranks per host, the ranks' affinity sizes, torch threads."""
+    CPUs per host, ranks per host, the cores the job's ranks may use on a host
+    (the union of their affinities: two ranks bound to a core each have two),
+    torch threads."""
     threads: list[dict[str, Any]] = []
     hosts: dict[str, int] = {}
     cores: list[int] = []
-    affinity: list[int] = []
+    allowed: dict[str, set[int]] = {}
     torch_threads: list[int] = []
     for r in meta.get("ranks") or []:
         if not isinstance(r, dict):
@@ -141,7 +143,8 @@ def _threads(meta: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]
         if isinstance(cpu.get("host_cpus"), int):
             cores.append(int(cpu["host_cpus"]))
         if isinstance(cpu.get("affinity"), list):
-            affinity.append(len(cpu["affinity"]))
+            allowed.setdefault(str(r.get("host", "")), set()).update(
+                c for c in cpu["affinity"] if isinstance(c, int))
         if isinstance(cpu.get("torch_threads"), int):
             torch_threads.append(int(cpu["torch_threads"]))
         for t in cpu.get("threads") or []:
@@ -159,7 +162,7 @@ def _threads(meta: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]
              and isinstance(r["cpu"].get("loadavg_end"), list) and r["cpu"]["loadavg_end"]]
     info = {"ranks_per_host": max(hosts.values()) if hosts else 0,
             "host_cpus": min(cores) if cores else 0,
-            "affinity": min(affinity) if affinity else 0,
+            "job_cores": min(len(c) for c in allowed.values()) if allowed else 0,
             "torch_threads": max(torch_threads) if torch_threads else 0,
             "loadavg": max(loads) if loads else float("nan")}
     return threads, info
@@ -202,7 +205,7 @@ def analyze(ctx: Context) -> list[Finding]:
         per_rank = busy.groupby("rank").size()
         n_busy = int(per_rank.max()) if len(per_rank) else 0
         host_busy = n_busy * max(info["ranks_per_host"], 1)
-        cores = info["affinity"] or info["host_cpus"]
+        cores = info["job_cores"] or info["host_cpus"]
         if cores:
             details.append(f"{host_busy} busy threads on {cores} cores per host "
                            f"({info['ranks_per_host']} ranks x {n_busy} threads each"
