@@ -68,38 +68,24 @@ def cpu_rows(df: pd.DataFrame) -> pd.DataFrame:
 def main_split(ctx: Context) -> dict[str, pd.DataFrame]:
     """The main thread's time outside synchronize, per step (rows) and rank
     (columns), ms, in three parts: "run" (on a CPU), "wait" (on a run queue)
-    and "blocked" (neither: I/O, a lock, a sleep).  The "cpu" rows (the step's
-    interval, bytes on a CPU, count waiting) less the "sync" rows of the same
-    steps (their duration, bytes, count); only the steps whose CPU figures were
-    read (HOROVOD_PROFILE_CPU samples them: a sync row elsewhere carries none).
-    Empty tables without "cpu" rows."""
-    df = ctx.df
+    and "blocked" (neither: I/O, a lock, a sleep).  The main thread's "cpu"
+    rows less the same steps' sync figures (_sync_cpu): only the steps whose
+    CPU figures were read (HOROVOD_PROFILE_CPU samples them: a sync row
+    elsewhere carries none).  Empty tables without "cpu" rows."""
     parts = ("run", "wait", "blocked")
-    if "op" not in df.columns or "thread_kind" not in df.columns:
+    rows = cpu_rows(ctx.df)
+    rows = rows.loc[rows["kind"] == "main"]
+    if rows.empty:
         return {p: pd.DataFrame() for p in parts}
-    op = df["op"].astype(str).to_numpy()
-    cpu = df.loc[(op == "cpu") & (df["thread_kind"].astype(str) == "main").to_numpy()]
-    if cpu.empty:
-        return {p: pd.DataFrame() for p in parts}
-
-    def frame(rows: pd.DataFrame, sign: float) -> pd.DataFrame:
-        return pd.DataFrame({
-            "step": rows["seq"].to_numpy(dtype=np.int64),
-            "rank": rows["rank"].to_numpy(dtype=np.int64),
-            "run": sign * rows["bytes"].to_numpy(dtype=np.float64) / 1e6,
-            "wait": sign * rows["count"].to_numpy(dtype=np.float64) / 1e6,
-            "span": sign * (rows["t_end_ns"] - rows["t_start_ns"]).to_numpy(
-                dtype=np.float64) / 1e6})
-
-    w = frame(cpu, 1.0)
-    sync = df.loc[op == "sync"]
+    t = rows.groupby(["step", "rank"])[["run_ns", "wait_ns", "interval_ns"]].sum()
+    sync = _sync_cpu(ctx)
     if len(sync):
-        s = frame(sync, -1.0)
-        read = pd.MultiIndex.from_frame(w[["step", "rank"]])
-        w = pd.concat([w, s.loc[pd.MultiIndex.from_frame(s[["step", "rank"]]).isin(read)]])
-    t = w.groupby(["step", "rank"]).sum()
-    t["blocked"] = (t["span"] - t["run"] - t["wait"]).clip(lower=0.0)
-    return {p: t[p].unstack("rank").dropna() for p in parts}
+        t = t.join(sync, how="left").fillna(0.0)
+        t["run_ns"] -= t["sync_run_ns"]
+        t["wait_ns"] -= t["sync_wait_ns"]
+        t["interval_ns"] -= t["sync_ns"]
+    t["blocked_ns"] = (t["interval_ns"] - t["run_ns"] - t["wait_ns"]).clip(lower=0.0)
+    return {p: (t[f"{p}_ns"] / 1e6).unstack("rank").dropna() for p in parts}
 
 
 def cpu_waits(ctx: Context) -> pd.DataFrame:
@@ -109,14 +95,17 @@ def cpu_waits(ctx: Context) -> pd.DataFrame:
 
 
 def _sync_cpu(ctx: Context) -> pd.DataFrame:
-    """Per (step, rank): the main thread's time in synchronize and its run-queue
-    wait there (the "sync" rows' duration and count)."""
+    """Per (step, rank): the main thread's time in synchronize, and its time on
+    a CPU and on a run queue there (the "sync" rows' duration, bytes, count)."""
     df = ctx.df
+    if "op" not in df.columns:
+        return pd.DataFrame()
     s = df.loc[(df["op"].astype(str) == "sync").to_numpy()]
     if s.empty:
         return pd.DataFrame()
     out = pd.DataFrame({"step": s["seq"].to_numpy(dtype=np.int64),
                         "rank": s["rank"].to_numpy(dtype=np.int64),
+                        "sync_run_ns": s["bytes"].to_numpy(dtype=np.float64),
                         "sync_wait_ns": s["count"].to_numpy(dtype=np.float64),
                         "sync_ns": (s["t_end_ns"] - s["t_start_ns"]).to_numpy(
                             dtype=np.float64)})
@@ -180,7 +169,7 @@ def analyze(ctx: Context) -> list[Finding]:
     m = main.groupby(["step", "rank"])[["wait_ns", "run_ns", "interval_ns"]].sum()
     sync = _sync_cpu(ctx)
     if len(sync):
-        m = m.join(sync, how="left").fillna({"sync_wait_ns": 0.0, "sync_ns": 0.0})
+        m = m.join(sync, how="left").fillna(0.0)
         m["wait_ns"] = (m["wait_ns"] - m["sync_wait_ns"]).clip(lower=0.0)
         m["interval_ns"] = (m["interval_ns"] - m["sync_ns"]).clip(lower=0.0)
     per_step = m["wait_ns"].groupby("step").mean() / 1e6
