@@ -57,10 +57,19 @@ def build_library(out_dir: Path) -> Path:
     compiler = shlex.split(os.environ.get("CC") or "cc") if no_mpi else find_mpicc()
     cflags = CFLAGS
     extra = shlex.split(os.environ.get("HVPROF_CFLAGS", ""))
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     cmd = [*compiler, *cflags, *extra, "-I", str(HOOKS), *sources,
-           "-o", str(target), "-ldl", "-Wl,--no-undefined"]
+           "-o", str(tmp), "-ldl", "-Wl,--no-undefined"]
     print("building", LIB_NAME, ":", " ".join(cmd))
     subprocess.run(cmd, check=True)
+    return replace(tmp, target)
+
+
+def replace(tmp: Path, target: Path) -> Path:
+    """Move a built file onto its name atomically: a process that has the old
+    library mapped (a job running from the editable checkout) keeps it intact;
+    writing over it in place would change its code under it."""
+    os.replace(tmp, target)
     return target
 
 
@@ -83,11 +92,12 @@ def build_fastrec(out_dir: Path) -> Path:
 
     target = out_dir / ("_fastrec" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
     cc = shlex.split(os.environ.get("CC") or "cc")
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     cmd = [*cc, *CFLAGS, "-I", sysconfig_include(),
-           str(HERE / "profiler" / "_ext" / "fastrec.c"), "-o", str(target), "-ldl"]
+           str(HERE / "profiler" / "_ext" / "fastrec.c"), "-o", str(tmp), "-ldl"]
     print("building _fastrec :", " ".join(cmd))
     subprocess.run(cmd, check=True)
-    return target
+    return replace(tmp, target)
 
 
 def tensorflow_headers() -> tuple[Path, str] | None:
@@ -162,8 +172,9 @@ def cached_build(name: str, what: str, source: Path, cmd: list[str], out_dir: Pa
             tmp.unlink(missing_ok=True)
             return None
         os.replace(tmp, cache)
-    shutil.copy(cache, target)
-    return target
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    shutil.copy(cache, tmp)
+    return replace(tmp, target)
 
 
 TORCH_FIELDS_NAME = "libhvprof_torch.so"
@@ -242,16 +253,25 @@ def sysconfig_include() -> str:
 
 
 class BuildPy(build_py):
+    """The compiled parts go beside the Python: into the wheel's tree, or, for an
+    editable install (`pip install -e .`, what scripts/setup.sh does), into the
+    checkout itself, which then is the installed package (its _lib/ and
+    _fastrec*.so are ignored by git).  An editable wheel carries no file of
+    ours at the root of site-packages: scripts/setup.sh copies the start-up
+    hook there."""
+
     def run(self) -> None:
         super().run()
-        build_lib = Path(self.build_lib)
-        build_library(build_lib / "profiler" / "_lib")
-        record_python(build_lib / "profiler" / "_lib")
-        build_fastrec(build_lib / "profiler")
-        build_tf_kernels(build_lib / "profiler" / "_lib")
-        build_torch_fields(build_lib / "profiler" / "_lib")
-        # The start-up hook lands at the root of site-packages.
-        shutil.copy(HERE / "profiler" / PTH_NAME, build_lib / PTH_NAME)
+        editable = bool(getattr(self, "editable_mode", False))
+        root = HERE if editable else Path(self.build_lib)
+        pkg = root / "profiler"
+        build_library(pkg / "_lib")
+        record_python(pkg / "_lib")
+        build_fastrec(pkg)
+        build_tf_kernels(pkg / "_lib")
+        build_torch_fields(pkg / "_lib")
+        if not editable:  # the start-up hook lands at the root of site-packages
+            shutil.copy(HERE / "profiler" / PTH_NAME, root / PTH_NAME)
 
 
 def version() -> str:
@@ -267,16 +287,17 @@ setup(
     python_requires=">=3.9",
     packages=[
         "profiler", "profiler.cli", "profiler.analysis", "profiler.analysis.findings",
-        "profiler.formats", "profiler.collect", "profiler.build",
+        "profiler.formats", "profiler.collect", "profiler.postjob",
         "profiler.bench", "profiler.workloads",
     ],
-    package_dir={"profiler.analysis": "analysis"},
+    # profiler/analysis is a link to the top-level analysis/ (the user's layout):
+    # `profiler.analysis` resolves the same in the checkout and in a wheel.
     package_data={"profiler": ["_lib/*.so", "_lib/*.python", "_fastrec*.so", "py.typed"],
                   "profiler.analysis": ["*.js"]},
     include_package_data=False,
     install_requires=[
         "numpy", "pandas>=2", "pyarrow>=14", "orjson", "plotly>=5", "rich", "duckdb",
-        "prometheus-client==0.26.0",
+        "prometheus-client==0.26.0", "scipy>=1.15",
     ],
     extras_require={
         "mpi": ["mpi4py"],

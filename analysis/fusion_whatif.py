@@ -496,7 +496,7 @@ def whatif(lineage: pd.DataFrame, rows: pd.DataFrame, env: Mapping[str, Any] | N
     summed over its data calls per step.  With rank 0's rows only (basis
     "rank0"), rank 0's call durations, which include its waits for the other
     ranks."""
-    from profiler.build.classify import is_horovod_row
+    from profiler.postjob.classify import is_horovod_row
 
     if lineage is None or lineage.empty or "ready_ns" not in lineage.columns:
         return None

@@ -67,16 +67,16 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from profiler.analysis.metrics import bus_factor
 
 from profiler import layout
-from profiler.build.classify import classify, horovod_tracks
+from profiler.analysis.metrics import bus_factor
 from profiler.errors import NotFoundError, ProfilerError
 from profiler.formats import record as F
 from profiler.formats.clock import ns_per_tick, ticks_to_job_ns, ticks_to_mono_ns
 from profiler.formats.raw import c_string, read_agg, writer_state
 from profiler.formats.rawtail import RawTail, TailRead
 from profiler.formats.rows import thread_kind_of
+from profiler.postjob.classify import classify, horovod_tracks
 
 __all__ = ["Watcher", "SIZE_CLASSES", "LATENCY_BOUNDS_S", "SCHEMA", "STUCK_MIN_S",
            "size_class_index"]
@@ -407,7 +407,7 @@ class Watcher:
 
     def _kinds(self, st: _Rank, op: np.ndarray, dtype: np.ndarray, redop: np.ndarray,
                track: np.ndarray, root0: np.ndarray) -> np.ndarray:
-        """profiler.build.classify's kind of each call, as an index into _KINDS,
+        """profiler.postjob.classify's kind of each call, as an index into _KINDS,
         classified once per distinct (op, dtype, redop, track, root is 0)."""
         key = (op.astype(np.int64) << 40) | (dtype.astype(np.int64) << 32) | \
             (redop.astype(np.int64) << 24) | ((track.astype(np.int64) & 0x7FFFFF) << 1) | \

@@ -97,8 +97,8 @@ def rank_frame(rank: int, ranks: int, calls: int, rng: np.random.Generator) -> p
 def generate(d: Path, calls: int, ranks: int, seed: int = 0) -> None:
     import pyarrow.parquet as pq
 
-    from profiler.build.window import write_trace
     from profiler.formats.dataset import frame_to_table
+    from profiler.postjob.window import write_trace
 
     rng = np.random.default_rng(seed)
     (d / "ranks").mkdir(parents=True, exist_ok=True)

@@ -118,7 +118,7 @@ def per_step(prof: Path) -> Any:
     comm_size), steps 0 and on."""
     import pandas as pd
 
-    from profiler.build.classify import classify, is_horovod_row
+    from profiler.postjob.classify import classify, is_horovod_row
 
     df = pd.read_parquet(prof / "ranks" / "rank-00000.parquet")
     kind = df["kind"].astype(str) if "kind" in df.columns else classify(df).astype(str)

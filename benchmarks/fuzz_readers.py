@@ -382,7 +382,7 @@ def _place_plain(key: str, name: str) -> Callable[[Path, dict[str, Path]], Path]
 
 
 def _api_raw(f: Path, case: Path) -> Any:
-    from profiler.build.convert import convert_raw
+    from profiler.postjob.convert import convert_raw
 
     return convert_raw(f, f.parent.parent)
 
@@ -394,7 +394,7 @@ def _parse_raw(f: Path, case: Path) -> Any:
 
 
 def _api_agg(f: Path, case: Path) -> Any:
-    from profiler.build.convert import convert_raw
+    from profiler.postjob.convert import convert_raw
 
     return convert_raw(f.with_suffix(".hvprof"), f.parent.parent)
 
@@ -406,7 +406,7 @@ def _api_header(f: Path, case: Path) -> Any:
 
 
 def _api_merge(f: Path, case: Path) -> Any:
-    from profiler.build.merge import merge
+    from profiler.postjob.merge import merge
 
     return merge(case / "prof")
 

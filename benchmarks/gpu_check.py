@@ -437,8 +437,8 @@ def check_sweep(rep: Report, backend: str, res: dict[str, Any], work: Path, tag:
                 args: argparse.Namespace, out_dir: Path, path: str = "wrappers",
                 ranks: int = 1) -> dict[str, Any]:
     import numpy as np
-    from profiler.analysis import load
 
+    from profiler.analysis import load
     from profiler.formats import raw as rawfmt
 
     name = backend if path == "wrappers" else f"{backend}+{path}"
@@ -742,7 +742,6 @@ def orchestrate(args: argparse.Namespace) -> int:
     rep = Report()
     t0 = time.time()
     from profiler.analysis import gpu
-
     from profiler.collect import nvml
 
     topo = nvml.topology()

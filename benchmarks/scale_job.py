@@ -15,7 +15,7 @@ time, peak RSS = the child's ru_maxrss):
               trace: load(DIR, columns=REPORT_COLUMNS, max_rows=5M) -> render_report,
               plus the exact summary table and straggler ranking from the engine
               (report.py itself loads every row: see the issue notes)
-  finalize    rank 0's merge at exit (profiler.build.merge.merge: metadata of every rank,
+  finalize    rank 0's merge at exit (profiler.postjob.merge.merge: metadata of every rank,
               events of the ranks trace.json shows) at 2, 64 and 1024 ranks with the
               same calls per rank, and the conversion every rank does of its own raw
               file (profiler.formats.dataset.convert_raw of a 100k-call raw file)
@@ -95,7 +95,7 @@ print(f"rows loaded {len(df)} of {sel.get('rows_total')}; load {t_load:.1f} s, "
 
 FINALIZE = """
 import sys, time
-from profiler.build.merge import merge
+from profiler.postjob.merge import merge
 d = sys.argv[1]
 t = time.perf_counter()
 res = merge(d, out=d + "/bench-trace.json")
@@ -107,7 +107,7 @@ import sys, time
 sys.path.insert(0, sys.argv[2])
 import numpy as np, rawgen
 from profiler.formats import record as F
-from profiler.build.convert import convert_raw
+from profiler.postjob.convert import convert_raw
 d = sys.argv[1]
 n = 100_000
 w = rawgen.RawWriter(rank=1, world_size=2, chunk_bytes=F.DEFAULT_CHUNK_BYTES, clock_kind=1,

@@ -29,9 +29,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import rawgen  # noqa: E402
+
 from profiler.analysis import live  # noqa: E402
 from profiler.analysis.live import Watcher  # noqa: E402
-
 from profiler.formats import record as F  # noqa: E402
 
 

@@ -537,10 +537,10 @@ def synthesize(src: str | os.PathLike[str], out: str | os.PathLike[str], cfg: Sy
                force: bool = False, trace_events: int | None = None,
                progress: Callable[[int, int], None] | None = None) -> SynthResult:
     """Generate the N-rank dataset of `cfg` from the real profile `src` into `out`."""
-    from profiler.build.merge import job_metadata
-    from profiler.build.window import write_trace
     from profiler.formats.dataset import write_parquet
     from profiler.formats.tracejson import now_iso
+    from profiler.postjob.merge import job_metadata
+    from profiler.postjob.window import write_trace
 
     cfg.check()
     began = time.perf_counter()

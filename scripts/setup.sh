@@ -8,11 +8,13 @@
 #   1. Open MPI (Debian packages openmpi-bin, libopenmpi-dev) when mpicc or
 #      mpirun is missing.
 #   2. A Python virtual environment at .venv in the checkout.
-#   3. The Python dependencies of requirements-dev.txt (torch==2.13.0 CPU,
-#      cmake<4, the analysis stack, test tools).
+#   3. The Python dependencies, at the exact versions and hashes of
+#      requirements-dev.lock (requirements-tf.lock with TensorFlow), which
+#      scripts/lock.sh compiles from requirements-dev.txt (and -tf.txt):
+#      torch 2.13.0+cpu, cmake<4, the analysis stack, test tools.
 #   4. Horovod, built from its source package into a wheel cache outside the
 #      checkout (once: it takes minutes), then installed from that cache.
-#      With TensorFlow too when HVPROF_WITH_TENSORFLOW=1 (requirements-tf.txt;
+#      With TensorFlow too when HVPROF_WITH_TENSORFLOW=1 (requirements-tf.lock;
 #      the test command sets it) or when the venv already has TensorFlow.
 #   5. horovod-profiler itself (compiles hooks/*.c through setup.py).
 #   +  NCCL's own libnccl.so.2 (nvidia-nccl-cu12, a 350 MB wheel: about 6 s
@@ -26,7 +28,7 @@
 #   HVPROF_WHEEL_CACHE      wheel cache (default ~/.cache/horovod-profiler/wheels)
 #   HVPROF_PYTHON           interpreter for a new venv (default python3.11, python3)
 #   HVPROF_BUILD_JOBS       parallel compile jobs for the Horovod build (default 2)
-#   HVPROF_WITH_TENSORFLOW  1: install TensorFlow (requirements-tf.txt) and build
+#   HVPROF_WITH_TENSORFLOW  1: install TensorFlow (requirements-tf.lock) and build
 #                           Horovod's TensorFlow/Keras support (about 3 more minutes once)
 set -euo pipefail
 
@@ -38,7 +40,6 @@ CACHE_ROOT=${HOME}/.cache/horovod-profiler
 WHEEL_CACHE=${HVPROF_WHEEL_CACHE:-$CACHE_ROOT/wheels}
 VENV=$ROOT/.venv
 PY=$VENV/bin/python
-REQS=$ROOT/requirements-dev.txt
 T0=$(date +%s)
 
 say() { printf 'setup: %s\n' "$*"; }
@@ -71,11 +72,33 @@ patch_no_xla() {
     ! grep -q 'xla_mpi_ops.cc' "$cm" || die "$cm: the xla_mpi_ops.cc patch did not apply"
 }
 
-# `setup.sh --patch-cxx17 FILE` / `--patch-no-xla FILE`: apply only that fix
-# (used by the tests).
-if [ "${1:-}" = "--patch-cxx17" ] || [ "${1:-}" = "--patch-no-xla" ]; then
+# Gloo (third_party/gloo) compiles as C++14 in Horovod 0.28.1, while the torch
+# extension, once C++17, defines Gloo's `static constexpr` members inline in its
+# own objects: the link then fails with "multiple definition of
+# gloo::rendezvous::Store::kDefaultTimeout".  Compile Gloo as C++17 too, as
+# Horovod already does for its TensorFlow copy (compatible17_gloo), and fail
+# loudly when the flag is not there.
+patch_gloo_cxx17() {
+    local cm=$1
+    [ -f "$cm" ] || die "$cm: no such file"
+    grep -q -- '-std=c++11' "$cm" \
+        || die "$cm: '-std=c++11' not found: the Gloo C++17 patch needs review for Horovod $HOROVOD_VERSION"
+    sed -i 's/-std=c++11/-std=c++17/g' "$cm"
+    sed -i '1i set(CMAKE_CXX_STANDARD 17)' "$cm"
+    ! grep -q -- '-std=c++11' "$cm" && head -n 1 "$cm" | grep -q 'CMAKE_CXX_STANDARD 17' \
+        || die "$cm: the Gloo C++17 patch did not apply"
+}
+
+# `setup.sh --patch-cxx17 FILE` / `--patch-no-xla FILE` / `--patch-gloo-cxx17
+# FILE`: apply only that fix (used by the tests).
+if [ "${1:-}" = "--patch-cxx17" ] || [ "${1:-}" = "--patch-no-xla" ] \
+        || [ "${1:-}" = "--patch-gloo-cxx17" ]; then
     [ $# -eq 2 ] || die "usage: setup.sh $1 CMakeLists.txt"
-    if [ "$1" = "--patch-cxx17" ]; then patch_cxx17 "$2"; else patch_no_xla "$2"; fi
+    case $1 in
+        --patch-cxx17) patch_cxx17 "$2" ;;
+        --patch-no-xla) patch_no_xla "$2" ;;
+        *) patch_gloo_cxx17 "$2" ;;
+    esac
     say "patched $2"
     exit 0
 fi
@@ -184,77 +207,56 @@ else
 fi
 
 # --------------------------------------------------------------------------
-say "[3/5] Python dependencies ($(basename "$REQS"))"
-# Are all requirements installed at versions that satisfy them?  (~0.2 s)
-missing=$("$PY" - "$REQS" <<'PYEOF' 2>/dev/null || echo "(check failed)"
-import importlib.metadata as md
-import sys
-try:
-    from packaging.requirements import Requirement
-except ImportError:
-    print("packaging"); sys.exit(0)
-bad = []
-for line in open(sys.argv[1]):
-    line = line.split("#", 1)[0].strip()
-    if not line:
-        continue
-    req = Requirement(line)
-    if req.marker is not None and not req.marker.evaluate():
-        continue
-    try:
-        have = md.version(req.name)
-    except md.PackageNotFoundError:
-        bad.append(req.name); continue
-    if req.specifier and not req.specifier.contains(have, prereleases=True):
-        bad.append(f"{req.name}=={have} (want {req.specifier})")
-print(" ".join(bad))
-PYEOF
-)
-if [ -z "$missing" ]; then
-    say "  present: every requirement is satisfied"
-else
-    say "  installing (missing or wrong version: $missing)"
-    pip_q install -q -r "$REQS"
-fi
-TF_REQS=$ROOT/requirements-tf.txt
+# The exact versions of a lock (scripts/lock.sh compiles them from the
+# requirements files): requirements-tf.lock when TensorFlow is wanted (the
+# test command) or already in the venv, else requirements-dev.lock.
 WITH_TF=${HVPROF_WITH_TENSORFLOW:-0}
 if "$PY" -c 'import importlib.metadata as m; m.version("tensorflow-cpu")' 2>/dev/null; then
     WITH_TF=1  # once installed, Horovod keeps its TensorFlow support
 fi
-if [ "$WITH_TF" = 1 ]; then
-    tf_missing=$("$PY" - "$TF_REQS" <<'PYEOF' 2>/dev/null || echo "(check failed)"
-import importlib.metadata as md, sys
-from packaging.requirements import Requirement
+LOCK=$ROOT/requirements-dev.lock
+[ "$WITH_TF" = 1 ] && LOCK=$ROOT/requirements-tf.lock
+[ -f "$LOCK" ] || die "$LOCK: no such file (bash scripts/lock.sh makes it)"
+say "[3/5] Python dependencies ($(basename "$LOCK"))"
+# Is every pin of the lock installed at exactly its version?  (~0.2 s)
+missing=$("$PY" - "$LOCK" <<'PYEOF' 2>/dev/null || echo "(check failed)"
+import importlib.metadata as md
+import re
+import sys
 bad = []
 for line in open(sys.argv[1]):
-    line = line.split("#", 1)[0].strip()
-    if line:
-        req = Requirement(line)
-        try:
-            if not req.specifier.contains(md.version(req.name), prereleases=True):
-                bad.append(req.name)
-        except md.PackageNotFoundError:
-            bad.append(req.name)
+    m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^ \\;]+)", line)
+    if not m:
+        continue
+    name, want = m.groups()
+    try:
+        have = md.version(name)
+    except md.PackageNotFoundError:
+        bad.append(name); continue
+    if have != want:
+        bad.append(f"{name}=={have} (want {want})")
 print(" ".join(bad))
 PYEOF
 )
-    if [ -z "$tf_missing" ]; then
-        say "  present: TensorFlow ($(basename "$TF_REQS"))"
-    else
-        say "  installing TensorFlow ($(basename "$TF_REQS"): $tf_missing; about a minute)"
-        pip_q install -q -r "$TF_REQS"
-    fi
+if [ -z "$missing" ]; then
+    say "  present: every pin of $(basename "$LOCK") is installed"
+else
+    n_missing=$(wc -w <<<"$missing")
+    say "  installing $(basename "$LOCK") ($n_missing missing or at another version; minutes on a new venv)"
+    pip_q install -q --require-hashes --no-deps -r "$LOCK" \
+        || die "pip install -r $(basename "$LOCK") failed (above)"
 fi
 
 # --------------------------------------------------------------------------
 FRAMEWORKS=PyTorch
 [ "$WITH_TF" = 1 ] && FRAMEWORKS="PyTorch + TensorFlow"
-say "[4/5] Horovod $HOROVOD_VERSION (MPI + $FRAMEWORKS, wheel cache $WHEEL_CACHE)"
+say "[4/5] Horovod $HOROVOD_VERSION (MPI and Gloo, $FRAMEWORKS, wheel cache $WHEEL_CACHE)"
 ABI=$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
 TORCH=$("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))')
-# Cache key: Horovod version, Python ABI, torch version (the extension links
-# against torch's C++ ABI, so a wheel is only good for the torch it was built on).
-KEY="horovod-$HOROVOD_VERSION-$ABI-torch-$TORCH"
+# Cache key: Horovod version, its controllers (MPI and Gloo), Python ABI, torch
+# version (the extension links against torch's C++ ABI, so a wheel is only good
+# for the torch it was built on).
+KEY="horovod-$HOROVOD_VERSION-gloo-$ABI-torch-$TORCH"
 if [ "$WITH_TF" = 1 ]; then
     # and TensorFlow's, whose C++ ABI its extension links against
     KEY="$KEY-tf-$("$PY" -c 'import importlib.metadata as m; print(m.version("tensorflow-cpu"))')"
@@ -268,7 +270,7 @@ find_wheel() { ls "$KEYDIR"/horovod-"$HOROVOD_VERSION"-"$ABI"-*.whl 2>/dev/null 
 check_import() {
     # Importing the extension resolves its symbols against libmpi and torch:
     # a wheel built for another torch fails here.
-    "$PY" -c 'import horovod.torch as hvd; assert hvd.mpi_built(), "Horovod built without MPI"'
+    "$PY" -c 'import horovod.torch as hvd; assert hvd.mpi_built(), "Horovod built without MPI"; assert hvd.gloo_built(), "Horovod built without Gloo"'
     if [ "$WITH_TF" = 1 ]; then
         TF_CPP_MIN_LOG_LEVEL=3 "$PY" -c 'import horovod.tensorflow as hvd; assert hvd.mpi_built()' 2>/dev/null \
             || { echo "horovod.tensorflow does not import" >&2; return 1; }
@@ -292,15 +294,17 @@ build_wheel() {
     src=$tmp/horovod-$HOROVOD_VERSION
     say "  patching horovod/torch/CMakeLists.txt: CMAKE_CXX_STANDARD 14 -> 17"
     patch_cxx17 "$src/horovod/torch/CMakeLists.txt"
+    say "  patching third_party/gloo/CMakeLists.txt: Gloo as C++17, like the torch extension"
+    patch_gloo_cxx17 "$src/third_party/gloo/CMakeLists.txt"
     local tf_flag=HOROVOD_WITHOUT_TENSORFLOW=1
     if [ "$WITH_TF" = 1 ]; then
         say "  patching horovod/tensorflow/CMakeLists.txt: no xla_mpi_ops.cc (GPU-only)"
         patch_no_xla "$src/horovod/tensorflow/CMakeLists.txt"
         tf_flag=HOROVOD_WITH_TENSORFLOW=1
     fi
-    say "  compiling (HOROVOD_WITH_PYTORCH=1 $tf_flag HOROVOD_WITH_MPI=1, no Gloo/MXNet; log: $tmp/build.log)"
+    say "  compiling (HOROVOD_WITH_PYTORCH=1 $tf_flag HOROVOD_WITH_MPI=1, HOROVOD_WITH_GLOO=1, no MXNet; log: $tmp/build.log)"
     if ! (cd "$src" && env PATH="$VENV/bin:$PATH" \
-            HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_GLOO=1 \
+            HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
             "$tf_flag" HOROVOD_WITHOUT_MXNET=1 \
             HOROVOD_CPU_OPERATIONS=MPI MAKEFLAGS="-j${HVPROF_BUILD_JOBS:-2}" \
             "$PY" -m pip wheel --no-build-isolation --no-deps -w "$tmp/wheel" . \
@@ -354,28 +358,24 @@ else
 fi
 
 # --------------------------------------------------------------------------
-say "[5/5] horovod-profiler (C library + package)"
-# Up to date when the sources' hash equals the one recorded at the last install
-# by this script and nothing reinstalled the library since.
+say "[5/5] horovod-profiler (C library + package, editable: the checkout is the package)"
+# Up to date when the compiled sources' hash equals the one recorded at the
+# last install (scripts/src_hash.py), the package resolves to this checkout,
+# its library is there and no one rebuilt it since, and the start-up hook is in
+# site-packages.  Python edits need no install: the checkout is imported.
 PKG_STAMP=$VENV/.hvprof-package
 src_hash=$("$PY" "$ROOT/scripts/src_hash.py" "$ROOT")
-# -I: isolated mode, so the checkout's own profiler/ (the current directory)
-# does not shadow the installed package.
-lib=$("$PY" -I -c 'import importlib.util as u, os; s = u.find_spec("profiler"); print(os.path.join(os.path.dirname(s.origin), "_lib", "libhvprof.so") if s and s.origin else "")' 2>/dev/null || true)
-if [ -f "$PKG_STAMP" ] && [ "$(cat "$PKG_STAMP")" = "$src_hash" ] && [ -n "$lib" ] && [ -f "$lib" ] \
-        && [ ! "$lib" -nt "$PKG_STAMP" ] \
-        && "$PY" -c 'import importlib.metadata as m; m.version("horovod-profiler")' 2>/dev/null; then
-    say "  present: installed package matches the checkout"
+lib=$ROOT/profiler/_lib/libhvprof.so
+# -I: isolated mode, so the answer is the install's, not the current directory's.
+where=$(cd / && "$PY" -I -c 'import importlib.util as u, os; s = u.find_spec("profiler"); print(os.path.dirname(s.origin) if s and s.origin else "")' 2>/dev/null || true)
+site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+if [ -f "$PKG_STAMP" ] && [ "$(cat "$PKG_STAMP")" = "$src_hash" ] && [ -f "$lib" ] \
+        && [ ! "$lib" -nt "$PKG_STAMP" ] && [ "$where" = "$ROOT/profiler" ] \
+        && cmp -s "$ROOT/profiler/horovod_profiler.pth" "$site/horovod_profiler.pth"; then
+    say "  present: the editable install is this checkout, built from its sources"
 else
-    say "  installing from $ROOT (pip install --no-build-isolation --no-deps --force-reinstall .)"
-    # Same lock as scripts/dev-install.sh: never two installs at once.  build/
-    # goes first: setuptools packs what build/lib holds, and a module moved or
-    # removed in the checkout would be installed all the same.
-    flock /tmp/hvprof-dev-install.lock sh -c 'rm -rf "$1/build"' _ "$ROOT"
-    flock /tmp/hvprof-dev-install.lock \
-        "$PY" -m pip install -q --no-build-isolation --no-deps --force-reinstall "$ROOT" \
-        2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
-    echo "$src_hash" >"$PKG_STAMP"
+    say "  installing $ROOT, editable (scripts/dev-install.sh: pip install -e ., C built in place)"
+    bash "$ROOT/scripts/dev-install.sh" || die "installing the package failed (above)"
     say "  installed: horovod-profiler $("$PY" -c 'import importlib.metadata as m; print(m.version("horovod-profiler"))')"
 fi
 

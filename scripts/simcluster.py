@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A small cluster on one machine (network, UTS and time namespaces), for
-multi-host runs of the profiler.  Same as `python -m profiler.simcluster`; runs
+multi-host runs of the profiler.  Same as `python -m profiler.bench.simcluster`; runs
 from the checkout without the package installed.
 
     scripts/simcluster.py up --hosts 3 --offsets 0,777,2501 --rate 1gbit
@@ -16,5 +16,5 @@ from pathlib import Path
 
 if __name__ == "__main__":
     sys.argv[0] = "simcluster"
-    runpy.run_path(str(Path(__file__).resolve().parent.parent / "profiler" / "simcluster.py"),
-                   run_name="__main__")
+    here = Path(__file__).resolve().parent.parent
+    runpy.run_path(str(here / "profiler" / "bench" / "simcluster.py"), run_name="__main__")

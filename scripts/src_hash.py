@@ -1,9 +1,10 @@
-"""The hash of what the installed package is built from (setup.py, hooks/,
-profiler/, analysis/, and the version of the environment's TensorFlow, whose
-headers the kernel hooks are built against): one definition for scripts/setup.sh and
-scripts/dev-install.sh, which record it at each install
-(.venv/.hvprof-package), and tests/conftest.py, which reinstalls when the
-checkout has moved on since.
+"""The hash of what the editable install compiles (setup.py, hooks/, the
+extensions in profiler/_ext/, the start-up hook, and the version of the
+environment's TensorFlow, whose headers the kernel hooks are built against):
+one definition for scripts/setup.sh and scripts/dev-install.sh, which record it
+at each install (.venv/.hvprof-package), and tests/conftest.py, which rebuilds
+when the checkout has moved on since.  Python sources are not in it: the
+editable install imports them from the checkout.
 
     python scripts/src_hash.py ROOT          # print the hash
     python scripts/src_hash.py ROOT --stamp  # write it to ROOT/.venv/.hvprof-package
@@ -15,9 +16,8 @@ import hashlib
 import sys
 from pathlib import Path
 
-PATTERNS = ["setup.py", "pyproject.toml", "hooks/*.c", "hooks/*.h", "hooks/tf/*.cc",
-            "profiler/**/*.py",
-            "profiler/*.pth", "profiler/py.typed", "analysis/**/*.py", "analysis/**/*.js"]
+PATTERNS = ["setup.py", "hooks/*.c", "hooks/*.h", "hooks/tf/*.cc", "profiler/_ext/*",
+            "profiler/*.pth"]
 STAMP = Path(".venv") / ".hvprof-package"
 
 

@@ -1,4 +1,4 @@
-"""Shared test helpers: real mpirun (Open MPI), the installed package, the venv."""
+"""Shared test helpers: real mpirun (Open MPI), the editable install, the venv."""
 
 from __future__ import annotations
 
@@ -15,12 +15,10 @@ PYTHON = sys.executable
 
 
 def _use_the_installed_package() -> None:
-    """The tests run the installed package (its C library, analysis/ as
-    profiler.analysis), never the checkout's profiler/ that `python -m pytest`
-    puts first on sys.path; and it is reinstalled here when the checkout
-    changed since its last install (scripts/src_hash.py), so that `python -m
-    pytest` and the pytest script alike test the checkout as it is."""
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
+    """The package is installed editable (scripts/dev-install.sh): the checkout's
+    profiler/ is what every test and every rank imports, `python -m pytest` and
+    the pytest script alike.  Its compiled parts are rebuilt here when their
+    sources changed since the last build (scripts/src_hash.py)."""
     venv_python = ROOT / ".venv" / "bin" / "python"
     if Path(sys.prefix).resolve() != (ROOT / ".venv").resolve() or not venv_python.exists():
         return  # not the project's environment: nothing of ours to refresh
@@ -32,7 +30,7 @@ def _use_the_installed_package() -> None:
     stamp = ROOT / STAMP
     if stamp.is_file() and stamp.read_text().strip() == src_hash(ROOT):
         return
-    print("conftest: the installed package is older than the checkout: "
+    print("conftest: the compiled parts are older than their sources: "
           "scripts/dev-install.sh", file=sys.stderr)
     subprocess.run(["bash", str(ROOT / "scripts" / "dev-install.sh")], check=True)
 

@@ -1,4 +1,4 @@
-"""pytest fixture for the simulated cluster (profiler.simcluster): hosts as network,
+"""pytest fixture for the simulated cluster (profiler.bench.simcluster): hosts as network,
 UTS and time namespaces on this machine.  Tests that use it skip, with the
 reason printed, where namespaces cannot be made (not root, no `ip`)."""
 
@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
-from profiler import simcluster
+from profiler.bench import simcluster
 
 ClusterFactory = Callable[..., simcluster.SimCluster]
 

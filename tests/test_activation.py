@@ -109,7 +109,7 @@ def test_exit_status_unchanged_when_the_exit_work_fails(tmp_path: Path) -> None:
     assert "Traceback" not in p.stderr
     # the raw files are intact: `profiler merge` can still recover the job
     (prof / "ranks").unlink()
-    from profiler.build.merge import merge
+    from profiler.postjob.merge import merge
 
     res = merge(prof)
     assert res.ranks == [0, 1] and res.calls == 2 * 3  # init, barrier, finalize

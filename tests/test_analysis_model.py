@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from analysis_fixtures import alpha_beta_ns, sweep
+
 from profiler.analysis.model import (
     anomalies,
     fit_alpha_beta,
@@ -14,7 +15,6 @@ from profiler.analysis.model import (
     padding_summary,
     padding_whatif,
 )
-
 from profiler.errors import ProfilerError
 
 POW2 = [2**k for k in range(3, 23)]            # 8 B .. 4 MiB

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from analysis_fixtures import concat, frame, sweep, training
-from profiler.analysis.sizes import fusion_table, size_distribution, size_summary
 
+from profiler.analysis.sizes import fusion_table, size_distribution, size_summary
 from profiler.errors import ProfilerError
 
 

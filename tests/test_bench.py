@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from analysis_fixtures import concat, sweep
 from conftest import PYTHON, mpirun, profiler_cli, requires_mpi
+
 from profiler.analysis import load, load_meta
 from profiler.analysis.interconnect import interconnect
 from profiler.analysis.sizes import size_distribution
-
 from profiler.bench import default_sizes, parse_size, parse_sizes, plan_from_frame
 from profiler.errors import ProfilerError
 
@@ -29,7 +29,6 @@ def test_sizes_parse_and_ranges() -> None:
 
 def test_sweep_bus_bandwidth_uses_the_summary_factors() -> None:
     from profiler.analysis.summary import bus_factor
-
     from profiler.bench.sweep import OPS, busbw
 
     assert busbw(2.0, "allreduce", 4) == 3.0 and busbw(2.0, "alltoall", 4) == 1.5

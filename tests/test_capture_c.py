@@ -134,7 +134,7 @@ def test_clock_offsets_measured_at_init_and_finalize(impl: dict, tmp_path: Path)
     assert abs(h1["offset_end_ns"]) <= h1["offset_end_err_ns"] + 100
     assert clock_drift_ppm(h0) == 0.0
     # the trace says both measurements and the drift between them
-    from profiler.build.merge import merge
+    from profiler.postjob.merge import merge
 
     merge(prof)
     meta = json.loads((prof / "trace.json").read_bytes())["horovod_profiler"]

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from analysis_fixtures import training
+
 from profiler.analysis.consistency import count_mismatches, mismatches
 
 DATA = Path(__file__).parent / "data" / "analysis"

@@ -1,4 +1,4 @@
-"""Control vs data classification (profiler.build.classify).
+"""Control vs data classification (profiler.postjob.classify).
 
 Unit tests build one rank's frame the way Horovod 0.28.1 issues its calls
 (read from horovod/common/mpi/mpi_controller.cc, response_cache.cc,
@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 from conftest import mpirun, profiler_cli, requires_mpi
 
-from profiler.build.classify import classify, horovod_comms, horovod_tracks
+from profiler.postjob.classify import classify, horovod_comms, horovod_tracks
 
 HVD_COMM = 7001
 WORLD = 1

@@ -1,4 +1,4 @@
-"""Multi-host runs on simulated hosts (profiler.simcluster: network, UTS and time
+"""Multi-host runs on simulated hosts (profiler.bench.simcluster: network, UTS and time
 namespaces; Open MPI over TCP between them; mpi4py under HOROVOD_PROFILE=1).
 
 The clock truth is the time-namespace offset each host was given: rank r's
@@ -207,13 +207,13 @@ def test_a_host_whose_ranks_all_died(sim_cluster: ClusterFactory,  # noqa: F811
 def test_stale_cluster_of_a_killed_run_is_removed() -> None:
     """A process that made a cluster and was SIGKILLed leaves namespaces behind;
     the next start-up removes them (and their /etc/netns entries)."""
-    from profiler import simcluster
+    from profiler.bench import simcluster
 
     ok, why = simcluster.available()
     if not ok:
         print(f"SKIP simulated cluster: {why}")
         pytest.skip(f"simulated cluster unavailable: {why}")
-    code = ("import os, signal, sys; from profiler import simcluster as s; "
+    code = ("import os, signal, sys; from profiler.bench import simcluster as s; "
             "c = s.SimCluster(hosts=2).__enter__(); print(c.st.name, flush=True); "
             "os.kill(os.getpid(), signal.SIGKILL)")
     p = subprocess.run([PYTHON, "-P", "-c", code], capture_output=True, text=True, timeout=60)
@@ -231,7 +231,7 @@ def test_stale_cluster_of_a_killed_run_is_removed() -> None:
 
 def test_cli_up_run_down(tmp_path: Path) -> None:
     """The user's command: up, run across the hosts, down."""
-    from profiler import simcluster
+    from profiler.bench import simcluster
 
     ok, why = simcluster.available(rate=True)
     if not ok:
@@ -260,7 +260,7 @@ def test_cli_up_run_down(tmp_path: Path) -> None:
 
 def test_unavailable_namespaces_are_said(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without `ip` (or root) the harness says why; the fixture skips with that reason."""
-    from profiler import simcluster
+    from profiler.bench import simcluster
 
     monkeypatch.setattr(simcluster.shutil, "which", lambda tool: None)
     assert simcluster.available() == (False, "simulated hosts need `ip` (not found)")

@@ -11,13 +11,13 @@ import pandas as pd
 import pytest
 import rawgen
 
-from profiler.build import convert
-from profiler.build.classify import classify
 from profiler.collect.facts import rank_facts
 from profiler.errors import CorruptError, NotFoundError
 from profiler.formats import clock, dataset, rows, schema
 from profiler.formats import record as F
 from profiler.formats.raw import read_raw
+from profiler.postjob import convert
+from profiler.postjob.classify import classify
 
 
 def test_schema_and_values(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ import numpy as np
 import orjson
 import pytest
 from conftest import mpirun, profiler_cli, requires_mpi
-from profiler.analysis import load, load_meta
 
+from profiler.analysis import load, load_meta
 from profiler.formats import record as F
 
 pytestmark = [requires_mpi, pytest.mark.mpi]

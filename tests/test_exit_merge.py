@@ -243,7 +243,7 @@ def test_closed_ranks_on_other_hosts_are_converted_at_once(tmp_path: Path) -> No
     checked), instead of waiting out the merge timeout for it."""
     import rawgen
 
-    from profiler.build.merge import wait_and_merge
+    from profiler.postjob.merge import wait_and_merge
 
     d = tmp_path / "job"
     for r, host in enumerate(["here", "another-host"]):
@@ -263,7 +263,7 @@ def test_a_rank_that_converts_its_own_file_is_waited_for(tmp_path: Path) -> None
     the timeout) and converts it only then."""
     import rawgen
 
-    from profiler.build.merge import wait_and_merge
+    from profiler.postjob.merge import wait_and_merge
 
     d = tmp_path / "job"
     for r in range(2):
@@ -394,10 +394,10 @@ def _running(pid: int) -> bool:
 
 
 def _merge_child(pid: int) -> int | None:
-    """The exit merge that process `pid` started (profiler.build.atexit), if any."""
+    """The exit merge that process `pid` started (profiler.postjob.atexit), if any."""
     try:
         for c in psutil.Process(pid).children():
-            if any("profiler.build.atexit" in a for a in c.cmdline()):
+            if any("profiler.postjob.atexit" in a for a in c.cmdline()):
                 return c.pid
     except psutil.Error:
         pass

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 from conftest import PYTHON, profiler_cli, requires_mpi
-from profiler.analysis.interconnect import interconnect_line, interconnect_pairs
 from simcluster_fixture import ClusterFactory, sim_cluster  # noqa: F401 (fixture)
 
+from profiler.analysis.interconnect import interconnect_line, interconnect_pairs
 from profiler.formats.fabric import job_doc
 
 JOB = Path(__file__).with_name("cluster_job.py")
@@ -139,6 +139,7 @@ def test_step_comm_predicts_from_the_fit_and_the_replay() -> None:
     first step left out) times each fabric's alpha-beta fit, and times the
     replay's median latency per size: exact on noise-free curves."""
     from analysis_fixtures import alpha_beta_ns, concat, sweep, training
+
     from profiler.analysis.interconnect import step_comm, step_traffic
 
     app = training(steps=6, sizes=(4096, 1 << 20))

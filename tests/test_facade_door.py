@@ -24,7 +24,7 @@ READERS = {"load", "load_meta", "load_aggregates", "trace_meta", "read_trace",
 # Modules that read files of a profile directly.
 READER_MODULES = ("pyarrow.parquet", "pyarrow.dataset", "profiler.formats.tracejson",
                   "profiler.formats.raw", "profiler.formats.dataset",
-                  "profiler.formats.lineage", "profiler.build.lineage")
+                  "profiler.formats.lineage", "profiler.postjob.lineage")
 # Allowed names from those modules: pure helpers that read no file.
 PURE = {("profiler.formats.raw", "printable"),
         ("profiler.formats.dataset", "printable_columns")}

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pyarrow.dataset as pads
 import pytest
-from profiler.analysis.filters import RowFilter
 
+from profiler.analysis.filters import RowFilter
 from profiler.errors import UsageError
 
 N = 240
@@ -95,6 +95,7 @@ def test_every_engine_gives_the_same_summary(tmp_path: Path, drop: str | None) -
     filters, on the golden fused trace's rank files (and on them without a kind
     column, as another tool might write them)."""
     import pyarrow.parquet as pq
+
     from profiler.analysis import TraceAnalysis
 
     src = Path(__file__).parent / "data" / "analysis" / "fused" / "ranks"

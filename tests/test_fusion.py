@@ -1,4 +1,4 @@
-"""Fusion lineage from the profiler's own records (profiler.build.fusion),
+"""Fusion lineage from the profiler's own records (profiler.postjob.fusion),
 checked against Horovod's timeline as the oracle, call by call.
 
 End to end with real Horovod 0.28.1 at np=2: tests/hvd_model_job.py (6
@@ -24,9 +24,9 @@ import pandas as pd
 import pytest
 from conftest import mpirun, profiler_cli, requires_mpi
 
-from profiler.build import fusion
-from profiler.build import lineage as L
 from profiler.formats import record as F
+from profiler.postjob import fusion
+from profiler.postjob import lineage as L
 
 JOB = Path(__file__).parent / "hvd_model_job.py"
 

@@ -61,6 +61,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import mpirun, profiler_cli, requires_mpi
+
 from profiler.analysis.findings import advise
 from profiler.analysis.fusion_whatif import (
     ALLREDUCE_OVER_BCAST,
@@ -75,7 +76,6 @@ from profiler.analysis.fusion_whatif import (
     whatif,
 )
 from profiler.analysis.model import fit_curve
-
 from profiler.formats import lineage as LF
 
 try:

@@ -13,9 +13,9 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from profiler.analysis import gpu
 
 from profiler import layout
+from profiler.analysis import gpu
 from profiler.collect import nvml
 from profiler.formats.raw import read_sidecar
 

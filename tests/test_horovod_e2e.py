@@ -171,9 +171,8 @@ def test_images_per_sec_in_trace_agrees_with_benchmark(
     printed, ci = res["images_per_sec"], res["images_per_sec_ci95"] or 0.0
     assert abs(total - printed) <= max(ci, 0.05 * printed), (total, printed, ci)
     # The analysis API (public: profiler.load + throughput summary) agrees too.
-    from profiler.analysis.throughput import throughput_summary
-
     import profiler
+    from profiler.analysis.throughput import throughput_summary
 
     summary = throughput_summary(profiler.load(prof / "trace.json"))
     assert int(summary["steps"].iloc[0]) == TIMED

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 from analysis_fixtures import training
+
 from profiler.analysis.findings import advise_frame
 from profiler.analysis.fusion_whatif import _settings
-
 from profiler.formats.horovod_env import c_strtof, c_strtol, settings
 from profiler.formats.lineage import fusion_threshold
 

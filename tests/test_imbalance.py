@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from analysis_fixtures import concat, frame, training
-from profiler.analysis.imbalance import match_calls, rank_times, stragglers
 
+from profiler.analysis.imbalance import match_calls, rank_times, stragglers
 from profiler.errors import ProfilerError
 
 
@@ -89,6 +89,7 @@ def test_group_order_is_the_four_key_sort() -> None:
     communicators of any 64-bit value included, and falls back to it where the
     folded key would overflow."""
     import numpy as np
+
     from profiler.analysis.imbalance import _group_order
 
     rng = np.random.default_rng(3)

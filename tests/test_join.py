@@ -20,14 +20,14 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import PYTHON, base_env, mpirun, profiler_cli, requires_mpi
+from test_breakdown import MS, horovod_job
+
 from profiler.analysis.breakdown import last_ranks, rank_breakdown
 from profiler.analysis.facade import trace_meta
 from profiler.analysis.findings import advise, advise_frame
 from profiler.analysis.findings.base import Context
 from profiler.analysis.findings.join import join_rows
 from profiler.analysis.load import load
-from test_breakdown import MS, horovod_job
-
 from profiler.units import fmt_ms
 
 try:

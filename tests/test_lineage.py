@@ -18,11 +18,11 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import mpirun, requires_mpi
-from profiler.analysis import lineage as LQ
 
-from profiler.build import lineage as L
+from profiler.analysis import lineage as LQ
 from profiler.formats import lineage as LF
 from profiler.formats import timeline as T
+from profiler.postjob import lineage as L
 
 DATA = Path(__file__).parent / "data"
 JOB = Path(__file__).parent / "hvd_model_job.py"

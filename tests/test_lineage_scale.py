@@ -37,7 +37,7 @@ import pandas as pd
 import pytest
 from conftest import mpirun, profiler_cli, requires_mpi
 
-from profiler.build import fusion
+from profiler.postjob import fusion
 
 try:
     import horovod.torch  # noqa: F401
@@ -242,7 +242,7 @@ def test_a_failing_inference_is_one_line_and_costs_nothing_else(
         capsys: pytest.CaptureFixture[str]) -> None:
     import shutil
 
-    from profiler.build.merge import merge
+    from profiler.postjob.merge import merge
 
     prof, _ = mlp_run
     copy = tmp_path / "prof"

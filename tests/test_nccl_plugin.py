@@ -486,6 +486,7 @@ def test_proxy_events_summed_per_call(pbuilt: PBuilt, tmp_path: Path, v: int) ->
 def test_proxy_aggregates_carried_to_parquet_trace_and_summarize(pbuilt: PBuilt,
                                                                  tmp_path: Path) -> None:
     from conftest import profiler_cli
+
     from profiler.analysis import load
 
     r = run(pbuilt.static_nocuda, tmp_path, "steps", "5", STANDIN_NCCL_PROXY="1")

@@ -22,8 +22,8 @@ import numpy as np
 import orjson
 import pytest
 from conftest import PYTHON, ROOT, base_env, mpirun, profiler_cli, requires_mpi
-from profiler.analysis import gpu
 
+from profiler.analysis import gpu
 from profiler.collect.native import library_path
 from profiler.formats import raw
 from profiler.formats import record as F
@@ -272,6 +272,7 @@ def test_summaries_time_nccl_calls_by_their_device_rows(run_all: Run, tmp_path: 
     # the ten 3 ms allreduces: the device time, not the enqueue, in summarize,
     # queried in place (DuckDB) and in memory (pandas) alike
     import pandas as pd
+
     from profiler.analysis import load
     from profiler.analysis.engine import summarize_dataset
     from profiler.analysis.summary import summarize

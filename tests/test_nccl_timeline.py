@@ -1,5 +1,5 @@
 """Horovod's timeline as a third, coarse source of NCCL calls
-(profiler/build/timeline_nccl.py).
+(profiler/postjob/timeline_nccl.py).
 
 The timeline is synthesized from the real Horovod CPU timeline fixture
 (tests/data/horovod_timeline_fused.json) by renaming its collective
@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from conftest import PYTHON, base_env, mpirun, profiler_cli, requires_mpi
 
-from profiler.build import timeline_nccl
 from profiler.collect.native import library_path
 from profiler.formats import timeline as T
+from profiler.postjob import timeline_nccl
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -80,8 +80,7 @@ def test_timeline_rows_when_no_path_saw_nccl(tmp_path: Path) -> None:
     n = int((ops["comm_activity"].astype(str).str.startswith("NCCL_")
              & np.isfinite(ops["t_end_us"].to_numpy(dtype=float))).sum())
     from profiler.analysis import load, load_meta
-
-    from profiler.build.merge import merge
+    from profiler.postjob.merge import merge
 
     for _ in range(2):  # a second merge replaces the rows, never adds them again
         merge(prof)
@@ -116,8 +115,7 @@ def test_no_timeline_rows_when_the_plugin_recorded_nccl(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     nccl_timeline(prof / "timeline.json")
     from profiler.analysis import load, load_meta
-
-    from profiler.build.merge import merge
+    from profiler.postjob.merge import merge
 
     merge(prof)
 

@@ -162,8 +162,7 @@ def test_p2p_exact_records_and_matching(impl: dict, np_: int, tmp_path: Path,
     check_raw_p2p(prof, n, np_)
 
     from profiler.analysis import TraceAnalysis, p2p_summary
-
-    from profiler.build.merge import merge
+    from profiler.postjob.merge import merge
 
     merge(prof)
     ta = TraceAnalysis.open(prof / "trace.json", engine="pandas")
@@ -257,8 +256,7 @@ def test_p2p_summary_mode(impl: dict, tmp_path: Path) -> None:
     """HOROVOD_PROFILE=summary: the same calls folded into the aggregates, per
     op (and bytes), kind p2p; the collectives' counts beside them unchanged."""
     from profiler.analysis import load_aggregates
-
-    from profiler.build.merge import merge
+    from profiler.postjob.merge import merge
 
     n, np_ = 3, 2
     prof = tmp_path / "prof"

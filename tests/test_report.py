@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from analysis_fixtures import concat, training
 from conftest import PYTHON, mpirun, profiler_cli, requires_mpi
+
 from profiler.analysis import load
 from profiler.analysis.model import latency_by_size
 from profiler.analysis.report import render_report
@@ -193,6 +194,7 @@ def test_report_opens_with_the_findings() -> None:
     import re
 
     from analysis_fixtures import training
+
     from profiler.analysis.findings import advise_frame
 
     df = training(steps=14, late_rank=1, late_ns=2_000_000, step_ns=30_000_000)
@@ -212,6 +214,7 @@ def test_latency_figure_one_panel_per_operation_the_rest_named() -> None:
     human units; a band is a filled area, never a row of dots."""
     import pandas as pd
     from analysis_fixtures import sweep
+
     from profiler.analysis import figures as F
 
     sizes = [1 << k for k in range(3, 16)]

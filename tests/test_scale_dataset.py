@@ -23,11 +23,11 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, profiler_cli
+
 from profiler.analysis import load, load_meta, stragglers, summarize
 from profiler.analysis.engine import overview, summarize_dataset
-
-from profiler.build.merge import merge
 from profiler.errors import ProfilerError, UsageError
+from profiler.postjob.merge import merge
 
 SOURCE = ROOT / "tests" / "data" / "analysis" / "fused"
 RANKS = 64
@@ -267,6 +267,7 @@ def test_injected_stragglers_are_found(job: Path, frame: pd.DataFrame) -> None:
 @pytest.mark.filterwarnings("ignore:The inplace keyword")
 def test_dask_local_cluster_equals_local_engine(job: Path) -> None:
     from dask.distributed import Client, LocalCluster
+
     from profiler.analysis import summarize_dask
 
     logging.getLogger("distributed").setLevel(logging.ERROR)
@@ -367,7 +368,6 @@ def test_advise_on_a_window_names_the_whole_job(job: Path) -> None:
     """advise over a bounded window: the header counts the job's ranks and says
     how many the window holds; the window itself is a stated limit."""
     from profiler.analysis.findings import advise
-
     from profiler.cli.advise import header_line
 
     a = advise(job, max_rows=20_000)

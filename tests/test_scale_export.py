@@ -14,8 +14,8 @@ import orjson
 import pandas as pd
 import pytest
 from conftest import ROOT, profiler_cli
-from profiler.analysis import load, load_meta, summarize
 
+from profiler.analysis import load, load_meta, summarize
 from profiler.synth import SynthConfig, synthesize
 
 SOURCE = ROOT / "tests" / "data" / "analysis" / "fused" / "trace.json"

@@ -15,13 +15,13 @@ import pandas as pd
 import pytest
 import rawgen
 from conftest import profiler_cli
-from profiler.analysis import bucket_label, bus_factor, comm_time_imbalance, summarize
 
 from profiler import layout
-from profiler.build import convert
-from profiler.build.merge import merge
+from profiler.analysis import bucket_label, bus_factor, comm_time_imbalance, summarize
 from profiler.errors import UsageError
 from profiler.formats import dataset
+from profiler.postjob import convert
+from profiler.postjob.merge import merge
 
 
 def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

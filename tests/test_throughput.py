@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import pytest
 from analysis_fixtures import frame, training
+
 from profiler.analysis.throughput import (
     correlation,
     rank_steps,

@@ -11,10 +11,8 @@ import numpy as np
 import orjson
 import pytest
 import rawgen
-from profiler.analysis import load, load_meta
 
-from profiler.build import window as W
-from profiler.build.merge import merge
+from profiler.analysis import load, load_meta
 from profiler.errors import (
     CorruptError,
     EmptyProfileError,
@@ -25,6 +23,8 @@ from profiler.errors import (
 )
 from profiler.formats import record as F
 from profiler.formats import tracejson as T
+from profiler.postjob import window as W
+from profiler.postjob.merge import merge
 
 
 def make_job(d: Path, world: int = 2, n: int = 10, *, skip: tuple[int, ...] = (),
@@ -241,8 +241,8 @@ def test_rank0_wait_converts_dead_ranks_and_bounds_the_wait(
     import sys
     import time
 
-    from profiler.build.convert import convert_raw
-    from profiler.build.merge import wait_and_merge
+    from profiler.postjob.convert import convert_raw
+    from profiler.postjob.merge import wait_and_merge
 
     d = tmp_path / "job"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -266,8 +266,8 @@ def test_rank0_wait_converts_dead_ranks_and_bounds_the_wait(
 def test_rank0_wait_returns_as_soon_as_everyone_is_in(tmp_path: Path) -> None:
     import time
 
-    from profiler.build.convert import convert_raw
-    from profiler.build.merge import wait_and_merge
+    from profiler.postjob.convert import convert_raw
+    from profiler.postjob.merge import wait_and_merge
 
     d = make_job(tmp_path / "job", world=3)
     for r in range(3):

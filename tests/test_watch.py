@@ -27,9 +27,9 @@ import numpy as np
 import pytest
 import rawgen
 from conftest import PYTHON, ROOT, base_env, profiler_cli, requires_mpi
-from profiler.analysis.live import Watcher
 from simcluster_fixture import ClusterFactory, sim_cluster  # noqa: F401 (fixture)
 
+from profiler.analysis.live import Watcher
 from profiler.formats import record as F
 from profiler.formats.raw import read_raw
 from profiler.formats.rawtail import RawTail
@@ -702,7 +702,7 @@ def test_one_watcher_for_ranks_on_two_hosts(sim_cluster: ClusterFactory,  # noqa
     checked, its clock is not h0's); so does a watcher on neither host.  An
     h1 rank stopped (SIGSTOP) shows as stalled, the others running.  After
     the job every rank is closed and the counts equal trace.json's."""
-    from profiler import simcluster
+    from profiler.bench import simcluster
 
     c = sim_cluster(hosts=2, offsets=[3000, 0])
     (tmp_path / "job.py").write_text(SHARED_DIR_JOB)

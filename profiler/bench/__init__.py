@@ -185,14 +185,14 @@ def run_bench(cmd: Sequence[str], *, out_dir: Path, extra_env: Mapping[str, str]
 def run_bench_on_hosts(fabric: Fabric, *, np: int, out_dir: Path, sweep_args: Sequence[str],
                        extra_env: Mapping[str, str], mpirun_args: Sequence[str] = (),
                        timeout: float) -> int:
-    """The sweep across `fabric.hosts` simulated hosts (profiler.simcluster: one
+    """The sweep across `fabric.hosts` simulated hosts (profiler.bench.simcluster: one
     network namespace per host, veth links through a bridge, tbf at `fabric.rate`
     on both ends of every link), Open MPI over TCP (btl tcp,self, pml ob1), ranks
     spread evenly; profiled into out_dir.  Ranks blocked in MPI yield the CPU
     (OMPI_MCA_mpi_yield_when_idle=1, recorded in the trace's environment): the
     simulated hosts and the kernel's packet processing share this machine's
     cores.  Prints rank 0's table; returns mpirun's exit status."""
-    from profiler import simcluster
+    from profiler.bench import simcluster
 
     ok, why = simcluster.available(rate=bool(fabric.rate))
     if not ok:

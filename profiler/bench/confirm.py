@@ -66,7 +66,7 @@ def replay(sizes: Sequence[int], *, np: int, out_dir: Path, job_env: Mapping[str
         raise UsageError(None, f"--confirm: the replay failed: mpirun exited with status "
                                f"{proc.returncode} (see {log})")
     if not trace.is_file():
-        from profiler.build.merge import merge
+        from profiler.postjob.merge import merge
 
         merge(out_dir)
     if not trace.is_file():

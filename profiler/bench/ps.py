@@ -8,7 +8,7 @@ The seed of this project (the MXNet proposal for MPI_Allreduce) measured a
 400 MB reduction on 8 workers: parameter server push+pull 6.5 s with 1 server,
 3.4 s with 2, 2.0 s with 4, 1.2 s with 8; MPI_Allreduce 1.0 s.  This bench
 rebuilds that table on a cluster simulated on this machine
-(profiler.simcluster): one rank per simulated host, every host's link
+(profiler.bench.simcluster): one rank per simulated host, every host's link
 rate-limited (tbf) to --rate, the workers on the first hosts, the servers on
 hosts of their own.
 
@@ -197,7 +197,7 @@ def table(results: list[dict[str, Any]], workers: int, nbytes: int, rate: str,
 def run(workers: int, servers: Sequence[int], nbytes: int, rate: str, out: Path, *,
         iters: int = 2, timeout: float = 600, python: str = sys.executable,
         algorithm: str = "ring") -> dict[str, Any]:
-    from profiler import simcluster
+    from profiler.bench import simcluster
 
     ok, why = simcluster.available(rate=True)
     if not ok:
@@ -232,8 +232,8 @@ def run(workers: int, servers: Sequence[int], nbytes: int, rate: str, out: Path,
 def run_from_args(args: argparse.Namespace) -> int:
     """`profiler bench --pattern ps` (profiler/cli/bench.py)."""
     from profiler.bench import parse_size
+    from profiler.bench.simcluster import SimClusterError
     from profiler.errors import UsageError
-    from profiler.simcluster import SimClusterError
 
     try:
         servers = [int(x) for x in str(args.servers).split(",") if x.strip()]

@@ -213,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     trace = out / "trace.json"
     if not trace.is_file():
-        from profiler.build.merge import merge
+        from profiler.postjob.merge import merge
 
         merge(out)
     print(f"profiler: bench trace: {trace}", file=sys.stderr)

@@ -22,8 +22,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from profiler.build.merge import merge
     from profiler.errors import UsageError
+    from profiler.postjob.merge import merge
 
     if args.events is not None and args.events < 0:
         raise UsageError(None, "--events must be >= 0")

@@ -23,7 +23,7 @@ mpi4py's finalization handlers registered later):
   merge waits for it rather than converting it.
 
 The trace is then built the same way as for any other program: rank 0's
-library runs its exit work (the exit merge, profiler.build.atexit), here at
+library runs its exit work (the exit merge, profiler.postjob.atexit), here at
 the end of this handler rather than in its destructor, which a process
 ended by a signal (an uncaught KeyboardInterrupt) never runs.
 
@@ -37,9 +37,9 @@ import ctypes  # already loaded: profiler.collect.native uses it
 import os
 import sys
 
-from profiler.build.atexit import convert_rank
-from profiler.build.atexit import one_line as _one_line
-from profiler.build.atexit import say as _say
+from profiler.postjob.atexit import convert_rank
+from profiler.postjob.atexit import one_line as _one_line
+from profiler.postjob.atexit import say as _say
 
 _PID = os.getpid()
 _registered = False

@@ -1,5 +1,5 @@
 """What only a rank itself can tell about its process, gathered at its exit
-for its metadata (profiler.build.convert.rank_metadata's facts): the
+for its metadata (profiler.postjob.convert.rank_metadata's facts): the
 profiler's own cost in Python, the GPUs and the library's live NCCL state,
 the kind of each network interface in its own namespace, its threads, and
 its command line and environment as they are now."""

@@ -28,7 +28,7 @@ header: the per-call cost calibrated at start-up (call_cost_ns) and the
 helper thread's CPU time (helper_cpu_ns).  :func:`snapshot` is written into
 ranks/rank-R.json by the rank itself at exit (profiler.collect.facts), with
 the process's CPU time to relate them to; the trace's summary of it all is
-profiler.build.selfcost.job_summary.
+profiler.postjob.selfcost.job_summary.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A profile's rows as trace.json's events: the per-rank sources (a frame or
 a parquet file), which rows can be events, and a Selection of them.  Pure
-reading; which rows a bounded view shows is policy (profiler.build.window)."""
+reading; which rows a bounded view shows is policy (profiler.postjob.window)."""
 
 from __future__ import annotations
 
@@ -129,5 +129,5 @@ class Selection:
 
 def read_events(src: Source, t_range: tuple[int, int] | None = None) -> pd.DataFrame:
     """A rank's rows that can be trace.json events (read_source without
-    NOT_EVENT_OPS): what the indices of profiler.build.window.select_events(events=True) index."""
+    NOT_EVENT_OPS): what the indices of profiler.postjob.window.select_events(events=True) index."""
     return events_only(read_source(src, t_range=t_range))

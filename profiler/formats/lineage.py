@@ -1,6 +1,6 @@
 """lineage.parquet: one row per tensor operation (one tensor through one
 Horovod collective) with the call that carried it (written by
-profiler.build.lineage at merge, from the profiler's own records and, when
+profiler.postjob.lineage at merge, from the profiler's own records and, when
 there is one, Horovod's timeline).
 Its columns, Horovod's fusion threshold as the environment sets it, and the
 reader."""
@@ -29,7 +29,7 @@ LINEAGE_COLUMNS = [
     "matched", "call_op", "call_comm", "call_seq", "call_t_start_ns", "call_t_end_ns",
     "call_dur_ns", "call_bytes", "bytes_agree", "complete",
     # how the row was found: "records" (the profiler's own tensor and call
-    # records, profiler.build.fusion) or "timeline" (Horovod's timeline)
+    # records, profiler.postjob.fusion) or "timeline" (Horovod's timeline)
     "source",
     # 1 when only one set of tensors fits the evidence for this call; else
     # 1 / the number that fit (0: unresolved, or too many to count); candidates:

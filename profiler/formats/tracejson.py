@@ -231,7 +231,7 @@ def _check_meta(p: Path, meta: Any) -> dict[str, Any]:
 
 
 # The shape of the metadata fields that readers use (what write_trace and
-# profiler.build.merge write): a trace edited or written by another tool is refused
+# profiler.postjob.merge write): a trace edited or written by another tool is refused
 # with the field's name rather than failing later in a reader.  Keys not listed
 # are not checked; None is accepted for every listed key (absent), not for a
 # list's items.  A spec is a

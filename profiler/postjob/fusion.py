@@ -90,9 +90,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profiler.build.classify import classify, is_horovod_row
 from profiler.formats import record as F
 from profiler.formats.lineage import LINEAGE_COLUMNS
+from profiler.postjob.classify import classify, is_horovod_row
 
 __all__ = ["FAMILIES", "infer", "solve_subset", "compare", "with_timeline", "MAX_RANKS",
            "EVIDENCE_COLUMNS", "evidence", "cycles"]
@@ -133,10 +133,14 @@ class Family:
 # group number), so the calls of a GPU job are matched by bytes and order,
 # with the confidence that gives.  NCCL's allgather and reduce-scatter count
 # bytes per rank, not as the gathered families here do: not matched.
-_AR = Family("allreduce", ("allreduce", "nccl_allreduce"), "ALLREDUCE", "MPI_ALLREDUCE", True)
-_AG = Family("allgather", ("allgatherv",), "ALLGATHER", "MPI_ALLGATHER", True, True)
-_RS = Family("reducescatter", ("reduce_scatter", "reduce_scatter_block"), "REDUCESCATTER",
-             "MPI_REDUCESCATTER", True)
+# Gloo's records (hooks/gloo.c) count bytes as MPI's do and keep the buffer
+# folded as MPI's keep the receive buffer: matched the same way.
+_AR = Family("allreduce", ("allreduce", "nccl_allreduce", "gloo_allreduce"), "ALLREDUCE",
+             "MPI_ALLREDUCE", True)
+_AG = Family("allgather", ("allgatherv", "gloo_allgather"), "ALLGATHER", "MPI_ALLGATHER", True,
+             True)
+_RS = Family("reducescatter", ("reduce_scatter", "reduce_scatter_block", "gloo_reducescatter"),
+             "REDUCESCATTER", "MPI_REDUCESCATTER", True)
 #: Adasum (op=hvd.Adasum; the tensor record's reduction "user"): on Horovod's
 #: MPI CPU path (ops/adasum_mpi_operations.cc, adasum/adasum.h) a fused
 #: response's data goes by MPI_Sendrecv (point to point: half the buffer
@@ -151,9 +155,10 @@ FAMILIES: dict[str, Family] = {
     "allreduce": _AR, "grouped_allreduce": _AR,
     "allgather": _AG, "grouped_allgather": _AG,
     "reducescatter": _RS, "grouped_reducescatter": _RS,
-    "broadcast": Family("broadcast", ("bcast", "nccl_broadcast", "nccl_bcast"), "BROADCAST",
-                        "MPI_BCAST", False),
-    "alltoall": Family("alltoall", ("alltoallv", "alltoall"), "ALLTOALL", "MPI_ALLTOALL", False),
+    "broadcast": Family("broadcast", ("bcast", "nccl_broadcast", "nccl_bcast", "gloo_broadcast"),
+                        "BROADCAST", "MPI_BCAST", False),
+    "alltoall": Family("alltoall", ("alltoallv", "alltoall", "gloo_alltoall"), "ALLTOALL",
+                       "MPI_ALLTOALL", False),
 }
 
 #: hvprof dtype name of a tensor (NCCL codes) -> the torch name shown

@@ -91,7 +91,7 @@ def convert_rank(directory: str, raw: str, rank: int,
     never by every rank."""
     if not os.path.exists(raw):
         return "gone", None
-    from profiler.build.convert import convert_raw, is_up_to_date
+    from profiler.postjob.convert import convert_raw, is_up_to_date
 
     try:
         if not (facts or {}).get("own") and is_up_to_date(raw, directory):
@@ -123,7 +123,7 @@ def _interrupted(exc: BaseException) -> bool:
 def _merge(directory: str, world: int, *, timeout: float | None = None) -> str:
     """Rank 0's part: wait for the other ranks (bounded by `timeout`, else
     HOROVOD_PROFILE_MERGE_TIMEOUT), merge, say the line."""
-    from profiler.build.merge import wait_and_merge
+    from profiler.postjob.merge import wait_and_merge
 
     try:
         result = wait_and_merge(directory, world_size=max(world, 1), own_rank=0,

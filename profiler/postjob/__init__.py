@@ -1,4 +1,4 @@
-"""The build stage after the job: raw files -> the per-rank dataset
+"""The post-job stage: raw files -> the per-rank dataset
 (convert) -> trace.json with its fusion inference and lineage (merge).  It
 is idempotent: what is up to date is not done again.  One entry point for
 the job's exit (atexit.main, started by rank 0's library) and one for a

@@ -3,7 +3,7 @@
 `build(profile_dir)` writes ``<dir>/lineage.parquet``: one row per tensor
 operation (one tensor through one Horovod response), with the collective call
 that carried it.  It comes from the profiler's own records
-(profiler.build.fusion: tensors handed to Horovod, and the calls' bytes and
+(profiler.postjob.fusion: tensors handed to Horovod, and the calls' bytes and
 buffers), on by default and at no measurable cost; when the job also wrote
 Horovod's timeline (HOROVOD_PROFILE_TIMELINE=1, or the user's own
 HOROVOD_TIMELINE), the timeline is joined with rank 0's records as below,
@@ -60,11 +60,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from profiler.build.classify import classify, is_horovod_row
 from profiler.errors import NotFoundError, PathLike, ProfilerError
 from profiler.formats import timeline as T
 from profiler.formats.lineage import LINEAGE_COLUMNS, fusion_threshold
 from profiler.layout import LINEAGE_FILE, TIMELINE_FILE
+from profiler.postjob.classify import classify, is_horovod_row
 
 __all__ = [
     "LineageOutcome",
@@ -453,7 +453,7 @@ def _read_evidence(profile_dir: Path, ranks: int) -> tuple[dict[int, pd.DataFram
     the columns it reads, tensor and data call rows; missing or unreadable
     ranks are skipped) and tensor names.  One rank's columns are in memory at
     a time."""
-    from profiler.build.fusion import EVIDENCE_COLUMNS, evidence
+    from profiler.postjob.fusion import EVIDENCE_COLUMNS, evidence
 
     frames: dict[int, pd.DataFrame] = {}
     names: dict[int, list[str]] = {}
@@ -485,7 +485,7 @@ def build_lineage(
     """Write <dir>/lineage.parquet; the outcome says what was written or why not.
 
     From the profiler's own records (tensor records and data calls of rank 0
-    and up to fusion.MAX_RANKS - 1 more ranks: profiler.build.fusion) and,
+    and up to fusion.MAX_RANKS - 1 more ranks: profiler.postjob.fusion) and,
     when the job wrote one, Horovod's timeline: it adds the per-tensor phases
     only it has, and the two are compared call by call (info["agreement"]).
     Without tensor records (a job recorded before they existed, or not from
@@ -496,7 +496,7 @@ def build_lineage(
     timeline, no rank-0 dataset): those give path None and a reason.  With
     write=False nothing is written: the table is in the outcome (path None).
     """
-    from profiler.build import fusion
+    from profiler.postjob import fusion
 
     d = Path(os.fspath(profile_dir))
     try:

@@ -17,7 +17,6 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from profiler._version import __version__
-from profiler.build.classify import classify
 from profiler.formats import cpu as cpu_format
 from profiler.formats import fabric
 from profiler.formats import record as F
@@ -33,6 +32,7 @@ from profiler.formats.raw import (
 )
 from profiler.formats.rows import agg_to_frame, comm_table, raw_to_frame, track_table
 from profiler.layout import agg_parquet_path, agg_path_for, meta_path, parquet_path
+from profiler.postjob.classify import classify
 
 ENV_PREFIXES = ("HOROVOD_", "NCCL_", "OMPI_MCA_", "MPICH_", "UCX_")
 
@@ -100,7 +100,7 @@ def rank_metadata(raw: RawFile, df: pd.DataFrame, *,
                   facts: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ranks/rank-R.json document.  facts: what is known of the rank's
     process beyond its files: {"environ", "argv", "executable"} (from /proc,
-    profiler.build.atexit.process_info) and, when the rank gathered them
+    profiler.postjob.atexit.process_info) and, when the rank gathered them
     itself at its exit ("own": True, profiler.collect.facts), its self-cost,
     GPUs, live NCCL state, interface kinds and threads.  None: none known.
 

@@ -29,6 +29,15 @@ data
     MPI_INT32_T, mpi_context.cc GetMPIDataType), MPI_Allgatherv,
     MPI_Alltoallv, MPI_Reduce_scatter, and NCCL collectives.
 
+Horovod over Gloo (horovodrun --gloo; hooks/gloo.c): the records name what
+they are, backend "gloo".  The controller's calls (gloo_bitand/bitor: the
+response-cache bit vector; gloo_ready, gloo_final: the negotiation, the
+gather of requests and the broadcast of responses; gloo_ctl_bcast,
+gloo_barrier, gloo_splits, gloo_allgather_ints: set-up and bookkeeping;
+profiler.formats.record.GLOO_CONTROL_OPS) are
+"control"; the collectives of its data ops (gloo_allreduce, gloo_allgather,
+gloo_broadcast, gloo_alltoall, gloo_reducescatter) are "data".
+
 Calls from other threads (the application's mpi4py calls, torch.distributed
 NCCL calls) are "data", except MPI_Init/MPI_Finalize which are "control";
 profiler records (backend "app": step, mark) are "app".  MPI point-to-point
@@ -52,7 +61,7 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from profiler.formats.record import P2P_OPS
+from profiler.formats.record import GLOO_CONTROL_OPS, P2P_OPS
 
 __all__ = ["KINDS", "classify", "horovod_tracks", "horovod_comms", "is_horovod_row"]
 
@@ -152,7 +161,8 @@ def classify(df: pd.DataFrame) -> pd.Series:
         | ((op == "bcast") & _isin(dtype, CONTROL_DTYPES))
     )
     control_any = is_mpi & _isin(op, LIFECYCLE_OPS)
-    kind[control_hvd | control_any] = "control"
+    control_gloo = (backend == "gloo") & _isin(op, GLOO_CONTROL_OPS)
+    kind[control_hvd | control_any | control_gloo] = "control"
     kind[is_mpi & _isin(op, P2P_OPS)] = "p2p"
     kind[is_app] = "app"
     return pd.Series(pd.Categorical(kind, categories=KINDS), index=df.index, name="kind")

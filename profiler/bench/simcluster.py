@@ -1,9 +1,9 @@
 """A small cluster on one machine: simulated hosts for multi-host runs.
 
-    python -m profiler.simcluster up --hosts 3 --offsets 0,777,2501 --rate 1gbit
-    python -m profiler.simcluster run [--name NAME] [--np 6] -- python job.py
-    python -m profiler.simcluster status
-    python -m profiler.simcluster down [--name NAME | --all]
+    python -m profiler.bench.simcluster up --hosts 3 --offsets 0,777,2501 --rate 1gbit
+    python -m profiler.bench.simcluster run [--name NAME] [--np 6] -- python job.py
+    python -m profiler.bench.simcluster status
+    python -m profiler.bench.simcluster down [--name NAME | --all]
 
 (`scripts/simcluster.py` is the same command.)  Each host is a network
 namespace (`ip netns`) with one veth link (``eth0``, 10.77.0.(10+i)/24) to a

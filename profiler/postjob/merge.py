@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler.errors import EmptyProfileError, ProfilerError
+from profiler.formats import cpu as cpu_format
 from profiler.formats import record as F
 from profiler.formats.fabric import job_doc as job_interconnect
 from profiler.layout import check_profile_dir, format_ranges, rank_files
@@ -63,7 +64,7 @@ class MergeResult:
 def convert_pending(profile_dir: Path, *, ranks: Iterable[int] | None = None
                     ) -> tuple[list[int], list[str]]:
     """Convert raw files lacking an up-to-date parquet. Returns (converted, problems)."""
-    from profiler.build.convert import convert_raw, is_up_to_date
+    from profiler.postjob.convert import convert_raw, is_up_to_date
 
     raws = rank_files(profile_dir, "raw", "hvprof")
     wanted = set(raws) if ranks is None else set(ranks) & set(raws)
@@ -86,10 +87,10 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
           world_size: int | None = None,
           limit: int | None = None) -> MergeResult:
     """Convert what needs converting, then write trace.json.  See module doc."""
-    from profiler.build.window import write_trace
     from profiler.formats.dataset import read_meta
     from profiler.formats.raw import read_header
     from profiler.formats.tracejson import now_iso
+    from profiler.postjob.window import write_trace
 
     d = check_profile_dir(profile_dir)
     converted, problems = convert_pending(d)
@@ -141,12 +142,12 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
     meta = job_metadata(d, trace_path, rank_meta, world, missing, partial, calls)
     meta["created"] = now_iso()
     meta["problems"] = problems
-    from profiler.build.selfcost import job_summary
+    from profiler.postjob.selfcost import job_summary
 
     meta["self_cost"] = job_summary(rank_meta)
     # Horovod's timeline joined with rank 0's records: lineage.parquet, and
     # meta["lineage"] says what was written or why not (never raises).
-    from profiler.build.lineage import build as build_lineage
+    from profiler.postjob.lineage import build as build_lineage
 
     try:
         build_lineage(d, metadata=meta)
@@ -155,7 +156,7 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
                            "reason": "cannot build: " + " ".join(str(exc).split())[:200]}
     # Horovod's timeline as a coarse NCCL source when no path recorded NCCL
     # (rank 0's dataset gains rows with source "timeline"; never raises).
-    from profiler.build import timeline_nccl
+    from profiler.postjob import timeline_nccl
 
     try:
         meta["nccl_timeline"] = timeline_nccl.add(d, rank_meta, parquets.get(0))
@@ -222,7 +223,7 @@ def job_metadata(d: Path, trace_path: Path, rank_meta: list[dict[str, Any]], wor
             "nccl": m.get("nccl"),
             "gpus": m.get("gpus"),
             "interconnect": m.get("interconnect"),
-            "cpu": m.get("cpu"),
+            "cpu": cpu_format.trace_block(m.get("cpu")),
         })
     return {
         "format_version": TRACE_FORMAT_VERSION,
@@ -241,6 +242,10 @@ def job_metadata(d: Path, trace_path: Path, rank_meta: list[dict[str, Any]], wor
                   "axis": "ns since rank 0's MPI_Init return"},
         "env": env,
         "interconnect": job_interconnect(ranks, env),
+        # per host, the job's CPUs and who else used them (the noisy neighbour)
+        "cpu_hosts": cpu_format.host_view(
+            [{"rank": int(m["rank"]), "host": m.get("host", ""), "pid": m["header"].get("pid"),
+              "cpu": m.get("cpu")} for m in rank_meta]),
         "mode": modes[0] if len(modes) == 1 else "mixed",
         **_throughput(rank_meta),
         "dataset": {"format": "parquet", "files": files, "calls": calls,
@@ -289,8 +294,8 @@ def wait_and_merge(profile_dir: str | os.PathLike[str], *, world_size: int, own_
     a shared file system (NFS, Lustre, GPFS), whose changes from another client
     inotify does not report, and MPI is finalized by then, so no message can
     say that a rank is done."""
-    from profiler.build.convert import is_up_to_date
     from profiler.formats.raw import _pid_alive, read_header, writer_state
+    from profiler.postjob.convert import is_up_to_date
 
     d = Path(profile_dir)
     start = time.monotonic()

@@ -110,7 +110,7 @@ def add(profile_dir: Path, rank_meta: Sequence[Mapping[str, Any]],
         rank0_parquet: Path | None) -> dict[str, Any]:
     """Add the timeline's coarse NCCL rows to rank 0's dataset file when no
     path recorded NCCL; returns what was done (trace metadata "nccl_timeline")."""
-    from profiler.build.lineage import _anchor_base_ns, find_timeline
+    from profiler.postjob.lineage import _anchor_base_ns, find_timeline
 
     m0 = next((m for m in rank_meta if int(m.get("rank", -1)) == 0), None)
     if m0 is None or rank0_parquet is None or not rank0_parquet.is_file():
