@@ -2,7 +2,9 @@
 `profiler compare`.
 
 Input: one frame holding several traces told apart by ``label`` (``load(a, b)``).
-Each label is compared with a baseline (the first label unless named) on:
+A side is one configuration: one trace, or with ``runs`` ({side: [labels]})
+several traces of it, its repetitions.  Each side is compared with a baseline
+(the first unless named) on:
 
 * per-step metrics (when the traces mark steps; the steady steps, see
   throughput.steady_steps): step time, images/sec (summarize's figure, the
@@ -18,19 +20,38 @@ Each label is compared with a baseline (the first label unless named) on:
   them (divided by the number of steps when steps exist, else in total), mean
   and p99 latency over every rank's calls.
 
-Noise.  A difference is called significant when the 95% bootstrap confidence
-interval of (label - baseline) excludes 0: for per-step metrics the resampled
-units are steps (run-to-run variation within each trace), for latency the
-units are calls (at most ``max_samples`` per side, drawn at random, so big
-traces stay fast).  For per-step means the Welch t-test p-value is given too.
-Totals without a sampling unit (calls per bucket when there are no steps) get
-no interval.  Bootstrap uses a fixed seed: results are reproducible.
+Noise.  Two runs of one configuration differ by more than their steps'
+spread: the machine drifts from run to run.  A difference is therefore judged
+against the variation between runs, which only repetitions measure:
+
+* several runs a side (``runs``): each run gives one value per metric (its
+  steady steps' mean, its images over the time its steps cover, its calls' mean
+  or p99 latency), a side's value is the mean of its runs', and the test is
+  Welch's t on the run values (scipy.stats.ttest_ind, equal_var=False; test
+  "welch-runs"), or with ``paired`` (the runs alternated A B A B ..., run i of
+  each side next to each other) Student's t on the pairs' differences
+  (scipy.stats.ttest_rel; "paired-runs").  The interval is the test's 95%
+  confidence interval of the difference; significant when it excludes 0.
+* one run a side: the interval is the 95% bootstrap interval over the run's
+  own samples (steps, or calls: at most ``max_samples`` per side, drawn at
+  random), with Welch's p over steps for per-step means (test "within-run").
+  It bounds the within-run noise only, so a difference inside it is not
+  significant (False: adding the run-to-run variation widens it), and one
+  outside it is not called either (None: run-to-run variation unknown).
+
+The ``reason`` column says which case applied.  Totals without a sampling
+unit (calls per bucket) get an interval only from several runs a side.  The
+bootstrap is analysis.stats.bootstrap_interval with its one seed: results are
+reproducible.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -39,9 +60,11 @@ from profiler.errors import UsageError
 
 from ._frame import distinct, isin, keys_of, pow2_bucket, timed_calls
 from .cycles import CycleEdge, cycle_edge
+from .stats import N_BOOT, SEED, bootstrap_interval
 from .throughput import covered_ns, steady_steps, step_table
 
-__all__ = ["compare", "welch", "bootstrap_diff", "STEP_METRICS"]
+__all__ = ["compare", "welch", "run_test", "RunTest", "STEP_METRICS", "COLUMNS", "LEVEL",
+           "WITHIN_RUN", "WELCH_RUNS", "PAIRED_RUNS"]
 
 STEP_METRICS: dict[str, str] = {  # step_table column -> metric name
     "wall_ms": "step_ms",
@@ -57,166 +80,248 @@ BREAKDOWN_METRICS: dict[str, str] = {
     "compute_ms": "compute_ms_per_step", "wait_ranks_ms": "wait_ranks_ms_per_step",
     "horovod_ms": "horovod_ms_per_step", "transfer_ms": "transfer_ms_per_step",
 }
+#: The table's columns; test, reason, runs and runs_baseline came last, after n_baseline.
 COLUMNS = ["label", "baseline", "metric", "bucket", "value", "baseline_value", "diff",
-           "rel_diff", "ci_low", "ci_high", "p_value", "significant", "n", "n_baseline"]
+           "rel_diff", "ci_low", "ci_high", "p_value", "significant", "n", "n_baseline",
+           "test", "reason", "runs", "runs_baseline"]
+
+#: The confidence level of every interval (significant: the interval excludes 0).
+LEVEL = 0.95
+#: The `test` column: what the interval and p-value come from.
+WITHIN_RUN = "within-run"    # bootstrap over one run's steps or calls
+WELCH_RUNS = "welch-runs"    # Welch's t over run values
+PAIRED_RUNS = "paired-runs"  # Student's t over paired runs' differences
+
+#: stat(samples, axis=-1): a metric of samples along the last axis.
+Stat = Callable[..., np.ndarray]
 
 
 # ------------------------------------------------------------------- statistics
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the regularized incomplete beta (modified Lentz)."""
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < 1e-12:
-            break
-    return h
+def _flat(x: np.ndarray) -> bool:
+    """Every value the same, to rounding (a sum of floats can differ in the last bit)."""
+    return bool(np.all(np.abs(x - x[0]) <= 1e-12 * max(float(np.abs(x).max()), 1e-300)))
 
 
-def _betainc(a: float, b: float, x: float) -> float:
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    lbeta = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-    front = math.exp(lbeta + a * math.log(x) + b * math.log(1.0 - x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def _t_sf2(t: float, df: float) -> float:
-    """Two-sided p-value of Student's t with df degrees of freedom."""
-    if not math.isfinite(t):
-        return 0.0
-    return _betainc(df / 2.0, 0.5, df / (df + t * t))
+def _scipy(test: Callable[..., Any], *args: Any) -> Any:
+    """A scipy.stats test without its precision warnings on near-constant samples
+    (_flat catches the constant ones; the CLI turns warnings into lines)."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return test(*args)
 
 
 def welch(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
-    """Welch's t-test of mean(a) - mean(b): (t, degrees of freedom, two-sided p)."""
+    """Welch's t-test of mean(a) - mean(b) (scipy.stats.ttest_ind, equal_var=False):
+    (t, degrees of freedom, two-sided p); NaN with fewer than 2 values a side.
+    Both sides constant: p is 0 when the means differ, else 1."""
+    from scipy import stats
+
     a = np.asarray(a, dtype=float)
     b = np.asarray(b, dtype=float)
     if a.size < 2 or b.size < 2:
         return float("nan"), float("nan"), float("nan")
-    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
-    se2 = va + vb
-    diff = float(a.mean() - b.mean())
-    if se2 == 0:
-        return (float("inf") if diff else 0.0), float("nan"), (0.0 if diff else 1.0)
-    t = diff / math.sqrt(se2)
-    df = se2 * se2 / (va * va / (a.size - 1) + vb * vb / (b.size - 1))
-    return t, df, _t_sf2(t, df)
+    if _flat(a) and _flat(b):
+        diff = 0.0 if _flat(np.concatenate([a, b])) else float(a.mean() - b.mean())
+        return (math.copysign(math.inf, diff) if diff else 0.0), float("nan"), \
+            (0.0 if diff else 1.0)
+    r = _scipy(lambda x, y: stats.ttest_ind(x, y, equal_var=False), a, b)
+    return float(r.statistic), float(r.df), float(r.pvalue)
 
 
-def bootstrap_diff(a: np.ndarray, b: np.ndarray, stat: Callable[[np.ndarray], np.ndarray],
-                   *, n_boot: int = 1000, level: float = 0.95,
-                   rng: np.random.Generator | None = None) -> tuple[float, float]:
-    """Percentile bootstrap interval of stat(a) - stat(b); stat works along axis 1."""
+@dataclass(frozen=True)
+class RunTest:
+    """A difference of run-level values, its interval (LEVEL) and two-sided p."""
+
+    test: str
+    diff: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+
+    @property
+    def significant(self) -> bool:
+        return bool(self.ci_low > 0 or self.ci_high < 0)
+
+
+def run_test(a: np.ndarray, b: np.ndarray, *, paired: bool = False,
+             level: float = LEVEL) -> RunTest | None:
+    """mean(a) - mean(b) over run values (one per run) against the runs' spread:
+    Welch's t (scipy.stats.ttest_ind, equal_var=False), or paired (a[i] ran next
+    to b[i]) Student's t on the differences (scipy.stats.ttest_rel).  None with
+    fewer than 2 runs (pairs) a side.  No spread at all: the interval is the
+    difference itself (every run agrees)."""
+    from scipy import stats
+
     a = np.asarray(a, dtype=float)
     b = np.asarray(b, dtype=float)
-    if a.size < 2 or b.size < 2:
-        return float("nan"), float("nan")
-    rng = rng or np.random.default_rng(0)
-    ra = a[rng.integers(0, a.size, (n_boot, a.size))]
-    rb = b[rng.integers(0, b.size, (n_boot, b.size))]
-    d = stat(ra) - stat(rb)
-    lo, hi = np.quantile(d, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return float(lo), float(hi)
+    if paired:
+        if a.size != b.size:
+            raise ValueError("paired runs: the sides need as many runs")
+        if a.size < 2:
+            return None
+        diff = float((a - b).mean())
+        if _flat(a - b):
+            diff = 0.0 if np.allclose(a, b, rtol=1e-12, atol=0) else diff
+            return RunTest(PAIRED_RUNS, diff, diff, diff, 0.0 if diff else 1.0)
+        r = _scipy(stats.ttest_rel, a, b)
+        test = PAIRED_RUNS
+    else:
+        if a.size < 2 or b.size < 2:
+            return None
+        diff = float(a.mean() - b.mean())
+        if _flat(a) and _flat(b):
+            diff = 0.0 if _flat(np.concatenate([a, b])) else diff
+            return RunTest(WELCH_RUNS, diff, diff, diff, 0.0 if diff else 1.0)
+        r = _scipy(lambda x, y: stats.ttest_ind(x, y, equal_var=False), a, b)
+        test = WELCH_RUNS
+    ci = _scipy(lambda: r.confidence_interval(confidence_level=level))
+    return RunTest(test, diff, float(ci.low), float(ci.high), float(r.pvalue))
 
 
-def _mean(x: np.ndarray) -> np.ndarray:
-    return np.asarray(x.mean(axis=1))
+def _mean(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.asarray(np.mean(x, axis=axis))
 
 
-def _p99(x: np.ndarray) -> np.ndarray:
-    return np.asarray(np.quantile(x, 0.99, axis=1))
+def _p99(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.asarray(np.quantile(x, 0.99, axis=axis))
 
 
 # ---------------------------------------------------------------------- compare
 
 
-def _labels(df: pd.DataFrame, labels: Sequence[str] | None, baseline: str | None
-            ) -> tuple[list[str], str]:
+def _sides(df: pd.DataFrame, labels: Sequence[str] | None, baseline: str | None,
+           runs: Mapping[str, Sequence[str]] | None) -> tuple[dict[str, list[str]], str]:
+    """{side: its runs' labels} in order, and the baseline side."""
     if "label" not in df.columns:
         raise UsageError(None, "compare needs several traces: load them together, "
                                "e.g. load(a, b) (a label column)")
     present = distinct(df["label"])
-    chosen = list(labels) if labels is not None else present
-    unknown = [x for x in chosen + ([baseline] if baseline else []) if x not in present]
+    if runs is None:
+        sides = {x: [x] for x in present}
+    else:
+        sides = {str(k): [str(x) for x in v] for k, v in runs.items()}
+        traces = [x for v in sides.values() for x in v]
+        missing = [x for x in traces if x not in present]
+        if missing:
+            raise UsageError(None, f"runs: unknown trace label(s) {', '.join(missing)}; "
+                                   f"the traces are {', '.join(present)}")
+        if len(set(traces)) != len(traces):
+            raise UsageError(None, "runs: a trace is a run of one side only")
+        empty = [k for k, v in sides.items() if not v]
+        if empty:
+            raise UsageError(None, f"runs: side(s) {', '.join(empty)} without a trace")
+    names = list(sides)
+    chosen = list(labels) if labels is not None else names
+    unknown = [x for x in chosen + ([baseline] if baseline else []) if x not in sides]
     if unknown:
         raise UsageError(None, f"unknown label(s) {', '.join(unknown)}; the traces are "
-                               f"{', '.join(present)}")
+                               f"{', '.join(names)}")
     if len(chosen) < 2:
         raise UsageError(None, "compare needs at least two traces")
     base = baseline or chosen[0]
-    return chosen, base
+    return {x: sides[x] for x in dict.fromkeys(chosen + [base])}, base
 
 
-def _row(label: str, base: str, metric: str, bucket: str, a: np.ndarray, b: np.ndarray,
-         stat: Callable[[np.ndarray], np.ndarray] | None, welch_test: bool,
-         rng: np.random.Generator, n_boot: int, value: float | None = None,
-         base_value: float | None = None) -> dict[str, object]:
-    if value is None:
-        value = float(stat(a[None, :])[0]) if (stat and a.size) else float("nan")
-    if base_value is None:
-        base_value = float(stat(b[None, :])[0]) if (stat and b.size) else float("nan")
+def _nan() -> float:
+    return float("nan")
+
+
+def _row(label: str, base: str, metric: str, bucket: str, a: Sequence[np.ndarray],
+         b: Sequence[np.ndarray], stat: Stat, *, paired: bool, n_boot: int, seed: int,
+         welch_p: bool = False, p_samples: tuple[np.ndarray, np.ndarray] | None = None
+         ) -> dict[str, object]:
+    """One row: a and b hold each run's samples (steps, calls, or one value per
+    run for a count), aligned by run; an empty array is a run without any.
+    Two runs a side or more: run_test on stat of each run; fewer: the
+    bootstrap of stat over the pooled samples, which bounds within-run noise
+    only (module doc).  welch_p: Welch's p over the pooled samples (or
+    p_samples) in that case."""
+    ra = [x for x in a if x.size]
+    rb = [x for x in b if x.size]
+    t: RunTest | None = None
+    if len(ra) >= 2 and len(rb) >= 2:
+        if paired:
+            pairs = [(float(stat(x)), float(stat(y))) for x, y in zip(a, b) if x.size and y.size]
+            if len(pairs) >= 2:
+                t = run_test(np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs]),
+                             paired=True)
+        if t is None:
+            t = run_test(np.array([float(stat(x)) for x in ra]),
+                         np.array([float(stat(x)) for x in rb]))
+    if t is not None:
+        value = float(np.mean([float(stat(x)) for x in ra]))
+        base_value = float(np.mean([float(stat(x)) for x in rb]))
+        lo, hi, p = t.ci_low, t.ci_high, t.p_value
+        sig: bool | None = t.significant
+        test = t.test
+        reason = ("the runs differ beyond their spread" if sig
+                  else "within the run-to-run spread")
+    else:
+        pa = np.concatenate(ra) if ra else np.array([])
+        pb = np.concatenate(rb) if rb else np.array([])
+        value = float(stat(pa)) if pa.size else _nan()
+        base_value = float(stat(pb)) if pb.size else _nan()
+
+        def delta(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+            return np.asarray(stat(x, axis=axis) - stat(y, axis=axis))
+
+        if pa.size >= 2 and pb.size >= 2 and _flat(np.concatenate([pa, pb])):
+            lo = hi = 0.0  # one value throughout (to rounding): no difference at all
+        else:
+            lo, hi = bootstrap_interval((pa, pb), delta, n=n_boot, seed=seed)
+        p = welch(*(p_samples or (pa, pb)))[2] if welch_p else _nan()
+        test = WITHIN_RUN
+        unknown = ("run-to-run variation unknown (one run per side)"
+                   if len(ra) <= 1 and len(rb) <= 1 else
+                   "run-to-run variation unknown (fewer than 2 runs on a side)")
+        if math.isnan(lo) or math.isnan(hi):
+            sig, test = None, ""
+            reason = (f"no interval: one value per run; {unknown}"
+                      if all(x.size == 1 for x in ra + rb) else "too few samples for an interval")
+        elif lo > 0 or hi < 0:
+            sig, reason = None, unknown
+        else:  # the run-to-run variation would only widen the interval
+            sig, reason = False, "within the within-run noise"
     diff = value - base_value
-    lo, hi = (bootstrap_diff(a, b, stat, n_boot=n_boot, rng=rng) if stat is not None
-              else (float("nan"), float("nan")))
-    p = welch(a, b)[2] if welch_test else float("nan")
-    sig: object = (bool(lo > 0 or hi < 0) if not (math.isnan(lo) or math.isnan(hi))
-                   else None)
     return {"label": label, "baseline": base, "metric": metric, "bucket": bucket,
             "value": value, "baseline_value": base_value, "diff": diff,
-            "rel_diff": diff / base_value if base_value not in (0.0,) and
-            not math.isnan(base_value) else float("nan"),
+            "rel_diff": (diff / base_value if base_value != 0.0 and not math.isnan(base_value)
+                         else _nan()),
             "ci_low": lo, "ci_high": hi, "p_value": p, "significant": sig,
-            "n": int(a.size), "n_baseline": int(b.size)}
+            "n": int(sum(x.size for x in ra)), "n_baseline": int(sum(x.size for x in rb)),
+            "test": test, "reason": reason, "runs": len(ra), "runs_baseline": len(rb)}
 
 
-def _rate_row(label: str, base: str, a: pd.DataFrame, b: pd.DataFrame,
-              rng: np.random.Generator, n_boot: int) -> dict[str, object]:
-    """images/sec: each run's images over the time its steps cover
-    (throughput.run_images_per_s, the figure summarize gives), the interval
-    a bootstrap over steps of that ratio; the p-value Welch's on each
-    step's own rate."""
-    images = np.concatenate([a["images"].to_numpy(dtype=float),
-                             b["images"].to_numpy(dtype=float)])
-    covered = np.concatenate([covered_ns(a), covered_ns(b)]).astype(float)
+def _rate_row(label: str, base: str, a: Sequence[pd.DataFrame], b: Sequence[pd.DataFrame],
+              **kw: Any) -> dict[str, object]:
+    """images/sec: a run's images over the time its steps cover
+    (throughput.run_images_per_s, the figure summarize gives); the samples are
+    step indices into every run's steps, so the within-run bootstrap resamples
+    steps of that ratio, and Welch's p there is over each step's own rate."""
+    tables = [*a, *b]
+    images = np.concatenate([t["images"].to_numpy(dtype=float) for t in tables])
+    covered = np.concatenate([covered_ns(t).astype(float) for t in tables])
+    starts = np.cumsum([0] + [len(t) for t in tables])
+    ix = [np.arange(starts[i], starts[i + 1], dtype=float) for i in range(len(tables))]
 
-    def rate(ix: np.ndarray) -> np.ndarray:  # ix: step indices into both runs' steps
-        k = ix.astype(np.int64)
-        c = covered[k].sum(axis=-1)
-        return np.where(c > 0, images[k].sum(axis=-1) / np.where(c > 0, c, 1.0) * 1e9, np.nan)
+    def rate(x: np.ndarray, axis: int = -1) -> np.ndarray:
+        k = np.asarray(x).astype(np.int64)
+        c = covered[k].sum(axis=axis)
+        return np.asarray(np.where(c > 0, images[k].sum(axis=axis) / np.where(c > 0, c, 1.0)
+                                   * 1e9, np.nan))
 
-    ia = np.arange(len(a), dtype=float)
-    row = _row(label, base, "images_per_s", "", ia, len(a) + np.arange(len(b), dtype=float),
-               rate, False, rng, n_boot)
-    ra, rb = (x["images_per_s"].to_numpy(dtype=float) for x in (a, b))
-    row["p_value"] = welch(ra[np.isfinite(ra)], rb[np.isfinite(rb)])[2]
-    return row
+    def steps_rate(ts: Sequence[pd.DataFrame]) -> np.ndarray:
+        r = np.concatenate([t["images_per_s"].to_numpy(dtype=float) for t in ts])
+        return r[np.isfinite(r)]
+
+    return _row(label, base, "images_per_s", "", ix[:len(a)], ix[len(a):], rate,
+                welch_p=True, p_samples=(steps_rate(a), steps_rate(b)), **kw)
 
 
 def _breakdown(df: pd.DataFrame, label: str) -> pd.DataFrame | None:
-    """One label's rank breakdown (None when the trace has none)."""
+    """One trace's rank breakdown (None when the trace has none)."""
     from .breakdown import rank_breakdown
 
     bd = rank_breakdown(df.loc[isin(df["label"], [label])].drop(columns=["label"]))
@@ -240,108 +345,150 @@ def _edge(bd: pd.DataFrame | None, steps: pd.Series, cycle: float | None) -> Cyc
     return cycle_edge(sync.groupby("step")["wall_ms"].mean().to_numpy(), cycle)
 
 
+def _finite(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=float)
+    return x[np.isfinite(x)]
+
+
 def compare(
     df: pd.DataFrame,
     *,
     labels: Sequence[str] | None = None,
     baseline: str | None = None,
+    runs: Mapping[str, Sequence[str]] | None = None,
+    paired: bool = False,
     warmup: int = 1,
-    n_boot: int = 1000,
+    n_boot: int = N_BOOT,
     max_samples: int = 5000,
-    seed: int = 0,
+    seed: int = SEED,
     kinds: str | Sequence[str] | None = ("data",),
     ops: str | Sequence[str] | None = None,
     cycles: Mapping[str, float] | None = None,
 ) -> pd.DataFrame:
-    """Every label against the baseline; one row per (label, metric, bucket).
+    """Every side against the baseline; one row per (side, metric, bucket).
 
-    Columns: label, baseline, metric, bucket ("" for per-step metrics, else the
-    bucket's upper bound in bytes as text), value, baseline_value, diff, rel_diff,
-    ci_low, ci_high (95% bootstrap interval of the difference), p_value (Welch,
-    per-step metrics), significant (True/False, None when no interval), n,
-    n_baseline (samples: steps or calls).  cycles: each label's
+    runs: {side: the labels of its traces, its repetitions}; default: each
+    label a side of one run.  labels, baseline: side names.  paired: run i of
+    each side ran next to run i of the baseline (alternating A B A B ...), so
+    the test is on the pairs' differences; the sides then need as many runs.
+
+    Columns (COLUMNS): label (the side), baseline, metric, bucket ("" for
+    per-step metrics, else the bucket's upper bound in bytes as text), value,
+    baseline_value (a side's value: the mean of its runs'), diff, rel_diff,
+    ci_low, ci_high (95% interval of the difference), p_value, significant
+    (True/False; None when the data cannot tell: one run a side with a
+    difference beyond the within-run noise, or no interval), n, n_baseline
+    (samples: steps or calls, over all runs; runs for a count), test
+    (WITHIN_RUN, WELCH_RUNS, PAIRED_RUNS or "" for none), reason (the verdict's
+    ground in words), runs, runs_baseline.  cycles: each trace label's
     HOROVOD_CYCLE_TIME in ms, for the share of steps a whole cycle late."""
-    chosen, base = _labels(df, labels, baseline)
-    rng = np.random.default_rng(seed)
+    sides, base = _sides(df, labels, baseline, runs)
+    if paired:
+        counts = {k: len(v) for k, v in sides.items()}
+        if len(set(counts.values())) > 1:
+            raise UsageError(None, "paired runs: every side needs as many runs ("
+                             + ", ".join(f"{k} {n}" for k, n in counts.items()) + ")")
+    traces = [x for v in sides.values() for x in v]
+    others = [lb for lb in sides if lb != base]
+    side_of = {tr: side for side, v in sides.items() for tr in v}
+    kw: dict[str, Any] = {"paired": paired, "n_boot": n_boot, "seed": seed}
     rows: list[dict[str, object]] = []
-    # ---- per-step metrics
-    st = step_table(df.loc[isin(df["label"], chosen)])
+    # ---- per-step metrics, per run
+    st = step_table(df.loc[isin(df["label"], traces)])
     per_step: dict[str, pd.DataFrame] = {}
     n_steps: dict[str, int] = {}
-    for lb in chosen:
-        sub = st.loc[st["label"].astype(str) == lb].sort_values("step") if len(st) else st
-        n_steps[lb] = len(sub)
-        per_step[lb] = steady_steps(sub, warmup) if len(sub) else sub
-    has_steps = all(len(per_step[lb]) > 0 for lb in chosen)
+    for tr in traces:
+        sub = st.loc[st["label"].astype(str) == tr].sort_values("step") if len(st) else st
+        n_steps[tr] = len(sub)
+        per_step[tr] = steady_steps(sub, warmup) if len(sub) else sub
+    has_steps = all(len(per_step[tr]) > 0 for tr in traces)
+
+    def samples(side: str, get: Callable[[str], np.ndarray | None]) -> list[np.ndarray]:
+        out = []
+        for tr in sides[side]:
+            v = get(tr)
+            out.append(np.array([]) if v is None else _finite(v))
+        return out
+
     if has_steps:
-        for lb in chosen:
-            if lb == base:
-                continue
+        for lb in others:
             for col, metric in STEP_METRICS.items():
                 if col == "images_per_s":
-                    rows.append(_rate_row(lb, base, per_step[lb], per_step[base], rng,
-                                          n_boot))
+                    rows.append(_rate_row(lb, base, [per_step[t] for t in sides[lb]],
+                                          [per_step[t] for t in sides[base]], **kw))
                     continue
-                a = per_step[lb][col].to_numpy(dtype=float)
-                b = per_step[base][col].to_numpy(dtype=float)
-                a, b = a[np.isfinite(a)], b[np.isfinite(b)]
-                rows.append(_row(lb, base, metric, "", a, b, _mean, True, rng, n_boot))
-        bds = {lb: _breakdown(df, lb) for lb in chosen}
-        parts = {lb: _parts(bds[lb], per_step[lb]["step"]) for lb in chosen}
-        edges = {lb: _edge(bds[lb], per_step[lb]["step"], (cycles or {}).get(lb))
-                 for lb in chosen}
-        for lb in chosen:
-            ea, eb = edges[lb], edges[base]
-            if lb != base and ea is not None and eb is not None and (ea.passed or eb.passed):
-                rows.append(_row(lb, base, "second_cycle_share", "",
-                                 ea.waited.astype(float), eb.waited.astype(float), _mean,
-                                 True, rng, n_boot))
+
+                def get(tr: str, col: str = col) -> np.ndarray:
+                    return per_step[tr][col].to_numpy(dtype=float)
+
+                rows.append(_row(lb, base, metric, "", samples(lb, get), samples(base, get),
+                                 _mean, welch_p=True, **kw))
+        bds = {tr: _breakdown(df, tr) for tr in traces}
+        parts = {tr: _parts(bds[tr], per_step[tr]["step"]) for tr in traces}
+        edges = {tr: _edge(bds[tr], per_step[tr]["step"], (cycles or {}).get(tr))
+                 for tr in traces}
+
+        def waited(tr: str) -> np.ndarray | None:
+            e = edges[tr]
+            return None if e is None else e.waited.astype(float)
+
+        for lb in others:
+            ea = [edges[t] for t in sides[lb] if edges[t] is not None]
+            eb = [edges[t] for t in sides[base] if edges[t] is not None]
+            if ea and eb and any(e.passed for e in ea + eb):  # type: ignore[union-attr]
+                rows.append(_row(lb, base, "second_cycle_share", "", samples(lb, waited),
+                                 samples(base, waited), _mean, welch_p=True,
+                                 **kw))
         if all(p is not None for p in parts.values()):
-            for lb in chosen:
-                if lb == base:
-                    continue
+            for lb in others:
                 for col, metric in BREAKDOWN_METRICS.items():
-                    a = parts[lb][col].to_numpy(dtype=float)  # type: ignore[index]
-                    b = parts[base][col].to_numpy(dtype=float)  # type: ignore[index]
-                    rows.append(_row(lb, base, metric, "", a, b, _mean, True, rng, n_boot))
+                    def part(tr: str, col: str = col) -> np.ndarray:
+                        return parts[tr][col].to_numpy(dtype=float)  # type: ignore[index]
+
+                    rows.append(_row(lb, base, metric, "", samples(lb, part),
+                                     samples(base, part), _mean, welch_p=True,
+                                     **kw))
     # ---- per size bucket: calls, mean and p99 latency
     tc = timed_calls(df, kinds=kinds, ops=ops)
-    tc = tc.loc[isin(tc["label"], chosen)]
+    tc = tc.loc[isin(tc["label"], traces)]
     work = pd.DataFrame({"label": keys_of(tc["label"]),
                          "bucket": pow2_bucket(tc["bytes"].to_numpy()),
                          "rank": tc["rank"].to_numpy(),
                          "us": tc["dur_ns"].to_numpy(dtype=float) / 1e3})
-    if has_steps and "step" in tc.columns:
-        work["step"] = tc["step"].to_numpy()
     buckets = sorted(set(work["bucket"].tolist()))
     groups = {(str(k[0]), k[1]): g for k, g in work.groupby(["label", "bucket"],
                                                             observed=True)}
     lowest = ({str(k): v for k, v in work.groupby("label", observed=True)["rank"].min().items()}
               if len(work) else {})
-    for lb in chosen:
-        if lb == base:
-            continue
+    rng = np.random.default_rng(seed)  # which calls a big bucket keeps
+    for lb in others:
         for bk in buckets:
-            ga = groups.get((lb, bk))
-            gb = groups.get((base, bk))
-            a = ga["us"].to_numpy() if ga is not None else np.array([])
-            b = gb["us"].to_numpy() if gb is not None else np.array([])
-            # calls as one rank makes them
-            ca = (int((ga["rank"] == lowest.get(lb)).sum()) if ga is not None else 0)
-            cb = (int((gb["rank"] == lowest.get(base)).sum()) if gb is not None else 0)
-            if has_steps:
-                na, nb = n_steps[lb], n_steps[base]
-                rows.append(_row(lb, base, "calls_per_step", str(bk), np.array([]), np.array([]),
-                                 None, False, rng, n_boot, ca / max(na, 1), cb / max(nb, 1)))
-            else:
-                rows.append(_row(lb, base, "calls", str(bk), np.array([]), np.array([]), None,
-                                 False, rng, n_boot, float(ca), float(cb)))
-            if a.size > max_samples:
-                a = rng.choice(a, max_samples, replace=False)
-            if b.size > max_samples:
-                b = rng.choice(b, max_samples, replace=False)
-            if a.size == 0 or b.size == 0:
+            def count(tr: str, bk: int = bk) -> np.ndarray:
+                g = groups.get((tr, bk))  # calls as one rank makes them
+                c = int((g["rank"] == lowest.get(tr)).sum()) if g is not None else 0
+                return np.array([c / max(n_steps[tr], 1) if has_steps else float(c)])
+
+            rows.append(_row(lb, base, "calls_per_step" if has_steps else "calls", str(bk),
+                             samples(lb, count), samples(base, count), _mean,
+                             **kw))
+
+            def lat(tr: str, bk: int = bk) -> np.ndarray | None:
+                g = groups.get((tr, bk))
+                if g is None:
+                    return None
+                us = g["us"].to_numpy()
+                cap = max(1, max_samples // len(sides[side_of[tr]]))
+                return rng.choice(us, cap, replace=False) if us.size > cap else us
+
+            a, b = samples(lb, lat), samples(base, lat)
+            if not any(x.size for x in a) or not any(x.size for x in b):
                 continue
-            rows.append(_row(lb, base, "mean_us", str(bk), a, b, _mean, False, rng, n_boot))
-            rows.append(_row(lb, base, "p99_us", str(bk), a, b, _p99, False, rng, n_boot))
-    return pd.DataFrame(rows, columns=COLUMNS)
+            rows.append(_row(lb, base, "mean_us", str(bk), a, b, _mean,
+                             **kw))
+            rows.append(_row(lb, base, "p99_us", str(bk), a, b, _p99,
+                             **kw))
+    out = pd.DataFrame(rows, columns=COLUMNS)
+    # True, False or None: an object column, whatever the rows hold
+    out["significant"] = pd.Series([r["significant"] for r in rows], index=out.index,
+                                   dtype=object)
+    return out

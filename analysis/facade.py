@@ -30,7 +30,7 @@ ProfilerError raised where its cause is known, or a bug.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,11 +40,11 @@ import pandas as pd
 from profiler.layout import format_ranges
 
 from .live import LATENCY_BOUNDS_S, NB, SIZE_CLASSES, Watcher
-from .load import trace_meta
+from .load import default_label, trace_meta
 from .summary import BY_KEYS
 
 __all__ = ["BY_KEYS", "Calls", "TraceAnalysis", "Watcher", "LATENCY_BOUNDS_S", "NB",
-           "SIZE_CLASSES"]
+           "SIZE_CLASSES", "default_label"]
 
 if TYPE_CHECKING:
     from .fusion_whatif import WhatIf
@@ -211,6 +211,7 @@ def _dask_table(dataset: Any, by: list[str], flt: dict[str, Any],
     import logging
 
     from dask.distributed import Client, LocalCluster
+
     from profiler.analysis.distributed import summarize_dask
 
     logging.getLogger("distributed").setLevel(logging.ERROR)
@@ -238,8 +239,8 @@ def _gather(path: str, meta: dict[str, Any] | None, by: list[str],
             ranks_arg: list[int] | None, steps: tuple[int, int] | None = None,
             ops: list[str] | None = None) -> FrameCalls:
     import numpy as np
-    from profiler.analysis.summary import comm_calls
 
+    from profiler.analysis.summary import comm_calls
     from profiler.errors import UsageError
 
     from .load import load, load_aggregates
@@ -433,11 +434,13 @@ class TraceAnalysis:
     def compare(self, *others: TraceAnalysis, labels: Sequence[str] | None = None,
                 baseline: str | None = None, warmup: int = 1,
                 ranks: Sequence[int] | None = None, steps: tuple[int, int] | None = None,
-                max_rows: int | None = None) -> Comparison:
+                max_rows: int | None = None, runs: Mapping[str, Sequence[str]] | None = None,
+                paired: bool = False) -> Comparison:
         """This profile and `others` against the baseline (the first unless
         `baseline` names a label): analysis.compare.compare.  max_rows: rows
         loaded at most, all profiles together; a larger one is compared on a
-        window of it (Comparison.windows says which)."""
+        window of it (Comparison.windows says which).  runs, paired: the
+        profiles' labels grouped into sides of repeated runs (compare.compare)."""
         from .compare import compare
         from .load import load
 
@@ -450,7 +453,8 @@ class TraceAnalysis:
                  and isinstance(df["label"].dtype, pd.CategoricalDtype) else [])
         cycles = {name: horovod_settings((ta.meta or {}).get("env") or {}).cycle_time_ms
                   for name, ta in zip(names, (self, *others))}
-        return Comparison(table=compare(df, baseline=baseline, warmup=warmup, cycles=cycles),
+        return Comparison(table=compare(df, baseline=baseline, warmup=warmup, cycles=cycles,
+                                        runs=runs, paired=paired),
                           windows=dict(df.attrs.get("selection") or {}))
 
     def report(self, out: str | os.PathLike[str], *others: TraceAnalysis,
@@ -475,9 +479,9 @@ class TraceAnalysis:
         if "lineage" in self._cache:
             return self._cache["lineage"]
         from profiler import layout
-        from profiler.build import lineage as build
         from profiler.errors import NotFoundError
         from profiler.formats import lineage as stored
+        from profiler.postjob import lineage as build
 
         p = Path(self.path)
         if not p.exists():
@@ -594,11 +598,11 @@ def _export(ds: Any, src: Path, dest: Path, *, ranks: list[int] | None,
     import pyarrow as pa
     import pyarrow.dataset as pads
 
-    from profiler.build.window import write_trace
     from profiler.errors import CorruptError, NotATraceError, UsageError
     from profiler.formats.dataset import read_meta
     from profiler.formats.tracejson import TRACE_FORMAT_VERSION, now_iso
     from profiler.layout import file_rank
+    from profiler.postjob.window import write_trace
 
     from .filters import RowFilter
     from .load import read_files

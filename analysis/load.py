@@ -96,10 +96,10 @@ def _load_trace(p: Path, flt: RowFilter | None,
 
 def _load_dir(p: Path, flt: RowFilter | None,
               columns: Sequence[str] | None) -> pd.DataFrame:
-    from profiler.build.classify import classify
     from profiler.formats.raw import read_raw
     from profiler.formats.rows import raw_to_frame
     from profiler.layout import rank_files
+    from profiler.postjob.classify import classify
 
     if (p / "trace.json").is_file():
         return _load_trace(p / "trace.json", flt, columns)
@@ -118,9 +118,9 @@ def _load_dir(p: Path, flt: RowFilter | None,
 
 def _load_one(path: str | os.PathLike[str], flt: RowFilter | None,
               columns: Sequence[str] | None) -> pd.DataFrame:
-    from profiler.build.classify import classify
     from profiler.formats.raw import read_raw
     from profiler.formats.rows import raw_to_frame
+    from profiler.postjob.classify import classify
 
     p = Path(path)
     if not p.exists():
@@ -155,13 +155,13 @@ def window_for(path: str | os.PathLike[str], max_rows: int, *, first_ranks: int 
     """A bounded window of a dataset with more than `max_rows` rows: the first
     `first_ranks` ranks plus the likely stragglers (least communication time, from
     the rank metadata), over the consecutive middle steps that fit (the policy of
-    trace.json's event selection, profiler.build.window.select_events, without its step
+    trace.json's event selection, profiler.postjob.window.select_events, without its step
     cap).  None when everything fits, or when the path has no parquet dataset.
     Returns the filter and {"description", "rows", "rows_total", "ranks", "steps",
     "t_start_ns"}."""
     import orjson
 
-    from profiler.build.window import select_events
+    from profiler.postjob.window import select_events
 
     from .engine import open_dataset
 
@@ -187,7 +187,8 @@ def window_for(path: str | os.PathLike[str], max_rows: int, *, first_ranks: int 
                  "t_start_ns": list(sel.t_window_ns)}
 
 
-def _default_label(path: str | os.PathLike[str]) -> str:
+def default_label(path: str | os.PathLike[str]) -> str:
+    """A profile's name when the user gives none: its directory's."""
     p = Path(path).resolve()
     if p.is_dir():
         return p.name
@@ -197,10 +198,10 @@ def _default_label(path: str | os.PathLike[str]) -> str:
 
 
 def _default_labels(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
-    """Each path's _default_label, a repeated one numbered (run, run#2, run#3)."""
+    """Each path's default_label, a repeated one numbered (run, run#2, run#3)."""
     labels: list[str] = []
     for p in paths:
-        base = _default_label(p)
+        base = default_label(p)
         name, i = base, 2
         while name in labels:
             name, i = f"{base}#{i}", i + 1

@@ -9,17 +9,22 @@ correct for having looked at every candidate (Bonferroni: k tests), and shrink
 n to the effective number of independent trials when consecutive trials are
 correlated (a rank that is slow for a stretch of steps is not n independent
 observations).
+
+One bootstrap serves the whole analysis (bootstrap_interval: scipy.stats.bootstrap,
+percentile intervals, SEED): findings and `profiler compare` alike, so an
+interval is the same wherever it is shown and the same on every run.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["BOOTSTRAP_MAX", "bootstrap_mean", "ALPHA", "binom_sf", "effective_n", "ChanceTest",
-           "most_often"]
+__all__ = ["SEED", "N_BOOT", "bootstrap_interval", "BOOTSTRAP_MAX", "bootstrap_mean", "ALPHA",
+           "binom_sf", "effective_n", "ChanceTest", "most_often"]
 
 #: The false-alarm rate accepted for a finding that names a candidate.
 ALPHA = 0.01
@@ -102,15 +107,43 @@ def most_often(winners: np.ndarray, candidates: int, *, alpha: float = ALPHA
                       significant=p < alpha)
 
 
+#: The analysis's one bootstrap seed: every interval is reproducible.
+SEED = 7
+#: Resamples per bootstrap interval.
+N_BOOT = 1000
+
+
+def bootstrap_interval(samples: Sequence[np.ndarray], statistic: Callable[..., np.ndarray],
+                       *, n: int = N_BOOT, level: float = 0.95, seed: int = SEED
+                       ) -> tuple[float, float]:
+    """Percentile-bootstrap interval of statistic(*samples) (scipy.stats.bootstrap):
+    each sample is resampled on its own; `statistic` takes the samples and
+    axis=-1.  NaN when a sample has fewer than 2 values."""
+    from scipy import stats
+
+    arrays = [np.asarray(s, dtype=np.float64) for s in samples]
+    if not arrays or any(a.size < 2 for a in arrays):
+        return float("nan"), float("nan")
+    res = stats.bootstrap(arrays, statistic, n_resamples=n, vectorized=True, axis=-1,
+                          method="percentile", confidence_level=level,
+                          rng=np.random.default_rng(seed))
+    ci = res.confidence_interval
+    return float(ci.low), float(ci.high)
+
+
+def _mean(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.asarray(np.mean(x, axis=axis))
+
+
 #: Above this many values the interval is the normal one (mean +- 1.96
 #: standard errors): the bootstrap's would agree, at n x len(values) memory.
 BOOTSTRAP_MAX = 1024
 
 
-def bootstrap_mean(values: np.ndarray, *, n: int = 1000, seed: int = 7
+def bootstrap_mean(values: np.ndarray, *, n: int = N_BOOT, seed: int = SEED
                    ) -> tuple[float, float, float]:
     """(mean, lo, hi): the mean and its 95% percentile-bootstrap interval
-    (the normal interval above BOOTSTRAP_MAX values)."""
+    (bootstrap_interval; the normal interval above BOOTSTRAP_MAX values)."""
     v = np.asarray(values, dtype=np.float64)
     v = v[np.isfinite(v)]
     if not len(v):
@@ -121,7 +154,5 @@ def bootstrap_mean(values: np.ndarray, *, n: int = 1000, seed: int = 7
     if len(v) > BOOTSTRAP_MAX:
         half = 1.96 * float(v.std(ddof=1)) / np.sqrt(len(v))
         return mean, mean - half, mean + half
-    rng = np.random.default_rng(seed)
-    means = v[rng.integers(0, len(v), size=(n, len(v)))].mean(axis=1)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return mean, float(lo), float(hi)
+    lo, hi = bootstrap_interval((v,), _mean, n=n, seed=seed)
+    return mean, lo, hi

@@ -5,19 +5,31 @@
 # where their steps go and the findings (profiler advise), then what fusion
 # changed (profiler compare).
 #
+# Two runs of one configuration differ by more than their steps' spread (the
+# machine drifts from run to run), so one run a side cannot tell fusion's
+# effect from that drift.  Each side therefore runs MAIN_JOB_REPS times,
+# alternating (on, off, on, off, ...), and `profiler compare` tests the runs'
+# values against their spread, run i of each side paired (--paired).
+#
 #   bash scripts/main-job.sh
 #
 # Knobs (environment):
 #   MAIN_JOB_OUT     output folder (default out/main-job)
 #   MAIN_JOB_NP      ranks (default 2)
-#   MAIN_JOB_ARGS    benchmark arguments (default: resnet8, batch 32, 32x32 images,
-#                    5 warm-up steps, 10 iterations of 5 steps; about a minute
-#                    for the whole job on 2 cores)
+#   MAIN_JOB_REPS    runs of each side (default 3; 2 at least for a verdict)
+#   MAIN_JOB_ARGS    benchmark arguments of each run (default: resnet8, batch 32,
+#                    32x32 images, 5 warm-up steps, 4 iterations of 5 steps;
+#                    six short runs, a few minutes for the whole job on 2 cores)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
 say() { printf 'main-job: %s\n' "$*"; }
+
+REPS=${MAIN_JOB_REPS:-3}
+case $REPS in
+    ''|*[!0-9]*|0) say "error: MAIN_JOB_REPS must be a whole number >= 1, not '$REPS'" >&2; exit 2 ;;
+esac
 
 bash scripts/setup.sh
 
@@ -28,7 +40,7 @@ OUT=${MAIN_JOB_OUT:-out/main-job}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 # shellcheck disable=SC2206
-BENCH_ARGS=(${MAIN_JOB_ARGS:---model resnet8 --batch-size 32 --image-size 32 --num-warmup-batches 5 --num-batches-per-iter 5 --num-iters 10})
+BENCH_ARGS=(${MAIN_JOB_ARGS:---model resnet8 --batch-size 32 --image-size 32 --num-warmup-batches 5 --num-batches-per-iter 5 --num-iters 4})
 
 # Open MPI on a small machine: allow root (containers), oversubscription and
 # no core binding (2 ranks share 2 cores with everything else).
@@ -38,47 +50,67 @@ fi
 export OMPI_MCA_rmaps_base_oversubscribe=${OMPI_MCA_rmaps_base_oversubscribe:-1}
 export OMPI_MCA_hwloc_base_binding_policy=${OMPI_MCA_hwloc_base_binding_policy:-none}
 
-run_profiled() {  # name, extra env...
+run_profiled() {  # name, extra env...: one run, its output in $OUT/name.log
     local name=$1; shift
-    local dir=$OUT/$name
+    local dir=$OUT/$name log=$OUT/$name.log
     rm -rf "$dir"
     say "profiling the benchmark, $name: HOROVOD_PROFILE=1 HOROVOD_PROFILE_DIR=$dir $* mpirun -n $NP python -m profiler.workloads.train_bench ${BENCH_ARGS[*]}"
-    env HOROVOD_PROFILE=1 HOROVOD_PROFILE_DIR="$dir" "$@" \
-        mpirun -n "$NP" "$PY" -m profiler.workloads.train_bench "${BENCH_ARGS[@]}" \
-        2>&1 | tee "$OUT/$name.log"
+    if ! env HOROVOD_PROFILE=1 HOROVOD_PROFILE_DIR="$dir" "$@" \
+        mpirun -n "$NP" "$PY" -m profiler.workloads.train_bench "${BENCH_ARGS[@]}" >"$log" 2>&1; then
+        tail -n 30 "$log" >&2
+        say "error: the benchmark failed ($name); its output: $log" >&2
+        exit 1
+    fi
     [ -f "$dir/trace.json" ] || { say "error: no trace at $dir/trace.json" >&2; exit 1; }
+    say "  $name: $(grep -m1 '^Total img/sec' "$log" || echo 'no throughput line') (output: $log)"
 }
 
-run_profiled fusion-on
-run_profiled fusion-off HOROVOD_FUSION_THRESHOLD=0
+# Alternating runs: run i of each side ran next to the other's, under the same
+# conditions as far as the machine allows; compare pairs them.  The first run
+# of each side keeps the plain name (fusion-on/, fusion-off/), the others are
+# numbered (fusion-on-2/, ...).
+ONS=() OFFS=()
+for i in $(seq 1 "$REPS"); do
+    n=$([ "$i" = 1 ] || echo "-$i")
+    run_profiled "fusion-on$n"
+    run_profiled "fusion-off$n" HOROVOD_FUSION_THRESHOLD=0
+    ONS+=("$OUT/fusion-on$n/trace.json")
+    OFFS+=("$OUT/fusion-off$n/trace.json")
+done
 
-ON=$OUT/fusion-on/trace.json
-OFF=$OUT/fusion-off/trace.json
+# Summaries, the report and the findings: the first run of each side.
+ON=${ONS[0]}
+OFF=${OFFS[0]}
 
-say "summary, fusion on"
+say "summary, fusion on (run 1 of $REPS)"
 "$PROFILER" summarize "$ON"
-say "summary, fusion off (HOROVOD_FUSION_THRESHOLD=0)"
+say "summary, fusion off (HOROVOD_FUSION_THRESHOLD=0; run 1 of $REPS)"
 "$PROFILER" summarize "$OFF"
 
 REPORT=
 if "$PROFILER" report --help >/dev/null 2>&1; then
     REPORT=$OUT/report.html
-    say "report: fusion on vs off"
+    say "report: fusion on vs off (run 1 of each)"
     "$PROFILER" report "$ON" "$OFF" --labels fusion-on,fusion-off --no-progress -o "$REPORT"
 else
     say "note: 'profiler report' is not available in this version; report skipped"
 fi
 
 # Last, what a person reads first: the findings of both runs, ranked by cost.
-say "findings, fusion on"
+say "findings, fusion on (run 1 of $REPS)"
 "$PROFILER" advise "$ON"
-say "findings, fusion off (HOROVOD_FUSION_THRESHOLD=0)"
+say "findings, fusion off (HOROVOD_FUSION_THRESHOLD=0; run 1 of $REPS)"
 "$PROFILER" advise "$OFF"
-say "fusion off against fusion on: what changed beyond the run-to-run noise"
-"$PROFILER" compare "$ON" "$OFF" --labels fusion-on,fusion-off
+if [ "$REPS" -ge 2 ]; then
+    say "fusion off against fusion on, $REPS alternating runs each: what changed beyond the run-to-run variation"
+    "$PROFILER" compare "${ONS[@]}" --vs "${OFFS[@]}" --labels fusion-on,fusion-off --paired
+else
+    say "fusion off against fusion on, one run each: within-run noise only (MAIN_JOB_REPS=2 or more for a verdict)"
+    "$PROFILER" compare "$ON" "$OFF" --labels fusion-on,fusion-off
+fi
 
-say "traces:"
-say "  fusion on:  $ON"
-say "  fusion off: $OFF"
+say "traces ($REPS run(s) a side):"
+for t in "${ONS[@]}"; do say "  fusion on:  $t"; done
+for t in "${OFFS[@]}"; do say "  fusion off: $t"; done
 if [ -n "$REPORT" ]; then say "  report:     $REPORT"; fi
 say "open a trace.json in https://ui.perfetto.dev (or chrome://tracing)"

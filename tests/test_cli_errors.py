@@ -11,7 +11,7 @@ import pytest
 import rawgen
 from conftest import profiler_cli
 
-from profiler.build.merge import merge
+from profiler.postjob.merge import merge
 
 
 def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -276,3 +276,16 @@ def test_paths_from_a_trace_reach_the_terminal_escaped(tmp_path: Path, good: Pat
         warn = [x for x in p.stderr.splitlines() if x.startswith("profiler: warning: ")]
         assert len(warn) == 1 and "parquet dataset missing" in warn[0], p.stderr
         assert "\\x1b[2Jgone.parquet" in warn[0], p.stderr
+
+
+def test_compare_runs_bad_input(tmp_path: Path, good: Path) -> None:
+    """`profiler compare A1 A2 --vs B1 B2`: a --vs without files, a missing run,
+    sides of unequal runs with --paired: one line each, exit status 2."""
+    trace = str(good / "trace.json")
+    assert_one_line_error(cli(tmp_path, "compare", trace, "--vs"), "--vs",
+                          "expected at least one argument")
+    assert_one_line_error(cli(tmp_path, "compare", trace, "--vs", str(tmp_path / "nope.json")),
+                          "nope.json", "no such file")
+    assert_one_line_error(cli(tmp_path, "compare", trace, trace, "--vs", trace, "--paired"),
+                          "paired runs", "as many runs")
+    assert_one_line_error(cli(tmp_path, "compare", trace, trace, "--paired"), "--paired")

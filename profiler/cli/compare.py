@@ -1,20 +1,33 @@
 """`profiler compare A B [C ...]`: differences between traces, and whether they exceed
-run-to-run noise.
+the run-to-run variation.
 
     profiler compare fused/trace.json unfused/trace.json [--labels fused,unfused]
                      [--baseline fused] [--format table|json]
+    profiler compare on-1 on-2 on-3 --vs off-1 off-2 off-3 [--paired]
+                     [--labels on,off]
 
-Each trace is compared with the baseline (the first unless --baseline names
-one) on per-step metrics (step time, images/sec, communication and exposed
-communication per step, calls and bytes per step; when the traces mark steps),
-the share of steps that waited a whole Horovod cycle more than the fast ones
-(where either trace shows that second peak: advise's second_cycles), and per
-power-of-two size bucket (calls, mean and p99 latency of data calls).
-A difference is significant (*) when its 95% bootstrap interval excludes 0
-(steps, or calls, are the resampled units; Welch's p for per-step means).
-Labels default to the traces' directory names.  json: a list of objects with
-label, baseline, metric, bucket, value, baseline_value, diff, rel_diff, ci_low,
-ci_high, p_value, significant, n, n_baseline.
+Each trace (or, with --vs, each side: the traces before --vs, then each --vs
+group, the repeated runs of one configuration) is compared with the baseline
+(the first unless --baseline names one) on per-step metrics (step time,
+images/sec, communication and exposed communication per step, calls and bytes
+per step; when the traces mark steps), the share of steps that waited a whole
+Horovod cycle more than the fast ones (where either trace shows that second
+peak: advise's second_cycles), and per power-of-two size bucket (calls, mean
+and p99 latency of data calls).
+
+Two runs of one configuration differ by more than their steps' spread (the
+machine drifts), so only repetitions can call a difference significant (*):
+with 2+ runs a side, Welch's t over the runs' values (or, with --paired, for
+runs that alternated A B A B ..., a paired t over the pairs' differences) and
+its 95% interval, significant when that excludes 0.  With one run a side the
+95% bootstrap interval over its steps (or calls) is shown, but it measures
+within-run noise only: a difference inside it is within the noise, one outside
+it gets no verdict (run-to-run variation unknown).  Labels default to the
+traces' directory names (with --vs, what the side's names share).  json: a
+list of objects with label, baseline, metric, bucket, value, baseline_value,
+diff, rel_diff, ci_low, ci_high, p_value, significant (true, false or null),
+n, n_baseline, test (within-run, welch-runs, paired-runs or ""), reason, runs,
+runs_baseline.
 
 Big traces: --ranks and --steps are pushed down to the parquet scans; a trace
 whose dataset holds more than --max-rows rows (divided among the traces;
@@ -37,8 +50,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "compare", help="compare traces (per step and per size bucket) against noise",
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("traces", nargs="+", help="trace.json files or profile directories")
-    p.add_argument("--labels", default=None, help="comma-separated, one per trace")
+    p.add_argument("traces", nargs="+", help="trace.json files or profile directories "
+                   "(with --vs: the runs of the first side)")
+    p.add_argument("--vs", action="append", nargs="+", default=None, metavar="TRACE",
+                   help="the runs of another side (repeatable: one side each)")
+    p.add_argument("--paired", action="store_true",
+                   help="the sides' runs alternated (A B A B ...): run i of each side is "
+                        "paired with run i of the others (paired t-test)")
+    p.add_argument("--labels", default=None,
+                   help="comma-separated, one per trace (with --vs: one per side)")
     p.add_argument("--baseline", default=None, help="label to compare against (default: first)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--all", action="store_true",
@@ -65,20 +85,38 @@ def run(args: argparse.Namespace) -> int:
     from profiler.errors import UsageError
     from profiler.layout import parse_ranges
 
-    if len(args.traces) < 2:
-        raise UsageError(None, "compare needs at least two traces")
-    labels = None
+    groups = [list(args.traces), *(args.vs or [])]
+    if args.vs is None and len(args.traces) < 2:
+        raise UsageError(None, "compare needs at least two traces (or runs of two sides: "
+                               "A1 A2 --vs B1 B2)")
+    names = None
     if args.labels:
-        labels = [x.strip() for x in args.labels.split(",")]
-        if len(labels) != len(args.traces) or len(set(labels)) != len(labels):
-            raise UsageError(None, f"--labels: give {len(args.traces)} distinct labels")
+        names = [x.strip() for x in args.labels.split(",")]
+        want = len(groups) if args.vs is not None else len(args.traces)
+        if len(names) != want or len(set(names)) != len(names) or not all(names):
+            raise UsageError(None, f"--labels: give {want} distinct labels"
+                                   + (" (one per side)" if args.vs is not None else ""))
     if args.max_rows < 0:
         raise UsageError(None, "--max-rows must be >= 0")
     ranks = parse_ranges(args.ranks) if args.ranks else None
     steps = parse_span(args.steps) if args.steps else None
-    first, *others = [TraceAnalysis.open(t, engine="pandas") for t in args.traces]
-    cmp = first.compare(*others, labels=labels, baseline=args.baseline, warmup=args.warmup,
-                        ranks=ranks, steps=steps, max_rows=args.max_rows or None)
+    labels: list[str] | None = names
+    runs: dict[str, list[str]] | None = None
+    if args.vs is not None:  # sides of runs: each run labelled side#i
+        sides = names or _side_names(groups)
+        runs = {side: [side if len(g) == 1 else f"{side}#{i}" for i in range(1, len(g) + 1)]
+                for side, g in zip(sides, groups)}
+        labels = [x for v in runs.values() for x in v]
+        if len(set(labels)) != len(labels):
+            raise UsageError(None, "--labels: a side's label clashes with another's runs "
+                                   "(side#i); choose other labels")
+    elif args.paired:
+        raise UsageError(None, "--paired: give the runs of each side (A1 A2 --vs B1 B2)")
+    first, *others = [TraceAnalysis.open(t, engine="pandas") for g in groups for t in g]
+    baseline = args.baseline
+    cmp = first.compare(*others, labels=labels, baseline=baseline, warmup=args.warmup,
+                        ranks=ranks, steps=steps, max_rows=args.max_rows or None, runs=runs,
+                        paired=args.paired)
     table, windows = cmp.table, cmp.windows
     if args.format == "json":
         import orjson
@@ -104,9 +142,9 @@ def run(args: argparse.Namespace) -> int:
         if args.all:
             console.print(_full_table(str(label), base, part, width if tty else None),
                           crop=False)
-        steps = part.loc[part["bucket"] == "", "n"]
+        steps = part.loc[(part["bucket"] == "") & (part["test"] == "within-run"), "n"]
         if len(steps) and int(steps.min()) < 10:
-            console.print(f"note: run-to-run noise estimated from only {int(steps.min())} "
+            console.print(f"note: within-run noise estimated from only {int(steps.min())} "
                           "step(s); intervals are rough below 10 steps", style="yellow")
     if not args.all and not table.empty:
         console.print("(--all: every metric and size bucket)")
@@ -125,16 +163,36 @@ _VERDICT_METRICS = (("images_per_s", "images/sec"), ("step_ms", "step time (ms)"
 SHOWN = 5
 
 
+_RUN_TESTS = {"welch-runs": "Welch's t over the runs' values",
+              "paired-runs": "paired t over the alternating runs' differences"}
+
+
+def _p_text(p: float) -> str:
+    return "p < 0.001" if p < 1e-3 else f"p = {p:.2g}"
+
+
+def _judgement(r: Any) -> str:
+    """The row's verdict in words: significant only from repeated runs."""
+    if r.significant is True:
+        return "significant"
+    if r.significant is False:
+        return ("within the run-to-run spread" if r.test in _RUN_TESTS
+                else "within the within-run noise")
+    return f"no verdict, {r.reason}" if r.reason else "no verdict"
+
+
+def _nan(v: Any) -> bool:
+    return isinstance(v, float) and math.isnan(v)
+
+
 def _row_text(name: str, r: Any) -> str:
-    rel = ("" if isinstance(r.rel_diff, float) and math.isnan(r.rel_diff)
-           else f" ({r.rel_diff:+.1%}")
-    ci = ("" if isinstance(r.ci_low, float) and math.isnan(r.ci_low)
-          else f", 95% CI of the difference [{_fmt(r.ci_low, r.metric)}, "
-               f"{_fmt(r.ci_high, r.metric)}]")
-    verdict = ("significant" if r.significant is True
-               else "within run-to-run noise")
+    rel = "" if _nan(r.rel_diff) else f" ({r.rel_diff:+.1%}"
+    ci = ("" if _nan(r.ci_low)
+          else f", {'within-run ' if r.test == 'within-run' else ''}95% CI of the difference "
+               f"[{_fmt(r.ci_low, r.metric)}, {_fmt(r.ci_high, r.metric)}]")
+    p = f", {_p_text(r.p_value)}" if r.test in _RUN_TESTS and not _nan(r.p_value) else ""
     return (f"  {name}: {_fmt(r.value, r.metric)} vs {_fmt(r.baseline_value, r.metric)}"
-            f"{rel}{ci}{')' if rel else ''}: {verdict}")
+            f"{rel}{ci}{p}{')' if rel else ''}: {_judgement(r)}")
 
 
 def _share_text(name: str, r: Any) -> str:
@@ -142,16 +200,34 @@ def _share_text(name: str, r: Any) -> str:
     def pts(v: float) -> str:
         return f"{v * 100:+.0f}"
 
-    ci = ("" if isinstance(r.ci_low, float) and math.isnan(r.ci_low)
-          else f", 95% CI [{pts(r.ci_low)}, {pts(r.ci_high)}]")
-    verdict = "significant" if r.significant is True else "within run-to-run noise"
+    ci = ("" if _nan(r.ci_low)
+          else f", {'within-run ' if r.test == 'within-run' else ''}95% CI "
+               f"[{pts(r.ci_low)}, {pts(r.ci_high)}]")
     return (f"  {name}: {r.value:.0%} vs {r.baseline_value:.0%} ({pts(r.diff)} points{ci}; "
-            f"each on its own HOROVOD_CYCLE_TIME): {verdict}")
+            f"each on its own HOROVOD_CYCLE_TIME): {_judgement(r)}")
+
+
+def _basis(label: str, base: str, part: Any) -> str:
+    """Which test the verdicts come from, in one line."""
+    from profiler.errors import printable
+
+    tests = [t for t in _RUN_TESTS if (part["test"] == t).any()]
+    runs = int(part["runs"].max()) if len(part) else 0
+    runs_b = int(part["runs_baseline"].max()) if len(part) else 0
+    if tests:
+        return printable(f"  test: {_RUN_TESTS[tests[0]]} ({runs} runs of {label}, {runs_b} of "
+                         f"{base}), 95% intervals; significant when the interval excludes 0")
+    if runs <= 1 and runs_b <= 1:
+        return ("  one run per side: the intervals measure the noise within a run only, and "
+                "run-to-run variation is unknown, so no difference is called significant; "
+                "repeat each side for a verdict (A1 A2 A3 --vs B1 B2 B3)")
+    return ("  fewer than 2 runs on a side: run-to-run variation unknown, so no difference is "
+            "called significant (intervals: within-run)")
 
 
 def _verdict(label: str, base: str, part: Any) -> list[str]:
     """Images/sec and step time with their intervals first, then the few other
-    differences larger than the noise (largest first)."""
+    differences beyond the noise (largest first), then the test they come from."""
     from profiler.errors import printable
 
     out = [printable(f"{label} vs {base}:")]
@@ -169,20 +245,43 @@ def _verdict(label: str, base: str, part: Any) -> list[str]:
         out.append(_share_text(name, r) if metric.endswith("_share") else _row_text(name, r))
     if len(out) == 1:
         out.append("  no steps recorded in both traces: no images/sec or step-time verdict")
-    sig = part.loc[(part["significant"] == True)  # noqa: E712 - the column holds None too
-                   & ~part["metric"].isin([m for m, _ in _VERDICT_METRICS])]
+    others = ~part["metric"].isin([m for m, _ in _VERDICT_METRICS])
+    by_runs = part["test"].isin(list(_RUN_TESTS)).any()
+    if by_runs:
+        sig = part.loc[(part["significant"] == True) & others]  # noqa: E712 - None too
+        where = "beyond the run-to-run spread"
+    else:  # outside the within-run noise: the candidates a repetition would test
+        sig = part.loc[part["significant"].isna() & (part["test"] == "within-run") & others]
+        where = "outside the within-run noise (no verdict: run-to-run variation unknown)"
     if len(sig):
         sig = sig.assign(_size=sig["rel_diff"].abs()).sort_values("_size", ascending=False)
-        out.append(f"  {len(sig)} other difference(s) beyond the noise"
+        out.append(f"  {len(sig)} other difference(s) {where}"
                    + (f", the {SHOWN} largest:" if len(sig) > SHOWN else ":"))
         from profiler.units import fmt_bytes
 
         for r in sig.head(SHOWN).itertuples(index=False):
-            where = f" at \u2264 {fmt_bytes(int(r.bucket))}" if r.bucket else ""
-            out.append(printable(_row_text(f"{r.metric}{where}", r)).replace("  ", "    ", 1))
+            at = f" at \u2264 {fmt_bytes(int(r.bucket))}" if r.bucket else ""
+            out.append(printable(_row_text(f"{r.metric}{at}", r)).replace("  ", "    ", 1))
     else:
-        out.append("  no other difference beyond the run-to-run noise")
+        out.append(f"  no other difference {where.split(' (')[0]}")
+    out.append(_basis(label, base, part))
     return out
+
+
+def _side_names(groups: list[list[str]]) -> list[str]:
+    """A side's default label: what its traces' default labels share (fusion-on-1,
+    fusion-on-2 -> fusion-on), else A, B, C ..."""
+    import os
+
+    from profiler.analysis.facade import default_label
+
+    names = []
+    for g in groups:
+        common = os.path.commonprefix([default_label(t) for t in g]).rstrip("-_.#0123456789 ")
+        names.append(common)
+    if not all(names) or len(set(names)) != len(names):
+        names = [chr(ord("A") + i) if i < 26 else f"side{i + 1}" for i in range(len(groups))]
+    return names
 
 
 def _full_table(label: str, base: str, part: Any, width: int | None) -> Any:
@@ -203,7 +302,9 @@ def _full_table(label: str, base: str, part: Any, width: int | None) -> Any:
                else f"{r.rel_diff:+.1%}")
         rows.append([str(r.metric), bucket, _fmt(r.value, r.metric),
                      _fmt(r.baseline_value, r.metric), _fmt(r.diff, r.metric), rel, ci,
-                     _fmt(r.p_value), "*" if r.significant is True else ""])
+                     _fmt(r.p_value),
+                     "*" if r.significant is True else "?" if r.significant is None
+                     and r.test == "within-run" else ""])
     keep = list(range(len(names)))
 
     def need(cols: list[int]) -> int:
@@ -213,7 +314,9 @@ def _full_table(label: str, base: str, part: Any, width: int | None) -> Any:
     for drop in (6, 7, 4):  # CI, p, diff
         if width is not None and need(keep) > width:
             keep.remove(drop)
-    t = Table(title=Text(printable(f"{label} vs {base}")), title_justify="left")
+    t = Table(title=Text(printable(f"{label} vs {base} (* significant; ? outside the within-run "
+                                   "noise, run-to-run variation unknown)")),
+              title_justify="left")
     for c in keep:
         t.add_column(printable(names[c]), justify="left" if c in (0, 8) else "right",
                      no_wrap=width is None, overflow="fold")
