@@ -29,8 +29,17 @@ Fitting (:func:`fit_curve`):
 Anomalies (:func:`anomalies`).  With ``r = ln(median / fit)`` per size and a
 robust scale ``s = 1.4826 * MAD(r over inlier sizes)`` (floored at 0.02), a size
 is anomalous when ``median / fit >= min_ratio`` (default 1.5) *and*
-``(r - median(r_inliers)) / s >= z`` (default 3.5).  The table says whether each
-size is a power of two.
+``(r - median(r_inliers)) / s >= z`` (default 3.5).  A size in the fit pulls
+it and widens ``s`` (the largest size, with none beyond it, can hide an 8x
+cliff so), so each size is also judged left out (:func:`loo_reference_ns`):
+against its region's line refitted without it (or the neighbouring region's
+line where higher: a size near a knee is held to the curve on either side),
+with ``r`` centred and scaled over the other sizes' such residuals and the
+scale widened by the line's uncertainty there (its leverage).  Past the end
+of its line a size counts only if it costs more per byte than the next
+smaller size (a curve that bends to a faster protocol is no cliff).  A size
+flagged only so reports that reference.  The table says whether each size is
+a power of two.
 
 Padding what-if (:func:`padding_whatif`).  Each call of size n is imagined
 padded to n' (next power of two, or the next multiple of a given number of
@@ -58,7 +67,8 @@ from .sizes import RankSel, select_rank
 
 __all__ = [
     "Region", "AlphaBetaModel", "fit_curve", "latency_by_size", "fit_models",
-    "fit_alpha_beta", "models_table", "predict", "anomalies", "padding_whatif", "padding_summary",
+    "fit_alpha_beta", "models_table", "predict", "anomalies", "loo_reference_ns",
+    "padding_whatif", "padding_summary",
 ]
 
 REL_VAR_FLOOR = 1e-6  # (1e-3)^2: relative residual variance treated as noise-free
@@ -381,6 +391,103 @@ def predict(model: AlphaBetaModel, nbytes: Sequence[float] | np.ndarray) -> np.n
     return model.predict_ns(nbytes) / 1e3
 
 
+def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
+    """(alpha, beta) of the relative-error fit through these points; None under 2."""
+    if x.size < 2:
+        return None
+    a, b, _ = _Prefix(x, y).fit(0, x.size)
+    return a, b
+
+
+def _leverage(x: np.ndarray, y: np.ndarray, x0: float, p0: float) -> float:
+    """Variance of the relative-error fit through (x, y) at x0, in units of
+    the points' relative variance (inf under 2 points): small inside the
+    points, growing as x0 leaves them (a line through two close sizes says
+    little about a size five times larger)."""
+    if x.size < 2 or not p0 > 0:
+        return math.inf
+    xs, ys = float(x.max()) or 1.0, float(y.max())
+    u = np.stack([ys / y, (x / xs) * ys / y], axis=1)  # rows of the weighted design
+    v = np.array([1.0, x0 / xs])
+    return float(v @ np.linalg.pinv(u.T @ u) @ v) * ys * ys / (p0 * p0)
+
+
+def _loo(model: AlphaBetaModel, x: np.ndarray, y: np.ndarray
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(reference, leverage, the largest size its line was fitted on) of each
+    size with it left out (loo_reference_ns)."""
+    ok = np.isfinite(x) & np.isfinite(y) & (y > 0) & ~np.isin(x, np.asarray(model.excluded))
+    regs = model.regions
+    members = [np.flatnonzero(ok & (x >= r.lo_bytes) & (x <= r.hi_bytes)) for r in regs]
+    ref = np.full(x.size, np.nan)
+    lev = np.full(x.size, np.inf)
+    top = np.full(x.size, np.nan)
+    for i in range(x.size):
+        xi = float(x[i])
+        home = [k for k, r in enumerate(regs) if r.lo_bytes <= xi <= r.hi_bytes]
+        if home:  # its region; the next one up; the one below if it was the lowest
+            k = home[0]
+            lowest = members[k].size > 0 and xi == float(x[members[k]].min())
+            cand = [k, k + 1] + ([k - 1] if lowest else [])
+        else:  # a gap, or past an end: the nearest region on each side
+            lo = [k for k, r in enumerate(regs) if r.hi_bytes < xi]
+            cand = ([lo[-1]] if lo else []) + ([lo[-1] + 1] if lo else [0])
+        best: tuple[float, np.ndarray] = (-math.inf, np.empty(0, dtype=np.int64))
+        for k in cand:
+            if not 0 <= k < len(regs):
+                continue
+            pts = members[k][members[k] != i]
+            if pts.size == 0:
+                continue
+            fit = _line(x[pts], y[pts]) if pts.size < members[k].size else None
+            a, b = fit if fit is not None else (regs[k].alpha_ns, regs[k].beta_ns_per_byte)
+            if a + b * xi > best[0]:
+                best = (a + b * xi, pts)
+        if np.isfinite(best[0]):
+            ref[i] = best[0]
+            lev[i] = _leverage(x[best[1]], y[best[1]], xi, best[0])
+            top[i] = float(x[best[1]].max())
+    return ref, lev, top
+
+
+def loo_reference_ns(model: AlphaBetaModel, sizes: Sequence[float] | np.ndarray,
+                     latency_ns: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Per size: what the model's curve gives it with that size left out (see
+    the module docstring).  `sizes`/`latency_ns`: the points the model was
+    fitted on (one per size).  A region left with under 2 other sizes keeps
+    its fitted line; NaN where no region is left."""
+    return _loo(model, np.asarray(sizes, dtype=float), np.asarray(latency_ns, dtype=float))[0]
+
+
+def _loo_flags(model: AlphaBetaModel, x: np.ndarray, y: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(reference ns, ratio, z) of each size left out of its own reference and
+    noise scale; z is in units of the scale widened by the reference's own
+    uncertainty there (its leverage).  Past the end of its line, a size
+    counts only if its time per byte is above the next smaller size's: on one
+    algorithm time per byte falls with size, and a curve that bends past the
+    last sizes (a faster protocol) is not a cliff (z NaN otherwise)."""
+    ref, lev, top = _loo(model, x, y)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = y / ref
+        r = np.log(ratio)
+    inl = np.isfinite(r) & ~np.isin(x, np.asarray(model.excluded))
+    zs = np.full(x.size, np.nan)
+    for i in range(x.size):
+        others = r[inl & (np.arange(x.size) != i)]
+        if others.size < 3 or not np.isfinite(r[i]):
+            continue
+        smaller = np.flatnonzero(inl & (x < x[i]) & (x > 0))
+        if x[i] > top[i] and smaller.size:
+            m = smaller[np.argmax(x[smaller])]
+            if y[i] / x[i] <= y[m] / x[m]:
+                continue
+        center = float(np.median(others))
+        scale = max(1.4826 * float(np.median(np.abs(others - center))), SCALE_FLOOR)
+        zs[i] = (r[i] - center) / (scale * math.sqrt(1.0 + lev[i]))
+    return ref, ratio, zs
+
+
 def anomalies(
     df: pd.DataFrame,
     *,
@@ -392,12 +499,14 @@ def anomalies(
     models: dict[ModelKey, AlphaBetaModel] | None = None,
     only_flagged: bool = False,
     stats: pd.DataFrame | None = None,
+    leave_one_out: bool = True,
 ) -> pd.DataFrame:
     """Every measured size with its median, the fit, ratio, robust z-score and an
     ``anomalous`` flag (see the module docstring); ``is_pow2`` tells the size class.
 
     Columns: *by, bytes, is_pow2, calls, median_us, model_us, ratio, z, anomalous.
-    ``stats``: a latency_by_size table already computed with the same arguments."""
+    ``stats``: a latency_by_size table already computed with the same arguments;
+    ``leave_one_out``: also judge each size against the curve without it."""
     if stats is None:
         stats = latency_by_size(df, by=by, kinds=kinds, ops=ops)
     names = _key_names(df, by)
@@ -416,6 +525,15 @@ def anomalies(
         r = np.log(part["ratio"].to_numpy(dtype=float))
         part["z"] = (r - m.inlier_center) / m.inlier_scale
         part["anomalous"] = (part["ratio"] >= min_ratio) & (part["z"] >= z)
+        if leave_one_out and len(part) >= 4:
+            ref, ratio, zs = _loo_flags(m, part["bytes"].to_numpy(dtype=float),
+                                        part["median_us"].to_numpy(dtype=float) * 1e3)
+            loo = (ratio >= min_ratio) & (zs >= z) & ~part["anomalous"].to_numpy(dtype=bool)
+            if loo.any():
+                part.loc[loo, "model_us"] = ref[loo] / 1e3
+                part.loc[loo, "ratio"] = ratio[loo]
+                part.loc[loo, "z"] = zs[loo]
+                part.loc[loo, "anomalous"] = True
         parts.append(part)
     cols = [*names, "bytes", "is_pow2", "calls", "median_us", "model_us", "ratio", "z",
             "anomalous"]

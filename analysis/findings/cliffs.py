@@ -1,24 +1,43 @@
 """Message sizes on latency cliffs: sizes whose median latency in the run sits
-far above the run's own alpha-beta fit (analysis.model.anomalies).
+far above what the fabric's curve gives them.
 
 A size can be slow in a run for two reasons: the size itself (the MPI library's
 algorithm or protocol switch at that size, a buffer that is not a power of
 two), or the moment its calls ran (a fused buffer that always goes out during
 the backward pass waits for cores the compute threads hold).  The run alone
 cannot tell them apart, so the finding is not claimed until a replay of those
-sizes and their neighbours, alone, with the job's MPI settings
+sizes and the sizes around them, alone, with the job's MPI settings
 (`profiler advise --confirm`, or any `profiler bench` trace of the same
 fabric passed as `replay`), finds them slower than their reference by
-MIN_RATIO.  A size's reference is the lower of the log-log line through its
-nearest sizes that are not flagged and the fastest larger size: on one
-algorithm a message is never slower than a larger one, so a size slower than
-a larger one is flagged too (the fit alone misses a cliff that covers most of
-the run's sizes).  The replay decides the cause; the run's own calls price
-it: the cost is their median time above the run's reference at the confirmed
-sizes, times the calls per step at them (part ``transfer``), at most what
-the step waits for transfers and Horovod plus the compute thread's wait for
-a CPU (a busy-polling call on a full machine slows the compute beside it,
-and nothing more).
+MIN_RATIO.
+
+Suspects, per op, judged against references the size cannot pull (the
+largest size, or the fused buffer, has no larger size beside it and would
+pull a fit that includes it): (1) the run's alpha-beta fit, and the same fit
+with the size left out of its line and of its noise scale
+(analysis.model.anomalies): MIN_RATIO and a robust z of 3.5; (2) a larger
+size's time: on one algorithm a message is never slower than a larger one
+(the fit alone misses a cliff over most of the sizes); (3) smaller sizes'
+time per byte: on one algorithm time per byte only falls with size (alpha/n
++ beta), so a size PER_BYTE_RATIO above the lowest of any smaller size's is
+suspect.  (3) cannot fire on the flat latency-bound part of a curve (time
+per byte falls there fastest) and is set above what a protocol switch
+costs.  Sizes in (2) and (3) need MIN_CALLS calls.
+
+A size's reference in a replay or in the run is the lower of the log-log
+line through its nearest sizes that are not flagged (from one side only: the
+line through the two nearest there, its slope held between 0 and 1 -- time
+neither falls with size nor grows faster than it) and the fastest larger
+size; the replay brackets each suspect from both sides (replay_sizes).  The
+replay decides the cause; the run's own calls price it, as a counterfactual:
+per step, every call at the confirmed sizes less what a call of its size
+takes on the run's curve (the reference, times the mean-over-median of the
+sizes without a cliff: the stalls every size has), tails included -- a slow
+algorithm's long stalls are its cost, and a median would leave them out
+(part ``transfer``; excess_per_step), at most what the step waits for
+transfers and Horovod plus the compute thread's wait for a CPU (a
+busy-polling call on a full machine slows the compute beside it, and nothing
+more).
 """
 
 from __future__ import annotations
@@ -35,17 +54,23 @@ from .base import Context, Finding, bootstrap_mean
 MIN_SIZES = 4
 #: A replayed size counts as a cliff at this many times its reference.
 MIN_RATIO = 1.5
-#: calls a size needs before it can be a larger size's reference or be
-#: flagged for being slower than one (start-up broadcasts happen once a rank)
+#: calls a size needs before it can be another size's reference or be
+#: flagged against one (start-up broadcasts happen once a rank)
 MIN_CALLS = 5
+#: A size is suspect at this many times the lowest time per byte of a smaller
+#: size: above a protocol switch's cost (a switch to a slower algorithm, 1.5x
+#: per byte, or eager to rendezvous with its higher latency, under 1.8x at the
+#: switch), far below a cliff's (an 8x cliff 1.33x above its neighbour: 6x).
+PER_BYTE_RATIO = 2.0
 
 NULL = (f"the size's neighbours: a replay of the sizes alone, with the job's MPI settings, "
         f"finds the size at least {MIN_RATIO:g}x slower than the line through the nearest "
-        "sizes that are not flagged, or than a larger size")
+        "sizes on both sides that are not flagged, or than a larger size")
 
 
 def flagged_sizes(ctx: Context) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(every size of the run's data calls with its fit, the flagged ones)."""
+    """(every size of the run's data calls with its reference, the flagged
+    ones); model_us of a flagged size is the lowest reference that flagged it."""
     from ..model import anomalies, fit_models, latency_by_size
 
     df = ctx.steady_df
@@ -54,20 +79,51 @@ def flagged_sizes(ctx: Context) -> tuple[pd.DataFrame, pd.DataFrame]:
         return stats.iloc[0:0], stats.iloc[0:0]
     models = fit_models(df, stats=stats)
     an = anomalies(df, models=models, stats=stats)
-    an["anomalous"] = an["anomalous"].astype(bool) | _inverted(an)
+    fit = an["anomalous"].astype(bool)
+    ref = an["model_us"].where(fit)
+    for rule in (_inverted, _costlier_per_byte):
+        hit, rule_ref = rule(an)
+        ref = ref.where(~hit | (ref <= rule_ref), rule_ref)
+        fit |= hit
+    an["anomalous"] = fit
+    an.loc[fit, "model_us"] = ref[fit]
+    an.loc[fit, "ratio"] = an.loc[fit, "median_us"] / ref[fit]
     return an, an.loc[an["anomalous"]]
 
 
-def _inverted(an: pd.DataFrame) -> pd.Series:
-    """Sizes (with MIN_CALLS calls) at least MIN_RATIO slower than a larger
-    size of the same op and label (with MIN_CALLS calls)."""
-    out = pd.Series(False, index=an.index)
+def _groups(an: pd.DataFrame):  # type: ignore[no-untyped-def]
+    """The table by label and op, each with MIN_CALLS calls and bytes > 0."""
     keys = [k for k in ("label", "op") if k in an.columns]
     for _, sub in (an.groupby(keys, sort=False) if keys else [((), an)]):
-        sub = sub.loc[sub["calls"] >= MIN_CALLS].sort_values("bytes", ascending=False)
+        yield sub.loc[(sub["calls"] >= MIN_CALLS) & (sub["bytes"] > 0)]
+
+
+def _inverted(an: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Sizes (with MIN_CALLS calls) at least MIN_RATIO slower than a larger
+    size of the same op and label (with MIN_CALLS calls), and that size's time."""
+    out = pd.Series(False, index=an.index)
+    ref = pd.Series(np.nan, index=an.index)
+    for sub in _groups(an):
+        sub = sub.sort_values("bytes", ascending=False)
         faster = sub["median_us"].cummin().shift(1)  # the fastest larger size
         out.loc[sub.index] = (sub["median_us"] >= MIN_RATIO * faster).fillna(False)
-    return out.astype(bool)
+        ref.loc[sub.index] = faster
+    return out.astype(bool), ref
+
+
+def _costlier_per_byte(an: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Sizes (with MIN_CALLS calls) whose time per byte is PER_BYTE_RATIO times
+    the lowest of a smaller size of the same op and label (with MIN_CALLS
+    calls), and the time that lowest per byte gives them."""
+    out = pd.Series(False, index=an.index)
+    ref = pd.Series(np.nan, index=an.index)
+    for sub in _groups(an):
+        sub = sub.sort_values("bytes")
+        per_byte = sub["median_us"] / sub["bytes"]
+        best = per_byte.cummin().shift(1) * sub["bytes"]  # at the best smaller size's rate
+        out.loc[sub.index] = (sub["median_us"] >= PER_BYTE_RATIO * best).fillna(False)
+        ref.loc[sub.index] = best
+    return out.astype(bool), ref
 
 
 def _per_size(st: pd.DataFrame) -> pd.DataFrame:
@@ -75,22 +131,33 @@ def _per_size(st: pd.DataFrame) -> pd.DataFrame:
     return st.groupby("bytes", as_index=False)["median_us"].median().sort_values("bytes")
 
 
+def _loglog(p0: tuple[float, float], p1: tuple[float, float], size: float) -> float:
+    """The log-log line through two (bytes, us) points, at `size`, its slope
+    held between 0 and 1 (time neither falls with size nor outgrows it)."""
+    slope = (math.log(p1[1]) - math.log(p0[1])) / (math.log(p1[0]) - math.log(p0[0]))
+    slope = min(max(slope, 0.0), 1.0)
+    return float(math.exp(math.log(p0[1]) + slope * (math.log(size) - math.log(p0[0]))))
+
+
 def reference_us(st: pd.DataFrame, size: int, exclude: set[int]) -> float:
     """What `size` would take without a cliff, from a per-size table (bytes,
     median_us) of one op: the lower of the log-log line through its nearest
-    sizes not in `exclude` (one side only: that neighbour) and the fastest
-    larger size; NaN with neither."""
-    ref = st.loc[~st["bytes"].isin(exclude)]
-    below = ref.loc[ref["bytes"] < size].tail(1)
-    above = ref.loc[ref["bytes"] > size].head(1)
+    sizes not in `exclude` (one side only: the line through the two nearest
+    there, its slope held between 0 and 1; one size: its time) and the
+    fastest larger size; NaN with neither."""
+    ref = st.loc[~st["bytes"].isin(exclude) & (st["bytes"] > 0) & (st["median_us"] > 0)]
+    pts = sorted((float(b), float(t)) for b, t in zip(ref["bytes"], ref["median_us"]))
+    lo = [p for p in pts if p[0] < size]
+    hi = [p for p in pts if p[0] > size]
     line = math.nan
-    if len(below) and len(above):
-        x0, y0 = float(below["bytes"].iloc[0]), float(below["median_us"].iloc[0])
-        x1, y1 = float(above["bytes"].iloc[0]), float(above["median_us"].iloc[0])
-        t = (np.log(size) - np.log(x0)) / (np.log(x1) - np.log(x0))
-        line = float(np.exp(np.log(y0) + t * (np.log(y1) - np.log(y0))))
-    elif len(below) or len(above):
-        line = float((below if len(below) else above)["median_us"].iloc[0])
+    if lo and hi:
+        line = _loglog(lo[-1], hi[0], size)
+    elif len(lo) >= 2:
+        line = _loglog(lo[-2], lo[-1], size)
+    elif len(hi) >= 2:
+        line = _loglog(hi[0], hi[1], size)
+    elif lo or hi:
+        line = (lo or hi)[0][1]
     larger = st.loc[st["bytes"] > size, "median_us"]
     fastest = float(larger.min()) if len(larger) else math.nan
     return float(np.nanmin([line, fastest])) if np.isfinite([line, fastest]).any() else math.nan
@@ -98,7 +165,9 @@ def reference_us(st: pd.DataFrame, size: int, exclude: set[int]) -> float:
 
 def replay_sizes(an: pd.DataFrame, flagged: pd.DataFrame, elem: int = 4) -> list[int]:
     """The sizes a replay measures: each flagged size, the run's nearest
-    unflagged sizes around it, and half and twice it (multiples of `elem`)."""
+    unflagged sizes around it, and half and twice it; where the run has no
+    unflagged size on one side (the largest size, the smallest), also 1.5x or
+    0.75x it, so that both sides bracket it (multiples of `elem`)."""
     sizes = sorted(int(b) for b in an["bytes"].unique() if b > 0)
     bad = {int(b) for b in flagged["bytes"]}
     good = [s for s in sizes if s not in bad]
@@ -107,13 +176,18 @@ def replay_sizes(an: pd.DataFrame, flagged: pd.DataFrame, elem: int = 4) -> list
         out.add(s)
         below = [g for g in good if g < s]
         above = [g for g in good if g > s]
+        extra = [s // 2, s * 2]
         if below:
             out.add(below[-1])
+        else:
+            extra.append(s * 3 // 4)
         if above:
             out.add(above[0])
-        for v in (s // 2, s * 2):
+        else:
+            extra.append(s * 3 // 2)
+        for v in extra:
             v -= v % elem
-            if v >= elem:
+            if elem <= v != s:
                 out.add(v)
     return sorted(out)
 
@@ -142,23 +216,71 @@ def confirm(replay: pd.DataFrame, sizes: list[int]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-def run_excess_us(an: pd.DataFrame, sizes: list[int]) -> dict[int, float]:
-    """Per size: the run's median above its reference in the run (reference_us
-    over the run's sizes of its most frequent op, with MIN_CALLS calls, the
-    flagged ones out of the line), at least 0."""
-    if an.empty:
-        return {}
+def _run_table(an: pd.DataFrame) -> tuple[pd.DataFrame, set[int]]:
+    """(the per-size table of the run's most frequent op, with MIN_CALLS calls;
+    the flagged sizes)."""
     op = an.groupby("op")["calls"].sum().idxmax() if "op" in an.columns else None
     st = an.loc[(an["op"] == op) if op is not None else slice(None)]
-    st = _per_size(st.loc[st["calls"] >= MIN_CALLS])
-    bad = {int(b) for b in an.loc[an["anomalous"].astype(bool), "bytes"]}
+    return (_per_size(st.loc[st["calls"] >= MIN_CALLS]),
+            {int(b) for b in an.loc[an["anomalous"].astype(bool), "bytes"]})
+
+
+def _run_reference_us(an: pd.DataFrame, sizes: list[int]) -> dict[int, float]:
+    """Per size: its reference in the run (reference_us over the run's table,
+    the flagged sizes out of the line)."""
+    if an.empty:
+        return {}
+    st, bad = _run_table(an)
+    refs = {s: reference_us(st, s, bad | {s}) for s in sizes}
+    return {s: r for s, r in refs.items() if np.isfinite(r)}
+
+
+def run_excess_us(an: pd.DataFrame, sizes: list[int]) -> dict[int, float]:
+    """Per size: the run's median above its reference in the run, at least 0."""
+    if an.empty:
+        return {}
+    st, _ = _run_table(an)
     out = {}
-    for s in sizes:
+    for s, ref in _run_reference_us(an, sizes).items():
         hit = st.loc[st["bytes"] == s, "median_us"]
-        ref = reference_us(st, s, bad | {s})
-        if len(hit) and np.isfinite(ref):
+        if len(hit):
             out[s] = max(0.0, float(hit.iloc[0]) - ref)
     return out
+
+
+def tail_factor(an: pd.DataFrame, sizes: list[int]) -> float:
+    """How much a call's mean exceeds its median in this run at sizes without
+    a cliff (the median over the run's unflagged sizes of the most frequent op,
+    with MIN_CALLS calls, of mean / median; 1 without them): the waits for a
+    core and other stalls every size has, which a reference taken at the
+    median leaves out."""
+    if an.empty or "mean_us" not in an.columns:
+        return 1.0
+    op = an.groupby("op")["calls"].sum().idxmax() if "op" in an.columns else None
+    st = an.loc[(an["op"] == op) if op is not None else slice(None)]
+    st = st.loc[(st["calls"] >= MIN_CALLS) & ~st["anomalous"].astype(bool)
+                & ~st["bytes"].isin(sizes) & (st["median_us"] > 0)]
+    ratio = (st["mean_us"] / st["median_us"]).replace([np.inf, -np.inf], np.nan).dropna()
+    return max(float(ratio.median()), 1.0) if len(ratio) else 1.0
+
+
+def excess_per_step(ctx: Context, ref_us: dict[int, float]) -> np.ndarray:
+    """Per steady step, what the calls at the confirmed sizes took beyond their
+    reference (ms, per rank): each call's duration less the reference of its
+    size, summed over the step's calls and averaged over the ranks.  The
+    counterfactual step without the cliff: every call, its tail included (a
+    slow algorithm's stalls are its cost), against what a call of that size
+    takes on this run's curve, stalls included (ref_us: median reference x
+    tail_factor)."""
+    from .._frame import calls
+
+    c = calls(ctx.steady_df, kinds=["data"], columns=["rank", "bytes", "step", "dur_ns"])
+    c = c.loc[c["bytes"].isin(list(ref_us)) & c["step"].isin(ctx.steady["step"])]
+    over = c["dur_ns"].to_numpy(dtype=np.float64) / 1e6 - c["bytes"].map(
+        {b: r / 1e3 for b, r in ref_us.items()}).to_numpy(dtype=np.float64)
+    n = max(len(ctx.ranks), 1)
+    per = pd.Series(over, index=c.index).groupby(c["step"]).sum()
+    return (per.reindex(ctx.steady["step"], fill_value=0.0) / n).to_numpy(dtype=np.float64)
 
 
 def _calls_per_step(ctx: Context, sizes: list[int]) -> np.ndarray:
@@ -227,15 +349,16 @@ def analyze(ctx: Context, replay: Context | None = None) -> list[Finding]:
                       zip(worst["bytes"], worst["ratio"]))
     sizes = [int(b) for b in flagged["bytes"]]
     unit = "step" if steps else "run"
-    head = (f"{len(flagged)} of {len(an)} message sizes sit above the latency fit or a "
-            f"larger size's time ({non_pow2} not powers of two)")
+    head = (f"{len(flagged)} of {len(an)} message sizes sit above the curve through the "
+            f"other sizes, a larger size's time or smaller sizes' time per byte "
+            f"({non_pow2} not powers of two)")
     numbers = {"sizes": sizes, "lost_ms": lost_ms, "non_pow2": non_pow2,
                "ratios": [float(r) for r in flagged["ratio"]], "per": unit,
                "replay_sizes": replay_sizes(an, flagged)}
     phase = _phase(ctx, sizes)
     if replay is None:
         details = [f"in this run's calls, worst: {shown}; {fmt_ms(lost_ms)} per {unit} and "
-                   "rank above the fit."]
+                   "rank above the curve."]
         if phase:
             details.append(phase + ": the moment, not the size, may have made them slow.")
         return [Finding(
@@ -266,11 +389,13 @@ def analyze(ctx: Context, replay: Context | None = None) -> list[Finding]:
     # the replay decides the cause; the run's own calls price it (module docstring)
     run_us = run_excess_us(an, conf_sizes)
     excess_ms = {b: run_us.get(b, 0.0) / 1e3 for b in conf_sizes}
+    tail = tail_factor(an, conf_sizes)
+    ref_us = {b: tail * ref for b, ref in _run_reference_us(an, conf_sizes).items()}
     exposed = ctx.part_ms("transfer") + ctx.part_ms("horovod") + _cpu_wait_ms(ctx)
     capped = False
     if steps:
-        per_step = sum(_calls_per_step(ctx, [b]) * ms for b, ms in excess_ms.items())
-        mean, lo, hi = bootstrap_mean(np.asarray(per_step, dtype=np.float64))
+        per_step = excess_per_step(ctx, ref_us)
+        mean, lo, hi = bootstrap_mean(per_step)
         # the slow calls cost the step only where it waits for them, or where
         # they kept its compute off a core (the rest ran beside the compute)
         if len(ctx.parts) and np.isfinite(mean) and mean > exposed:
@@ -296,9 +421,11 @@ def analyze(ctx: Context, replay: Context | None = None) -> list[Finding]:
         n_calls = float(np.mean(_calls_per_step(ctx, conf_sizes)))
         details.append(f"this job makes {n_calls:.1f} calls per step and rank at "
                        f"{'those sizes' if len(ok) > 1 else 'that size'}.")
-        details.append("in this run they took " + ", ".join(
+        details.append("in this run their median call took " + ", ".join(
             f"{fmt_bytes(b)} {ms * 1e3:.0f} us" for b, ms in excess_ms.items())
-            + " a call above the run's own reference: that, times the calls, is the cost.")
+            + " above the run's own reference; the cost is every call's time above it, "
+            f"tails included, against the reference's own (its median x {tail:.2f}, the "
+            "mean over median of the sizes without a cliff), summed per step.")
     if capped:
         details.append(f"their excess, {fmt_ms(float(np.mean(per_step)))} per step, is more "
                        "than the step waits for transfers and Horovod plus its compute "
