@@ -429,6 +429,42 @@ def caused_wait(bd: pd.DataFrame, rank: int) -> np.ndarray:
     return per_step.to_numpy(dtype=np.float64)
 
 
+def counterfactual_gain(bd: pd.DataFrame, rank: int) -> tuple[np.ndarray, float]:
+    """How much sooner each step (of last_ranks) would end if `rank` were not
+    systematically late: (ms per step, the rank's systematic excess in ms).
+
+    The excess is the median over steps of the rank's arrival minus the median
+    of the others' in the same step (at least 0): what it adds beyond the
+    jitter every rank shares.  Its arrivals move earlier by that much, each
+    step's last arrival is recomputed, and the gain is how much earlier it
+    comes; the tail after the last arrival (the final transfers) is assumed
+    unchanged.  A step where the rank was last only by its share of the
+    common jitter stays as it was, so the gain is never the rank's whole lead
+    (which also removes its part of the jitter), nor the others' waiting
+    averaged over the ranks (which leaves out the rank's own late work)."""
+    lr = last_ranks(bd)
+    if lr.empty:
+        return np.zeros(0), 0.0
+    r = bd.loc[(bd["arrival_ns"] >= 0) & bd["step"].isin(lr["step"]),
+               ["step", "rank", "arrival_ns"]]
+    # relative to each step's first arrival: ns since the epoch lose precision in float64
+    rel = r["arrival_ns"] - r.groupby("step")["arrival_ns"].transform("min")
+    table = (r.assign(t=rel.astype(np.float64) / 1e6)
+             .pivot_table(index="step", columns="rank", values="t", aggfunc="max")
+             .reindex(lr["step"].to_numpy()))
+    if rank not in table.columns or table.shape[1] < 2:
+        return np.zeros(len(lr)), 0.0
+    mine = table[rank]
+    others = table.drop(columns=[rank])
+    diff = (mine - others.median(axis=1)).to_numpy(dtype=np.float64)
+    diff = diff[np.isfinite(diff)]
+    excess = max(float(np.median(diff)), 0.0) if diff.size else 0.0
+    last = table.max(axis=1)
+    moved = np.maximum(mine - excess, others.max(axis=1))
+    gain = (last - moved).clip(lower=0.0).fillna(0.0)
+    return gain.to_numpy(dtype=np.float64), excess
+
+
 def breakdown_summary(bd: pd.DataFrame, steps: pd.Series | None = None) -> pd.DataFrame:
     """The job's breakdown: per part, the mean over steps of the ranks' mean,
     its 95% bootstrap interval over steps, and its share of the step.

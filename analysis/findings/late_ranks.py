@@ -8,9 +8,12 @@ synchronize.  Two findings come from the breakdown's ``wait_ranks`` part:
 
 * ``late_ranks``: a rank is named only when it is last significantly more often
   than chance (1/n of the steps, binomial test, Bonferroni over the n ranks,
-  the steps' autocorrelation accounted for: analysis.stats).  Its cost is the
-  waiting it alone causes (each other rank's wait up to the time by which it
-  trailed the next-to-last), averaged over the ranks like the breakdown.
+  the steps' autocorrelation accounted for: analysis.stats).  Its cost is a
+  counterfactual (breakdown.counterfactual_gain): how much sooner each step
+  would end if the rank arrived without its systematic excess, the jitter
+  every rank shares left in place.  The others' waiting it causes (averaged
+  over the ranks like the breakdown) is given beside it, and is what the
+  rest of the waiting (below) is reckoned without.
 * ``rank_waiting``: the rest of the waiting, which no rank causes
   consistently: step times that vary on every rank (contention, OS noise,
   data loading, uneven batches).  It names no rank.
@@ -26,11 +29,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from profiler.layout import format_ranges
 from profiler.units import fmt_ms, fmt_share
 
 from ..stats import ChanceTest, most_often
 from .base import MIN_STEPS, Context, Finding, bootstrap_mean
-from .contention import cpu_waits, main_split
+from .contention import NAMED_SHARE, cpu_waits, main_split, rank_neighbour
 
 NULL = ("chance: with n ranks whose step times vary alike, each is last in 1/n of the steps "
         "(binomial test, p < 0.01 after correcting for n ranks and for runs of steps)")
@@ -100,7 +104,7 @@ def _more(ms: float) -> str:
 
 
 def _from_breakdown(ctx: Context) -> list[Finding] | None:
-    from ..breakdown import caused_wait, last_ranks
+    from ..breakdown import caused_wait, counterfactual_gain, last_ranks
 
     bd = ctx.breakdown
     if bd.empty:
@@ -119,19 +123,22 @@ def _from_breakdown(ctx: Context) -> list[Finding] | None:
     err = clock_error_ms(ctx.meta)
     if test.significant:
         caused = caused_wait(bd, late)
-        found.append(_late_finding(ctx, bd, lr, test, caused, err))
+        gain, excess = counterfactual_gain(bd, late)
+        found.append(_late_finding(ctx, bd, lr, test, caused, gain, excess, err))
     rest = np.maximum(per_step_wait - caused, 0.0)
     found.append(_waiting_finding(ctx, bd, lr, test, rest, named=test.significant))
     return found
 
 
 def _late_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: ChanceTest,
-                  caused: np.ndarray, err: float) -> Finding:
+                  caused: np.ndarray, gains: np.ndarray, excess_ms: float,
+                  err: float) -> Finding:
     late = test.candidate
-    mean, lo, hi = bootstrap_mean(caused)
+    mean, lo, hi = bootstrap_mean(gains)  # the headline: the counterfactual step
+    waited = float(np.mean(caused)) if len(caused) else 0.0
     mine = lr.loc[(lr["last_rank"] == late) & ~lr["tie"], "lead_ms"]
     lead = float(mine.median()) if len(mine) else 0.0
-    gain = float(mine.sum()) / len(lr) if len(lr) else 0.0  # the job's step, per step
+    whole_lead = float(mine.sum()) / len(lr) if len(lr) else 0.0
     source = str(bd["source"].mode().iloc[0]) if len(bd) else ""
     where = ("it hands its gradients to Horovod later than the others (its data loading, "
              "forward or backward pass takes longer); the others wait in synchronize"
@@ -139,10 +146,12 @@ def _late_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: Chance
              "it enters the step's collectives after the others; they wait in them")
     details = [f"{where}.",
                f"last in {test.describe()}; it trails the next rank by "
-               f"{fmt_ms(lead)} on median when last.",
-               f"if it arrived with the others, each step would end {fmt_ms(gain)} sooner "
-               "on average (the cost above is the others' waiting, averaged over all "
-               "ranks like the breakdown)."]
+               f"{fmt_ms(lead)} on median when last, {fmt_ms(excess_ms)} beyond the "
+               "others' arrivals on median over all steps.",
+               f"without that excess, its arrivals {fmt_ms(excess_ms)} earlier and every "
+               f"rank's jitter as it was, each step would end {fmt_ms(mean)} sooner on "
+               f"average (the cost above); the others wait {fmt_ms(waited)} per step for it, "
+               "averaged over all ranks like the breakdown."]
     # where the late rank's extra time outside synchronize went, against the
     # others' in the same steps: waiting for a core is the scheduler's, not its
     # work; more time on a CPU is more work or a slower core; neither is time
@@ -185,7 +194,7 @@ def _late_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: Chance
         key="late_ranks",
         headline=f"Rank {late} arrives last in {fmt_share(test.share)} of steps",
         details=details, cost_ms=mean, cost_interval_ms=(lo, hi),
-        cost_img_s=ctx.cost_img_s(gain), confidence=conf,
+        cost_img_s=ctx.cost_img_s(mean), confidence=conf,
         recommendation=("" if not significant else
                         f"give rank {late}'s threads cores of their own (see the CPU "
                         "contention finding): fewer threads per rank, binding, no other "
@@ -201,7 +210,8 @@ def _late_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: Chance
         check="profiler summarize TRACE --by rank; profiler compare BEFORE AFTER",
         numbers={"rank": late, "last_share": test.share, "last_count": test.count,
                  "steps": test.trials, "p_value": test.p_value, "n_eff": test.n_eff,
-                 "lateness_ms": lead, "step_gain_ms": gain, "others_wait_ms_per_step": mean,
+                 "lateness_ms": lead, "excess_ms": excess_ms, "step_gain_ms": mean,
+                 "whole_lead_ms_per_step": whole_lead, "others_wait_ms_per_step": waited,
                  "source": source, "clock_error_ms": err,
                  "cpu_excess_ms": excess, "late_by_cpu": by_cpu,
                  "run_excess_ms": got.get("run"), "blocked_excess_ms": got.get("blocked"),
@@ -310,6 +320,29 @@ def _from_matched(ctx: Context) -> Finding | None:
     )
 
 
+def _name_the_neighbour(ctx: Context, f: Finding) -> None:
+    """When the late rank's CPUs have a noisy neighbour (contention: processes
+    outside the job took NEIGHBOUR_SHARE of them and made its compute thread
+    wait), say so and name it first in the recommendation."""
+    late = f.numbers.get("rank")
+    n = rank_neighbour(ctx, int(late)) if isinstance(late, (int, np.integer)) else None
+    if n is None:
+        return
+    named = n.named()
+    f.details.append(f"{n.where()}, was busy {fmt_share(n.foreign_share)} of the run with "
+                     "processes outside the job" + (f": {named}" if named else "")
+                     + " (noisy_neighbour).")
+    f.numbers["neighbour"] = {"cpus": n.cpus, "foreign_share": n.foreign_share,
+                              "processes": [{k: p.get(k) for k in ("pid", "name", "share")}
+                                            for p in n.procs[:3]]}
+    if f.recommendation:
+        top = next((p for p in n.procs if p["share"] >= NAMED_SHARE), None)
+        who = f"pid {top['pid']} ({top['name']})" if top else "the other processes"
+        f.recommendation = (f"move {who} off CPU {format_ranges(n.cpus)}, where rank {late} "
+                            f"runs, or move rank {late} to a free core (noisy_neighbour); "
+                            "then: " + f.recommendation)
+
+
 def _whole_job(ctx: Context) -> dict | None:
     """When the frame is a bounded window of a bigger dataset: the straggler
     ranking over every matched collective of the job, out of core
@@ -340,6 +373,8 @@ def analyze(ctx: Context) -> list[Finding]:
         f = _from_matched(ctx)
         found = [f] if f is not None else []
     late = [f for f in found if f.key == "late_ranks"]
+    for f in late:
+        _name_the_neighbour(ctx, f)
     job = _whole_job(ctx)
     if job is not None and late:
         f = late[0]
