@@ -190,6 +190,7 @@ _EVIDENCE = {"compute_bound": ("breakdown", "Where a step goes"),
              "horovod_wait": ("breakdown", "Where a step goes"),
              "second_cycles": ("steps", "Steps and throughput"),
              "cpu_contention": ("breakdown", "Where a step goes"),
+             "noisy_neighbour": ("breakdown", "Where a step goes"),
              "late_ranks": ("imbalance", "Per-rank imbalance"),
              "control_plane": ("kinds", "Control vs data"),
              "latency_cliffs": ("latency", "Latency vs size")}

@@ -39,7 +39,7 @@ from profiler.formats import record as F
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = ROOT / "hooks" / "hvprof_format.h"
 JOB = Path(__file__).resolve().parent / "hvd_model_job.py"
-VALUE_KEYS = {"cpu_ns", "wait_ns", "slices", "nvcsw", "nivcsw", "t_ns"}
+VALUE_KEYS = {"cpu_ns", "wait_ns", "slices", "nvcsw", "nivcsw", "t_ns", "last_cpu"}
 
 
 # ---------------------------------------------------------------------------
@@ -127,10 +127,9 @@ def _sidecar(pid: int = 4242) -> dict[str, Any]:
 
 def test_cpu_rows_name_the_measured_thread_and_count_no_call(tmp_path: Path) -> None:
     from profiler.analysis._frame import call_mask
-
-    from profiler.build import convert
     from profiler.formats import rows
     from profiler.formats.raw import read_raw
+    from profiler.postjob import convert
 
     w = _rank_with_cpu_rows()
     raw = w.write(tmp_path / "raw" / "rank-00000.hvprof")
@@ -188,9 +187,9 @@ def test_rank_doc_reads_the_sidecar_and_names_each_thread(tmp_path: Path) -> Non
 
 
 def test_trace_json_leaves_cpu_rows_out_of_its_events(tmp_path: Path) -> None:
-    from profiler.build.merge import merge
-    from profiler.build.window import write_trace
     from profiler.formats.tracejson import read_trace, read_trace_meta
+    from profiler.postjob.merge import merge
+    from profiler.postjob.window import write_trace
 
     d = tmp_path / "prof"
     _rank_with_cpu_rows(steps=20).write(d / "raw" / "rank-00000.hvprof")

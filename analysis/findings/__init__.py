@@ -8,12 +8,16 @@ with `analyze(ctx) -> list[Finding]`:
   HOROVOD_CYCLE_TIME is longer than the default, else horovod_wait), and the
   steps that wait a whole cycle more than the fast ones (second_cycles:
   step times in peaks a cycle apart, tested against one spread);
-* cpu_contention: threads of the job waiting for a CPU (schedstat);
+* cpu_contention: threads of the job waiting for a CPU (schedstat), the job's
+  own doing; noisy_neighbour: processes outside the job busy on its CPUs
+  (/proc/stat and /proc/<pid>/stat, the merge's cpu_hosts), named;
 * uneven_data: ranks waiting in hvd.join for a rank with more batches (the
   time in join, apart from the steps the ranks share);
 * control_plane: Horovod's negotiation and response-cache traffic;
-* latency_cliffs: message sizes far above the latency fit, claimed only once
-  a replay of those sizes alone confirms them (`advise --confirm`);
+* latency_cliffs: message sizes far above the curve of the others (the fit
+  without the size, a larger size's time, the smaller sizes' time per byte),
+  the largest included, claimed only once a replay of those sizes alone and
+  of sizes bracketing them confirms them (`advise --confirm`);
 * fusion: another HOROVOD_FUSION_THRESHOLD, replayed from the run's fusion
   lineage (analysis.fusion_whatif), recommended only above its own error;
 * efficiency: transfers against what the fabric delivers (a bench trace of
@@ -63,6 +67,7 @@ ANALYZERS = {
     "late_ranks": late_ranks.analyze,
     "horovod_cycle": cycle.analyze,
     "cpu_contention": contention.analyze,
+    "noisy_neighbour": contention.analyze_neighbour,
     "uneven_data": join.analyze,
     "control_plane": control.analyze,
     "latency_cliffs": cliffs.analyze,

@@ -21,15 +21,34 @@ main thread's run-queue wait per step outside synchronize (part
 or the background thread waits for a core a share of its time that an
 uncontended thread does not (UNCONTENDED_SHARE), and the figure clears the
 noise floor.  It says how many busy threads share how many cores.
+
+A noisy neighbour (finding ``noisy_neighbour``) is a process outside the job
+busy on the job's CPUs.  The merge's per-host view (trace.json's
+``cpu_hosts``, profiler.formats.cpu.host_view) gives each CPU's busy share of
+the run and the job's own share; the rest is foreign.  The wait it explains
+is the part of the ranks' compute-thread run-queue wait (outside
+synchronize, per step: main_split) that a conservative rule gives the
+foreign processes (neighbour_wait): the wait is split in proportion to who
+else ran on the CPUs over the run (the foreign processes' CPU time against
+the job's other threads'), and never exceeds the foreign CPU time in the
+step's interval.  A rank's CPUs (its affinity) are named when both hold:
+processes outside the job took NEIGHBOUR_SHARE of their time, and the ranks'
+compute threads waited NEIGHBOUR_WAIT_SHARE of their time because of them (a
+neighbour that only takes the time the job leaves idle costs it nothing).
+The finding names the CPUs, the ranks on them and the busiest foreign
+processes there; that wait is left out of cpu_contention, which keeps what
+the job's own threads cause: one wait, one cause each.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from profiler.layout import format_ranges
 from profiler.units import fmt_ms, fmt_share
 
 from .base import MIN_STEPS, Context, Finding, bootstrap_mean
@@ -42,6 +61,20 @@ BUSY_SHARE = 0.10
 
 NULL = (f"an uncontended thread: run-queue waits under {UNCONTENDED_SHARE:.0%} of its time "
         "(a thread alone on its core waits well under 1%)")
+#: A rank's CPUs shared with processes outside the job at least this share of
+#: the run have a noisy neighbour (a free CPU: the host's daemons take ~1%).
+NEIGHBOUR_SHARE = 0.10
+#: ... and the ranks' compute threads there waited this share of their time
+#: for a core because of those processes: twice an uncontended thread's
+#: ceiling, since wake-up preemption by other processes alone costs a few
+#: percent.
+NEIGHBOUR_WAIT_SHARE = 2 * UNCONTENDED_SHARE
+#: A foreign process is named when it took at least this share of a CPU.
+NAMED_SHARE = 0.02
+NEIGHBOUR_NULL = (f"CPUs free of other processes: processes outside the job take under "
+                  f"{NEIGHBOUR_SHARE:.0%} of the time of each rank's CPUs, or its compute "
+                  f"threads wait under {NEIGHBOUR_WAIT_SHARE:.0%} of their time because of "
+                  "them")
 
 
 def cpu_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -157,6 +190,213 @@ def _threads(meta: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]
     return threads, info
 
 
+@dataclass
+class Neighbour:
+    """Processes outside the job busy on some ranks' CPUs (shares of the run
+    window, averaged over the CPUs; procs: the foreign processes there,
+    busiest first, as in cpu_hosts)."""
+
+    host: str
+    cpus: list[int]
+    ranks: list[int]
+    busy_share: float
+    job_share: float
+    foreign_share: float
+    steal_share: float
+    window_ns: float
+    procs: list[dict[str, Any]] = field(default_factory=list)
+    #: the ranks' compute-thread wait these processes explain, as a share of
+    #: the threads' time (the most of the ranks; neighbour_wait)
+    wait_share: float = float("nan")
+
+    def where(self) -> str:
+        """"CPU 1, where rank 1 runs," (host named with several)."""
+        c, r = format_ranges(self.cpus), format_ranges(self.ranks)
+        return (f"CPU{'s' if len(self.cpus) > 1 else ''} {c}, where rank"
+                f"{'s' if len(self.ranks) > 1 else ''} {r} run{'' if len(self.ranks) > 1 else 's'}")
+
+    def named(self, n: int = 3) -> str:
+        """"pid 4242 (stress) 48%, ..." or "" (none took NAMED_SHARE)."""
+        return ", ".join(f"pid {p['pid']} ({p['name']}) {fmt_share(p['share'])}"
+                         for p in self.procs[:n] if p["share"] >= NAMED_SHARE)
+
+
+def neighbours(meta: dict[str, Any]) -> list[Neighbour]:
+    """The ranks' CPU sets (their affinities) where processes outside the job
+    took NEIGHBOUR_SHARE of the time or more (trace.json's cpu_hosts): the
+    candidates, before their wait is weighed (neighbour_wait)."""
+    out: list[Neighbour] = []
+    hosts = meta.get("cpu_hosts")
+    for h in hosts if isinstance(hosts, list) else []:
+        if not isinstance(h, dict) or h.get("reason") or not h.get("cpus"):
+            continue
+        per = {int(c["cpu"]): c for c in h["cpus"] if isinstance(c, dict)}
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for r in h.get("ranks") or []:
+            cpus = tuple(c for c in r.get("cpus") or [] if c in per)
+            if not cpus:  # no affinity: the CPUs its threads ran on
+                cpus = tuple(sorted(c for c, v in per.items() if r["rank"] in v["ranks"]))
+            if cpus:
+                groups.setdefault(cpus, []).append(int(r["rank"]))
+        for cpus, ranks in sorted(groups.items()):
+            def mean(k: str, cs: tuple[int, ...] = cpus,
+                     per: dict[int, Any] = per) -> float:
+                return float(np.mean([float(per[c][k]) for c in cs]))
+            foreign = mean("foreign_share")
+            if foreign < NEIGHBOUR_SHARE:
+                continue
+            procs = [p for p in h.get("foreign") or [] if p.get("cpu") in cpus]
+            out.append(Neighbour(
+                host=str(h.get("host", "")), cpus=list(cpus), ranks=sorted(ranks),
+                busy_share=mean("busy_share"), job_share=mean("job_share"),
+                foreign_share=foreign, steal_share=mean("steal_share"),
+                window_ns=float(h.get("window_ns") or 0), procs=procs))
+    return out
+
+
+def rank_neighbour(ctx: Context, rank: int) -> Neighbour | None:
+    """The noisy neighbour claimed on the rank's CPUs, if any."""
+    return next((n for n in neighbour_wait(ctx)[1] if rank in n.ranks), None)
+
+
+def _main_run_wait_ns(meta: dict[str, Any], rank: int) -> tuple[float, float]:
+    """The rank's main thread's CPU time and run-queue wait over the run (its
+    sidecar figures)."""
+    for r in meta.get("ranks") or []:
+        if isinstance(r, dict) and r.get("rank") == rank and isinstance(r.get("cpu"), dict):
+            for t in r["cpu"].get("threads") or []:
+                if t.get("kind") == "main" and isinstance(t.get("end"), dict):
+                    start = t.get("start") if isinstance(t.get("start"), dict) else {}
+                    return (max(float(t["end"]["cpu_ns"]) - float(start.get("cpu_ns", 0)), 0.0),
+                            max(float(t["end"]["wait_ns"]) - float(start.get("wait_ns", 0)),
+                                0.0))
+    return 0.0, 0.0
+
+
+def neighbour_wait(ctx: Context) -> tuple[pd.DataFrame, list[Neighbour]]:
+    """Per steady step (rows) and rank (columns, every rank with CPU rows): the
+    compute thread's run-queue wait outside synchronize (main_split's "wait")
+    that the noisy neighbours explain, ms.  The rule, for a rank on CPUs S:
+
+        wait x F / (F + J),  at most  the step's interval x F's share of S x |S|
+
+    F: the foreign CPU time on S over the run, J: the job's own on S less this
+    thread's (its other threads, the other ranks there): the wait is shared
+    out in proportion to who else ran, and the foreign processes cannot have
+    taken more than their CPU time in the step.  Also the neighbours
+    claimed (neighbours() whose ranks' wait so explained is
+    NEIGHBOUR_WAIT_SHARE of their compute threads' time outside synchronize
+    in those steps; without CPU rows, of their whole run, from the sidecar's
+    figures), each with its wait_share.  The table holds their ranks (0 for
+    the others); empty without CPU rows or claimed neighbours."""
+    found = neighbours(ctx.meta)
+    if not found:
+        return pd.DataFrame(), []
+    split = main_split(ctx)
+    wait = split["wait"]
+    if ctx.n_steps and not wait.empty:
+        wait = wait.loc[wait.index.isin(ctx.steady["step"])]
+    interval = (split["run"] + split["wait"] + split["blocked"]).reindex_like(wait)
+    out = pd.DataFrame(0.0, index=wait.index, columns=wait.columns)
+    claimed = []
+    for n in found:
+        span = n.window_ns * len(n.cpus)
+        foreign, busy = n.foreign_share * span, n.busy_share * span
+        shares = []
+        for r in n.ranks:
+            run_ns, wait_ns = _main_run_wait_ns(ctx.meta, r)
+            f = min(foreign / max(busy - run_ns, foreign, 1.0), 1.0)
+            if r in wait.columns and len(wait) >= MIN_STEPS:
+                cap = interval[r] * n.foreign_share * len(n.cpus)
+                out[r] = np.minimum(wait[r] * f, cap)
+                shares.append(float(out[r].sum()) / max(float(interval[r].sum()), 1e-9))
+            elif run_ns + wait_ns > 0:
+                shares.append(wait_ns * f / (run_ns + wait_ns))
+        n.wait_share = max(shares) if shares else float("nan")
+        if n.wait_share >= NEIGHBOUR_WAIT_SHARE:
+            claimed.append(n)
+        else:
+            out[[r for r in n.ranks if r in out.columns]] = 0.0
+    if not claimed:
+        return pd.DataFrame(), []
+    return out, claimed
+
+
+def analyze_neighbour(ctx: Context) -> list[Finding]:
+    """noisy_neighbour: one finding per CPU set with a noisy neighbour (module doc)."""
+    att, found = neighbour_wait(ctx)
+    out = []
+    for n in found:
+        named = n.named()
+        top = next((p for p in n.procs if p["share"] >= NAMED_SHARE), None)
+        where = n.where() + (f" on {n.host}" if len({x.host for x in found}) > 1 else "")
+        verb = "were" if len(n.cpus) > 1 else "was"
+        headline = (f"{where}, {verb} busy {fmt_share(n.foreign_share)} of the time with "
+                    "processes outside the job" + (f" ({named})" if named else ""))
+        details = [
+            f"over the run ({n.window_ns / 1e9:.1f} s), "
+            f"{'these CPUs were' if len(n.cpus) > 1 else 'the CPU was'} busy "
+            f"{fmt_share(n.busy_share)}: {fmt_share(n.job_share)} the job's own threads and "
+            f"processes, {fmt_share(n.foreign_share)} other processes"
+            + (f"; the busiest of those: {named} of a CPU (last seen on the job's CPUs)."
+               if named else "; no single process stands out (short-lived processes, "
+               "or ones the scan could not read).")]
+        details.append(f"the compute thread{'s' if len(n.ranks) > 1 else ''} there waited "
+                       f"{fmt_share(n.wait_share)} of {'their' if len(n.ranks) > 1 else 'its'} "
+                       "time for a core because of them.")
+        if n.steal_share >= 0.05:
+            details.append(f"the hypervisor also took {fmt_share(n.steal_share)} (steal time), "
+                           "which no process of this host explains.")
+        ranks = [r for r in n.ranks if not att.empty and r in att.columns]
+        cost = lo = hi = None
+        if ranks and len(att) >= MIN_STEPS:
+            # these ranks' part, averaged over all ranks like the breakdown
+            per_step = att[ranks].sum(axis=1) / att.shape[1]
+            cost, lo, hi = bootstrap_mean(per_step.to_numpy())
+            own = float(np.nanmean(att[ranks].to_numpy()))
+            details.append(
+                f"rank{'s' if len(ranks) > 1 else ''} {format_ranges(ranks)}'s compute thread "
+                f"waited {fmt_ms(own)} per step for a core because of them (outside "
+                "synchronize; its wait shared out by who else ran on the CPU, at most their "
+                f"CPU time in the step): {fmt_ms(cost)} per step averaged over the ranks, the "
+                "cost above; the other ranks then wait for "
+                + ("it" if len(ranks) == 1 else "them") + " (late_ranks).")
+        significant = cost is not None and lo is not None and ctx.significant(lo)
+        rank_txt = format_ranges(n.ranks)
+        rec = ""
+        if significant:
+            rec = ((f"move pid {top['pid']} ({top['name']}) off CPU {format_ranges(n.cpus)} "
+                    f"(taskset -a -p -c FREE_CPUS {top['pid']}, or stop it), or move rank"
+                    if top else f"find what else runs on CPU {format_ranges(n.cpus)} "
+                    "(top, ps -eo pid,psr,pcpu,comm), or move rank")
+                   + f"{'s' if len(n.ranks) > 1 else ''} {rank_txt} to free cores (mpirun "
+                   "--cpu-set FREE_CPUS --bind-to core); keep other busy processes off the "
+                   "job's cores")
+        out.append(Finding(
+            key="noisy_neighbour", headline=headline, details=details, cost_ms=cost,
+            cost_interval_ms=(lo, hi) if cost is not None and lo is not None and hi is not None
+            else None,
+            cost_img_s=ctx.cost_img_s(cost) if cost is not None else None,
+            cost_label="explains",
+            confidence=(f"95% interval over {len(att)} steady steps read (schedstat "
+                        "run-queue delay; /proc/stat and /proc/<pid>/stat over the run)"
+                        if cost is not None else
+                        "no per-step CPU rows: the share is measured, its cost in the step is not"),
+            recommendation=rec,
+            check="profiler compare BEFORE AFTER (this finding's share; late_ranks)",
+            numbers={"host": n.host, "cpus": n.cpus, "ranks": n.ranks,
+                     "busy_share": n.busy_share, "job_share": n.job_share,
+                     "foreign_share": n.foreign_share, "steal_share": n.steal_share,
+                     "window_s": n.window_ns / 1e9, "wait_share": n.wait_share,
+                     "processes": [{k: p.get(k) for k in ("pid", "name", "cpu", "share")}
+                                   for p in n.procs[:5]]},
+            significant=significant, part="compute" if cost is not None else "",
+            null=NEIGHBOUR_NULL,
+            not_claimed="" if cost is not None else "no CPU rows over enough steps to price it",
+        ))
+    return out
+
+
 def analyze(ctx: Context) -> list[Finding]:
     rows = cpu_rows(ctx.df)
     if rows.empty or ctx.n_steps < MIN_STEPS:
@@ -172,6 +412,13 @@ def analyze(ctx: Context) -> list[Finding]:
         m = m.join(sync, how="left").fillna(0.0)
         m["wait_ns"] = (m["wait_ns"] - m["sync_wait_ns"]).clip(lower=0.0)
         m["interval_ns"] = (m["interval_ns"] - m["sync_ns"]).clip(lower=0.0)
+    # the wait a noisy neighbour explains is its finding's, not the job's own
+    foreign_ms = 0.0
+    att, _ = neighbour_wait(ctx)
+    if not att.empty:
+        a = att.stack().rename_axis(["step", "rank"]).reindex(m.index).fillna(0.0) * 1e6
+        foreign_ms = float(a.groupby("step").mean().mean()) / 1e6
+        m["wait_ns"] = (m["wait_ns"] - a).clip(lower=0.0)
     per_step = m["wait_ns"].groupby("step").mean() / 1e6
     mean, lo, hi = bootstrap_mean(per_step.to_numpy())
     main_share = float(m["wait_ns"].sum() / max(m["interval_ns"].sum(), 1.0))
@@ -216,6 +463,10 @@ def analyze(ctx: Context) -> list[Finding]:
     details.insert(0, f"the compute (main) thread waited on a run queue {fmt_ms(mean)} per step "
                       f"outside synchronize ({fmt_share(main_run_share)} of that time)"
                    + (f"; {bg_txt}" if bg_txt else "") + ".")
+    if foreign_ms > 0:
+        details.append(f"{fmt_ms(foreign_ms)} per step more of the compute threads' wait is "
+                       "processes outside the job on their CPUs (noisy_neighbour), left out "
+                       "here.")
     contended = (main_run_share >= UNCONTENDED_SHARE
                  or (np.isfinite(bg_share) and bg_share >= 2 * UNCONTENDED_SHARE))
     significant = contended and ctx.significant(lo)

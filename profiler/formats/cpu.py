@@ -29,15 +29,32 @@ keeps its last successful read).  :func:`rank_doc` turns it into the block:
      "threads": [{"tid", "name" (/proc comm), "kind", "track" (index of its
      track, None when it recorded nothing), "start": {"cpu_ns", "wait_ns",
      "slices", "nvcsw", "nivcsw", "t_ns"} | None (not alive at start),
-     "end": {...} | None}]}
+     "end": {...} | None}],
+     "clk_tck": int | None (the kernel's clock ticks per second),
+     "host": {"reason": str, "start": HOST | None, "end": HOST | None,
+              "procs": [PROC]} | None (files from before the host was read)}
 
 cpu_ns / wait_ns / slices: the kernel's schedstat (ns on a CPU, ns waiting on
 a run queue, timeslices); nvcsw / nivcsw: voluntary and involuntary context
-switches (/proc/.../status); t_ns: when it was read, on the job axis (the
-rows' time axis).  Thread kinds: "main" (tid = pid), "horovod" (the thread
-whose track Horovod's library opened: rows' thread_kind "horovod"), "helper"
-(the library's flush thread, hvprof-io), "watchdog" (the hang watchdog,
-hvprof-watchdog), "other" (torch's and OpenMP's workers, the application's).
+switches (/proc/.../status); last_cpu: the CPU it last ran on (None:
+unknown); t_ns: when it was read, on the job axis (the rows' time axis).
+
+The host around the rank (the noisy neighbour), read at the same two
+moments: HOST = {"t_ns", "scan_ns", "scan_cpu_ns" (the reading's cost, wall
+and the reading thread's CPU time: /proc/stat and the scan of /proc; None in
+files without it), "procs_seen", "procs_unreadable", "procs_omitted" (past the
+library's 4096), "cpus": [{"cpu", "busy", "idle", "steal"}] (clock ticks;
+busy = user + nice + system + irq + softirq)}; PROC = {"pid", "ppid", "name",
+"cpu" (last CPU), "start", "end" (utime + stime ticks at the two readings;
+None: not there), "own" (this rank's process)}, the library's 512 busiest
+over the run.  :func:`trace_block` is the rank's block as trace.json carries
+it (the readings' costs, not the lists); :func:`host_view` the per-host view
+the merge writes as trace.json's ``cpu_hosts``.
+
+Thread kinds: "main" (tid = pid), "horovod" (the thread whose track Horovod's
+library opened: rows' thread_kind "horovod"), "helper" (the library's flush
+thread, hvprof-io), "watchdog" (the hang watchdog, hvprof-watchdog), "other"
+(torch's and OpenMP's workers, the application's).
 """
 
 from __future__ import annotations
@@ -89,6 +106,8 @@ def _values(v: Any, header: Mapping[str, Any]) -> dict[str, int | None] | None:
             return None
         out[k] = x
     out["t_ns"] = _job_ns(_int(v.get("ticks")), header)
+    last = _int(v.get("last_cpu"))
+    out["last_cpu"] = last if last is not None and last >= 0 else None
     return out
 
 
@@ -172,4 +191,224 @@ def rank_doc(raw_path: str | os.PathLike[str], header: Mapping[str, Any],
         "threads_gone": _int(doc.get("threads_gone")),
         "threads_omitted": _int(doc.get("threads_omitted")),
         "threads": threads,
+        "clk_tck": (lambda t: t if t is not None and t > 0 else None)(_int(doc.get("clk_tck"))),
+        "host": _host(doc.get("host"), header),
     }
+
+
+def _reading(v: Any, header: Mapping[str, Any]) -> dict[str, Any] | None:
+    """One host reading of the sidecar (module doc's HOST); None when absent."""
+    if not isinstance(v, dict):
+        return None
+    cpus: list[dict[str, int]] = []
+    listed = v.get("cpus")
+    for c in listed if isinstance(listed, list) else []:
+        if (isinstance(c, list) and len(c) == 4 and all(_int(x) is not None for x in c)
+                and min(c) >= 0):
+            cpus.append({"cpu": int(c[0]), "busy": int(c[1]), "idle": int(c[2]),
+                         "steal": int(c[3])})
+    out: dict[str, Any] = {"t_ns": _job_ns(_int(v.get("ticks")), header)}
+    for k in ("scan_ns", "scan_cpu_ns", "procs_seen", "procs_unreadable", "procs_omitted"):
+        out[k] = _int(v.get(k))
+    out["cpus"] = cpus
+    return out
+
+
+def _host(v: Any, header: Mapping[str, Any]) -> dict[str, Any] | None:
+    if not isinstance(v, dict):
+        return None
+    procs = []
+    listed = v.get("procs")
+    for p in listed if isinstance(listed, list) else []:
+        pid = _int(p.get("pid")) if isinstance(p, dict) else None
+        if pid is None:
+            continue
+        start, end = _int(p.get("start")), _int(p.get("end"))
+        procs.append({"pid": pid, "ppid": _int(p.get("ppid")),
+                      "name": p.get("name") if isinstance(p.get("name"), str) else "",
+                      "cpu": (lambda c: c if c is not None and c >= 0 else None)(
+                          _int(p.get("cpu"))),
+                      "start": start, "end": end, "own": p.get("own") is True})
+    return {"reason": v.get("reason") if isinstance(v.get("reason"), str) else "",
+            "start": _reading(v.get("start"), header), "end": _reading(v.get("end"), header),
+            "procs": procs}
+
+
+def trace_block(cpu: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The rank's ``cpu`` block as trace.json carries it: the host readings
+    without their CPU and process lists (those are in ``cpu_hosts``)."""
+    if not isinstance(cpu, Mapping):
+        return None
+    out = dict(cpu)
+    host = cpu.get("host")
+    if isinstance(host, Mapping):
+        out["host"] = {"reason": host.get("reason", ""), **{
+            k: ({kk: vv for kk, vv in r.items() if kk != "cpus"}
+                if isinstance(r, Mapping) else None)
+            for k, r in ((k, host.get(k)) for k in ("start", "end"))}}
+    return out
+
+
+#: Foreign processes listed per host in ``cpu_hosts`` (the busiest).
+FOREIGN_TOP = 10
+
+
+def host_view(ranks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per host, the CPUs the job's ranks used and who used them over the run:
+    ``cpu_hosts`` in trace.json.  ranks: {"rank", "host", "pid", "cpu" (the
+    rank_doc block)} for each rank.
+
+    The window is one rank's two readings (the widest pair on the host: every
+    rank reads the same host-wide counters).  For each CPU of the ranks'
+    affinities and their threads' last CPUs: its busy share of the window;
+    the job's own share: the CPU time of every rank's threads (schedstat,
+    end less start), each put on its last CPU, plus what the rank's process
+    used beyond its threads (threads that came and went) on its own last CPU,
+    plus the job's other processes (the ranks' children, recursively, and
+    their launcher, the ranks' parent): their utime + stime on their last
+    CPU; the foreign share: busy less the job's own (never below 0).  A
+    thread that moved between CPUs counts on its last one: exact for ranks
+    bound to their CPUs, an estimate otherwise (the sum over the job's CPUs
+    stays right).  The foreign processes: the busiest processes outside the
+    job whose last CPU is one of the job's (FOREIGN_TOP).  Each host:
+
+        {"host", "ranks": [{"rank", "pid", "cpus": [its affinity]}],
+         "window_ns", "clk_tck", "reference_rank", "reason": "" | why not,
+         "cpus": [{"cpu", "ranks", "busy_share", "job_share", "foreign_share",
+                   "steal_share"}],
+         "foreign": [{"pid", "ppid", "name", "cpu", "cpu_ns", "share"}],
+         "job_pids": [...]}
+    """
+    by_host: dict[str, list[Mapping[str, Any]]] = {}
+    for r in ranks:
+        if isinstance(r.get("cpu"), Mapping):
+            by_host.setdefault(str(r.get("host", "")), []).append(r)
+    return [_safe_host(h, rs) for h, rs in sorted(by_host.items())]
+
+
+def _safe_host(host: str, ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """_one_host, or a view that says why not: the sidecars are the ranks' own
+    files, and a damaged one makes no view rather than a failed merge."""
+    try:
+        return _one_host(host, ranks)
+    except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
+        return {"host": host, "ranks": [], "window_ns": None, "clk_tck": None,
+                "reference_rank": None, "cpus": [], "foreign": [], "job_pids": [],
+                "reason": f"the host readings are malformed ({type(exc).__name__}: {exc})"}
+
+
+def _one_host(host: str, ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "host": host, "ranks": [], "window_ns": None, "clk_tck": None,
+        "reference_rank": None, "reason": "", "cpus": [], "foreign": [], "job_pids": []}
+    pids: dict[int, int] = {}  # pid -> rank
+    used_cpus: set[int] = set()
+    rank_cpus: dict[int, set[int]] = {}
+    for r in ranks:
+        rank, cpu = int(r["rank"]), r["cpu"]
+        pid = _int(r.get("pid"))
+        if pid is not None:
+            pids[pid] = rank
+        aff = {int(c) for c in cpu.get("affinity") or [] if _int(c) is not None}
+        last = {int(t[w]["last_cpu"]) for t in cpu.get("threads") or [] for w in ("start", "end")
+                if isinstance(t.get(w), Mapping) and _int(t[w].get("last_cpu")) is not None}
+        rank_cpus[rank] = aff or last
+        used_cpus |= aff | last
+        view["ranks"].append({"rank": rank, "pid": pid, "cpus": sorted(aff)})
+    best: tuple[int, Mapping[str, Any], Mapping[str, Any]] | None = None
+    for r in ranks:
+        h = r["cpu"].get("host")
+        if not isinstance(h, Mapping):
+            continue
+        a, b = h.get("start"), h.get("end")
+        if not (isinstance(a, Mapping) and isinstance(b, Mapping) and a.get("cpus")
+                and b.get("cpus") and a.get("t_ns") is not None and b.get("t_ns") is not None):
+            continue
+        span = int(b["t_ns"]) - int(a["t_ns"])
+        if span > 0 and (best is None or span > best[0]):
+            best = (span, r, h)
+    if best is None:
+        reasons = {str(r["cpu"]["host"].get("reason")) for r in ranks
+                   if isinstance(r["cpu"].get("host"), Mapping) and r["cpu"]["host"].get("reason")}
+        view["reason"] = ("; ".join(sorted(reasons)) or
+                          "no rank read the host at start and at the end (a rank that died "
+                          "before MPI_Finalize, or a profile from before the host was read)")
+        return view
+    span, ref, h = best
+    clk = _int(ref["cpu"].get("clk_tck")) or 100
+    tick_ns = 1e9 / clk
+    view.update(window_ns=span, clk_tck=clk, reference_rank=int(ref["rank"]))
+    procs = {int(p["pid"]): p for p in h.get("procs") or [] if isinstance(p, Mapping)}
+    complete_start = not (h["start"].get("procs_omitted") or 0)
+
+    def used_ns(p: Mapping[str, Any]) -> float | None:
+        """Its CPU time between the readings (None: unknown)."""
+        if p.get("end") is None:
+            return None
+        if p.get("start") is None:
+            return float(p["end"]) * tick_ns if complete_start else None
+        return max(float(p["end"]) - float(p["start"]), 0.0) * tick_ns
+
+    # the job: the ranks, their children (recursively) and their launcher
+    job = set(pids)
+    launchers = {int(procs[p]["ppid"]) for p in pids
+                 if p in procs and (procs[p].get("ppid") or 0) > 1}
+    grew = True
+    while grew:
+        kids = {q for q, p in procs.items() if p.get("ppid") in job and q not in job}
+        grew = bool(kids)
+        job |= kids
+    job |= launchers
+    own_ns: dict[int, float] = {}
+
+    def put(cpu: Any, ns: float) -> None:
+        if _int(cpu) is not None and ns > 0:
+            own_ns[int(cpu)] = own_ns.get(int(cpu), 0.0) + ns
+            used_cpus.add(int(cpu))
+
+    for r in ranks:
+        threads_ns, main_cpu = 0.0, None
+        for t in r["cpu"].get("threads") or []:
+            end, start = t.get("end"), t.get("start")
+            if not isinstance(end, Mapping):
+                continue
+            d = float(end["cpu_ns"]) - float(start["cpu_ns"] if isinstance(start, Mapping) else 0)
+            put(end.get("last_cpu"), d)
+            threads_ns += max(d, 0.0)
+            if t.get("kind") == "main":
+                main_cpu = end.get("last_cpu")
+        p = procs.get(_int(r.get("pid")) or -1)
+        whole = used_ns(p) if p is not None else None
+        if whole is not None and p is not None:
+            put(main_cpu if main_cpu is not None else p.get("cpu"), whole - threads_ns)
+    for q in job - set(pids):
+        p = procs.get(q)
+        ns = used_ns(p) if p is not None else None
+        if p is not None and ns:
+            put(p.get("cpu"), ns)
+    a, b = ({int(c["cpu"]): c for c in h[w]["cpus"]} for w in ("start", "end"))
+    for c in sorted(used_cpus):
+        if c not in a or c not in b:
+            continue
+        ticks = {k: max(int(b[c][k]) - int(a[c][k]), 0) for k in ("busy", "idle", "steal")}
+        total = ticks["busy"] + ticks["idle"] + ticks["steal"]
+        if total <= 0:
+            continue
+        busy = ticks["busy"] / total
+        mine = min(own_ns.get(c, 0.0) / (total * tick_ns), busy)
+        view["cpus"].append({
+            "cpu": c, "ranks": sorted(k for k, cs in rank_cpus.items() if c in cs),
+            "busy_share": busy, "job_share": mine, "foreign_share": busy - mine,
+            "steal_share": ticks["steal"] / total})
+    on = {c["cpu"] for c in view["cpus"]}
+    foreign = []
+    for q, p in procs.items():
+        ns = used_ns(p)
+        if q in job or not ns or p.get("cpu") not in on:
+            continue
+        foreign.append({"pid": q, "ppid": p.get("ppid"), "name": p.get("name", ""),
+                        "cpu": p.get("cpu"), "cpu_ns": int(ns), "share": ns / span})
+    foreign.sort(key=lambda f: -f["cpu_ns"])
+    view["foreign"] = foreign[:FOREIGN_TOP]
+    view["job_pids"] = sorted(job)
+    return view

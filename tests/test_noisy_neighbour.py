@@ -1,0 +1,391 @@
+"""A noisy neighbour: a process outside the job busy on the job's CPUs.
+
+The library reads the host at MPI_Init and MPI_Finalize (hooks/cpu.c: each
+CPU's busy, idle and steal ticks from /proc/stat, each thread's last CPU, the
+processes of /proc with their CPU time), the merge turns every rank's
+readings into one view per host (profiler.formats.cpu.host_view: trace.json's
+``cpu_hosts``), and analysis.findings.contention names the CPU, its ranks and
+the foreign processes (finding ``noisy_neighbour``); the late-rank finding
+names the neighbour when the late rank's CPU has one.
+
+Unit tests use hand-written sidecar blocks; the job tests run a 2-rank mpi4py
+job under real mpirun, each rank bound to a CPU of its own, once with a busy
+loop bound to rank 1's CPU and once without.  Each side of the job gets its
+own autogroup at nice -15 (when allowed), so that other sessions' processes on
+this shared machine take a few percent of the job's CPUs, not a third.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from conftest import PYTHON, mpirun, requires_mpi
+
+from profiler.formats import cpu as cpu_format
+
+TICK = 10_000_000  # ns per clock tick at clk_tck 100
+
+
+# ---------------------------------------------------------------------------
+# the host view: hand-written rank blocks
+# ---------------------------------------------------------------------------
+def _thread(tid: int, kind: str, cpu_ns: int, last_cpu: int) -> dict[str, Any]:
+    return {"tid": tid, "name": "python", "kind": kind,
+            "start": {"cpu_ns": 0, "wait_ns": 0, "last_cpu": last_cpu},
+            "end": {"cpu_ns": cpu_ns, "wait_ns": 0, "last_cpu": last_cpu}}
+
+
+def _reading(t_ns: int, cpus: dict[int, tuple[int, int]]) -> dict[str, Any]:
+    """cpus: cpu -> (busy, idle) ticks."""
+    return {"t_ns": t_ns, "scan_ns": 2_000_000, "procs_seen": 9, "procs_unreadable": 0,
+            "procs_omitted": 0,
+            "cpus": [{"cpu": c, "busy": b, "idle": i, "steal": 0} for c, (b, i) in cpus.items()]}
+
+
+def _proc(pid: int, ppid: int, name: str, cpu: int, start: int | None, end: int | None,
+          own: bool = False) -> dict[str, Any]:
+    return {"pid": pid, "ppid": ppid, "name": name, "cpu": cpu, "start": start, "end": end,
+            "own": own}
+
+
+def _rank(rank: int, pid: int, cpu: int, main_ns: int, procs: list[dict[str, Any]],
+          end_busy: dict[int, tuple[int, int]]) -> dict[str, Any]:
+    """A rank bound to `cpu`, its main thread main_ns on it; a 1 s window
+    (100 ticks per CPU) read by this rank."""
+    return {"rank": rank, "host": "h", "pid": pid, "cpu": {
+        "affinity": [cpu], "clk_tck": 100,
+        "threads": [_thread(pid, "main", main_ns, cpu), _thread(pid + 1, "helper", 0, cpu)],
+        "host": {"reason": "", "start": _reading(0, {0: (0, 0), 1: (0, 0)}),
+                 "end": _reading(1_000_000_000, end_busy), "procs": procs}}}
+
+
+def _two_ranks(busy_ticks: int = 50, busy_cpu: int = 1) -> list[dict[str, Any]]:
+    """Rank 0 (pid 100) on CPU 0 and rank 1 (pid 200) on CPU 1, launched by
+    mpirun (pid 50); each main thread runs 0.5 s of the 1 s window; rank 0
+    forked a loader child (pid 300, 0.2 s on CPU 0); "stress" (pid 400)
+    busy_ticks on busy_cpu; sshd (pid 500) idle."""
+    procs = [_proc(100, 50, "python", 0, 5, 55, own=True), _proc(200, 50, "python", 1, 5, 55),
+             _proc(50, 40, "mpirun", 0, 1, 2), _proc(300, 100, "loader", 0, 0, 20),
+             _proc(400, 1, "stress", busy_cpu, 1000, 1000 + busy_ticks),
+             _proc(500, 1, "sshd", 0, 7, 7)]
+    cpu0 = 50 + 20 + 1 + (busy_ticks if busy_cpu == 0 else 0)
+    cpu1 = 50 + (busy_ticks if busy_cpu == 1 else 0)
+    end = {0: (cpu0, 100 - cpu0), 1: (cpu1, 100 - cpu1)}
+    return [_rank(0, 100, 0, 500_000_000, procs, end),
+            _rank(1, 200, 1, 500_000_000, procs, end)]
+
+
+def test_host_view_splits_each_cpu_into_the_job_and_the_others() -> None:
+    (h,) = cpu_format.host_view(_two_ranks())
+    assert h["reason"] == "" and h["window_ns"] == 1_000_000_000 and h["clk_tck"] == 100
+    by = {c["cpu"]: c for c in h["cpus"]}
+    assert by[0]["ranks"] == [0] and by[1]["ranks"] == [1]
+    # CPU 0: the rank (0.5 s), its child (0.2 s) and the launcher (0.01 s) are the job's
+    assert by[0]["busy_share"] == pytest.approx(0.71)
+    assert by[0]["foreign_share"] == pytest.approx(0.0, abs=1e-9)
+    # CPU 1: rank 1's 0.5 s, and 0.5 s of "stress"
+    assert by[1]["busy_share"] == pytest.approx(1.0)
+    assert by[1]["job_share"] == pytest.approx(0.5)
+    assert by[1]["foreign_share"] == pytest.approx(0.5)
+    assert set(h["job_pids"]) == {50, 100, 200, 300}
+    (f,) = [p for p in h["foreign"] if p["cpu_ns"] > 0]
+    assert (f["pid"], f["name"], f["cpu"], f["share"]) == (400, "stress", 1, pytest.approx(0.5))
+    assert {p["pid"] for p in h["foreign"]}.isdisjoint(h["job_pids"])
+
+
+def test_host_view_without_end_readings_says_why() -> None:
+    ranks = _two_ranks()
+    for r in ranks:
+        r["cpu"]["host"]["end"] = None
+    (h,) = cpu_format.host_view(ranks)
+    assert h["cpus"] == [] and h["foreign"] == [] and "at the end" in h["reason"]
+
+
+def test_a_process_new_since_start_counts_whole_unless_the_start_scan_was_cut() -> None:
+    ranks = _two_ranks(busy_ticks=0)
+    for r in ranks:
+        r["cpu"]["host"]["procs"].append(_proc(600, 1, "late", 1, None, 30))
+    (h,) = cpu_format.host_view(ranks)
+    assert [(p["pid"], p["cpu_ns"]) for p in h["foreign"]] == [(600, 30 * TICK)]
+    for r in ranks:
+        r["cpu"]["host"]["start"]["procs_omitted"] = 3  # its start may have been missed
+    (h,) = cpu_format.host_view(ranks)
+    assert h["foreign"] == []
+
+
+def test_rank_doc_reads_the_host_and_trace_block_drops_its_lists(tmp_path: Path) -> None:
+    import orjson
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    doc = {"version": 1, "state": "finalize", "pid": 100, "schedstat": True, "reason": "",
+           "host_cpus": 2, "affinity": [0], "clk_tck": 100, "threads": [
+               {"tid": 100, "name": "python",
+                "start": {"cpu_ns": 1, "wait_ns": 0, "slices": 1, "nvcsw": 0, "nivcsw": 0,
+                          "ticks": 5, "last_cpu": 0},
+                "end": {"cpu_ns": 9, "wait_ns": 0, "slices": 2, "nvcsw": 0, "nivcsw": 0,
+                        "ticks": 9, "last_cpu": -1}}],
+           "host": {"reason": "", "procs_kept": 512,
+                    "start": {"ticks": 5, "scan_ns": 1500000, "procs_seen": 3,
+                              "procs_unreadable": 0, "procs_omitted": 0,
+                              "cpus": [[0, 10, 90, 0], [1, 5, 95, 0], [2, -1, 0, 0]]},
+                    "end": None,
+                    "procs": [{"pid": 100, "ppid": 50, "name": "python", "cpu": 0,
+                               "start": 3, "end": None, "own": True}, {"pid": "x"}]}}
+    (raw / "rank-00000.cpu.json").write_bytes(orjson.dumps(doc))
+    (raw / "rank-00000.hvprof").write_bytes(b"")
+    header = {"pid": 100, "ticks_per_ns": 1.0, "offset_ns": 0, "job_t0_ns": 0}
+    c = cpu_format.rank_doc(raw / "rank-00000.hvprof", header, [])
+    assert c is not None and c["clk_tck"] == 100
+    assert c["threads"][0]["start"]["last_cpu"] == 0
+    assert c["threads"][0]["end"]["last_cpu"] is None
+    host = c["host"]
+    assert host["end"] is None and host["start"]["scan_ns"] == 1_500_000
+    assert [x["cpu"] for x in host["start"]["cpus"]] == [0, 1]  # the malformed line left out
+    assert host["procs"] == [_proc(100, 50, "python", 0, 3, None, own=True)]
+    t = cpu_format.trace_block(c)
+    assert t is not None and "cpus" not in t["host"]["start"] and "procs" not in t["host"]
+    assert t["host"]["start"]["scan_ns"] == 1_500_000 and c["host"]["procs"]  # not mutated
+
+
+# ---------------------------------------------------------------------------
+# the finding, on hand-written metadata and CPU rows
+# ---------------------------------------------------------------------------
+def _meta(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    trace_ranks = [{"rank": r["rank"], "host": "h", "pid": r["pid"],
+                    "cpu": cpu_format.trace_block(r["cpu"])} for r in ranks]
+    return {"hosts": ["h"], "ranks": trace_ranks, "cpu_hosts": cpu_format.host_view(ranks)}
+
+
+def _frame(steps: int = 8, wait_ms: dict[int, float] | None = None) -> pd.DataFrame:
+    """Two ranks, 20 ms steps, each with its main thread's "cpu" row: wait_ms
+    per rank of run-queue wait in each step (the rest on a CPU), and a step row."""
+    wait_ms = wait_ms or {0: 0.1, 1: 8.0}
+    rows = []
+    for s in range(steps):
+        t0 = s * 20_000_000
+        for r in (0, 1):
+            w = int((wait_ms[r] + (0.3 if s % 2 else 0.0)) * 1e6)
+            rows.append({"rank": r, "backend": "app", "op": "step", "seq": s, "step": s,
+                         "t_start_ns": t0, "t_end_ns": t0 + 20_000_000, "dur_ns": 20_000_000,
+                         "bytes": 0, "count": 32, "thread_kind": "main", "tid": 100 * (r + 1)})
+            rows.append({"rank": r, "backend": "app", "op": "cpu", "seq": s, "step": s,
+                         "t_start_ns": t0, "t_end_ns": t0 + 20_000_000, "dur_ns": 20_000_000,
+                         "bytes": 20_000_000 - w, "count": w, "thread_kind": "main",
+                         "tid": 100 * (r + 1)})
+    df = pd.DataFrame(rows)
+    for c in ("op", "backend", "thread_kind"):
+        df[c] = df[c].astype("category")
+    return df
+
+
+def _findings(df: pd.DataFrame, meta: dict[str, Any], key: str) -> list[Any]:
+    from profiler.analysis.findings import advise_frame
+
+    return [f for f in advise_frame(df, meta, only=["cpu_contention", "noisy_neighbour"]).findings
+            if f.key == key]
+
+
+def test_the_neighbour_is_named_with_its_cpu_rank_and_cost() -> None:
+    from profiler.analysis.findings import contention
+
+    meta = _meta(_two_ranks())
+    (f,) = _findings(_frame(), meta, "noisy_neighbour")
+    assert f.headline.startswith("CPU 1, where rank 1 runs, was busy 50% of the time with "
+                                 "processes outside the job (pid 400 (stress) 50%)"), f.headline
+    assert f.numbers["cpus"] == [1] and f.numbers["ranks"] == [1]
+    assert f.numbers["processes"][0]["pid"] == 400
+    # the rule: rank 1's wait x F / (busy less its main thread's run) = x 1.0, at most
+    # the step's interval x 50%; averaged over the 2 ranks
+    att, _ = contention.neighbour_wait(contention.Context(df=_frame(), meta=meta))
+    assert att[0].eq(0).all()
+    waited = [8.0 + (0.3 if s % 2 else 0.0) for s in att.index]  # the steady steps'
+    assert att[1].tolist() == pytest.approx(waited, abs=1e-6)
+    assert f.cost_ms == pytest.approx(sum(waited) / len(waited) / 2, abs=1e-6)
+    assert f.significant and "pid 400 (stress)" in f.recommendation
+    assert "rank 1 to free cores" in f.recommendation
+    # cpu_contention keeps the job's own part, not the neighbour's
+    (c,) = _findings(_frame(), meta, "cpu_contention")
+    assert c.numbers["main_wait_ms_per_step"] < 0.2
+    assert any("noisy_neighbour" in d for d in c.details)
+
+
+def test_silent_on_free_cpus_and_on_the_job_crowding_itself() -> None:
+    assert _findings(_frame(), _meta(_two_ranks(busy_ticks=0)), "noisy_neighbour") == []
+    # two ranks on one CPU, both busy: the job's own contention, no neighbour
+    procs = [_proc(100, 50, "python", 0, 0, 50, own=True), _proc(200, 50, "python", 0, 0, 50)]
+    end = {0: (100, 0), 1: (0, 100)}
+    ranks = [_rank(0, 100, 0, 500_000_000, procs, end), _rank(1, 200, 0, 500_000_000, procs, end)]
+    meta = _meta(ranks)
+    assert meta["cpu_hosts"][0]["cpus"][0]["foreign_share"] == pytest.approx(0.0, abs=1e-9)
+    df = _frame(wait_ms={0: 9.0, 1: 9.0})
+    assert _findings(df, meta, "noisy_neighbour") == []
+    (c,) = _findings(df, meta, "cpu_contention")
+    assert c.numbers["main_wait_ms_per_step"] > 9.0  # all of it the job's own
+    # no metadata at all (a profile from before): silent
+    assert _findings(_frame(), {}, "noisy_neighbour") == []
+    # a neighbour that takes only the time rank 1 leaves idle: it hardly waits
+    busy_but_harmless = _frame(wait_ms={0: 0.1, 1: 0.2})
+    assert _findings(busy_but_harmless, _meta(_two_ranks()), "noisy_neighbour") == []
+
+
+def test_without_cpu_rows_the_sidecar_weighs_the_wait_and_no_cost_is_claimed() -> None:
+    ranks = _two_ranks()
+    no_rows = _frame().loc[lambda d: d["op"] == "step"]
+    assert _findings(no_rows, _meta(ranks), "noisy_neighbour") == []  # no wait in the sidecar
+    ranks[1]["cpu"]["threads"][0]["end"]["wait_ns"] = 400_000_000  # 44% of its time
+    (f,) = _findings(no_rows, _meta(ranks), "noisy_neighbour")
+    assert f.cost_ms is None and not f.significant and f.numbers["ranks"] == [1]
+    assert f.numbers["wait_share"] == pytest.approx(0.4 / 0.9)
+
+
+def test_the_late_rank_names_its_neighbour() -> None:
+    from profiler.analysis.findings import late_ranks
+    from profiler.analysis.findings.base import Finding
+
+    meta = _meta(_two_ranks())
+    f = Finding(key="late_ranks", headline="Rank 1 arrives last", numbers={"rank": 1},
+                recommendation="find what rank 1 does differently")
+    late_ranks._name_the_neighbour(late_ranks.Context(df=_frame(), meta=meta), f)
+    assert any("pid 400 (stress)" in d and "CPU 1, where rank 1 runs" in d for d in f.details)
+    assert f.recommendation.startswith("move pid 400 (stress) off CPU 1")
+    assert f.recommendation.endswith("find what rank 1 does differently")
+    f0 = Finding(key="late_ranks", headline="Rank 0 arrives last", numbers={"rank": 0},
+                 recommendation="x")
+    late_ranks._name_the_neighbour(late_ranks.Context(df=_frame(), meta=meta), f0)
+    assert f0.details == [] and f0.recommendation == "x"  # its CPU is free
+
+
+# ---------------------------------------------------------------------------
+# real jobs: two ranks bound a CPU each, a busy loop on rank 1's or none
+# ---------------------------------------------------------------------------
+JOB = """
+import os
+import numpy as np          # before MPI_Init: the run's window is the job's work
+import profiler
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+buf = np.ones(1024)
+comm.Barrier()
+for step in range(int(os.environ["STEPS"])):
+    profiler.step()
+    x = 0
+    for k in range(200_000):  # the same work on each rank: a shared CPU makes it longer
+        x += k
+    comm.Allreduce(MPI.IN_PLACE, buf)
+profiler.step()
+"""
+
+BUSY = """
+import ctypes, os, sys
+os.sched_setaffinity(0, {int(sys.argv[1])})
+try:
+    with open("/proc/self/autogroup", "w") as f:  # its session's group: as the job's
+        f.write("-15")
+except OSError:
+    pass
+ctypes.CDLL(None).prctl(15, b"nn-busyloop", 0, 0, 0)  # PR_SET_NAME: its comm
+open(sys.argv[2], "w").close()
+while True:
+    pass
+"""
+
+
+def _cpus() -> list[int]:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2 or shutil.which("setsid") is None or shutil.which("taskset") is None:
+        pytest.skip("needs 2 CPUs, setsid and taskset")
+    return cpus[-2:]
+
+
+def _run(tmp: Path, busy_cpu: int | None) -> tuple[Path, int | None]:
+    """The job, rank r bound to the r-th of _cpus(), each rank in a session of
+    its own at autogroup nice -15 (setsid -w keeps mpirun's child waiting);
+    with a busy loop bound to busy_cpu for the whole run.  The profile and
+    the loop's pid."""
+    cpus = _cpus()
+    prof = tmp / ("prof-busy" if busy_cpu is not None else "prof-clean")
+    (tmp / "job.py").write_text(JOB)
+    busy = None
+    if busy_cpu is not None:
+        ready = tmp / "busy-ready"
+        busy = subprocess.Popen([PYTHON, "-c", BUSY, str(busy_cpu), str(ready)],
+                                start_new_session=True)
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    rank_cmd = ("echo -15 > /proc/self/autogroup 2>/dev/null; "
+                f"exec taskset -c $(( OMPI_COMM_WORLD_RANK ? {cpus[1]} : {cpus[0]} )) "
+                f"{PYTHON} job.py")
+    try:
+        mpirun(2, ["--bind-to", "none", "setsid", "-w", "sh", "-c", rank_cmd], cwd=tmp,
+               timeout=120, env={"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof),
+                                 "STEPS": "40"})
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
+    return prof, busy.pid if busy is not None else None
+
+
+def _advise(prof: Path) -> Any:
+    from profiler.analysis.findings import advise
+
+    return advise(str(prof))
+
+
+def _hosts(prof: Path) -> list[dict[str, Any]]:
+    from profiler.formats.tracejson import read_trace_meta
+
+    return read_trace_meta(prof / "trace.json")["cpu_hosts"]
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_a_busy_loop_on_rank_1s_cpu_is_named(tmp_path: Path) -> None:
+    cpus = _cpus()
+    prof, pid = _run(tmp_path, cpus[1])
+    advice = _advise(prof)
+    found = [f for f in advice.findings if f.key == "noisy_neighbour"]
+    print("\n".join(f"{f.headline}\n  " + "\n  ".join(f.details) + f"\n  try: {f.recommendation}"
+                    for f in found))
+    (h,) = _hosts(prof)
+    assert pid not in h["job_pids"] and {r["pid"] for r in h["ranks"]} <= set(h["job_pids"])
+    mine = [f for f in found if f.numbers["cpus"] == [cpus[1]]]
+    assert len(mine) == 1, [f.headline for f in found]
+    f = mine[0]
+    assert f.numbers["ranks"] == [1]
+    assert f.numbers["foreign_share"] > 0.25, f.numbers
+    assert f.headline.startswith(f"CPU {cpus[1]}, where rank 1 runs, was busy ")
+    assert f"pid {pid} (nn-busyloop)" in f.headline
+    assert f.numbers["processes"][0]["pid"] == pid
+    assert f.significant and f"pid {pid} (nn-busyloop)" in f.recommendation
+    # the busy loop is named on rank 1's CPU only
+    assert not any(f"pid {pid}" in g.headline for g in found if g is not f)
+    # rank 1 is late, and the late-rank finding says why
+    (late,) = [g for g in advice.findings if g.key == "late_ranks"]
+    assert late.numbers["rank"] == 1
+    assert any(f"pid {pid} (nn-busyloop)" in d for d in late.details), late.details
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_no_neighbour_no_finding(tmp_path: Path) -> None:
+    prof, _ = _run(tmp_path, None)
+    advice = _advise(prof)
+    (h,) = _hosts(prof)
+    print({c["cpu"]: round(c["foreign_share"], 3) for c in h["cpus"]}, h["foreign"][:3])
+    assert {c["cpu"] for c in h["cpus"]} == set(_cpus())
+    # the job's own processes are never foreign
+    assert {p["pid"] for p in h["foreign"]}.isdisjoint(h["job_pids"])
+    found = [f for f in advice.findings if f.key == "noisy_neighbour"]
+    assert found == [], [f.headline for f in found]
+    assert all("noisy_neighbour" not in d for f in advice.findings for d in f.details)
