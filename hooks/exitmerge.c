@@ -2,12 +2,12 @@
  * exitmerge.c -- trace.json at exit, the one way for every program (Python,
  * C, Fortran, anything LD_PRELOADed; MPI or NCCL-only).
  *
- * The process whose raw file is rank 0's runs the build stage's exit entry
+ * The process whose raw file is rank 0's runs the post-job stage's exit entry
  * point after closing its own file in the library's destructor (this
  * backend's at_exit hook; in a Python process, after every Python exit
  * handler, which converted each Python rank's own file), as a child process:
  *
- *     <python> -c BOOT DIR RAW WORLD PID    (profiler.build.atexit.main)
+ *     <python> -c BOOT DIR RAW WORLD PID    (profiler.postjob.atexit.main)
  *
  * The interpreter is the one the package was built with: setup.py writes its
  * path into libhvprof.python next to libhvprof.so, found here from the
@@ -21,7 +21,7 @@
  * and says so in one line.
  *
  * Bounded: the child waits at most HOROVOD_PROFILE_MERGE_TIMEOUT for the
- * other ranks (profiler.build.merge.wait_and_merge); this process waits for
+ * other ranks (profiler.postjob.merge.wait_and_merge); this process waits for
  * the child that long plus EXIT_MERGE_GRACE_S for the merge itself, then
  * lets it go on alone and says so.  The child's "horovod-profiler:" lines
  * (normally one: "trace written to ...") are relayed to stderr; anything else
@@ -51,13 +51,13 @@
 extern char **environ;
 
 #define EXIT_MERGE_GRACE_S 30.0     /* beyond the merge timeout: the merge itself */
-#define DEFAULT_MERGE_TIMEOUT_S 60.0 /* profiler.build.atexit's default too */
+#define DEFAULT_MERGE_TIMEOUT_S 60.0 /* profiler.postjob.atexit's default too */
 #define OUTPUT_KEEP 16384           /* the child's output kept (its tail) */
 
 static const char BOOT[] =
     "import sys\n"
     "if sys.path and sys.path[0] in ('', '.'): del sys.path[0]\n" /* never the cwd's profiler/ */
-    "from profiler.build.atexit import main\n"
+    "from profiler.postjob.atexit import main\n"
     "sys.exit(main(sys.argv[1:]))\n";
 
 static double now_s(void)
