@@ -19,12 +19,15 @@ __all__ = ["mismatches", "count_mismatches", "SAME_BYTES_OPS", "ROOTED_OPS", "RE
 SAME_BYTES_OPS = frozenset({"allreduce", "iallreduce", "bcast", "reduce", "allgather",
                             "alltoall", "reduce_scatter_block", "barrier", "nccl_allreduce",
                             "nccl_broadcast", "nccl_bcast", "nccl_reduce", "nccl_allgather",
-                            "nccl_reducescatter"})
+                            "nccl_reducescatter", "gloo_allreduce", "gloo_broadcast",
+                            "gloo_allgather", "gloo_reducescatter", "gloo_bitand",
+                            "gloo_bitor"})
 ROOTED_OPS = frozenset({"bcast", "reduce", "gather", "gatherv", "scatter", "scatterv",
-                        "nccl_broadcast", "nccl_bcast", "nccl_reduce"})
+                        "nccl_broadcast", "nccl_bcast", "nccl_reduce", "gloo_broadcast",
+                        "gloo_ctl_bcast"})
 REDUCING_OPS = frozenset({"allreduce", "iallreduce", "reduce", "reduce_scatter",
                           "reduce_scatter_block", "nccl_allreduce", "nccl_reduce",
-                          "nccl_reducescatter"})
+                          "nccl_reducescatter", "gloo_allreduce", "gloo_reducescatter"})
 _FIELDS = ("op", "dtype", "redop", "root", "bytes")
 MISMATCH_COLUMNS = ["comm", "seq", "field", "values", "ranks"]
 

@@ -23,12 +23,14 @@ __all__ = ["BUS_FACTORS", "METRICS", "QUANTILES", "PARTIAL_COLUMNS", "bus_factor
 #   "2(n-1)/n": allreduce;  "(n-1)/n": reduce-scatter, allgather, alltoall and
 #   their v/block variants, gather;  "1": bcast, reduce, point-to-point.
 BUS_FACTORS: dict[str, str] = {
-    **dict.fromkeys(("allreduce", "iallreduce", "nccl_allreduce"), "2(n-1)/n"),
+    **dict.fromkeys(("allreduce", "iallreduce", "nccl_allreduce", "gloo_allreduce"),
+                    "2(n-1)/n"),
     **dict.fromkeys(("reduce_scatter", "reduce_scatter_block", "nccl_reducescatter",
                      "allgather", "allgatherv", "nccl_allgather", "alltoall", "alltoallv",
-                     "gather", "gatherv"), "(n-1)/n"),
+                     "gather", "gatherv", "gloo_allgather", "gloo_alltoall",
+                     "gloo_reducescatter"), "(n-1)/n"),
     **dict.fromkeys(("bcast", "reduce", "nccl_broadcast", "nccl_bcast", "nccl_reduce",
-                     "nccl_send", "nccl_recv"), "1"),
+                     "nccl_send", "nccl_recv", "gloo_broadcast"), "1"),
 }
 
 METRICS = ["calls", "total_bytes", "total_us", "mean_us", "p50_us", "p95_us", "p99_us",

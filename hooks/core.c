@@ -463,18 +463,26 @@ static int env_int(const char *const *names, int fallback)
     return fallback;
 }
 
+/* A process without MPI_Init (NCCL only, horovodrun --gloo) takes its rank
+ * from its launcher: MPI's and PMI's first, then Horovod's own (gloo_run.py
+ * sets HOROVOD_RANK/SIZE/LOCAL_RANK), then torchrun's and Slurm's. */
 static const char *const RANK_VARS[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK",
-                                        "RANK", "SLURM_PROCID", NULL};
-static const char *const SIZE_VARS[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE",
-                                        "SLURM_NTASKS", NULL};
+                                        "HOROVOD_RANK", "RANK", "SLURM_PROCID", NULL};
+static const char *const SIZE_VARS[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "HOROVOD_SIZE",
+                                        "WORLD_SIZE", "SLURM_NTASKS", NULL};
 static const char *const LOCAL_VARS[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
-                                         "LOCAL_RANK", "SLURM_LOCALID", NULL};
+                                         "HOROVOD_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID",
+                                         NULL};
 
-/* The default directory name for a job that has no MPI to agree on one. */
+/* The default directory name for a job that has no MPI to agree on one
+ * (horovodrun --gloo: its rendezvous server's address and port, the same
+ * for every rank of the job). */
 static void default_dir_from_env(char *out, size_t n)
 {
     static const char *const ids[] = {"TORCHELASTIC_RUN_ID", "PMIX_NAMESPACE", "PMI_KVSNAME",
-                                      "OMPI_MCA_orte_hnp_uri", "SLURM_JOB_ID", "MASTER_PORT", NULL};
+                                      "OMPI_MCA_orte_hnp_uri", "SLURM_JOB_ID", "MASTER_PORT",
+                                      "HOROVOD_GLOO_RENDEZVOUS_ADDR",
+                                      "HOROVOD_GLOO_RENDEZVOUS_PORT", NULL};
     uint64_t h = 0;
     int found = 0;
     for (const char *const *v = ids; *v; v++) {

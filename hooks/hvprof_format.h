@@ -38,7 +38,9 @@
  *      point-to-point ops 16..23, flag FROM_STATUS, in-flight peer and tag;
       op APP_CPU, a thread's CPU and run-queue time per step, with the
       sidecar raw/rank-R.cpu.json; op APP_JOIN, the time in hvd.join;
-      header self_converts, from the reserved area.)
+      header self_converts, from the reserved area; ops 80..95, Horovod's
+      Gloo collectives and controller (gloo.c), dtypes INT16 and UINT16, comm
+      backend 2 = Gloo.)
  */
 #ifndef HVPROF_FORMAT_H
 #define HVPROF_FORMAT_H
@@ -63,6 +65,16 @@
  * with the same times: SENDRECV, the send half, then SENDRECV_RECV), PROBE
  * and IPROBE (only an MPI_Iprobe that found a message is recorded) the
  * message found; none of them takes a per-communicator sequence number.
+ * 80..84 are the collectives Horovod's Gloo ops run (gloo.c: one record per
+ * gloo collective, bytes as MPI's allreduce, bcast, allgatherv, alltoallv and
+ * reduce_scatter count them); 88..95 Horovod's Gloo controller (its
+ * negotiation and set-up: kind control): bitand/bitor = the response-cache
+ * bit vector (count = words), ctl_bcast = a control broadcast, splits =
+ * the alltoall splits exchange, allgather_ints = process-set bookkeeping,
+ * ready = the gather of requests to the coordinator (Recv/SendReadyTensors),
+ * final = its broadcast of responses (Recv/SendFinalTensors): root 0, one
+ * op on both sides, so that (comm, seq) matches; they move serialized lists
+ * whose bytes are not seen: 0.
  * ------------------------------------------------------------------------- */
 #define HVPROF_OPS(X)                                                      \
     X(0,  NONE,                 "none",                 "none")            \
@@ -104,7 +116,20 @@
     X(70, NCCL_SEND,            "nccl_send",            "nccl")            \
     X(71, NCCL_RECV,            "nccl_recv",            "nccl")            \
     X(72, NCCL_GROUP,           "nccl_group",           "nccl")            \
-    X(73, NCCL_NET,             "nccl_net",             "nccl")
+    X(73, NCCL_NET,             "nccl_net",             "nccl")            \
+    X(80, GLOO_ALLREDUCE,       "gloo_allreduce",       "gloo")            \
+    X(81, GLOO_ALLGATHER,       "gloo_allgather",       "gloo")            \
+    X(82, GLOO_BROADCAST,       "gloo_broadcast",       "gloo")            \
+    X(83, GLOO_ALLTOALL,        "gloo_alltoall",        "gloo")            \
+    X(84, GLOO_REDUCESCATTER,   "gloo_reducescatter",   "gloo")            \
+    X(88, GLOO_BITAND,          "gloo_bitand",          "gloo")            \
+    X(89, GLOO_BITOR,           "gloo_bitor",           "gloo")            \
+    X(90, GLOO_CTL_BCAST,       "gloo_ctl_bcast",       "gloo")            \
+    X(91, GLOO_BARRIER,         "gloo_barrier",         "gloo")            \
+    X(92, GLOO_SPLITS,          "gloo_splits",          "gloo")            \
+    X(93, GLOO_ALLGATHER_INTS,  "gloo_allgather_ints",  "gloo")            \
+    X(94, GLOO_READY,           "gloo_ready",           "gloo")            \
+    X(95, GLOO_FINAL,           "gloo_final",           "gloo")
 
 enum hvprof_op {
 #define HVPROF_X(v, N, s, b) HVPROF_OP_##N = v,
@@ -116,7 +141,8 @@ enum hvprof_op {
  * Datatypes.  X(value, NAME, "name")  -- MPI predefined types and NCCL types.
  * Bytes always come from MPI_Type_size / the NCCL type size, stored per record
  * (dtype_size), never from this table.  DERIVED: a user-defined MPI type
- * (Horovod's float16 is one).
+ * (Horovod's float16 is one).  Gloo records use the NCCL codes (bool as
+ * ncclUint8, as tensor records do) and INT16/UINT16, which NCCL lacks.
  * ------------------------------------------------------------------------- */
 #define HVPROF_DTYPES(X)                                                   \
     X(0,  UNKNOWN,            "unknown")                                   \
@@ -164,7 +190,9 @@ enum hvprof_op {
     X(72, NCCL_FLOAT64,       "ncclFloat64")                               \
     X(73, NCCL_BFLOAT16,      "ncclBfloat16")                              \
     X(74, NCCL_FLOAT8E4M3,    "ncclFloat8e4m3")                            \
-    X(75, NCCL_FLOAT8E5M2,    "ncclFloat8e5m2")
+    X(75, NCCL_FLOAT8E5M2,    "ncclFloat8e5m2")                            \
+    X(76, INT16,              "int16")                                     \
+    X(77, UINT16,             "uint16")
 
 enum hvprof_dtype {
 #define HVPROF_X(v, N, s) HVPROF_DT_##N = v,
@@ -255,7 +283,11 @@ typedef struct hvprof_record {
                                 (Bcast: the buffer), folded to 32 bits by
                                 hvprof_fold_ptr; NCCL: group number (0 =
                                 none); DEVICE records: track of the host
-                                thread that issued it.
+                                thread that issued it; Gloo: the buffer
+                                folded (allgather, alltoall: the output;
+                                controller records: 0), root = broadcast
+                                root, else -1; comm = the process set's
+                                Gloo context (data) or its controller.
                                 APP_STEP: count = images in the step, seq =
                                 step number; APP_MARK: seq = user mark id;
                                 APP_SYNC: the time in hvd.DistributedOptimizer
@@ -368,7 +400,7 @@ typedef struct hvprof_comm_entry {
     int32_t  size;       /* 16 number of ranks                               */
     int32_t  rank;       /* 20 this process's rank in it                     */
     int32_t  world_rank0;/* 24 world rank of the comm's rank 0               */
-    uint16_t backend;    /* 28 0 = MPI, 1 = NCCL                             */
+    uint16_t backend;    /* 28 0 = MPI, 1 = NCCL, 2 = Gloo                   */
     uint16_t valid;      /* 30 1 once the entry is complete                  */
     char     name[32];   /* 32 MPI_Comm_get_name or "nccl", NUL-terminated   */
 } hvprof_comm_entry;

@@ -26,7 +26,9 @@ noticed the same way: ``DistributedGradientTape`` and Keras's ``model.fit``
 then mark steps (:mod:`profiler.collect.tf_hooks`), and before
 ``horovod.tensorflow.mpi_ops`` loads Horovod's kernel library, the kernel
 hooks that record TensorFlow's tensors are armed
-(:mod:`profiler.collect.tf_kernels`).
+(:mod:`profiler.collect.tf_kernels`).  Right after either Horovod extension
+loads, the library's Gloo wrappers are armed in it (:func:`arm_gloo`,
+hooks/gloo.c), before ``hvd.init`` can run a Gloo collective.
 
 It imports neither torch nor Horovod (start-up cost: a list insert).  If the
 module is already imported, it is patched at once.
@@ -45,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
 
-__all__ = ["TARGET", "install", "uninstall", "installed", "patch_module"]
+__all__ = ["TARGET", "install", "uninstall", "installed", "patch_module", "arm_gloo"]
 
 TARGET = "horovod.torch.optimizer"
 MPI_OPS = "horovod.torch.mpi_ops"
@@ -226,9 +228,11 @@ class _PatchingLoader:
         if module.__name__ == TF_MPI_OPS:
             _load_tf_kernels()
             self._inner.exec_module(module)
+            arm_gloo()
             return
         self._inner.exec_module(module)
         if module.__name__ == MPI_OPS:
+            arm_gloo()
             _patch_mpi_ops(module)
             return
         if module.__name__ in TF_MODULES:
@@ -300,6 +304,22 @@ def install() -> None:
         from profiler.collect import tf_kernels
 
         tf_kernels.note_late_load()
+    if ops is not None or TF_MPI_OPS in sys.modules:
+        arm_gloo()
+
+
+def arm_gloo() -> int | None:
+    """Wrap the Gloo collectives of every loaded Horovod extension
+    (hooks/gloo.c), right after its import: before hvd.init starts the
+    background thread that runs them.  Idempotent; under MPI the wrappers are
+    armed but never called (Horovod then runs no Gloo op)."""
+    try:
+        from profiler.collect import native
+
+        return native.gloo_arm(None)
+    except Exception as exc:  # never let the hook stop the application's import
+        _warn_once(f"could not watch Horovod's Gloo collectives: {exc}")
+        return None
 
 
 def _load_tf_kernels() -> None:

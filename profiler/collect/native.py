@@ -93,6 +93,10 @@ EXPORTS: dict[str, tuple[Any, tuple[Any, ...], str]] = {
     "hvprof_nccl_visible": (_c.c_int, (), "tests: NCCL visibility bits"),
     "hvprof_nccl_json": (_c.c_char_p, (), "nvml: NCCL state and counters"),
     "hvprof_nccl_finish": (_c.c_int, (_c.c_int,), "activate: NCCL device times, sidecar"),
+    "hvprof_gloo_arm": (_c.c_int, (_c.c_char_p,),
+                        "horovod_hooks: wrap Horovod's Gloo collectives (hooks/gloo.c) once "
+                        "its extension is loaded; >0 armed, 0 none (said once), -1 not loaded"),
+    "hvprof_gloo_records": (_c.c_uint64, (), "tests: records the Gloo wrappers wrote"),
     "hvprof_inflight_oldest_ns": (_c.c_int64, (), "watchdog: age of the oldest call in flight"),
     "hvprof_inflight_oldest_op": (_c.c_int, (), "watchdog: the op of the oldest call in flight"),
 }
@@ -237,6 +241,19 @@ def exit_work() -> None:
     fn = function("hvprof_exit_work")
     if fn is not None:
         fn()
+
+
+def gloo_arm(library: str | None = None) -> int | None:
+    """Wrap the Gloo collectives of Horovod's extension `library` (None:
+    every loaded one).  Returns the wrappers armed (0: none, said once on
+    stderr; -1: not loaded), or None without the library or this export."""
+    lib = loaded()
+    if lib is None:
+        return None
+    fn = function("hvprof_gloo_arm", lib)
+    if fn is None:
+        return None
+    return int(fn(os.fsencode(library) if library else None))
 
 
 # ---------------------------------------------------------------------------

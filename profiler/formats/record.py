@@ -42,7 +42,7 @@ STATES: dict[int, str] = {
 CLOCK_KINDS: dict[int, str] = {0: "unknown", 1: "tsc", 2: "monotonic"}
 TRACK_KIND_THREAD = 1
 TRACK_KIND_STREAM = 2
-COMM_BACKENDS: dict[int, str] = {0: "mpi", 1: "nccl"}
+COMM_BACKENDS: dict[int, str] = {0: "mpi", 1: "nccl", 2: "gloo"}
 
 
 def _struct(fields: list[tuple[str, str, int]], itemsize: int) -> np.dtype:
@@ -320,7 +320,28 @@ OPS: dict[int, tuple[str, str, str]] = {
     71: ("NCCL_RECV", "nccl_recv", "nccl"),
     72: ("NCCL_GROUP", "nccl_group", "nccl"),
     73: ("NCCL_NET", "nccl_net", "nccl"),
+    80: ("GLOO_ALLREDUCE", "gloo_allreduce", "gloo"),
+    81: ("GLOO_ALLGATHER", "gloo_allgather", "gloo"),
+    82: ("GLOO_BROADCAST", "gloo_broadcast", "gloo"),
+    83: ("GLOO_ALLTOALL", "gloo_alltoall", "gloo"),
+    84: ("GLOO_REDUCESCATTER", "gloo_reducescatter", "gloo"),
+    88: ("GLOO_BITAND", "gloo_bitand", "gloo"),
+    89: ("GLOO_BITOR", "gloo_bitor", "gloo"),
+    90: ("GLOO_CTL_BCAST", "gloo_ctl_bcast", "gloo"),
+    91: ("GLOO_BARRIER", "gloo_barrier", "gloo"),
+    92: ("GLOO_SPLITS", "gloo_splits", "gloo"),
+    93: ("GLOO_ALLGATHER_INTS", "gloo_allgather_ints", "gloo"),
+    94: ("GLOO_READY", "gloo_ready", "gloo"),
+    95: ("GLOO_FINAL", "gloo_final", "gloo"),
 }
+
+#: Horovod's Gloo ops (hooks/gloo.c): the collectives its data ops run, and
+#: its controller's negotiation and set-up (always kind "control").
+GLOO_DATA_OPS = frozenset({"gloo_allreduce", "gloo_allgather", "gloo_broadcast",
+                           "gloo_alltoall", "gloo_reducescatter"})
+GLOO_CONTROL_OPS = frozenset({"gloo_bitand", "gloo_bitor", "gloo_ctl_bcast", "gloo_barrier",
+                              "gloo_splits", "gloo_allgather_ints", "gloo_ready",
+                              "gloo_final"})
 
 # value -> (C NAME, "name")
 DTYPES: dict[int, tuple[str, str]] = {
@@ -370,6 +391,8 @@ DTYPES: dict[int, tuple[str, str]] = {
     73: ("NCCL_BFLOAT16", "ncclBfloat16"),
     74: ("NCCL_FLOAT8E4M3", "ncclFloat8e4m3"),
     75: ("NCCL_FLOAT8E5M2", "ncclFloat8e5m2"),
+    76: ("INT16", "int16"),
+    77: ("UINT16", "uint16"),
 }
 
 REDOPS: dict[int, tuple[str, str]] = {

@@ -85,7 +85,7 @@ def assign_steps(rank: np.ndarray, t_start: np.ndarray, is_step: np.ndarray,
     return out
 
 
-#: How a frame's rows are classified (profiler.build.classify.classify: a
+#: How a frame's rows are classified (profiler.postjob.classify.classify: a
 #: categorical Series, a frame with a "kind" column, or one kind per row).
 Classifier = Callable[[pd.DataFrame], Any]
 
@@ -201,9 +201,11 @@ def raw_to_frame(raw: RawFile, classify: Classifier | None = None) -> pd.DataFra
     backend_arr = np.asarray(backend, dtype=object) if n else np.zeros(0, dtype=object)
     is_nccl = backend_arr == "nccl"
     group = np.where(is_nccl & ((flags & F.FLAG_DEVICE) == 0), rec["aux"], 0).astype(np.int32)
-    # MPI records: the receive buffer; APP_TENSOR: the tensor's output (both
-    # folded to 32 bits, hvprof_fold_ptr); 0 for everything else
-    buf = np.where((backend_arr == "mpi") | (op_vals == _OP_TENSOR), rec["aux"], 0).astype(np.int64)
+    # MPI records: the receive buffer; Gloo records: the buffer (data ops);
+    # APP_TENSOR: the tensor's output (all folded to 32 bits, hvprof_fold_ptr);
+    # 0 for everything else
+    buf = np.where((backend_arr == "mpi") | (backend_arr == "gloo") | (op_vals == _OP_TENSOR),
+                   rec["aux"], 0).astype(np.int64)
 
     # MPI point-to-point: the record's seq is the tag (int32 bits); such rows
     # have no sequence number (-1), every other row no tag (-1)
