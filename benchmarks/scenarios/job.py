@@ -14,7 +14,7 @@ background thread, intra-op workers).
 
     mpirun -n 2 python job.py --model mlp --steps 40 [--late-rank 1 --late-ms 30
         [--late-kind spin]]
-        [--jitter-ms 60] [--stall-ms 50] [--threads 2]
+        [--jitter-ms 60 [--jitter-shape exponential]] [--stall-ms 50] [--threads 2]
 """
 
 from __future__ import annotations
@@ -131,6 +131,9 @@ def main() -> None:
                    help="how the late rank spends --late-ms: asleep, or computing (a busy "
                         "loop until its thread has run that long on a CPU)")
     p.add_argument("--jitter-ms", type=float, default=0.0)
+    p.add_argument("--jitter-shape", choices=("uniform", "exponential"), default="uniform",
+                   help="each rank's pause a step: uniform(0, J), or exponential with "
+                        "mean J/2 (the same mean, a long tail)")
     p.add_argument("--stall-ms", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
@@ -154,7 +157,9 @@ def main() -> None:
     for step in range(a.steps + a.warmup):
         # the "data loading" of this step: every injected sleep happens here
         pause = a.stall_ms
-        if a.jitter_ms:
+        if a.jitter_ms and a.jitter_shape == "exponential":
+            pause += rng.expovariate(2.0 / a.jitter_ms)
+        elif a.jitter_ms:
             pause += rng.uniform(0.0, a.jitter_ms)
         if rank == a.late_rank and a.late_kind == "spin":
             until = time.thread_time_ns() + int(a.late_ms * 1e6)

@@ -19,8 +19,10 @@ with its cost within TOLERANCE of the truth) over all runs.
 
 How the truth is known, per scenario (Scenario.truth):
 
-* "late": rank 1 sleeps D ms before each step; the others wait D per step, which
-  is D (n-1)/n in the breakdown's units (waiting averaged over all ranks);
+* "late": rank 1 sleeps D ms before each step (and every rank uniform(0, J)
+  ms); without its D the step would end, on average, D + J/2 - J n/(n+1) ms
+  sooner (its excess, less the jitter it no longer leads by: E[max] of n
+  uniforms is J n/(n+1)): late_ranks' counterfactual cost;
 * "jitter": every rank sleeps uniform(0, J) ms before each step, independently;
   at 2 ranks the mean wait averaged over the ranks is E|X - Y| / 2 = J / 6;
 * "outside": the job's own clock: its mean time outside optimizer.step;
@@ -31,8 +33,13 @@ How the truth is known, per scenario (Scenario.truth):
   limit), both unprofiled, alternating (cause, twin) TWIN_ROUNDS times right
   after the profiled run: the profiler's own cost is in neither.
 
-Two findings can be true of any job on a small shared machine, injected or
+Three findings can be true of any job on a small shared machine, injected or
 not, so each run also asks the job's own measurements (job_truths):
+
+* noisy_neighbour is true when the runner's own reading (psutil, every
+  process alive before and after the job, less the runner and its parents)
+  finds processes outside the job using at least half the finding's share
+  of the machine's CPUs while it ran (the scenario's competitors included);
 
 * cpu_contention is true when the job's own schedstat reads show its main
   thread (outside optimizer.step) or another busy thread waiting for a core at
@@ -54,7 +61,7 @@ bench` on the job's hosts.
 The job (benchmarks/scenarios/job.py) measures its own step times; the runner
 starts it under mpirun with HOROVOD_PROFILE=1 and reads its trace with the
 profiler's public API.  Several hosts are simulated with network namespaces
-(profiler.simcluster; needs root).
+(profiler.bench.simcluster; needs root).
 """
 
 from __future__ import annotations
@@ -144,6 +151,8 @@ class Scenario:
     #: true findings that may rank above the expected cause (key -> why): the
     #: expected one is judged as the first significant finding not named here
     above: dict[str, str] = field(default_factory=dict)
+    #: the Open MPI rules file's text when `rules` (None: RULES)
+    rules_text: str | None = None
 
 
 BASE = ["--model", "mlp", "--steps", "40", "--batch", "64"]
@@ -158,20 +167,21 @@ SCENARIOS: list[Scenario] = [
              also={"compute_bound": COMPUTE_BOUND}, value=lambda n: 60.0 / 6, fast=True),
     Scenario("late", "rank 1 sleeps 40 ms per step", "late_ranks", "late",
              [*BASE, "--late-rank", "1", "--late-ms", "40"],
-             also={"rank_waiting": WAITING}, value=lambda n: 40.0 * (n - 1) / n, fast=True),
+             also={"rank_waiting": WAITING}, value=lambda n: 40.0, fast=True),
     Scenario("late+jitter", "rank 1 sleeps 40 ms per step; every rank uniform(0, 20) ms",
              "late_ranks", "late",
              [*BASE, "--late-rank", "1", "--late-ms", "40", "--jitter-ms", "20"],
              also={"rank_waiting": "the jitter's own waiting"},
-             value=lambda n: 40.0 * (n - 1) / n),
+             value=lambda n: 40.0 + 10.0 - 20.0 * n / (n + 1)),
     Scenario("oversubscribed", "2 intra-op threads per rank: 4 compute threads on 2 cores",
              "cpu_contention", "runqueue", [*BASE, "--threads", "2", "--model", "wide"],
              also={"rank_waiting": WAITING, "transfer_bound": "contention slows transfers",
                    "compute_bound": "4 compute threads on 2 cores: compute, slowed by the "
                                     "wait for cores, is most of the step"}),
     Scenario("competitor", "two busy-looping processes beside the job",
-             "cpu_contention", "runqueue", BASE, competitors=2,
-             also={"rank_waiting": WAITING, "transfer_bound": "contention slows transfers"}),
+             "noisy_neighbour", "runqueue", BASE, competitors=2,
+             also={"rank_waiting": WAITING, "transfer_bound": "contention slows transfers",
+                   "cpu_contention": "the job's threads wait for cores the loops hold"}),
     Scenario("slow-link", "2 simulated hosts, one link limited to 200 Mbit/s",
              "transfer_bound", "twin", [*BASE, "--model", "wide", "--steps", "20"],
              hosts=2, host_rates={1: "200mbit"}, twin_env={}, bench=True,
@@ -294,6 +304,34 @@ def _mpirun_bounded(cmd: list[str], env: dict[str, str], timeout: float,
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
+def _cpu_by_pid() -> dict[tuple[int, float], float]:
+    """{(pid, start time): CPU seconds} of every process now."""
+    import psutil
+
+    out = {}
+    for p in psutil.process_iter(["pid", "create_time", "cpu_times"]):
+        t = p.info.get("cpu_times")
+        if t is not None:
+            out[(p.info["pid"], p.info["create_time"] or 0.0)] = t.user + t.system
+    return out
+
+
+def _foreign_share(before: dict[tuple[int, float], float],
+                   after: dict[tuple[int, float], float], wall_s: float) -> float:
+    """The share of the machine's CPUs that processes outside the job used
+    while it ran: those alive at both readings (the job's ranks, started after
+    the first and gone by the second, are not among them), less this runner
+    and its ancestors (pytest, the shell), which wait on the job."""
+    import psutil
+
+    mine = {os.getpid()}
+    with contextlib.suppress(psutil.Error):
+        mine |= {p.pid for p in psutil.Process().parents()}
+    used = sum(max(after[k] - before[k], 0.0) for k in before.keys() & after.keys()
+               if k[0] not in mine)
+    return used / (wall_s * (os.cpu_count() or 1)) if wall_s > 0 else 0.0
+
+
 def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
             job: list[str] | None = None, profile: bool = True,
             rules_file: Path | None = None, timeout: float | None = None,
@@ -327,8 +365,11 @@ def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
         for _ in range(sc.competitors):
             competitors.append(subprocess.Popen(
                 [_python(), "-c", "while True: pass"], stdout=subprocess.DEVNULL))
+        # what else used the CPUs while the job ran (the competitors included):
+        # the truth of a noisy neighbour, measured by the runner, not the profiler
+        cpu0, t0 = _cpu_by_pid(), time.monotonic()
         if sc.hosts > 1:
-            from profiler import simcluster
+            from profiler.bench import simcluster
 
             with simcluster.SimCluster(hosts=sc.hosts, slots=1,
                                        host_rates=None if twin else sc.host_rates) as c:
@@ -342,6 +383,7 @@ def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
         else:
             proc = _mpirun_bounded(["mpirun", "-n", str(sc.np), *argv], e, timeout,
                                    out if profile else None)
+        foreign = _foreign_share(cpu0, _cpu_by_pid(), time.monotonic() - t0)
     finally:
         for c_ in competitors:
             c_.kill()
@@ -351,7 +393,7 @@ def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
                            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     for line in proc.stdout.splitlines():
         if line.startswith('{"scenario"'):
-            return dict(json.loads(line)["scenario"])
+            return {**json.loads(line)["scenario"], "foreign_share": foreign}
     raise RuntimeError(f"{sc.name}: the job printed no measurements:\n{proc.stdout[-2000:]}")
 
 
@@ -360,8 +402,7 @@ def run_bench(sc: Scenario, trace: Path, out: Path, timeout: float = 300) -> Pat
     from 1 KiB up to the largest) on sc.hosts simulated hosts with the job's
     link rates and MPI settings, profiled into `out`; returns its trace."""
     from profiler.analysis import load
-
-    from profiler import simcluster
+    from profiler.bench import simcluster
 
     df = load(trace, columns=["rank", "op", "bytes", "kind"])
     data = df.loc[(df["kind"].astype(str) == "data") & (df["op"].astype(str) == "allreduce")]
@@ -396,7 +437,7 @@ def job_truths(measured: dict[str, Any]) -> dict[str, Any]:
     ("contended_share"), whether that counts as contention ("contended"), and
     the rank its arrivals make last more often than chance ("late_rank", None
     when none; "late_share", "late_p")."""
-    from profiler.analysis.findings.contention import UNCONTENDED_SHARE
+    from profiler.analysis.findings.contention import NEIGHBOUR_SHARE, UNCONTENDED_SHARE
     from profiler.analysis.stats import most_often
 
     ranks = sorted(measured["ranks"], key=lambda r: int(r["rank"]))
@@ -407,8 +448,13 @@ def job_truths(measured: dict[str, Any]) -> dict[str, Any]:
             shares.append(float(r["run_queue_ms"]) / outside)
         shares.extend(float(t["wait_share"]) for t in r.get("other_threads") or [])
     share = max(shares, default=0.0)
+    foreign = float(measured.get("foreign_share") or 0.0)
     out: dict[str, Any] = {"contended_share": share,
                            "contended": share >= UNCONTENDED_SHARE / 2,
+                           # busy processes beside the job, by the runner's own
+                           # reading, at half the finding's bar (as contention)
+                           "foreign_share": foreign,
+                           "neighbour": foreign >= NEIGHBOUR_SHARE / 2,
                            "late_rank": None, "late_share": None, "late_p": None}
     arrivals = [r.get("arrivals_ns") or [] for r in ranks]
     n_steps = min((len(a) for a in arrivals), default=0)
@@ -482,14 +528,13 @@ def evaluate(sc: Scenario, run: int, work: Path, *, twin: bool = True) -> Result
     shutil.rmtree(out, ignore_errors=True)
     rules = None
     if sc.rules:
-        rules = work / "rules.txt"
-        rules.write_text(RULES)
+        rules = work / f"rules-{sc.name}.txt"
+        rules.write_text(sc.rules_text or RULES)
     measured = run_job(sc, out, rules_file=rules)
     trace = out / "trace.json"
     replay = None
     if sc.confirm:
         from profiler.analysis.facade import trace_meta
-
         from profiler.bench.confirm import job_mpi_env
         from profiler.bench.confirm import replay as do_replay
 
@@ -562,6 +607,8 @@ def judge(sc: Scenario, run: int, a: Any, *, truth: float | None,
                 allowed.add(claim.key)
     if truths["contended"]:
         allowed.add("cpu_contention")
+    if truths.get("neighbour"):
+        allowed.add("noisy_neighbour")
 
     def true_claim(f: Any) -> bool:
         if f.key == "late_ranks":  # true only of the rank the job's clocks single out

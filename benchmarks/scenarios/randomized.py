@@ -1,0 +1,293 @@
+"""Randomized diagnosis scenarios: each seed draws a real Horovod job, the causes
+injected into it and their sizes; `profiler advise` is judged on it against
+the truth (benchmarks/scenarios/suite.py: evaluate, judge).  The fixed suite
+shows the findings work on the jobs they were built with; this one asks
+whether they hold on jobs nobody here wrote.
+
+    python benchmarks/scenarios/randomized.py --set dev --count 12
+    python benchmarks/scenarios/randomized.py --set heldout --count 40 --json held.json
+    python benchmarks/scenarios/randomized.py --show 1000003     # what a seed draws
+
+Seeds.  DEV (0 to 999,999) is for developing the findings: look at them, tune
+on them.  HELDOUT (1,000,000 up) is never looked at while developing: its
+figures are the ones reported (docs/validation.md), and a change tuned after
+seeing a held-out failure moves that seed to the dev set, with the next
+held-out seeds taking its place.
+
+What a seed draws (draw()):
+
+* ranks: 2, 3 or 4 on this host's 2 cores (3 and 4 oversubscribe it);
+* the job's model (mlp; heads for a cliff), steps 24-40, batch 32 or 64;
+* every rank's jitter a step: none, or uniform(0, J) / exponential with mean
+  J/2, J in 10-40 ms (a shape the findings were not built on);
+* one cause, or none:
+  - none (a null: nothing may be named);
+  - jitter alone (symmetric: no rank may be named; rank_waiting is priced
+    against E[max] - E[mean] of the ranks' pauses);
+  - a late rank (which one, 10-50 ms, asleep or computing), over the jitter;
+  - a latency cliff (Open MPI's tuned rules force a 64-byte-segment ring on
+    one band of sizes) at the job's smallest, a middle or its largest
+    message, fusion off so that each gradient is its own message;
+  - busy processes beside the job (1 or 2), unpinned: noisy_neighbour;
+  - HOROVOD_CYCLE_TIME of 10-30 ms;
+  - fusion off on a model of many small tensors.
+
+Truth.  A cause whose effect is the step it adds is priced against twins: the
+same job (same seed, same jitter) without the cause, unprofiled, alternating
+with the cause (suite.TWIN_ROUNDS pairs); its 95% interval says when the
+cause made no measurable difference, and such a run leaves recall.  The busy
+neighbours are priced on the job's own run-queue reads, jitter on its
+expectation, as in the fixed suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location("scenario_suite", HERE / "suite.py")
+assert _spec is not None and _spec.loader is not None
+suite = sys.modules.get("scenario_suite") or importlib.util.module_from_spec(_spec)
+if "scenario_suite" not in sys.modules:
+    sys.modules["scenario_suite"] = suite
+    _spec.loader.exec_module(suite)
+
+DEV = range(0, 1_000_000)
+HELDOUT = range(1_000_000, 2_000_000)
+SETS = {"dev": DEV, "heldout": HELDOUT}
+
+#: causes and their weights in the draw
+CAUSES = {"none": 2, "jitter": 2, "late": 4, "cliff": 3, "busy": 1, "cycle": 1, "fusion": 1}
+#: the heads model's gradients (job.CLIFF_WIDTHS x 128 float32s), smallest first
+HEAD_BYTES = [128 * w * 4 for w in (32, 64, 128, 256, 320, 384, 448, 512, 1000, 2048)]
+CLIFF_AT = {"smallest": HEAD_BYTES[0], "middle": HEAD_BYTES[4], "largest": HEAD_BYTES[-1]}
+
+
+def rules_text(np_: int, lo: int, hi: int) -> str:
+    """Open MPI tuned rules: allreduce (id 2) on np_-rank communicators takes the
+    segmented ring with 64-byte segments on [lo, hi), the default elsewhere."""
+    return f"1\n2\n1\n{np_}\n3\n0 0 0 0\n{lo} 5 0 64\n{hi} 0 0 0\n"
+
+
+def expected_wait_ms(shape: str, jitter_ms: float, n: int) -> float:
+    """E[max] - E[mean] of n independent pauses: what the ranks wait for each
+    other per step, averaged over them (rank_waiting's cost)."""
+    if shape == "uniform":
+        return jitter_ms * n / (n + 1) - jitter_ms / 2
+    mean = jitter_ms / 2  # exponential: E[max of n] = mean * H_n
+    return mean * (sum(1.0 / k for k in range(1, n + 1)) - 1.0)
+
+
+@dataclasses.dataclass
+class Drawn:
+    seed: int
+    cause: str
+    params: dict[str, Any]
+    scenario: Any  # suite.Scenario
+
+
+def draw(seed: int) -> Drawn:
+    """The scenario a seed stands for (the same seed, the same scenario)."""
+    rng = np.random.default_rng([seed, 45])
+    causes = list(CAUSES)
+    w = np.array([CAUSES[c] for c in causes], dtype=float)
+    cause = str(rng.choice(causes, p=w / w.sum()))
+    np_ = int(rng.choice([2, 3, 4], p=[0.5, 0.3, 0.2]))
+    steps = int(rng.integers(24, 41))
+    batch = int(rng.choice([32, 64]))
+    shape = str(rng.choice(["uniform", "exponential"]))
+    jitter = 0.0 if cause == "none" else float(rng.choice([0.0, 10.0, 20.0, 40.0]))
+    if cause == "jitter":
+        jitter = float(rng.choice([10.0, 20.0, 40.0]))
+    base = ["--model", "mlp", "--steps", str(steps), "--batch", str(batch),
+            "--seed", str(seed)]
+    jit = ["--jitter-ms", f"{jitter:g}", "--jitter-shape", shape] if jitter else []
+    params: dict[str, Any] = {"np": np_, "steps": steps, "batch": batch,
+                              "jitter_ms": jitter, "jitter_shape": shape if jitter else "-"}
+    waiting = {"rank_waiting": suite.WAITING + (" and the injected jitter" if jitter else "")}
+    # a second cause: the jitter's waiting may cost more than the first and rank above it
+    above = ({"rank_waiting": "the injected jitter, a second cause"}
+             if jitter and cause not in ("none", "jitter") else {})
+    name = f"r{seed}-{cause}"
+    common: dict[str, Any] = {"np": np_, "above": above}
+    if cause == "none":
+        sc = suite.Scenario(name, "nothing injected", None, "none", base + jit,
+                            also={**waiting, "compute_bound": suite.COMPUTE_BOUND}, **common)
+    elif cause == "jitter":
+        sc = suite.Scenario(name, f"every rank pauses {shape}({jitter:g} ms) a step",
+                            "rank_waiting", "jitter", base + jit,
+                            also={"compute_bound": suite.COMPUTE_BOUND},
+                            value=lambda n, s=shape, j=jitter: expected_wait_ms(s, j, n),
+                            **common)
+    elif cause == "late":
+        rank = int(rng.integers(0, np_))
+        late = float(np.round(rng.uniform(10.0, 50.0), 1))
+        kind = str(rng.choice(["sleep", "spin"], p=[0.7, 0.3]))
+        params.update(late_rank=rank, late_ms=late, late_kind=kind)
+        job = base + jit + ["--late-rank", str(rank), "--late-ms", f"{late:g}",
+                            "--late-kind", kind]
+        sc = suite.Scenario(name, f"rank {rank} {kind}s {late:g} ms a step", "late_ranks",
+                            "twin", job, twin_job=base + jit, twin_env={},
+                            also={**waiting, "compute_bound": suite.COMPUTE_BOUND}, **common)
+    elif cause == "cliff":
+        where = str(rng.choice(list(CLIFF_AT)))
+        size = CLIFF_AT[where]
+        params.update(cliff_at=where, cliff_bytes=size)
+        job = ["--model", "heads", "--steps", str(steps), "--batch", "16",
+               "--seed", str(seed), *jit]
+        sc = suite.Scenario(
+            name, f"a slow allreduce algorithm at {size} B (the job's {where} message)",
+            "latency_cliffs", "twin", job, env={"HOROVOD_FUSION_THRESHOLD": "0"},
+            rules=True, rules_text=rules_text(np_, size, size + 1), confirm=True, twin_env={},
+            also={**waiting, "transfer_bound": "the cliff's slow transfers",
+                  "compute_bound": suite.COMPUTE_BOUND,
+                  "fusion": "the job runs unfused on purpose: fusing cuts its calls"},
+            **common)
+    elif cause == "busy":
+        k = int(rng.integers(1, 3))
+        params.update(busy=k)
+        sc = suite.Scenario(name, f"{k} busy-looping process(es) beside the job",
+                            "noisy_neighbour", "runqueue", base + jit, competitors=k,
+                            also={**waiting, "transfer_bound": "contention slows transfers",
+                                  "compute_bound": "compute slowed by the wait for cores",
+                                  "cpu_contention": "the job's threads wait for the cores "
+                                                    "the loops hold"},
+                            **common)
+    elif cause == "cycle":
+        cyc = int(rng.integers(10, 31))
+        params.update(cycle_ms=cyc)
+        sc = suite.Scenario(name, f"HOROVOD_CYCLE_TIME={cyc} ms", "cycle_time", "twin",
+                            base + jit, env={"HOROVOD_CYCLE_TIME": str(cyc)},
+                            twin_env={"HOROVOD_CYCLE_TIME": ""}, also=waiting, **common)
+    else:  # fusion
+        sc = suite.Scenario(name, "fusion off, 128 small tensors", "fusion", "twin",
+                            ["--model", "small", "--steps", str(steps), "--batch", "16",
+                             "--seed", str(seed), *jit],
+                            env={"HOROVOD_FUSION_THRESHOLD": "0"},
+                            twin_env={"HOROVOD_FUSION_THRESHOLD": ""},
+                            also={**waiting, "transfer_bound": "the unfused calls",
+                                  "compute_bound": suite.COMPUTE_BOUND}, **common)
+    return Drawn(seed, cause, params, sc)
+
+
+def seeds(which: str, count: int, start: int | None = None) -> list[int]:
+    """The first `count` seeds of a set (from `start` within it)."""
+    r = SETS[which]
+    first = r.start if start is None else start
+    if first not in r:
+        raise SystemExit(f"randomized: seed {first} is not in the {which} set "
+                         f"({r.start}-{r.stop - 1})")
+    return list(range(first, min(first + count, r.stop)))
+
+
+def proportion(k: int, n: int) -> str:
+    """k/n with its 95% Wilson interval."""
+    if n == 0:
+        return "-"
+    from scipy.stats import binomtest
+
+    ci = binomtest(k, n).proportion_ci(method="wilson")
+    return f"{k}/{n} ({k / n:.0%}, 95% CI {ci.low:.0%}-{ci.high:.0%})"
+
+
+def report(rows: Sequence[dict[str, Any]]) -> str:
+    """The held-out (or dev) table: precision, recall and cost accuracy, over
+    all runs and by cause and by rank count."""
+    lines = []
+
+    def block(title: str, sub: Sequence[dict[str, Any]]) -> None:
+        sig = sum(r["significant"] for r in sub)
+        match = sum(r["matching"] for r in sub)
+        caused = [r for r in sub if r["expected"] and not r["no_effect"]]
+        found = [r for r in caused if r["first"] == r["expected"]]
+        costed = [r for r in found if r["truth_ms"] is not None and r["cost_ms"] is not None]
+        close = [r for r in costed
+                 if abs(r["cost_ms"] - r["truth_ms"]) <= suite.TOLERANCE * abs(r["truth_ms"])]
+        nulls = [r for r in sub if not r["expected"]]
+        clean = [r for r in nulls if r["ok"]]
+        lines.append(f"{title}: {len(sub)} runs")
+        lines.append(f"  precision: {proportion(match, sig)} significant findings true")
+        lines.append(f"  recall:    {proportion(len(found), len(caused))} causes ranked first")
+        lines.append(f"  cost:      {proportion(len(close), len(costed))} within "
+                     f"{suite.TOLERANCE:.0%} of the truth")
+        lines.append(f"  nulls:     {proportion(len(clean), len(nulls))} name nothing false")
+
+    block("all", rows)
+    for cause in CAUSES:
+        sub = [r for r in rows if r["cause"] == cause]
+        if sub:
+            block(f"cause {cause}", sub)
+    for n in (2, 3, 4):
+        sub = [r for r in rows if r["params"]["np"] == n]
+        if sub:
+            block(f"{n} ranks", sub)
+    return "\n".join(lines)
+
+
+def run(which: str, count: int, work: Path, start: int | None = None,
+        twin: bool = True) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    chosen = seeds(which, count, start)
+    t0 = time.monotonic()
+    for i, seed in enumerate(chosen):
+        d = draw(seed)
+        print(f"[{i + 1}/{len(chosen)}] seed {seed}: {d.scenario.cause} on {d.params['np']} "
+              f"ranks ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
+        try:
+            r = suite.evaluate(d.scenario, 1, work, twin=twin)
+            row = {**r.__dict__, "seed": seed, "cause": d.cause, "params": d.params}
+        except Exception as exc:  # one broken run does not stop the table
+            print(f"  failed: {str(exc)[:300]}", file=sys.stderr)
+            row = {"seed": seed, "cause": d.cause, "params": d.params, "expected":
+                   d.scenario.expect, "first": None, "cost_ms": None, "truth_ms": None,
+                   "false": ["(run failed)"], "matching": 0, "significant": 0, "ok": False,
+                   "no_effect": False, "note": str(exc)[:300]}
+        rows.append(row)
+        print(f"  first: {row['first']}, cost {suite._fmt(row['cost_ms'])} ms against "
+              f"{suite._fmt(row['truth_ms'])} ms, false: {row['false'] or '-'}",
+              file=sys.stderr, flush=True)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--set", choices=sorted(SETS), default="dev")
+    p.add_argument("--count", type=int, default=12)
+    p.add_argument("--start", type=int, default=None, help="first seed (default: the set's)")
+    p.add_argument("--work", default=None, help="folder for the runs (default: a temp dir)")
+    p.add_argument("--json", default=None, help="write the runs here")
+    p.add_argument("--no-twin", action="store_true",
+                   help="skip the twins (causes priced on a twin are not judged)")
+    p.add_argument("--show", type=int, nargs="*", metavar="SEED",
+                   help="print what these seeds draw, run nothing")
+    a = p.parse_args(argv)
+    if a.show is not None:
+        for s in a.show or seeds(a.set, a.count, a.start):
+            d = draw(s)
+            print(json.dumps({"seed": s, "cause": d.cause, **d.params,
+                              "job": d.scenario.job, "env": d.scenario.env}))
+        return 0
+    work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="hvprof-random-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rows = run(a.set, a.count, work, a.start, twin=not a.no_twin)
+    print(report(rows))
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1, default=str))
+    print(f"\nwork folder: {work}", file=sys.stderr)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
