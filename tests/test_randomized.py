@@ -96,9 +96,11 @@ def test_the_report_counts_precision_recall_cost_and_nulls() -> None:
     assert "cause late: 2 runs" in out and "4 ranks: 1 runs" in out
 
 
-#: Dev seeds that run for real here (the first of their kind in the dev set):
-#: a late rank among 3 ranks, and a cliff at the job's largest message.
-REAL = {51: ("late", 3), 23: ("cliff", 2)}
+#: Dev seeds that run for real here: a late rank among 3 ranks (the first of
+#: its kind in the dev set), and a cliff at the job's largest message among 3
+#: ranks (at 2 ranks, seed 23, the 1 MiB cliff's effect comes and goes from
+#: run to run on this machine: no diagnosis to test on).
+REAL = {51: ("late", 3), 21: ("cliff", 3)}
 
 
 @pytest.mark.mpi
