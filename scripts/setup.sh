@@ -234,7 +234,7 @@ for line in open(sys.argv[1]):
     except md.PackageNotFoundError:
         bad.append(name); continue
     if have != want:
-        bad.append(f"{name}=={have} (want {want})")
+        bad.append(f"{name}:{have}->{want}")
 print(" ".join(bad))
 PYEOF
 )

@@ -223,8 +223,10 @@ class Neighbour:
 
 def neighbours(meta: dict[str, Any]) -> list[Neighbour]:
     """The ranks' CPU sets (their affinities) where processes outside the job
-    took NEIGHBOUR_SHARE of the time or more (trace.json's cpu_hosts): the
-    candidates, before their wait is weighed (neighbour_wait)."""
+    took NEIGHBOUR_SHARE of the time or more (trace.json's cpu_hosts), by the
+    CPUs' busy time less the job's, and no more than the foreign processes
+    seen there used: the candidates, before their wait is weighed
+    (neighbour_wait)."""
     out: list[Neighbour] = []
     hosts = meta.get("cpu_hosts")
     for h in hosts if isinstance(hosts, list) else []:
@@ -242,10 +244,14 @@ def neighbours(meta: dict[str, Any]) -> list[Neighbour]:
             def mean(k: str, cs: tuple[int, ...] = cpus,
                      per: dict[int, Any] = per) -> float:
                 return float(np.mean([float(per[c][k]) for c in cs]))
-            foreign = mean("foreign_share")
+            # the claim names processes: what named ones used there bounds it
+            # (the busy time no process accounts for -- the kernel's, a thread
+            # counted on the CPU it ran last -- is no neighbour)
+            procs = [p for p in h.get("foreign") or [] if p.get("cpu") in cpus]
+            named = sum(float(p.get("share") or 0.0) for p in procs) / len(cpus)
+            foreign = min(mean("foreign_share"), named)
             if foreign < NEIGHBOUR_SHARE:
                 continue
-            procs = [p for p in h.get("foreign") or [] if p.get("cpu") in cpus]
             out.append(Neighbour(
                 host=str(h.get("host", "")), cpus=list(cpus), ranks=sorted(ranks),
                 busy_share=mean("busy_share"), job_share=mean("job_share"),
