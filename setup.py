@@ -52,8 +52,11 @@ def build_library(out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / LIB_NAME
     no_mpi = os.environ.get("HVPROF_NO_MPI", "") not in ("", "0")
-    mpi_only = ("mpi.c", "mpit.c")  # the PMPI wrappers; the MPI_T interconnect query
-    sources = sorted(str(p) for p in HOOKS.glob("*.c") if not (no_mpi and p.name in mpi_only))
+    # mpi*.c: the PMPI wrappers (mpi_wrappers.c and mpi_fortran.c generated from
+    # hooks/mpi_protos.py by scripts/gen_mpi_wrappers.py, committed); mpit.c: the
+    # MPI_T interconnect query
+    sources = sorted(str(p) for p in HOOKS.glob("*.c")
+                     if not (no_mpi and p.name.startswith("mpi")))
     compiler = shlex.split(os.environ.get("CC") or "cc") if no_mpi else find_mpicc()
     cflags = CFLAGS
     extra = shlex.split(os.environ.get("HVPROF_CFLAGS", ""))

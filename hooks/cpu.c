@@ -67,14 +67,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "hvprof_internal.h"
+#include "cpu_internal.h"
 
 #define CPU_MAX_FDS 64        /* descriptors kept open (threads beyond: open each time) */
 #define CPU_MAX_THREADS 1024  /* threads listed in the sidecar */
 #define CPU_COST_READS 9      /* reads timed at start (read_cost_ns: their median) */
-#define CPU_MAX_CPUS 1024     /* cpuN lines of /proc/stat kept */
-#define CPU_MAX_PROCS 4096    /* processes held between the start and end scans */
-#define CPU_PROCS_KEPT 512    /* processes written: the busiest, and this rank's own */
 
 enum { SLOT_NONE = 0, SLOT_LIVE = 1, SLOT_GONE = 2 };
 
@@ -92,35 +89,6 @@ typedef struct cpu_vals {
     uint64_t ticks;
     int64_t last_cpu;    /* field 39 of .../stat; -1 unknown */
 } cpu_vals;
-
-/* One CPU's /proc/stat line, clock ticks: busy = user + nice + system + irq +
- * softirq (guest time is inside user), idle = idle + iowait, steal apart (the
- * hypervisor's, no process of this host). */
-typedef struct cpu_stat {
-    int32_t cpu;
-    uint64_t busy, idle, steal;
-} cpu_stat;
-
-/* One whole-host reading (/proc/stat and the process scan). */
-typedef struct host_snap {
-    int have;                      /* /proc/stat read */
-    int n_cpus;
-    uint64_t ticks;                /* when (hvprof ticks) */
-    int64_t scan_ns, scan_cpu_ns;  /* its cost (wall, thread CPU): /proc/stat and the scan */
-    uint64_t seen, unreadable, omitted; /* processes listed, unreadable, past capacity */
-    cpu_stat cpus[CPU_MAX_CPUS];
-} host_snap;
-
-/* A process of the host at the scans: utime + stime ticks at each. */
-typedef struct cpu_proc {
-    int32_t pid, ppid;
-    int32_t last_cpu;
-    uint8_t at_start, at_end;
-    uint16_t pad;
-    uint64_t starttime;            /* field 22: tells a reused pid */
-    uint64_t start_ticks, end_ticks;
-    char comm[16];
-} cpu_proc;
 
 typedef struct cpu_thread {
     int32_t tid;
@@ -156,11 +124,6 @@ static uint64_t rows, steps, reads, step_ns, gone, omitted;
 static int exit_written;
 static cpu_thread threads[CPU_MAX_THREADS];
 static int n_threads;
-static host_snap host_start, host_end;
-static cpu_proc procs[CPU_MAX_PROCS];
-static int n_procs, n_sorted;      /* procs[0, n_sorted) sorted by pid */
-static char host_reason[160];      /* why a host figure is missing */
-static int host_ended;             /* the end reading was taken */
 
 /* "<run> <wait> <slices>" from fd (pread at 0), or from the path when fd < 0. */
 static int read_schedstat(int fd, int32_t tid, uint64_t v[3])
@@ -236,58 +199,6 @@ static void read_loadavg(double out[3], int *ok)
     fclose(f);
 }
 
-/* The fields of a /proc/.../stat line this file uses. */
-typedef struct stat_fields {
-    char comm[16];
-    int32_t ppid;
-    uint64_t utime, stime, starttime;
-    int64_t cpu;
-} stat_fields;
-
-/* Parse "pid (comm) state ppid ... " (proc(5)): comm is between the first
- * '(' and the last ')' (it may hold both); then fields 3 on, by position. */
-static int parse_stat(char *buf, stat_fields *f)
-{
-    char *l = strchr(buf, '('), *r = strrchr(buf, ')');
-    if (!l || !r || r < l) return -1;
-    size_t n = (size_t)(r - l - 1);
-    if (n > sizeof f->comm - 1) n = sizeof f->comm - 1;
-    memcpy(f->comm, l + 1, n);
-    f->comm[n] = 0;
-    f->cpu = -1;
-    char *p = r + 1;
-    for (int field = 3; field <= 39; field++) {
-        while (*p == ' ') p++;
-        if (!*p) return field > 22 ? 0 : -1; /* an old kernel: no processor field */
-        char *end;
-        unsigned long long v = strtoull(p, &end, 10);
-        if (field == 3) end = p + 1; /* the state letter */
-        else if (end == p) return -1;
-        if (field == 4) f->ppid = (int32_t)v;
-        else if (field == 14) f->utime = v;
-        else if (field == 15) f->stime = v;
-        else if (field == 22) f->starttime = v;
-        else if (field == 39) f->cpu = (int64_t)(long long)v;
-        p = end;
-    }
-    return 0;
-}
-
-/* Read a small proc file whole into buf (NUL-terminated); -1 on error. */
-static int read_small(const char *path, char *buf, size_t size)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    ssize_t n;
-    do {
-        n = read(fd, buf, size - 1);
-    } while (n < 0 && errno == EINTR);
-    close(fd);
-    if (n <= 0) return -1;
-    buf[n] = 0;
-    return 0;
-}
-
 static int cmp_i64(const void *a, const void *b)
 {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
@@ -342,7 +253,6 @@ static void cpu_track(uint32_t idx, int32_t tid)
     pthread_mutex_unlock(&cpu_lock);
 }
 
-static inline uint64_t delta(uint64_t now, uint64_t before) { return now > before ? now - before : 0; }
 
 /* Every live thread track read now; emit: one APP_CPU record each (seq). */
 static void read_all(int emit, uint32_t seq)
@@ -369,14 +279,6 @@ static void read_all(int emit, uint32_t seq)
         s->wait_ns = v[1];
         s->slices = v[2];
     }
-}
-
-/* The calling thread's CPU time (ns): what the reads cost it, waits left out. */
-static int64_t thread_cpu_ns(void)
-{
-    struct timespec ts;
-    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
 /* The reads' own cost (step_ns) is timed on the first CPU_TIMED_FIRST
@@ -458,118 +360,6 @@ static int64_t thread_last_cpu(int32_t tid)
     return f.cpu;
 }
 
-/* /proc/stat's cpuN lines into h (busy, idle, steal ticks); 0 when read. */
-static int read_proc_stat(host_snap *h)
-{
-    FILE *f = fopen("/proc/stat", "re");
-    if (!f) return -1;
-    char line[512];
-    h->n_cpus = 0;
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "cpu", 3) != 0) break; /* the cpu lines come first */
-        if (line[3] < '0' || line[3] > '9') continue; /* the "cpu" total */
-        unsigned long long v[8] = {0};
-        int cpu;
-        int n = sscanf(line + 3, "%d %llu %llu %llu %llu %llu %llu %llu %llu", &cpu, &v[0],
-                       &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]);
-        if (n < 5 || h->n_cpus >= CPU_MAX_CPUS) continue;
-        cpu_stat *c = &h->cpus[h->n_cpus++];
-        c->cpu = cpu;
-        c->busy = v[0] + v[1] + v[2] + v[5] + v[6]; /* user nice system irq softirq */
-        c->idle = v[3] + v[4];                      /* idle iowait */
-        c->steal = v[7];
-    }
-    fclose(f);
-    return h->n_cpus > 0 ? 0 : -1;
-}
-
-static int cmp_proc_pid(const void *a, const void *b)
-{
-    int32_t x = ((const cpu_proc *)a)->pid, y = ((const cpu_proc *)b)->pid;
-    return (x > y) - (x < y);
-}
-
-/* The entry of pid (the sorted part, then what this scan appended). */
-static cpu_proc *proc_find(int32_t pid)
-{
-    int lo = 0, hi = n_sorted;
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (procs[mid].pid < pid) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo < n_sorted && procs[lo].pid == pid ? &procs[lo] : NULL;
-}
-
-/* Every process of /proc now, into its start or end figures. */
-static void scan_procs(host_snap *h, int at_start)
-{
-    DIR *d = opendir("/proc");
-    if (!d) {
-        snprintf(host_reason, sizeof host_reason, "cannot list /proc (%s)", strerror(errno));
-        return;
-    }
-    struct dirent *de;
-    char path[64], buf[1024];
-    while ((de = readdir(d)) != NULL) {
-        char *endp;
-        long pid = strtol(de->d_name, &endp, 10);
-        if (endp == de->d_name || *endp || pid <= 0 || pid > INT32_MAX) continue;
-        stat_fields f;
-        snprintf(path, sizeof path, "/proc/%ld/stat", pid);
-        if (read_small(path, buf, sizeof buf) != 0 || parse_stat(buf, &f) != 0) {
-            h->unreadable++; /* exited meanwhile, or hidden (hidepid) */
-            continue;
-        }
-        h->seen++;
-        cpu_proc *e = proc_find((int32_t)pid);
-        if (e && e->starttime != f.starttime) { /* the pid was reused: a new process */
-            e->at_start = 0;
-            e->start_ticks = 0;
-        }
-        if (!e) {
-            if (n_procs >= CPU_MAX_PROCS) {
-                h->omitted++;
-                continue;
-            }
-            e = &procs[n_procs++];
-            memset(e, 0, sizeof *e);
-            e->pid = (int32_t)pid;
-        }
-        e->ppid = f.ppid;
-        e->starttime = f.starttime;
-        e->last_cpu = (int32_t)f.cpu;
-        memcpy(e->comm, f.comm, sizeof e->comm);
-        if (at_start) {
-            e->start_ticks = f.utime + f.stime;
-            e->at_start = 1;
-        } else {
-            e->end_ticks = f.utime + f.stime;
-            e->at_end = 1;
-        }
-    }
-    closedir(d);
-    qsort(procs, (size_t)n_procs, sizeof procs[0], cmp_proc_pid);
-    n_sorted = n_procs;
-}
-
-/* The host now: /proc/stat and the processes, timed (cpu_lock held). */
-static void host_read(int at_start)
-{
-    host_snap *h = at_start ? &host_start : &host_end;
-    int64_t t0 = hvprof_mono_ns(), c0 = thread_cpu_ns();
-    h->ticks = hvprof_ticks();
-    h->seen = h->unreadable = h->omitted = 0;
-    h->have = read_proc_stat(h) == 0;
-    if (!h->have)
-        snprintf(host_reason, sizeof host_reason, "cannot read /proc/stat's cpuN lines (%s)",
-                 strerror(errno ? errno : ENOENT));
-    scan_procs(h, at_start);
-    h->scan_ns = hvprof_mono_ns() - t0;
-    h->scan_cpu_ns = thread_cpu_ns() - c0;
-    if (!at_start) host_ended = 1;
-}
-
 /* Every thread of /proc/self/task now, into start (at_start) or end. */
 static void snapshot(int at_start)
 {
@@ -604,35 +394,6 @@ static void snapshot(int at_start)
     closedir(d);
 }
 
-typedef struct {
-    char *buf;
-    size_t n, k;
-} jbuf;
-
-__attribute__((format(printf, 2, 3))) static void jout(jbuf *j, const char *fmt, ...)
-{
-    if (j->k >= j->n) return;
-    va_list ap;
-    va_start(ap, fmt);
-    int w = vsnprintf(j->buf + j->k, j->n - j->k, fmt, ap);
-    va_end(ap);
-    if (w > 0) j->k += (size_t)w;
-}
-
-/* A JSON string, ASCII only: quotes, control characters and bytes >= 0x80
- * escaped (a thread name is bytes, not necessarily UTF-8). */
-static void jstr(jbuf *j, const char *s)
-{
-    jout(j, "\"");
-    for (; s && *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') jout(j, "\\%c", c);
-        else if (c < 0x20 || c >= 0x7f) jout(j, "\\u%04x", c);
-        else jout(j, "%c", c);
-    }
-    jout(j, "\"");
-}
-
 static void jvals(jbuf *j, const char *key, int has, const cpu_vals *v)
 {
     if (!has) {
@@ -652,85 +413,13 @@ static void jload(jbuf *j, const char *key, int ok, const double l[3])
     else jout(j, "\"%s\": null, ", key);
 }
 
-/* One host reading: {"ticks", "scan_ns", "scan_cpu_ns", "procs_seen",
- * "procs_unreadable", "procs_omitted", "cpus": [[cpu, busy, idle, steal], ...]}
- * or null. */
-static void jhost(jbuf *j, const char *key, const host_snap *h, int taken)
-{
-    if (!taken) {
-        jout(j, "\"%s\": null", key);
-        return;
-    }
-    jout(j, "\"%s\": {\"ticks\": %llu, \"scan_ns\": %lld, \"scan_cpu_ns\": %lld, "
-         "\"procs_seen\": %llu, \"procs_unreadable\": %llu, \"procs_omitted\": %llu, "
-         "\"cpus\": [", key, (unsigned long long)h->ticks, (long long)h->scan_ns,
-         (long long)h->scan_cpu_ns, (unsigned long long)h->seen,
-         (unsigned long long)h->unreadable, (unsigned long long)h->omitted);
-    for (int i = 0; h->have && i < h->n_cpus; i++)
-        jout(j, "%s[%d, %llu, %llu, %llu]", i ? ", " : "", (int)h->cpus[i].cpu,
-             (unsigned long long)h->cpus[i].busy, (unsigned long long)h->cpus[i].idle,
-             (unsigned long long)h->cpus[i].steal);
-    jout(j, "]}");
-}
-
-/* A process's CPU ticks in the run: since the start scan, or all of them
- * when it began after it; at the "start" write, all so far. */
-static uint64_t proc_used(const cpu_proc *p, int ended)
-{
-    if (!ended) return p->start_ticks;
-    if (!p->at_end) return 0;
-    return p->at_start ? delta(p->end_ticks, p->start_ticks) : p->end_ticks;
-}
-
-static int cmp_used_desc(const void *a, const void *b)
-{
-    uint64_t x = ((const uint64_t *)a)[0], y = ((const uint64_t *)b)[0];
-    return (x < y) - (x > y);
-}
-
-/* "procs": the CPU_PROCS_KEPT busiest (proc_used), this rank's own first:
- * [{"pid", "ppid", "name", "cpu" (last CPU), "start", "end" (utime + stime
- * ticks at the scans; null: not seen there), "own"}]. */
-static void jprocs(jbuf *j, int ended)
-{
-    static uint64_t order[CPU_MAX_PROCS][2]; /* (ticks used, index): cpu_lock held */
-    int n = 0;
-    int32_t self = (int32_t)getpid();
-    for (int i = 0; i < n_procs; i++) {
-        const cpu_proc *p = &procs[i];
-        if (ended && !p->at_end) continue; /* gone before the end: its time is unknown */
-        order[n][0] = p->pid == self ? UINT64_MAX : proc_used(p, ended);
-        order[n][1] = (uint64_t)i;
-        n++;
-    }
-    qsort(order, (size_t)n, sizeof order[0], cmp_used_desc);
-    if (n > CPU_PROCS_KEPT) n = CPU_PROCS_KEPT;
-    jout(j, "\"procs\": [");
-    for (int k = 0; k < n; k++) {
-        const cpu_proc *p = &procs[order[k][1]];
-        jout(j, "%s{\"pid\": %d, \"ppid\": %d, \"name\": ", k ? ", " : "", (int)p->pid,
-             (int)p->ppid);
-        jstr(j, p->comm);
-        jout(j, ", \"cpu\": %d, \"start\": ", (int)p->last_cpu);
-        if (p->at_start) jout(j, "%llu", (unsigned long long)p->start_ticks);
-        else jout(j, "null");
-        jout(j, ", \"end\": ");
-        if (ended && p->at_end) jout(j, "%llu", (unsigned long long)p->end_ticks);
-        else jout(j, "null");
-        jout(j, ", \"own\": %s}", p->pid == self ? "true" : "false");
-    }
-    jout(j, "]");
-}
-
 /* Rewrite raw/rank-R.cpu.json (cpu_lock held). */
 static void write_sidecar(const char *state)
 {
     char path[PATH_MAX];
     if (hvprof_sidecar_path(path, sizeof path, ".cpu.json") != 0) return;
-    int ended = host_ended;
     jbuf j = {NULL, 8192 + (size_t)n_threads * 640 + sizeof reason * 6
-                        + sizeof host_reason * 6 + (size_t)CPU_PROCS_KEPT * 220
-                        + (size_t)(host_start.n_cpus + host_end.n_cpus) * 90, 0};
+                        + cpu_host_json_bytes(), 0};
     j.buf = malloc(j.n);
     if (!j.buf) return;
     j.buf[0] = 0;
@@ -749,15 +438,9 @@ static void write_sidecar(const char *state)
                 sep = ", ";
             }
     }
-    jout(&j, "], \"clk_tck\": %ld, \"host\": {\"reason\": ", sysconf(_SC_CLK_TCK));
-    jstr(&j, host_reason);
-    jout(&j, ", \"procs_kept\": %d, ", CPU_PROCS_KEPT);
-    jhost(&j, "start", &host_start, 1);
+    jout(&j, "], \"clk_tck\": %ld, ", sysconf(_SC_CLK_TCK));
+    cpu_host_json(&j);
     jout(&j, ", ");
-    jhost(&j, "end", &host_end, ended);
-    jout(&j, ", ");
-    jprocs(&j, ended);
-    jout(&j, "}, ");
     jload(&j, "loadavg_start", have_load_start, loadavg_start);
     jload(&j, "loadavg_end", have_load_end, loadavg_end);
     jout(&j, "\"read_cost_ns\": %lld, \"omp_num_threads\": ", (long long)read_cost_ns);
@@ -816,11 +499,7 @@ static void cpu_reset(void)
     rows = steps = reads = step_ns = gone = omitted = 0;
     exit_written = 0;
     n_threads = 0;
-    n_procs = n_sorted = 0;
-    host_start.have = host_end.have = 0;
-    host_start.n_cpus = host_end.n_cpus = 0;
-    host_reason[0] = 0;
-    host_ended = 0;
+    cpu_host_reset();
     pthread_mutex_unlock(&cpu_lock);
 }
 
@@ -854,7 +533,7 @@ static void cpu_open(void)
         have_omp = 1;
     }
     snapshot(1);
-    host_read(1);
+    cpu_host_read(1);
     write_sidecar("start");
     pthread_mutex_unlock(&cpu_lock);
 }
@@ -868,7 +547,7 @@ static void cpu_close(int at_exit)
     /* The host's window ends at the first close (MPI_Finalize): at exit a
      * rank converts its file and waits for the others, idle time that other
      * processes take without slowing the job. */
-    if (!host_ended) host_read(0);
+    if (!cpu_host_ended()) cpu_host_read(0);
     write_sidecar(at_exit ? "exit" : "finalize");
     if (at_exit) exit_written = 1;
     pthread_mutex_unlock(&cpu_lock);
@@ -886,8 +565,7 @@ static void cpu_atfork_child(void)
     }
     n_fds = 0;
     n_threads = 0;
-    n_procs = n_sorted = 0;
-    host_ended = 0;
+    cpu_host_forget();
     atomic_store(&hvprof_helper_tid, 0);
 }
 

@@ -1,7 +1,12 @@
 /*
- * mpi.c -- PMPI wrappers: the collectives Horovod and mpi4py applications
- * call, MPI_Init/Init_thread/Finalize, communicator creation (for stable
- * communicator ids) and request completion (for MPI_Iallreduce).
+ * mpi.c -- the MPI backend's tables and lifecycle: predefined datatypes and
+ * ops, communicator ids, MPI_Init/Init_thread/Finalize, communicator
+ * creation (for stable communicator ids) and the call-cost calibration.
+ * The wrappers themselves: mpi_wrappers.c (collectives) and mpi_fortran.c
+ * (the Fortran bindings), generated from the prototype list
+ * hooks/mpi_protos.py by scripts/gen_mpi_wrappers.py; mpi_p2p.c
+ * (point-to-point and requests);
+ * the clock sync at MPI_Init: mpi_clock.c; what they share: mpi_internal.h.
  *
  * What a record's `bytes` means, per collective (the collective's data volume
  * in nccl-tests' sense, computed from what this rank can see locally):
@@ -37,12 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "hvprof_internal.h"
-
-/* A handle as a 64-bit key: Open MPI's are pointers, MPICH's are ints
- * (kept unsigned, not sign-extended). */
-#define H(x) ((uint64_t)(uintptr_t)(x) & (sizeof(x) == 4 ? 0xffffffffull : ~0ull))
-
+#include "mpi_internal.h"
 /* ------------------------------------------------------------------------ */
 /* Predefined datatypes and ops: read-only hash tables built at MPI_Init.    */
 
@@ -79,6 +79,15 @@ static void op_add(MPI_Op op, uint8_t code)
     op_table[h] = (op_slot){H(op), code, 1};
 }
 
+static void dt_alias(MPI_Datatype dt, MPI_Datatype c, uint8_t code)
+{
+    int a = -1, b = -2;
+    if (dt == MPI_DATATYPE_NULL || PMPI_Type_size(dt, &a) != MPI_SUCCESS ||
+        PMPI_Type_size(c, &b) != MPI_SUCCESS || a != b)
+        return;
+    dt_add(dt, code);
+}
+
 static void build_tables(void)
 {
     memset(dt_table, 0, sizeof dt_table);
@@ -92,6 +101,16 @@ static void build_tables(void)
     D(MPI_C_FLOAT_COMPLEX); D(MPI_C_DOUBLE_COMPLEX); D(MPI_FLOAT_INT); D(MPI_DOUBLE_INT);
     D(MPI_LONG_INT); D(MPI_2INT); D(MPI_WCHAR); D(MPI_PACKED);
 #undef D
+    /* Fortran's predefined types (a Fortran program's MPI_REAL ...) under the
+     * code of the C type of the same kind, when of the same size (not with
+     * gfortran's -fdefault-integer-8, say: then they read as DERIVED). */
+#define F(name, c) dt_alias(name, c, HVPROF_DT_##c)
+    F(MPI_INTEGER, MPI_INT); F(MPI_REAL, MPI_FLOAT); F(MPI_DOUBLE_PRECISION, MPI_DOUBLE);
+    F(MPI_CHARACTER, MPI_CHAR); F(MPI_COMPLEX, MPI_C_FLOAT_COMPLEX);
+    F(MPI_DOUBLE_COMPLEX, MPI_C_DOUBLE_COMPLEX); F(MPI_INTEGER1, MPI_INT8_T);
+    F(MPI_INTEGER2, MPI_INT16_T); F(MPI_INTEGER4, MPI_INT32_T); F(MPI_INTEGER8, MPI_INT64_T);
+    F(MPI_REAL4, MPI_FLOAT); F(MPI_REAL8, MPI_DOUBLE); F(MPI_2INTEGER, MPI_2INT);
+#undef F
 #define O(name, code) op_add(name, HVPROF_REDOP_##code)
     O(MPI_SUM, SUM); O(MPI_PROD, PROD); O(MPI_MIN, MIN); O(MPI_MAX, MAX); O(MPI_LAND, LAND);
     O(MPI_BAND, BAND); O(MPI_LOR, LOR); O(MPI_BOR, BOR); O(MPI_LXOR, LXOR); O(MPI_BXOR, BXOR);
@@ -103,7 +122,7 @@ typedef struct { uint32_t size; uint8_t code; uint8_t derived; } dtinfo;
 
 /* A datatype's size and code: predefined types from the table; a derived
  * type (Horovod's float16 is one) is DERIVED, its size from MPI.  Called
- * when a thread's hvprof_desc misses (describe_slow). */
+ * when a thread's hvprof_desc misses (mpi_describe_slow). */
 static dtinfo dt_lookup(MPI_Datatype dt)
 {
     if (dt == MPI_DATATYPE_NULL) return (dtinfo){0, HVPROF_DT_UNKNOWN, 0};
@@ -190,7 +209,7 @@ static uint64_t group_hash(MPI_Group g, uint64_t h)
  * intracommunicator). */
 static uint32_t children[HVPROF_COMM_TABLE_CAPACITY];
 static uint64_t comm_ids[HVPROF_COMM_TABLE_CAPACITY];
-static int remote_sizes[HVPROF_COMM_TABLE_CAPACITY];
+int mpi_remote_sizes[HVPROF_COMM_TABLE_CAPACITY];
 
 /* The communicator's table entry: size and rank are MPI_Comm_size and
  * MPI_Comm_rank (for an intercommunicator: in the local group), world_rank0
@@ -223,7 +242,7 @@ static uint32_t comm_register_mpi(MPI_Comm comm, uint64_t id)
     uint32_t idx = hvprof_comm_register(H(comm), id, size, rank, r0, 0, name);
     if (idx < HVPROF_COMM_TABLE_CAPACITY) {
         comm_ids[idx] = id;
-        remote_sizes[idx] = rsize;
+        mpi_remote_sizes[idx] = rsize;
     }
     return idx;
 }
@@ -244,19 +263,7 @@ static int comm_discriminator(MPI_Comm comm)
     return r;
 }
 
-static uint32_t comm_index_slow(MPI_Comm comm);
-
-/* The communicator's table index: this thread's hvprof_desc when it holds
- * this communicator, else the table (registering it when new). */
-static inline uint32_t comm_index(MPI_Comm comm)
-{
-    const hvprof_desc *d = &hvprof_t.desc;
-    uint32_t epoch = atomic_load_explicit(&hvprof_handle_epoch, memory_order_relaxed);
-    if (HVPROF_LIKELY(d->comm == H(comm) && d->epoch == epoch)) return d->ci;
-    return comm_index_slow(comm);
-}
-
-static uint32_t comm_index_slow(MPI_Comm comm)
+uint32_t mpi_comm_index_slow(MPI_Comm comm)
 {
     uint32_t idx = hvprof_comm_lookup(H(comm));
     if (HVPROF_LIKELY(idx != UINT32_MAX)) return idx;
@@ -268,24 +275,6 @@ static uint32_t comm_index_slow(MPI_Comm comm)
         id = hvprof_mix(ID_SELF, (uint64_t)wr);
     }
     return comm_register_mpi(comm, id);
-}
-
-static inline int comm_size_of(uint32_t idx)
-{
-    hvprof_file_header *h = hvprof_header();
-    if (!h || idx >= HVPROF_COMM_TABLE_CAPACITY) return 1;
-    const hvprof_comm_entry *e = (const hvprof_comm_entry *)((const char *)h + h->comm_table_offset) + idx;
-    return e->size > 0 ? e->size : 1;
-}
-
-/* The ranks this rank exchanges data with: the communicator's size, or for
- * an intercommunicator the remote group's (the length of the counts arrays of
- * allgatherv, gatherv, alltoallv; the multiplier of allgather, gather,
- * alltoall). */
-static inline int peers_of(uint32_t idx)
-{
-    if (idx < HVPROF_COMM_TABLE_CAPACITY && remote_sizes[idx] > 0) return remote_sizes[idx];
-    return comm_size_of(idx);
 }
 
 /* A communicator was created from `parent`: give it an id derived from the
@@ -304,20 +293,13 @@ static void comm_created(MPI_Comm parent, MPI_Comm *newcomm, uint64_t kind)
     comm_register_mpi(*newcomm, id);
 }
 
-/* ------------------------------------------------------------------------ */
-/* Writing a record.                                                          */
-
-static inline int16_t sat16(int rc) { return (int16_t)(rc > 32767 ? 32767 : rc < -32768 ? -32768 : rc); }
-
-#define MULT_SIZE 1
-#define MULT_PEERS 2
-#define ACTIVE() atomic_load_explicit(&hvprof_active, memory_order_relaxed)
-
-static void describe_slow(hvprof_desc *d, MPI_Comm comm, MPI_Datatype dt, MPI_Op op,
-                          uint32_t epoch)
+/* What (comm, dt, op) mean, looked up afresh into this thread's cache (the
+ * fast path's miss: describe, mpi_internal.h). */
+void mpi_describe_slow(hvprof_desc *d, MPI_Comm comm, MPI_Datatype dt, MPI_Op op,
+                       uint32_t epoch)
 {
     dtinfo i = dt_lookup(dt);
-    d->ci = comm_index_slow(comm);
+    d->ci = mpi_comm_index_slow(comm);
     d->dt_size = i.size;
     d->dt_code = i.code;
     d->dt_flags = i.derived ? HVPROF_FLAG_DERIVED_TYPE : 0;
@@ -328,876 +310,6 @@ static void describe_slow(hvprof_desc *d, MPI_Comm comm, MPI_Datatype dt, MPI_Op
     /* read before the lookups: a change since invalidates; a communicator
      * without a table entry is never cached (the fast path indexes by ci) */
     d->epoch = d->ci < HVPROF_COMM_TABLE_CAPACITY ? epoch : 0;
-}
-
-/* What (comm, dt, op) mean: this thread's last lookup when it holds the
- * same three handles within the current epoch, else a fresh one. */
-static inline __attribute__((always_inline)) const hvprof_desc *describe(MPI_Comm comm,
-                                                                        MPI_Datatype dt,
-                                                                        MPI_Op op)
-{
-    hvprof_desc *d = &hvprof_t.desc;
-    uint32_t epoch = atomic_load_explicit(&hvprof_handle_epoch, memory_order_relaxed);
-    if (HVPROF_UNLIKELY(d->comm != H(comm) || d->dt != H(dt) || d->op != H(op) ||
-                        d->epoch != epoch))
-        describe_slow(d, comm, dt, op, epoch);
-    return d;
-}
-
-/* A call, described in MPI's terms, becomes one record (hvprof_emit) or, in
- * summary mode and while sampling is paused, one aggregate (hvprof_divert_call).
- * count_mult: multiply the element count by the communicator size (MULT_SIZE)
- * or by the number of peers (MULT_PEERS: the remote group's size for an
- * intercommunicator); 0: not at all.  The general path (wrappers' fast path:
- * call_open / call_close below). */
-static inline __attribute__((always_inline)) void emit(uint16_t op, uint64_t t0, uint64_t t1,
-                                                       MPI_Comm comm, MPI_Datatype dt,
-                                                       uint64_t count, int count_mult, MPI_Op mop,
-                                                       int root, uint16_t flags,
-                                                       const void *buf, int rc)
-{
-    const hvprof_desc *d = describe(comm, dt, mop);
-    uint32_t ci = d->ci;
-    uint32_t seq = hvprof_comm_next_seq(ci); /* advance even when not recorded */
-    if (count_mult) count *= (uint64_t)(count_mult == MULT_PEERS ? peers_of(ci) : comm_size_of(ci));
-    flags = (uint16_t)(flags | d->dt_flags);
-    if (HVPROF_UNLIKELY(atomic_load_explicit(&hvprof_divert, memory_order_relaxed))) {
-        hvprof_divert_call(op, ci, count * d->dt_size, d->dt_code, d->redop, flags, rc, t0, t1);
-        return;
-    }
-    (void)hvprof_emit(&(hvprof_record){
-        .t_start = t0, .t_end = t1, .bytes = count * d->dt_size, .count = count, .seq = seq,
-        .comm = ci, .track = HVPROF_TRACK_SELF, .root = root, .op = op, .dtype = d->dt_code,
-        .redop = d->redop,
-        .flags = (uint16_t)(flags | (rc != MPI_SUCCESS ? HVPROF_FLAG_ERROR : 0)),
-        .rc = sat16(rc), .dtype_size = d->dt_size, .aux = hvprof_fold_ptr(buf)});
-}
-
-/* The fast path: the record's slot is taken before the call and filled with
- * everything known then (the handles looked up, the sequence number, sizes,
- * t_start); after the call only t_end, rc and the error flag are stored and
- * the count published.  Across the call the wrapper keeps the slot and the
- * thread state, not the call's arguments.  Taken when recording one record per call, on this thread's
- * current chunk with a free slot, and no call open on this thread (else the
- * general path: emit after the call, as for every other record). */
-/* 1 when this thread's hvprof_desc holds the call's handles (checked first:
- * the fast path then calls nothing before the MPI call, so the arguments
- * need not be saved; a miss takes the general path, which looks them up). */
-static inline __attribute__((always_inline)) int desc_hit(hvprof_tls *t, MPI_Comm comm,
-                                                          MPI_Datatype dt, MPI_Op op)
-{
-    const hvprof_desc *d = &t->desc;
-    uint32_t epoch = atomic_load_explicit(&hvprof_handle_epoch, memory_order_relaxed);
-    return HVPROF_LIKELY(d->comm == H(comm) && d->dt == H(dt) && d->op == H(op) &&
-                         d->epoch == epoch);
-}
-#define DESC_HIT_(t, comm, dt, count, mult, op, root, flags, buf) desc_hit(t, comm, dt, op)
-#define APPLY(m, ...) m(__VA_ARGS__)
-
-/* The fast paths' common conditions: no call open on this thread, its TLS
- * state of the current file, the TSC clock; *divert: hvprof_divert. */
-static inline __attribute__((always_inline)) int call_fast(hvprof_tls *t, int *divert)
-{
-    uint32_t gen = atomic_load_explicit(&hvprof_generation, memory_order_relaxed);
-    *divert = atomic_load_explicit(&hvprof_divert, memory_order_relaxed);
-    return HVPROF_LIKELY(t->open_rec == NULL && t->generation == gen && hvprof_fast_clock());
-}
-
-/* One record per call: take the next slot of the thread's current chunk
- * (0: none free, the general path switches chunks).  Published after the
- * call (call_close). */
-static inline __attribute__((always_inline)) int call_slot(hvprof_tls *t, hvprof_record **out)
-{
-    uint32_t i = t->used;
-    if (HVPROF_UNLIKELY(i >= t->capacity)) return 0;
-    *out = &t->slots[i];
-    t->open_idx = i;
-    t->used = i + 1;
-    t->open_rec = *out;
-    return 1;
-}
-
-static inline __attribute__((always_inline)) void
-call_open(hvprof_tls *t, hvprof_record *r, uint16_t op, MPI_Comm comm, MPI_Datatype dt,
-          uint64_t count, int count_mult, MPI_Op mop, int root, uint16_t flags, const void *buf)
-{
-    (void)dt;
-    (void)mop;
-    const hvprof_desc *d = &t->desc;
-    uint32_t ci = d->ci; /* < HVPROF_COMM_TABLE_CAPACITY: describe_slow caches no other */
-    if (count_mult) count *= (uint64_t)(count_mult == MULT_PEERS ? peers_of(ci) : comm_size_of(ci));
-    r->bytes = count * d->dt_size;
-    r->count = count;
-    uint32_t seq = atomic_load_explicit(&hvprof_comm_seq[ci], memory_order_relaxed);
-    atomic_store_explicit(&hvprof_comm_seq[ci], seq + 1, memory_order_relaxed);
-    r->seq = seq;
-    r->comm = ci;
-    r->track = t->track;
-    r->root = root;
-    r->op = op;
-    r->dtype = d->dt_code;
-    r->redop = d->redop;
-    r->flags = (uint16_t)(flags | d->dt_flags);
-    r->dtype_size = d->dt_size;
-    r->aux = hvprof_fold_ptr(buf);
-    hvprof_inflight_entry *e = t->inflight;
-    uint64_t t0 = hvprof_fast_ticks();
-    r->t_start = t0;
-    if (e) hvprof_inflight_begin(e, op, H(comm), t0);
-}
-
-/* After the call: when open_rec is no longer this call's slot, the call was
- * closed meanwhile (another record was made from inside it: see open_rec)
- * and its record is left so. */
-static void from_status(hvprof_record *r, const MPI_Status *st);
-static inline __attribute__((always_inline)) void call_close_st(hvprof_tls *t, hvprof_record *r,
-                                                                int rc, const MPI_Status *st)
-{
-    hvprof_inflight_entry *e = t->inflight;
-    if (e) hvprof_inflight_end(e);
-    uint64_t t1 = hvprof_fast_ticks();
-    if (HVPROF_UNLIKELY(t->open_rec != r)) return;
-    r->t_end = t1;
-    if (HVPROF_LIKELY(rc == MPI_SUCCESS)) {
-        r->rc = 0;
-        if (st) from_status(r, st); /* a receive: bytes, source and tag from its status */
-    } else {
-        r->rc = sat16(rc);
-        r->flags = (uint16_t)(r->flags | HVPROF_FLAG_ERROR);
-    }
-    t->open_rec = NULL;
-    hvprof_publish(t);
-}
-
-/* A collective's close: no status (the NULL folds away, always inline). */
-static inline __attribute__((always_inline)) void call_close(hvprof_tls *t, hvprof_record *r,
-                                                             int rc)
-{
-    call_close_st(t, r, rc, NULL);
-}
-
-/* Summary mode: the aggregate this call goes into when it is the same
- * (op, communicator, bytes, datatype, reduction) as this thread's previous
- * call (NULL: the general path, which finds or makes the entry).  Across
- * the call the wrapper keeps the entry, the start and the flags. */
-static inline __attribute__((always_inline)) hvprof_agg_entry *
-agg_open(hvprof_tls *t, uint64_t *t0, uint16_t *fl, uint16_t op, MPI_Comm comm, MPI_Datatype dt,
-         uint64_t count, int count_mult, MPI_Op mop, int root, uint16_t flags, const void *buf)
-{
-    (void)dt;
-    (void)mop;
-    (void)root;
-    (void)buf;
-    const hvprof_desc *d = &t->desc;
-    hvprof_agg_entry *e = (hvprof_agg_entry *)t->agg_last;
-    uint32_t gen = atomic_load_explicit(&hvprof_generation, memory_order_relaxed);
-    uint32_t ci = d->ci;
-    if (count_mult) count *= (uint64_t)(count_mult == MULT_PEERS ? peers_of(ci) : comm_size_of(ci));
-    if (HVPROF_UNLIKELY(!e || t->agg_generation != gen || e->bytes != count * d->dt_size ||
-                        e->op != op || e->comm != ci || e->dtype != d->dt_code ||
-                        e->redop != d->redop))
-        return NULL;
-    uint32_t seq = atomic_load_explicit(&hvprof_comm_seq[ci], memory_order_relaxed);
-    atomic_store_explicit(&hvprof_comm_seq[ci], seq + 1, memory_order_relaxed);
-    *fl = (uint16_t)(flags | d->dt_flags);
-    hvprof_inflight_entry *i = t->inflight;
-    *t0 = hvprof_fast_ticks();
-    if (i) hvprof_inflight_begin(i, op, H(comm), *t0);
-    return e;
-}
-
-static inline __attribute__((always_inline)) void agg_close(hvprof_tls *t, hvprof_agg_entry *e,
-                                                            uint64_t t0, uint16_t flags, int rc)
-{
-    hvprof_inflight_entry *i = t->inflight;
-    if (i) hvprof_inflight_end(i);
-    uint64_t t1 = hvprof_fast_ticks();
-    if (HVPROF_UNLIKELY(rc != MPI_SUCCESS)) flags = (uint16_t)(flags | HVPROF_FLAG_ERROR);
-    hvprof_agg_add(e, t1 - t0, flags, rc);
-}
-
-/* The general path's flight-recorder entry (NULL: none).  A call open on
- * this thread is closed first (see hvprof_tls.open_rec). */
-static inline hvprof_inflight_entry *general_inflight(hvprof_tls *t)
-{
-    if (HVPROF_UNLIKELY(t->open_rec != NULL)) hvprof_abandon_open();
-    if (t->generation != atomic_load_explicit(&hvprof_generation, memory_order_relaxed))
-        return NULL;
-    return t->inflight;
-}
-
-/* A negative count (an erroneous call) is recorded as 0 elements. */
-#define UCOUNT(c) ((uint64_t)((c) > 0 ? (c) : 0))
-#define INPLACE(buf) ((buf) == MPI_IN_PLACE ? HVPROF_FLAG_IN_PLACE : 0)
-
-/* Sum of a counts array of one entry per peer (peers: 1) or per rank of the
- * communicator's (local) group (peers: 0; reduce_scatter). */
-static inline uint64_t sum_counts(const int *counts, MPI_Comm comm, int peers)
-{
-    if (!counts) return 0;
-    uint32_t ci = comm_index(comm);
-    int n = peers ? peers_of(ci) : comm_size_of(ci);
-    uint64_t s = 0;
-    for (int i = 0; i < n; i++) s += (uint64_t)(counts[i] > 0 ? counts[i] : 0);
-    return s;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Collectives.                                                               */
-
-/* One wrapper, the same shape for every collective (and the same as nccl.c's
- * NCCL_WRAPPER): the name after MPI_, the MPI prototype's parameter list and
- * the same names as the argument list, each written once; the call is
- * forwarded to PMPI_<NAME> (untimed while the profiler is off).  PRE:
- * statements run first (locals the description needs); DESC: the call
- * described, the arguments of emit() after t0 and t1 in parentheses:
- * (comm, datatype, count, count_mult, op, root, flags, buffer), evaluated
- * before the call on the fast path, after it on the general path. */
-#define ARGS_OF(...) __VA_ARGS__
-#define MPI_WRAPPER(NAME, OP, PARAMS, ARGS, PRE, DESC)                         \
-    static __attribute__((noinline)) int general_##NAME PARAMS                 \
-    {                                                                          \
-        PRE                                                                    \
-        hvprof_inflight_entry *e_ = general_inflight(&hvprof_t);               \
-        uint64_t t0 = hvprof_ticks();                                          \
-        if (e_) hvprof_inflight_begin(e_, HVPROF_OP_##OP, H(comm), t0);        \
-        int rc = PMPI_##NAME ARGS;                                             \
-        if (e_) hvprof_inflight_end(e_);                                       \
-        uint64_t t1 = hvprof_ticks();                                          \
-        emit(HVPROF_OP_##OP, t0, t1, ARGS_OF DESC, rc);                        \
-        return rc;                                                             \
-    }                                                                          \
-    HVPROF_EXPORT int MPI_##NAME PARAMS                                        \
-    {                                                                          \
-        if (!ACTIVE()) return PMPI_##NAME ARGS;                                \
-        hvprof_tls *t_ = &hvprof_t;                                            \
-        PRE                                                                    \
-        int div_;                                                              \
-        if (HVPROF_UNLIKELY(!APPLY(DESC_HIT_, t_, ARGS_OF DESC) ||             \
-                            !call_fast(t_, &div_)))                            \
-            return general_##NAME ARGS;                                        \
-        if (HVPROF_LIKELY(div_ == 0)) {                                        \
-            hvprof_record *r_;                                                 \
-            if (HVPROF_UNLIKELY(!call_slot(t_, &r_))) return general_##NAME ARGS; \
-            call_open(t_, r_, HVPROF_OP_##OP, ARGS_OF DESC);                   \
-            int rc = PMPI_##NAME ARGS;                                         \
-            call_close(t_, r_, rc);                                            \
-            return rc;                                                         \
-        }                                                                      \
-        uint64_t t0_;                                                          \
-        uint16_t fl_;                                                          \
-        hvprof_agg_entry *a_;                                                  \
-        if (div_ != HVPROF_DIVERT_SUMMARY ||                                   \
-            !(a_ = agg_open(t_, &t0_, &fl_, HVPROF_OP_##OP, ARGS_OF DESC)))    \
-            return general_##NAME ARGS;                                        \
-        int rc = PMPI_##NAME ARGS;                                             \
-        agg_close(t_, a_, t0_, fl_, rc);                                       \
-        return rc;                                                             \
-    }
-
-MPI_WRAPPER(Allreduce, MPI_ALLREDUCE,
-            (const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
-             MPI_Comm comm),
-            (sendbuf, recvbuf, count, datatype, op, comm), ,
-            (comm, datatype, UCOUNT(count), 0, op, -1, INPLACE(sendbuf), recvbuf))
-
-MPI_WRAPPER(Reduce, MPI_REDUCE,
-            (const void *sendbuf, void *recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
-             int root, MPI_Comm comm),
-            (sendbuf, recvbuf, count, datatype, op, root, comm), ,
-            (comm, datatype, UCOUNT(count), 0, op, root, INPLACE(sendbuf), recvbuf))
-
-MPI_WRAPPER(Bcast, MPI_BCAST,
-            (void *buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm),
-            (buffer, count, datatype, root, comm), ,
-            (comm, datatype, UCOUNT(count), 0, MPI_OP_NULL, root, 0, buffer))
-
-MPI_WRAPPER(Allgather, MPI_ALLGATHER,
-            (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
-             int recvcount, MPI_Datatype recvtype, MPI_Comm comm),
-            (sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm),
-            int ip = sendbuf == MPI_IN_PLACE;,
-            (comm, ip ? recvtype : sendtype, UCOUNT(ip ? recvcount : sendcount), MULT_PEERS,
-             MPI_OP_NULL, -1, INPLACE(sendbuf), recvbuf))
-
-MPI_WRAPPER(Allgatherv, MPI_ALLGATHERV,
-            (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
-             const int recvcounts[], const int displs[], MPI_Datatype recvtype, MPI_Comm comm),
-            (sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm), ,
-            (comm, recvtype, sum_counts(recvcounts, comm, 1), 0, MPI_OP_NULL, -1,
-             INPLACE(sendbuf), recvbuf))
-
-MPI_WRAPPER(Gather, MPI_GATHER,
-            (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
-             int recvcount, MPI_Datatype recvtype, int root, MPI_Comm comm),
-            (sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm),
-            int ip = sendbuf == MPI_IN_PLACE;,
-            (comm, ip ? recvtype : sendtype, UCOUNT(ip ? recvcount : sendcount), MULT_PEERS,
-             MPI_OP_NULL, root, INPLACE(sendbuf), recvbuf))
-
-/* The root counts what it receives; an intercommunicator's root says
- * MPI_ROOT, the rest of its group MPI_PROC_NULL (they send nothing); the
- * other ranks count what they send. */
-MPI_WRAPPER(Gatherv, MPI_GATHERV,
-            (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
-             const int recvcounts[], const int displs[], MPI_Datatype recvtype, int root,
-             MPI_Comm comm),
-            (sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, root, comm),
-            int me = -1;
-            PMPI_Comm_rank(comm, &me);
-            int at_root = me == root || root == MPI_ROOT;
-            int none = !at_root && root == MPI_PROC_NULL;,
-            (comm, at_root ? recvtype : none ? MPI_DATATYPE_NULL : sendtype,
-             at_root ? sum_counts(recvcounts, comm, 1) : none ? 0 : UCOUNT(sendcount), 0,
-             MPI_OP_NULL, root, at_root ? INPLACE(sendbuf) : 0, recvbuf))
-
-MPI_WRAPPER(Alltoall, MPI_ALLTOALL,
-            (const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
-             int recvcount, MPI_Datatype recvtype, MPI_Comm comm),
-            (sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm),
-            int ip = sendbuf == MPI_IN_PLACE;,
-            (comm, ip ? recvtype : sendtype, UCOUNT(ip ? recvcount : sendcount), MULT_PEERS,
-             MPI_OP_NULL, -1, INPLACE(sendbuf), recvbuf))
-
-MPI_WRAPPER(Alltoallv, MPI_ALLTOALLV,
-            (const void *sendbuf, const int sendcounts[], const int sdispls[],
-             MPI_Datatype sendtype, void *recvbuf, const int recvcounts[], const int rdispls[],
-             MPI_Datatype recvtype, MPI_Comm comm),
-            (sendbuf, sendcounts, sdispls, sendtype, recvbuf, recvcounts, rdispls, recvtype, comm),
-            int ip = sendbuf == MPI_IN_PLACE;,
-            (comm, ip ? recvtype : sendtype, sum_counts(ip ? recvcounts : sendcounts, comm, 1), 0,
-             MPI_OP_NULL, -1, INPLACE(sendbuf), recvbuf))
-
-MPI_WRAPPER(Reduce_scatter, MPI_REDUCE_SCATTER,
-            (const void *sendbuf, void *recvbuf, const int recvcounts[], MPI_Datatype datatype,
-             MPI_Op op, MPI_Comm comm),
-            (sendbuf, recvbuf, recvcounts, datatype, op, comm), ,
-            (comm, datatype, sum_counts(recvcounts, comm, 0), 0, op, -1, INPLACE(sendbuf),
-             recvbuf))
-
-MPI_WRAPPER(Reduce_scatter_block, MPI_REDUCE_SCATTER_BLOCK,
-            (const void *sendbuf, void *recvbuf, int recvcount, MPI_Datatype datatype, MPI_Op op,
-             MPI_Comm comm),
-            (sendbuf, recvbuf, recvcount, datatype, op, comm), ,
-            (comm, datatype, UCOUNT(recvcount), MULT_SIZE, op, -1, INPLACE(sendbuf), recvbuf))
-
-MPI_WRAPPER(Barrier, MPI_BARRIER, (MPI_Comm comm), (comm), ,
-            (comm, MPI_DATATYPE_NULL, 0, 0, MPI_OP_NULL, -1, 0, NULL))
-
-/* ------------------------------------------------------------------------ */
-/* Point-to-point calls in the format's terms (hvprof_format.h, ops 16..23):
- * the peer as a rank of the communicator (never translated to a world rank:
- * the analysis does that from the ranks' communicator tables), the tag in
- * `seq` (the collective sequence is not advanced), MPI's special ranks
- * mapped to the format's values.                                             */
-
-static inline int32_t p2p_peer(int r)
-{
-    if (HVPROF_LIKELY(r >= 0)) return r;
-    return r == MPI_PROC_NULL ? HVPROF_PEER_PROC_NULL
-           : r == MPI_ANY_SOURCE ? HVPROF_PEER_ANY_SOURCE : r;
-}
-
-static inline uint32_t p2p_tag(int tag)
-{
-    return (uint32_t)(int32_t)(tag == MPI_ANY_TAG ? HVPROF_TAG_ANY : tag);
-}
-
-/* What a receive's (or probe's) status says: the bytes that arrived
- * (MPI_Get_count in MPI_BYTE: both Open MPI and MPICH keep a status's count
- * in bytes, so this holds for derived types too, and needs no datatype
- * handle -- one posted with MPI_Irecv may be freed before the completion),
- * the elements they make, the actual source and tag. */
-static void from_status(hvprof_record *r, const MPI_Status *st)
-{
-    int n = 0;
-    if (PMPI_Get_count(st, MPI_BYTE, &n) != MPI_SUCCESS || n < 0) n = 0; /* MPI_UNDEFINED < 0 */
-    r->bytes = (uint64_t)n;
-    r->count = r->dtype_size ? (uint64_t)n / r->dtype_size : 0;
-    r->root = p2p_peer(st->MPI_SOURCE);
-    r->seq = p2p_tag(st->MPI_TAG);
-    r->flags = (uint16_t)(r->flags | HVPROF_FLAG_FROM_STATUS);
-}
-
-/* A point-to-point call's record as known at its start (a receive: as
- * posted).  Nothing moves to or from MPI_PROC_NULL: 0 bytes. */
-static inline hvprof_record p2p_rec(uint16_t op, uint64_t t0, uint64_t t1, const hvprof_desc *d,
-                                    int count, int peer, int tag, uint16_t flags,
-                                    const void *buf, int rc)
-{
-    int32_t pr = p2p_peer(peer);
-    uint64_t n = pr == HVPROF_PEER_PROC_NULL ? 0 : UCOUNT(count);
-    return (hvprof_record){
-        .t_start = t0, .t_end = t1, .bytes = n * d->dt_size, .count = n, .seq = p2p_tag(tag),
-        .comm = d->ci, .track = HVPROF_TRACK_SELF, .root = pr, .op = op, .dtype = d->dt_code,
-        .redop = HVPROF_REDOP_NONE,
-        .flags = (uint16_t)(flags | d->dt_flags | (rc != MPI_SUCCESS ? HVPROF_FLAG_ERROR : 0)),
-        .rc = sat16(rc), .dtype_size = d->dt_size, .aux = hvprof_fold_ptr(buf)};
-}
-
-/* A finished record: written, or in summary mode / while sampling is paused
- * folded into the aggregates or counted. */
-static void record_or_divert(hvprof_record *r)
-{
-    if (HVPROF_UNLIKELY(atomic_load_explicit(&hvprof_divert, memory_order_relaxed))) {
-        hvprof_divert_call(r->op, r->comm, r->bytes, r->dtype, r->redop, r->flags, r->rc,
-                           r->t_start, r->t_end);
-        return;
-    }
-    (void)hvprof_emit(r);
-}
-
-/* The general path of a point-to-point call, after it: st (NULL: a send)
- * is the status MPI filled (the caller's, or the wrapper's own when the
- * caller passed MPI_STATUS_IGNORE). */
-static inline void p2p_emit(uint16_t op, uint64_t t0, uint64_t t1, MPI_Comm comm, MPI_Datatype dt,
-                            int count, int peer, int tag, const void *buf, int rc,
-                            const MPI_Status *st)
-{
-    const hvprof_desc *d = describe(comm, dt, MPI_OP_NULL);
-    hvprof_record r = p2p_rec(op, t0, t1, d, count, peer, tag, 0, buf, rc);
-    if (st && rc == MPI_SUCCESS) from_status(&r, st);
-    record_or_divert(&r);
-}
-
-/* The fast path's open (call_open without a sequence number). */
-static inline __attribute__((always_inline)) void
-p2p_open(hvprof_tls *t, hvprof_record *r, uint16_t op, MPI_Comm comm, MPI_Datatype dt, int count,
-         int peer, int tag, const void *buf)
-{
-    (void)dt;
-    const hvprof_desc *d = &t->desc;
-    int32_t pr = p2p_peer(peer);
-    uint64_t n = pr == HVPROF_PEER_PROC_NULL ? 0 : UCOUNT(count);
-    r->bytes = n * d->dt_size;
-    r->count = n;
-    r->seq = p2p_tag(tag);
-    r->comm = d->ci;
-    r->track = t->track;
-    r->root = pr;
-    r->op = op;
-    r->dtype = d->dt_code;
-    r->redop = HVPROF_REDOP_NONE;
-    r->flags = d->dt_flags;
-    r->dtype_size = d->dt_size;
-    r->aux = hvprof_fold_ptr(buf);
-    hvprof_inflight_entry *e = t->inflight;
-    uint64_t t0 = hvprof_fast_ticks();
-    r->t_start = t0;
-    if (e) hvprof_inflight_begin_p2p(e, op, H(comm), t0, pr, (int32_t)r->seq);
-}
-
-/* MPI_Send and MPI_Recv: the collectives' shape (MPI_WRAPPER) and fast path
- * (one record slot taken before the call, completed after it), without a
- * sequence number; summary mode and paused sampling take the general path.
- * PRE: locals; CALL: the arguments PMPI_<NAME> gets (a receive's status:
- * the wrapper's own when the caller passed MPI_STATUS_IGNORE); DESC: (comm,
- * datatype, count, peer, tag, buffer); ST: the status to read (NULL: none). */
-#define P2P_HIT_(t, comm, dt, count, peer, tag, buf) desc_hit(t, comm, dt, MPI_OP_NULL)
-#define P2P_FLIGHT_(e, op, t0, comm, dt, count, peer, tag, buf)                \
-    hvprof_inflight_begin_p2p(e, op, H(comm), t0, p2p_peer(peer), (int32_t)p2p_tag(tag))
-#define P2P_FLIGHT(e, op, t0, ...) APPLY(P2P_FLIGHT_, e, op, t0, __VA_ARGS__)
-#define P2P_WRAPPER(NAME, OP, PARAMS, ARGS, PRE, CALL, DESC, ST)               \
-    static __attribute__((noinline)) int general_##NAME PARAMS                 \
-    {                                                                          \
-        PRE                                                                    \
-        hvprof_inflight_entry *e_ = general_inflight(&hvprof_t);               \
-        uint64_t t0 = hvprof_ticks();                                          \
-        if (e_) P2P_FLIGHT(e_, HVPROF_OP_##OP, t0, ARGS_OF DESC);              \
-        int rc = PMPI_##NAME CALL;                                             \
-        if (e_) hvprof_inflight_end(e_);                                       \
-        uint64_t t1 = hvprof_ticks();                                          \
-        p2p_emit(HVPROF_OP_##OP, t0, t1, ARGS_OF DESC, rc, ST);                \
-        return rc;                                                             \
-    }                                                                          \
-    HVPROF_EXPORT int MPI_##NAME PARAMS                                        \
-    {                                                                          \
-        if (!ACTIVE()) return PMPI_##NAME ARGS;                                \
-        hvprof_tls *t_ = &hvprof_t;                                            \
-        int div_;                                                              \
-        hvprof_record *r_;                                                     \
-        if (HVPROF_UNLIKELY(!APPLY(P2P_HIT_, t_, ARGS_OF DESC) ||              \
-                            !call_fast(t_, &div_) || div_ != 0 ||              \
-                            !call_slot(t_, &r_)))                              \
-            return general_##NAME ARGS;                                        \
-        PRE                                                                    \
-        p2p_open(t_, r_, HVPROF_OP_##OP, ARGS_OF DESC);                        \
-        int rc = PMPI_##NAME CALL;                                             \
-        call_close_st(t_, r_, rc, ST);                                             \
-        return rc;                                                             \
-    }
-
-P2P_WRAPPER(Send, MPI_SEND,
-            (const void *buf, int count, MPI_Datatype datatype, int dest, int tag, MPI_Comm comm),
-            (buf, count, datatype, dest, tag, comm), ,
-            (buf, count, datatype, dest, tag, comm),
-            (comm, datatype, count, dest, tag, buf), NULL)
-
-P2P_WRAPPER(Recv, MPI_RECV,
-            (void *buf, int count, MPI_Datatype datatype, int source, int tag, MPI_Comm comm,
-             MPI_Status *status),
-            (buf, count, datatype, source, tag, comm, status),
-            MPI_Status own_;
-            MPI_Status *st_ = status == MPI_STATUS_IGNORE ? &own_ : status;,
-            (buf, count, datatype, source, tag, comm, st_),
-            (comm, datatype, count, source, tag, buf), st_)
-
-/* The other send modes are sends as a trace reads them (bytes, peer, tag):
- * recorded as MPI_SEND, the mode not kept. */
-#define SEND_MODE_WRAPPER(NAME)                                                \
-    P2P_WRAPPER(NAME, MPI_SEND,                                                \
-                (const void *buf, int count, MPI_Datatype datatype, int dest, int tag, \
-                 MPI_Comm comm),                                               \
-                (buf, count, datatype, dest, tag, comm), ,                     \
-                (buf, count, datatype, dest, tag, comm),                       \
-                (comm, datatype, count, dest, tag, buf), NULL)
-SEND_MODE_WRAPPER(Ssend)
-SEND_MODE_WRAPPER(Bsend)
-SEND_MODE_WRAPPER(Rsend)
-
-/* MPI_Sendrecv(_replace): two records with the same times, the send half
- * (SENDRECV) and the receive half (SENDRECV_RECV); the general path only. */
-HVPROF_EXPORT int MPI_Sendrecv(const void *sendbuf, int sendcount, MPI_Datatype sendtype, int dest,
-                               int sendtag, void *recvbuf, int recvcount, MPI_Datatype recvtype,
-                               int source, int recvtag, MPI_Comm comm, MPI_Status *status)
-{
-    if (!ACTIVE())
-        return PMPI_Sendrecv(sendbuf, sendcount, sendtype, dest, sendtag, recvbuf, recvcount,
-                             recvtype, source, recvtag, comm, status);
-    MPI_Status own;
-    MPI_Status *st = status == MPI_STATUS_IGNORE ? &own : status;
-    hvprof_inflight_entry *e = general_inflight(&hvprof_t);
-    uint64_t t0 = hvprof_ticks();
-    if (e) hvprof_inflight_begin_p2p(e, HVPROF_OP_MPI_SENDRECV, H(comm), t0, p2p_peer(dest),
-                                     (int32_t)p2p_tag(sendtag));
-    int rc = PMPI_Sendrecv(sendbuf, sendcount, sendtype, dest, sendtag, recvbuf, recvcount,
-                           recvtype, source, recvtag, comm, st);
-    if (e) hvprof_inflight_end(e);
-    uint64_t t1 = hvprof_ticks();
-    p2p_emit(HVPROF_OP_MPI_SENDRECV, t0, t1, comm, sendtype, sendcount, dest, sendtag, sendbuf,
-             rc, NULL);
-    p2p_emit(HVPROF_OP_MPI_SENDRECV_RECV, t0, t1, comm, recvtype, recvcount, source, recvtag,
-             recvbuf, rc, st);
-    return rc;
-}
-
-HVPROF_EXPORT int MPI_Sendrecv_replace(void *buf, int count, MPI_Datatype datatype, int dest,
-                                       int sendtag, int source, int recvtag, MPI_Comm comm,
-                                       MPI_Status *status)
-{
-    if (!ACTIVE())
-        return PMPI_Sendrecv_replace(buf, count, datatype, dest, sendtag, source, recvtag, comm,
-                                     status);
-    MPI_Status own;
-    MPI_Status *st = status == MPI_STATUS_IGNORE ? &own : status;
-    hvprof_inflight_entry *e = general_inflight(&hvprof_t);
-    uint64_t t0 = hvprof_ticks();
-    if (e) hvprof_inflight_begin_p2p(e, HVPROF_OP_MPI_SENDRECV, H(comm), t0, p2p_peer(dest),
-                                     (int32_t)p2p_tag(sendtag));
-    int rc = PMPI_Sendrecv_replace(buf, count, datatype, dest, sendtag, source, recvtag, comm, st);
-    if (e) hvprof_inflight_end(e);
-    uint64_t t1 = hvprof_ticks();
-    p2p_emit(HVPROF_OP_MPI_SENDRECV, t0, t1, comm, datatype, count, dest, sendtag, buf, rc, NULL);
-    p2p_emit(HVPROF_OP_MPI_SENDRECV_RECV, t0, t1, comm, datatype, count, source, recvtag, buf,
-             rc, st);
-    return rc;
-}
-
-/* MPI_Probe: the message found (bytes, source, tag from the status; count in
- * MPI_BYTE).  MPI_Iprobe: recorded only when it found one (a polling loop's
- * misses would be most of the records and say nothing). */
-HVPROF_EXPORT int MPI_Probe(int source, int tag, MPI_Comm comm, MPI_Status *status)
-{
-    if (!ACTIVE()) return PMPI_Probe(source, tag, comm, status);
-    MPI_Status own;
-    MPI_Status *st = status == MPI_STATUS_IGNORE ? &own : status;
-    hvprof_inflight_entry *e = general_inflight(&hvprof_t);
-    uint64_t t0 = hvprof_ticks();
-    if (e) hvprof_inflight_begin_p2p(e, HVPROF_OP_MPI_PROBE, H(comm), t0, p2p_peer(source),
-                                     (int32_t)p2p_tag(tag));
-    int rc = PMPI_Probe(source, tag, comm, st);
-    if (e) hvprof_inflight_end(e);
-    uint64_t t1 = hvprof_ticks();
-    p2p_emit(HVPROF_OP_MPI_PROBE, t0, t1, comm, MPI_BYTE, 0, source, tag, NULL, rc, st);
-    return rc;
-}
-
-HVPROF_EXPORT int MPI_Iprobe(int source, int tag, MPI_Comm comm, int *flag, MPI_Status *status)
-{
-    if (!ACTIVE()) return PMPI_Iprobe(source, tag, comm, flag, status);
-    MPI_Status own;
-    MPI_Status *st = status == MPI_STATUS_IGNORE ? &own : status;
-    uint64_t t0 = hvprof_ticks();
-    int rc = PMPI_Iprobe(source, tag, comm, flag, st);
-    if (rc == MPI_SUCCESS && !*flag) return rc;
-    p2p_emit(HVPROF_OP_MPI_IPROBE, t0, hvprof_ticks(), comm, MPI_BYTE, 0, source, tag, NULL, rc,
-             st);
-    return rc;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Nonblocking calls (MPI_Iallreduce, MPI_Isend, MPI_Irecv): timed from the
- * call to the completion that MPI_Wait/Test* reports.  Pending requests sit
- * in a small lock-free table, each with its record as known at the post;
- * Wait/Test pay one relaxed load when nothing is pending.  A receive's
- * completion status (the caller's, or the wrapper's own when the caller
- * passed MPI_STATUS(ES)_IGNORE) fills in what arrived.  A request not in the
- * table (MPI_REQUEST_NULL, another nonblocking call) is looked for and not
- * found: a scan of the table, only while something is pending.               */
-
-#define PENDING_SLOTS 512u
-typedef struct {
-    _Atomic uint64_t req;  /* request handle, 0 = free, 1 = being filled */
-    hvprof_record rec;     /* the record at the post; t_end at completion */
-} pending_t;
-static pending_t pending[PENDING_SLOTS];
-static _Atomic int n_pending;
-
-/* Track the request whose record *rec starts (rc: the post's); a failed
- * post, or one with nothing to wait for, is recorded now. */
-static void pending_add(MPI_Request req, hvprof_record *rec)
-{
-    if (rec->rc != 0 || req == MPI_REQUEST_NULL) {
-        rec->t_end = hvprof_ticks();
-        record_or_divert(rec);
-        return;
-    }
-    rec->track = hvprof_track_self();
-    uint32_t start = (uint32_t)(hvprof_mix(0, H(req)) & (PENDING_SLOTS - 1));
-    for (uint32_t i = 0; i < PENDING_SLOTS; i++) {
-        pending_t *p = &pending[(start + i) & (PENDING_SLOTS - 1)];
-        uint64_t expect = 0;
-        if (!atomic_compare_exchange_strong(&p->req, &expect, 1)) continue;
-        p->rec = *rec;
-        atomic_store_explicit(&p->req, H(req), memory_order_release);
-        atomic_fetch_add(&n_pending, 1);
-        return;
-    }
-    __atomic_fetch_add(&hvprof_header()->dropped_records, 1, __ATOMIC_RELAXED);
-}
-
-/* Completed (or freed) request: write its record, on the issuing thread's
- * track, from whichever thread completes it.  st: the completion's status
- * (NULL: none, or the completion failed). */
-static void pending_done(uint64_t key, uint64_t t1, uint16_t extra_flags, const MPI_Status *st)
-{
-    if (key == H(MPI_REQUEST_NULL)) return;
-    uint32_t start = (uint32_t)(hvprof_mix(0, key) & (PENDING_SLOTS - 1));
-    for (uint32_t i = 0; i < PENDING_SLOTS; i++) {
-        pending_t *p = &pending[(start + i) & (PENDING_SLOTS - 1)];
-        if (atomic_load_explicit(&p->req, memory_order_acquire) != key) continue;
-        hvprof_record r = p->rec;
-        atomic_store_explicit(&p->req, 0, memory_order_release);
-        atomic_fetch_sub(&n_pending, 1);
-        r.t_end = t1;
-        r.flags = (uint16_t)(r.flags | extra_flags);
-        if (st && r.op == HVPROF_OP_MPI_IRECV && !(extra_flags & HVPROF_FLAG_NO_COMPLETION))
-            from_status(&r, st);
-        record_or_divert(&r);
-        return;
-    }
-}
-
-HVPROF_EXPORT int MPI_Iallreduce(const void *sendbuf, void *recvbuf, int count,
-                                 MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
-                                 MPI_Request *request)
-{
-    if (!ACTIVE()) return PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request);
-    hvprof_inflight_entry *e = general_inflight(&hvprof_t);
-    uint64_t t0 = hvprof_ticks();
-    if (e) hvprof_inflight_begin(e, HVPROF_OP_MPI_IALLREDUCE, H(comm), t0);
-    int rc = PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request);
-    if (e) hvprof_inflight_end(e);
-    const hvprof_desc *d = describe(comm, datatype, op);
-    hvprof_record r = {
-        .t_start = t0, .bytes = UCOUNT(count) * d->dt_size, .count = UCOUNT(count),
-        .seq = hvprof_comm_next_seq(d->ci), .comm = d->ci, .track = HVPROF_TRACK_SELF, .root = -1,
-        .op = HVPROF_OP_MPI_IALLREDUCE, .dtype = d->dt_code, .redop = d->redop,
-        .flags = (uint16_t)(INPLACE(sendbuf) | HVPROF_FLAG_NONBLOCKING | d->dt_flags |
-                            (rc != MPI_SUCCESS ? HVPROF_FLAG_ERROR : 0)),
-        .rc = sat16(rc), .dtype_size = d->dt_size, .aux = 0};
-    pending_add(rc == MPI_SUCCESS ? *request : MPI_REQUEST_NULL, &r);
-    return rc;
-}
-
-/* MPI_Isend / MPI_Irecv: the post's record goes into the pending table. */
-static __attribute__((noinline)) void p2p_post(uint16_t op, uint64_t t0, MPI_Comm comm,
-                                               MPI_Datatype dt, int count, int peer, int tag,
-                                               const void *buf, int rc, MPI_Request *request)
-{
-    const hvprof_desc *d = describe(comm, dt, MPI_OP_NULL);
-    hvprof_record r = p2p_rec(op, t0, 0, d, count, peer, tag, HVPROF_FLAG_NONBLOCKING, buf, rc);
-    pending_add(rc == MPI_SUCCESS ? *request : MPI_REQUEST_NULL, &r);
-}
-
-/* A nonblocking post (NAME), recorded as OP: the record waits in the pending
- * table for the request's completion.  MPI_Issend is recorded as MPI_Isend
- * (the mode not kept). */
-#define P2P_POST_WRAPPER(NAME, OP, BUF_T, PEER)                                \
-    HVPROF_EXPORT int MPI_##NAME(BUF_T *buf, int count, MPI_Datatype datatype,  \
-                                 int PEER, int tag, MPI_Comm comm,              \
-                                 MPI_Request *request)                          \
-    {                                                                           \
-        if (!ACTIVE()) return PMPI_##NAME(buf, count, datatype, PEER, tag, comm, request); \
-        uint64_t t0 = hvprof_ticks();                                           \
-        int rc = PMPI_##NAME(buf, count, datatype, PEER, tag, comm, request);   \
-        p2p_post(HVPROF_OP_##OP, t0, comm, datatype, count, PEER, tag, buf, rc, request); \
-        return rc;                                                              \
-    }
-P2P_POST_WRAPPER(Isend, MPI_ISEND, const void, dest)
-P2P_POST_WRAPPER(Issend, MPI_ISEND, const void, dest)
-P2P_POST_WRAPPER(Irecv, MPI_IRECV, void, source)
-
-#define ANY_PENDING() atomic_load_explicit(&n_pending, memory_order_relaxed)
-
-/* The status of completion i of a multi-completion call whose return code is
- * rc (MPI_ERR_IN_STATUS: each status says), NULL when it failed. */
-static inline const MPI_Status *status_ok(const MPI_Status *s, int rc)
-{
-    if (rc == MPI_SUCCESS) return s;
-    return rc == MPI_ERR_IN_STATUS && s->MPI_ERROR == MPI_SUCCESS ? s : NULL;
-}
-
-HVPROF_EXPORT int MPI_Wait(MPI_Request *request, MPI_Status *status)
-{
-    if (!ANY_PENDING()) return PMPI_Wait(request, status);
-    MPI_Status own;
-    MPI_Status *s = status == MPI_STATUS_IGNORE ? &own : status;
-    uint64_t key = H(*request);
-    int rc = PMPI_Wait(request, s);
-    pending_done(key, hvprof_ticks(), 0, rc == MPI_SUCCESS ? s : NULL);
-    return rc;
-}
-
-HVPROF_EXPORT int MPI_Test(MPI_Request *request, int *flag, MPI_Status *status)
-{
-    if (!ANY_PENDING()) return PMPI_Test(request, flag, status);
-    MPI_Status own;
-    MPI_Status *s = status == MPI_STATUS_IGNORE ? &own : status;
-    uint64_t key = H(*request);
-    int rc = PMPI_Test(request, flag, s);
-    if (*flag) pending_done(key, hvprof_ticks(), 0, rc == MPI_SUCCESS ? s : NULL);
-    return rc;
-}
-
-/* Copies of up to this many request handles (and, for a caller that passed
- * MPI_STATUSES_IGNORE, statuses: 8 KiB of stack at most, in the *_tracked
- * helpers only, never on the path with nothing pending) live on the stack; a
- * call with more requests is not followed: its requests are reported as
- * never completed at MPI_Finalize (with the time of MPI_Finalize). */
-#define MAX_TRACKED 256
-
-static __attribute__((noinline)) int waitall_tracked(int count, MPI_Request requests[],
-                                                     MPI_Status statuses[])
-{
-    uint64_t keys[MAX_TRACKED];
-    MPI_Status own[MAX_TRACKED];
-    MPI_Status *s = statuses == MPI_STATUSES_IGNORE ? own : statuses;
-    for (int i = 0; i < count; i++) keys[i] = H(requests[i]);
-    int rc = PMPI_Waitall(count, requests, s);
-    uint64_t t1 = hvprof_ticks();
-    for (int i = 0; i < count; i++) pending_done(keys[i], t1, 0, status_ok(&s[i], rc));
-    return rc;
-}
-
-HVPROF_EXPORT int MPI_Waitall(int count, MPI_Request requests[], MPI_Status statuses[])
-{
-    if (!ANY_PENDING() || count > MAX_TRACKED || count < 0)
-        return PMPI_Waitall(count, requests, statuses);
-    return waitall_tracked(count, requests, statuses);
-}
-
-static __attribute__((noinline)) int testall_tracked(int count, MPI_Request requests[], int *flag,
-                                                     MPI_Status statuses[])
-{
-    uint64_t keys[MAX_TRACKED];
-    MPI_Status own[MAX_TRACKED];
-    MPI_Status *s = statuses == MPI_STATUSES_IGNORE ? own : statuses;
-    for (int i = 0; i < count; i++) keys[i] = H(requests[i]);
-    int rc = PMPI_Testall(count, requests, flag, s);
-    if (*flag) {
-        uint64_t t1 = hvprof_ticks();
-        for (int i = 0; i < count; i++) pending_done(keys[i], t1, 0, status_ok(&s[i], rc));
-    }
-    return rc;
-}
-
-HVPROF_EXPORT int MPI_Testall(int count, MPI_Request requests[], int *flag, MPI_Status statuses[])
-{
-    if (!ANY_PENDING() || count > MAX_TRACKED || count < 0)
-        return PMPI_Testall(count, requests, flag, statuses);
-    return testall_tracked(count, requests, flag, statuses);
-}
-
-static __attribute__((noinline)) int waitany_tracked(int count, MPI_Request requests[], int *index,
-                                                     int *flag, MPI_Status *status)
-{
-    uint64_t keys[MAX_TRACKED];
-    MPI_Status own;
-    MPI_Status *s = status == MPI_STATUS_IGNORE ? &own : status;
-    for (int i = 0; i < count; i++) keys[i] = H(requests[i]);
-    int rc = flag ? PMPI_Testany(count, requests, index, flag, s)
-                  : PMPI_Waitany(count, requests, index, s);
-    if ((!flag || *flag) && *index >= 0 && *index < count)
-        pending_done(keys[*index], hvprof_ticks(), 0, rc == MPI_SUCCESS ? s : NULL);
-    return rc;
-}
-
-HVPROF_EXPORT int MPI_Waitany(int count, MPI_Request requests[], int *index, MPI_Status *status)
-{
-    if (!ANY_PENDING() || count > MAX_TRACKED || count < 0)
-        return PMPI_Waitany(count, requests, index, status);
-    return waitany_tracked(count, requests, index, NULL, status);
-}
-
-HVPROF_EXPORT int MPI_Testany(int count, MPI_Request requests[], int *index, int *flag, MPI_Status *status)
-{
-    if (!ANY_PENDING() || count > MAX_TRACKED || count < 0)
-        return PMPI_Testany(count, requests, index, flag, status);
-    return waitany_tracked(count, requests, index, flag, status);
-}
-
-/* Waitsome (test = 0) and Testsome (test = 1). */
-static __attribute__((noinline)) int waitsome_tracked(int test, int incount,
-                                                      MPI_Request requests[], int *outcount,
-                                                      int indices[], MPI_Status statuses[])
-{
-    uint64_t keys[MAX_TRACKED];
-    MPI_Status own[MAX_TRACKED];
-    MPI_Status *s = statuses == MPI_STATUSES_IGNORE ? own : statuses;
-    for (int i = 0; i < incount; i++) keys[i] = H(requests[i]);
-    int rc = test ? PMPI_Testsome(incount, requests, outcount, indices, s)
-                  : PMPI_Waitsome(incount, requests, outcount, indices, s);
-    uint64_t t1 = hvprof_ticks();
-    for (int i = 0; *outcount != MPI_UNDEFINED && i < *outcount; i++)
-        if (indices[i] >= 0 && indices[i] < incount)
-            pending_done(keys[indices[i]], t1, 0, status_ok(&s[i], rc));
-    return rc;
-}
-
-HVPROF_EXPORT int MPI_Waitsome(int incount, MPI_Request requests[], int *outcount, int indices[],
-                 MPI_Status statuses[])
-{
-    if (!ANY_PENDING() || incount > MAX_TRACKED || incount < 0)
-        return PMPI_Waitsome(incount, requests, outcount, indices, statuses);
-    return waitsome_tracked(0, incount, requests, outcount, indices, statuses);
-}
-
-HVPROF_EXPORT int MPI_Testsome(int incount, MPI_Request requests[], int *outcount, int indices[],
-                 MPI_Status statuses[])
-{
-    if (!ANY_PENDING() || incount > MAX_TRACKED || incount < 0)
-        return PMPI_Testsome(incount, requests, outcount, indices, statuses);
-    return waitsome_tracked(1, incount, requests, outcount, indices, statuses);
-}
-
-HVPROF_EXPORT int MPI_Request_free(MPI_Request *request)
-{
-    if (!ANY_PENDING()) return PMPI_Request_free(request);
-    uint64_t key = H(*request);
-    int rc = PMPI_Request_free(request);
-    pending_done(key, hvprof_ticks(), HVPROF_FLAG_NO_COMPLETION, NULL);
-    return rc;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1252,9 +364,9 @@ HVPROF_EXPORT int MPI_Comm_free(MPI_Comm *comm)
 }
 
 /* A freed datatype's handle may come back as a new derived type of another
- * size: every thread's cached description (hvprof_desc) is dropped.  (Frees
- * that do not pass through the MPI_ symbol, such as Open MPI's Fortran
- * bindings calling PMPI_Type_free, are not seen.) */
+ * size: every thread's cached description (hvprof_desc) is dropped.  (A
+ * Fortran program's frees come here too: mpi_fortran.c; frees that pass
+ * through no wrapped symbol are not seen.) */
 HVPROF_EXPORT int MPI_Type_free(MPI_Datatype *datatype)
 {
     int rc = PMPI_Type_free(datatype);
@@ -1274,204 +386,6 @@ static int profiling_wanted(void)
     const char *v = hvprof_setting("HOROVOD_PROFILE");
     if (!v) return 1;
     return !(v[0] == 0 || strcmp(v, "0") == 0 || strcmp(v, "off") == 0 || strcmp(v, "false") == 0);
-}
-
-/* Offset of this rank's CLOCK_MONOTONIC to rank 0's.  Ranks on one host
- * share CLOCK_MONOTONIC, so only one rank per host (the node leader, lowest
- * rank there) measures: rank 0 ping-pongs each leader in turn (Cristian's
- * method with the minimum-delay filter: offset = b - (a + c) / 2 for the
- * round trip with the smallest c - a, whose error is at most (c - a) / 2
- * plus the clock's read granularity), and each leader passes its result to
- * the ranks of its host.  With several hosts it runs again at MPI_Finalize:
- * the reader interpolates between the two measurements when they differ by
- * more than their error bounds (profiler.formats.clock.clock_drift_ppm).
- *
- * On a busy machine most round trips are stretched by a descheduled peer;
- * the fastest of many, spread over time, is not.  So rank 0 sends bursts of
- * SYNC_BURST pings with a pause between bursts, up to SYNC_MAX_BURSTS bursts
- * or a time budget per leader (SYNC_BUDGET_NS; with many hosts
- * SYNC_TOTAL_NS shared, at least SYNC_MIN_BUDGET_NS each), stopping early
- * once the best round trip is below SYNC_GOOD_RTT_NS (a quiet machine: a
- * few bursts) or, after more bursts, below SYNC_OK_RTT_NS.  A burst ends
- * early at a slow round trip (a peer lost its CPU), so the budget buys many
- * independent tries rather than many slow round trips.  Both sides of a
- * burst have just woken from a sleep (rank 0's pause, the leader's idle
- * wait), which the scheduler favours over CPU-bound neighbours: the burst's
- * later round trips then run with both on a CPU.  Ranks that are not
- * measuring wait without spinning (sync_wait_idle), leaving the CPUs to the
- * two that are.  Cost at rank 0: about a millisecond per host on a quiet
- * machine (SYNC_MIN_BURSTS bursts), at most max(SYNC_TOTAL_NS, hosts x
- * SYNC_MIN_BUDGET_NS) on a busy one, at MPI_Init and again at MPI_Finalize. */
-typedef struct { int64_t offset, err, at; } clock_sync; /* at: this rank's clock */
-
-enum {
-    SYNC_TAG = 7717,      /* ping (rank 0 -> leader) and pong */
-    SYNC_TAG_DONE = 7718, /* rank 0 -> leader: {offset, err, at} */
-    SYNC_TAG_END = 7719,  /* rank 0 -> leader: the burst is over */
-    SYNC_BURST = 16,
-    SYNC_MIN_BURSTS = 4,  /* then stop at a round trip <= SYNC_GOOD_RTT_NS */
-    SYNC_OK_BURSTS = 32,  /* then stop at a round trip <= SYNC_OK_RTT_NS */
-    SYNC_MAX_BURSTS = 1024,
-};
-#define SYNC_GOOD_RTT_NS 30000LL      /* bound <= 15 us */
-#define SYNC_OK_RTT_NS 60000LL        /* bound <= 30 us */
-#define SYNC_BUDGET_NS 1000000000LL   /* per leader (a busy machine) ... */
-#define SYNC_TOTAL_NS 4000000000LL    /* ... and for all leaders together, */
-#define SYNC_MIN_BUDGET_NS 20000000LL /* but at least this per leader */
-#define SYNC_SLOW_RTT_NS 50000LL      /* a round trip this slow may end a burst */
-#define SYNC_PAUSE_NS 300000L         /* between bursts: 1 to 2 x this */
-
-/* Complete a request without spinning for long: a rank waiting its turn (or
- * for its leader's result) sleeps between tests. */
-static void sync_wait_idle(MPI_Request *req, MPI_Status *st)
-{
-    struct timespec nap = {0, 200000};
-    for (int spins = 0;; spins++) {
-        int done = 0;
-        PMPI_Test(req, &done, st ? st : MPI_STATUS_IGNORE);
-        if (done) return;
-        if (spins >= 32) nanosleep(&nap, NULL);
-    }
-}
-
-/* The clock's read granularity (ns, at least 1). */
-static int64_t sync_clock_res_ns(void)
-{
-    struct timespec r;
-    if (clock_getres(CLOCK_MONOTONIC, &r) != 0) return 1;
-    int64_t ns = (int64_t)r.tv_sec * 1000000000LL + r.tv_nsec;
-    return ns > 0 ? ns : 1;
-}
-
-/* Rank 0's side for one leader: returns {offset, err, at (leader's clock)}. */
-static void sync_measure_leader(MPI_Comm leaders, int r, int64_t res_ns, int64_t budget_ns,
-                                int64_t out[3])
-{
-    int64_t best_rtt = INT64_MAX, best_off = 0, best_b = 0;
-    int64_t t_start = hvprof_mono_ns();
-    uint64_t seed = (uint64_t)t_start ^ ((uint64_t)r << 32);
-    for (int burst = 0; burst < SYNC_MAX_BURSTS; burst++) {
-        if (burst) {
-            /* a pause of random length: other processes run, and the next
-             * burst does not fall in step with a periodic load */
-            seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-            struct timespec pause = {0, SYNC_PAUSE_NS + (long)((seed >> 33) % SYNC_PAUSE_NS)};
-            nanosleep(&pause, NULL);
-        }
-        for (int k = 0; k < SYNC_BURST; k++) {
-            int64_t a = hvprof_mono_ns(), b = 0;
-            PMPI_Send(&a, 1, MPI_INT64_T, r, SYNC_TAG, leaders);
-            PMPI_Recv(&b, 1, MPI_INT64_T, r, SYNC_TAG, leaders, MPI_STATUS_IGNORE);
-            int64_t c = hvprof_mono_ns();
-            if (c - a < best_rtt) {
-                best_rtt = c - a;
-                best_off = b - (a + (c - a) / 2);
-                best_b = b;
-            }
-            /* A slow round trip after the first (which wakes the leader):
-             * a peer lost its CPU.  End the burst and try again later,
-             * rather than spend the budget on more slow ones. */
-            if (k > 0 && c - a > 2 * best_rtt && c - a > SYNC_SLOW_RTT_NS) break;
-        }
-        int64_t end = 0;
-        PMPI_Send(&end, 1, MPI_INT64_T, r, SYNC_TAG_END, leaders);
-        if (burst + 1 >= SYNC_MIN_BURSTS && best_rtt <= SYNC_GOOD_RTT_NS) break;
-        if (burst + 1 >= SYNC_OK_BURSTS && best_rtt <= SYNC_OK_RTT_NS) break;
-        if (hvprof_mono_ns() - t_start > budget_ns) break;
-    }
-    out[0] = best_off;
-    out[1] = (best_rtt + 1) / 2 + res_ns;
-    out[2] = best_b;
-}
-
-static void ping_pong_leaders(MPI_Comm leaders, clock_sync *out)
-{
-    int me = 0, n = 1;
-    PMPI_Comm_rank(leaders, &me);
-    PMPI_Comm_size(leaders, &n);
-    int64_t res_ns = sync_clock_res_ns();
-    if (me == 0) {
-        int64_t budget = SYNC_TOTAL_NS / (n > 1 ? n - 1 : 1);
-        if (budget > SYNC_BUDGET_NS) budget = SYNC_BUDGET_NS;
-        if (budget < SYNC_MIN_BUDGET_NS) budget = SYNC_MIN_BUDGET_NS;
-        for (int r = 1; r < n; r++) {
-            int64_t res[3];
-            sync_measure_leader(leaders, r, res_ns, budget, res);
-            PMPI_Send(res, 3, MPI_INT64_T, r, SYNC_TAG_DONE, leaders);
-        }
-        *out = (clock_sync){0, 0, hvprof_mono_ns()};
-        return;
-    }
-    /* A leader answers pings until rank 0 sends the result.  Between bursts
-     * (and while waiting its turn) it sleeps, so the first ping of a burst
-     * wakes it; inside a burst it waits spinning, for the fastest answer. */
-    int idle = 1;
-    for (;;) {
-        int64_t m[3] = {0, 0, 0};
-        MPI_Status st;
-        if (idle) {
-            MPI_Request req;
-            PMPI_Irecv(m, 3, MPI_INT64_T, 0, MPI_ANY_TAG, leaders, &req);
-            sync_wait_idle(&req, &st);
-        } else {
-            PMPI_Recv(m, 3, MPI_INT64_T, 0, MPI_ANY_TAG, leaders, &st);
-        }
-        if (st.MPI_TAG == SYNC_TAG_DONE) {
-            /* granularity of this side's clock too */
-            *out = (clock_sync){m[0], m[1] + res_ns, m[2]};
-            return;
-        }
-        if (st.MPI_TAG == SYNC_TAG_END) {
-            idle = 1;
-            continue;
-        }
-        idle = 0;
-        int64_t b = hvprof_mono_ns();
-        PMPI_Send(&b, 1, MPI_INT64_T, 0, SYNC_TAG, leaders);
-    }
-}
-
-/* HOROVOD_PROFILE_CLOCK_SYNC=rank: every rank measures its own offset, as if
- * each were on its own host (diagnostics; it runs the several-host path on
- * one machine).  Read once at MPI_Init: the same value on every rank. */
-static int sync_per_rank(void)
-{
-    const char *v = hvprof_setting("HOROVOD_PROFILE_CLOCK_SYNC");
-    return v && strcmp(v, "rank") == 0;
-}
-
-/* Returns the number of clock domains (leaders) that took part. */
-static int estimate_offsets(int rank, int per_rank, clock_sync *out)
-{
-    int64_t res[3] = {0, 0, hvprof_mono_ns()};
-    int hosts = 1, lrank = 0;
-    MPI_Comm local = MPI_COMM_NULL, leaders = MPI_COMM_NULL;
-    if (per_rank || PMPI_Comm_split_type(prof_comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL,
-                                         &local) != MPI_SUCCESS)
-        local = MPI_COMM_NULL;
-    if (local != MPI_COMM_NULL) PMPI_Comm_rank(local, &lrank);
-    else lrank = 0; /* no host grouping: every rank measures */
-    PMPI_Comm_split(prof_comm, lrank == 0 ? 0 : MPI_UNDEFINED, rank, &leaders);
-    if (leaders != MPI_COMM_NULL) {
-        clock_sync mine;
-        PMPI_Comm_size(leaders, &hosts);
-        ping_pong_leaders(leaders, &mine);
-        res[0] = mine.offset;
-        res[1] = mine.err;
-        res[2] = mine.at;
-        PMPI_Comm_free(&leaders);
-    }
-    if (local != MPI_COMM_NULL) {
-        MPI_Request req; /* one host, one clock: `at` holds */
-        PMPI_Ibcast(res, 3, MPI_INT64_T, 0, local, &req);
-        sync_wait_idle(&req, NULL);
-        PMPI_Comm_free(&local);
-    }
-    MPI_Request req;
-    PMPI_Ibcast(&hosts, 1, MPI_INT, 0, prof_comm, &req);
-    sync_wait_idle(&req, NULL);
-    *out = (clock_sync){res[0], res[1], res[2]};
-    return hosts;
 }
 
 static int resync_at_finalize; /* several clock domains: measure again (every rank) */
@@ -1570,7 +484,7 @@ static double calibrate_call_cost(const hvprof_file_header *h)
     memset(&c, 0, sizeof c);
     uint32_t gen = atomic_load(&hvprof_generation);
     uint32_t epoch = atomic_load(&hvprof_handle_epoch);
-    describe_slow(&c.desc, MPI_COMM_WORLD, MPI_FLOAT, MPI_SUM, epoch);
+    mpi_describe_slow(&c.desc, MPI_COMM_WORLD, MPI_FLOAT, MPI_SUM, epoch);
     uint32_t ci = c.desc.ci;
     if (ci >= HVPROF_COMM_TABLE_CAPACITY || c.desc.epoch != atomic_load(&hvprof_handle_epoch))
         return 0;
@@ -1645,9 +559,9 @@ static void mpi_started(uint64_t t0, int provided)
     report_open_failures(rank, size, ok);
     /* Every rank must take part in the offset exchange, even one whose file
      * could not be opened, or rank 0 would wait for it. */
-    sync_mode = sync_per_rank();
+    sync_mode = mpi_sync_per_rank();
     clock_sync cs;
-    int hosts = estimate_offsets(rank, sync_mode, &cs);
+    int hosts = mpi_estimate_offsets(prof_comm, rank, sync_mode, &cs);
     resync_at_finalize = hosts > 1;
     int64_t t0_job = hvprof_mono_ns();
     PMPI_Bcast(&t0_job, 1, MPI_INT64_T, 0, prof_comm);
@@ -1720,12 +634,7 @@ HVPROF_EXPORT int MPI_Finalize(void)
         hvprof_file_header *h = hvprof_header();
         if (h && ACTIVE()) {
             uint64_t t0 = hvprof_ticks();
-            /* Requests never completed: record them as such. */
-            if (ANY_PENDING())
-                for (uint32_t i = 0; i < PENDING_SLOTS; i++) {
-                    uint64_t k = atomic_load(&pending[i].req);
-                    if (k > 2) pending_done(k, t0, HVPROF_FLAG_NO_COMPLETION, NULL);
-                }
+            mpi_pending_finalize(t0); /* requests never completed */
             emit(HVPROF_OP_MPI_FINALIZE, t0, hvprof_ticks(), MPI_COMM_WORLD, MPI_DATATYPE_NULL,
                  0, 0, MPI_OP_NULL, -1, 0, NULL, MPI_SUCCESS);
             h->finalize_ticks = (int64_t)t0;
@@ -1735,7 +644,7 @@ HVPROF_EXPORT int MPI_Finalize(void)
         PMPI_Comm_size(prof_comm, &size);
         if (resync_at_finalize) { /* the same decision on every rank (hosts) */
             clock_sync cs;
-            estimate_offsets(me, sync_mode, &cs);
+            mpi_estimate_offsets(prof_comm, me, sync_mode, &cs);
             if (h) {
                 h->offset_end_ns = cs.offset;
                 h->offset_end_err_ns = cs.err;

@@ -8,11 +8,10 @@
  * activate points NCCL_PROFILER_PLUGIN at this library.  The path works
  * whether NCCL is linked statically (Horovod's default) or dynamically.
  *
- * The declarations below are this project's own, written from NVIDIA's
- * documentation of the ABI (plugins/profiler/README.md and the version
- * headers of NVIDIA/nccl); only the members this file reads are named in the
- * descriptor unions (a union's members all start at its first byte, so the
- * others need no declaration).
+ * NCCL's side of the interface, its versioned structs: nccl_profiler_abi.h;
+ * the seven versions' entry points, which normalize each version's
+ * descriptor and call the events here: nccl_plugin_versions.c; what the two
+ * files share: nccl_plugin_internal.h.
  *
  * Events used (the activation mask): Group, Coll, P2p; and, unless
  * HOROVOD_PROFILE_NCCL_PROXY=0, the children of a call where the version has
@@ -63,246 +62,7 @@
 
 #include "hvprof_internal.h"
 #include "nccl_common.h"
-
-/* ------------------------------------------------------------------------ */
-/* The ABI (this project's declarations).                                    */
-
-typedef int ncclResult_t;
-typedef int plugin_state_t; /* ncclProfilerEventState_vN_t: an int-sized enum */
-typedef void (*plugin_logger_t)(int level, unsigned long flags, const char *file, int line,
-                                const char *fmt, ...);
-
-enum {
-    EV_GROUP = 1 << 0,
-    EV_COLL = 1 << 1,
-    EV_P2P = 1 << 2,
-    EV_PROXY_OP = 1 << 3,
-    EV_PROXY_STEP = 1 << 4,
-    EV_PROXY_CTRL = 1 << 5,
-    EV_KERNEL_CH = 1 << 6,
-    EV_NET_PLUGIN = 1 << 7,
-    EV_GROUP_API = 1 << 8, /* v5 on */
-    EV_COLL_API = 1 << 9,
-    EV_P2P_API = 1 << 10,
-    EV_KERNEL_LAUNCH = 1 << 11,
-};
-#define CALL_MASK (EV_GROUP | EV_COLL | EV_P2P)
-/* What each version can say of a call's network and device activity (asked
- * for unless HOROVOD_PROFILE_NCCL_PROXY=0): v1-v2 proxy ops (bytes in their
- * state arguments) and steps; v3 adds network-plugin events (kernel-channel
- * events carry no timer there: not asked for); v4 on: steps carry their
- * bytes, kernel-channel events their GPU timers. */
-static int child_mask(int version)
-{
-    if (version <= 2) return EV_PROXY_OP | EV_PROXY_STEP;
-    if (version == 3) return EV_PROXY_OP | EV_PROXY_STEP | EV_NET_PLUGIN;
-    return EV_PROXY_OP | EV_PROXY_STEP | EV_NET_PLUGIN | EV_KERNEL_CH;
-}
-
-/* v1: func and datatype as NCCL's enums (uint8), the reduction op as uint32. */
-struct coll_v1 {
-    const char *name;
-    uint64_t commHash;
-    uint64_t seqNumber;
-    uint8_t func;
-    const void *sendBuff;
-    void *recvBuff;
-    size_t count;
-    int root;
-    uint8_t datatype;
-    uint32_t op;
-    size_t trafficBytes;
-    uint8_t nMaxChannels, nWarps, algo, proto;
-    int isCollnet, isNvls;
-};
-struct p2p_v1 {
-    const char *name;
-    uint64_t commHash;
-    uint8_t func;
-    void *buff;
-    uint8_t datatype;
-    size_t count;
-    int peer;
-};
-/* v2, v3: strings for func and datatype (v3 drops trafficBytes, after them). */
-struct coll_v2 {
-    const char *name;
-    uint64_t commHash;
-    uint64_t seqNumber;
-    const char *func;
-    const void *sendBuff;
-    void *recvBuff;
-    size_t count;
-    int root;
-    const char *datatype;
-    /* v2: size_t trafficBytes; then channels, warps, algo, proto */
-};
-struct p2p_v2 {
-    const char *name;
-    uint64_t commHash;
-    const char *func;
-    void *buff;
-    const char *datatype;
-    size_t count;
-    int peer;
-};
-/* v4 on: no name/commHash (init gives the communicator). */
-struct coll_v4 {
-    uint64_t seqNumber;
-    const char *func;
-    const void *sendBuff;
-    void *recvBuff;
-    size_t count;
-    int root;
-    const char *datatype;
-    uint8_t nChannels, nWarps;
-    const char *algo, *proto;
-    void *parentGroup; /* v5 on */
-    /* v7: kernelVariant, isSymColl, userTag */
-};
-struct p2p_v4 {
-    const char *func;
-    void *buff;
-    const char *datatype;
-    size_t count;
-    int peer;
-    uint8_t nChannels;
-    void *parentGroup; /* v5 on */
-    /* v7: userTag */
-};
-
-/* The descriptor: v1-v4 begin with a uint8_t type, v5 on with a uint64_t;
- * either way the union starts at byte 24 on LP64. */
-#define DESCR(N, TYPE_T, COLL, P2P)                                                   \
-    typedef struct {                                                                  \
-        TYPE_T type;                                                                  \
-        void *parentObj;                                                              \
-        int rank;                                                                     \
-        union {                                                                       \
-            struct COLL coll;                                                         \
-            struct P2P p2p;                                                           \
-            struct {                                                                  \
-                pid_t pid;                                                            \
-                uint8_t channelId;                                                    \
-                int peer, nSteps, chunkSize, isSend;                                  \
-            } proxyOp;                                                                \
-            struct { int step; } proxyStep;                                           \
-            struct { uint8_t channelId; uint64_t pTimer; /* v4 on */ } kernelCh;      \
-            struct { int64_t id; void *data; } netPlugin; /* v3 on */                 \
-        };                                                                            \
-    } descr_v##N;
-DESCR(1, uint8_t, coll_v1, p2p_v1)
-DESCR(2, uint8_t, coll_v2, p2p_v2)
-DESCR(3, uint8_t, coll_v2, p2p_v2)
-DESCR(4, uint8_t, coll_v4, p2p_v4)
-DESCR(5, uint64_t, coll_v4, p2p_v4)
-DESCR(6, uint64_t, coll_v4, p2p_v4)
-DESCR(7, uint64_t, coll_v4, p2p_v4)
-#undef DESCR
-
-/* State arguments (recordEventState).  v1-v3: a proxy op's bytes so far
- * (transSize) and steps; v4 on: a proxy step's bytes, a kernel channel's
- * stop timer.  transSize and pTimer are each the union's first member. */
-typedef union {
-    struct { size_t transSize; int steps; } proxyOp;
-    struct { int appendedProxyOps; } proxyCtrl;
-} stargs_v1;
-typedef stargs_v1 stargs_v2, stargs_v3;
-typedef union {
-    struct { size_t transSize; } proxyStep;
-    struct { int appendedProxyOps; } proxyCtrl;
-    struct { void *data; } netPlugin;
-    struct { uint64_t pTimer; } kernelCh;
-} stargs_v4;
-typedef stargs_v4 stargs_v5, stargs_v6, stargs_v7;
-
-/* The entry structs: name, init, startEvent, stopEvent, recordEventState,
- * finalize.  init: v1-v3 (context, mask); v4 (context, mask, commName,
- * commHash, nNodes, nranks, rank, logfn); v5 on (context, commId, mask,
- * commName, nNodes, nranks, rank, logfn). */
-#define ENTRY(N, ...)                                                                 \
-    typedef struct {                                                                  \
-        const char *name;                                                             \
-        ncclResult_t (*init)(__VA_ARGS__);                                            \
-        ncclResult_t (*startEvent)(void *context, void **eHandle, descr_v##N *eDescr); \
-        ncclResult_t (*stopEvent)(void *eHandle);                                     \
-        ncclResult_t (*recordEventState)(void *eHandle, plugin_state_t eState,        \
-                                         stargs_v##N *eStateArgs);                    \
-        ncclResult_t (*finalize)(void *context);                                      \
-    } ncclProfiler_v##N##_t;
-#define INIT_OLD void **context, int *eActivationMask
-#define INIT_V4                                                                        \
-    void **context, int *eActivationMask, const char *commName, uint64_t commHash,     \
-        int nNodes, int nranks, int rank, plugin_logger_t logfn
-#define INIT_V5                                                                        \
-    void **context, uint64_t commId, int *eActivationMask, const char *commName,       \
-        int nNodes, int nranks, int rank, plugin_logger_t logfn
-ENTRY(1, INIT_OLD)
-ENTRY(2, INIT_OLD)
-ENTRY(3, INIT_OLD)
-ENTRY(4, INIT_V4)
-ENTRY(5, INIT_V5)
-ENTRY(6, INIT_V5)
-ENTRY(7, INIT_V5)
-#undef ENTRY
-
-enum { NCCL_OK = 0 };
-
-/* ncclFunc_t (v1): Broadcast, Reduce, AllGather, ReduceScatter, AllReduce,
- * SendRecv, Send, Recv; v2 on: the same names as strings. */
-static const struct {
-    const char *name;
-    uint16_t op;
-} FUNCS[8] = {
-    {"Broadcast", HVPROF_OP_NCCL_BROADCAST}, {"Reduce", HVPROF_OP_NCCL_REDUCE},
-    {"AllGather", HVPROF_OP_NCCL_ALLGATHER}, {"ReduceScatter", HVPROF_OP_NCCL_REDUCESCATTER},
-    {"AllReduce", HVPROF_OP_NCCL_ALLREDUCE}, {"SendRecv", HVPROF_OP_NCCL_SEND},
-    {"Send", HVPROF_OP_NCCL_SEND},           {"Recv", HVPROF_OP_NCCL_RECV},
-};
-
-static int func_index(const char *s)
-{
-    if (!s) return -1;
-    for (int i = 0; i < 8; i++)
-        if (strcmp(s, FUNCS[i].name) == 0) return i;
-    return -1;
-}
-
-static int dtype_index(const char *s)
-{
-    if (!s) return -1;
-    if (strncmp(s, "nccl", 4) == 0) s += 4;
-    for (int i = 0; i < HVPROF_NCCL_N_DTYPES; i++)
-        if (strcasecmp(s, hvprof_nccl_dtypes[i].name) == 0) return i;
-    /* NCCL's aliases */
-    if (strcasecmp(s, "Char") == 0) return 0;
-    if (strcasecmp(s, "Int") == 0) return 2;
-    if (strcasecmp(s, "Half") == 0) return 6;
-    if (strcasecmp(s, "Float") == 0) return 7;
-    if (strcasecmp(s, "Double") == 0) return 8;
-    return -1;
-}
-
-/* One-entry per-thread caches: NCCL passes the same static strings each time. */
-#define TLS_IE __attribute__((tls_model("initial-exec")))
-static __thread const char *tc_func_s TLS_IE, *tc_dt_s TLS_IE;
-static __thread int tc_func_i TLS_IE = -1, tc_dt_i TLS_IE = -1;
-
-static inline int func_of(const char *s)
-{
-    if (HVPROF_LIKELY(s == tc_func_s && s)) return tc_func_i;
-    tc_func_i = func_index(s);
-    tc_func_s = s;
-    return tc_func_i;
-}
-
-static inline int dtype_of(const char *s)
-{
-    if (HVPROF_LIKELY(s == tc_dt_s && s)) return tc_dt_i;
-    tc_dt_i = dtype_index(s);
-    tc_dt_s = s;
-    return tc_dt_i;
-}
+#include "nccl_plugin_internal.h"
 
 /* ------------------------------------------------------------------------ */
 /* State.                                                                    */
@@ -448,8 +208,8 @@ static int proxy_wanted(void)
     return !v;
 }
 
-static ncclResult_t ctx_new(void **context, int version, uint64_t id, int nranks, int rank,
-                            int *mask)
+ncclResult_t ctx_new(void **context, int version, uint64_t id, int nranks, int rank,
+                     int *mask)
 {
     pin_self();
     int expect = 0;
@@ -490,26 +250,6 @@ static inline uint32_t ctx_comm(pctx *c, uint64_t hash, int rank)
     return idx;
 }
 
-/* Normalized event, from any version's descriptor. */
-typedef struct norm {
-    uint64_t type;
-    void *group;      /* the parent group handle (one of ours, or NULL) */
-    void *parent;     /* a child's parentObj */
-    int rank;
-    uint64_t hash;    /* v1-v3: the descriptor's commHash */
-    int func;         /* FUNCS index */
-    size_t count;
-    int dtype;        /* DTYPES index */
-    uint8_t redop;
-    int root;         /* root or peer */
-    int in_place;
-    int pid;          /* ProxyOp: the process that made it (PXN: another one) */
-    int is_send;      /* ProxyOp */
-    uint64_t ptimer;  /* KernelCh v4 on: the start timer */
-} norm;
-
-/* Approximate counters (a plain relaxed load + store, no locked
- * instruction on the per-call path: concurrent threads may lose a count). */
 #define BUMP(c) atomic_store_explicit(&(c), atomic_load_explicit(&(c), memory_order_relaxed) + 1, \
                                       memory_order_relaxed)
 
@@ -759,7 +499,7 @@ static void stop_child(pev *e)
     ev_free(e);
 }
 
-static ncclResult_t start_common(void *context, void **eHandle, const norm *n)
+ncclResult_t start_common(void *context, void **eHandle, const norm *n)
 {
     *eHandle = NULL;
     BUMP(p_events);
@@ -860,7 +600,7 @@ static inline void call_done(pev *e)
     call_release(e, 1); /* its own reference */
 }
 
-static ncclResult_t stop_event(void *eHandle)
+ncclResult_t stop_event(void *eHandle)
 {
     pev *e = eHandle;
     if (HVPROF_UNLIKELY(!e || e->magic != EV_MAGIC)) return NCCL_OK;
@@ -923,7 +663,7 @@ static ncclResult_t stop_event(void *eHandle)
 }
 
 /* recordEventState: a child's bytes and timers; nothing else is read. */
-static inline void record_state(void *eHandle, plugin_state_t s, const void *args, int version)
+void record_state(void *eHandle, plugin_state_t s, const void *args, int version)
 {
     pev *e = eHandle;
     if (HVPROF_UNLIKELY(!e || e->magic != EV_MAGIC || !args)) return;
@@ -946,7 +686,7 @@ static inline void record_state(void *eHandle, plugin_state_t s, const void *arg
     }
 }
 
-static ncclResult_t finalize_ctx(void *context)
+ncclResult_t finalize_ctx(void *context)
 {
     pctx *c = context;
     if (!c || c->magic != CTX_MAGIC) return NCCL_OK;
@@ -958,155 +698,6 @@ static ncclResult_t finalize_ctx(void *context)
     free(c);
     return NCCL_OK;
 }
-
-/* ------------------------------------------------------------------------ */
-/* Per-version entry points.                                                 */
-
-static ncclResult_t init_v1(void **context, int *mask) { return ctx_new(context, 1, 0, -1, -1, mask); }
-static ncclResult_t init_v2(void **context, int *mask) { return ctx_new(context, 2, 0, -1, -1, mask); }
-static ncclResult_t init_v3(void **context, int *mask) { return ctx_new(context, 3, 0, -1, -1, mask); }
-
-static ncclResult_t init_v4(void **context, int *mask, const char *commName, uint64_t commHash,
-                            int nNodes, int nranks, int rank, plugin_logger_t logfn)
-{
-    (void)commName;
-    (void)nNodes;
-    (void)logfn;
-    return ctx_new(context, 4, commHash, nranks, rank, mask);
-}
-
-#define INIT_NEW(N)                                                                   \
-    static ncclResult_t init_v##N(void **context, uint64_t commId, int *mask,         \
-                                  const char *commName, int nNodes, int nranks, int rank, \
-                                  plugin_logger_t logfn)                              \
-    {                                                                                 \
-        (void)commName;                                                               \
-        (void)nNodes;                                                                 \
-        (void)logfn;                                                                  \
-        return ctx_new(context, N, commId, nranks, rank, mask);                       \
-    }
-INIT_NEW(5)
-INIT_NEW(6)
-INIT_NEW(7)
-
-/* The child descriptors are laid out alike in every version (kernelCh's
- * timer from v4 on). */
-#define CHILD_FIELDS(n, d, V)                                                         \
-    do {                                                                              \
-        (n).parent = (d)->parentObj;                                                  \
-        if ((d)->type == EV_PROXY_OP) {                                               \
-            (n).pid = (d)->proxyOp.pid;                                               \
-            (n).is_send = (d)->proxyOp.isSend;                                        \
-        } else if ((d)->type == EV_KERNEL_CH && (V) >= 4) {                           \
-            (n).ptimer = (d)->kernelCh.pTimer;                                        \
-        }                                                                             \
-    } while (0)
-
-static ncclResult_t start_v1(void *context, void **eHandle, descr_v1 *d)
-{
-    norm n = {.type = d->type, .group = d->parentObj, .rank = d->rank, .func = -1, .dtype = -1};
-    if (d->type > EV_P2P) {
-        CHILD_FIELDS(n, d, 1);
-    } else if (d->type == EV_COLL) {
-        n.hash = d->coll.commHash;
-        n.func = d->coll.func < 8 ? d->coll.func : -1;
-        n.count = d->coll.count;
-        n.dtype = d->coll.datatype < 12 ? d->coll.datatype : -1;
-        n.redop = hvprof_nccl_redop(d->coll.op);
-        n.root = d->coll.root;
-        n.in_place = d->coll.sendBuff == d->coll.recvBuff;
-    } else if (d->type == EV_P2P) {
-        n.hash = d->p2p.commHash;
-        n.func = d->p2p.func < 8 ? d->p2p.func : -1;
-        n.count = d->p2p.count;
-        n.dtype = d->p2p.datatype < 12 ? d->p2p.datatype : -1;
-        n.root = d->p2p.peer;
-    }
-    return start_common(context, eHandle, &n);
-}
-
-#define START_V2(N)                                                                   \
-    static ncclResult_t start_v##N(void *context, void **eHandle, descr_v##N *d)      \
-    {                                                                                 \
-        norm n = {.type = d->type, .group = d->parentObj, .rank = d->rank, .func = -1, \
-                  .dtype = -1};                                                       \
-        if (d->type > EV_P2P) {                                                       \
-            CHILD_FIELDS(n, d, N);                                                    \
-        } else if (d->type == EV_COLL) {                                              \
-            n.hash = d->coll.commHash;                                                \
-            n.func = func_of(d->coll.func);                                           \
-            n.count = d->coll.count;                                                  \
-            n.dtype = dtype_of(d->coll.datatype);                                     \
-            n.root = d->coll.root;                                                    \
-            n.in_place = d->coll.sendBuff == d->coll.recvBuff;                        \
-        } else if (d->type == EV_P2P) {                                               \
-            n.hash = d->p2p.commHash;                                                 \
-            n.func = func_of(d->p2p.func);                                            \
-            n.count = d->p2p.count;                                                   \
-            n.dtype = dtype_of(d->p2p.datatype);                                      \
-            n.root = d->p2p.peer;                                                     \
-        }                                                                             \
-        return start_common(context, eHandle, &n);                                    \
-    }
-START_V2(2)
-START_V2(3)
-
-/* v4: the group is parentObj; v5 on: parentGroup (parentObj is the API event). */
-#define START_V4(N, GROUP_OF)                                                         \
-    static ncclResult_t start_v##N(void *context, void **eHandle, descr_v##N *d)      \
-    {                                                                                 \
-        norm n = {.type = d->type, .group = d->parentObj, .rank = d->rank, .func = -1, \
-                  .dtype = -1};                                                       \
-        if (d->type > EV_P2P) {                                                       \
-            CHILD_FIELDS(n, d, N);                                                    \
-        } else if (d->type == EV_COLL) {                                              \
-            n.group = GROUP_OF(d->coll);                                              \
-            n.func = func_of(d->coll.func);                                           \
-            n.count = d->coll.count;                                                  \
-            n.dtype = dtype_of(d->coll.datatype);                                     \
-            n.root = d->coll.root;                                                    \
-            n.in_place = d->coll.sendBuff == d->coll.recvBuff;                        \
-        } else if (d->type == EV_P2P) {                                               \
-            n.group = GROUP_OF(d->p2p);                                               \
-            n.func = func_of(d->p2p.func);                                            \
-            n.count = d->p2p.count;                                                   \
-            n.dtype = dtype_of(d->p2p.datatype);                                      \
-            n.root = d->p2p.peer;                                                     \
-        }                                                                             \
-        return start_common(context, eHandle, &n);                                    \
-    }
-#define PARENT_OBJ(x) d->parentObj
-#define PARENT_GROUP(x) (x).parentGroup
-START_V4(4, PARENT_OBJ)
-START_V4(5, PARENT_GROUP)
-START_V4(6, PARENT_GROUP)
-START_V4(7, PARENT_GROUP)
-
-#define RECORD_STATE(N)                                                               \
-    static ncclResult_t record_state_v##N(void *eHandle, plugin_state_t s, stargs_v##N *a) \
-    {                                                                                 \
-        record_state(eHandle, s, a, N);                                               \
-        return NCCL_OK;                                                               \
-    }
-RECORD_STATE(1)
-RECORD_STATE(2)
-RECORD_STATE(3)
-RECORD_STATE(4)
-RECORD_STATE(5)
-RECORD_STATE(6)
-RECORD_STATE(7)
-
-#define PLUGIN_NAME "horovod-profiler"
-#define EXPORT_ENTRY(N)                                                               \
-    HVPROF_EXPORT const ncclProfiler_v##N##_t ncclProfiler_v##N = {                   \
-        PLUGIN_NAME, init_v##N, start_v##N, stop_event, record_state_v##N, finalize_ctx};
-EXPORT_ENTRY(1)
-EXPORT_ENTRY(2)
-EXPORT_ENTRY(3)
-EXPORT_ENTRY(4)
-EXPORT_ENTRY(5)
-EXPORT_ENTRY(6)
-EXPORT_ENTRY(7)
 
 /* ------------------------------------------------------------------------ */
 /* Activation of a program started with LD_PRELOAD of this library (Python

@@ -5,7 +5,10 @@ them only through the hooks they register (hvprof_register_backend).
 
 Read from the sources (no compiler): comments and string literals are
 removed, definitions are the non-static ones at the start of a line.  Calls
-made inside a header's inline functions are not followed."""
+made inside a header's inline functions are not followed.
+
+The core is several files (core.c and its parts core_*.c, which share
+core_internal.h): one node of the graph, one room split into files."""
 
 from __future__ import annotations
 
@@ -36,7 +39,12 @@ def _code(path: Path) -> str:
 
 
 def sources() -> dict[str, str]:
-    return {p.name: _code(p) for p in sorted(HOOKS.glob("*.c"))}
+    """file -> its code; the core's parts (core_*.c) joined under core.c."""
+    src: dict[str, str] = {}
+    for p in sorted(HOOKS.glob("*.c")):
+        name = "core.c" if p.name.startswith("core_") else p.name
+        src[name] = src.get(name, "") + "\n" + _code(p)
+    return src
 
 
 def definitions(src: dict[str, str]) -> dict[str, str]:
@@ -121,3 +129,11 @@ def test_the_nccl_paths_share_a_module_and_not_each_other() -> None:
     assert "nccl_plugin.c" not in deps["nccl.c"]
     assert "nccl.c" not in deps["nccl_plugin.c"]
     assert "nccl_common.c" in deps["nccl.c"] and "nccl_common.c" in deps["nccl_plugin.c"]
+
+
+def test_the_cores_parts_are_private_to_it() -> None:
+    """core_internal.h (the core's state and its files' shared functions) is
+    included by the core's files only: a backend sees hvprof_internal.h."""
+    for p in sorted(HOOKS.glob("*.c")):
+        includes = '#include "core_internal.h"' in p.read_text(encoding="utf-8")
+        assert includes == (p.name == "core.c" or p.name.startswith("core_")), p.name

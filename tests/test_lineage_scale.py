@@ -37,7 +37,7 @@ import pandas as pd
 import pytest
 from conftest import mpirun, profiler_cli, requires_mpi
 
-from profiler.postjob import fusion
+from profiler.postjob import fusion, fusion_subsets
 
 try:
     import horovod.torch  # noqa: F401
@@ -84,7 +84,7 @@ def test_counts_are_exact_and_stated_in_log_space() -> None:
     assert res.exhausted and res.assignments > 10 ** 6 and math.isfinite(res.log10)
     # the groups some fitting vector takes cover every solution, not the first 64
     res = fusion.solve_subset([64, 32, 16, 8], [8, 8, 8, 8], 256)
-    assert len(res.vectors) == fusion.MAX_SOLUTIONS and res.used == {0, 1, 2, 3}
+    assert len(res.vectors) == fusion_subsets.MAX_SOLUTIONS and res.used == {0, 1, 2, 3}
 
 
 def test_equal_tensors_in_one_call_never_overflow() -> None:

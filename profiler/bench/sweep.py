@@ -4,7 +4,7 @@
         python -m profiler.bench.sweep --collectives allreduce --sizes 8,1K,1536,4M
 
 Sweep mode: for each collective and each size (bytes of the collective's data
-volume, the profiler's ``bytes`` of the call, see hooks/mpi.c: e.g. allgather
+volume, the profiler's ``bytes`` of the call, see hooks/mpi_protos.py: e.g. allgather
 counts the gathered total), ``--warmup`` calls with recording paused, then
 ``--iters`` recorded calls timed as one block; rank 0 prints nccl-tests' columns
 (size, count, type, redop, root, time, algbw, busbw; time = the slowest rank's
@@ -140,7 +140,7 @@ class MpiBackend:
 
     def prepare(self, op: str, count: int, np_dtype: str, comm_size: int = 0
                 ) -> Callable[[], None]:
-        """A closure that makes one call recording `count` elements (see hooks/mpi.c)."""
+        """A closure that makes one call recording `count` elements (see hooks/mpi_protos.py)."""
         MPI, comm, p = self.MPI, self.comm, self.size
         t = self.mpi_type(np_dtype)
         src_p = comm_size or p
