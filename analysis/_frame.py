@@ -21,9 +21,11 @@ import numpy as np
 import pandas as pd
 
 from profiler.errors import UsageError
+from profiler.formats.record import LIFECYCLE_OPS
 from profiler.units import fmt_bytes as fmt_bytes  # re-exported: sizes read the same everywhere
 
-NON_CALL_OPS = ("init", "finalize")
+#: Rows that are no communication call (profiler.formats.record, defined once).
+NON_CALL_OPS = tuple(sorted(LIFECYCLE_OPS))
 KIB = 1024
 
 

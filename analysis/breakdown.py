@@ -52,6 +52,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profiler.formats.record import LIFECYCLE_OPS
+
 from ._frame import isin
 
 __all__ = ["PARTS", "LABELS", "rank_breakdown", "breakdown_summary", "last_ranks",
@@ -197,7 +199,7 @@ def _clip_to(calls_: pd.DataFrame, rank: np.ndarray, b: np.ndarray, f: np.ndarra
 def _calls(df: pd.DataFrame, kinds: list[str]) -> pd.DataFrame:
     """Communication calls of the given kinds (host rows; no device twins)."""
     mask = ~isin(df["backend"], ["app"]) if "backend" in df.columns else np.ones(len(df), bool)
-    mask = mask & ~isin(df["op"], ["init", "finalize"])
+    mask = mask & ~isin(df["op"], LIFECYCLE_OPS)
     if "kind" in df.columns:
         mask = mask & isin(df["kind"], kinds)
     if "device" in df.columns:

@@ -57,11 +57,13 @@ import numpy as np
 import pandas as pd
 
 from profiler.errors import UsageError
+from profiler.formats import steps as step_figures
+from profiler.formats.steps import StepTotals
 
 from ._frame import distinct, isin, keys_of, pow2_bucket, timed_calls
 from .cycles import CycleEdge, cycle_edge
 from .stats import N_BOOT, SEED, bootstrap_interval
-from .throughput import covered_ns, steady_steps, step_table
+from .throughput import steady_steps, step_table
 
 __all__ = ["compare", "welch", "run_test", "RunTest", "STEP_METRICS", "COLUMNS", "LEVEL",
            "WITHIN_RUN", "WELCH_RUNS", "PAIRED_RUNS"]
@@ -294,30 +296,46 @@ def _row(label: str, base: str, metric: str, bucket: str, a: Sequence[np.ndarray
             "test": test, "reason": reason, "runs": len(ra), "runs_baseline": len(rb)}
 
 
-def _rate_row(label: str, base: str, a: Sequence[pd.DataFrame], b: Sequence[pd.DataFrame],
-              **kw: Any) -> dict[str, object]:
-    """images/sec: a run's images over the time its steps cover
-    (throughput.run_images_per_s, the figure summarize gives); the samples are
-    step indices into every run's steps, so the within-run bootstrap resamples
-    steps of that ratio, and Welch's p there is over each step's own rate."""
+def _run_row(label: str, base: str, metric: str, a: Sequence[pd.DataFrame],
+             b: Sequence[pd.DataFrame], **kw: Any) -> dict[str, object]:
+    """step_ms or images_per_s: a run's figure over its steady steps, the one
+    definition (profiler.formats.steps, through throughput.run_totals: the
+    figure summarize, advise and trace.json give); the samples are step indices
+    into every run's steps, so the within-run bootstrap resamples steps of that
+    ratio, and Welch's p there is over each step's own value."""
     tables = [*a, *b]
-    images = np.concatenate([t["images"].to_numpy(dtype=float) for t in tables])
-    covered = np.concatenate([covered_ns(t).astype(float) for t in tables])
     starts = np.cumsum([0] + [len(t) for t in tables])
     ix = [np.arange(starts[i], starts[i + 1], dtype=float) for i in range(len(tables))]
+    steps = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+    images = steps["images"].to_numpy(dtype=np.int64) if len(steps) else np.zeros(0, np.int64)
+    ranks = steps["ranks"].to_numpy(dtype=np.int64) if len(steps) else np.zeros(0, np.int64)
+    rank_ns = (steps["rank_ns"].to_numpy(dtype=np.int64) if len(steps) and "rank_ns"
+               in steps.columns else np.zeros(len(steps), np.int64))
 
-    def rate(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    def figure(x: np.ndarray, axis: int = -1) -> np.ndarray:
         k = np.asarray(x).astype(np.int64)
-        c = covered[k].sum(axis=axis)
-        return np.asarray(np.where(c > 0, images[k].sum(axis=axis) / np.where(c > 0, c, 1.0)
-                                   * 1e9, np.nan))
+        if k.ndim == 1:  # a run's (or the pooled runs') own figure: exactly as everywhere
+            t = StepTotals(images=int(images[k].sum()), rank_ns=int(rank_ns[k].sum()),
+                           rank_steps=int(ranks[k].sum()), steps=int(k.size))
+            return np.asarray(step_figures.step_ms(t) if metric == "step_ms"
+                              else step_figures.images_per_s(t))
+        ns = rank_ns[k].sum(axis=axis).astype(float)
+        rs = ranks[k].sum(axis=axis).astype(float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if metric == "step_ms":
+                return np.asarray(np.where(rs > 0, ns / rs / 1e6, np.nan))
+            n = float(k.shape[axis])
+            im = images[k].sum(axis=axis).astype(float)
+            return np.asarray(np.where(ns > 0, im * rs * 1e9 / (n * ns), np.nan))
 
-    def steps_rate(ts: Sequence[pd.DataFrame]) -> np.ndarray:
-        r = np.concatenate([t["images_per_s"].to_numpy(dtype=float) for t in ts])
+    col = "wall_ms" if metric == "step_ms" else "images_per_s"
+
+    def own(ts: Sequence[pd.DataFrame]) -> np.ndarray:
+        r = np.concatenate([t[col].to_numpy(dtype=float) for t in ts]) if ts else np.zeros(0)
         return r[np.isfinite(r)]
 
-    return _row(label, base, "images_per_s", "", ix[:len(a)], ix[len(a):], rate,
-                welch_p=True, p_samples=(steps_rate(a), steps_rate(b)), **kw)
+    return _row(label, base, metric, "", ix[:len(a)], ix[len(a):], figure,
+                welch_p=True, p_samples=(own(a), own(b)), **kw)
 
 
 def _breakdown(df: pd.DataFrame, label: str) -> pd.DataFrame | None:
@@ -413,9 +431,9 @@ def compare(
     if has_steps:
         for lb in others:
             for col, metric in STEP_METRICS.items():
-                if col == "images_per_s":
-                    rows.append(_rate_row(lb, base, [per_step[t] for t in sides[lb]],
-                                          [per_step[t] for t in sides[base]], **kw))
+                if metric in ("step_ms", "images_per_s"):
+                    rows.append(_run_row(lb, base, metric, [per_step[t] for t in sides[lb]],
+                                         [per_step[t] for t in sides[base]], **kw))
                     continue
 
                 def get(tr: str, col: str = col) -> np.ndarray:

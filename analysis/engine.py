@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from profiler.errors import CorruptError, NotATraceError, NotFoundError, UsageError
+from profiler.formats.record import LIFECYCLE_OPS
 from profiler.layout import file_rank
 
 from .filters import RowFilter, sql_strings
@@ -47,7 +48,7 @@ __all__ = ["Dataset", "RowFilter", "open_dataset", "summarize_dataset", "overvie
            "finish_summary", "stragglers_dataset", "DEFAULT_MEMORY_LIMIT"]
 
 DEFAULT_MEMORY_LIMIT = "2GB"
-NON_CALL_OPS = ("init", "finalize")
+NON_CALL_OPS = tuple(sorted(LIFECYCLE_OPS))  # profiler.formats.record, defined once
 
 
 # ---------------------------------------------------------------------------

@@ -237,7 +237,9 @@ def _check_ranks(path: str, wanted: list[int] | None, present: list[int]) -> Non
 
 def _gather(path: str, meta: dict[str, Any] | None, by: list[str],
             ranks_arg: list[int] | None, steps: tuple[int, int] | None = None,
-            ops: list[str] | None = None) -> FrameCalls:
+            ops: list[str] | None = None, loaded: pd.DataFrame | None = None) -> FrameCalls:
+    """loaded: the profile's rows already in memory (TraceAnalysis.rows), when
+    they hold every row these filters ask for."""
     import numpy as np
 
     from profiler.analysis.summary import comm_calls
@@ -260,7 +262,8 @@ def _gather(path: str, meta: dict[str, Any] | None, by: list[str],
         columns = list(_BASE_COLUMNS)
         for k in by:
             columns += _KEY_COLUMNS.get(k, [])
-        df = load(path, columns=list(dict.fromkeys(columns)), steps=steps, ops=ops)
+        df = (loaded if loaded is not None else
+              load(path, columns=list(dict.fromkeys(columns)), steps=steps, ops=ops))
         fn = summarize
     if ranks_arg:
         _check_ranks(path, ranks_arg, np.unique(df["rank"].to_numpy()).tolist())
@@ -332,17 +335,48 @@ class TraceAnalysis:
         chosen = "pandas" if dataset is None else ("dask" if engine == "dask" else "duckdb")
         return cls(path=p, meta=meta, engine=chosen, dataset=dataset, scheduler=scheduler)
 
+    def rows(self, max_rows: int | None = None) -> pd.DataFrame:
+        """The profile's rows, loaded once and kept (analysis.load): every column
+        the findings, the summary and the report read; above `max_rows` calls
+        (default: the findings' MAX_ROWS) a bounded window of the job, which
+        ``df.attrs["selection"]`` describes.  What advise, summary and report
+        answer from, so that opening a profile reads its files once."""
+        from .findings import COLUMNS, MAX_ROWS
+        from .load import load
+        from .report import REPORT_COLUMNS
+
+        limit = MAX_ROWS if max_rows is None else max_rows
+        key = f"rows:{limit}"
+        if key not in self._cache:
+            cols = list(dict.fromkeys([*COLUMNS, *REPORT_COLUMNS, *_BASE_COLUMNS,
+                                       *(c for v in _KEY_COLUMNS.values() for c in v)]))
+            self._cache[key] = load(self.path, columns=cols, max_rows=limit)
+        return self._cache[key]
+
+    def _whole_rows(self) -> pd.DataFrame | None:
+        """rows() when it holds the whole profile (not a window), else None."""
+        if self.dataset is not None or self._aggregated:
+            return None
+        df = self.rows()
+        return None if df.attrs.get("selection") else df
+
+    @property
+    def _aggregated(self) -> bool:
+        return bool(self.meta and (self.meta.get("dataset") or {}).get("aggregates"))
+
     def calls(self, *, by: Sequence[str] = (), ranks: Sequence[int] | None = None,
               steps: tuple[int, int] | None = None,
               ops: Sequence[str] | None = None) -> Calls:
         """The communication calls, filtered; `by`: the grouping keys the table
-        will be asked for (the pandas engine loads only the columns they need)."""
+        will be asked for (the pandas engine answers from rows(), or, filtered
+        by steps or ops, loads only the columns they need)."""
         ranks_l = sorted(set(int(r) for r in ranks)) if ranks else None
         ops_l = list(ops) if ops is not None else None
         if self.dataset is not None:
             return _gather_dataset(self.path, self.dataset, ranks_l, steps, ops_l,
                                    self.engine, self.scheduler)
-        return _gather(self.path, self.meta, list(by), ranks_l, steps, ops_l)
+        loaded = self._whole_rows() if steps is None and ops_l is None else None
+        return _gather(self.path, self.meta, list(by), ranks_l, steps, ops_l, loaded=loaded)
 
     def summary(self, by: Sequence[str] | str = ("op", "bucket"), *,
                 ranks: Sequence[int] | None = None, steps: tuple[int, int] | None = None,
@@ -356,11 +390,14 @@ class TraceAnalysis:
     def advise(self, *, bench: str | os.PathLike[str] | None = None,
                replay: str | os.PathLike[str] | None = None,
                only: Sequence[str] | None = None) -> Any:
-        """The findings of this profile, ranked (analysis.findings.advise: the
-        step breakdown and every analyzer; `bench`, `replay` as there)."""
-        from .findings import advise
+        """The findings of this profile, ranked (analysis.findings.advise_frame
+        on rows(), the rows loaded once: the step breakdown and every
+        analyzer; `bench`, `replay`: other profiles, as analysis.findings.advise
+        takes them)."""
+        from .findings import advise_frame, context_of
 
-        return advise(self.path, bench=bench, replay=replay, only=only)
+        return advise_frame(self.rows(), self.meta, path=self.path, only=only,
+                            bench=context_of(bench), replay=context_of(replay))
 
     def p2p(self, *, ranks: Sequence[int] | None = None,
             steps: tuple[int, int] | None = None) -> pd.DataFrame:
@@ -464,9 +501,14 @@ class TraceAnalysis:
         `out` (analysis.report.write_profiles)."""
         from .report import write_profiles
 
+        # one profile: the rows loaded once, when they are all of it and the
+        # report would load no more
+        frame = self._whole_rows() if not others and labels is None else None
+        if frame is not None and max_rows is not None and len(frame) > max_rows:
+            frame = None  # the report's own, smaller window
         return write_profiles([(ta.path, ta.meta, ta.dataset) for ta in (self, *others)], out,
                               labels=labels, title=title, progress=progress,
-                              max_rows=max_rows)
+                              max_rows=max_rows, frame=frame)
 
     def _profile_dir(self) -> Path:
         p = Path(self.path)
@@ -474,14 +516,15 @@ class TraceAnalysis:
 
     def lineage(self) -> pd.DataFrame:
         """The fusion lineage: the lineage.parquet the merge wrote next to the
-        trace, else computed from the ranks' datasets (nothing written); a
-        NotFoundError saying why when there is none."""
+        trace (read once).  Building it is the post-job stage's
+        (profiler.postjob.lineage, run by `profiler merge` and the merge at
+        exit), not the analysis's: a NotFoundError saying why there is none,
+        and that `profiler merge` builds it."""
         if "lineage" in self._cache:
             return self._cache["lineage"]
         from profiler import layout
         from profiler.errors import NotFoundError
         from profiler.formats import lineage as stored
-        from profiler.postjob import lineage as build
 
         p = Path(self.path)
         if not p.exists():
@@ -491,21 +534,21 @@ class TraceAnalysis:
         name = info.get("file") if isinstance(info, dict) else None
         candidates = [d / name] if isinstance(name, str) and "/" not in name else []
         candidates.append(d / layout.LINEAGE_FILE)
-        table = None
-        for c in candidates:
-            if c.is_file():
-                table = stored.load(c)
-                break
-        if table is None:
-            # build_lineage raises nothing for what the directory holds: a reason instead
-            outcome = build.build_lineage(d, write=False)
-            if outcome.table is None or not len(outcome.table):
-                reason = info.get("reason") if isinstance(info, dict) and info.get("reason") \
-                    else outcome.reason
-                raise NotFoundError(p, f"no fusion lineage: {reason}")
-            table = outcome.table
+        found = next((c for c in candidates if c.is_file()), None)
+        if found is None:
+            reason = (info.get("reason") if isinstance(info, dict) and info.get("reason")
+                      else f"no {layout.LINEAGE_FILE} in {d}")
+            raise NotFoundError(p, f"no fusion lineage: {reason} (`profiler merge {d}` "
+                                   "builds it from the ranks' datasets)")
+        table = stored.load(found)
         self._cache["lineage"] = table
         return table
+
+    def use_lineage(self, table: pd.DataFrame) -> None:
+        """Take the lineage a command built with the post-job stage
+        (profiler.postjob.lineage.build_lineage) where the merge wrote none:
+        lineage(), tensors() and fusion_whatif() use it."""
+        self._cache["lineage"] = table
 
     def tensors(self) -> pd.DataFrame:
         """One row per (tensor, Horovod operation) of the lineage

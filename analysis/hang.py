@@ -148,9 +148,7 @@ def _rank(directory: Path, raw: RawFile) -> tuple[RankState, dict[int, int], dic
     by_handle, info = _comm_index(raw)
     # collectives only: point-to-point calls have no sequence number
     host = np.isin(rec["op"], [o for o, (_, name, b) in F.OPS.items()
-                               if b in ("mpi", "nccl")
-                               and name not in ("init", "finalize", "nccl_net")
-                               and name not in F.P2P_OPS])
+                               if F.is_comm_op(name, b) and name not in F.P2P_OPS])
     host &= rec["comm"] != np.uint32(0xFFFFFFFF)
     host &= (rec["flags"] & F.FLAG_DEVICE) == 0
     ids = raw.comms["id"].astype(np.uint64) if len(raw.comms) else np.zeros(0, np.uint64)

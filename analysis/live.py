@@ -3,8 +3,10 @@
 `Watcher(directory).refresh()` reads what every rank appended to its raw file
 since the previous refresh (profiler.formats.rawtail: complete chunks' slots
 only, no lock, nothing written) and its summary-mode snapshot (rank-R.agg),
-folds the new records into aggregates and returns a `snapshot()`: a plain
-dict, the JSON of `profiler watch --once --format json`.
+folds the new records into aggregates (their layout: analysis.live_aggregates)
+and returns a `snapshot()` (analysis.live_snapshot): a plain dict, the JSON of
+`profiler watch --once --format json`.  This module is the fold; the rules
+below are both's.
 
 Memory is bounded over any run length: per rank one aggregate per (op, kind,
 communicator, size class) with a fixed latency histogram, the steps of the
@@ -16,10 +18,12 @@ Rules the snapshot follows:
 * calls are records, as trace.json's events count them: every op except the
   per-thread CPU accounting ("cpu") and NCCL's network activity ("nccl_net"),
   which are not calls;
-* a step is an op "step" record, its count the images; images/sec is
-  images / the time in steps that carried images, per rank (as the trace's
-  metadata computes it); the job's is the sum over ranks; "recent" is over the
-  steps that ended in the last `window_s` seconds of that rank's steps;
+* a step is an op "step" record, its count the images; a rank's and the
+  job's step time and images/sec are over the steady steps, by the one
+  definition trace.json's metadata and the analysis give
+  (profiler.formats.steps: step time the ranks' own step times averaged,
+  images/sec a step's images over it); "recent" is over the steps with
+  images that ended in the last `window_s` seconds of each rank's steps;
 * the slowest rank is the one with the longest mean step time (recent steps
   when there are any), among at least two ranks with steps;
 * a call in flight is "stuck" when it has been in flight for at least
@@ -69,31 +73,33 @@ import numpy as np
 import pandas as pd
 
 from profiler import layout
-from profiler.analysis.metrics import bus_factor
 from profiler.errors import NotFoundError, ProfilerError
 from profiler.formats import record as F
-from profiler.formats.clock import ns_per_tick, ticks_to_job_ns, ticks_to_mono_ns
+from profiler.formats.clock import ns_per_tick, ticks_to_job_ns
 from profiler.formats.raw import c_string, read_agg, writer_state
 from profiler.formats.rawtail import RawTail, TailRead
 from profiler.formats.rows import thread_kind_of
 from profiler.postjob.classify import classify, horovod_tracks
 
+from .live_aggregates import (
+    _BOUNDS_NS,
+    _BYTES,
+    _CALLS,
+    _KINDS,
+    _MAX,
+    _NS,
+    _NV,
+    LATENCY_BOUNDS_S,
+    NB,
+    SIZE_CLASSES,
+    _add,
+    size_class_index,
+)
+from .live_snapshot import SCHEMA, STUCK_MIN_S
+
 __all__ = ["Watcher", "SIZE_CLASSES", "LATENCY_BOUNDS_S", "SCHEMA", "STUCK_MIN_S",
            "size_class_index"]
 
-SCHEMA = "horovod-profiler.watch/1"
-#: Message-size classes: (upper bound in bytes, inclusive; label).
-SIZE_CLASSES: tuple[tuple[float, str], ...] = (
-    (1024, "0-1KiB"), (64 * 1024, "1KiB-64KiB"), (1 << 20, "64KiB-1MiB"),
-    (16 << 20, "1MiB-16MiB"), (math.inf, "16MiB+"))
-#: Upper bounds (seconds, inclusive) of the latency histogram; one more bucket
-#: holds everything above the last.
-LATENCY_BOUNDS_S: tuple[float, ...] = (1e-6, 4e-6, 16e-6, 64e-6, 256e-6, 1e-3, 4e-3, 16e-3,
-                                       64e-3, 0.256, 1.0, 4.0, 16.0)
-_BOUNDS_NS = np.array([b * 1e9 for b in LATENCY_BOUNDS_S])
-NB = len(LATENCY_BOUNDS_S) + 1
-#: A call in flight for less than this is never called stuck.
-STUCK_MIN_S = 1.0
 #: Recent steps kept per rank, at most.
 MAX_RECENT_STEPS = 4096
 #: Rows kept per rank for the step breakdown until their step is split, at most.
@@ -104,25 +110,14 @@ MAX_BREAKDOWN_STEPS = 16
 FINAL_LAG_S = 0.5
 #: Seconds between two splits of steps (each costs tens of ms of pandas).
 BREAKDOWN_EVERY_S = 5.0
-_SIZE_UPPER = np.array([u if math.isfinite(u) else np.inf for u, _ in SIZE_CLASSES])
-_KINDS = ("data", "control", "p2p", "app")
 _NO_COMM = 0xFFFFF
-_OP_NET = F.OP_BY_NAME["nccl_net"]
 _OP_STEP = F.OP_APP_STEP
-_NOT_CALLS = np.array([F.OP_APP_CPU, _OP_NET], dtype=np.uint16)
+_NOT_CALLS = np.array([F.OP_BY_NAME[n] for n in sorted(F.NOT_CALL_RECORDS)], dtype=np.uint16)
 # what the step breakdown reads: these app rows, and the MPI/NCCL calls
 _BREAKDOWN_APP = np.array([F.OP_BY_NAME[n] for n in ("step", "sync", "tensor", "join")],
                           dtype=np.uint16)
-_COMM_OPS = np.array([k for k in F.OPS if F.op_backend(k) in ("mpi", "nccl")
-                      and F.op_name(k) not in ("init", "finalize")], dtype=np.uint16)
-# value columns of an aggregate: calls, bytes, ns, max ns, then NB histogram buckets
-_CALLS, _BYTES, _NS, _MAX = 0, 1, 2, 3
-_NV = 4 + NB
-
-
-def size_class_index(nbytes: np.ndarray) -> np.ndarray:
-    """Index into SIZE_CLASSES of each message size."""
-    return np.searchsorted(_SIZE_UPPER, np.asarray(nbytes, dtype=np.float64), side="left")
+_COMM_OPS = np.array([k for k in F.OPS if F.is_comm_op(F.op_name(k), F.op_backend(k))],
+                     dtype=np.uint16)
 
 
 @dataclass
@@ -144,6 +139,7 @@ class _Rank:
     images: int = 0
     timed_ns: int = 0
     step_ns: int = 0
+    first_step: tuple[int, int, int] | None = None  # (number, ns, images) of the first
     recent: deque[tuple[int, int, int]] = field(
         default_factory=lambda: deque(maxlen=MAX_RECENT_STEPS))  # (t_end job ns, dur, images)
     pending: list[dict[str, np.ndarray]] = field(default_factory=list)  # breakdown rows
@@ -254,6 +250,10 @@ class Watcher:
             st.timed_steps += int(timed.sum())
             st.images += int(imgs.sum())
             st.timed_ns += int(d[timed].sum())
+            seq = rec["seq"][steps].astype(np.int64)
+            i = int(np.argmin(seq))
+            if st.first_step is None or int(seq[i]) < st.first_step[0]:
+                st.first_step = (int(seq[i]), int(d[i]), int(imgs[i]))
             order = np.argsort(t_end[steps], kind="stable")
             for e, dd, im in zip(t_end[steps][order].tolist(), d[order].tolist(),
                                  imgs[order].tolist()):
@@ -554,170 +554,10 @@ class Watcher:
 
     # -- the snapshot -------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        ranks_out: list[dict[str, Any]] = []
-        coll: dict[str, np.ndarray] = {}  # op -> calls, bytes, ns, bus bytes, max
-        in_flight: list[dict[str, Any]] = []
-        world = 0
-        last_ns = 0
-        for r in sorted(self.ranks):
-            st = self.ranks[r]
-            h = st.header
-            if not h:
-                ranks_out.append({"rank": r, "status": "unreadable", "error": st.error})
-                continue
-            world = max(world, int(h.get("world_size") or 0))
-            stats = self.rank_stats(st)
-            ops: dict[str, int] = {}
-            kinds: dict[str, int] = {}
-            op_ns: dict[int, list[float]] = {}
-            comm_ns = 0.0
-            calls = 0
-            for (op, kind, comm, _sc), v in stats.items():
-                name = F.op_name(op)
-                ops[name] = ops.get(name, 0) + int(v[_CALLS])
-                kinds[_KINDS[kind]] = kinds.get(_KINDS[kind], 0) + int(v[_CALLS])
-                calls += int(v[_CALLS])
-                acc = op_ns.setdefault(op, [0.0, 0.0])
-                acc[0] += v[_CALLS]
-                acc[1] += v[_NS]
-                backend = F.op_backend(op)
-                if backend in ("mpi", "nccl") and name not in ("init", "finalize"):
-                    comm_ns += v[_NS]
-                    c = coll.setdefault(name, np.zeros(5))
-                    c[0] += v[_CALLS]
-                    c[1] += v[_BYTES]
-                    c[2] += v[_NS]
-                    f = bus_factor(name, self.comm_size(st, comm))
-                    c[3] += v[_BYTES] * f if f == f else 0.0
-                    c[4] = max(c[4], v[_MAX])
-            status, beat_age = self.status(st)
-            if st.last_ns is not None:
-                last_ns = max(last_ns, st.last_ns)
-            flying = self._in_flight(st, op_ns)
-            in_flight.extend(flying)
-            recent = list(st.recent)
-            r_timed = [(d, im) for _e, d, im in recent if im > 0]
-            r_imgs = sum(im for _d, im in r_timed)
-            r_ns = sum(d for d, _im in r_timed)
-            recorded = st.tail.records_read + int(h.get("aggregated_calls") or 0)
-            cost_ns = float(h.get("call_cost_ns") or 0.0) * recorded + \
-                int(h.get("helper_cpu_ns") or 0)
-            run_ns = int(h.get("cal1_mono_ns") or 0) - int(h.get("cal0_mono_ns") or 0)
-            if str(h.get("hostname", "")) == self._host and status in ("running", "stalled",
-                                                                       "unknown"):
-                run_ns = time.monotonic_ns() - int(h.get("cal0_mono_ns") or 0)
-            ranks_out.append({
-                "rank": r, "host": str(h.get("hostname", "")), "pid": int(h.get("pid") or 0),
-                "status": status, "stopped": status in ("dead", "stalled"),
-                "heartbeat_age_s": beat_age,
-                "mode": F.MODES.get(int(h.get("mode") or 0), "full"),
-                "steps": st.steps, "timed_steps": st.timed_steps, "images": st.images,
-                "images_per_sec": st.images / (st.timed_ns / 1e9) if st.timed_ns else None,
-                "images_per_sec_recent": r_imgs / (r_ns / 1e9) if r_ns else None,
-                "step_time_s": st.step_ns / st.steps / 1e9 if st.steps else None,
-                "step_time_recent_s": (sum(d for _e, d, _i in recent) / len(recent) / 1e9
-                                       if recent else None),
-                "calls": calls, "ops": dict(sorted(ops.items())),
-                "kinds": dict(sorted(kinds.items())),
-                "comm_time_s": comm_ns / 1e9,
-                "last_record_s": st.last_ns / 1e9 if st.last_ns is not None else None,
-                "dropped_records": int(h.get("dropped_records") or 0),
-                "not_aggregated_calls": st.agg_overflow,
-                "unsampled_calls": int(h.get("unsampled_calls") or 0),
-                "in_flight": flying,
-                "cost": {"call_cost_ns": float(h.get("call_cost_ns") or 0.0),
-                         "recorded_calls": recorded,
-                         "helper_cpu_s": int(h.get("helper_cpu_ns") or 0) / 1e9,
-                         "cost_s": cost_ns / 1e9,
-                         "share": cost_ns / run_ns if run_ns > 0 else None},
-                "problems": list(st.problems) + ([st.error] if st.error else []),
-            })
-        live = [x for x in ranks_out if "steps" in x]
-        elapsed = last_ns / 1e9 if last_ns > 0 else None
-        collectives = self._collectives(coll, elapsed, len(live))
-        rates = [x["images_per_sec"] for x in live if x["images_per_sec"]]
-        r_rates = [x["images_per_sec_recent"] for x in live if x["images_per_sec_recent"]]
-        cost = [x["cost"]["share"] for x in live if x["cost"]["share"] is not None]
-        seen = {x["rank"] for x in ranks_out}
-        return {
-            "schema": SCHEMA,
-            "directory": str(self.directory),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "elapsed_s": elapsed,
-            "window_s": self.window_s,
-            "world_size": world,
-            "ranks_seen": len(ranks_out),
-            "missing_ranks": [r for r in range(world) if r not in seen],
-            "finished": bool(live) and len(live) >= world and all(
-                x["status"] in ("closed", "dead") for x in live),
-            "job": {
-                "steps": max((x["steps"] for x in live), default=0),
-                "images": sum(x["images"] for x in live),
-                "images_per_sec": float(sum(rates)) if rates else None,
-                "images_per_sec_recent": float(sum(r_rates)) if r_rates else None,
-                "calls": sum(x["calls"] for x in live),
-                "dropped_records": sum(x["dropped_records"] for x in live),
-                "not_aggregated_calls": sum(x["not_aggregated_calls"] for x in live),
-                "slowest_rank": _slowest(live),
-                "stopped_ranks": [x["rank"] for x in live if x["stopped"]],
-                "stuck_calls": sum(1 for f in in_flight if f["stuck"]),
-                "profiler_cost_share_max": max(cost) if cost else None,
-                "profiler_helper_cpu_s": sum(x["cost"]["helper_cpu_s"] for x in live),
-            },
-            "breakdown": self.breakdown(),
-            "collectives": collectives,
-            "in_flight": sorted(in_flight, key=lambda f: -(f["age_s"] or 0.0)),
-            "ranks": ranks_out,
-            "watcher": {"refreshes": self.refreshes,
-                        "last_refresh_cpu_s": self.last_refresh_cpu_s,
-                        "open_chunks": sum(st.tail.open_chunks for st in self.ranks.values()),
-                        "aggregates": sum(len(st.stats) for st in self.ranks.values())},
-            "problems": list(self.problems),
-        }
+        """The view of what was folded: a plain dict (analysis.live_snapshot)."""
+        from .live_snapshot import snapshot
 
-    def _in_flight(self, st: _Rank, op_ns: dict[int, list[float]]) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        if not len(st.inflight):
-            return out
-        h = st.header
-        now = self._rank_now_mono_ns(st)
-        handles = {int(c["handle"]): i for i, c in enumerate(st.comms)}
-        starts = ticks_to_mono_ns(st.inflight["t_start"], h)
-        for e, t0 in zip(st.inflight, starts.tolist()):
-            op = int(e["op"])
-            age = max(0.0, (now - int(t0)) / 1e9)
-            calls, ns = op_ns.get(op, [0.0, 0.0])
-            usual = ns / calls / 1e9 if calls else None
-            limit = max(STUCK_MIN_S, self.stuck_factor * usual if usual else 0.0)
-            ci = handles.get(int(e["comm"]))
-            item: dict[str, Any] = {
-                "rank": st.rank, "track": int(e["track"]), "op": F.op_name(op),
-                "comm": self.comm_name(st, ci) if ci is not None else "",
-                "comm_size": self.comm_size(st, ci) if ci is not None else None,
-                "age_s": age, "usual_s": usual, "stuck": age >= limit}
-            if F.op_name(op) in F.P2P_OPS:
-                item.update(peer=int(e["peer"]), tag=int(e["tag"]))
-            out.append(item)
-        return out
-
-    def _collectives(self, coll: dict[str, np.ndarray], elapsed: float | None,
-                     n_ranks: int) -> list[dict[str, Any]]:
-        total_ns = sum(float(v[2]) for v in coll.values()) or 1.0
-        out: list[dict[str, Any]] = []
-        for name, v in coll.items():
-            calls, nbytes, ns, bus, mx = (float(x) for x in v)
-            out.append({
-                "op": name, "calls": int(calls), "bytes": int(nbytes),
-                "mean_bytes": nbytes / calls if calls else None,
-                "time_s": ns / 1e9, "share": ns / total_ns,
-                "mean_us": ns / calls / 1e3 if calls else None, "max_us": mx / 1e3,
-                "calls_per_s": (calls / max(n_ranks, 1) / elapsed
-                                if elapsed and elapsed > 0 else None),
-                "algbw_gbps": nbytes / ns if ns > 0 else None,
-                "busbw_gbps": bus / ns if ns > 0 and bus > 0 else None,
-            })
-        out.sort(key=lambda c: -float(c["time_s"]))
-        return out
+        return snapshot(self)
 
     def recent_call_rates(self) -> dict[str, float]:
         """op -> calls per second (all ranks) over the refreshes of the last window."""
@@ -741,42 +581,3 @@ def _wall_age_s(h: dict[str, Any]) -> float | None:
     if rt0 <= 0 or m0 <= 0 or m1 < m0:
         return None
     return max(0.0, (time.time_ns() - (rt0 + (m1 - m0))) / 1e9)
-
-
-def _slowest(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
-    timed: list[tuple[float, int]] = []
-    for x in ranks:
-        t = x.get("step_time_recent_s") or x.get("step_time_s")
-        if t:
-            timed.append((float(t), int(x["rank"])))
-    if len(timed) < 2:
-        return None
-    t, r = max(timed)
-    median = float(np.median([t_ for t_, _ in timed]))
-    return {"rank": r, "step_time_s": t, "median_step_time_s": median,
-            "ratio": t / median if median > 0 else None}
-
-
-def _add(stats: dict[tuple[int, int, int, int], np.ndarray], op: np.ndarray, kind: np.ndarray,
-         comm: np.ndarray, sc: np.ndarray, nbytes: np.ndarray, dur: np.ndarray,
-         bucket: np.ndarray) -> None:
-    """Fold calls into the (op, kind, comm, size class) aggregates."""
-    key = (op << 32) | (kind << 28) | (comm << 4) | sc
-    uniq, inv = np.unique(key, return_inverse=True)
-    n = len(uniq)
-    calls = np.bincount(inv, minlength=n)
-    b = np.bincount(inv, weights=nbytes, minlength=n)
-    ns = np.bincount(inv, weights=dur, minlength=n)
-    mx = np.zeros(n)
-    np.maximum.at(mx, inv, dur)
-    hist = np.bincount(inv * NB + bucket, minlength=n * NB).reshape(n, NB)
-    for i, k in enumerate(uniq.tolist()):
-        t = (k >> 32, (k >> 28) & 0xF, (k >> 4) & 0xFFFFFF, k & 0xF)
-        v = stats.get(t)
-        if v is None:
-            v = stats[t] = np.zeros(_NV)
-        v[_CALLS] += calls[i]
-        v[_BYTES] += b[i]
-        v[_NS] += ns[i]
-        v[_MAX] = max(v[_MAX], mx[i])
-        v[4:] += hist[i]

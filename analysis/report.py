@@ -542,9 +542,11 @@ def write_profiles(
     title: str | None = None,
     progress: bool = True,
     max_rows: int | None = 5_000_000,
+    frame: pd.DataFrame | None = None,
 ) -> Path:
     """The report of profiles already opened: (path, trace metadata or None for
-    a parquet or raw file, engine.Dataset or None) each.
+    a parquet or raw file, engine.Dataset or None) each; `frame`: one profile's
+    rows already loaded whole (facade.TraceAnalysis.rows), read no more.
 
     A trace with more than `max_rows` calls is not loaded whole: its figures
     come from a bounded window (first ranks, likely stragglers, middle steps)
@@ -554,8 +556,9 @@ def write_profiles(
 
     if not profiles:
         raise UsageError(None, "report needs at least one trace")
-    df = load(*(path for path, _, _ in profiles), label=list(labels) if labels else None,
-              columns=REPORT_COLUMNS, max_rows=max_rows)
+    df = frame if frame is not None and len(profiles) == 1 and not labels else load(
+        *(path for path, _, _ in profiles), label=list(labels) if labels else None,
+        columns=REPORT_COLUMNS, max_rows=max_rows)
     if "label" in df.columns:
         names = [str(x) for x in df["label"].cat.categories] if isinstance(
             df["label"].dtype, pd.CategoricalDtype) else distinct(df["label"])

@@ -37,11 +37,13 @@ import warnings
 import numpy as np
 import pandas as pd
 
+from profiler.formats import steps as step_figures
+
 from ._frame import call_mask, distinct, isin, label_keys, require
 
-__all__ = ["steps", "rank_steps", "step_table", "steady_steps", "covered_ns",
-           "run_images_per_s", "throughput_summary", "correlation",
-           "MIN_STEPS_FOR_CORRELATION"]
+__all__ = ["steps", "rank_steps", "step_table", "steady_steps",
+           "run_totals", "run_images_per_s", "run_step_ms", "throughput_summary",
+           "correlation", "MIN_STEPS_FOR_CORRELATION"]
 
 MIN_STEPS_FOR_CORRELATION = 10
 DEFAULT_GAP_NS = 500_000
@@ -224,86 +226,89 @@ def step_table(df: pd.DataFrame, *, gap_ns: int = DEFAULT_GAP_NS,
     own step times averaged (not the window: where the ranks' step boundaries are
     skewed the window is longer than any rank's step by the skew, and a run of
     back-to-back steps would read long by it every step), images summed over
-    ranks, images_per_s = images / wall, and the per-rank communication figures
-    averaged over ranks (comm_ms, data_ms, control_ms, comm_union_ms, exposed_ms,
-    calls, data_calls, bytes).
+    ranks, images_per_s = images / wall, rank_ns = the ranks' own step times
+    summed (ns: what the run's figures come from, run_totals), and the per-rank
+    communication figures averaged over ranks (comm_ms, data_ms, control_ms,
+    comm_union_ms, exposed_ms, calls, data_calls, bytes).
 
     Columns: [label], step, ranks, t_start_ns, t_end_ns, wall_ms, images,
-    images_per_s, calls, data_calls, control_calls, comm_ms, data_ms, control_ms,
+    images_per_s, rank_ns, calls, data_calls, control_calls, comm_ms, data_ms, control_ms,
     comm_union_ms, exposed_ms, bytes."""
     rs = ranked if ranked is not None else rank_steps(df, gap_ns=gap_ns)
     keys = label_keys(rs)
     mean_cols = ["calls", "data_calls", "control_calls", "comm_ms", "data_ms", "control_ms",
                  "comm_union_ms", "exposed_ms", "bytes"]
     cols = [*keys, "step", "ranks", "t_start_ns", "t_end_ns", "wall_ms", "images",
-            "images_per_s", *mean_cols]
+            "images_per_s", "rank_ns", *mean_cols]
     if rs.empty:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
+    rs = rs.assign(rank_ns=np.maximum(rs["t_end_ns"].to_numpy(dtype=np.int64)
+                                      - rs["t_start_ns"].to_numpy(dtype=np.int64), 0))
     g = rs.groupby([*keys, "step"], sort=True)
     out = g.agg(ranks=("rank", "nunique"), t_start_ns=("t_start_ns", "min"),
                 t_end_ns=("t_end_ns", "max"), images=("images", "sum"),
-                wall_ms=("wall_ms", "mean"),
+                wall_ms=("wall_ms", "mean"), rank_ns=("rank_ns", "sum"),
                 **{c: (c, "mean") for c in mean_cols}).reset_index()
     wall = out["wall_ms"].to_numpy(dtype=np.float64) * 1e6
     out["images_per_s"] = np.where(wall > 0, out["images"] / np.where(wall > 0, wall, 1) * 1e9,
                                    np.nan)
     for c in ("calls", "data_calls", "control_calls", "bytes"):
         out[c] = out[c].round().astype(np.int64)
+    out["rank_ns"] = out["rank_ns"].astype(np.int64)
     out["ranks"] = out["ranks"].astype(np.int64)
     return out[cols]
 
 
-def covered_ns(table: pd.DataFrame) -> np.ndarray:
-    """Per step of `table` (in its order), the time its window adds to the
-    windows that start before it: their sum is the time the union of the
-    windows covers.  A job step's window runs from the earliest rank's start
-    to the latest rank's end, so where the ranks' step boundaries are skewed,
-    consecutive windows overlap by the skew, and a step adds its length less
-    that overlap; time between steps (a gap, an evaluation) is in no window."""
-    t0 = table["t_start_ns"].to_numpy(dtype=np.int64)
-    t1 = table["t_end_ns"].to_numpy(dtype=np.int64)
-    if not len(t0):
-        return np.zeros(0, dtype=np.int64)
-    order = np.argsort(t0, kind="stable")
-    s0, s1 = t0[order], np.maximum(t1[order], t0[order])
-    reach = np.maximum.accumulate(s1)
-    before = np.concatenate([[np.iinfo(np.int64).min], reach[:-1]])
-    added = np.maximum(s1 - np.maximum(s0, before), 0)
-    out = np.empty_like(added)
-    out[order] = added
-    return out
+def run_totals(table: pd.DataFrame) -> step_figures.StepTotals:
+    """The integers a run's step time and images/sec come from
+    (profiler.formats.steps), over these steps of its step table (step_table;
+    usually its steady steps)."""
+    if not len(table):
+        return step_figures.StepTotals()
+    if "rank_ns" in table.columns:
+        rank_ns = int(table["rank_ns"].to_numpy(dtype=np.int64).sum())
+    else:  # a step table from before rank_ns: the ranks' mean step time x ranks
+        rank_ns = int(round(float((table["wall_ms"] * 1e6 * table["ranks"]).sum())))
+    return step_figures.StepTotals(
+        images=int(table["images"].to_numpy(dtype=np.int64).sum()), rank_ns=rank_ns,
+        rank_steps=int(table["ranks"].to_numpy(dtype=np.int64).sum()), steps=len(table))
 
 
 def run_images_per_s(table: pd.DataFrame) -> float:
-    """Images/sec of a run over these steps of its step table (step_table):
-    their images over the time their windows cover together (covered_ns).
-    Summing the windows' lengths instead would count the ranks' skew once a
-    step and read the rate low by skew / step (docs/validation.md, "The
-    run's images/sec").  nan without steps or time."""
-    covered = float(covered_ns(table).sum())
-    images = float(table["images"].sum()) if len(table) else 0.0
-    return images / covered * 1e9 if covered > 0 else float("nan")
+    """Images/sec of a run over these steps of its step table: the one
+    definition (profiler.formats.steps.images_per_s), which trace.json's
+    metadata and the watcher give too.  nan without steps or time."""
+    return step_figures.images_per_s(run_totals(table))
 
 
-def steady_steps(table: pd.DataFrame, warmup: int = 1) -> pd.DataFrame:
-    """The steps that count for throughput, of one label's step table: when some
-    steps carry images and others none, the application marked its warm-up with 0
-    images, so exactly the steps with images are kept; otherwise the first
-    ``warmup`` steps are left out (all steps kept when there are no more)."""
+def run_step_ms(table: pd.DataFrame) -> float:
+    """Step time (ms) of a run over these steps of its step table: the ranks'
+    own step times averaged (profiler.formats.steps.step_ms).  nan without
+    steps."""
+    return step_figures.step_ms(run_totals(table))
+
+
+def steady_steps(table: pd.DataFrame, warmup: int = step_figures.WARMUP_STEPS
+                 ) -> pd.DataFrame:
+    """The steps that count for throughput, of one label's step table
+    (profiler.formats.steps.steady_mask: the steps with images when the
+    application marked its warm-up with 0 images, else all but the first
+    ``warmup``)."""
     sub = table.sort_values("step")
-    images = sub["images"].to_numpy()
-    if (images > 0).any() and (images == 0).any():
-        return sub.loc[images > 0]
-    if len(sub) > warmup:
-        return sub.iloc[warmup:]
-    return sub
+    if not len(sub):
+        return sub
+    return sub.loc[step_figures.steady_mask(sub["step"].to_numpy(), sub["images"].to_numpy(),
+                                            warmup)]
 
 
 def throughput_summary(df: pd.DataFrame | None = None, *, table: pd.DataFrame | None = None,
-                       warmup: int = 1, gap_ns: int = DEFAULT_GAP_NS) -> pd.DataFrame:
+                       warmup: int = step_figures.WARMUP_STEPS,
+                       gap_ns: int = DEFAULT_GAP_NS) -> pd.DataFrame:
     """Per label, over the steady steps (:func:`steady_steps`): steps, ranks,
-    median and mean step time, images/sec (run_images_per_s), communication,
-    exposed communication and their share of the step.
+    the step time (run_step_ms: step_ms_mean, the figure of every door), the
+    median of the steps' times (labelled as such), images/sec
+    (run_images_per_s), communication, exposed communication and their share of
+    the step.
 
     Columns: [label], steps, ranks, step_ms_median, step_ms_mean, step_ms_std,
     images_per_s, comm_ms, exposed_ms, comm_union_ms, comm_share, exposed_share,
@@ -330,7 +335,7 @@ def throughput_summary(df: pd.DataFrame | None = None, *, table: pd.DataFrame | 
         row.update(
             steps=len(sub), ranks=int(sub["ranks"].max()) if len(sub) else 0,
             step_ms_median=float(sub["wall_ms"].median()),
-            step_ms_mean=float(sub["wall_ms"].mean()),
+            step_ms_mean=run_step_ms(sub),
             step_ms_std=float(sub["wall_ms"].std(ddof=1)) if len(sub) > 1 else float("nan"),
             images_per_s=run_images_per_s(sub),
             comm_ms=float(sub["comm_ms"].mean()), exposed_ms=float(sub["exposed_ms"].mean()),
@@ -362,7 +367,7 @@ def correlation(
     table: pd.DataFrame | None = None,
     x: str = "comm_ms",
     y: str = "wall_ms",
-    warmup: int = 1,
+    warmup: int = step_figures.WARMUP_STEPS,
     min_steps: int = MIN_STEPS_FOR_CORRELATION,
     warn: bool = True,
 ) -> pd.DataFrame:

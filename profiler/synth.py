@@ -78,10 +78,11 @@ from profiler.errors import (
     UsageError,
 )
 from profiler.formats.dataset import schema_columns
+from profiler.formats.record import LIFECYCLE_OPS
 
 __all__ = ["SynthConfig", "SynthResult", "synthesize", "read_template"]
 
-NON_MATCHED_OPS = ("init", "finalize")
+NON_MATCHED_OPS = tuple(sorted(LIFECYCLE_OPS))  # profiler.formats.record, defined once
 
 
 @dataclass
@@ -504,6 +505,7 @@ def rank_meta(tmpl: Template, plan: Plan, cfg: SynthConfig, rank: int, table: pa
         "rows": table.num_rows, "mode": "full", "aggregated_calls": 0, "unsampled_calls": 0,
         "aggregates": None, "problems": [], "parquet": f"rank-{rank:05d}.parquet",
         "totals": {"comm_ns": comm_ns},
+        "steps": _step_totals(table),
         "source": {"raw": None, "state": h["state"], "converted_by": "profiler synth",
                    "converted_at": time.time()},
         "synthetic": {"source": tmpl.source, "template_rank": cfg.template_rank,
@@ -517,6 +519,18 @@ def rank_meta(tmpl: Template, plan: Plan, cfg: SynthConfig, rank: int, table: pa
         m["argv"] = None
         m["executable"] = None
     return m
+
+
+def _step_totals(table: pa.Table) -> dict[str, Any]:
+    """The rank's steps block (profiler.postjob.convert.step_totals, as a real
+    rank's conversion writes it) from its generated step rows: what the job's
+    step time and images/sec in trace.json come from."""
+    from profiler.postjob.convert import step_totals
+
+    cols = [c for c in ("op", "step", "seq", "t_start_ns", "t_end_ns", "dur_ns", "count")
+            if c in table.schema.names]
+    steps = table.select(cols).filter(pc.equal(table["op"].cast(pa.string()), "step"))
+    return step_totals(steps.to_pandas())
 
 
 def _comm_ns(table: pa.Table) -> int:

@@ -182,6 +182,8 @@ def test_images_per_sec_in_trace_agrees_with_benchmark(
     # the trace's metadata carries the run's batch size and images/sec
     assert meta["batch_size"] == BATCH
     assert meta["images_per_sec"] == pytest.approx(total, rel=0.05)
+    # one definition (profiler.formats.steps): the metadata's is the API's, exactly
+    assert meta["images_per_sec"] == api_rate
 
 
 def test_the_trace_states_what_profiling_cost(hooked: tuple[dict[str, Any], Path]) -> None:

@@ -368,11 +368,20 @@ def test_tensors_command(fused: tuple[Path, dict[str, Any]], tmp_path: Path,
                          capsys: pytest.CaptureFixture[str]) -> None:
     prof, info = fused
     params: dict[str, int] = info["params"]
-    # Computed on the fly when lineage.parquet is not there (nothing written).
+    # Without lineage.parquet the analysis builds nothing: building it is the
+    # post-job stage's, and the error says so; `profiler merge` builds it.
+    from profiler.cli import tensors as cli
+    from profiler.errors import NotFoundError
+    from profiler.postjob.merge import merge
+
     work = tmp_path / "copy"
     shutil.copytree(prof, work, ignore=shutil.ignore_patterns("lineage.parquet"))
-    rows = json.loads(tensors_cli(capsys, str(work / "trace.json"), "--format", "json"))
+    with pytest.raises(NotFoundError, match="profiler merge"):
+        cli.load_lineage(str(work / "trace.json"))
     assert not (work / "lineage.parquet").exists()
+    merge(work)
+    assert (work / "lineage.parquet").is_file()
+    rows = json.loads(tensors_cli(capsys, str(work / "trace.json"), "--format", "json"))
     ar = {r["tensor"]: r for r in rows if r["op"] == "ALLREDUCE"}
     assert sorted(ar) == sorted(f"allreduce.{p}" for p in params)
     for name, n in params.items():

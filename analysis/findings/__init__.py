@@ -196,7 +196,10 @@ def _header(ctx: Context) -> dict[str, Any]:
     return {"ranks": ranks, "ranks_analysed": len(ctx.ranks),
             "window": bool(ctx.df.attrs.get("selection")), "hosts": len(ctx.hosts) or 1,
             "interconnect": interconnect(ctx.meta) or "",
-            "steps": ctx.n_steps, "step_ms": ctx.step_ms, "images_per_s": ctx.images_per_s}
+            "steps": ctx.n_steps, "step_ms": ctx.step_ms,
+            # the whole job's rate (a window's own is its ranks' share of it)
+            "images_per_s": ctx.job_images_per_s, "images_per_s_analysed": ctx.images_per_s,
+            "job_step_ms": ctx.job_step_ms}
 
 
 def advise_frame(df: Any, meta: dict[str, Any] | None = None, *, path: str = "",
@@ -239,6 +242,16 @@ def _open(path: str | os.PathLike[str], max_rows: int) -> tuple[Any, dict[str, A
     return load(path, columns=COLUMNS, max_rows=max_rows), trace_meta(path) or {}
 
 
+def context_of(path: str | os.PathLike[str] | None, max_rows: int = MAX_ROWS
+               ) -> Context | None:
+    """Another profile (a bench or replay trace) opened as a Context, None for
+    None."""
+    if path is None:
+        return None
+    df, meta = _open(path, max_rows)
+    return Context(df=df, meta=meta, path=os.fspath(path))
+
+
 def advise(path: str | os.PathLike[str], *, only: Sequence[str] | None = None,
            max_rows: int = MAX_ROWS, bench: str | os.PathLike[str] | None = None,
            replay: str | os.PathLike[str] | None = None) -> Advice:
@@ -249,11 +262,5 @@ def advise(path: str | os.PathLike[str], *, only: Sequence[str] | None = None,
     and the fusion what-if's latency; `replay`: a trace of the run's flagged sizes replayed
     alone (profiler.bench.confirm), which confirms or dismisses latency cliffs."""
     df, meta = _open(path, max_rows)
-    ref = rep = None
-    if bench is not None:
-        bdf, bmeta = _open(bench, max_rows)
-        ref = Context(df=bdf, meta=bmeta, path=os.fspath(bench))
-    if replay is not None:
-        rdf, rmeta = _open(replay, max_rows)
-        rep = Context(df=rdf, meta=rmeta, path=os.fspath(replay))
-    return advise_frame(df, meta, path=os.fspath(path), only=only, bench=ref, replay=rep)
+    return advise_frame(df, meta, path=os.fspath(path), only=only,
+                        bench=context_of(bench, max_rows), replay=context_of(replay, max_rows))

@@ -152,16 +152,47 @@ class Context:
 
     @cached_property
     def step_ms(self) -> float:
-        """Mean step time of the steady steps (nan without steps): the one step
-        time of every door (compare, the breakdown, whose parts sum to it, and
-        the watcher), so that step time x images/sec is the images of a step."""
-        return float(self.steady["wall_ms"].mean()) if self.n_steps else float("nan")
+        """Step time of the steady steps analysed (nan without steps): the one
+        definition (profiler.formats.steps.step_ms, through
+        throughput.run_step_ms) of every door -- compare, the breakdown, whose
+        parts sum to it, summarize, the watcher, trace.json -- so that step
+        time x images/sec is the images of a step."""
+        from ..throughput import run_step_ms
+
+        return run_step_ms(self.steady) if self.n_steps else float("nan")
 
     @cached_property
     def images_per_s(self) -> float:
+        """Images/sec of the steady steps analysed (throughput.run_images_per_s)."""
         from ..throughput import run_images_per_s
 
         return run_images_per_s(self.steady)
+
+    @cached_property
+    def is_window(self) -> bool:
+        """The rows analysed are a window of the job (some of its ranks or steps,
+        analysis.load's bounded selection), not the whole job."""
+        return bool(self.df.attrs.get("selection"))
+
+    @cached_property
+    def job_images_per_s(self) -> float:
+        """The whole job's images/sec: trace.json's (the merge computed it over
+        every rank's steady steps, the same definition) when the rows analysed
+        are a window of the job, else images_per_s.  A window's own rate is
+        that of the ranks in it: at 1024 ranks, 18 ranks' worth."""
+        ips = self.meta.get("images_per_sec")
+        if self.is_window and isinstance(ips, (int, float)) and np.isfinite(ips) and ips > 0:
+            return float(ips)
+        return self.images_per_s
+
+    @cached_property
+    def job_step_ms(self) -> float:
+        """The whole job's step time: trace.json's when the rows analysed are a
+        window (as job_images_per_s), else step_ms."""
+        ms = self.meta.get("step_ms")
+        if self.is_window and isinstance(ms, (int, float)) and np.isfinite(ms) and ms > 0:
+            return float(ms)
+        return self.step_ms
 
     @cached_property
     def ranks(self) -> list[int]:
@@ -176,8 +207,10 @@ class Context:
                        if isinstance(r, dict)} - {""})
 
     def cost_img_s(self, cost_ms: float) -> float | None:
-        """Images/sec gained if `cost_ms` per step were removed."""
-        ips, step = self.images_per_s, self.step_ms
+        """Images/sec the job gains if `cost_ms` per step were removed from the
+        step time analysed (step_ms): the job's rate (job_images_per_s) scaled
+        by the step's shortening, so the same figures as the header's."""
+        ips, step = self.job_images_per_s, self.step_ms
         if not (np.isfinite(ips) and np.isfinite(step)) or step <= cost_ms or cost_ms <= 0:
             return None
         return ips * (step / (step - cost_ms) - 1.0)

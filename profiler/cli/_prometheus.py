@@ -37,7 +37,7 @@ from profiler.formats import record as F
 MAX_RANK_LABELS = 64
 #: Host names kept as label values; the others are host="other".
 MAX_HOST_LABELS = 64
-_KINDS = ("data", "control", "p2p", "app")
+_KINDS = F.CALL_KINDS  # the watcher's kind indices
 
 
 class WatchCollector(Collector):

@@ -221,10 +221,14 @@ def _finding_lines(ta: TraceAnalysis, calls: Calls) -> list[str]:
             advice = ta.advise()
     except ProfilerError as exc:
         return [printable(f"findings: none drawn ({exc.line()})")]
+    from .advise import step_figures_text
+
+    steps = step_figures_text(advice.header)
+    out = [f"steady steps: {steps}"] if steps else []
     top = advice.significant[:3]
     if not top:
-        return ["findings: no significant finding (profiler advise TRACE for details)"]
-    out = ["findings (profiler advise TRACE for details):"]
+        return [*out, "findings: no significant finding (profiler advise TRACE for details)"]
+    out.append("findings (profiler advise TRACE for details):")
     for n, f in enumerate(top, 1):
         cost = f" [{fmt_ms(f.cost_ms)}/step]" if f.cost_ms is not None else ""
         out.append(printable(f"  {n}. {f.headline}{cost}"))

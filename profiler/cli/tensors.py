@@ -7,7 +7,8 @@ TRACE is a trace.json or a profile directory.  The lineage is the
 lineage.parquet the merge wrote next to the trace (from the profiler's own
 tensor and call records, plus Horovod's timeline when the job wrote one);
 when it is missing but the profile directory still holds the ranks'
-datasets, it is computed on the fly (nothing is written).  One row per tensor
+datasets, this command builds it with the post-job stage (nothing is
+written; `profiler merge DIR` writes it).  One row per tensor
 and Horovod operation: calls (operations of that tensor), bytes (per
 operation), queued (mean and max time from the tensor's enqueue to the start
 of the call that carried it: negotiation, waiting for other ranks, the cycle),
@@ -61,7 +62,28 @@ def load_lineage(path: str) -> Any:
     """The lineage table for a trace.json or profile directory (typed errors)."""
     from profiler.analysis.facade import TraceAnalysis
 
-    return TraceAnalysis.open(path, engine="pandas").lineage()
+    return _lineage(TraceAnalysis.open(path, engine="pandas"))
+
+
+def _lineage(ta: TraceAnalysis) -> Any:
+    """The profile's stored lineage, else one the post-job stage builds now from
+    the ranks' datasets (nothing written), handed to the analysis; without
+    either, the stored lineage's error, which says why."""
+    from pathlib import Path
+
+    from profiler.errors import NotFoundError
+    from profiler.postjob.lineage import build_lineage
+
+    try:
+        return ta.lineage()
+    except NotFoundError:
+        p = Path(ta.path)
+        d = p if p.is_dir() else p.parent
+        outcome = build_lineage(d, write=False) if d.is_dir() else None
+        if outcome is None or outcome.table is None:
+            raise
+        ta.use_lineage(outcome.table)
+        return outcome.table
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if args.top is not None and args.top < 1:
         raise UsageError(None, f"--top must be >= 1, not {args.top}")
     ta = TraceAnalysis.open(args.trace, engine="pandas")
-    lin = ta.lineage()
+    lin = _lineage(ta)
     if args.whatif:
         return _whatif(args, ta)
     table = ta.tensors()

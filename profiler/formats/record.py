@@ -343,6 +343,31 @@ GLOO_CONTROL_OPS = frozenset({"gloo_bitand", "gloo_bitor", "gloo_ctl_bcast", "gl
                               "gloo_splits", "gloo_allgather_ints", "gloo_ready",
                               "gloo_final"})
 
+#: What is not a call, defined once (every layer reads these):
+#: MPI's set-up and tear-down.  Recorded, and their time is the job's, but
+#: never communication: no call count, match or communication time holds them.
+LIFECYCLE_OPS = frozenset({"init", "finalize"})
+#: The application's rows (backend "app"): its steps, marks, synchronize and
+#: join waits, tensor hand-overs, and per-thread CPU accounting.  Markers of
+#: what the application did, not calls.
+APP_OPS = frozenset(name for name, backend in (v[1:] for v in OPS.values())
+                    if backend == "app")
+#: Records that are not calls even as records (trace.json's event count and the
+#: watcher's leave them out): per-thread CPU accounting and NCCL's network
+#: activity under a collective.
+NOT_CALL_RECORDS = frozenset({"cpu", "nccl_net"})
+#: The kinds a call is classified as (profiler.postjob.classify), in the order
+#: of the dataset's categorical kind column.
+CALL_KINDS: tuple[str, ...] = ("data", "control", "app", "p2p")
+
+
+def is_comm_op(name: str, backend: str) -> bool:
+    """A communication call: an MPI or NCCL op that is not MPI's set-up or
+    tear-down, nor NCCL's network activity under a call."""
+    return (backend in ("mpi", "nccl") and name not in LIFECYCLE_OPS
+            and name not in NOT_CALL_RECORDS)
+
+
 # value -> (C NAME, "name")
 DTYPES: dict[int, tuple[str, str]] = {
     0: ("UNKNOWN", "unknown"),

@@ -95,7 +95,7 @@ def _classify(df: pd.DataFrame, classify: Classifier | None) -> pd.Categorical:
     rest "data" (the formats hold no policy)."""
     if classify is None:
         kind = np.where(df["backend"].to_numpy(dtype=object) == "app", "app", "data")
-        return pd.Categorical(kind, categories=["data", "control", "app", "p2p"])
+        return pd.Categorical(kind, categories=list(F.CALL_KINDS))
     result = classify(df)
     if isinstance(result, pd.DataFrame):
         result = result["kind"]

@@ -266,6 +266,7 @@ _META_SHAPE: dict[str, Any] = {
     "mpi_version": str, "command": [str], "executable": str, "created": str,
     "problems": list, "env": {"*": str}, "clock": dict, "lineage": dict,
     "steps_marked_by": [str], "batch_size": (int, list), "images_per_sec": _NUM,
+    "step_ms": _NUM, "step_totals": {"*": _INT},
     "images_per_sec_per_rank": {"*": _NUM},
     "dataset": {"format": str, "files": [str], "aggregates": [str], "calls": _INT,
                 "rows": _INT},

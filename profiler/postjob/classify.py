@@ -61,22 +61,20 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from profiler.formats.record import GLOO_CONTROL_OPS, P2P_OPS
+from profiler.formats.record import APP_OPS, CALL_KINDS, GLOO_CONTROL_OPS, LIFECYCLE_OPS, P2P_OPS
 
 __all__ = ["KINDS", "classify", "horovod_tracks", "horovod_comms", "is_horovod_row"]
 
-KINDS = ["data", "control", "app", "p2p"]
+KINDS = list(CALL_KINDS)
 
 #: MPI datatypes Horovod uses only for its own control messages.
 CONTROL_DTYPES = frozenset({"MPI_LONG_LONG_INT", "MPI_INT", "MPI_BYTE"})
 #: Reductions Horovod uses only for the response-cache bit vector.
 BITVECTOR_REDOPS = frozenset({"band", "bor"})
 #: MPI ops that never carry Horovod data.
-CONTROL_OPS = frozenset({"gather", "gatherv", "barrier", "init", "finalize"})
+CONTROL_OPS = frozenset({"gather", "gatherv", "barrier"}) | LIFECYCLE_OPS
 #: Ops Horovod uses only as control when not the v-variant.
 CONTROL_ONLY_ON_HOROVOD = frozenset({"allgather", "alltoall"})
-APP_OPS = frozenset({"step", "mark", "sync", "tensor", "cpu", "join"})
-LIFECYCLE_OPS = frozenset({"init", "finalize"})
 
 
 def _col(df: pd.DataFrame, name: str, default: object = "") -> np.ndarray:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pandas as pd
 import pyarrow.parquet as pq
@@ -20,6 +21,7 @@ from profiler._version import __version__
 from profiler.formats import cpu as cpu_format
 from profiler.formats import fabric
 from profiler.formats import record as F
+from profiler.formats import steps as step_figures
 from profiler.formats.dataset import frame_to_table, read_meta, write_parquet
 from profiler.formats.raw import (
     RawFile,
@@ -57,7 +59,7 @@ def comm_total_ns(df: pd.DataFrame) -> int:
     if not len(df) or "op" not in df.columns:
         return 0
     mask = (df["backend"] != "app").to_numpy(dtype=bool) & ~df["op"].isin(
-        ["init", "finalize"]).to_numpy(dtype=bool)
+        sorted(F.LIFECYCLE_OPS)).to_numpy(dtype=bool)
     if "device" in df.columns:
         mask = mask & ~df["device"].to_numpy(dtype=bool)
     return int(df["dur_ns"].to_numpy()[mask].sum())
@@ -65,8 +67,10 @@ def comm_total_ns(df: pd.DataFrame) -> int:
 
 def step_totals(df: pd.DataFrame) -> dict[str, Any]:
     """This rank's steps (op "step" rows; count = images): how many, how many
-    carried images (warm-up steps carry 0), images, seconds, images/sec and the
-    batch size (the most common images per step)."""
+    carried images (warm-up steps carry 0), images, seconds, the batch size
+    (the most common images per step), and, over its steady steps
+    (profiler.formats.steps: what the job's step time and images/sec come
+    from), steady_steps, steady_images, steady_ns and its own images/sec."""
     if not len(df) or "op" not in df.columns:
         return {"steps": 0}
     st = df.loc[(df["op"] == "step").to_numpy(dtype=bool)]
@@ -76,8 +80,22 @@ def step_totals(df: pd.DataFrame) -> dict[str, Any]:
         images = int(timed["count"].sum())
         seconds = float(timed["dur_ns"].sum()) / 1e9
         out.update(images=images, seconds=seconds,
-                   images_per_sec=images / seconds if seconds > 0 else None,
                    batch_size=int(timed["count"].mode().iloc[0]))
+    if len(st):
+        # numbered as the analysis numbers them (throughput.steps)
+        if "step" in st.columns and (st["step"].to_numpy() >= 0).all():
+            num = st["step"].to_numpy(dtype=np.int64)
+        elif "seq" in st.columns:
+            num = st["seq"].to_numpy(dtype=np.int64)
+        else:
+            num = np.arange(len(st), dtype=np.int64)
+        t = step_figures.rank_totals(num,
+                                     st["t_start_ns"].to_numpy(dtype=np.int64),
+                                     st["t_end_ns"].to_numpy(dtype=np.int64),
+                                     st["count"].to_numpy(dtype=np.int64))
+        ips = step_figures.images_per_s(t)
+        out.update(steady_steps=t.rank_steps, steady_images=t.images, steady_ns=t.rank_ns,
+                   images_per_sec=ips if ips == ips and t.images > 0 else None)
     return out
 
 

@@ -23,8 +23,10 @@ from typing import Any
 from profiler.errors import EmptyProfileError, ProfilerError
 from profiler.formats import cpu as cpu_format
 from profiler.formats import record as F
+from profiler.formats import steps as step_figures
 from profiler.formats.fabric import job_doc as job_interconnect
 from profiler.layout import check_profile_dir, format_ranges, rank_files
+from profiler.postjob.epochs import block as elastic_epochs
 
 NO_FILE_GRACE_S = 5.0
 
@@ -168,6 +170,7 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
 
         m0 = next(m for m in rank_meta if int(m["rank"]) == 0)
         m0["rows"] = int(pq.ParquetFile(parquets[0]).metadata.num_rows)  # the event budget
+    meta.update(elastic_epochs(d, parquets))  # elastic Horovod's membership epochs
     write_trace(trace_path, meta, frames, rank_meta, limit=limit)
     return MergeResult(trace=trace_path, ranks=present, world_size=world, calls=calls,
                        missing_ranks=missing, partial_ranks=partial, converted=converted,
@@ -265,20 +268,38 @@ def _drift(header: dict[str, Any]) -> float | None:
 
 
 def _throughput(rank_meta: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run's batch size (per rank) and images/sec (summed over ranks), from
-    the steps that carried images; absent when the job marked no steps.
-    steps_marked_by: what marked the steps (profiler.collect.facts)."""
+    """The run's batch size (per rank), step time and images/sec over every
+    rank's steady steps (profiler.formats.steps: the one definition, which the
+    analysis and the watcher give too), with the integers they come from
+    (step_totals); absent when the job marked no steps.  steps_marked_by: what
+    marked the steps (profiler.collect.facts)."""
     steps = [m.get("steps") or {} for m in rank_meta]
     marked = sorted({str(m["steps_marked_by"]) for m in rank_meta if m.get("steps_marked_by")})
-    rates = [s["images_per_sec"] for s in steps if s.get("images_per_sec")]
-    if not rates:
+    per_rank = [_rank_step_totals(s) for s in steps]
+    job = step_figures.job_totals(per_rank)
+    if job.images <= 0 or job.rank_ns <= 0:
         return {"steps_marked_by": marked} if marked else {}
     batches = sorted({int(s["batch_size"]) for s in steps if s.get("batch_size")})
     return {**({"steps_marked_by": marked} if marked else {}),
             "batch_size": batches[0] if len(batches) == 1 else batches,
-            "images_per_sec": float(sum(rates)),
+            "step_ms": step_figures.step_ms(job),
+            "images_per_sec": step_figures.images_per_s(job),
+            "step_totals": job.to_dict(),
             "images_per_sec_per_rank": {str(m["rank"]): s.get("images_per_sec")
                                         for m, s in zip(rank_meta, steps)}}
+
+
+def _rank_step_totals(s: dict[str, Any]) -> step_figures.StepTotals:
+    """A rank's steady totals from its metadata's steps block (a block written
+    before they were kept: its steps with images)."""
+    if "steady_ns" in s:
+        n = int(s.get("steady_steps") or 0)
+        return step_figures.StepTotals(images=int(s.get("steady_images") or 0),
+                                       rank_ns=int(s["steady_ns"] or 0), rank_steps=n, steps=n)
+    n = int(s.get("timed_steps") or 0)
+    return step_figures.StepTotals(images=int(s.get("images") or 0),
+                                   rank_ns=int(round(float(s.get("seconds") or 0.0) * 1e9)),
+                                   rank_steps=n, steps=n)
 
 
 def wait_and_merge(profile_dir: str | os.PathLike[str], *, world_size: int, own_rank: int,
