@@ -620,8 +620,8 @@ def stragglers_dataset(path: str | os.PathLike[str] | Dataset, *,
     across ranks by (comm, seq) in one hash aggregation (one row per call of the
     job, not per rank), then ranked.  Same columns and order as
     imbalance.stragglers: rank, last_count, last_share, caused_wait_s,
-    mean_lateness_us, rank_order (ties in arrival: the highest rank is last, as
-    the in-memory matching orders them)."""
+    mean_lateness_us, gain_s, rank_order (ties in arrival: the highest rank is last,
+    as the in-memory matching orders them)."""
     ds = _as_dataset(path)
     con = con or connect()
     flt = RowFilter.of(ranks=ranks, steps=steps, ops=ops, kinds=kinds)
@@ -629,16 +629,19 @@ def stragglers_dataset(path: str | os.PathLike[str] | Dataset, *,
     inner = calls_sql(ds, flt, device_rows=False, columns=cols)
     matched = (f"SELECT comm, seq, count(*) AS n, min(t_start_ns) AS first, "
                "max(t_start_ns) AS last, sum(t_start_ns::HUGEINT) AS s, "
-               "arg_max(rank, (t_start_ns, rank)) AS last_rank "
+               "arg_max(rank, (t_start_ns, rank)) AS last_rank, "
+               "max(t_start_ns, 2) AS top2 "
                f"FROM ({inner}) WHERE seq >= 0 AND comm_size > 1 GROUP BY comm, seq")
     per = query(con, ds, "SELECT last_rank AS rank, count(*) AS last_count, "
                          "sum(n * last - s)::DOUBLE / 1e9 AS caused_wait_s, "
-                         "avg(last - first) / 1e3 AS mean_lateness_us "
+                         "avg(last - first) / 1e3 AS mean_lateness_us, "
+                         "sum(CASE WHEN n >= 2 THEN top2[1] - top2[2] ELSE 0 END)::DOUBLE "
+                         "/ 1e9 AS gain_s "
                          f"FROM ({matched}) WHERE last - first > {int(min_spread_ns)} "
                          "GROUP BY last_rank")
     everyone = query(con, ds, f"SELECT DISTINCT rank FROM ({inner})")
     cols_out = ["rank", "last_count", "last_share", "caused_wait_s", "mean_lateness_us",
-                "rank_order"]
+                "gain_s", "rank_order"]
     if everyone.empty:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in cols_out})
     out = everyone.astype({"rank": np.int64}).merge(per.astype({"rank": np.int64}),
@@ -646,6 +649,7 @@ def stragglers_dataset(path: str | os.PathLike[str] | Dataset, *,
     out["last_count"] = out["last_count"].fillna(0).astype(np.int64)
     out["caused_wait_s"] = out["caused_wait_s"].fillna(0.0).astype(np.float64)
     out["mean_lateness_us"] = out["mean_lateness_us"].fillna(0.0).astype(np.float64)
+    out["gain_s"] = out["gain_s"].fillna(0.0).astype(np.float64)
     out["last_share"] = out["last_count"] / max(int(out["last_count"].sum()), 1)
     out = out.sort_values(["caused_wait_s", "last_count", "rank"],
                           ascending=[False, False, True])

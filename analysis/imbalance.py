@@ -100,13 +100,14 @@ def match_calls(
     Columns: [label], comm, seq, op, kind (when present), bytes (max over ranks),
     n_ranks, comm_size, complete, first_start_ns, last_start_ns, spread_ns,
     last_rank (-1 when spread <= min_spread_ns), wait_ns, end_spread_ns,
-    duration_ns (last end - first start)."""
+    duration_ns (last end - first start), lead_ns (the last arrival's lead over the
+    one before it: how much sooner the call could start without its last rank)."""
     sel = _matchable(df, kinds, ops)
     keys = [*label_keys(sel), "comm", "seq"]
     extra = ["kind"] if "kind" in sel.columns else []
     cols = [*keys, "op", *extra, "bytes", "n_ranks", "comm_size", "complete",
             "first_start_ns", "last_start_ns", "spread_ns", "last_rank", "wait_ns",
-            "end_spread_ns", "duration_ns"]
+            "end_spread_ns", "duration_ns", "lead_ns"]
     if sel.empty:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
     m = _Matched(sel)
@@ -134,6 +135,8 @@ def match_calls(
     out["wait_ns"] = out["n_ranks"] * out["last_start_ns"] - np.add.reduceat(m.t0, st)
     out["end_spread_ns"] = np.maximum.reduceat(m.t1, st) - np.minimum.reduceat(m.t1, st)
     out["duration_ns"] = np.maximum.reduceat(m.t1, st) - out["first_start_ns"]
+    two = (en - st) >= 2
+    out["lead_ns"] = np.where(two, m.t0[en - 1] - m.t0[np.maximum(en - 2, st)], 0)
     return out[cols]
 
 
@@ -209,8 +212,10 @@ def stragglers(
     caused (from :func:`match_calls`; pass ``matched`` to reuse one).
 
     Columns: [label], rank, last_count, last_share (of matched calls with a
-    straggler), caused_wait_s, mean_lateness_us (mean spread when last), rank_order
-    (1 = worst straggler).  Every rank seen in the matched calls is listed."""
+    straggler), caused_wait_s, mean_lateness_us (mean spread when last), gain_s (the
+    sum of its leads when last: how much sooner those calls could start without its
+    lateness, the counterfactual of a late rank's cost), rank_order (1 = worst
+    straggler).  Every rank seen in the matched calls is listed."""
     if matched is None:
         if df is None:
             from profiler.errors import UsageError
@@ -219,7 +224,7 @@ def stragglers(
         matched = match_calls(df, kinds=kinds, ops=ops, min_spread_ns=min_spread_ns)
     keys = label_keys(matched)
     cols = [*keys, "rank", "last_count", "last_share", "caused_wait_s", "mean_lateness_us",
-            "rank_order"]
+            "gain_s", "rank_order"]
     if matched.empty:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
     m = matched.copy()
@@ -228,9 +233,10 @@ def stragglers(
     has = m.loc[m["last_rank"] >= 0]
     per = has.groupby([*keys, "last_rank"]).agg(
         last_count=("seq", "size"), caused_wait_s=("wait_ns", "sum"),
-        mean_lateness_us=("spread_ns", "mean")).reset_index().rename(
-        columns={"last_rank": "rank"})
+        mean_lateness_us=("spread_ns", "mean"), gain_s=("lead_ns", "sum")).reset_index(
+        ).rename(columns={"last_rank": "rank"})
     per["caused_wait_s"] = per["caused_wait_s"] / 1e9
+    per["gain_s"] = per["gain_s"] / 1e9
     per["mean_lateness_us"] = per["mean_lateness_us"] / 1e3
     # every rank that took part, also those never last
     if df is not None:
@@ -247,6 +253,7 @@ def stragglers(
     out["last_count"] = out["last_count"].fillna(0).astype(np.int64)
     out["caused_wait_s"] = out["caused_wait_s"].fillna(0.0)
     out["mean_lateness_us"] = out["mean_lateness_us"].fillna(0.0)
+    out["gain_s"] = out["gain_s"].fillna(0.0)
     totals = (has.groupby(keys).size() if keys else pd.Series({(): len(has)}))
     if keys:
         out["last_share"] = out["last_count"] / out["label"].map(totals).clip(lower=1)
@@ -257,3 +264,32 @@ def stragglers(
     out["rank_order"] = (out.groupby(keys).cumcount() + 1 if keys
                          else np.arange(1, len(out) + 1))
     return out[cols].reset_index(drop=True)
+
+
+#: At most this many stragglers join a bounded window beside its first ranks, and
+#: at least this many when any rank was ever last.
+MAX_WINDOW_STRAGGLERS = 8
+MIN_WINDOW_STRAGGLERS = 2
+
+
+def window_stragglers(ranking: pd.DataFrame, *, share_of_top: float = 0.25,
+                      apart: float = 10.0,
+                      least: int = MIN_WINDOW_STRAGGLERS, cap: int = MAX_WINDOW_STRAGGLERS
+                      ) -> list[int]:
+    """The ranks of a straggler ranking (stragglers / engine.stragglers_dataset) that a
+    bounded window must hold beside its first ranks, worst first: the `least` ranks
+    whose lateness costs most (gain_s), then every rank that stands out, costing at
+    least `share_of_top` of the worst's and `apart` times the median rank that was
+    ever last, at most `cap`.  A choice of what to look at, not a finding: the
+    findings test the window's ranks against chance, so under symmetric jitter the
+    extras are two ranks like the others and nothing is claimed of them."""
+    if ranking.empty:
+        return []
+    r = ranking.loc[ranking["gain_s"] > 0].sort_values(
+        ["gain_s", "last_count", "rank"], ascending=[False, False, True])
+    if r.empty:
+        return []
+    top = float(r["gain_s"].iloc[0])
+    floor = max(share_of_top * top, apart * float(r["gain_s"].median()))
+    keep = [(i < least or float(g) >= floor) for i, g in enumerate(r["gain_s"])]
+    return [int(x) for x, k in zip(r["rank"], keep) if k][:cap]

@@ -153,12 +153,15 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
 def window_for(path: str | os.PathLike[str], max_rows: int, *, first_ranks: int = 16
                ) -> tuple[RowFilter, dict[str, Any]] | None:
     """A bounded window of a dataset with more than `max_rows` rows: the first
-    `first_ranks` ranks plus the likely stragglers (least communication time, from
-    the rank metadata), over the consecutive middle steps that fit (the policy of
-    trace.json's event selection, profiler.postjob.window.select_events, without its step
-    cap).  None when everything fits, or when the path has no parquet dataset.
-    Returns the filter and {"description", "rows", "rows_total", "ranks", "steps",
-    "t_start_ns"}."""
+    `first_ranks` ranks plus the stragglers, over the consecutive middle steps that
+    fit (the policy of trace.json's event selection, profiler.postjob.window.select_events,
+    without its step cap).  The stragglers come from one pass over every rank's
+    collectives, in place (engine.stragglers_dataset, imbalance.window_stragglers),
+    so that a late rank of a thousand is in the window; without one, the least
+    communication time of the rank metadata.  None when everything fits, or when the
+    path has no parquet dataset.  Returns the filter and {"description", "rows",
+    "rows_total", "ranks", "steps", "t_start_ns", "stragglers"} ("stragglers": the
+    pass's ranking, worst first, at most 16 rows)."""
     import orjson
 
     from profiler.postjob.window import select_events
@@ -176,15 +179,32 @@ def window_for(path: str | os.PathLike[str], max_rows: int, *, first_ranks: int 
         except (OSError, orjson.JSONDecodeError):
             metas = []
             break
+    ranking, prefer = _whole_job_stragglers(ds)
     sel = select_events(ds.files, metas, max_rows, first_ranks=first_ranks,
-                        max_steps=1 << 40)
+                        max_steps=1 << 40, prefer_ranks=prefer)
     if sel.ranks is None or sel.t_window_ns is None:
         return None
     flt = RowFilter.of(ranks=sel.ranks, t_start_ns=sel.t_window_ns)
     return flt, {"description": sel.description, "rows": sel.included,
                  "rows_total": sel.total, "ranks": sel.ranks,
                  "steps": list(sel.steps) if sel.steps else None,
-                 "t_start_ns": list(sel.t_window_ns)}
+                 "t_start_ns": list(sel.t_window_ns),
+                 "stragglers": ranking}
+
+
+def _whole_job_stragglers(ds: Any) -> tuple[list[dict[str, Any]], list[int]]:
+    """The straggler ranking over every data collective of the dataset (all kinds
+    when it has no kind column) and the outlying ranks a window must hold."""
+    from .engine import stragglers_dataset
+    from .imbalance import window_stragglers
+
+    try:
+        ranking = stragglers_dataset(ds, kinds=["data"])
+    except Exception:  # no kind column: every collective
+        ranking = stragglers_dataset(ds)
+    rows = [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()}
+            for r in ranking.head(16).to_dict("records")]
+    return rows, window_stragglers(ranking)
 
 
 def default_label(path: str | os.PathLike[str]) -> str:

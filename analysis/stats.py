@@ -94,8 +94,20 @@ def most_often(winners: np.ndarray, candidates: int, *, alpha: float = ALPHA
     if w.size == 0 or candidates < 2:
         return None
     vals, counts = np.unique(w, return_counts=True)
-    i = int(np.argmax(counts))
-    top, count = int(vals[i]), int(counts[i])
+    return chance_test(w, int(vals[int(np.argmax(counts))]), candidates, alpha=alpha)
+
+
+def chance_test(winners: np.ndarray, candidate: int, candidates: int, *,
+                alpha: float = ALPHA) -> ChanceTest | None:
+    """Test whether `candidate` wins more often than 1/candidates of the trials
+    (one winner per trial) by chance; Bonferroni-corrected over the candidates,
+    so that it holds for a candidate chosen by any rule (the most frequent, the
+    costliest)."""
+    w = np.asarray(winners, dtype=np.int64)
+    if w.size == 0 or candidates < 2:
+        return None
+    top = int(candidate)
+    count = int((w == top).sum())
     n = int(w.size)
     chance = 1.0 / candidates
     n_eff = effective_n(w == top)

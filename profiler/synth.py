@@ -220,6 +220,20 @@ def _strings(col: pa.ChunkedArray) -> np.ndarray:
     return np.asarray(col.cast(pa.string()).to_numpy(zero_copy_only=False), dtype=object)
 
 
+def _data_delays(tmpl: Template, plan: Plan) -> dict[str, int]:
+    """Each straggler's delays summed over the data collectives (kind "data"; every
+    collective when the template has no kinds): the counterfactual truth of its
+    cost, since each delay shifts all that follows.  Control calls are left out as
+    the late-rank finding leaves them out (their last arrival is Horovod's cycle
+    phase in real jobs, not a rank)."""
+    cols = tmpl.table.column_names
+    is_data = (np.asarray(tmpl.table.column("kind").to_pandas().astype(str)) == "data"
+               if "kind" in cols else np.ones(tmpl.table.num_rows, bool))
+    data = is_data[plan.tidx[plan.coll]]
+    return {str(r): int(plan.delay[(plan.straggler_of == i) & data].sum())
+            for i, r in enumerate(plan.stragglers)}
+
+
 # ---------------------------------------------------------------------------
 # the shared plan: slots (template row x repetition), times, stragglers
 # ---------------------------------------------------------------------------
@@ -605,6 +619,10 @@ def synthesize(src: str | os.PathLike[str], out: str | os.PathLike[str], cfg: Sy
         "offset_err_ns": cfg.offset_err_ns, "ranks_per_host": cfg.ranks_per_host,
         "body_repetitions": plan.reps, "matched_calls_per_rank": int(len(plan.coll)),
         "delayed_calls": int((plan.straggler_of >= 0).sum()),
+        # the truth of a late rank's cost: its delays over the run (each shifts all
+        # that follows), and the steps they spread over
+        "data_delay_ns_by_straggler": _data_delays(tmpl, plan),
+        "steps": int(plan.n_steps) * int(plan.reps),
     }
     write_trace(trace, meta, files, metas, limit=trace_events)
     return SynthResult(directory=d, trace=trace, ranks=cfg.ranks, rows_per_rank=len(plan.tidx),

@@ -54,6 +54,30 @@ def test_the_space_covers_every_cause_rank_count_and_cliff_position() -> None:
             assert sc.rules and sc.confirm and str(d.params["cliff_bytes"]) in sc.rules_text
 
 
+def test_the_scale_space_covers_rank_counts_and_two_causes_at_once() -> None:
+    """draw_scale: its own stream (draw's seeds keep their jobs), every rank count
+    and 0, 1 or 2 stragglers; the same seed, the same job."""
+    drawn = [randomized.draw_scale(s) for s in range(200)]
+    assert {d.params["np"] for d in drawn} == {64, 256, 1024}
+    assert {d.cause for d in drawn} == {"none", "late", "two_late"}
+    assert all(d.params["stragglers"] == {"none": 0, "late": 1, "two_late": 2}[d.cause]
+               for d in drawn)
+    assert randomized.draw_scale(1_000_003) == randomized.draw_scale(1_000_003)
+    assert all(0.5e3 <= d.params["delay_us"] <= 5e3 for d in drawn)
+
+
+@pytest.mark.full  # tests/test_scale_window.py covers the window, the finding and its cost
+def test_a_scale_seed_is_judged_by_construction(tmp_path: Path) -> None:
+    """One development seed end to end (64 ranks, one straggler, no window):
+    the straggler named first and priced within the tolerance of its delays."""
+    d = randomized.draw_scale(1)
+    assert d.cause == "late" and d.params["np"] == 64
+    row = randomized.evaluate_scale(d, tmp_path)
+    assert row["ok"] and row["first"] == "late_ranks" and row["named"] in row["injected"]
+    assert not row["false"] and not row["no_effect"]
+    assert abs(row["cost_ms"] - row["truth_ms"]) <= suite.TOLERANCE * row["truth_ms"]
+
+
 @pytest.mark.parametrize("shape", ["uniform", "exponential"])
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_the_jitter_truth_is_the_mean_wait_of_n_ranks(shape: str, n: int) -> None:
@@ -106,6 +130,7 @@ REAL = {51: ("late", 3), 21: ("cliff", 3)}
 @pytest.mark.mpi
 @pytest.mark.horovod
 @pytest.mark.slow
+@pytest.mark.full  # the fixed scenarios' late rank and cliff (tests/test_scenarios.py) cover it
 @pytest.mark.parametrize("seed", sorted(REAL))
 def test_a_dev_seed_is_diagnosed(seed: int, tmp_path: Path) -> None:
     pytest.importorskip("horovod.torch")

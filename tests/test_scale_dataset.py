@@ -346,7 +346,11 @@ def test_load_max_rows_gives_a_bounded_window(job: Path) -> None:
     sel = df.attrs["selection"][""]
     assert sel["rows_total"] == full_rows and sel["rows"] == len(df) <= 20_000
     assert sorted(df["rank"].unique().tolist()) == sel["ranks"]
-    assert sel["ranks"][:16] == list(range(16)) and len(sel["ranks"]) == 18
+    # beside the first 16: the injected stragglers, found by one pass over every rank
+    injected = sorted(load_meta(job)["synthetic"]["stragglers"])
+    assert sel["ranks"] == list(range(16)) + injected
+    assert [r["rank"] for r in sel["stragglers"][:STRAGGLERS]] == [39, 63, 46]
+    assert "the ranks the others wait for most, over every call of the job" in sel["description"]
     lo, hi = sel["t_start_ns"]
     assert df["t_start_ns"].min() >= lo and df["t_start_ns"].max() < hi
     small = load(job, columns=SUMMARY_COLUMNS, max_rows=10**9)
@@ -371,9 +375,9 @@ def test_advise_on_a_window_names_the_whole_job(job: Path) -> None:
     from profiler.cli.advise import header_line
 
     a = advise(job, max_rows=20_000)
-    assert a.header["ranks"] == RANKS and a.header["ranks_analysed"] == 18
+    assert a.header["ranks"] == RANKS and a.header["ranks_analysed"] == 16 + STRAGGLERS
     assert f"{RANKS} rank(s) on " in header_line(a)
-    assert "18 of them in the window analysed" in header_line(a)
+    assert f"{16 + STRAGGLERS} of them in the window analysed" in header_line(a)
     (w,) = [f for f in a.findings if f.key == "window"]
     assert w.kind == "limit" and "window" in w.headline + " ".join(w.details)
 

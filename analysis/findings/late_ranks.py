@@ -32,7 +32,8 @@ import pandas as pd
 from profiler.layout import format_ranges
 from profiler.units import fmt_ms, fmt_share
 
-from ..stats import ChanceTest, most_often
+from .. import remedies
+from ..stats import ChanceTest, chance_test, most_often
 from .base import MIN_STEPS, Context, Finding, bootstrap_mean
 from .contention import NAMED_SHARE, cpu_waits, main_split, rank_neighbour
 
@@ -140,8 +141,9 @@ def _late_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: Chance
     lead = float(mine.median()) if len(mine) else 0.0
     whole_lead = float(mine.sum()) / len(lr) if len(lr) else 0.0
     source = str(bd["source"].mode().iloc[0]) if len(bd) else ""
+    sync = remedies.sync_name(remedies.framework(ctx.meta))
     where = ("it hands its gradients to Horovod later than the others (its data loading, "
-             "forward or backward pass takes longer); the others wait in synchronize"
+             f"forward or backward pass takes longer); the others wait in {sync}"
              if source == "sync" else
              "it enters the step's collectives after the others; they wait in them")
     details = [f"{where}.",
@@ -173,7 +175,7 @@ def _late_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: Chance
                                                    "core, not more work." if by_cpu else "."))
     elif len(ex) == 3:
         details.append(
-            f"outside synchronize its compute thread spent, per step, {_more(ex['run'])} "
+            f"outside {sync} its compute thread spent, per step, {_more(ex['run'])} "
             f"than the others' running on a CPU, {_more(ex['wait'])} waiting for one and "
             f"{_more(ex['blocked'])} blocked (neither)"
             + {"wait": ": most of its lateness is waiting for a core, not more work.",
@@ -239,7 +241,8 @@ def _waiting_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: Cha
     if np.isfinite(sd):
         alike = ("independently" if not np.isfinite(corr) or abs(corr) < 0.3 else
                  f"together (correlation {corr:.2f})")
-        details.append(f"each rank's time to reach synchronize varies by ±{fmt_ms(sd)} from "
+        sync = remedies.sync_name(remedies.framework(ctx.meta))
+        details.append(f"each rank's time to reach {sync} varies by ±{fmt_ms(sd)} from "
                        f"step to step, {alike}: the step waits for the slowest of them.")
     cpu = _cpu_order(cpu_waits(ctx), lr)
     if cpu is not None and cpu[1] >= MIN_STEPS:
@@ -265,25 +268,53 @@ def _waiting_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: Cha
     )
 
 
-def _from_matched(ctx: Context) -> Finding | None:
-    """Without a step breakdown: the last arrival at each matched collective."""
+#: At most this many late ranks are named at once (each tested on its own).
+MAX_LATE = 3
+
+
+def _from_matched(ctx: Context) -> list[Finding]:
+    """Without a step breakdown: the last arrival at each matched collective.
+    The candidates are the ranks whose lateness costs most (the sum of their
+    leads when last), each tested against chance: two late ranks are two
+    findings, each priced on its own calls (a rank last by a microsecond more
+    often than chance is not the one the job waits for)."""
     m = ctx.matched
     if m.empty:
-        return None
+        return []
     has = m.loc[m["last_rank"] >= 0]
     if has.empty:
-        return None
+        return []
     n = int(m["comm_size"].max())
-    test = most_often(has["last_rank"].to_numpy(), n)
-    if test is None:
-        return None
+    winners = has["last_rank"].to_numpy()
+    gains = has.groupby("last_rank")["lead_ns"].sum().sort_values(ascending=False, kind="stable")
+    found: list[Finding] = []
+    for rank in gains.index[:MAX_LATE]:
+        test = chance_test(winners, int(rank), n)
+        if test is None:
+            break
+        f = _matched_finding(ctx, m, has, test, n)
+        if found and not f.significant:
+            break
+        found.append(f)
+        if not f.significant:
+            break
+    return found
+
+
+def _matched_finding(ctx: Context, m: pd.DataFrame, has: pd.DataFrame, test: ChanceTest,
+                     n: int) -> Finding:
     late = test.candidate
     steps = ctx.n_steps if ctx.n_steps else 1
-    waits = has.loc[has["last_rank"] == late, "wait_ns"].to_numpy(dtype=np.float64) / 1e6
-    per_call = waits / max(n, 1)  # averaged over the ranks, like the breakdown
-    per_step = float(per_call.sum()) / steps
-    _, blo, bhi = bootstrap_mean(per_call)
-    scale = len(waits) / steps
+    mine = has.loc[has["last_rank"] == late]
+    waits = mine["wait_ns"].to_numpy(dtype=np.float64) / 1e6
+    # averaged over the ranks that took part (a window holds fewer than comm_size)
+    others_wait = float((waits / mine["n_ranks"].clip(lower=1).to_numpy()).sum()) / steps
+    # the counterfactual: each call it is last in starts at the arrival before its
+    # own, so the step ends that lead sooner (blocking calls, one after another)
+    leads = mine["lead_ns"].to_numpy(dtype=np.float64) / 1e6
+    per_step = float(leads.sum()) / steps
+    _, blo, bhi = bootstrap_mean(leads)
+    scale = len(leads) / steps
     lo, hi = blo * scale, bhi * scale
     lateness = float(has.loc[has["last_rank"] == late, "spread_ns"].median()) / 1e6
     slow_transfer = _slow_transfers(ctx.steady_df, late)
@@ -314,7 +345,8 @@ def _from_matched(ctx: Context) -> Finding | None:
                         "placement, other processes on its cores)" if significant else ""),
         check="profiler summarize TRACE --by rank; profiler compare BEFORE AFTER",
         numbers={"rank": late, "last_share": test.share, "p_value": test.p_value,
-                 "lateness_ms": lateness, "others_wait_ms_per_step": cost,
+                 "lateness_ms": lateness, "step_gain_ms": cost,
+                 "others_wait_ms_per_step": others_wait if cost is not None else None,
                  "source": "matched", "clock_error_ms": err},
         significant=significant, part="wait_ranks" if cost is not None else "", null=NULL,
     )
@@ -348,20 +380,29 @@ def _whole_job(ctx: Context) -> dict | None:
     ranking over every matched collective of the job, out of core
     (engine.stragglers_dataset), so that a late rank outside the window is
     still named.  None when the frame is the whole trace."""
-    if not ctx.df.attrs.get("selection") or not ctx.path:
+    sel = ctx.df.attrs.get("selection")
+    if not sel or not ctx.path:
         return None
-    from ..engine import stragglers_dataset
+    # the window's own pass over every rank (analysis.load.window_for), else one now
+    passed = [w.get("stragglers") for w in sel.values() if isinstance(w, dict)]
+    if passed and passed[0]:
+        ranking = pd.DataFrame(passed[0])
+        n_ranks = len(ctx.meta.get("ranks") or []) or len(ranking)
+    else:
+        from ..engine import stragglers_dataset
 
-    try:
-        kinds = ["data"] if "kind" in ctx.df.columns else None
-        ranking = stragglers_dataset(ctx.path, kinds=kinds)
-    except Exception:  # a trace without a dataset: the window is all there is
-        return None
+        try:
+            kinds = ["data"] if "kind" in ctx.df.columns else None
+            ranking = stragglers_dataset(ctx.path, kinds=kinds)
+        except Exception:  # a trace without a dataset: the window is all there is
+            return None
+        n_ranks = len(ranking)
     if ranking.empty or int(ranking["last_count"].max()) == 0:
         return None
     top = ranking.iloc[0]
     return {"rank": int(top["rank"]), "last_share": float(top["last_share"]),
-            "caused_wait_s": float(top["caused_wait_s"]), "ranks": len(ranking),
+            "caused_wait_s": float(top["caused_wait_s"]),
+            "gain_s": float(top.get("gain_s", 0.0)), "ranks": n_ranks,
             "top": [int(r) for r in ranking["rank"].head(4)]}
 
 
@@ -370,8 +411,7 @@ def analyze(ctx: Context) -> list[Finding]:
         return []
     found = _from_breakdown(ctx)
     if found is None:
-        f = _from_matched(ctx)
-        found = [f] if f is not None else []
+        found = _from_matched(ctx)
     late = [f for f in found if f.key == "late_ranks"]
     for f in late:
         _name_the_neighbour(ctx, f)
@@ -382,8 +422,9 @@ def analyze(ctx: Context) -> list[Finding]:
         same = "the same rank" if job["rank"] == f.numbers["rank"] else f"rank {job['rank']}"
         f.details.append(
             f"over every matched call of the job ({job['ranks']} ranks, not only the "
-            f"window): {same} arrives last most often ({fmt_share(job['last_share'])}, "
-            f"{fmt_ms(job['caused_wait_s'] * 1e3)} of the others' waiting)"
+            f"window): {same} arrives last most often ({fmt_share(job['last_share'])}; "
+            f"without its lateness those calls would start {fmt_ms(job['gain_s'] * 1e3)} "
+            "sooner in all)"
             + ("; next: " + ", ".join(str(r) for r in job["top"][1:]) if job["top"][1:] else "")
             + ".")
     return found

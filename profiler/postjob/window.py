@@ -74,14 +74,20 @@ def select_window(t_start: np.ndarray, limit: int) -> tuple[np.ndarray, str]:
 
 
 def pick_ranks(ranks: Sequence[int], comm_ns: Sequence[int | None], first: int,
-               extra: int = TRACE_EXTRA_RANKS) -> tuple[list[int], list[int]]:
-    """Positions of the ranks a windowed trace shows: the `first` lowest ranks, then up
-    to `extra` ranks with the least communication time (likely stragglers) when every
-    rank's time is known.  Returns (positions, positions of the extra ranks)."""
+               extra: int = TRACE_EXTRA_RANKS, prefer: Sequence[int] | None = None
+               ) -> tuple[list[int], list[int]]:
+    """Positions of the ranks a windowed trace shows: the `first` lowest ranks, then
+    the `prefer`red ranks (the stragglers a pass over every rank found) when given,
+    else up to `extra` ranks with the least communication time (likely stragglers)
+    when every rank's time is known.  Returns (positions, positions of the extras)."""
     order = sorted(range(len(ranks)), key=lambda i: ranks[i])
     chosen = order[:first]
     extras: list[int] = []
-    if len(order) > first and extra > 0 and all(c is not None for c in comm_ns):
+    if prefer:
+        where = {r: i for i, r in enumerate(ranks)}
+        taken = set(chosen)
+        extras = [where[r] for r in dict.fromkeys(prefer) if r in where and where[r] not in taken]
+    elif len(order) > first and extra > 0 and all(c is not None for c in comm_ns):
         rest = sorted(order[first:], key=lambda i: (int(comm_ns[i] or 0), ranks[i]))
         extras = rest[:extra]
     return sorted(chosen + extras, key=lambda i: ranks[i]), extras
@@ -135,12 +141,14 @@ def _first_start_per_step(step: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, 
 
 def select_events(sources: Sequence[Source], rank_meta: Sequence[Mapping[str, Any]],
                   limit: int, *, first_ranks: int | None = None,
-                  max_steps: int | None = None, events: bool = False) -> Selection:
+                  max_steps: int | None = None, events: bool = False,
+                  prefer_ranks: Sequence[int] | None = None) -> Selection:
     """The event selection of trace.json (module doc).  first_ranks and max_steps
     override HOROVOD_PROFILE_TRACE_RANKS and HOROVOD_PROFILE_TRACE_STEPS.
     events: count and select only the rows that can be events (trace.json:
     NOT_EVENT_OPS left out; its rows are then read with read_events); without,
-    every row (a bounded DataFrame of the dataset, analysis.load)."""
+    every row (a bounded DataFrame of the dataset, analysis.load).  prefer_ranks:
+    the ranks to show beside the first ones (pick_ranks)."""
     first = trace_ranks() if first_ranks is None else max(1, first_ranks)
     steps_cap = trace_steps() if max_steps is None else max(1, max_steps)
     metas: list[Mapping[str, Any] | None] = (
@@ -155,7 +163,7 @@ def select_events(sources: Sequence[Source], rank_meta: Sequence[Mapping[str, An
         return Selection([], {}, 0, total, "none (the event limit is 0; the dataset holds "
                                            f"all {total} calls)")
     comm_ns = [((m or {}).get("totals") or {}).get("comm_ns") for m in metas]
-    picked, extras = pick_ranks(ranks, comm_ns, first)
+    picked, extras = pick_ranks(ranks, comm_ns, first, prefer=prefer_ranks)
     picked = [i for i in picked if rows[i] > 0]
     cols = ["t_start_ns", "step", *(["op"] if events else [])]
     parts = [read_source(sources[i], cols) for i in picked]
@@ -173,8 +181,9 @@ def select_events(sources: Sequence[Source], rank_meta: Sequence[Mapping[str, An
     if sub:
         where = f" on ranks {format_ranges(shown)} (the first {min(first, len(ranks))}"
         if extras:
-            where += (f" of {len(ranks)}; {format_ranges([ranks[i] for i in extras])}: least "
-                      "communication time, likely stragglers)")
+            why = ("the ranks the others wait for most, over every call of the job"
+                   if prefer_ranks else "least communication time, likely stragglers")
+            where += f" of {len(ranks)}; {format_ranges([ranks[i] for i in extras])}: {why})"
         else:
             where += f" of {len(ranks)})"
     tail = (f"; {total} calls in all, the dataset holds every one; `profiler export` writes "
