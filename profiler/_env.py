@@ -82,8 +82,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("HOROVOD_PROFILE_DIR", "a path", "./horovod-profile-<date>-<time>-<job id>",
             "the profile directory", "both"),
     Setting("HOROVOD_PROFILE_BATCH_SIZE", "an integer >= 0", "unknown",
-            "images per rank per optimizer step, for steps found by the "
-            "DistributedOptimizer hook", "Python"),
+            "images per rank per step, for steps a framework hook finds: PyTorch's "
+            "DistributedOptimizer, TensorFlow's tf.function and gradient tape (over the "
+            "batch they infer; one line says when a step's images are unknown)", "Python"),
     Setting("HOROVOD_PROFILE_SAMPLE_STEPS", "N >= 1", "1",
             "record one training step in N (the others' calls are counted, not recorded); "
             "it, HOROVOD_PROFILE_WINDOW and profiler.sampling() combine: a call is "

@@ -89,14 +89,38 @@ patch_gloo_cxx17() {
         || die "$cm: the Gloo C++17 patch did not apply"
 }
 
+# Horovod 0.28.1's horovod/tensorflow/keras/{__init__,callbacks}.py take their
+# Keras backend from `keras` for TensorFlow >= 2.6, and `keras` here is Keras 3
+# (TensorFlow >= 2.16 installs it), whose backend lacks what Horovod calls:
+# its callbacks die at their first epoch ("module 'keras.backend' has no
+# attribute 'constant'").  Everything else there uses tf.keras (tf_keras under
+# TF_USE_LEGACY_KERAS=1, the Keras 2 that Horovod 0.28 supports), so take the
+# backend from it too.  Applied to the installed Python files (no rebuild; the
+# wheel cache key is unchanged), idempotent, and fails loudly when the line is
+# not there (another Horovod: review the fix).
+KERAS_FIX='K = keras.backend  # hvprof: the backend of tf.keras, not of Keras 3'
+patch_keras_backend() {
+    local py=$1
+    [ -f "$py" ] || die "$py: no such file"
+    grep -qF "$KERAS_FIX" "$py" && return 0
+    grep -Eq '^from tensorflow import keras$' "$py" \
+        || die "$py: 'from tensorflow import keras' not found: the Keras backend patch needs review for Horovod $HOROVOD_VERSION"
+    grep -Eq '^[[:space:]]+from keras import backend as K$' "$py" \
+        || die "$py: 'from keras import backend as K' not found: the Keras backend patch needs review for Horovod $HOROVOD_VERSION"
+    sed -i -E "s/^([[:space:]]+)from keras import backend as K\$/\1$KERAS_FIX/" "$py"
+    ! grep -Eq '^[[:space:]]+from keras import backend' "$py" && grep -qF "$KERAS_FIX" "$py" \
+        || die "$py: the Keras backend patch did not apply"
+}
+
 # `setup.sh --patch-cxx17 FILE` / `--patch-no-xla FILE` / `--patch-gloo-cxx17
-# FILE`: apply only that fix (used by the tests).
+# FILE` / `--patch-keras-backend FILE`: apply only that fix (used by the tests).
 if [ "${1:-}" = "--patch-cxx17" ] || [ "${1:-}" = "--patch-no-xla" ] \
-        || [ "${1:-}" = "--patch-gloo-cxx17" ]; then
-    [ $# -eq 2 ] || die "usage: setup.sh $1 CMakeLists.txt"
+        || [ "${1:-}" = "--patch-gloo-cxx17" ] || [ "${1:-}" = "--patch-keras-backend" ]; then
+    [ $# -eq 2 ] || die "usage: setup.sh $1 FILE"
     case $1 in
         --patch-cxx17) patch_cxx17 "$2" ;;
         --patch-no-xla) patch_no_xla "$2" ;;
+        --patch-keras-backend) patch_keras_backend "$2" ;;
         *) patch_gloo_cxx17 "$2" ;;
     esac
     say "patched $2"
@@ -355,6 +379,16 @@ else
     check_import || die "horovod.torch does not import after installing $WHEEL"
     echo "$KEY" >"$STAMP"
     say "  installed: horovod $HOROVOD_VERSION (import horovod.torch works)"
+fi
+if [ "$WITH_TF" = 1 ]; then
+    hvd_keras=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/horovod/tensorflow/keras
+    if grep -qF "$KERAS_FIX" "$hvd_keras/__init__.py" && grep -qF "$KERAS_FIX" "$hvd_keras/callbacks.py"; then
+        say "  present: Horovod's Keras callbacks take tf.keras's backend"
+    else
+        say "  patching $hvd_keras/{__init__,callbacks}.py: the backend of tf.keras, not of Keras 3"
+        patch_keras_backend "$hvd_keras/__init__.py"
+        patch_keras_backend "$hvd_keras/callbacks.py"
+    fi
 fi
 
 # --------------------------------------------------------------------------

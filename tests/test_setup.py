@@ -65,9 +65,11 @@ def test_second_run_does_nothing_heavy(second_run: Run) -> None:
     steps = re.findall(r"^setup: \[(\d)/5\]", out, flags=re.M)
     assert steps == ["1", "2", "3", "4", "5"]
     present = re.findall(r"^setup:   present: ", out, flags=re.M)
-    # one per step, and the cached real NCCL library (unless it is skipped)
+    # one per step, the cached real NCCL library (unless it is skipped), and with
+    # TensorFlow the Keras-backend patch of Horovod's callbacks
     nccl = os.environ.get("HVPROF_NO_REAL_NCCL") != "1"
-    assert len(present) == 5 + nccl, out
+    assert len(present) == 5 + nccl + HAVE_TF, out
+    assert ("present: Horovod's Keras callbacks take tf.keras's backend" in out) == HAVE_TF, out
     # the lock step names the lock it checked: TensorFlow's when the venv has it
     assert ("every pin of requirements-tf.lock is installed" in out) == HAVE_TF, out
     assert ("every pin of requirements-dev.lock is installed" in out) != HAVE_TF, out

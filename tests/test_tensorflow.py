@@ -92,6 +92,28 @@ def _tensor_rows(prof: Path, rank: int = 0) -> Any:
     return t
 
 
+def _assert_breakdown(prof: Path, n_steps: int) -> None:
+    """Every rank: one sync row per step (the kernels' window: from the last
+    tensor handed to Horovod to the last handed back), inside its step, the
+    step breakdown built from them, and advise opening with it."""
+    import pandas as pd
+
+    from profiler.analysis.breakdown import rank_breakdown
+
+    rows = pd.concat([pd.read_parquet(p) for p in sorted((prof / "ranks").glob("*.parquet"))])
+    for rank, df in rows.groupby("rank"):
+        st = df[df["op"] == "step"].sort_values("t_start_ns")
+        sy = df[df["op"] == "sync"].sort_values("t_start_ns")
+        assert len(st) == len(sy) == n_steps, (rank, len(st), len(sy))
+        assert (sy["t_start_ns"].to_numpy() >= st["t_start_ns"].to_numpy()).all()
+        assert (sy["t_end_ns"].to_numpy() <= st["t_end_ns"].to_numpy()).all()
+        assert (sy["t_end_ns"].to_numpy() >= sy["t_start_ns"].to_numpy()).all()
+    bd = rank_breakdown(rows)
+    assert len(bd) == n_steps * rows["rank"].nunique() and set(bd["source"]) == {"sync"}, bd
+    rc, out, err = C._cli(["advise", str(prof)])
+    assert rc == 0 and "\nWhere a step goes (mean of ranks" in out, (out[-3000:], err[-2000:])
+
+
 def _grad_bytes(res: dict[str, Any]) -> int:
     return sum(n * size for _, n, size in res["params"])
 
@@ -166,7 +188,10 @@ def test_keras_fit_gives_steps_images_and_gradient_bytes(tmp_path: Path) -> None
     own = [b - a for a, b, _, _ in res["spans"]]
     ours = (st["dur_ns"] / 1e9).tolist()
     assert abs(sum(ours) - sum(own)) <= 0.05 * sum(own), (sum(ours), sum(own))
-    rate_own = 2 * res["samples"] / sum(own)
+    # images/sec over the steady steps: the first WARMUP_STEPS left out
+    from profiler.formats.steps import WARMUP_STEPS
+
+    rate_own = sum(images[WARMUP_STEPS:]) / sum(own[WARMUP_STEPS:])
     assert abs(meta["images_per_sec_per_rank"]["0"] - rate_own) <= 0.05 * rate_own
 
     by = C.per_step(prof)
@@ -181,6 +206,9 @@ def test_keras_fit_gives_steps_images_and_gradient_bytes(tmp_path: Path) -> None
         assert rc == 0 and "Traceback" not in err, (argv, rc, err[-2000:])
     rc, out, _ = C._cli(["summarize", str(prof)])
     assert f"steps marked by: {tf_hooks.KERAS_MARK}" in out, out[-2000:]
+    # the step's wait for Horovod (the kernels' window): one sync row a step,
+    # inside it, and advise opens with the breakdown, as for PyTorch
+    _assert_breakdown(prof, len(st))
 
     # the kernels' tensor records: the lineage from them alone agrees with
     # Horovod's timeline (the oracle) call by call, every tensor certain
@@ -236,26 +264,37 @@ def test_keras_steps_per_execution_counts_its_batches(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mode", ["function", "eager"])
 @tf_job
 def test_custom_loop_steps_from_the_gradient_tape(mode: str, tmp_path: Path) -> None:
-    """DistributedGradientTape: in a tf.function, every call of the function
-    that traced the tape's gradient is a step, its images the batch dimension
-    of its first argument; eager, every gradient call is a boundary, its
-    images HOROVOD_PROFILE_BATCH_SIZE.  N calls make N - 1 steps (the first
-    call opens the first), each with the model's gradient bytes."""
-    args = ["--steps", "10"] + (["--eager"] if mode == "eager" else [])
+    """DistributedGradientTape.  In a tf.function, as Horovod's synthetic
+    benchmark runs it: the batch in the step function's closure, not an
+    argument, and a Python argument (first_batch, True once) that makes two
+    traces of one function.  Every call of the function that traced the
+    tape's gradient is a step: 9 calls, exactly 9 steps on every rank, each
+    of the batch inferred from the traced graph.  Eager: every gradient call
+    is a boundary (N calls make N - 1 steps: the first opens the first), its
+    images HOROVOD_PROFILE_BATCH_SIZE.  Each step has the model's gradient
+    bytes and its wait for Horovod (a sync row), so advise opens with the
+    breakdown."""
+    args = ["--steps", "10", "--eager"] if mode == "eager" else ["--steps", "9", "--closure"]
     # in a tf.function, Horovod's timeline on: the oracle for the lineage
     env = ({"HOROVOD_PROFILE_BATCH_SIZE": "16"} if mode == "eager"
            else {"HOROVOD_PROFILE_TIMELINE": "1"})
     res, prof = _run("tf_loop_job.py", tmp_path / "on", args, env=env)
-    st = _steps(prof)
-    assert len(st) == res["steps"] - 1
-    assert set(st["count"].tolist()) == {res["batch"]}
+    n_steps = res["steps"] - (1 if mode == "eager" else 0)
+    assert res["batch"] == 16 and n_steps == 9
+    for rank in (0, 1):
+        st = _steps(prof, rank)
+        assert st["seq"].tolist() == list(range(n_steps)), st
+        assert st["count"].tolist() == [res["batch"]] * n_steps
+    _assert_breakdown(prof, n_steps)
     meta = _meta(prof)
     want = (tf_hooks.FUNCTION_MARK if mode == "function" else tf_hooks.EAGER_MARK)
-    assert meta["steps_marked_by"] == [want]
+    assert meta["steps_marked_by"] == [want]  # images known: no NO_IMAGES after it
+    assert meta["batch_size"] == res["batch"] and meta["images_per_sec"] > 0, meta
     by = C.per_step(prof)
-    ar = by[by["op"] == "allreduce"].groupby("step")["bytes"].sum()
+    ar = by[by["op"] == "allreduce"].groupby("step")["bytes"].sum()  # rank 0
     assert set(ar.tolist()) == {_grad_bytes(res)}, (ar.tolist(), _grad_bytes(res))
-    assert len(ar) >= res["steps"] - 2
+    if mode == "function":  # every step's gradients (eager: the last call's are in none)
+        assert ar.index.tolist() == list(range(n_steps)), ar
     # the tensors, recorded in Horovod's kernels in both modes: each gradient
     # once a call, the model's bytes, and a lineage of every one
     t = _tensor_rows(prof)
@@ -272,15 +311,167 @@ def test_custom_loop_steps_from_the_gradient_tape(mode: str, tmp_path: Path) -> 
         assert a["equal"] + a["ambiguous_ok"] == a["calls"], a
         plain, _ = _run("tf_loop_job.py", tmp_path / "off", args, profile=False)
         assert res["losses"] == plain["losses"]
-        # the kernel hooks off (not loaded): the same losses, steps all the
-        # same, no tensor records, and the lineage's reason says why
+        # the kernel hooks off (not loaded): the same losses, steps and
+        # images all the same, no tensor records nor sync rows, and the
+        # lineage's reason says why
         res0, prof0 = _run("tf_loop_job.py", tmp_path / "kernels-off", args,
                            env={"HOROVOD_PROFILE_TF_KERNELS": "0"})
         assert res0["losses"] == plain["losses"]
-        assert len(_steps(prof0)) == res["steps"] - 1
+        assert _steps(prof0)["count"].tolist() == [res["batch"]] * n_steps
         assert len(_tensor_rows(prof0)) == 0
         lin0 = _meta(prof0)["lineage"]
         assert lin0["status"] != "ok" and "HOROVOD_PROFILE_TF_KERNELS=0" in lin0["reason"], lin0
+
+
+GRAPH_BATCH = """
+import json, os
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+import numpy as np
+import tensorflow as tf
+from profiler.collect.tf_hooks import graph_batch
+
+w = tf.Variable(tf.ones([6, 4]))
+infer = tf.autograph.experimental.do_not_convert(graph_batch)
+
+def loss_of(x, y):
+    logits = tf.matmul(x, w)
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
+
+def traced(f, *args):
+    seen = {}
+
+    @tf.function
+    def g(*a):
+        loss = f(*a)
+        seen["batch"] = infer(loss)
+        return loss
+
+    g(*args)
+    return seen["batch"]
+
+x = tf.constant(np.ones((16, 6), "float32"))
+y = tf.constant(np.zeros(16, "int64"))
+ds = tf.data.Dataset.from_tensor_slices((np.ones((40, 6), "float32"), np.zeros(40, "int64")))
+fixed, ragged = iter(ds.batch(8, drop_remainder=True)), iter(ds.batch(8))
+z = tf.constant(np.ones((7, 6), "float32"))
+print(json.dumps({
+    "closure": traced(lambda: loss_of(x, y)),
+    "argument": traced(loss_of, x[:5], y[:5]),
+    "numpy": traced(lambda: loss_of(np.ones((12, 6), "float32"), np.zeros(12, "int64"))),
+    "dataset": traced(lambda: loss_of(*next(fixed))),
+    "dataset_unknown": traced(lambda: loss_of(*next(ragged))),
+    "disagree": traced(lambda: loss_of(x, y) + loss_of(z, y[:7])),
+}))
+"""
+
+
+@pytest.mark.slow
+@needs_tf
+def test_graph_batch_infers_the_batch_of_a_traced_step() -> None:
+    """The batch a traced loss was computed from: captured tensors, the
+    function's arguments, numpy arrays (constants), a dataset's static batch
+    (drop_remainder); none (0) when the batch dimension is not static or the
+    inputs disagree."""
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-c", GRAPH_BATCH], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == {
+        "closure": 16, "argument": 5, "numpy": 12, "dataset": 8, "dataset_unknown": 0,
+        "disagree": 0}
+
+
+def test_unknown_images_said_once_and_in_the_mark(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A hooked step with no images: one line on stderr (once), saying how
+    to give them, and the same words after what marked the steps."""
+    monkeypatch.setattr(tf_hooks, "_state", {"marked_by": tf_hooks.FUNCTION_MARK,
+                                             "no_images": None})
+    assert tf_hooks.marked_by() == tf_hooks.FUNCTION_MARK
+    tf_hooks._no_images()
+    tf_hooks._no_images()
+    err = capsys.readouterr().err
+    assert err == f"profiler: {tf_hooks.NO_IMAGES}\n"
+    assert "HOROVOD_PROFILE_BATCH_SIZE=" in err
+    assert tf_hooks.marked_by() == f"{tf_hooks.FUNCTION_MARK}; {tf_hooks.NO_IMAGES}"
+
+
+def _horovod_keras_fixed() -> str | None:
+    """Why Horovod's Keras callbacks cannot run here (None: they can): the
+    installed Horovod takes its Keras backend from Keras 3 until set-up
+    patches it (scripts/setup.sh --patch-keras-backend)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("horovod")
+    if spec is None or not spec.submodule_search_locations:
+        return "Horovod not installed"
+    cb = Path(list(spec.submodule_search_locations)[0]) / "tensorflow" / "keras" / "callbacks.py"
+    if cb.is_file() and "from keras import backend as K" in cb.read_text():
+        return ("the installed Horovod's Keras callbacks take Keras 3's backend: rerun "
+                "HVPROF_WITH_TENSORFLOW=1 bash scripts/setup.sh (its Keras backend patch)")
+    return None
+
+
+# horovod/tensorflow/keras/callbacks.py of Horovod 0.28.1, its head
+HVD_KERAS_HEAD = """import tensorflow as tf
+from tensorflow import keras
+
+from horovod.common.util  import is_version_greater_equal_than
+
+if is_version_greater_equal_than(tf.__version__, "2.6.0"):
+    from keras import backend as K
+else:
+    from tensorflow.python.keras import backend as K
+"""
+
+
+def test_setup_patches_horovods_keras_backend(tmp_path: Path) -> None:
+    """scripts/setup.sh --patch-keras-backend: Horovod's Keras module takes
+    the backend of tf.keras, not of Keras 3; the same file again is left as
+    it is; a file without the line stops the set-up with one error line."""
+    import subprocess
+
+    setup = ROOT / "scripts" / "setup.sh"
+    py = tmp_path / "callbacks.py"
+    py.write_text(HVD_KERAS_HEAD)
+
+    def patch() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(setup), "--patch-keras-backend", str(py)],
+                              capture_output=True, text=True, timeout=30)
+
+    for _ in range(2):
+        p = patch()
+        assert p.returncode == 0, p.stderr
+        assert py.read_text() == HVD_KERAS_HEAD.replace(
+            "    from keras import backend as K",
+            "    K = keras.backend  # hvprof: the backend of tf.keras, not of Keras 3")
+    py.write_text(HVD_KERAS_HEAD.replace("from keras import backend as K", "import keras"))
+    p = patch()
+    assert p.returncode != 0 and p.stderr.startswith("setup: error: "), p.stderr
+    assert "'from keras import backend as K' not found" in p.stderr and "\n" not in p.stderr[:-1]
+
+
+@pytest.mark.slow
+@tf_job
+def test_keras_with_horovods_callbacks_load_model_and_elastic_state(tmp_path: Path) -> None:
+    """Horovod's Keras API (broadcast, metric-average and warm-up callbacks,
+    hvd.load_model, elastic KerasState's commit and restore) runs under the
+    profiler with the same results as without it: the same losses, averaged
+    metrics and learning rates; one step per batch of both fits, each with its
+    wait for Horovod."""
+    why = _horovod_keras_fixed()
+    if why:
+        pytest.skip(why)
+    res, prof = _run("tf_keras_hvd_job.py", tmp_path / "on", [])
+    plain, _ = _run("tf_keras_hvd_job.py", tmp_path / "off", [], profile=False)
+    assert res == plain
+    assert res["loaded_same"] and res["loaded_distributed"] and res["state_restored"], res
+    assert res["rates"] == [pytest.approx(0.01 * res["size"])] * res["epochs"]
+    n = (res["epochs"] + 1) * res["steps_per_epoch"]  # the fit, then one epoch of the loaded model
+    st = _steps(prof)
+    assert len(st) == n and set(st["count"]) == {res["batch"]}
+    _assert_breakdown(prof, n)
 
 
 @tf_job
@@ -312,7 +503,9 @@ def test_uneven_data_with_join_in_a_custom_loop(tmp_path: Path) -> None:
     assert sorted(j["rank"].tolist()) == [0, 1]
     assert set(j["count"].tolist()) == {1}  # what join returned: the last rank
     steps = rows[rows["op"] == "step"].groupby("rank").size().to_dict()
-    assert steps == {0: res["steps"] - 1, 1: res["steps"] + extra - 1}
+    assert steps == {0: res["steps"], 1: res["steps"] + extra}
+    # the step function's first argument is the batch: its images
+    assert set(rows.loc[rows["op"] == "step", "count"]) == {res["batch"]}
     from profiler.analysis.findings import advise
 
     (f,) = [f for f in advise(prof / "trace.json").findings if f.key == "uneven_data"]

@@ -3,7 +3,13 @@
 nothing of the profiler in it.  It measures its own steps and writes them,
 with its losses and its parameters, to --out (rank 0).
 
-    mpirun -np 2 python tests/tf_loop_job.py --out result.json [--eager] [--extra N]
+With --closure, as Horovod's tensorflow2_synthetic_benchmark.py: the batch is
+made once and read by the step function from its closure (not an argument),
+and the step takes one Python argument, first_batch, True in the first call
+(which broadcasts the variables inside the function): the two values are two
+traces of one tf.function.
+
+    mpirun -np 2 python tests/tf_loop_job.py --out result.json [--eager] [--extra N] [--closure]
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ def main() -> int:
     p.add_argument("--eager", action="store_true")
     p.add_argument("--extra", type=int, default=0,
                    help="steps rank 1 runs beyond the others, then every rank calls hvd.join()")
+    p.add_argument("--closure", action="store_true",
+                   help="the batch in the step function's closure, first_batch its argument")
     a = p.parse_args()
 
     hvd.init()
@@ -55,7 +63,23 @@ def main() -> int:
     rng = np.random.default_rng(200 + hvd.rank())
     losses, spans = [], []
     mine = a.steps + (a.extra if hvd.rank() == 1 else 0)
-    for i in range(mine):
+    if a.closure:
+        x = tf.constant(rng.standard_normal((a.batch, 32)).astype("float32"))
+        y = tf.constant(rng.integers(0, 10, a.batch))
+
+        @tf.function
+        def closure_step(first_batch: bool) -> tf.Tensor:
+            loss = train_step(x, y)
+            if first_batch:  # Python: a trace of its own
+                hvd.broadcast_variables(model.variables, root_rank=0)
+                hvd.broadcast_variables(opt.variables(), root_rank=0)
+            return loss
+
+        for i in range(mine):
+            t0 = time.perf_counter()
+            losses.append(float(closure_step(i == 0)))
+            spans.append((t0, time.perf_counter()))
+    for i in range(0 if a.closure else mine):
         x = tf.constant(rng.standard_normal((a.batch, 32)).astype("float32"))
         y = tf.constant(rng.integers(0, 10, a.batch))
         t0 = time.perf_counter()

@@ -49,6 +49,7 @@ import pandas as pd
 
 from profiler.units import fmt_bytes, fmt_ms
 
+from .. import remedies
 from .base import Context, Finding, bootstrap_mean
 
 MIN_SIZES = 4
@@ -313,6 +314,7 @@ def _phase(ctx: Context, sizes: list[int]) -> str:
     bd = ctx.breakdown
     if bd.empty or (bd["source"] != "sync").all():
         return ""
+    fw = remedies.framework(ctx.meta)
     from .._frame import calls
 
     c = calls(ctx.steady_df, kinds=["data"], columns=["rank", "bytes", "t_start_ns"])
@@ -331,7 +333,7 @@ def _phase(ctx: Context, sizes: list[int]) -> str:
         inside[np.flatnonzero(sel)] = (j >= 0) & (t < e[np.maximum(j, 0)])
     during = int((~inside).sum())
     return (f"{during} of their {len(c)} calls ran while the compute threads were busy "
-            "(before the rank entered synchronize)")
+            f"(before the rank entered {remedies.sync_name(fw)})")
 
 
 def analyze(ctx: Context, replay: Context | None = None) -> list[Finding]:

@@ -51,6 +51,7 @@ import pandas as pd
 from profiler.layout import format_ranges
 from profiler.units import fmt_ms, fmt_share
 
+from .. import remedies
 from .base import MIN_STEPS, Context, Finding, bootstrap_mean
 
 #: A thread waiting for a core less than this share of its time is not contended
@@ -404,6 +405,7 @@ def analyze_neighbour(ctx: Context) -> list[Finding]:
 
 
 def analyze(ctx: Context) -> list[Finding]:
+    fw = remedies.framework(ctx.meta)
     rows = cpu_rows(ctx.df)
     if rows.empty or ctx.n_steps < MIN_STEPS:
         return []
@@ -451,7 +453,7 @@ def analyze(ctx: Context) -> list[Finding]:
         if cores:
             details.append(f"{host_busy} busy threads on {cores} cores per host "
                            f"({info['ranks_per_host']} ranks x {n_busy} threads each"
-                           + (f"; torch uses {info['torch_threads']} intra-op threads"
+                           + (f"; {remedies.threads_detail(fw, info['torch_threads'])}"
                               if info["torch_threads"] else "") + ").")
             load = info["loadavg"]
             if np.isfinite(load) and load > host_busy + 0.5:
@@ -467,7 +469,8 @@ def analyze(ctx: Context) -> list[Finding]:
     bg_txt = (f"Horovod's background thread waited for a core {fmt_share(bg_share)} of its "
               "run time" if np.isfinite(bg_share) else "")
     details.insert(0, f"the compute (main) thread waited on a run queue {fmt_ms(mean)} per step "
-                      f"outside synchronize ({fmt_share(main_run_share)} of that time)"
+                      f"outside {remedies.sync_name(fw)} ({fmt_share(main_run_share)} of that "
+                      "time)"
                    + (f"; {bg_txt}" if bg_txt else "") + ".")
     if foreign_ms > 0:
         details.append(f"{fmt_ms(foreign_ms)} per step more of the compute threads' wait is "
@@ -492,7 +495,7 @@ def analyze(ctx: Context) -> list[Finding]:
                     if len(per_step) < ctx.n_steps else
                     f"95% interval over {ctx.n_steps} steady steps (schedstat run-queue delay)"),
         recommendation=("give each rank's threads their own cores: fewer intra-op threads "
-                        "(torch.set_num_threads, OMP_NUM_THREADS) leaving one for Horovod's "
+                        f"({remedies.threads_remedy(fw)}) leaving one for Horovod's "
                         "thread, fewer ranks per host, or mpirun --bind-to core --map-by "
                         "socket:PE=N; and no other busy processes on the job's cores"
                         if significant else ""),

@@ -29,6 +29,7 @@ from profiler.formats.horovod_env import DEFAULT_CYCLE_MS
 from profiler.formats.horovod_env import settings as horovod_settings
 from profiler.units import fmt_ms
 
+from .. import remedies
 from ..cycles import EDGE_ALPHA, cycle_edge
 from .base import MIN_STEPS, Context, Finding, bootstrap_mean
 
@@ -144,7 +145,7 @@ def _cycle_wait(ctx: Context, bd: pd.DataFrame) -> list[Finding]:
                f"next cycle (HOROVOD_CYCLE_TIME={cycle:g} ms"
                + ("" if "HOROVOD_CYCLE_TIME" in env else ", the default") + f"), "
                f"{fmt_ms(neg_m)} negotiating, {fmt_ms(comp_m)} handing the results back "
-               "(synchronize polls its handles every millisecond)."]
+               + remedies.completion_detail(remedies.framework(ctx.meta)) + "."]
     longer = cycle > DEFAULT_CYCLE_MS * 1.5
     if longer:
         saved = idle.to_numpy() * (1.0 - DEFAULT_CYCLE_MS / cycle)

@@ -34,6 +34,7 @@ import pandas as pd
 
 from profiler.units import fmt_ms, fmt_share
 
+from .. import remedies
 from .base import MIN_COST_MS, Context, Finding
 
 __all__ = ["analyze", "join_rows", "NULL"]
@@ -215,8 +216,8 @@ def analyze(ctx: Context) -> list[Finding]:
         cost_img_s=ctx.cost_img_s(cost) if cost is not None else None,
         confidence="measured once per rank",
         recommendation=("balance the data: the same number of batches on every rank "
-                        "(torch's DistributedSampler gives each rank an equal shard, padded, "
-                        "or drops the uneven tail with drop_last=True); or keep it: hvd.join "
+                        f"({remedies.even_data_remedy(remedies.framework(ctx.meta))}); "
+                        "or keep it: hvd.join "
                         f"is doing its job, and {fmt_ms(t.wait_ms)} is its price"),
         check="profiler advise AFTER (this finding gone); profiler compare BEFORE AFTER",
         numbers=numbers, significant=ctx.significant(cost) if cost is not None else True,

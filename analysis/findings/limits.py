@@ -3,6 +3,7 @@ confident finding is drawn from data that cannot carry it."""
 
 from __future__ import annotations
 
+from .. import remedies
 from .base import MIN_STEPS, Context, Finding
 
 
@@ -24,7 +25,7 @@ def analyze(ctx: Context) -> list[Finding]:
                           "cross-rank findings cover the ranks present only."))
     if ctx.n_steps < MIN_STEPS:
         out.append(_limit("no_steps", "no steady training steps recorded: no per-step cost",
-                          "mark steps with profiler.step() or use hvd.DistributedOptimizer.",
+                          remedies.mark_steps_remedy(remedies.framework(meta)),
                           "HOROVOD_PROFILE_BATCH_SIZE=N for images/sec"))
     if (meta.get("dataset") or {}).get("aggregates"):
         out.append(_limit("summary_mode", "summary mode: no per-call records",

@@ -36,6 +36,7 @@ import pandas as pd
 
 from profiler.units import fmt_bytes, fmt_ms, fmt_share
 
+from .. import remedies
 from .base import MIN_STEPS, Context, Finding, bootstrap_mean
 
 #: A transfer part from this share of the step holds the step.
@@ -183,8 +184,7 @@ def analyze(ctx: Context, bench: Context | None = None) -> list[Finding]:
                  "faster communication would not buy much."],
         cost_ms=mean, cost_interval_ms=(lo, hi), cost_label="explains",
         confidence=f"95% interval over {ctx.n_steps} steady steps",
-        recommendation=("profile the compute side (torch.profiler, py-spy) and the input "
-                        "pipeline (DataLoader num_workers, pinned memory)"),
+        recommendation=remedies.profile_compute_remedy(remedies.framework(ctx.meta)),
         check="",
         numbers={"compute_ms": mean, "comm_ms": c_mean, "comm_share": s_mean,
                  "comm_share_hi": s_hi},

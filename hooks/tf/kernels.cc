@@ -20,6 +20,11 @@
 // calls when the collective is done, ends the run's pending entry: the hang
 // watchdog's view of a tensor one rank never submits.
 //
+// Between two takes (hvprof_tf_take_window, called by the step hooks as a
+// step ends), the last tensor handed over and the last one handed back: the
+// step's wait for Horovod, its "sync" row (profiler.collect.tf_hooks), as
+// hvd.DistributedOptimizer's synchronize is PyTorch's.
+//
 // Built against the installed TensorFlow's headers (setup.py), loaded global
 // at the profiler's activation, before TensorFlow (whose libraries are global
 // too: the first definition wins), and armed only under the TensorFlow it was
@@ -70,6 +75,18 @@ RankFn rank_fn = nullptr;
 DataFn data_fn = nullptr;
 std::atomic<uint64_t> recorded{0};
 std::atomic<uint64_t> cost_ns{0};  // observe()'s own time, on Horovod's kernels
+
+// The step window since the last take (records' clock; 0: none yet): kernels
+// run on several of TensorFlow's threads, so each is a running maximum.
+std::atomic<uint64_t> win_runs{0};
+std::atomic<uint64_t> win_last_in{0};
+std::atomic<uint64_t> win_last_out{0};
+
+void store_max(std::atomic<uint64_t>& a, uint64_t v) {
+  uint64_t cur = a.load(std::memory_order_relaxed);
+  while (cur < v && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+  }
+}
 
 // hvprof_format.h HVPROF_TENSOR_OP_*
 enum : uint32_t { kAllreduce = 1, kAllgather = 2, kBroadcast = 3, kAlltoall = 4,
@@ -285,6 +302,7 @@ void pending_done(const tensorflow::OpKernelContext* ctx) {
   absl::string_view type = ctx->op_kernel().type_string_view();
   if (type.size() < 8 || std::memcmp(type.data(), "Horovod", 7) != 0) return;
   if (kind_of(type).op == 0) return;
+  if (armed.load(std::memory_order_relaxed)) store_max(win_last_out, now_fn());
   for (size_t i = 0; i < kProbe; i++) {
     Slot& s = slots[slot_of(ctx, i)];
     if (s.ctx.load(std::memory_order_acquire) == ctx) {
@@ -332,7 +350,11 @@ void observe(const tensorflow::OpKernelContext* ctx, int index, const tensorflow
   if (record_fn(now, count * size, count, static_cast<uint32_t>(id), info->root, code, size,
                 info->redop, info->process_set, kind.op, buffer) == 0)
     recorded.fetch_add(1, std::memory_order_relaxed);
-  if (!kind.grouped || index == 0) pending_add(ctx, began, id);
+  if (!kind.grouped || index == 0) {
+    pending_add(ctx, began, id);
+    win_runs.fetch_add(1, std::memory_order_relaxed);
+    store_max(win_last_in, now);
+  }
   cost_ns.fetch_add(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                         std::chrono::steady_clock::now() - began).count()),
                     std::memory_order_relaxed);
@@ -467,6 +489,15 @@ HVPROF_TF_EXPORT int hvprof_tf_oldest_pending(int64_t* age_ns, int64_t* name_id)
   *age_ns = ns_of(std::chrono::steady_clock::now()) - oldest;
   *name_id = id;
   return 1;
+}
+
+// The window since the last take: the number of Horovod kernel runs handed
+// over, the last hand-over and the last hand-back (records' clock); resets it.
+HVPROF_TF_EXPORT uint64_t hvprof_tf_take_window(uint64_t* last_in, uint64_t* last_out) {
+  uint64_t runs = win_runs.exchange(0, std::memory_order_relaxed);
+  *last_in = win_last_in.exchange(0, std::memory_order_relaxed);
+  *last_out = win_last_out.exchange(0, std::memory_order_relaxed);
+  return runs;
 }
 
 // APP_TENSOR records written (tests, the trace's limits).

@@ -10,16 +10,27 @@ every tape the job makes.
 
 * Eager: ``gradient`` runs every step.  Each call is a step boundary: a step
   runs from one ``gradient`` to the next, as a PyTorch step runs from one
-  ``optimizer.step`` to the next.
-* Inside ``tf.function``: ``gradient`` runs once, while the function is
-  traced.  It then marks the outermost ``tf.function`` being called as the
-  job's step function, and every later call of that function, which the job
-  makes from Python at run time, ends a step (``tf.function``'s ``__call__``
-  is wrapped: one Python frame per call).
+  ``optimizer.step`` to the next (N calls make N - 1 steps).
+* Inside ``tf.function``: ``gradient`` runs once per trace.  It then marks
+  the outermost ``tf.function`` being called as the job's step function, and
+  every call of that function, which the job makes from Python at run time,
+  is one step, from the call to its return (``tf.function``'s ``__call__``
+  is wrapped: one Python frame per call), so N calls make N steps.  The call
+  that traced it first is a step too, from the moment its gradient was
+  traced (the tracing before it is not counted); a call traced apart (another
+  Python argument) is a call of the same function.
 * Images per step: :func:`profiler.collect.steps.batch_size` when set, else
-  the batch dimension of the step function's first argument that has one (an
-  inference: the trace's ``steps_marked_by`` states the rule); eager steps:
-  the batch size only.
+  the batch dimension of the step function's first argument that has one,
+  else the batch inferred from its graph when it was traced (the static first
+  dimension shared by the inputs the loss was computed from: the function's
+  placeholders and captured tensors, the batches ``next(iterator)`` yields,
+  constant arrays), each an inference that the trace's ``steps_marked_by``
+  states; eager steps: the batch size only.  When none is known, one line
+  (rank 0, once) says how to give it, and ``steps_marked_by`` says so too.
+* The step's wait for Horovod, its "sync" row (what the step breakdown
+  splits, as PyTorch's synchronize): from the last tensor a Horovod kernel
+  was handed in the step to the last one Horovod handed back
+  (profiler.collect.tf_kernels.take_window; absent without the kernel hooks).
 
 ``hvd.join`` called eagerly is recorded as for PyTorch: one "join" row, the
 time this rank waited in it (:func:`profiler.collect.steps.mark_join`).
@@ -40,7 +51,8 @@ What a step is: one execution of the training function, from its
 ``on_train_batch_begin`` to its ``on_train_batch_end``.  With
 ``steps_per_execution=k`` one execution runs k batches, and the step record
 counts their images.  The time between executions (other callbacks, the
-epoch's end, validation) belongs to no step.
+epoch's end, validation) belongs to no step.  Its "sync" row is the
+kernels' window, as for custom loops (with k batches: the last one's wait).
 
 Images per step: the batch size ``fit`` was given (32, Keras's default, for
 arrays), times the batches of the execution; the last batch of an epoch holds
@@ -60,10 +72,10 @@ import weakref
 from types import ModuleType
 from typing import Any, Callable
 
-from profiler.collect import selfcost, steps
+from profiler.collect import selfcost, steps, tf_kernels
 
-__all__ = ["KERAS", "TF", "KERAS_MARK", "FUNCTION_MARK", "EAGER_MARK", "patch_module",
-           "unpatch_module", "images_of", "marked_by"]
+__all__ = ["KERAS", "TF", "KERAS_MARK", "FUNCTION_MARK", "EAGER_MARK", "NO_IMAGES",
+           "patch_module", "unpatch_module", "images_of", "marked_by", "graph_batch"]
 
 TF = "horovod.tensorflow"
 KERAS = "horovod.tensorflow.keras"
@@ -71,7 +83,12 @@ TAPE_TEMPLATE = "_DistributedGradientTape"
 # what marked the steps, as the trace says it (steps_marked_by)
 KERAS_MARK = "Keras model.fit (one step per run of its training function)"
 FUNCTION_MARK = ("tf.function calls (the function that traced DistributedGradientTape.gradient;"
-                 " images: HOROVOD_PROFILE_BATCH_SIZE, else its first argument's batch dimension)")
+                 " images: HOROVOD_PROFILE_BATCH_SIZE, else its first argument's batch dimension,"
+                 " else the batch inferred from its graph)")
+#: added to the mark (and said once on rank 0) when a step's images are unknown
+NO_IMAGES = ("images per step unknown (not an argument of the step, not inferable from its"
+             " inputs): set HOROVOD_PROFILE_BATCH_SIZE=<images per rank per step> or call"
+             " profiler.set_batch_size(n)")
 EAGER_MARK = "DistributedGradientTape.gradient (eager: one call to the next)"
 _WRAPPED = steps.WRAPPED
 _CALLBACKS_ARG = 5  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
@@ -175,7 +192,7 @@ def _callback_class(keras: Any) -> type:
             _state["marked_by"] = KERAS_MARK
             try:
                 self._first = int(batch)
-                _measured(steps.hook_begin)
+                _measured(_begin)
             except Exception as exc:  # never break the training loop
                 _warn_once(f"Keras step hook failed: {exc}")
 
@@ -183,7 +200,9 @@ def _callback_class(keras: Any) -> type:
             try:
                 s = self._shape
                 n = images_of(self._first, max(int(batch), self._first), s.batch, s.samples)
-                _measured(lambda: steps.hook_end(n))
+                if not n:
+                    _no_images()
+                _measured(lambda: _end(n))
             except Exception as exc:  # never break the training loop
                 _warn_once(f"Keras step hook failed: {exc}")
 
@@ -244,18 +263,74 @@ def _unpatch_keras(module: ModuleType) -> None:
             c.fit = orig
 
 
+# --- the step's wait for Horovod: the kernels' window ------------------------
+
+_record_app: list[Any] = []  # hvprof_record_app, declared once (empty: not looked up yet)
+
+
+def _sync_row(window: tuple[int, int] | None) -> None:
+    """The open step's "sync" row [window): written directly, as a Keras or
+    tf.function step ends with hook_end, which writes none.  Quiet once the
+    application marks steps itself, as the hooks' steps are."""
+    if window is None or steps.mode() != "hook":
+        return
+    if not _record_app:
+        from profiler.collect import native
+
+        lib = native.loaded()
+        _record_app.append(native.function("hvprof_record_app", lib) if lib is not None
+                           else None)
+    fn = _record_app[0]
+    if fn is not None:
+        fn(steps.APP_SYNC, window[0], window[1], 0, steps.steps_recorded())
+
+
+def _begin() -> None:
+    """A step begins (Keras's on_train_batch_begin, a step function's call):
+    the kernels' window restarts with it."""
+    tf_kernels.take_window()
+    steps.hook_begin()
+
+
+def _end(images: int) -> None:
+    """... and ends: its sync row, then its step record."""
+    _sync_row(tf_kernels.take_window())
+    steps.hook_end(images)
+
+
 # --- custom loops: DistributedGradientTape and tf.function -------------------
 
-_tls = threading.local()  # .calls: the tf.functions being called, outermost first
+# per thread: .calls, the tf.functions being called, outermost first; .begun,
+# whether the outermost call's step has begun (hook_begin)
+_tls = threading.local()
 _step_functions: weakref.WeakSet[Any] = weakref.WeakSet()
+# the batch inferred from each step function's graph as it was traced
+_traced_batch: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 # What marked the steps: kept in a dict, never by rebinding a global, so that
 # it holds even where AutoGraph runs a converted copy of a wrapper.
-_state: dict[str, str | None] = {"marked_by": None}
+_state: dict[str, str | None] = {"marked_by": None, "no_images": None}
 
 
 def marked_by() -> str | None:
-    """Which TensorFlow hook marked this process's steps (None: none did)."""
-    return _state["marked_by"]
+    """Which TensorFlow hook marked this process's steps (None: none did),
+    followed by :data:`NO_IMAGES` when some step's images were unknown."""
+    by = _state["marked_by"]
+    return f"{by}; {NO_IMAGES}" if by and _state["no_images"] else by
+
+
+def _no_images() -> None:
+    """A hooked step whose images are unknown: said once, by rank 0."""
+    if _state["no_images"]:
+        return
+    _state["no_images"] = "1"
+    from profiler.collect import native
+
+    try:
+        rank = native.rank() if native.loaded() is not None else 0
+    except Exception:  # the rank unknown: say it
+        rank = 0
+    if rank <= 0:
+        print(f"profiler: {NO_IMAGES}", file=sys.stderr)
 
 
 def _first_batch(args: tuple[Any, ...]) -> int:
@@ -269,21 +344,74 @@ def _first_batch(args: tuple[Any, ...]) -> int:
     return 0
 
 
+# ops whose outputs are a step's data when the loss depends on them: the
+# function's arguments and captured tensors, what an iterator yields, arrays
+# folded in as constants (only those of rank 2 or more: a rank-1 constant is
+# more often a table, such as class weights, than a batch)
+_DATA_OPS = ("Placeholder", "IteratorGetNext", "IteratorGetNextSync", "OptionalGetValue")
+_MAX_OPS = 50_000  # a walk's bound (ops visited), once per trace
+
+
+def graph_batch(target: Any) -> int:
+    """The batch a traced step computed `target` (its loss) from: the static
+    first dimension of the data tensors among its ancestors (see _DATA_OPS),
+    those of rank 2 or more when there are any (labels are often rank 1),
+    when they all agree; 0 when they do not, or none has a static one."""
+    import tensorflow as tf
+
+    skip = (tf.resource, tf.variant)
+    stack = [t.op for t in tf.nest.flatten(target) if hasattr(t, "op")]
+    seen: set[int] = set()
+    high: set[int] = set()
+    low: set[int] = set()
+    while stack and len(seen) < _MAX_OPS:
+        op = stack.pop()
+        if id(op) in seen:
+            continue
+        seen.add(id(op))
+        data = op.type in _DATA_OPS
+        if data or op.type == "Const":
+            for out in op.outputs:
+                shape = out.shape
+                if out.dtype in skip or shape.rank is None or shape.rank < 1 \
+                        or shape[0] is None or (not data and shape.rank < 2):
+                    continue
+                (high if shape.rank >= 2 else low).add(int(shape[0]))
+            continue
+        stack.extend(i.op for i in op.inputs)
+    found = high or low
+    return next(iter(found)) if len(found) == 1 else 0
+
+
+def _images(fn: Any, args: tuple[Any, ...]) -> int:
+    n = steps.batch_size() or _first_batch(args) or _traced_batch.get(fn, 0)
+    if not n:
+        _no_images()
+    return n
+
+
 def _wrap_call(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         calls = getattr(_tls, "calls", None)
         if calls is None:
             calls = _tls.calls = []
+        if not calls:  # the outermost call: a step when its function is one
+            _tls.begun = self in _step_functions
+            if _tls.begun:
+                try:
+                    _measured(_begin)
+                except Exception as exc:  # never break the training loop
+                    _warn_once(f"tf.function step hook failed: {exc}")
         calls.append(self)
         try:
             result = orig(self, *args, **kwargs)
         finally:
             calls.pop()
-        if not calls and self in _step_functions:
+        if not calls and self in _step_functions and getattr(_tls, "begun", False):
+            _tls.begun = False
             try:
-                _measured(lambda: steps.hook_step(
-                    None, images=steps.batch_size() or _first_batch(args)))
+                _measured(lambda: _end(_images(self, args)))
             except Exception as exc:  # never break the training loop
                 _warn_once(f"tf.function step hook failed: {exc}")
         return result
@@ -292,30 +420,64 @@ def _wrap_call(orig: Callable[..., Any]) -> Callable[..., Any]:
     return __call__
 
 
+def _after_gradient(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """What the tape's gradient hook does after each call (see _wrap_gradient)."""
+    try:
+        calls = getattr(_tls, "calls", None)
+        if calls:  # being traced: the outermost tf.function is the step
+            fn = calls[0]
+            _step_functions.add(fn)
+            _state["marked_by"] = FUNCTION_MARK
+            target = args[0] if args else kwargs.get("target")
+
+            def traced() -> None:
+                _traced_batch[fn] = graph_batch(target)
+                if not getattr(_tls, "begun", False):  # the call that traced it first
+                    _tls.begun = True
+                    _begin()
+
+            _measured(traced)
+        else:
+            import tensorflow as tf
+
+            if not tf.inside_function():  # eager: this call is the boundary
+                _state["marked_by"] = EAGER_MARK
+                _measured(_eager_boundary)
+    except Exception as exc:  # never break the training loop
+        _warn_once(f"DistributedGradientTape step hook failed: {exc}")
+
+
+# _after_gradient as the wrapper calls it: inside tf.function AutoGraph
+# converts the wrapper, as it converts the tape's own gradient when there is
+# no wrapper, and would convert every function the hook calls, at a cost of
+# a second and more at the first trace; _patch_tape puts here the same
+# function marked for AutoGraph to call as it is (do_not_convert).  Kept in a
+# dict, never in a rebound global, which the converted copy would not see.
+_hooks: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], None]] = {
+    "after_gradient": _after_gradient}
+
+
 def _wrap_gradient(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def gradient(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = orig(self, *args, **kwargs)
-        try:
-            calls = getattr(_tls, "calls", None)
-            if calls:  # being traced: the outermost tf.function is the step
-                _step_functions.add(calls[0])
-                _state["marked_by"] = FUNCTION_MARK
-            else:
-                import tensorflow as tf
-
-                if not tf.inside_function():  # eager: this call is the boundary
-                    _state["marked_by"] = EAGER_MARK
-                    _measured(steps.hook_step)
-        except Exception as exc:  # never break the training loop
-            _warn_once(f"DistributedGradientTape step hook failed: {exc}")
+        _hooks["after_gradient"](args, kwargs)
         return result
 
-    # Inside tf.function, AutoGraph runs a converted copy of this wrapper, as
-    # it converts the tape's own gradient when there is no wrapper: state
-    # goes through mutable objects (_state, _step_functions), never `global`.
     setattr(gradient, _WRAPPED, orig)
     return gradient
+
+
+def _eager_boundary() -> None:
+    """An eager gradient call: the step's wait for Horovod (its allreduces ran
+    in this call), then the boundary."""
+    window = tf_kernels.take_window()
+    if window is not None:
+        steps.mark_synchronize(*window)
+    n = steps.batch_size()
+    if not n and steps.steps_recorded():  # the first call opens the first step
+        _no_images()
+    steps.hook_step()
 
 
 def _function_class() -> Any:
@@ -365,6 +527,12 @@ def _patch_tape(module: ModuleType) -> bool:
     call = fn.__dict__.get("__call__")
     if call is not None and getattr(call, _WRAPPED, None) is None:
         fn.__call__ = _wrap_call(call)
+    try:
+        import tensorflow as tf
+
+        _hooks["after_gradient"] = tf.autograph.experimental.do_not_convert(_after_gradient)
+    except Exception:  # an older TensorFlow: converted, slower at tracing, the same records
+        pass
     tape.gradient = _wrap_gradient(orig)
     return True
 

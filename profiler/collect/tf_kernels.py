@@ -27,7 +27,7 @@ import sys
 from typing import Any
 
 __all__ = ["LIB_NAME", "arm", "cost", "library_path", "loaded", "note_late_load",
-           "oldest_pending", "preload", "recorded", "reason", "switch", "wanted"]
+           "oldest_pending", "preload", "recorded", "reason", "switch", "take_window", "wanted"]
 
 LIB_NAME = "libhvprof_tf.so"
 _lib: Any = None
@@ -73,6 +73,9 @@ def preload() -> None:
     lib.hvprof_tf_built_for.restype = ctypes.c_char_p
     lib.hvprof_tf_recorded.restype = ctypes.c_uint64
     lib.hvprof_tf_cost_ns.restype = ctypes.c_uint64
+    lib.hvprof_tf_take_window.restype = ctypes.c_uint64
+    lib.hvprof_tf_take_window.argtypes = (ctypes.POINTER(ctypes.c_uint64),
+                                          ctypes.POINTER(ctypes.c_uint64))
     lib.hvprof_tf_oldest_pending.restype = ctypes.c_int
     lib.hvprof_tf_oldest_pending.argtypes = (ctypes.POINTER(ctypes.c_int64),
                                              ctypes.POINTER(ctypes.c_int64))
@@ -143,6 +146,20 @@ def oldest_pending() -> tuple[float, str] | None:
         names = read_tensor_names(native.raw_path())
         name = names[ident.value] if 0 <= ident.value < len(names) else f"tensor #{ident.value}"
     return seconds, name
+
+
+def take_window() -> tuple[int, int] | None:
+    """The step's wait for Horovod, as a step hook ends a step: (the last
+    tensor a Horovod kernel handed over, the last one Horovod handed back),
+    in the records' clock, since the previous take; None when no kernel ran,
+    one is still out, or the hooks are not armed.  Starts the next window."""
+    if not _armed:
+        return None
+    t_in, t_out = ctypes.c_uint64(), ctypes.c_uint64()
+    runs = _lib.hvprof_tf_take_window(ctypes.byref(t_in), ctypes.byref(t_out))
+    if not runs or not t_in.value or t_out.value < t_in.value:
+        return None
+    return int(t_in.value), int(t_out.value)
 
 
 def cost() -> dict[str, int] | None:
