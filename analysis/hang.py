@@ -404,7 +404,9 @@ def render(dg: Any) -> list[str]:
                    f"{when}; NEVER by rank(s) {','.join(map(str, g.missing))}: Horovod "
                    "waits for every rank to submit a tensor (hvd.synchronize blocks)")
         for rk in g.missing:
-            out.append(f"  rank {rk}'s last tensor: {g.missing_last.get(rk, '?')}")
+            stack = by_rank[rk].stack if rk in by_rank else None
+            out.append(f"  rank {rk}'s last tensor: {g.missing_last.get(rk, '?')}"
+                       + (f"; Python: {stack}" if stack else ""))
     for r in dg.ranks:
         for f in r.in_flight:
             if f.get("seq") is None:

@@ -41,16 +41,20 @@
  * keeps what the arguments say (size/rank -1, allgather bytes 0).
  *
  * The raw file: a process without MPI opens it at the first wrapped call
- * (rank, size and local rank from HOROVOD_RANK/SIZE/LOCAL_RANK, core.c).
+ * (rank, size and local rank from HOROVOD_RANK/SIZE/LOCAL_RANK, core.c); in
+ * an elastic job, under a file number the process claims (see "Elastic").
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "hvprof_internal.h"
@@ -94,6 +98,84 @@ static int profile_requested(void)
     return v && *v && strcmp(v, "0") != 0 && strcmp(v, "off") != 0;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Elastic Horovod (HOROVOD_ELASTIC=1, set by horovodrun for elastic jobs).
+ * A worker's HOROVOD_RANK is its rank when it was started, and the driver
+ * starts a replacement with the rank of the worker it replaces: named by it,
+ * the new raw file would truncate the old one, and a worker removed or killed
+ * would lose what it recorded.  So each process claims a file number of its
+ * own: its starting rank if that file does not exist yet, else the first free
+ * number from HOROVOD_SIZE up, by O_CREAT|O_EXCL (atomic on one file system,
+ * so two starting workers never get the same).  A file is a process, not a
+ * rank: the ranks it held, epoch by epoch, are in its epochs sidecar
+ * (profiler.formats.epochs, written by profiler.collect.horovod_hooks).  The
+ * directory: HOROVOD_PROFILE_DIR, else horovod-profile-elastic-<the
+ * rendezvous port>, the same for every worker the driver starts. */
+#define ELASTIC_MAX_FILES 100000
+
+static int elastic_job(void)
+{
+    const char *v = getenv("HOROVOD_ELASTIC");
+    return v && strcmp(v, "1") == 0;
+}
+
+static int mkdirs(char *path)
+{
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        int r = mkdir(path, 0755);
+        *p = '/';
+        if (r != 0 && errno != EEXIST) return -1;
+    }
+    return mkdir(path, 0755) == 0 || errno == EEXIST ? 0 : -1;
+}
+
+/* Claim this process's file number in dir (see above); -1 when none can be. */
+static int elastic_claim(const char *dir)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/raw", dir);
+    mode_t old = umask(022);
+    int ok = mkdirs(path) == 0;
+    umask(old);
+    if (!ok) return -1;
+    const char *r = getenv("HOROVOD_RANK"), *s = getenv("HOROVOD_SIZE");
+    int first = r && *r ? atoi(r) : 0, size = s && *s ? atoi(s) : 1;
+    if (first < 0) first = 0;
+    if (size < 1) size = 1;
+    for (int i = -1; i < ELASTIC_MAX_FILES; i++) {
+        int n = i < 0 ? first : size + i;
+        snprintf(path, sizeof path, "%s/raw/rank-%05d.hvprof", dir, n);
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            close(fd);
+            return n;
+        }
+        if (errno != EEXIST) return -1;
+    }
+    return -1;
+}
+
+static void open_elastic(void)
+{
+    char dir[1024];
+    const char *d = hvprof_setting("HOROVOD_PROFILE_DIR");
+    if (d && *d) {
+        snprintf(dir, sizeof dir, "%s", d);
+    } else {
+        const char *port = getenv("HOROVOD_GLOO_RENDEZVOUS_PORT");
+        snprintf(dir, sizeof dir, "horovod-profile-elastic-%s", port && *port ? port : "0");
+    }
+    int n = elastic_claim(dir);
+    if (n < 0) {
+        hvprof_warn("warning: elastic job: no file number could be claimed in %s/raw (%s); "
+                    "recording off in this worker", dir, strerror(errno));
+        return;
+    }
+    hvprof_open(n, -1, -1, dir);
+}
+
 /* Recording on?  A process without a file (no MPI_Init: horovodrun --gloo)
  * opens one at its first Gloo call. */
 static inline int recording(void)
@@ -101,8 +183,32 @@ static inline int recording(void)
     if (HVPROF_LIKELY(atomic_load_explicit(&hvprof_active, memory_order_relaxed))) return 1;
     if (atomic_load_explicit(&open_tried, memory_order_relaxed) || atomic_exchange(&open_tried, 1))
         return 0;
-    if (!hvprof_header() && profile_requested()) hvprof_open(-1, -1, -1, NULL);
+    if (!hvprof_header() && profile_requested()) {
+        if (elastic_job()) open_elastic();
+        else hvprof_open(-1, -1, -1, NULL);
+    }
     return atomic_load(&hvprof_active);
+}
+
+/* Horovod re-initialized in this process (an elastic reset: hvd.shutdown,
+ * then hvd.init; called by profiler.collect.horovod_hooks before hvd.init).
+ * The new gloo contexts and controller may sit at the addresses of the old
+ * ones: the epoch is mixed into their communicator handles, so that the new
+ * epoch's communicators are registered afresh (their size, rank, and call
+ * numbers from 0, as on the workers that start in that epoch). */
+static _Atomic uint64_t gloo_epoch;
+static _Atomic uint32_t n_controllers;
+
+HVPROF_EXPORT void hvprof_gloo_epoch_begin(void)
+{
+    atomic_fetch_add(&gloo_epoch, 1);
+    atomic_store(&n_controllers, 0);
+}
+
+static inline uint64_t epoch_handle(const void *p)
+{
+    return hvprof_mix((uint64_t)(uintptr_t)p, atomic_load_explicit(&gloo_epoch,
+                                                                   memory_order_relaxed));
 }
 
 typedef struct call {
@@ -165,7 +271,7 @@ static uint32_t data_comm(const void *algos, int *rank, int *size)
 {
     const void *gctx;
     context_rank_size(algos, &gctx, rank, size);
-    uint64_t handle = (uint64_t)(uintptr_t)gctx;
+    uint64_t handle = epoch_handle(gctx);
     uint32_t ci = hvprof_comm_lookup(handle);
     if (HVPROF_LIKELY(ci != UINT32_MAX)) return ci;
     int32_t ps = cur_ps - 1; /* -1: outside an Execute (not Horovod's op path) */
@@ -179,18 +285,17 @@ static uint32_t data_comm(const void *algos, int *rank, int *size)
                                 name);
 }
 
-static _Atomic uint32_t n_controllers;
-
 /* A controller's communicator: its id from the order controllers make their
  * first call in this process (the global set's first on every rank). */
 static uint32_t control_comm(const void *self)
 {
-    uint64_t handle = (uint64_t)(uintptr_t)self;
+    uint64_t handle = epoch_handle(self);
     uint32_t ci = hvprof_comm_lookup(handle);
     if (HVPROF_LIKELY(ci != UINT32_MAX)) return ci;
     uint32_t nth = atomic_fetch_add(&n_controllers, 1);
     hvprof_file_header *h = hvprof_header();
-    int first = nth == 0 && h;
+    /* an elastic file's header holds its first rank, not this epoch's */
+    int first = nth == 0 && h && !elastic_job();
     uint64_t id = hvprof_mix(0x676c6f6f6374726cull, nth);
     return hvprof_comm_register(handle, id, first ? h->world_size : -1, first ? h->rank : -1,
                                 first ? 0 : -1, COMM_BACKEND_GLOO,
@@ -546,7 +651,13 @@ static int arm_library(void *handle, int li, const relro_query *q, const char **
     return armed;
 }
 
-static int arm_path(const char *path)
+static int gloo_requested(void)
+{
+    const char *c = getenv("HOROVOD_CONTROLLER"), *o = getenv("HOROVOD_CPU_OPERATIONS");
+    return (c && strcmp(c, "gloo") == 0) || (o && strcmp(o, "gloo") == 0);
+}
+
+static int arm_path(const char *path, int explicit_path)
 {
     void *handle = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
     if (!handle) return -1;
@@ -554,10 +665,19 @@ static int arm_path(const char *path)
     void *probe = dlsym(handle, s_allreduce_f32.vtable);
     Dl_info info;
     if (!probe || !dladdr(probe, &info)) {
-        if (!said_missing) {
+        /* Horovod built without Gloo has none of these symbols: said only
+         * where Gloo was asked for (horovodrun --gloo and elastic jobs set
+         * HOROVOD_CONTROLLER=gloo) or the library was named; an MPI job's
+         * scan of its extension stays silent. */
+        if (!said_missing && (gloo_requested() || explicit_path)) {
             said_missing = 1;
-            hvprof_warn("Gloo collectives are not recorded: %s has no %s (a Horovod other than "
-                        "0.28.x?)", path, s_allreduce_f32.vtable);
+            if (gloo_requested())
+                hvprof_warn("Gloo collectives are not recorded: this Horovod (%s) is built "
+                            "without Gloo, yet the job asks for it (HOROVOD_CONTROLLER=gloo); "
+                            "build Horovod with HOROVOD_WITH_GLOO=1", path);
+            else
+                hvprof_warn("Gloo collectives are not recorded: %s has no %s (a Horovod other "
+                            "than 0.28.x?)", path, s_allreduce_f32.vtable);
         }
         dlclose(handle);
         return 0;
@@ -600,7 +720,7 @@ static int arm_each(struct dl_phdr_info *info, size_t n, void *arg)
     const char *name = info->dlpi_name;
     if (!name || !strstr(name, "horovod/") || !strstr(name, "mpi_lib")) return 0;
     sc->found++;
-    int r = arm_path(name);
+    int r = arm_path(name, 0);
     if (r > 0) sc->total += r;
     return 0;
 }
@@ -614,7 +734,7 @@ HVPROF_EXPORT int hvprof_gloo_arm(const char *library)
     pthread_mutex_lock(&arm_lock);
     int r;
     if (library && *library) {
-        r = arm_path(library);
+        r = arm_path(library, 1);
     } else {
         scan sc = {0, 0};
         dl_iterate_phdr(arm_each, &sc);

@@ -7,7 +7,10 @@ root, the controller's calls as control; the job's output and exit status
 the same with and without the profiler.  (b) `profiler summarize` and
 `profiler advise` on that trace.  (c) The same job under MPI (horovodrun
 without --gloo): MPI calls recorded as before, no Gloo record.  (d) Arming
-on a library without Horovod's symbols is a no-op said in one line.
+on a library without Horovod's symbols is a no-op said in one line.  (e) A
+rank that never reaches an allreduce: `profiler hang` names it and its line.
+(f) horovodrun ending the job (SIGTERM to the survivors): nothing recorded is
+lost.  (g) A Horovod built without Gloo, asked for Gloo: one line.
 """
 
 from __future__ import annotations
@@ -159,8 +162,100 @@ def test_mpi_job_records_mpi_and_no_gloo(tmp_path: Path) -> None:
         assert bc["bytes"].tolist() == [8 * BCAST]
 
 
-def _arm(code: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in base_env().items() if k != "HOROVOD_PROFILE"}
+HANG_JOB = r"""
+import time, torch
+import horovod.torch as hvd
+hvd.init()
+for i in range(3):
+    hvd.allreduce(torch.ones(16), name=f"warm{i}")
+print("READY", hvd.rank(), flush=True)
+if hvd.rank() == 1:
+    time.sleep(3600)  # HANG_LINE
+hvd.allreduce(torch.ones(1000), name="stuck_grad")
+"""
+
+
+@needs_horovodrun
+@pytest.mark.slow
+def test_hang_on_gloo_names_the_rank_that_never_came_and_where(tmp_path: Path) -> None:
+    """Rank 1 sleeps before an allreduce that rank 0 has entered: the watchdog
+    writes its snapshot after HOROVOD_PROFILE_HANG_S, the job is SIGKILLed
+    (horovodrun and its workers), and `profiler hang` names the tensor rank 0
+    handed to Horovod, rank 1 that never did, and the line rank 1 is at."""
+    import signal
+    import time
+
+    job = tmp_path / "job.py"
+    job.write_text(HANG_JOB)
+    line = next(i for i, ln in enumerate(HANG_JOB.splitlines(), 1) if "HANG_LINE" in ln)
+    prof = tmp_path / "profile"
+    env = base_env(HOROVOD_PROFILE="1", HOROVOD_PROFILE_DIR=str(prof),
+                   HOROVOD_PROFILE_HANG_S="2",
+                   PATH=os.path.dirname(PYTHON) + os.pathsep + os.environ.get("PATH", ""))
+    proc = subprocess.Popen([os.path.join(os.path.dirname(PYTHON), "horovodrun"), "--gloo",
+                             "-np", "2", "-H", "localhost:2", PYTHON, str(job)], cwd=tmp_path,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and not (prof / "hang" / "HANG").exists():
+            time.sleep(0.5)
+        time.sleep(1.5)  # the other rank's snapshot, written alongside
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert (prof / "hang" / "HANG").exists(), sorted(prof.rglob("*"))
+    out = profiler_cli("hang", str(prof))
+    lines = out.stdout.splitlines()
+    gap = [ln for ln in lines if ln.startswith("tensor allreduce.stuck_grad (submission #0)")]
+    assert len(gap) == 1, out.stdout
+    assert "handed to Horovod by rank 0 at" in gap[0] and "NEVER by rank(s) 1:" in gap[0]
+    where = [ln for ln in lines if ln.startswith("  rank 1's last tensor: allreduce.warm2")]
+    assert len(where) == 1, out.stdout
+    assert f'File "{job}", line {line} in <module>' in where[0], where[0]
+
+
+ENDED_JOB = r"""
+import sys, time, torch
+import horovod.torch as hvd
+hvd.init()
+for i in range(5):
+    hvd.allreduce(torch.ones(16), name=f"a{i}")
+print("RESULT done", hvd.rank(), flush=True)
+if hvd.rank() == 1:
+    sys.exit(3)
+time.sleep(600)  # horovodrun ends it: SIGTERM once another worker failed
+"""
+
+
+@needs_horovodrun
+@pytest.mark.slow
+def test_nothing_recorded_is_lost_when_horovodrun_ends_the_job(tmp_path: Path) -> None:
+    """Worker 1 exits with status 3; horovodrun terminates worker 0 (SIGTERM,
+    which the library's handler meets with a flush).  Its exit status is
+    horovodrun's as without the profiler; `profiler merge` then finds every
+    allreduce of both workers, worker 0 marked partial."""
+    job = tmp_path / "job.py"
+    job.write_text(ENDED_JOB)
+    prof = tmp_path / "profile"
+    env = base_env(HOROVOD_PROFILE="1", HOROVOD_PROFILE_DIR=str(prof),
+                   PATH=os.path.dirname(PYTHON) + os.pathsep + os.environ.get("PATH", ""))
+    run = subprocess.run([os.path.join(os.path.dirname(PYTHON), "horovodrun"), "--gloo", "-np",
+                          "2", "-H", "localhost:2", PYTHON, str(job)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 1 and "Process 0 exit with status code 143" in run.stdout, \
+        run.stdout[-2000:]
+    merged = profiler_cli("merge", str(prof))
+    assert merged.returncode == 0, merged.stderr
+    assert "partial ranks (killed): 0" in merged.stdout + merged.stderr
+    df = rows_of(prof)
+    ar = df[df["op"].astype(str) == "gloo_allreduce"]
+    assert ar.groupby("rank").size().to_dict() == {0: 5, 1: 5}
+    assert ar["bytes"].eq(64).all()
+
+
+def _arm(code: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in base_env(**extra).items() if k != "HOROVOD_PROFILE"}
     return subprocess.run([PYTHON, "-P", "-c", code], capture_output=True, text=True,
                           env=env, timeout=120)
 
@@ -174,6 +269,20 @@ def test_arming_a_library_without_the_symbols_is_a_noop_said_once() -> None:
     assert proc.stdout.split() == ["0", "0", "-1", "-1"]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Gloo collectives are not recorded" in lines[0], proc.stderr
+
+
+def test_a_horovod_without_gloo_asked_for_gloo_is_said_in_one_line() -> None:
+    """horovodrun --gloo sets HOROVOD_CONTROLLER=gloo in its workers; a library
+    without Horovod's Gloo symbols stands for a Horovod built without Gloo."""
+    code = ("from profiler.collect import native\n"
+            "native.load()\n"
+            "print(native.gloo_arm('libc.so.6'), native.gloo_arm('libc.so.6'))\n")
+    proc = _arm(code, HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0", "0"]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is built without Gloo" in lines[0], proc.stderr
+    assert "HOROVOD_WITH_GLOO=1" in lines[0] and "Traceback" not in proc.stderr
 
 
 def test_arming_horovods_library_is_idempotent() -> None:

@@ -51,6 +51,7 @@ from . import (
     control,
     cycle,
     efficiency,
+    elastic,
     fusion,
     join,
     late_ranks,
@@ -60,7 +61,8 @@ from . import (
 )
 from .base import Context, Finding
 
-__all__ = ["Finding", "Context", "Advice", "ANALYZERS", "advise", "advise_frame", "COLUMNS"]
+__all__ = ["Finding", "Context", "Advice", "ANALYZERS", "advise", "advise_frame", "context_of",
+           "COLUMNS"]
 
 ANALYZERS = {
     "step_time": step_time.analyze,
@@ -75,6 +77,7 @@ ANALYZERS = {
     "fusion": fusion.analyze,
     "horovod_settings": settings.analyze,
     "limits": limits.analyze,
+    "elastic": elastic.analyze,
 }
 
 #: What the analyzers read: load() asks for these columns only.

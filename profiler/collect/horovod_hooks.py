@@ -28,7 +28,9 @@ then mark steps (:mod:`profiler.collect.tf_hooks`), and before
 hooks that record TensorFlow's tensors are armed
 (:mod:`profiler.collect.tf_kernels`).  Right after either Horovod extension
 loads, the library's Gloo wrappers are armed in it (:func:`arm_gloo`,
-hooks/gloo.c), before ``hvd.init`` can run a Gloo collective.
+hooks/gloo.c), before ``hvd.init`` can run a Gloo collective.  In an elastic
+job, ``hvd.init`` and ``hvd.shutdown`` are wrapped too: each reset's epoch is
+one line of the process's epochs sidecar (profiler.formats.epochs).
 
 It imports neither torch nor Horovod (start-up cost: a list insert).  If the
 module is already imported, it is patched at once.
@@ -380,6 +382,84 @@ def _patch_mpi_ops(module: ModuleType) -> None:
         _patch_join(module)
     except Exception as exc:  # a Horovod whose layout we do not know
         _warn_once(f"could not wrap hvd.join: {exc}")
+    if os.environ.get("HOROVOD_ELASTIC") == "1":
+        try:
+            _patch_epochs(module)
+        except Exception as exc:  # a Horovod whose layout we do not know
+            _warn_once(f"could not watch elastic Horovod's resets: {exc}")
+
+
+# Elastic Horovod (horovodrun sets HOROVOD_ELASTIC=1 in its workers): a reset
+# is hvd.shutdown then hvd.init in the same process (horovod.torch.elastic
+# imports both from mpi_ops after this patch).  Each init that returns and
+# each shutdown is one line of the process's epochs sidecar
+# (profiler.formats.epochs), written at once: the merge rebuilds the
+# membership epochs from them (profiler.postjob.epochs).
+EPOCH_FUNCTIONS = ("init", "shutdown")
+
+
+def _epoch_event(event: dict[str, Any]) -> None:
+    from profiler.collect import native
+    from profiler.formats import epochs
+
+    raw = native.raw_path() if native.loaded() is not None else ""
+    if raw:
+        epochs.append(raw, {**event, "pid": os.getpid()})
+
+
+def _wrap_init(orig: Callable[..., Any], module: ModuleType) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def init(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.monotonic_ns()
+        try:
+            from profiler.collect import native
+
+            begin = native.function("hvprof_gloo_epoch_begin")
+            if begin is not None:
+                begin()
+        except Exception as exc:  # never break the job's init
+            _warn_once(f"elastic epoch not marked: {exc}")
+        result = orig(*args, **kwargs)
+        try:
+            _epoch_event({"event": "init", "t0_ns": t0, "t1_ns": time.monotonic_ns(),
+                          "rank": int(module.rank()), "size": int(module.size()),
+                          "local_rank": int(module.local_rank())})
+        except Exception as exc:  # never break the job's init
+            _warn_once(f"elastic epoch not recorded: {exc}")
+        return result
+
+    setattr(init, _WRAPPED, orig)
+    return init
+
+
+def _wrap_shutdown(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def shutdown(*args: Any, **kwargs: Any) -> Any:
+        try:
+            _epoch_event({"event": "shutdown", "t_ns": time.monotonic_ns()})
+        except Exception as exc:  # never break the job's shutdown
+            _warn_once(f"elastic reset not recorded: {exc}")
+        return orig(*args, **kwargs)
+
+    setattr(shutdown, _WRAPPED, orig)
+    return shutdown
+
+
+def _patch_epochs(module: ModuleType) -> None:
+    """Wrap `module`.init and .shutdown (idempotent)."""
+    for name in EPOCH_FUNCTIONS:
+        orig = module.__dict__.get(name)
+        if orig is None or getattr(orig, _WRAPPED, None) is not None:
+            continue
+        setattr(module, name, _wrap_init(orig, module) if name == "init"
+                else _wrap_shutdown(orig))
+
+
+def _unpatch_epochs(module: ModuleType) -> None:
+    for name in EPOCH_FUNCTIONS:
+        orig = getattr(module.__dict__.get(name), _WRAPPED, None)
+        if orig is not None:
+            setattr(module, name, orig)
 
 
 def uninstall() -> None:
@@ -399,6 +479,7 @@ def uninstall() -> None:
         from profiler.collect import tensors
 
         tensors.unpatch_module(ops)
+        _unpatch_epochs(ops)
     _unpatch_join()
     for name in TF_MODULES:
         tf_module = sys.modules.get(name)

@@ -97,6 +97,7 @@ EXPORTS: dict[str, tuple[Any, tuple[Any, ...], str]] = {
                         "horovod_hooks: wrap Horovod's Gloo collectives (hooks/gloo.c) once "
                         "its extension is loaded; >0 armed, 0 none (said once), -1 not loaded"),
     "hvprof_gloo_records": (_c.c_uint64, (), "tests: records the Gloo wrappers wrote"),
+    "hvprof_gloo_epoch_begin": (None, (), "horovod_hooks: an elastic reset's hvd.init"),
     "hvprof_inflight_oldest_ns": (_c.c_int64, (), "watchdog: age of the oldest call in flight"),
     "hvprof_inflight_oldest_op": (_c.c_int, (), "watchdog: the op of the oldest call in flight"),
 }
