@@ -291,12 +291,12 @@ setup(
     packages=[
         "profiler", "profiler.cli", "profiler.analysis", "profiler.analysis.findings",
         "profiler.formats", "profiler.collect", "profiler.postjob",
-        "profiler.bench", "profiler.workloads",
+        "profiler.bench", "profiler.workloads", "profiler.site",
     ],
     # profiler/analysis is a link to the top-level analysis/ (the user's layout):
     # `profiler.analysis` resolves the same in the checkout and in a wheel.
     package_data={"profiler": ["_lib/*.so", "_lib/*.python", "_fastrec*.so", "py.typed"],
-                  "profiler.analysis": ["*.js"]},
+                  "profiler.analysis": ["*.js"], "profiler.site": ["templates/*"]},
     include_package_data=False,
     install_requires=[
         "numpy", "pandas>=2", "pyarrow>=14", "orjson", "plotly>=5", "rich", "duckdb",

@@ -3,7 +3,7 @@
 A value that cannot be used is said once per process, on one line
 (`horovod-profiler: warning: ignoring NAME='value' (what is expected): what is
 done instead`), and the default is used: a setting never stops a job.  The C
-library does the same for the variables it reads (hooks/core.c env_check).
+library does the same for the variables it reads (hooks/core_open.c env_check).
 Kept free of heavy imports: read at interpreter start-up and at exit."""
 
 from __future__ import annotations
@@ -121,6 +121,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("HOROVOD_PROFILE_MERGE_TIMEOUT", "seconds >= 0", "60",
             "how long rank 0 waits at exit for the other ranks' files; a program without "
             "Python waits for its merge this long plus 30 s, then leaves it running", "both"),
+    Setting("HOROVOD_PROFILE_STORE", "a directory or a postgresql:// URL", "none",
+            "where each job's record also goes (docs/guide/site.md); the record is always "
+            "written beside the profile (job-record.json)", "Python"),
+    Setting("HOROVOD_PROFILE_RECORD_TIMEOUT", "seconds >= 0", "20",
+            "how long the exit merge waits for the job record (made where "
+            "HOROVOD_PROFILE_STORE names a store); 0 makes none", "Python"),
     Setting("HOROVOD_PROFILE_TRACE_EVENTS", "an integer >= 0", "500000",
             "at most this many call events in trace.json (the parquet files hold every "
             "call); above it, a window of ranks and steps", "Python"),

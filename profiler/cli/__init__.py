@@ -36,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "check": "profiler.cli.check",
     "hang": "profiler.cli.hang",
     "watch": "profiler.cli.watch",
+    "jobs": "profiler.cli.jobs",
 }
 
 EXIT_OK = 0

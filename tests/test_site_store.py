@@ -1,0 +1,229 @@
+"""The stores (profiler.site.store): a directory written by many jobs at once
+loses or tears no record; users read their own records and the store's group
+reads all, by file modes (directory) and row-level security (a real
+PostgreSQL server, Debian's postgresql, started here in a temporary folder);
+filters reach SQL as parameters, hostile names included; a corrupted, partial
+or newer record is skipped with one line, the rest kept."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from site_fixtures import as_user, base_record, shared_tmp, varied
+
+from profiler.site.record import SCHEMA_VERSION, dumps
+from profiler.site.store import DirStore, Filters, PgStore, StoreError, open_store
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+HOSTILE = "x'); DROP TABLE hvprof_job_records; --<script>alert(1)</script>"
+
+
+def _put_one(args: tuple[str, dict[str, Any]]) -> str:
+    store, rec = args
+    return str(open_store(store).put(rec))
+
+
+def test_directory_store_many_writers_at_once_lose_nothing(tmp_path: Path) -> None:
+    """64 writers in parallel processes, 48 distinct jobs (16 written twice, as
+    an exit and a later ingest would): every job there once, every file whole."""
+    store = tmp_path / "store"
+    store.mkdir()
+    base = base_record()
+    recs = [varied(base, i % 48) for i in range(64)]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(16) as pool:
+        pool.map(_put_one, [(str(store), r) for r in recs], chunksize=1)
+    sel = DirStore(store).select()
+    assert sel.skipped == []
+    assert sorted(r["job"]["id"] for r in sel.records) == sorted({r["job"]["id"] for r in recs})
+    assert len(sel.records) == 48
+    assert [p.name for p in (store / pwd.getpwuid(os.geteuid()).pw_name).iterdir()
+            if p.name.startswith(".")] == []  # no temporary file left
+
+
+def test_directory_store_filters_and_bad_records(tmp_path: Path) -> None:
+    store = DirStore(tmp_path)
+    base = base_record()
+    recs = [varied(base, 0, user="alice", name="resnet"),
+            varied(base, 1, user="bob", name="bert", partition="cpu", framework="tensorflow"),
+            varied(base, 2, user="alice", name=HOSTILE),
+            varied(base, 3, user="bob", name="resnet")]
+    for r in recs:
+        store.put(r)
+    me = tmp_path / pwd.getpwuid(os.geteuid()).pw_name
+    (me / "cut.json").write_bytes(dumps(recs[0])[:300])
+    (me / "newer.json").write_bytes(dumps({**recs[0], "schema_version": SCHEMA_VERSION + 1}))
+    (me / "other.json").write_text('{"some": "document"}')
+
+    def ids(**kw: Any) -> list[str]:
+        return sorted(r["job"]["job_id"] for r in store.select(Filters(**kw)).records)
+
+    sel = store.select()
+    assert sorted(r["job"]["job_id"] for r in sel.records) == ["1000", "1001", "1002", "1003"]
+    assert len(sel.skipped) == 3
+    assert any(s.startswith(str(me / "cut.json")) and "partial or corrupted" in s
+               for s in sel.skipped)
+    assert any(str(me / "newer.json") in s and "newer than this reader's" in s
+               for s in sel.skipped)
+    assert ids(user="alice") == ["1000", "1002"]
+    assert ids(name="resnet") == ["1000", "1003"]
+    assert ids(name=HOSTILE) == ["1002"]
+    assert ids(partition="cpu") == ["1001"] and ids(framework="tensorflow") == ["1001"]
+    assert ids(since="2026-11-02T08:00:00+00:00") == ["1001", "1002", "1003"]
+    assert ids(since="2026-11-02", until="2026-11-03T00:00:00+00:00") == ["1001"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switches to other users (needs root)")
+def test_directory_store_users_read_their_own_the_group_reads_all() -> None:
+    """Store folder 3777 (setgid, sticky) of group G: nobody and a second user
+    write; each reads only their own; a member of G reads both."""
+    G = 4242
+    users = [(65534, 65534), (pwd.getpwnam("postgres").pw_uid, 65534)]
+    code = ("import sys; from pathlib import Path; from profiler.site.store import open_store; "
+            "from profiler.site.record import loads; "
+            "open_store(sys.argv[1]).put(loads(Path(sys.argv[2]).read_bytes()))")
+    read = ("import sys; from profiler.site.store import open_store; "
+            "print(sorted(r['job']['user'] for r in open_store(sys.argv[1]).select().records))")
+    env: dict[str, str] = {}
+    with shared_tmp() as tmp:
+        store = tmp / "store"
+        store.mkdir()
+        os.chown(store, 0, G)
+        os.chmod(store, 0o3777)
+        for i, (uid, gid) in enumerate(users):
+            rec = tmp / f"rec{i}.json"
+            rec.write_bytes(dumps(varied(base_record(), i, user=f"u{i}")))
+            os.chmod(rec, 0o644)
+            p = as_user(uid, gid, [sys.executable, "-c", code, str(store), str(rec)], env)
+            assert p.returncode == 0, p.stderr
+        for i, (uid, gid) in enumerate(users):
+            p = as_user(uid, gid, [sys.executable, "-c", read, str(store)], env)
+            assert p.returncode == 0 and p.stdout.split() == [f"['u{i}']"], p.stderr
+        p = as_user(1234, 1234, [sys.executable, "-c", read, str(store)], env, groups=(G,))
+        assert p.stdout.split() == ["['u0',", "'u1']"], p.stderr
+        modes = sorted(oct(os.stat(d).st_mode & 0o7777) for d in store.iterdir())
+        assert modes == ["0o2750", "0o2750"]
+        assert {os.stat(d).st_gid for d in store.iterdir()} == {G}
+
+
+# ---------------------------------------------------------------- PostgreSQL
+
+class Postgres:
+    """A real server in a temporary folder, on a unix socket only."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="hvprof-pg-"))
+        self.data = self.dir / "data"
+        self.sock = self.dir / "sock"
+        self.sock.mkdir()
+        self.owner: tuple[int, int] | None = None
+        if os.geteuid() == 0:  # the server refuses root: run it as postgres
+            pw = pwd.getpwnam("postgres")
+            self.owner = (pw.pw_uid, pw.pw_gid)
+            os.chmod(self.dir, 0o755)
+            for p in (self.dir, self.sock):
+                os.chown(p, *self.owner)
+
+    def run(self, *argv: str) -> None:
+        cmd = [str(PG_BIN / argv[0]), *argv[1:]]
+        if self.owner:
+            cmd = ["setpriv", f"--reuid={self.owner[0]}", f"--regid={self.owner[1]}",
+                   "--clear-groups", *cmd]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=self.dir)
+        assert p.returncode == 0, p.stdout + p.stderr
+
+    def start(self) -> None:
+        self.run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync")
+        self.run("pg_ctl", "-D", str(self.data), "-w", "-l", str(self.dir / "log"), "-o",
+                 f"-k {self.sock} -c listen_addresses='' -c fsync=off", "start")
+
+    def stop(self) -> None:
+        try:
+            if (self.data / "postmaster.pid").exists():
+                self.run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def url(self, user: str) -> str:
+        return f"postgresql://{user}@/postgres?host={self.sock}"
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[Postgres]:
+    if not (PG_BIN / "initdb").exists():
+        pytest.skip("PostgreSQL 15's server is not installed: apt-get install postgresql")
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root without a 'postgres' user to run the server as")
+    server = Postgres()
+    try:
+        server.start()
+        import psycopg
+
+        with psycopg.connect(server.url("postgres"), autocommit=True) as con:
+            for role in ("alice", "bob", "carol"):
+                con.execute(f"CREATE ROLE {role} LOGIN")
+        PgStore(server.url("postgres")).init()
+        with psycopg.connect(server.url("postgres"), autocommit=True) as con:
+            con.execute("GRANT hvprof_admin TO carol")
+        yield server
+    finally:
+        server.stop()
+
+
+def _pg_put(args: tuple[str, dict[str, Any]]) -> None:
+    PgStore(args[0]).put(args[1])
+
+
+def test_postgres_round_trip_concurrent_writers_and_row_level_security(pg: Postgres) -> None:
+    base = base_record()
+    alice = [varied(base, i, user="alice", name="resnet" if i % 2 else HOSTILE)
+             for i in range(24)]
+    bob = [varied(base, 100 + i, user="bob", name="bert") for i in range(8)]
+    work = ([(pg.url("alice"), r) for r in alice] + [(pg.url("bob"), r) for r in bob]
+            + [(pg.url("alice"), r) for r in alice[:8]])  # written twice: stored once
+    with multiprocessing.get_context("fork").Pool(16) as pool:
+        pool.map(_pg_put, work, chunksize=1)
+    a = PgStore(pg.url("alice")).select()
+    assert a.skipped == [] and len(a.records) == 24
+    # read back exactly as written
+    assert {r["job"]["id"]: r for r in a.records} == {r["job"]["id"]: r for r in alice}
+    assert len(PgStore(pg.url("bob")).select().records) == 8
+    assert len(PgStore(pg.url("carol")).select().records) == 32  # the administrator
+    assert len(PgStore(pg.url("carol")).select(Filters(name=HOSTILE)).records) == 12
+    assert len(PgStore(pg.url("carol")).select(Filters(user="bob")).records) == 8
+    assert len(PgStore(pg.url("carol")).select(
+        Filters(since="2026-11-05", until="2026-11-07")).records) == 2
+    # bob may not overwrite alice's record, nor write one under her name
+    with pytest.raises(StoreError, match="row-level security"):
+        PgStore(pg.url("bob")).put(alice[0])
+    assert len(PgStore(pg.url("carol")).select().records) == 32
+
+
+def test_postgres_unreachable_is_one_line_and_quick(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from profiler.cli import main
+
+    url = f"postgresql://u:secret@/db?host={tmp_path}"
+    t = time.monotonic()
+    with pytest.raises(StoreError) as exc:
+        PgStore(url).select()
+    assert time.monotonic() - t < 5
+    assert "\n" not in str(exc.value) and "secret" not in str(exc.value)
+    # ingest into it: one line for the store, not one per record
+    assert main(["jobs", "ingest", str(tmp_path), "--store", url]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("profiler: error: store postgresql://***@/db")
