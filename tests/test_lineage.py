@@ -368,8 +368,11 @@ def test_tensors_command(fused: tuple[Path, dict[str, Any]], tmp_path: Path,
                          capsys: pytest.CaptureFixture[str]) -> None:
     prof, info = fused
     params: dict[str, int] = info["params"]
-    # Without lineage.parquet the analysis builds nothing: building it is the
-    # post-job stage's, and the error says so; `profiler merge` builds it.
+    # Without lineage.parquet the analysis builds nothing (building it is the
+    # post-job stage's, and the error says so); `profiler tensors`, a command
+    # that builds, makes it with the post-job stage without writing it, the
+    # same table `profiler merge` writes.
+    from profiler.analysis import TraceAnalysis
     from profiler.cli import tensors as cli
     from profiler.errors import NotFoundError
     from profiler.postjob.merge import merge
@@ -377,10 +380,13 @@ def test_tensors_command(fused: tuple[Path, dict[str, Any]], tmp_path: Path,
     work = tmp_path / "copy"
     shutil.copytree(prof, work, ignore=shutil.ignore_patterns("lineage.parquet"))
     with pytest.raises(NotFoundError, match="profiler merge"):
-        cli.load_lineage(str(work / "trace.json"))
+        TraceAnalysis.open(work / "trace.json").lineage()
+    built = cli.load_lineage(str(work / "trace.json"))
     assert not (work / "lineage.parquet").exists()
     merge(work)
     assert (work / "lineage.parquet").is_file()
+    stored = cli.load_lineage(str(work / "trace.json"))
+    assert len(built) == len(stored) and list(built.columns) == list(stored.columns)
     rows = json.loads(tensors_cli(capsys, str(work / "trace.json"), "--format", "json"))
     ar = {r["tensor"]: r for r in rows if r["op"] == "ALLREDUCE"}
     assert sorted(ar) == sorted(f"allreduce.{p}" for p in params)
