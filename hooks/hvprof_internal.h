@@ -251,6 +251,10 @@ static inline uint32_t hvprof_comm_next_seq(uint32_t comm)
 HVPROF_HIDDEN int hvprof_open(int rank, int world_size, int local_rank, const char *dir);
 /* Flush calibration, mark FINALIZED, stop recording. Idempotent. */
 HVPROF_HIDDEN void hvprof_close(uint32_t state_bits);
+/* The exit work starts (exported for Python's activate.finish; MPI_Finalize
+ * calls it for C ranks): rank 0 says how to build the trace if a signal ends
+ * it from here.  Once per process. */
+HVPROF_EXPORT void hvprof_exit_prepare(void);
 HVPROF_HIDDEN hvprof_file_header *hvprof_header(void);
 /* Why the last hvprof_open failed ("" when it did not). */
 HVPROF_HIDDEN const char *hvprof_open_error(void);

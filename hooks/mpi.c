@@ -627,6 +627,11 @@ HVPROF_EXPORT int MPI_Init_thread(int *argc, char ***argv, int required, int *pr
 
 HVPROF_EXPORT int MPI_Finalize(void)
 {
+    /* A C rank's exit work starts here, as a Python rank's does before its
+     * MPI_Finalize: a launcher that ends rank 0 from now on (mpirun aborting
+     * the job for another rank's non-zero exit) gets the line that names
+     * `profiler merge`, not a silent death (exitmerge.c). */
+    hvprof_exit_prepare();
     /* Every rank has prof_comm (duplicated at MPI_Init), whether or not its
      * file opened or recording is paused now: each takes part in the
      * reductions below, or rank 0 would wait for ever. */
