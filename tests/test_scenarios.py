@@ -70,6 +70,21 @@ def test_the_jobs_own_clocks_decide_lateness_and_contention() -> None:
     assert t["contended_share"] == pytest.approx(0.04)
 
 
+def test_the_jobs_own_step_clock_decides_whether_steps_wait_whole_cycles() -> None:
+    rng = __import__("random").Random(4)
+    # half the steps a whole 1 ms cycle above the fast ones, as Horovod's cycle
+    # splits them; then one spread of the same width: no second peak
+    split = [3.0 + rng.uniform(-0.1, 0.1) + (1.0 if i % 2 else 0.0) for i in range(60)]
+    spread = [3.0 + rng.uniform(0.0, 1.2) for _ in range(60)]
+    for iters, cycles in ((split, True), (spread, False)):
+        t = suite.job_truths({"ranks": [{"rank": 0, "iter_ms": [50.0, 9.0, *iters]},
+                                        {"rank": 1, "iter_ms": [50.0, 9.0, *iters]}]})
+        assert t["cycles"] is cycles, t
+    # at a 2 ms cycle the same split is half a cycle: the trough, not the peak
+    t = suite.job_truths({"ranks": [{"rank": 0, "iter_ms": [50.0, 9.0, *split]}]}, 2.0)
+    assert t["cycles"] is False
+
+
 def test_a_cause_with_no_measurable_effect_is_a_null_left_out_of_recall() -> None:
     m, (lo, hi) = suite._paired([10.0, 12.0, 11.0], [10.5, 11.0, 11.5])
     assert m == pytest.approx(0.0) and lo < 0 < hi

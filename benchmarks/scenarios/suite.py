@@ -33,7 +33,7 @@ How the truth is known, per scenario (Scenario.truth):
   limit), both unprofiled, alternating (cause, twin) TWIN_ROUNDS times right
   after the profiled run: the profiler's own cost is in neither.
 
-Three findings can be true of any job on a small shared machine, injected or
+Four findings can be true of any job on a small shared machine, injected or
 not, so each run also asks the job's own measurements (job_truths):
 
 * noisy_neighbour is true when the runner's own reading (psutil, every
@@ -45,6 +45,11 @@ not, so each run also asks the job's own measurements (job_truths):
   thread (outside optimizer.step) or another busy thread waiting for a core at
   least half the finding's threshold (UNCONTENDED_SHARE / 2); claimed below
   that, it is false;
+* second_cycles is true when the job's own step clock (each iteration's
+  time, the mean over its ranks, from the third on) passes the same test
+  (analysis.cycles.cycle_edge, at the job's HOROVOD_CYCLE_TIME) at
+  p < CORROBORATE: Horovod's cycle splits any job's steps whose compute sits
+  near its edge, injected or not;
 * late_ranks is true of rank R when the job's own arrival times at
   optimizer.step (CLOCK_MONOTONIC, one clock on one kernel) make R last more
   often than chance by the finding's own test (analysis.stats.most_often),
@@ -431,14 +436,19 @@ def run_bench(sc: Scenario, trace: Path, out: Path, timeout: float = 300) -> Pat
     return out / "trace.json"
 
 
-def job_truths(measured: dict[str, Any]) -> dict[str, Any]:
-    """What the job's own measurements say about the two findings any run can
+def job_truths(measured: dict[str, Any], cycle_ms: float | None = None) -> dict[str, Any]:
+    """What the job's own measurements say about the findings any run can
     make true (module docstring): the largest run-queue share of a thread
-    ("contended_share"), whether that counts as contention ("contended"), and
-    the rank its arrivals make last more often than chance ("late_rank", None
-    when none; "late_share", "late_p")."""
+    ("contended_share"), whether that counts as contention ("contended"), the
+    rank its arrivals make last more often than chance ("late_rank", None
+    when none; "late_share", "late_p"), and whether its step times wait whole
+    cycles of `cycle_ms` (Horovod's default when None; "cycles", "cycles_p")."""
+    import numpy as np
+
+    from profiler.analysis.cycles import cycle_edge
     from profiler.analysis.findings.contention import NEIGHBOUR_SHARE, UNCONTENDED_SHARE
     from profiler.analysis.stats import most_often
+    from profiler.formats.horovod_env import DEFAULT_CYCLE_MS
 
     ranks = sorted(measured["ranks"], key=lambda r: int(r["rank"]))
     shares = []
@@ -455,7 +465,16 @@ def job_truths(measured: dict[str, Any]) -> dict[str, Any]:
                            # reading, at half the finding's bar (as contention)
                            "foreign_share": foreign,
                            "neighbour": foreign >= NEIGHBOUR_SHARE / 2,
-                           "late_rank": None, "late_share": None, "late_p": None}
+                           "late_rank": None, "late_share": None, "late_p": None,
+                           "cycles": False, "cycles_p": None}
+    iters = [r.get("iter_ms") or [] for r in ranks]
+    n_iter = min((len(i) for i in iters), default=0)
+    if n_iter > 2:
+        per_iter = [sum(i[k] for i in iters) / len(iters) for k in range(2, n_iter)]
+        edge = cycle_edge(np.asarray(per_iter), cycle_ms or DEFAULT_CYCLE_MS)
+        if edge is not None:
+            out.update(cycles=bool(edge.peak > 0 and edge.p_value < CORROBORATE),
+                       cycles_p=edge.p_value)
     arrivals = [r.get("arrivals_ns") or [] for r in ranks]
     n_steps = min((len(a) for a in arrivals), default=0)
     if len(ranks) >= 2 and n_steps >= 3:
@@ -467,6 +486,11 @@ def job_truths(measured: dict[str, Any]) -> dict[str, Any]:
                        late_candidate=test.candidate,
                        late_rank=test.candidate if test.significant else None)
     return out
+
+
+def _cycle_ms(env: dict[str, str]) -> float | None:
+    v = env.get("HOROVOD_CYCLE_TIME")
+    return float(v) if v else None
 
 
 def _paired(with_cause: Sequence[float], without: Sequence[float]
@@ -577,7 +601,7 @@ def evaluate(sc: Scenario, run: int, work: Path, *, twin: bool = True) -> Result
     step_ms = sum(sum(r["iter_ms"][2:]) / len(r["iter_ms"][2:])
                   for r in measured["ranks"]) / len(measured["ranks"])
     res = judge(sc, run, a, truth=truth, truth_iv=truth_iv, step_ms=step_ms,
-                truths=job_truths(measured), note=note)
+                truths=job_truths(measured, _cycle_ms(sc.env)), note=note)
     res.twin_ms = twin_ms
     return res
 
@@ -609,6 +633,8 @@ def judge(sc: Scenario, run: int, a: Any, *, truth: float | None,
         allowed.add("cpu_contention")
     if truths.get("neighbour"):
         allowed.add("noisy_neighbour")
+    if truths.get("cycles"):
+        allowed.add("second_cycles")
 
     def true_claim(f: Any) -> bool:
         if f.key == "late_ranks":  # true only of the rank the job's clocks single out
