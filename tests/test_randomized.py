@@ -89,6 +89,30 @@ def test_the_jitter_truth_is_the_mean_wait_of_n_ranks(shape: str, n: int) -> Non
     assert randomized.expected_wait_ms(shape, j, n) == pytest.approx(mc, rel=0.01)
 
 
+@pytest.mark.parametrize("shape", ["uniform", "exponential"])
+def test_the_jitter_truth_is_the_pauses_the_job_drew(shape: str) -> None:
+    """The runner prices the draws the job sleeps (one generator, pauses.py):
+    rank r's pauses come from Random(seed * 1000 + r); over many iterations
+    their wait tends to the expectation, over a run's 30 it need not."""
+    import random
+
+    from pauses import pauses, realized_wait_ms
+
+    rng = random.Random(7 * 1000 + 1)
+    want = [rng.uniform(0.0, 20.0) if shape == "uniform" else rng.expovariate(0.1)
+            for _ in range(5)]
+    got = pauses(7, 1, 20.0, shape)
+    assert [next(got) for _ in range(5)] == want
+    assert next(pauses(7, 1, 0.0, shape)) == 0.0
+    long = realized_wait_ms(7, 20.0, shape, 3, 40_000)
+    assert long == pytest.approx(randomized.expected_wait_ms(shape, 20.0, 3), rel=0.03)
+    runs = [realized_wait_ms(s, 20.0, shape, 2, 33) for s in range(40)]
+    assert max(runs) - min(runs) > 0.2 * randomized.expected_wait_ms(shape, 20.0, 2)
+    p = [[next(d) for d in (pauses(3, 0, 20.0, shape), pauses(3, 1, 20.0, shape))]]
+    assert realized_wait_ms(3, 20.0, shape, 2, 1, first=0) == pytest.approx(
+        max(p[0]) - sum(p[0]) / 2)
+
+
 def test_the_rules_slow_exactly_the_chosen_band() -> None:
     text = randomized.rules_text(3, 16384, 16385)
     lines = text.splitlines()

@@ -22,11 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import time
 
 import horovod.torch as hvd
 import torch
+from pauses import pauses  # this folder: the runner prices the same draws
 
 CLIFF_WIDTHS = (32, 64, 128, 256, 320, 384, 448, 512, 1000, 2048)
 
@@ -148,7 +148,7 @@ def main() -> None:
     shape = n_in if isinstance(n_in, tuple) else (n_in,)
     x = torch.randn(a.batch, *shape, generator=g)
     y = torch.randn(a.batch, n_out, generator=g)
-    rng = random.Random(a.seed * 1000 + rank)
+    jitter = pauses(a.seed, rank, a.jitter_ms, a.jitter_shape)
     steps, outside, waits, arrivals, iters = [], [], [], [], []
     last = time.perf_counter()
     rq = run_queue_ns()
@@ -156,11 +156,7 @@ def main() -> None:
     t_timed = 0
     for step in range(a.steps + a.warmup):
         # the "data loading" of this step: every injected sleep happens here
-        pause = a.stall_ms
-        if a.jitter_ms and a.jitter_shape == "exponential":
-            pause += rng.expovariate(2.0 / a.jitter_ms)
-        elif a.jitter_ms:
-            pause += rng.uniform(0.0, a.jitter_ms)
+        pause = a.stall_ms + next(jitter)
         if rank == a.late_rank and a.late_kind == "spin":
             until = time.thread_time_ns() + int(a.late_ms * 1e6)
             while time.thread_time_ns() < until:

@@ -23,7 +23,8 @@ What a seed draws (draw()):
 * one cause, or none:
   - none (a null: nothing may be named);
   - jitter alone (symmetric: no rank may be named; rank_waiting is priced
-    against E[max] - E[mean] of the ranks' pauses);
+    against max - mean of the ranks' pauses this run drew (pauses.py), over
+    the breakdown's steps, whose expectation is E[max] - E[mean]);
   - a late rank (which one, 10-50 ms, asleep or computing), over the jitter;
   - a latency cliff (Open MPI's tuned rules force a 64-byte-segment ring on
     one band of sizes) at the job's smallest, a middle or its largest
@@ -36,8 +37,10 @@ Truth.  A cause whose effect is the step it adds is priced against twins: the
 same job (same seed, same jitter) without the cause, unprofiled, alternating
 with the cause (suite.TWIN_ROUNDS pairs); its 95% interval says when the
 cause made no measurable difference, and such a run leaves recall.  The busy
-neighbours are priced on the job's own run-queue reads, jitter on its
-expectation, as in the fixed suite.
+neighbours are priced on the job's own run-queue reads, as in the fixed
+suite; jitter on the pauses the run drew (at 2 ranks and 30 steps, the
+exponential pauses' sample mean is off its expectation by a fifth at one
+sigma).
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("scenario_suite", HERE / "suite.py")
 assert _spec is not None and _spec.loader is not None
+sys.path.insert(0, str(HERE))
+from pauses import realized_wait_ms  # noqa: E402  (this folder: the job's own draws)
+
 suite = sys.modules.get("scenario_suite") or importlib.util.module_from_spec(_spec)
 if "scenario_suite" not in sys.modules:
     sys.modules["scenario_suite"] = suite
@@ -78,6 +84,10 @@ def rules_text(np_: int, lo: int, hi: int) -> str:
     """Open MPI tuned rules: allreduce (id 2) on np_-rank communicators takes the
     segmented ring with 64-byte segments on [lo, hi), the default elsewhere."""
     return f"1\n2\n1\n{np_}\n3\n0 0 0 0\n{lo} 5 0 64\n{hi} 0 0 0\n"
+
+
+#: the scenario job's warm-up iterations (job.py --warmup's default)
+JOB_WARMUP = 3
 
 
 def expected_wait_ms(shape: str, jitter_ms: float, n: int) -> float:
@@ -128,7 +138,8 @@ def draw(seed: int) -> Drawn:
         sc = suite.Scenario(name, f"every rank pauses {shape}({jitter:g} ms) a step",
                             "rank_waiting", "jitter", base + jit,
                             also={"compute_bound": suite.COMPUTE_BOUND},
-                            value=lambda n, s=shape, j=jitter: expected_wait_ms(s, j, n),
+                            value=lambda n, s=shape, j=jitter, it=steps + JOB_WARMUP:
+                            realized_wait_ms(seed, j, s, n, it),
                             **common)
     elif cause == "late":
         rank = int(rng.integers(0, np_))
