@@ -195,13 +195,11 @@ def window_for(path: str | os.PathLike[str], max_rows: int, *, first_ranks: int 
 def _whole_job_stragglers(ds: Any) -> tuple[list[dict[str, Any]], list[int]]:
     """The straggler ranking over every data collective of the dataset (all kinds
     when it has no kind column) and the outlying ranks a window must hold."""
-    from .engine import stragglers_dataset
+    from .engine import _as_dataset, stragglers_dataset
     from .imbalance import window_stragglers
 
-    try:
-        ranking = stragglers_dataset(ds, kinds=["data"])
-    except Exception:  # no kind column: every collective
-        ranking = stragglers_dataset(ds)
+    ds = _as_dataset(ds)
+    ranking = stragglers_dataset(ds, kinds=["data"] if "kind" in ds.columns else None)
     rows = [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()}
             for r in ranking.head(16).to_dict("records")]
     return rows, window_stragglers(ranking)
