@@ -236,6 +236,10 @@ def _findings_section(df: pd.DataFrame, labels: Sequence[str],
                             "than the run-to-run noise</li>")
         limits = "".join(f"<li>{_e(f.headline)}</li>" for f in advice.limits)
         head = f"<h3>{_e(str(lb))}</h3>" if multi else ""
+        line = advice.reconciliation()
+        if line:
+            head += (f'<p class="reconcile">{_e(line)} '
+                     '<a href="#breakdown">(Where a step goes)</a></p>')
         out.append(head + "<ol>" + "".join(items) + "</ol>"
                    + (f"<p>Cannot conclude:</p><ul>{limits}</ul>" if limits else ""))
     return "".join(out)

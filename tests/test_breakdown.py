@@ -20,6 +20,7 @@ from profiler.analysis.breakdown import (
 )
 from profiler.analysis.findings import advise_frame
 from profiler.analysis.stats import binom_sf, effective_n, most_often
+from profiler.units import fmt_ms
 
 MS = 1_000_000
 
@@ -335,3 +336,63 @@ def test_one_step_time_for_the_header_and_the_breakdown_on_skewed_steps() -> Non
     assert step == pytest.approx(float(np.mean(walls)), rel=1e-12)
     assert float(a.breakdown["ms"].sum()) == pytest.approx(step, rel=1e-9)
     assert step * a.header["images_per_s"] / 1e3 == pytest.approx(64.0, rel=0.01)
+
+
+def test_claimed_costs_together_never_exceed_the_step() -> None:
+    """Each claim is a counterfactual on its own; taken in rank order, one is
+    at most what the claims above leave of the step and says so, and a
+    claim cut below the noise floor is no longer claimed."""
+    from types import SimpleNamespace
+
+    from profiler.analysis.findings import Finding, _within_the_step
+
+    ctx = SimpleNamespace(step_ms=10.0, cost_img_s=lambda ms: ms * 2.0,
+                          significant=lambda lo: lo > 0.5)
+    fs = [Finding(key="late_ranks", headline="", cost_ms=7.0, cost_interval_ms=(6.0, 8.0),
+                  significant=True, part="wait_ranks"),
+          Finding(key="cpu_contention", headline="", cost_ms=5.0,
+                  cost_interval_ms=(4.0, 6.0), significant=True, part="compute"),
+          Finding(key="second_cycles", headline="", cost_ms=1.0, cost_interval_ms=(0.8, 1.2),
+                  significant=True, part="horovod"),
+          Finding(key="efficiency", headline="", cost_ms=4.0, significant=False),
+          Finding(key="compute_bound", headline="", cost_ms=2.0, significant=True,
+                  part="compute")]
+    _within_the_step(fs, ctx)  # type: ignore[arg-type]
+    # the symptom (the rest of compute) is no cause: left as it is
+    assert [f.cost_ms for f in fs] == [7.0, 3.0, 0.0, 4.0, 2.0]
+    assert fs[1].cost_interval_ms == (3.0, 3.0) and fs[1].cost_img_s == 6.0
+    assert fs[1].numbers["cost_alone_ms"] == 5.0 and "overlap" in fs[1].details[0]
+    assert fs[1].significant and not fs[2].significant  # nothing left of the step
+    assert fs[0].details == [] and fs[3].details == []  # a minor finding is no claim
+    assert sum(f.cost_ms for f in fs[:4] if f.significant) <= 10.0
+
+
+def test_the_first_screen_reconciles_the_parts_and_the_claims() -> None:
+    """Rank 1 is 25 ms late: the waiting part is marked with its finding's
+    number, and one line sets the claimed costs against the step, in text and
+    JSON alike."""
+    import html
+
+    from profiler.analysis.report import _findings_section
+    from profiler.cli.advise import render
+
+    rng = np.random.default_rng(12)
+    arr = rng.uniform(30.0, 40.0, size=(40, 2))
+    arr[:, 1] += 25.0
+    df, meta = horovod_job(arr.tolist())
+    a = advise_frame(df, meta)
+    n = next(i for i, f in enumerate(a.significant, 1) if f.key == "late_ranks")
+    # the report's findings say the same sentence, over the same numbered list
+    assert html.escape(a.reconciliation()) in _findings_section(df, [""], {"": meta}, False)
+    assert a.part_claims()["wait_ranks"][0] == n
+    text = render(a, width=120)
+    (wait,) = [ln for ln in text.splitlines() if ln.startswith("  waiting for other ranks")]
+    assert wait.endswith(f"\u2190 {n}")
+    step, got = a.header["step_ms"], a.claimed_ms
+    assert 0 < got <= step
+    nums = ", ".join(str(i) for i, _ in a.causes)
+    assert (f"The causes found ({nums}) claim {fmt_ms(got)} of the {fmt_ms(step)} step"
+            in " ".join(text.split()))
+    doc = a.to_dict()["reconciliation"]
+    assert doc["claimed_ms"] == pytest.approx(got)
+    assert doc["unexplained_ms"] == pytest.approx(step - got)

@@ -110,6 +110,44 @@ class Advice:
     def limits(self) -> list[Finding]:
         return [f for f in self.findings if f.kind == "limit"]
 
+    @property
+    def causes(self) -> list[tuple[int, Finding]]:
+        """The significant findings that name a cause (not a part of the step
+        described, SYMPTOMS), with their numbers in rank order (1-based)."""
+        return [(n, f) for n, f in enumerate(self.significant, 1)
+                if f.key not in SYMPTOMS and f.cost_ms is not None]
+
+    @property
+    def claimed_ms(self) -> float:
+        """The causes' costs together: at most the step (_within_the_step)."""
+        return float(sum(f.cost_ms or 0.0 for _, f in self.causes))
+
+    def reconciliation(self) -> str:
+        """The causes' costs set against the step, one sentence ("" without a
+        step time or a cause): what the first screen says under the breakdown
+        (`profiler advise`, the report)."""
+        from profiler.units import fmt_ms
+
+        step = self.header.get("step_ms")
+        causes = self.causes
+        if not causes or not isinstance(step, float) or not step > 0:
+            return ""
+        got = self.claimed_ms
+        nums = ", ".join(str(n) for n, _ in causes)
+        return (f"The causes found ({nums}) claim {fmt_ms(got)} of the {fmt_ms(step)} step "
+                f"({got / step:.0%}): each is the step without its cause, and together they "
+                f"claim at most the step; {fmt_ms(max(step - got, 0.0))} no cause found "
+                "explains.")
+
+    def part_claims(self) -> dict[str, list[int]]:
+        """Per breakdown part, the numbers (1-based, in rank order) of the
+        significant findings whose cost is drawn from it."""
+        out: dict[str, list[int]] = {}
+        for n, f in enumerate(self.significant, 1):
+            if f.part and f.cost_ms is not None:
+                out.setdefault(f.part, []).append(n)
+        return out
+
     def table(self) -> Any:
         """The findings as a DataFrame (one row each: key, kind, headline, cost,
         interval, significant, recommendation), for notebooks and the report."""
@@ -129,7 +167,12 @@ class Advice:
         parts = ([] if bd is None or len(bd) == 0 else
                  [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()}
                   for r in bd.to_dict(orient="records")])
+        step = self.header.get("step_ms")
+        claimed = ({"claimed_ms": self.claimed_ms, "step_ms": step,
+                    "unexplained_ms": step - self.claimed_ms}
+                   if isinstance(step, float) and step == step else None)
         return {"trace": self.path, **self.header, "breakdown": parts,
+                "reconciliation": claimed,
                 "findings": [f.to_dict() for f in self.findings]}
 
 
@@ -185,6 +228,37 @@ def _at_the_cycle_edge(found: list[Finding]) -> None:
             "second_cycle_share).")
 
 
+def _within_the_step(found: list[Finding], ctx: Context) -> None:
+    """The claimed costs, taken together, never exceed the step.  Each is a
+    counterfactual on its own (the step without that cause), and two causes
+    can explain the same time (a late rank's lateness and the contention that
+    made it late): taken in rank order, a claim is at most what the claims
+    above it leave of the step, and says so.  `found` is ranked."""
+    from profiler.units import fmt_ms
+
+    step = ctx.step_ms
+    if not (step == step and step > 0):
+        return
+    left = step
+    for f in found:
+        if not (f.kind == "finding" and f.significant and f.cost_ms is not None
+                and f.key not in SYMPTOMS):  # a symptom is the rest of its part
+            continue
+        cost = float(f.cost_ms)
+        if cost > left:
+            lo, hi = f.cost_interval_ms or (cost, cost)
+            f.cost_ms = max(left, 0.0)
+            f.cost_interval_ms = (min(lo, f.cost_ms), min(hi, f.cost_ms))
+            f.cost_img_s = ctx.cost_img_s(f.cost_ms)
+            f.numbers["cost_alone_ms"] = cost
+            f.details.append(
+                f"{fmt_ms(cost)} per step on its own, but the findings ranked above already "
+                f"claim all but {fmt_ms(f.cost_ms)} of the {fmt_ms(step)} step: their causes "
+                "overlap, and together no claims exceed the step.")
+            f.significant = ctx.significant(f.cost_interval_ms[0])
+        left -= float(f.cost_ms)
+
+
 def _rank_key(f: Finding) -> tuple[int, float]:
     order = 0 if f.kind == "finding" and f.significant else 1 if f.kind == "finding" else 2
     lo = f.cost_interval_ms[0] if f.cost_interval_ms else (f.cost_ms or 0.0)
@@ -235,6 +309,8 @@ def advise_frame(df: Any, meta: dict[str, Any] | None = None, *, path: str = "",
         found.extend(fn(ctx))
     _residual(found, ctx)
     _at_the_cycle_edge(found)
+    found.sort(key=_rank_key)
+    _within_the_step(found, ctx)
     found.sort(key=_rank_key)
     return Advice(path=path, header=_header(ctx), findings=found, breakdown=ctx.parts)
 

@@ -168,7 +168,10 @@ BAR_WIDTH = 30
 def breakdown_lines(a: Any, width: int = 160) -> list[str]:
     """'Where a step goes': one line per part of the step breakdown, its mean,
     interval, share and a bar (empty without a breakdown), within `width`:
-    the bar shrinks (to 8 at least) before an interval would be cut."""
+    the bar shrinks (to 8 at least) before an interval would be cut.  A part
+    that significant findings draw their cost from ends with their numbers
+    ("<- 1, 3"), and a last line sets the findings' costs together against
+    the step: the reconciliation of the two on the first screen."""
     from profiler.units import fmt_ms
 
     bd = getattr(a, "breakdown", None)
@@ -184,14 +187,22 @@ def breakdown_lines(a: Any, width: int = 160) -> list[str]:
     rows = list(bd.itertuples(index=False))
     ivs = [f"[{fmt_ms(r.lo_ms)}, {fmt_ms(r.hi_ms)}]"
            if r.hi_ms - r.lo_ms > 0.01 * max(abs(r.ms), 1e-9) else "" for r in rows]
+    claims = a.part_claims() if hasattr(a, "part_claims") else {}
+    marks = [("\u2190 " + ", ".join(map(str, claims[r.part]))) if r.part in claims else ""
+             for r in rows]
+    ivs = [f"{iv} {m}".strip() for iv, m in zip(ivs, marks)]
     fixed = 2 + label_w + 2 + 9 + 1 + 4 + 2 + 1  # the columns around the bar
     bar_w = max(8, min(BAR_WIDTH, width - fixed - max(len(iv) for iv in ivs)))
     for r, iv in zip(rows, ivs):
         share = float(r.ms) / total
-        pct = "<1%" if 0 < share < 0.005 else f"{share:.0%}"
+        pct = ("<1%" if 0 < share < 0.005 else "0%" if abs(share) < 0.005
+               else f"{share:.0%}")
         bar = "\u2588" * int(round(share * bar_w))
         out.append(f"  {str(r.label):<{label_w}}  {fmt_ms(r.ms):>9} {pct:>4}  {bar:<{bar_w}}"
                    f" {iv}".rstrip())
+    line = a.reconciliation() if hasattr(a, "reconciliation") else ""
+    if line:
+        out += textwrap.wrap(line, width=width, subsequent_indent="  ")
     return out
 
 
