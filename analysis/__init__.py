@@ -5,12 +5,13 @@ The facade: one line per public name; analysis modules add theirs here.
 
 from __future__ import annotations
 
+from profiler.formats.filters import RowFilter
+
 from . import figures
 from .compare import compare
 from .distributed import summarize_dask
 from .engine import open_dataset, overview, stragglers_dataset, summarize_dataset
 from .facade import TraceAnalysis
-from .filters import RowFilter
 from .imbalance import match_calls, rank_times, stragglers
 from .load import load, load_aggregates, load_meta
 from .model import anomalies, fit_alpha_beta, latency_by_size, padding_summary, padding_whatif

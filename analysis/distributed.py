@@ -27,9 +27,9 @@ import numpy as np
 import pandas as pd
 
 from profiler.errors import UsageError
+from profiler.formats.filters import RowFilter
 
 from .engine import Dataset, _as_dataset, _by_list, finish_summary
-from .filters import RowFilter
 from .metrics import PARTIAL_COLUMNS, QUANTILES, bus_factors
 from .summary import BY_KEYS, _quantiles, comm_calls
 

@@ -39,12 +39,11 @@ import pandas as pd
 
 from profiler.layout import format_ranges
 
-from .live import LATENCY_BOUNDS_S, NB, SIZE_CLASSES, Watcher
+from .live import Watcher
 from .load import default_label, trace_meta
 from .summary import BY_KEYS
 
-__all__ = ["BY_KEYS", "Calls", "TraceAnalysis", "Watcher", "LATENCY_BOUNDS_S", "NB",
-           "SIZE_CLASSES", "default_label"]
+__all__ = ["BY_KEYS", "Calls", "TraceAnalysis", "Watcher", "default_label"]
 
 if TYPE_CHECKING:
     from .fusion_whatif import WhatIf
@@ -592,11 +591,11 @@ class TraceAnalysis:
         """Write a Perfetto-loadable trace.json of a window of this profile's
         parquet dataset (the filters pushed down; `limit`: refuse windows of
         more calls, 0: none); returns the window's metadata block."""
-        from .engine import open_dataset
+        from profiler.postjob.export import export_window
 
-        ds = self.dataset if self.dataset is not None else open_dataset(self.path)
-        return _export(ds, Path(self.path), Path(out), ranks=ranks, steps=steps, ops=ops,
-                       kinds=kinds, t_start_ns=t_start_ns, limit=limit)
+        return export_window(self.dataset if self.dataset is not None else self.path, out,
+                             src=self.path, ranks=ranks, steps=steps, ops=ops, kinds=kinds,
+                             t_start_ns=t_start_ns, limit=limit)
 
 
 _CHECK_COLUMNS = ["rank", "backend", "op", "t_start_ns", "t_end_ns", "dur_ns", "bytes", "comm",
@@ -634,93 +633,3 @@ class Comparison:
     windows: dict[str, dict[str, Any]]
 
 
-def _export(ds: Any, src: Path, dest: Path, *, ranks: list[int] | None,
-            steps: tuple[int, int] | None, ops: list[str] | None, kinds: list[str] | None,
-            t_start_ns: tuple[int, int] | None, limit: int) -> dict[str, Any]:
-    """TraceAnalysis.export on the dataset `ds` (None: there is none) of `src`."""
-    import pyarrow as pa
-    import pyarrow.dataset as pads
-
-    from profiler.errors import CorruptError, NotATraceError, UsageError
-    from profiler.formats.dataset import read_meta
-    from profiler.formats.tracejson import TRACE_FORMAT_VERSION, now_iso
-    from profiler.layout import file_rank
-    from profiler.postjob.window import write_trace
-
-    from .filters import RowFilter
-    from .load import read_files
-
-    if dest.is_dir():
-        raise UsageError(dest, "is a directory; give the window's file name")
-    if ds is None:
-        raise NotATraceError(src, "no parquet dataset to export from (raw files only, or the "
-                                  "trace's dataset is gone; run `profiler merge` first)")
-    if ds.aggregated:
-        raise UsageError(src, "a summary-mode trace has aggregates, not calls: nothing to "
-                              "export")
-    asked = RowFilter.of(ranks=ranks, steps=steps, ops=ops, kinds=kinds, t_start_ns=t_start_ns)
-    flt = ds.filtered(asked) or RowFilter()
-    files = ds.files_for(flt)
-    if ranks is not None:
-        have = ds.ranks()
-        if have is not None:
-            absent = [r for r in ranks if r not in set(have)]
-            if len(absent) == len(ranks):
-                raise UsageError(src, f"none of the asked ranks is in this trace (ranks: "
-                                      f"{format_ranges(have) or 'none'})")
-    try:
-        dataset = pads.dataset([str(f) for f in files], format="parquet")
-        n = int(dataset.count_rows(filter=flt.expression(dataset.schema.names)))
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise CorruptError(src, f"unreadable parquet dataset: {exc}") from None
-    if limit and n > limit:
-        raise UsageError(src, f"the window holds {n} calls, over the limit of {limit}: narrow "
-                              "--ranks/--steps/--ops/--time-ms, or raise --limit (0: none)")
-    frames = []
-    metas: list[dict[str, Any]] = []
-    for f in files:
-        r = file_rank(f)
-        part = read_files([f], flt, None)
-        if not len(part):
-            continue
-        rank = int(part["rank"].iloc[0]) if r is None else r
-        js = f.with_suffix(".json")
-        # a rank's metadata (host, tracks) is optional; an unreadable one is an error
-        m = read_meta(js) if js.is_file() else {"rank": rank, "host": "", "tracks": []}
-        frames.append(part)
-        metas.append(m)
-    base = dest.resolve().parent
-    meta = dict(ds.meta or {"format_version": TRACE_FORMAT_VERSION})
-    ds_meta = dict(meta.get("dataset") or {"format": "parquet"})
-    ds_meta["files"] = [os.path.relpath(f.resolve(), base) for f in ds.files]
-    meta["dataset"] = ds_meta
-    meta["window"] = {
-        "source": os.path.relpath(src.resolve(), base),
-        "ranks": list(flt.ranks) if flt.ranks is not None else None,
-        "steps": list(flt.steps) if flt.steps is not None else None,
-        "ops": list(flt.ops) if flt.ops is not None else None,
-        "kinds": list(flt.kinds) if flt.kinds is not None else None,
-        "t_start_ns": list(flt.t_start_ns) if flt.t_start_ns is not None else None,
-        "calls": n,
-    }
-    meta["created"] = now_iso()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    return write_trace(dest, meta, frames, metas, limit=max(n, 1),
-                       description=f"export: {_describe_window(flt)}")
-
-
-def _describe_window(flt: Any) -> str:
-    parts = []
-    if flt.ranks is not None:
-        parts.append(f"ranks {format_ranges(flt.ranks) or 'none'}")
-    if flt.steps is not None:
-        a, b = flt.steps
-        parts.append(f"step {a}" if a == b else f"steps {a}-{b}")
-    if flt.ops is not None:
-        parts.append("ops " + ",".join(flt.ops))
-    if flt.kinds is not None:
-        parts.append("kinds " + ",".join(flt.kinds))
-    if flt.t_start_ns is not None:
-        lo, hi = flt.t_start_ns
-        parts.append(f"starting in [{lo / 1e6:g}, {hi / 1e6:g}) ms")
-    return ", ".join(parts) or "every call"

@@ -10,19 +10,11 @@ import math
 import numpy as np
 
 from profiler.formats import record as F
+from profiler.formats.buckets import LATENCY_BOUNDS_S, NB, SIZE_CLASSES
 
 __all__ = ["SIZE_CLASSES", "LATENCY_BOUNDS_S", "NB", "size_class_index"]
 
-#: Message-size classes: (upper bound in bytes, inclusive; label).
-SIZE_CLASSES: tuple[tuple[float, str], ...] = (
-    (1024, "0-1KiB"), (64 * 1024, "1KiB-64KiB"), (1 << 20, "64KiB-1MiB"),
-    (16 << 20, "1MiB-16MiB"), (math.inf, "16MiB+"))
-#: Upper bounds (seconds, inclusive) of the latency histogram; one more bucket
-#: holds everything above the last.
-LATENCY_BOUNDS_S: tuple[float, ...] = (1e-6, 4e-6, 16e-6, 64e-6, 256e-6, 1e-3, 4e-3, 16e-3,
-                                       64e-3, 0.256, 1.0, 4.0, 16.0)
 _BOUNDS_NS = np.array([b * 1e9 for b in LATENCY_BOUNDS_S])
-NB = len(LATENCY_BOUNDS_S) + 1
 _SIZE_UPPER = np.array([u if math.isfinite(u) else np.inf for u, _ in SIZE_CLASSES])
 _KINDS = F.CALL_KINDS
 # value columns of an aggregate: calls, bytes, ns, max ns, then NB histogram buckets

@@ -30,9 +30,9 @@ from profiler.errors import (
     NotFoundError,
     UsageError,
 )
-from profiler.layout import file_rank, resolve_trace
-
-from .filters import RowFilter
+from profiler.formats.filters import RowFilter
+from profiler.formats.trace_dataset import read_files
+from profiler.layout import resolve_trace
 
 __all__ = ["load", "load_aggregates", "load_meta", "resolve_trace", "RowFilter", "read_files",
            "window_for"]
@@ -53,20 +53,6 @@ def trace_meta(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     if p.suffix in (".parquet", ".hvprof") or (p.is_dir() and not (p / "trace.json").exists()):
         return None
     return load_meta(p)
-
-
-def read_files(files: Sequence[Path], flt: RowFilter | None,
-               columns: Sequence[str] | None) -> pd.DataFrame:
-    """Parquet files of the row schema -> one DataFrame, the filter pushed down to the
-    scan (files of other ranks are not even opened)."""
-    from profiler.formats.dataset import read_dataset
-
-    flt = flt or RowFilter()
-    if flt.ranks is not None:
-        want = set(flt.ranks)
-        files = [f for f in files if file_rank(f) is None or file_rank(f) in want]
-    expression = None if flt == RowFilter(ranks=flt.ranks) else flt.expression
-    return read_dataset(files, ranks=flt.ranks, columns=columns, filter=expression)
 
 
 def _load_trace(p: Path, flt: RowFilter | None,

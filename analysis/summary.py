@@ -30,9 +30,9 @@ import numpy as np
 import pandas as pd
 
 from profiler.errors import UsageError
+from profiler.formats.filters import RowFilter
 
 from ._frame import NON_CALL_OPS, is_pow2, pow2_bucket
-from .filters import RowFilter
 from .metrics import (
     METRICS,
     QUANTILES,

@@ -1,6 +1,6 @@
 """One row filter, three renderings (pandas mask, pyarrow expression, DuckDB SQL):
 every filter keeps the same rows in each, including when the kind or step column
-is absent (profiler.analysis.filters documents the meaning)."""
+is absent (profiler.formats.filters documents the meaning)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pandas as pd
 import pyarrow.dataset as pads
 import pytest
 
-from profiler.analysis.filters import RowFilter
 from profiler.errors import UsageError
+from profiler.formats.filters import RowFilter
 
 N = 240
 

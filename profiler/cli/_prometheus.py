@@ -9,7 +9,7 @@ in the name (`_seconds`, `_bytes`), `_total` on counters.  Labels are bounded:
 * `host`: the first max_hosts host names (in rank order) are kept, the others
   are host="other";
 * `op` comes from the format's op table, `kind` from the classification
-  (data, control, p2p, app), `size_class` from analysis.live.SIZE_CLASSES,
+  (data, control, p2p, app), `size_class` from profiler.formats.buckets.SIZE_CLASSES,
   `part` from the step breakdown's parts: all fixed.
 
 So a job of any size exposes at most (max_ranks + 1) x (max_hosts + 1) label
@@ -30,8 +30,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from profiler.analysis.facade import LATENCY_BOUNDS_S, NB, SIZE_CLASSES, Watcher
+from profiler.analysis.facade import Watcher
 from profiler.formats import record as F
+from profiler.formats.buckets import LATENCY_BOUNDS_S, NB, SIZE_CLASSES
 
 #: Ranks with a series of their own; the others are rank="other".
 MAX_RANK_LABELS = 64

@@ -47,7 +47,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from profiler.analysis.facade import TraceAnalysis
+    from profiler.postjob.export import export_window
 
     if args.limit < 0:
         raise UsageError(None, "--limit must be >= 0")
@@ -60,8 +60,7 @@ def run(args: argparse.Namespace) -> int:
         "kinds": parse_names(args.kinds) if args.kinds else None,
         "t_start_ns": parse_time_ms(args.time_ms) if args.time_ms else None,
     }
-    ta = TraceAnalysis.open(args.trace, engine="pandas")
-    meta = ta.export(args.output, limit=args.limit, **window)
+    meta = export_window(args.trace, args.output, limit=args.limit, **window)
     ev = meta["events"]
     print(f"profiler: window written to {args.output} ({ev['included']} calls: "
           f"{ev['selection'].removeprefix('export: ')})", file=sys.stderr)
