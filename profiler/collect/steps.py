@@ -64,7 +64,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from profiler._env import at_least, setting
+from profiler._env import read, setting
 from profiler.errors import UsageError
 
 __all__ = [
@@ -181,8 +181,8 @@ def sample_every(rank: int = 0) -> int:
     rank 0 only (`rank`: this process's, when known)."""
     global _every
     if _every is None:
-        _every = setting(SAMPLE_STEPS_ENV, 1, at_least(1, int), "a positive integer",
-                         instead="every step is recorded", speak=rank <= 0)
+        _every = int(read(SAMPLE_STEPS_ENV, instead="every step is recorded",
+                          speak=rank <= 0))
     return _every
 
 

@@ -46,7 +46,7 @@ from time import monotonic as _monotonic
 from types import ModuleType
 from typing import Any, Callable
 
-from profiler._env import setting, zero_or_one
+from profiler._env import read
 from profiler.collect import selfcost
 from profiler.collect.selfcost import close as _close
 from profiler.collect.selfcost import sample as _sample
@@ -217,7 +217,7 @@ def fast_hooks_wanted() -> bool:
     """HOROVOD_PROFILE_FASTREC: 1 (the default) = the C hooks where built; 0 =
     the Python hooks (the same records, more cost: a fallback and the tests'
     reference)."""
-    return setting("HOROVOD_PROFILE_FASTREC", True, zero_or_one, "0 or 1")
+    return bool(read("HOROVOD_PROFILE_FASTREC"))
 
 
 def fast_module() -> Any:

@@ -44,9 +44,9 @@ def library_path() -> str:
 
 def wanted() -> bool:
     """HOROVOD_PROFILE_TF_KERNELS: 1 (the default) or 0 (not loaded at all)."""
-    from profiler._env import setting, zero_or_one
+    from profiler._env import read
 
-    return setting("HOROVOD_PROFILE_TF_KERNELS", True, zero_or_one, "0 or 1")
+    return bool(read("HOROVOD_PROFILE_TF_KERNELS"))
 
 
 def preload() -> None:

@@ -27,10 +27,9 @@ import threading
 import time
 from pathlib import Path
 
-from profiler._env import setting
+from profiler._env import read
 
 HANG_ENV = "HOROVOD_PROFILE_HANG_S"
-DEFAULT_HANG_S = 120.0
 MARKER = "HANG"
 # the thread's kernel name: profiler.formats.cpu.WATCHDOG_NAME gives it its kind
 THREAD_NAME = "hvprof-watchdog"
@@ -40,13 +39,7 @@ _thread: threading.Thread | None = None
 
 def hang_seconds() -> float:
     """HOROVOD_PROFILE_HANG_S (seconds; 0 = off)."""
-    def parse(text: str) -> float:
-        v = float(text)
-        if not v >= 0 or v == float("inf"):
-            raise ValueError(text)
-        return v
-
-    return setting(HANG_ENV, DEFAULT_HANG_S, parse, "seconds >= 0; 0 turns the watchdog off")
+    return float(read(HANG_ENV))
 
 
 def start() -> None:

@@ -26,8 +26,6 @@ import os
 import sys
 from typing import Any
 
-DEFAULT_MERGE_TIMEOUT_S = 60.0
-
 
 def say(message: str) -> None:
     try:
@@ -38,24 +36,18 @@ def say(message: str) -> None:
 
 
 def merge_timeout() -> float:
-    from profiler._env import at_least, setting
+    from profiler._env import read
 
-    return setting("HOROVOD_PROFILE_MERGE_TIMEOUT", DEFAULT_MERGE_TIMEOUT_S,
-                   at_least(0.0, float), "seconds, 0 or more")
+    return float(read("HOROVOD_PROFILE_MERGE_TIMEOUT"))
 
 
 def merge_at_exit() -> bool:
     """HOROVOD_PROFILE_MERGE: 1 (the default) builds trace.json at exit on
     rank 0; 0 leaves it to a later `profiler merge DIR` (each rank still
     converts its own raw file)."""
-    from profiler._env import setting
+    from profiler._env import read
 
-    def parse(raw: str) -> bool:
-        if raw not in ("0", "1"):
-            raise ValueError(raw)
-        return raw == "1"
-
-    return setting("HOROVOD_PROFILE_MERGE", True, parse, "0 or 1")
+    return bool(read("HOROVOD_PROFILE_MERGE"))
 
 
 def one_line(exc: BaseException) -> str:

@@ -14,14 +14,11 @@ import os
 import subprocess
 import sys
 
-DEFAULT_RECORD_TIMEOUT_S = 20.0
-
 
 def record_timeout() -> float:
-    from profiler._env import at_least, setting
+    from profiler._env import read
 
-    return setting("HOROVOD_PROFILE_RECORD_TIMEOUT", DEFAULT_RECORD_TIMEOUT_S,
-                   at_least(0.0, float), "seconds, 0 or more")
+    return float(read("HOROVOD_PROFILE_RECORD_TIMEOUT"))
 
 
 def record_at_exit(directory: str, say: object = None) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from profiler._env import at_least, setting
+from profiler._env import read
 from profiler.formats.events import (
     Selection,
     Source,
@@ -25,34 +25,22 @@ from profiler.formats.events import (
 )
 from profiler.layout import format_ranges
 
-DEFAULT_MAX_EVENTS = 500_000
-
-
-DEFAULT_TRACE_RANKS = 8
-
-
-DEFAULT_TRACE_STEPS = 10
-
-
 TRACE_EXTRA_RANKS = 2
 
 
 def max_events() -> int:
     """At most this many call events in trace.json (HOROVOD_PROFILE_TRACE_EVENTS)."""
-    return setting("HOROVOD_PROFILE_TRACE_EVENTS", DEFAULT_MAX_EVENTS, at_least(0, int),
-                   "a number of events, 0 or more")
+    return int(read("HOROVOD_PROFILE_TRACE_EVENTS"))
 
 
 def trace_ranks() -> int:
     """How many leading ranks a windowed trace.json shows (HOROVOD_PROFILE_TRACE_RANKS)."""
-    return setting("HOROVOD_PROFILE_TRACE_RANKS", DEFAULT_TRACE_RANKS, at_least(1, int),
-                   "a number of ranks, 1 or more")
+    return int(read("HOROVOD_PROFILE_TRACE_RANKS"))
 
 
 def trace_steps() -> int:
     """At most this many steps in a windowed trace.json (HOROVOD_PROFILE_TRACE_STEPS)."""
-    return setting("HOROVOD_PROFILE_TRACE_STEPS", DEFAULT_TRACE_STEPS, at_least(1, int),
-                   "a number of steps, 1 or more")
+    return int(read("HOROVOD_PROFILE_TRACE_STEPS"))
 
 
 def select_window(t_start: np.ndarray, limit: int) -> tuple[np.ndarray, str]:
