@@ -302,6 +302,7 @@ def step_timeline(df: pd.DataFrame, *, table: pd.DataFrame | None = None) -> go.
     if t.empty:
         return _empty(title, "no step records (profiler.step / DistributedOptimizer hook)")
     fig = make_subplots(specs=[[{"secondary_y": True}]])
+    unknown: list[str] = []
     for i, lb in enumerate(_labels(t)):
         part = _sub(t, lb)
         name = esc(lb)
@@ -315,9 +316,16 @@ def step_timeline(df: pd.DataFrame, *, table: pd.DataFrame | None = None) -> go.
         fig.add_trace(go.Scatter(x=part["step"], y=part["exposed_ms"], mode="lines",
                                  name=f"{pre}exposed comm.", line={"color": c, "dash": "dot"},
                                  legendgroup=name), secondary_y=False)
-        fig.add_trace(go.Scatter(x=part["step"], y=part["images_per_s"], mode="lines+markers",
+        ips = pd.to_numeric(part["images_per_s"], errors="coerce")
+        if not (ips > 0).any():  # no image counts: no rate to draw, and not a rate of 0
+            unknown.append(name or "the trace")
+            continue
+        fig.add_trace(go.Scatter(x=part["step"], y=ips.where(ips > 0), mode="lines+markers",
                                  name=f"{pre}images/sec", line={"color": c, "width": 3},
                                  legendgroup=name), secondary_y=True)
+    if unknown:
+        title += (f" (images/sec unknown for {', '.join(unknown)}: its steps carry no image "
+                  "count; HOROVOD_PROFILE_BATCH_SIZE=N gives it)")
     fig.update_layout(title=title, template=TEMPLATE, barmode="group", xaxis_title="step")
     fig.update_yaxes(title_text="ms (mean over ranks)", secondary_y=False)
     fig.update_yaxes(title_text="images/sec", secondary_y=True, rangemode="tozero")

@@ -142,6 +142,18 @@ def mark_steps_remedy(fw: str) -> str:
     return _MARK[fw]
 
 
+def images_remedy(fw: str) -> str:
+    """How to give a job's steps their images when the profiler found none."""
+    fw = _check(fw)
+    if fw == TENSORFLOW:
+        return ("the batch could not be read from the training function's arguments (a batch "
+                "held in a closure or a global, or no fixed batch dimension): set "
+                "HOROVOD_PROFILE_BATCH_SIZE=N, the images of one rank's step.")
+    return ("set HOROVOD_PROFILE_BATCH_SIZE=N, the images of one rank's step, or call "
+            "profiler.set_batch_size(N) in the script (profiler.step(images=N) where it marks "
+            "its own steps).")
+
+
 def sync_name(fw: str) -> str:
     """What the step's wait for Horovod is called in the framework: PyTorch's
     synchronize; in TensorFlow the step waits on Horovod's ops inside the

@@ -396,3 +396,30 @@ def test_the_first_screen_reconciles_the_parts_and_the_claims() -> None:
     doc = a.to_dict()["reconciliation"]
     assert doc["claimed_ms"] == pytest.approx(got)
     assert doc["unexplained_ms"] == pytest.approx(step - got)
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_steps_without_images_say_in_one_line_how_to_give_them(framework: str) -> None:
+    """Steps whose image count is unknown (0) give no images/sec: one limit
+    says so and how to give it, in the job's framework's words; with images,
+    no such line."""
+    from profiler.analysis.figures import step_timeline
+    from profiler.cli.advise import render
+
+    rng = np.random.default_rng(3)
+    df, meta = horovod_job(rng.uniform(30.0, 40.0, size=(30, 2)).tolist())
+    assert "no_images" not in {f.key for f in advise_frame(df, meta).limits}
+    assert "images/sec" in {t.name for t in step_timeline(df).data}
+    df.loc[df["op"] == "step", "count"] = 0
+    # the report's step figure draws no rate of 0, and its title says why
+    fig = step_timeline(df)
+    assert "images/sec" not in {t.name for t in fig.data}
+    assert "images/sec unknown" in fig.layout.title.text
+    meta = {**meta, "steps_marked_by": ["tf.function calls" if framework == "tensorflow"
+                                        else "optimizer.step (PyTorch)"]}
+    a = advise_frame(df, meta)
+    (lim,) = [f for f in a.limits if f.key == "no_images"]
+    assert "HOROVOD_PROFILE_BATCH_SIZE=N" in lim.details[0]
+    assert ("closure" in lim.details[0]) == (framework == "tensorflow")
+    assert ("set_batch_size" in lim.details[0]) == (framework == "torch")
+    assert "images/sec unknown" in render(a)

@@ -3,6 +3,8 @@ confident finding is drawn from data that cannot carry it."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import remedies
 from .base import MIN_STEPS, Context, Finding
 
@@ -27,6 +29,10 @@ def analyze(ctx: Context) -> list[Finding]:
         out.append(_limit("no_steps", "no steady training steps recorded: no per-step cost",
                           remedies.mark_steps_remedy(remedies.framework(meta)),
                           "HOROVOD_PROFILE_BATCH_SIZE=N for images/sec"))
+    elif not (np.isfinite(ctx.job_images_per_s) and ctx.job_images_per_s > 0):
+        out.append(_limit("no_images", "images/sec unknown: the steps carry no image count",
+                          remedies.images_remedy(remedies.framework(meta)),
+                          "HOROVOD_PROFILE_BATCH_SIZE=N (images per rank per step)"))
     if (meta.get("dataset") or {}).get("aggregates"):
         out.append(_limit("summary_mode", "summary mode: no per-call records",
                           "late ranks, steps and message-size cliffs need HOROVOD_PROFILE=1."))
