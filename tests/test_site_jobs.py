@@ -55,6 +55,33 @@ def test_regression_planted_is_found_and_a_clean_history_gives_none() -> None:
     assert step["changed"] == ["HOROVOD_FUSION_THRESHOLD: 134217728 -> 0"]
 
 
+def test_a_script_run_under_new_names_is_compared_with_its_own_history(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Jobs named anew each time (a date in the name), one script: by name
+    each has no history; by script the planted run is found against the
+    others, and a record without a script is left out."""
+    base = base_record()
+    runs = _history(base, planted=True)
+    for i, r in enumerate(runs):
+        r["job"].update(name=f"resnet-2026-11-{i + 1:02d}", script="train_resnet.py")
+    assert query.regressions(runs) == []
+    regs = query.regressions(runs, by="script")
+    assert sorted(r["metric"] for r in regs) == ["horovod_ms", "step_ms", "transfer_ms"]
+    assert {r["script"] for r in regs} == {"train_resnet.py"}
+    runs[-1]["job"]["script"] = ""
+    assert query.regressions(runs, by="script") == []
+    with pytest.raises(ValueError):
+        query.regressions(runs, by="user")
+    (tmp_path / "store").mkdir()
+    store = DirStore(tmp_path / "store")
+    runs[-1]["job"]["script"] = "train_resnet.py"
+    for r in runs:
+        store.put(r)
+    rc, out, _ = cli(capsys, "jobs", "regressions", "--store", str(store.root), "--by", "script")
+    assert rc == 0 and out.splitlines()[0].split()[0] == "script"
+    assert "train_resnet.py" in out and "HOROVOD_FUSION_THRESHOLD: 134217728 -> 0" in out
+
+
 def test_ranking_by_node_hours_lost_with_the_explaining_finding() -> None:
     base = base_record()
     recs = [varied(base, 0, name="small", hours=1, hosts=1),

@@ -84,6 +84,58 @@ def test_directory_store_filters_and_bad_records(tmp_path: Path) -> None:
     assert ids(since="2026-11-02", until="2026-11-03T00:00:00+00:00") == ["1001"]
 
 
+@pytest.mark.parametrize("compacted", [False, True])
+def test_directory_store_ranks_the_top_in_sql_with_or_without_its_catalog(
+        tmp_path: Path, compacted: bool) -> None:
+    """`select(top=N)` gives the N records query.ranking puts first, and a
+    compacted catalog changes no answer: records written, rewritten or
+    removed after it, and corrupted files, read as without it."""
+    from profiler.site import query
+
+    store = DirStore(tmp_path)
+    base = base_record()
+    recs = [varied(base, i, user=("alice", "bob")[i % 2], name=f"job{i % 3}", hours=1 + i % 7,
+                   hosts=1 + i % 3) for i in range(30)]
+    recs[4]["node_hours_comm"] = recs[4]["node_hours_wait"] = None  # lost time unknown: last
+    for r in recs:
+        store.put(r)
+    me = tmp_path / pwd.getpwuid(os.geteuid()).pw_name
+    (me / "cut.json").write_bytes(dumps(recs[0])[:300])
+
+    def answers() -> tuple[list[str], list[str], list[str], list[str]]:
+        every = store.select()
+        top = store.select(top=5)
+        alice = store.select(Filters(user="alice"), top=3)
+        return ([r["job"]["id"] for r in every.records],
+                [r["id"] for r in query.ranking(top.records, 5)],
+                [r["id"] for r in query.ranking(alice.records, 3)],
+                sorted(every.skipped))
+
+    plain = answers()
+    assert plain[1] == [r["id"] for r in query.ranking(recs, 5)]
+    assert plain[2] == [r["id"] for r in query.ranking(
+        [r for r in recs if r["job"]["user"] == "alice"], 3)]
+    assert len(plain[3]) == 1
+    assert query.ranking(store.select(top=30).records)[-1]["id"] == recs[4]["job"]["id"]
+    if not compacted:
+        return
+    n, path = store.compact()
+    assert n == 30 and path == tmp_path / ".catalog.parquet"
+    assert oct(os.stat(path).st_mode & 0o777) == "0o640"
+    assert answers() == plain
+    # after the catalog: one rewritten (now the costliest), one new, one removed
+    recs[7]["node_hours_comm"] = 1e6
+    time.sleep(0.01)
+    store.put(recs[7])
+    new = varied(base, 99, user="alice", name="late")
+    store.put(new)
+    gone = recs[9]
+    (me / f"{gone['job']['id']}.json").unlink()
+    ids = [r["job"]["id"] for r in store.select().records]
+    assert new["job"]["id"] in ids and gone["job"]["id"] not in ids and len(ids) == 30
+    assert store.select(top=1).records == [recs[7]]
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="switches to other users (needs root)")
 def test_directory_store_users_read_their_own_the_group_reads_all() -> None:
     """Store folder 3777 (setgid, sticky) of group G: nobody and a second user
@@ -112,7 +164,18 @@ def test_directory_store_users_read_their_own_the_group_reads_all() -> None:
             assert p.returncode == 0 and p.stdout.split() == [f"['u{i}']"], p.stderr
         p = as_user(1234, 1234, [sys.executable, "-c", read, str(store)], env, groups=(G,))
         assert p.stdout.split() == ["['u0',", "'u1']"], p.stderr
-        modes = sorted(oct(os.stat(d).st_mode & 0o7777) for d in store.iterdir())
+        # a member of G compacts: the catalog holds both users' records, yet even
+        # made readable to all, each user reads from it only their own
+        compact = ("import sys; from profiler.site.store import open_store; "
+                   "print(open_store(sys.argv[1]).compact()[0])")
+        p = as_user(1234, 1234, [sys.executable, "-c", compact, str(store)], env, groups=(G,))
+        assert p.returncode == 0 and p.stdout.split() == ["2"], p.stderr
+        os.chmod(store / ".catalog.parquet", 0o644)
+        for i, (uid, gid) in enumerate(users):
+            p = as_user(uid, gid, [sys.executable, "-c", read, str(store)], env)
+            assert p.returncode == 0 and p.stdout.split() == [f"['u{i}']"], p.stderr
+        os.unlink(store / ".catalog.parquet")
+        modes = sorted(oct(os.stat(d).st_mode & 0o7777) for d in store.iterdir() if d.is_dir())
         assert modes == ["0o2750", "0o2750"]
         assert {os.stat(d).st_gid for d in store.iterdir()} == {G}
 
@@ -190,8 +253,8 @@ def _pg_put(args: tuple[str, dict[str, Any]]) -> None:
 
 def test_postgres_round_trip_concurrent_writers_and_row_level_security(pg: Postgres) -> None:
     base = base_record()
-    alice = [varied(base, i, user="alice", name="resnet" if i % 2 else HOSTILE)
-             for i in range(24)]
+    alice = [varied(base, i, user="alice", name="resnet" if i % 2 else HOSTILE,
+                    hours=1 + (i * 7) % 5) for i in range(24)]
     bob = [varied(base, 100 + i, user="bob", name="bert") for i in range(8)]
     work = ([(pg.url("alice"), r) for r in alice] + [(pg.url("bob"), r) for r in bob]
             + [(pg.url("alice"), r) for r in alice[:8]])  # written twice: stored once
@@ -207,6 +270,13 @@ def test_postgres_round_trip_concurrent_writers_and_row_level_security(pg: Postg
     assert len(PgStore(pg.url("carol")).select(Filters(user="bob")).records) == 8
     assert len(PgStore(pg.url("carol")).select(
         Filters(since="2026-11-05", until="2026-11-07")).records) == 2
+    # the ranking's first records, chosen in SQL, as query.ranking chooses them
+    from profiler.site import query
+
+    every = PgStore(pg.url("carol")).select().records
+    top = PgStore(pg.url("carol")).select(Filters(user="alice"), top=4).records
+    assert len(top) == 4 and [r["id"] for r in query.ranking(top)] == [
+        r["id"] for r in query.ranking([r for r in every if r["job"]["user"] == "alice"], 4)]
     # bob may not overwrite alice's record, nor write one under her name
     with pytest.raises(StoreError, match="row-level security"):
         PgStore(pg.url("bob")).put(alice[0])

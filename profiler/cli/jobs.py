@@ -1,18 +1,21 @@
 """`profiler jobs`: every job's record, across a site's store.
 
     profiler jobs list --user alice --since 2026-12-01
-    profiler jobs rank                    # node-hours lost to communication and waiting
+    profiler jobs rank --top 20           # node-hours lost to communication and waiting
     profiler jobs regressions             # each job name's latest run against its history
+    profiler jobs regressions --by script # or each script's, whatever the jobs were named
     profiler jobs interconnects           # the same job's communication per interconnect
     profiler jobs html -o jobs.html       # an offline page over the store
     profiler jobs ingest DIR              # load records left beside profiles (DIR: any tree)
     profiler jobs init-db --store postgresql://...   # an administrator, once
+    profiler jobs compact --store DIR     # fold a directory store into its catalog (cron)
 
 The store is --store, else HOROVOD_PROFILE_STORE: a directory, or a
 postgresql:// URL.  Filters (every query): --user, --name, --partition,
 --framework, --since, --until (ISO 8601 dates or times, UTC).  A record of a
 newer schema, or a corrupted or partial one, is skipped with one line naming
-it; the rest are kept.  See docs/guide/site.md.
+it; the rest are kept.  `rank --top N` ranks in the store's SQL and reads
+only the N records it shows.  See docs/guide/site.md.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                      "lost, regressions, interconnects, an HTML page",
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("action", choices=(*QUERIES, "ingest", "init-db"), nargs="?",
+    p.add_argument("action", choices=(*QUERIES, "ingest", "init-db", "compact"), nargs="?",
                    default="list", help="what to do (default: list)")
     p.add_argument("paths", nargs="*", metavar="DIR",
                    help="ingest: profile directories, or trees holding them")
@@ -43,6 +46,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--since", default=None, help="only jobs that started at or after (ISO)")
     p.add_argument("--until", default=None, help="only jobs that started before (ISO)")
     p.add_argument("--top", type=int, default=None, help="rank: the first N jobs only")
+    p.add_argument("--by", choices=("name", "script"), default="name",
+                   help="regressions: a run against the history of its job name (default) "
+                        "or of its script")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("-o", "--output", default=None, help="html: the page to write")
     return p
@@ -164,10 +170,16 @@ def run(args: argparse.Namespace) -> int:
             store.init()
             print(f"store {store} ready")
             return 0
+        if args.action == "compact":
+            if not hasattr(store, "compact"):
+                raise UsageError(None, "compact: the store is PostgreSQL, which needs none")
+            n, path = store.compact()
+            print(f"{path}: {n} job record(s)")
+            return 0
         flt = Filters(user=args.user, name=args.name, partition=args.partition,
                       framework=args.framework, since=_iso(args.since, "--since"),
                       until=_iso(args.until, "--until"))
-        sel = store.select(flt)
+        sel = store.select(flt, top=args.top if args.action == "rank" else None)
     except StoreError as exc:
         raise UsageError(None, str(exc)) from None
     for line in sel.skipped:
@@ -179,14 +191,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"{path}: {len(sel.records)} job record(s)")
         return 0
     rows = {"list": query.listing, "rank": lambda r: query.ranking(r, args.top),
-            "regressions": query.regressions,
+            "regressions": lambda r: query.regressions(r, args.by),
             "interconnects": query.interconnects}[args.action](sel.records)
     if args.format == "json":
         import orjson
 
         sys.stdout.buffer.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2) + b"\n")
     elif rows:
-        print(_text(rows, COLUMNS[args.action]))
+        cols = COLUMNS[args.action]
+        if args.action == "regressions" and args.by != "name":
+            cols = [args.by if c == "name" else c for c in cols]
+        print(_text(rows, cols))
     else:
         print(f"no {'regression' if args.action == 'regressions' else 'job'} found "
               f"({len(sel.records)} record(s) read)")

@@ -120,11 +120,19 @@ def _interval(history: Sequence[float]) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
-def regressions(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each job name's latest run against its earlier ones (module doc)."""
+REGRESSION_KEYS = ("name", "script")
+
+
+def regressions(records: Iterable[dict[str, Any]], by: str = "name") -> list[dict[str, Any]]:
+    """Each job name's (or script's, `by`) latest run against its earlier ones
+    (module doc); a record without that key is left out."""
+    if by not in REGRESSION_KEYS:
+        raise ValueError(f"regressions by {by!r}: one of {', '.join(REGRESSION_KEYS)}")
     by_name: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
-        by_name[r["job"]["name"]].append(r)
+        key = r["job"].get(by)
+        if key:
+            by_name[str(key)].append(r)
     rows = []
     for name, runs in sorted(by_name.items()):
         runs.sort(key=lambda r: (r["start"], r["job"]["id"]))
@@ -140,7 +148,7 @@ def regressions(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 continue
             mean, lo, hi = _interval(past)
             if now > hi and now - mean > MIN_CHANGE * abs(mean) and now - mean > 0:
-                rows.append({"name": name, "metric": metric, "id": latest["job"]["id"],
+                rows.append({by: name, "metric": metric, "id": latest["job"]["id"],
                              "start": latest["start"], "value": now, "history_mean": mean,
                              "interval": [lo, hi], "history_runs": len(past),
                              "change": (now - mean) / mean if mean else None,

@@ -4,7 +4,12 @@
   file per job, written atomically (a temporary file renamed over: many jobs
   at once, on a shared file system, lose or tear nothing); DuckDB reads the
   files in place (read_text over the files this user may read) and filters
-  them in SQL, with parameters.
+  them in SQL, with parameters.  `profiler jobs compact` (from cron, say)
+  folds them into STORE/.catalog.parquet (the query columns and each
+  record's text, one row a file, written atomically, mode 640): a query
+  reads the catalog's rows of the files this user may read whose
+  modification time it holds, and reads only the other files themselves, so
+  a catalog never shows a record its reader may not read, nor an old one.
   Access by file modes: each writer's folder is 750 and its records 640, and
   both take the store's group (the administrators) from the store's setgid
   folder (which a 3777 store gives every folder in it), so the writer reads
@@ -35,6 +40,17 @@ from .schema import RecordError, check, dumps, loads, write_atomic
 TABLE = "hvprof_job_records"
 ADMIN_ROLE = "hvprof_admin"
 CONNECT_TIMEOUT_S = 5
+
+
+CATALOG = ".catalog.parquet"
+#: node-hours lost (the ranking's order, query.ranking) from a record's JSON
+#: text in DuckDB (`{doc}`): communication and waiting, NULL when neither is
+#: known
+LOST_SQL = ("CASE WHEN json_extract_string({doc}, '$.node_hours_comm') IS NULL AND "
+            "json_extract_string({doc}, '$.node_hours_wait') IS NULL THEN NULL ELSE "
+            "coalesce(TRY_CAST(json_extract_string({doc}, '$.node_hours_comm') AS DOUBLE), 0) "
+            "+ coalesce(TRY_CAST(json_extract_string({doc}, '$.node_hours_wait') AS DOUBLE), 0) "
+            "END")
 
 
 class StoreError(Exception):
@@ -108,7 +124,11 @@ class DirStore:
     def files(self) -> list[str]:
         """The record files this user may read (another user's folder is simply
         not visible to one who is not in the store's group)."""
-        out: list[str] = []
+        return [f for f, _ in self._files()]
+
+    def _files(self) -> list[tuple[str, int]]:
+        """files(), each with its modification time (ns)."""
+        out: list[tuple[str, int]] = []
         try:
             writers = sorted(os.scandir(self.root), key=lambda e: e.name)
         except FileNotFoundError:
@@ -120,34 +140,115 @@ class DirStore:
                 names = sorted(e.name for e in os.scandir(w.path))
             except PermissionError:
                 continue
-            out.extend(os.path.join(w.path, n) for n in names
-                       if n.endswith(".json") and not n.startswith(".")
-                       and os.access(os.path.join(w.path, n), os.R_OK))
+            for n in names:
+                if not n.endswith(".json") or n.startswith("."):
+                    continue
+                path = os.path.join(w.path, n)
+                if not os.access(path, os.R_OK):
+                    continue
+                try:
+                    out.append((path, os.stat(path).st_mtime_ns))
+                except FileNotFoundError:  # replaced or removed while listed
+                    continue
         return out
 
-    def select(self, flt: Filters | None = None) -> Selection:
+    def _catalog(self) -> Path | None:
+        path = self.root / CATALOG
+        return path if path.is_file() and os.access(path, os.R_OK) else None
+
+    def compact(self) -> tuple[int, Path]:
+        """Fold the records this user may read into the catalog (module doc):
+        every record a row, written whole or not at all; returns how many
+        and where.  An administrator's catalog holds every record; anyone
+        reads from it only the rows of files they may read themselves."""
+        import duckdb
+
+        files = self._files()
+        path = self.root / CATALOG
+        tmp = self.root / f".catalog.{os.getpid()}.tmp.parquet"
+        con = duckdb.connect()
+        con.execute("SET enable_progress_bar = false")
+        old = os.umask(0o027)
+        try:
+            con.execute("CREATE TABLE cur AS SELECT unnest(?) AS filename, "
+                        "unnest(?)::BIGINT AS mtime_ns",
+                        [[f for f, _ in files], [m for _, m in files]])
+            docs = ("SELECT filename, content::VARCHAR AS doc FROM read_text(?) "
+                    "WHERE json_valid(content)") if files else \
+                "SELECT NULL::VARCHAR AS filename, NULL::VARCHAR AS doc WHERE FALSE"
+            lost = LOST_SQL.format(doc="d.doc")
+            con.execute(
+                f"COPY (SELECT d.filename, c.mtime_ns, {lost} AS lost, d.doc FROM ({docs}) d "
+                f"JOIN cur c USING (filename) ORDER BY d.filename) TO '{_sql_path(tmp)}' "
+                "(FORMAT parquet)", [[f for f, _ in files]] if files else [])
+            got = con.execute(f"SELECT count(*) FROM '{_sql_path(tmp)}'").fetchone()
+            n = int(got[0]) if got else 0
+            os.replace(tmp, path)
+        except (duckdb.Error, OSError) as exc:
+            tmp.unlink(missing_ok=True)
+            raise StoreError(f"store {self.root}: cannot write its catalog: "
+                             f"{' '.join(str(exc).split())[:200]}") from None
+        finally:
+            os.umask(old)
+            con.close()
+        return n, path
+
+    def select(self, flt: Filters | None = None, top: int | None = None) -> Selection:
+        """The records this user may read that pass `flt`, by file name; with
+        `top`, only the first `top` by node-hours lost (query.ranking's order),
+        ranked in SQL, so that only those records are parsed."""
         import duckdb
 
         flt = flt or Filters()
-        files = self.files()
+        files = self._files()
         sel = Selection()
         if not files:
             return sel
         conds, params = _conditions(flt, lambda path: f"json_extract_string(doc, '$.{path}')")
         where = (" AND ".join(conds)) if conds else "TRUE"
-        sql = ("WITH f AS MATERIALIZED (SELECT filename, content::VARCHAR AS content, "
-               "json_valid(content) AS ok FROM read_text(?)), "
-               "g AS (SELECT filename, ok, content, CASE WHEN ok THEN content END AS doc FROM f) "
-               f"SELECT filename, ok, content FROM g WHERE NOT ok OR ({where}) ORDER BY filename")
         con = duckdb.connect()
         con.execute("SET enable_progress_bar = false")  # stdout is the command's
         try:
-            rows = con.execute(sql, [files, *params]).fetchall()
+            con.execute("CREATE TABLE cur AS SELECT unnest(?) AS filename, "
+                        "unnest(?)::BIGINT AS mtime_ns",
+                        [[f for f, _ in files], [m for _, m in files]])
+            catalog = self._catalog()
+            if catalog is not None:  # its rows of files unchanged since, and the rest
+                con.execute(f"CREATE TABLE cat AS SELECT k.filename, k.doc FROM "
+                            f"'{_sql_path(catalog)}' k JOIN cur c ON k.filename = c.filename "
+                            "AND k.mtime_ns = c.mtime_ns")
+                fresh = [r[0] for r in con.execute(
+                    "SELECT filename FROM cur ANTI JOIN cat USING (filename)").fetchall()]
+            else:
+                con.execute("CREATE TABLE cat (filename VARCHAR, doc VARCHAR)")
+                fresh = [f for f, _ in files]
+            read = ("SELECT filename, content::VARCHAR AS content FROM read_text(?)"
+                    if fresh else "SELECT NULL AS filename, NULL AS content WHERE FALSE")
+            # the ranking's order (query.ranking sorts what comes back again)
+            order = (f"ORDER BY ({LOST_SQL.format(doc='doc')}) IS NULL, "
+                     f"{LOST_SQL.format(doc='doc')} DESC, json_extract_string(doc, '$.job.id') "
+                     f"LIMIT {int(top)}" if top else "")
+            sql = (f"WITH f AS MATERIALIZED (SELECT filename, content, json_valid(content) AS ok "
+                   f"FROM ({read}) UNION ALL SELECT filename, doc, TRUE FROM cat), "
+                   "g AS (SELECT filename, ok, content, CASE WHEN ok THEN content END AS doc "
+                   "FROM f), "
+                   f"bad AS (SELECT filename, ok, content FROM g WHERE NOT ok), "
+                   f"good AS (SELECT filename, ok, content FROM g WHERE ok AND ({where}) {order}) "
+                   "SELECT * FROM (SELECT * FROM bad UNION ALL SELECT * FROM good) "
+                   "ORDER BY filename")
+            rows = con.execute(sql, ([fresh] if fresh else []) + params).fetchall()
+        except duckdb.Error as exc:
+            raise StoreError(f"store {self.root}: {' '.join(str(exc).split())[:200]}") from None
         finally:
             con.close()
         for filename, ok, content in rows:
             _keep(sel, filename, content if ok else None)
         return sel
+
+
+def _sql_path(p: Path) -> str:
+    """A path as a DuckDB string literal (COPY's target cannot be a parameter)."""
+    return str(p).replace("'", "''")
 
 
 def _conditions(flt: Filters, col: Any, ph: str = "?",
@@ -251,7 +352,8 @@ class PgStore:
             except psycopg.Error as exc:
                 raise StoreError(f"store {self}: {_pg_line(exc)}") from None
 
-    def select(self, flt: Filters | None = None) -> Selection:
+    def select(self, flt: Filters | None = None, top: int | None = None) -> Selection:
+        """As DirStore.select: with `top`, the first `top` by node-hours lost."""
         import psycopg
 
         flt = flt or Filters()
@@ -262,8 +364,14 @@ class PgStore:
         sel = Selection()
         with self.connect() as con:
             try:
+                lost = ("CASE WHEN record->'node_hours_comm' IS NULL AND "
+                        "record->'node_hours_wait' IS NULL THEN NULL ELSE "
+                        "coalesce((record->>'node_hours_comm')::float8, 0) + "
+                        "coalesce((record->>'node_hours_wait')::float8, 0) END")
+                order = (f"ORDER BY ({lost}) IS NULL, {lost} DESC, id LIMIT {int(top)}" if top
+                         else "ORDER BY start, id")
                 rows = con.execute(f"SELECT id, record::text FROM {TABLE} WHERE {where} "
-                                   "ORDER BY start, id", params).fetchall()
+                                   f"{order}", params).fetchall()
             except psycopg.Error as exc:
                 raise StoreError(f"store {self}: {_pg_line(exc)}") from None
         for rid, doc in rows:
