@@ -70,14 +70,22 @@ def _explaining(rec: dict[str, Any], parts: Sequence[str]) -> dict[str, Any] | N
     return None
 
 
+def lost_node_hours(rec: dict[str, Any]) -> float | None:
+    """Node-hours a job lost to communication and to waiting for other ranks:
+    the ranking's order (None: neither is known).  The stores rank by the
+    same sum in SQL (store.LOST_SQL and PgStore.select)."""
+    known = [float(x) for x in (rec.get("node_hours_comm"), rec.get("node_hours_wait"))
+             if isinstance(x, (int, float)) and not isinstance(x, bool)]
+    return sum(known) if known else None
+
+
 def ranking(records: Iterable[dict[str, Any]], top: int | None = None) -> list[dict[str, Any]]:
     """Jobs by node-hours lost to communication and waiting, most first; a job
     without a breakdown (no steps) comes last, with its lost time unknown."""
     rows = []
     for r in records:
         comm, wait = r.get("node_hours_comm"), r.get("node_hours_wait")
-        known = [x for x in (comm, wait) if isinstance(x, (int, float))]
-        lost = sum(known) if known else None
+        lost = lost_node_hours(r)
         f = _explaining(r, (*COMM_PARTS, *WAIT_PARTS))
         rows.append({"id": r["job"]["id"], "user": r["job"]["user"], "name": r["job"]["name"],
                      "start": r["start"], "node_hours": r.get("node_hours"),

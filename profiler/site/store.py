@@ -46,6 +46,7 @@ CATALOG = ".catalog.parquet"
 #: node-hours lost (the ranking's order, query.ranking) from a record's JSON
 #: text in DuckDB (`{doc}`): communication and waiting, NULL when neither is
 #: known
+#: (query.lost_node_hours, in SQL)
 LOST_SQL = ("CASE WHEN json_extract_string({doc}, '$.node_hours_comm') IS NULL AND "
             "json_extract_string({doc}, '$.node_hours_wait') IS NULL THEN NULL ELSE "
             "coalesce(TRY_CAST(json_extract_string({doc}, '$.node_hours_comm') AS DOUBLE), 0) "
@@ -123,12 +124,15 @@ class DirStore:
 
     def files(self) -> list[str]:
         """The record files this user may read (another user's folder is simply
-        not visible to one who is not in the store's group)."""
-        return [f for f, _ in self._files()]
+        not visible to one who is not in the store's group), by name."""
+        return sorted(f for f, _ in self._files())
 
     def _files(self) -> list[tuple[str, int]]:
-        """files(), each with its modification time (ns)."""
+        """files(), each with its modification time (ns).  A file in the
+        reader's own folder (put writes it 640) or read by root is not asked
+        os.access: at 100,000 records that is a quarter of a query."""
         out: list[tuple[str, int]] = []
+        me = os.geteuid()
         try:
             writers = sorted(os.scandir(self.root), key=lambda e: e.name)
         except FileNotFoundError:
@@ -137,17 +141,17 @@ class DirStore:
             if not w.is_dir(follow_symlinks=False) or w.name.startswith("."):
                 continue
             try:
-                names = sorted(e.name for e in os.scandir(w.path))
-            except PermissionError:
+                own = me == 0 or w.stat(follow_symlinks=False).st_uid == me
+                entries = os.scandir(w.path)  # unsorted: the queries order by name
+            except (PermissionError, FileNotFoundError):
                 continue
-            for n in names:
-                if not n.endswith(".json") or n.startswith("."):
-                    continue
-                path = os.path.join(w.path, n)
-                if not os.access(path, os.R_OK):
+            for e in entries:
+                if not e.name.endswith(".json") or e.name.startswith("."):
                     continue
                 try:
-                    out.append((path, os.stat(path).st_mtime_ns))
+                    if not own and not os.access(e.path, os.R_OK):
+                        continue
+                    out.append((e.path, e.stat(follow_symlinks=False).st_mtime_ns))
                 except FileNotFoundError:  # replaced or removed while listed
                     continue
         return out
@@ -166,21 +170,17 @@ class DirStore:
         files = self._files()
         path = self.root / CATALOG
         tmp = self.root / f".catalog.{os.getpid()}.tmp.parquet"
-        con = duckdb.connect()
-        con.execute("SET enable_progress_bar = false")
+        con = _connect(duckdb, files)
         old = os.umask(0o027)
         try:
-            con.execute("CREATE TABLE cur AS SELECT unnest(?) AS filename, "
-                        "unnest(?)::BIGINT AS mtime_ns",
-                        [[f for f, _ in files], [m for _, m in files]])
             docs = ("SELECT filename, content::VARCHAR AS doc FROM read_text(?) "
                     "WHERE json_valid(content)") if files else \
                 "SELECT NULL::VARCHAR AS filename, NULL::VARCHAR AS doc WHERE FALSE"
-            lost = LOST_SQL.format(doc="d.doc")
             con.execute(
-                f"COPY (SELECT d.filename, c.mtime_ns, {lost} AS lost, d.doc FROM ({docs}) d "
-                f"JOIN cur c USING (filename) ORDER BY d.filename) TO '{_sql_path(tmp)}' "
-                "(FORMAT parquet)", [[f for f, _ in files]] if files else [])
+                f"COPY (SELECT d.filename, c.mtime_ns, {_columns('d.doc')}, d.doc "
+                f"FROM ({docs}) d JOIN cur c USING (filename) ORDER BY d.filename) "
+                f"TO '{_sql_path(tmp)}' (FORMAT parquet)",
+                [[f for f, _ in files]] if files else [])
             got = con.execute(f"SELECT count(*) FROM '{_sql_path(tmp)}'").fetchone()
             n = int(got[0]) if got else 0
             os.replace(tmp, path)
@@ -195,8 +195,10 @@ class DirStore:
 
     def select(self, flt: Filters | None = None, top: int | None = None) -> Selection:
         """The records this user may read that pass `flt`, by file name; with
-        `top`, only the first `top` by node-hours lost (query.ranking's order),
-        ranked in SQL, so that only those records are parsed."""
+        `top`, only the first `top` by node-hours lost (query.ranking's order).
+        The filters and the ranking run on the catalog's columns and on the
+        newer files' extracted ones; only the chosen records' text is read
+        out and parsed."""
         import duckdb
 
         flt = flt or Filters()
@@ -204,39 +206,47 @@ class DirStore:
         sel = Selection()
         if not files:
             return sel
-        conds, params = _conditions(flt, lambda path: f"json_extract_string(doc, '$.{path}')")
+        names = {"job.user": "job_user", "job.name": "name", "job.partition": "partition",
+                 "versions.framework": "framework", "start": "start"}
+        conds, params = _conditions(flt, lambda path: names[path])
         where = (" AND ".join(conds)) if conds else "TRUE"
-        con = duckdb.connect()
-        con.execute("SET enable_progress_bar = false")  # stdout is the command's
+        con = _connect(duckdb, files)
         try:
-            con.execute("CREATE TABLE cur AS SELECT unnest(?) AS filename, "
-                        "unnest(?)::BIGINT AS mtime_ns",
-                        [[f for f, _ in files], [m for _, m in files]])
             catalog = self._catalog()
             if catalog is not None:  # its rows of files unchanged since, and the rest
-                con.execute(f"CREATE TABLE cat AS SELECT k.filename, k.doc FROM "
-                            f"'{_sql_path(catalog)}' k JOIN cur c ON k.filename = c.filename "
-                            "AND k.mtime_ns = c.mtime_ns")
+                con.execute(f"CREATE VIEW k AS SELECT * FROM '{_sql_path(catalog)}'")
+                con.execute("CREATE TABLE cat AS SELECT k.* EXCLUDE (doc, mtime_ns), "
+                            "TRUE AS in_catalog FROM k "
+                            "JOIN cur c ON k.filename = c.filename AND k.mtime_ns = c.mtime_ns")
                 fresh = [r[0] for r in con.execute(
                     "SELECT filename FROM cur ANTI JOIN cat USING (filename)").fetchall()]
             else:
-                con.execute("CREATE TABLE cat (filename VARCHAR, doc VARCHAR)")
+                con.execute(f"CREATE TABLE cat AS SELECT NULL::VARCHAR AS filename, "
+                            f"{_columns('NULL::VARCHAR')}, TRUE AS in_catalog WHERE FALSE")
                 fresh = [f for f, _ in files]
-            read = ("SELECT filename, content::VARCHAR AS content FROM read_text(?)"
-                    if fresh else "SELECT NULL AS filename, NULL AS content WHERE FALSE")
+            # the newer files' columns only (orjson, a file at a time: DuckDB's
+            # JSON functions over read_text held every text at once, GBs at
+            # 100,000 records); their text is read again for the chosen
+            cols = _fresh_columns(fresh)
+            con.execute("CREATE TABLE new AS SELECT " + ", ".join(
+                f"unnest(?::{t}[]) AS {c}" for c, t in FRESH_COLUMNS), [cols[c] for c, _ in
+                                                                        FRESH_COLUMNS])
             # the ranking's order (query.ranking sorts what comes back again)
-            order = (f"ORDER BY ({LOST_SQL.format(doc='doc')}) IS NULL, "
-                     f"{LOST_SQL.format(doc='doc')} DESC, json_extract_string(doc, '$.job.id') "
-                     f"LIMIT {int(top)}" if top else "")
-            sql = (f"WITH f AS MATERIALIZED (SELECT filename, content, json_valid(content) AS ok "
-                   f"FROM ({read}) UNION ALL SELECT filename, doc, TRUE FROM cat), "
-                   "g AS (SELECT filename, ok, content, CASE WHEN ok THEN content END AS doc "
-                   "FROM f), "
-                   f"bad AS (SELECT filename, ok, content FROM g WHERE NOT ok), "
-                   f"good AS (SELECT filename, ok, content FROM g WHERE ok AND ({where}) {order}) "
-                   "SELECT * FROM (SELECT * FROM bad UNION ALL SELECT * FROM good) "
-                   "ORDER BY filename")
-            rows = con.execute(sql, ([fresh] if fresh else []) + params).fetchall()
+            order = (f"ORDER BY lost IS NULL, lost DESC, id LIMIT {int(top)}" if top else "")
+            con.execute(
+                "CREATE TABLE chosen AS SELECT filename, in_catalog FROM (SELECT * FROM cat "
+                "UNION ALL BY NAME SELECT * EXCLUDE (ok), FALSE AS in_catalog FROM new WHERE ok) "
+                f"WHERE {where} {order}", params)
+            reread = [r[0] for r in con.execute(
+                "SELECT filename FROM chosen WHERE NOT in_catalog").fetchall()]
+            parts = ["SELECT filename, FALSE AS ok, NULL::VARCHAR AS doc FROM new WHERE NOT ok"]
+            if catalog is not None:
+                parts.append("SELECT c.filename, TRUE, k.doc FROM chosen c JOIN k "
+                             "USING (filename) WHERE c.in_catalog")
+            if reread:
+                parts.append("SELECT filename, TRUE, content::VARCHAR FROM read_text(?)")
+            rows = con.execute("SELECT * FROM (" + " UNION ALL ".join(parts) + ") ORDER BY 1",
+                               [reread] if reread else []).fetchall()
         except duckdb.Error as exc:
             raise StoreError(f"store {self.root}: {' '.join(str(exc).split())[:200]}") from None
         finally:
@@ -244,6 +254,67 @@ class DirStore:
         for filename, ok, content in rows:
             _keep(sel, filename, content if ok else None)
         return sel
+
+
+#: the catalog's query columns (_columns), as _fresh_columns gives them
+FRESH_COLUMNS = (("filename", "VARCHAR"), ("ok", "BOOLEAN"), ("id", "VARCHAR"),
+                 ("job_user", "VARCHAR"), ("name", "VARCHAR"), ("partition", "VARCHAR"),
+                 ("framework", "VARCHAR"), ("start", "VARCHAR"), ("lost", "DOUBLE"))
+
+
+def _fresh_columns(paths: list[str]) -> dict[str, list[Any]]:
+    """_columns of each file read and parsed in turn (ok: it is a JSON object);
+    a file removed since it was listed is left out."""
+    import orjson
+
+    from .query import lost_node_hours
+
+    out: dict[str, list[Any]] = {c: [] for c, _ in FRESH_COLUMNS}
+
+    def text(v: Any) -> str | None:
+        return None if v is None else v if isinstance(v, str) else orjson.dumps(v).decode()
+
+    for path in paths:
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            continue
+        try:
+            d = orjson.loads(data)
+        except ValueError:
+            d = None
+        ok = isinstance(d, dict)
+        rec: dict[str, Any] = d if isinstance(d, dict) else {}
+        job = rec.get("job") if isinstance(rec.get("job"), dict) else {}
+        ver = rec.get("versions") if isinstance(rec.get("versions"), dict) else {}
+        assert isinstance(job, dict) and isinstance(ver, dict)
+        for c, v in (("filename", path), ("ok", ok), ("id", text(job.get("id"))),
+                     ("job_user", text(job.get("user"))), ("name", text(job.get("name"))),
+                     ("partition", text(job.get("partition"))),
+                     ("framework", text(ver.get("framework"))), ("start", text(rec.get("start"))),
+                     ("lost", lost_node_hours(rec) if ok else None)):
+            out[c].append(v)
+    return out
+
+
+def _connect(duckdb: Any, files: list[tuple[str, int]]) -> Any:
+    """A DuckDB connection holding `cur`: the files listed, with their times."""
+    con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")  # stdout is the command's
+    con.execute("CREATE TABLE cur AS SELECT unnest(?::VARCHAR[]) AS filename, "
+                "unnest(?::BIGINT[]) AS mtime_ns",
+                [[f for f, _ in files], [m for _, m in files]])
+    return con
+
+
+def _columns(doc: str) -> str:
+    """The catalog's query columns, from a record's JSON text (`doc`)."""
+    j = "json_extract_string"
+    return (f"{j}({doc}, '$.job.id') AS id, {j}({doc}, '$.job.user') AS job_user, "
+            f"{j}({doc}, '$.job.name') AS name, {j}({doc}, '$.job.partition') AS partition, "
+            f"{j}({doc}, '$.versions.framework') AS framework, {j}({doc}, '$.start') AS start, "
+            f"{LOST_SQL.format(doc=doc)} AS lost")
 
 
 def _sql_path(p: Path) -> str:
