@@ -36,7 +36,8 @@ def _row(**kw: object) -> dict[str, object]:
 
 def horovod_job(arrive_ms: list[list[float]], *, step_ms: float = 100.0,
                 cycle_ms: float | list[float] = 2.0,
-                xfer_ms: float = 3.0, done_ms: float = 1.0, hook_ns: float = 0.0
+                xfer_ms: float = 3.0, done_ms: float = 1.0, hook_ns: float = 0.0,
+                negotiation_wait_ms: float = 0.0
                 ) -> tuple[pd.DataFrame, dict[str, object]]:
     """A 2+ rank Horovod-like trace: in step s, rank r hands its last tensor to
     Horovod at arrive_ms[s][r] after the step's start and enters synchronize
@@ -44,7 +45,9 @@ def horovod_job(arrive_ms: list[list[float]], *, step_ms: float = 100.0,
     cycle (a 0.2 ms control call in it), one data call of xfer_ms, and done_ms
     of completion, after which every rank leaves synchronize and the step ends
     1 ms later.  Every step starts when the previous one ended on that rank.
-    cycle_ms may be a list: the cycle's wait in each step."""
+    cycle_ms may be a list: the cycle's wait in each step.  negotiation_wait_ms
+    lengthens the control call by that much: the wait for the other ranks'
+    cycles, inside the cycle's wait."""
     rows: list[dict[str, object]] = []
     n = len(arrive_ms[0])
     start = [0] * n
@@ -63,7 +66,8 @@ def horovod_job(arrive_ms: list[list[float]], *, step_ms: float = 100.0,
                              seq=s))
             c0 = A + int(0.5 * MS)
             rows.append(_row(rank=r, op="allreduce", backend="mpi", kind="control",
-                             t_start_ns=c0, t_end_ns=c0 + MS // 5, seq=seq, bytes=8,
+                             t_start_ns=c0, t_end_ns=c0 + MS // 5
+                             + int(negotiation_wait_ms * MS), seq=seq, bytes=8,
                              thread_kind="horovod", tid=200, comm=1))
             rows.append(_row(rank=r, op="allreduce", backend="mpi", kind="data",
                              t_start_ns=call0, t_end_ns=call1, seq=seq + 1, bytes=1 << 20,
@@ -423,3 +427,28 @@ def test_steps_without_images_say_in_one_line_how_to_give_them(framework: str) -
     assert ("closure" in lim.details[0]) == (framework == "tensorflow")
     assert ("set_batch_size" in lim.details[0]) == (framework == "torch")
     assert "images/sec unknown" in render(a)
+
+
+def test_a_long_cycles_cost_holds_the_negotiations_wait_for_the_other_ranks() -> None:
+    """HOROVOD_CYCLE_TIME=20: the gradients wait 15 ms for the cycle, 8 of them
+    in the negotiation's control call (the other ranks' cycles come later).
+    A 1 ms cycle scales the whole wait by 1/20: the step would be 15 x 19/20 =
+    14.25 ms shorter.  The idle part alone (6.8 ms x 19/20) would miss half."""
+    rng = np.random.default_rng(8)
+    arr = rng.uniform(30.0, 31.0, size=(30, 3)).tolist()
+    df, meta = horovod_job(arr, cycle_ms=15.0, negotiation_wait_ms=8.0)
+    meta = {**meta, "env": {"HOROVOD_CYCLE_TIME": "20"}}
+    (f,) = [f for f in advise_frame(df, meta).findings if f.key == "cycle_time"]
+    assert f.significant and f.numbers["negotiation_ms"] == pytest.approx(8.2, abs=0.01)
+    # 14.5-15 ms a rank: the last rank enters synchronize 0.5 ms after its tensor
+    assert 14.5 <= f.numbers["cycle_wait_ms"] <= 15.0
+    assert f.cost_ms == pytest.approx(f.numbers["cycle_wait_ms"] * 19 / 20, rel=0.01)
+    assert f.cost_ms == pytest.approx(15.0 * 19 / 20, rel=0.05)
+    idle_only = f.numbers["idle_ms"] * 19 / 20
+    assert idle_only < 0.5 * f.cost_ms
+    assert f"{fmt_ms(f.numbers['cycle_wait_ms'])} after the last gradient" in f.headline
+    # at Horovod's default cycle the same wait claims nothing
+    (d,) = [f for f in advise_frame(*horovod_job(arr, cycle_ms=15.0,
+                                                 negotiation_wait_ms=8.0)).findings
+            if f.key in ("cycle_time", "horovod_wait")]
+    assert d.key == "horovod_wait" and d.cost_ms is None and not d.significant
