@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .record import COMM_PARTS, WAIT_PARTS
+from .schema import lost_node_hours
 
 MIN_HISTORY = 3
 #: a change smaller than this share of the history's mean is not reported,
@@ -68,15 +69,6 @@ def _explaining(rec: dict[str, Any], parts: Sequence[str]) -> dict[str, Any] | N
         if cands:
             return max(cands, key=lambda f: (bool(f.get("significant")), float(f["cost_ms"])))
     return None
-
-
-def lost_node_hours(rec: dict[str, Any]) -> float | None:
-    """Node-hours a job lost to communication and to waiting for other ranks:
-    the ranking's order (None: neither is known).  The stores rank by the
-    same sum in SQL (store.LOST_SQL and PgStore.select)."""
-    known = [float(x) for x in (rec.get("node_hours_comm"), rec.get("node_hours_wait"))
-             if isinstance(x, (int, float)) and not isinstance(x, bool)]
-    return sum(known) if known else None
 
 
 def ranking(records: Iterable[dict[str, Any]], top: int | None = None) -> list[dict[str, Any]]:

@@ -99,3 +99,12 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o640) -> None:
         except OSError:
             pass
         raise
+
+
+def lost_node_hours(rec: dict[str, Any]) -> float | None:
+    """Node-hours a job lost to communication and to waiting for other ranks:
+    the ranking's order (None: neither is known).  The stores rank by the
+    same sum in SQL (store.LOST_SQL and PgStore.select), and query.ranking in Python."""
+    known = [float(x) for x in (rec.get("node_hours_comm"), rec.get("node_hours_wait"))
+             if isinstance(x, (int, float)) and not isinstance(x, bool)]
+    return sum(known) if known else None

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .schema import RecordError, check, dumps, loads, write_atomic
+from .schema import RecordError, check, dumps, loads, lost_node_hours, write_atomic
 
 TABLE = "hvprof_job_records"
 ADMIN_ROLE = "hvprof_admin"
@@ -46,7 +46,7 @@ CATALOG = ".catalog.parquet"
 #: node-hours lost (the ranking's order, query.ranking) from a record's JSON
 #: text in DuckDB (`{doc}`): communication and waiting, NULL when neither is
 #: known
-#: (query.lost_node_hours, in SQL)
+#: (schema.lost_node_hours, in SQL)
 LOST_SQL = ("CASE WHEN json_extract_string({doc}, '$.node_hours_comm') IS NULL AND "
             "json_extract_string({doc}, '$.node_hours_wait') IS NULL THEN NULL ELSE "
             "coalesce(TRY_CAST(json_extract_string({doc}, '$.node_hours_comm') AS DOUBLE), 0) "
@@ -267,7 +267,6 @@ def _fresh_columns(paths: list[str]) -> dict[str, list[Any]]:
     a file removed since it was listed is left out."""
     import orjson
 
-    from .query import lost_node_hours
 
     out: dict[str, list[Any]] = {c: [] for c, _ in FRESH_COLUMNS}
 
