@@ -33,14 +33,14 @@ What a seed draws (draw()):
   - HOROVOD_CYCLE_TIME of 10-30 ms;
   - fusion off on a model of many small tensors.
 
-Truth.  A cause whose effect is the step it adds is priced against twins: the
+Truth. A cause whose effect is the step it adds is priced against twins: the
 same job (same seed, same jitter) without the cause, unprofiled, alternating
 with the cause (suite.TWIN_ROUNDS pairs); its 95% interval says when the
-cause made no measurable difference, and such a run leaves recall.  The busy
-neighbours are priced on the job's own run-queue reads, as in the fixed
-suite; jitter on the pauses the run drew (at 2 ranks and 30 steps, the
-exponential pauses' sample mean is off its expectation by a fifth at one
-sigma).
+cause made no measurable difference, and such a run leaves recall. The busy
+neighbours are priced on the run-queue wait of the profiled run less that of
+twins without the busy processes (suite.py, "runqueue_twin"); jitter on the
+pauses the run drew (at 2 ranks and 30 steps, the exponential pauses' sample
+mean is off its expectation by a fifth at one sigma).
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def draw(seed: int) -> Drawn:
         k = int(rng.integers(1, 3))
         params.update(busy=k)
         sc = suite.Scenario(name, f"{k} busy-looping process(es) beside the job",
-                            "noisy_neighbour", "runqueue", base + jit, competitors=k,
+                            "noisy_neighbour", "runqueue_twin", base + jit, competitors=k,
                             also={**waiting, "transfer_bound": "contention slows transfers",
                                   "compute_bound": "compute slowed by the wait for cores",
                                   "cpu_contention": "the job's threads wait for the cores "

@@ -28,10 +28,15 @@ How the truth is known, per scenario (Scenario.truth):
 * "outside": the job's own clock: its mean time outside optimizer.step;
 * "runqueue": the job's own schedstat read: its main thread's run-queue wait
   per step;
+* "runqueue_twin": that read in the profiled run, less the same read in
+  twins without the busy processes beside the job (TWIN_ROUNDS of them):
+  the wait the neighbours cause (noisy_neighbour's figure), not the job's
+  own contention;
 * "twin": the job-measured step time minus that of the same job without the
   cause (the what-if's threshold, the default cycle, no rules file, no rate
-  limit), both unprofiled, alternating (cause, twin) TWIN_ROUNDS times right
-  after the profiled run: the profiler's own cost is in neither.
+  limit, no busy processes beside it), both unprofiled, alternating (cause,
+  twin) TWIN_ROUNDS times right after the profiled run: the profiler's own
+  cost is in neither.
 
 Four findings can be true of any job on a small shared machine, injected or
 not, so each run also asks the job's own measurements (job_truths):
@@ -184,7 +189,7 @@ SCENARIOS: list[Scenario] = [
                    "compute_bound": "4 compute threads on 2 cores: compute, slowed by the "
                                     "wait for cores, is most of the step"}),
     Scenario("competitor", "two busy-looping processes beside the job",
-             "noisy_neighbour", "runqueue", BASE, competitors=2,
+             "noisy_neighbour", "runqueue_twin", BASE, competitors=2,
              also={"rank_waiting": WAITING, "transfer_bound": "contention slows transfers",
                    "cpu_contention": "the job's threads wait for cores the loops hold"}),
     Scenario("slow-link", "2 simulated hosts, one link limited to 200 Mbit/s",
@@ -342,8 +347,8 @@ def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
             rules_file: Path | None = None, timeout: float | None = None,
             twin: bool = False) -> dict[str, Any]:
     """One run of the scenario's job (profiled into `out` when `profile`; its
-    twin, without the link's rate limit, when `twin`); returns the job's own
-    measurements (rank 0's JSON line)."""
+    twin, without the link's rate limit and the busy competitors, when
+    `twin`); returns the job's own measurements (rank 0's JSON line)."""
     timeout = JOB_TIMEOUT_S if timeout is None else timeout
     e = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
     e.update(MPI_ENV)
@@ -367,7 +372,7 @@ def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
         argv = ["taskset", "-c", sc.pin, *argv]
     competitors: list[subprocess.Popen[bytes]] = []
     try:
-        for _ in range(sc.competitors):
+        for _ in range(0 if twin else sc.competitors):  # a twin runs without them
             competitors.append(subprocess.Popen(
                 [_python(), "-c", "while True: pass"], stdout=subprocess.DEVNULL))
         # what else used the CPUs while the job ran (the competitors included):
@@ -581,6 +586,15 @@ def evaluate(sc: Scenario, run: int, work: Path, *, twin: bool = True) -> Result
         truth = _mean(measured["ranks"], "outside_ms")
     elif sc.truth == "runqueue":
         truth = _mean(measured["ranks"], "run_queue_ms")
+    elif sc.truth == "runqueue_twin" and twin:
+        # the run-queue wait this run's compute threads had, less what the job
+        # has without the busy processes (twins): the wait they cause
+        without = [_mean(run_job(sc, work / f"{sc.name}-{run}-twin{i}", profile=False,
+                                 twin=True)["ranks"], "run_queue_ms")
+                   for i in range(TWIN_ROUNDS)]
+        own = _mean(measured["ranks"], "run_queue_ms")
+        truth, truth_iv = _paired([own] * len(without), without)
+        twin_ms = [[own], without]
     elif sc.truth == "twin" and twin:
         twin_env = dict(sc.twin_env or {})
         if sc.expect == "fusion" and first is not None and first.key == "fusion":
