@@ -243,8 +243,12 @@ def test_nothing_recorded_is_lost_when_horovodrun_ends_the_job(tmp_path: Path) -
     run = subprocess.run([os.path.join(os.path.dirname(PYTHON), "horovodrun"), "--gloo", "-np",
                           "2", "-H", "localhost:2", PYTHON, str(job)], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=180)
-    assert run.returncode == 1 and "Process 0 exit with status code 143" in run.stdout, \
+    # horovodrun's own report: worker 1's status, and worker 0's when horovodrun
+    # waits for it (it may exit first: a race of its own, profiled or not)
+    assert run.returncode == 1 and "Process 1 exit with status code 3." in run.stdout, \
         run.stdout[-2000:]
+    zero = [ln for ln in run.stdout.splitlines() if ln.startswith("Process 0 exit with")]
+    assert zero in ([], ["Process 0 exit with status code 143."]), run.stdout[-2000:]
     merged = profiler_cli("merge", str(prof))
     assert merged.returncode == 0, merged.stderr
     assert "partial ranks (killed): 0" in merged.stdout + merged.stderr
