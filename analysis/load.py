@@ -31,7 +31,7 @@ from profiler.errors import (
     UsageError,
 )
 from profiler.formats.filters import RowFilter
-from profiler.formats.trace_dataset import read_files
+from profiler.formats.trace_dataset import Dataset, read_files
 from profiler.layout import resolve_trace
 
 __all__ = ["load", "load_aggregates", "load_meta", "resolve_trace", "RowFilter", "read_files",
@@ -178,13 +178,12 @@ def window_for(path: str | os.PathLike[str], max_rows: int, *, first_ranks: int 
                  "stragglers": ranking}
 
 
-def _whole_job_stragglers(ds: Any) -> tuple[list[dict[str, Any]], list[int]]:
+def _whole_job_stragglers(ds: Dataset) -> tuple[list[dict[str, Any]], list[int]]:
     """The straggler ranking over every data collective of the dataset (all kinds
     when it has no kind column) and the outlying ranks a window must hold."""
-    from .engine import _as_dataset, stragglers_dataset
+    from .engine import stragglers_dataset
     from .imbalance import window_stragglers
 
-    ds = _as_dataset(ds)
     ranking = stragglers_dataset(ds, kinds=["data"] if "kind" in ds.columns else None)
     rows = [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()}
             for r in ranking.head(16).to_dict("records")]

@@ -38,15 +38,14 @@ def export_window(trace: str | os.PathLike[str] | Dataset, out: str | os.PathLik
     where = Path(src if src is not None else trace.path if isinstance(trace, Dataset)
                  else trace)
     dest = Path(out)
-
     if dest.is_dir():
         raise UsageError(dest, "is a directory; give the window's file name")
     if ds is None:
-        raise NotATraceError(where, "no parquet dataset to export from (raw files only, or the "
-                                  "trace's dataset is gone; run `profiler merge` first)")
+        raise NotATraceError(where, "no parquet dataset to export from (raw files only, or "
+                                    "the trace's dataset is gone; run `profiler merge` first)")
     if ds.aggregated:
         raise UsageError(where, "a summary-mode trace has aggregates, not calls: nothing to "
-                              "export")
+                                "export")
     asked = RowFilter.of(ranks=ranks, steps=steps, ops=ops, kinds=kinds, t_start_ns=t_start_ns)
     flt = ds.filtered(asked) or RowFilter()
     files = ds.files_for(flt)

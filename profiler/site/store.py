@@ -285,9 +285,9 @@ def _fresh_columns(paths: list[str]) -> dict[str, list[Any]]:
             d = None
         ok = isinstance(d, dict)
         rec: dict[str, Any] = d if isinstance(d, dict) else {}
-        job = rec.get("job") if isinstance(rec.get("job"), dict) else {}
-        ver = rec.get("versions") if isinstance(rec.get("versions"), dict) else {}
-        assert isinstance(job, dict) and isinstance(ver, dict)
+        job, ver = rec.get("job"), rec.get("versions")
+        job = job if isinstance(job, dict) else {}
+        ver = ver if isinstance(ver, dict) else {}
         for c, v in (("filename", path), ("ok", ok), ("id", text(job.get("id"))),
                      ("job_user", text(job.get("user"))), ("name", text(job.get("name"))),
                      ("partition", text(job.get("partition"))),
