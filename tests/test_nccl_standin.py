@@ -232,7 +232,9 @@ def test_device_records_match_host_calls(run_all: Run) -> None:
         for f in ("bytes", "count", "dtype", "dtype_size", "redop", "root"):
             assert r[f] == h[f], f
     s = run_all.out["profiler"]
-    assert (s["submitted"], s["pending"], s["unfinished"]) == (36, 1, 0)
+    # the last call's pair is pending unless the helper thread polled it
+    # between that call and the app's snapshot: either is right, nothing else
+    assert (s["submitted"], s["unfinished"]) == (36, 0) and s["pending"] in (0, 1)
     side = run_all.sidecar
     assert side is not None and side["finished"]
     assert (side["device_records"], side["pending"], side["unfinished"]) == (36, 0, 0)
@@ -301,8 +303,10 @@ def test_profiler_never_synchronizes_and_allocates_no_events_per_call(run_all: R
     # one pool (device 0: every timed call and group ran there) + 2 anchor events
     assert out["events_created"] == out["events_live"] == 2 * POOL_PAIRS + 2
     # pending work was collected by later calls and by the helper thread, not waited for
-    coll = out["profiler"]["collected"]
-    assert coll["calls"] + coll["helper"] == 35
+    s = out["profiler"]
+    coll = s["collected"]
+    assert coll["calls"] + coll["helper"] + s["pending"] == s["submitted"] == 36
+    assert coll["helper"] >= 1  # the ten slow calls ended while the app slept
 
 
 def test_pool_exhaustion_and_collection_by_later_calls(built: Built, tmp_path: Path) -> None:
