@@ -31,7 +31,11 @@ echo "test: checks: pip check, ruff, mypy, import contracts ($(date -u +%H:%M:%S
     || { echo "test: error: ruff found problems (above)" >&2; exit 1; }
 SCRATCH=$(mktemp -d)
 trap 'rm -rf "$SCRATCH"' EXIT
-"$ROOT/.venv/bin/mypy" --cache-dir "$ROOT/.mypy_cache" -p profiler \
+# mypy's cache outside the checkout, one per checkout path (mypy drops an
+# entry whose path differs), so a fresh clone at the same path starts warm:
+# an entry is reused only where its file's hash still matches
+MYPY_CACHE=${HVPROF_MYPY_CACHE:-${HOME}/.cache/horovod-profiler/mypy/$(printf %s "$ROOT" | md5sum | cut -c1-12)}
+"$ROOT/.venv/bin/mypy" --cache-dir "$MYPY_CACHE" -p profiler \
     || { echo "test: error: mypy found problems (above)" >&2; exit 1; }
 "$ROOT/.venv/bin/lint-imports" --no-cache >"$SCRATCH/contracts.txt" 2>&1 \
     || { cat "$SCRATCH/contracts.txt"; echo "test: error: an import contract is broken (above)" >&2; exit 1; }

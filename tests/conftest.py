@@ -112,6 +112,22 @@ def hooks_cflags() -> list[str]:
     raise AssertionError("setup.py has no CFLAGS list")
 
 
+def mpich_library(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The profiler library built with MPICH's compiler wrapper and setup.py's
+    flags, once per session (10 to 30 s on 2 cores), for every test module
+    that runs MPICH jobs."""
+    lib = tmp_path_factory.getbasetemp() / "mpich-lib" / "libhvprof.so"
+    if not lib.is_file():
+        lib.parent.mkdir(exist_ok=True)
+        hooks = ROOT / "hooks"
+        tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+        subprocess.run(["mpicc.mpich", *hooks_cflags(), "-I", str(hooks),
+                        *map(str, sorted(hooks.glob("*.c"))), "-o", str(tmp), "-ldl"],
+                       check=True)
+        tmp.replace(lib)
+    return str(lib)
+
+
 #: The full tier: tests of benchmark scripts and tests another test covers
 #: on the same path, run with HVPROF_FULL=1 (README, "Two commands"), so that the
 #: default run keeps within 25 minutes on 2 cores.

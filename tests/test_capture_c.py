@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, base_env, hooks_cflags, profiler_cli, requires_mpi
+from conftest import ROOT, base_env, mpich_library, profiler_cli, requires_mpi
 
 from profiler.collect import native
 from profiler.formats import record as F
@@ -58,21 +58,6 @@ def impl(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         bins[prog] = exe
     lib = native.library_path() if name == "openmpi" else mpich_library(tmp_path_factory)
     return {"name": name, "bins": bins, "lib": lib, "run": run, "xflag": xflag}
-
-
-def mpich_library(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The profiler library built with MPICH's compiler wrapper, once per session
-    (half a minute on 2 cores; test_fortran.py uses it too)."""
-    lib = tmp_path_factory.getbasetemp() / "mpich-lib" / "libhvprof.so"
-    if not lib.is_file():
-        lib.parent.mkdir(exist_ok=True)
-        hooks = ROOT / "hooks"
-        tmp = lib.with_suffix(".tmp")
-        subprocess.run([MPI_IMPLS["mpich"][0], *hooks_cflags(), "-I", str(hooks),
-                        *map(str, sorted(hooks.glob("*.c"))), "-o", str(tmp), "-ldl"],
-                       check=True)
-        tmp.rename(lib)
-    return str(lib)
 
 
 def launch(impl: dict, np_: int, prog: str, args: list[str], prof: Path, cwd: Path,

@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, requires_mpi
-from test_capture_c import C_DIR, MPI_IMPLS, impl_available, launch, mpich_library
+from conftest import ROOT, mpich_library, requires_mpi
+from test_capture_c import C_DIR, MPI_IMPLS, impl_available, launch
 
 from profiler.collect import native
 from profiler.formats import record as F

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, base_env, hooks_cflags, requires_mpi
+from conftest import ROOT, base_env, mpich_library, requires_mpi
 
 from profiler.collect import native
 from profiler.formats import record as F
@@ -51,10 +51,7 @@ def impl(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     if name == "openmpi":
         lib = native.library_path()
     else:
-        lib = str(out / "libhvprof.so")
-        hooks = ROOT / "hooks"
-        subprocess.run([cc, *hooks_cflags(), "-I", str(hooks),
-                        *map(str, sorted(hooks.glob("*.c"))), "-o", lib, "-ldl"], check=True)
+        lib = mpich_library(tmp_path_factory)
     return {"name": name, "exe": exe, "lib": lib, "run": run, "xflag": xflag}
 
 

@@ -10,14 +10,13 @@ MPI_Recv as `profiler hang` shows it."""
 from __future__ import annotations
 
 import collections
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, hooks_cflags, requires_mpi
+from conftest import mpich_library, requires_mpi
 from test_capture_c import C_DIR, MPI_IMPLS, impl_available, launch
 
 from profiler.formats import record as F
@@ -93,29 +92,8 @@ def impl(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
         lib = native.library_path()
     else:
-        lib = mpich_library(request.config, cc)
+        lib = mpich_library(tmp_path_factory)
     return {"name": name, "bins": {"p2p": exe}, "lib": lib, "run": run, "xflag": xflag}
-
-
-def mpich_library(config: pytest.Config, cc: str) -> str:
-    """The profiler library built with MPICH's mpicc, kept in pytest's cache under
-    a hash of the sources and flags (its build takes 10 to 30 s on this busy
-    machine; a rerun with unchanged hooks reuses it)."""
-    import hashlib
-
-    hooks = ROOT / "hooks"
-    srcs = sorted([*hooks.glob("*.c"), *hooks.glob("*.h")])
-    cmd = [cc, *hooks_cflags(), "-I", str(hooks),
-           *[str(s) for s in srcs if s.suffix == ".c"], "-ldl"]
-    h = hashlib.sha256(" ".join(cmd).encode())
-    for s in srcs:
-        h.update(s.read_bytes())
-    lib = config.cache.mkdir("hvprof-mpich") / f"libhvprof-{h.hexdigest()[:16]}.so"
-    if not lib.is_file():
-        tmp = lib.with_suffix(f".{os.getpid()}.tmp")
-        subprocess.run([*cmd, "-o", str(tmp)], check=True)
-        tmp.replace(lib)
-    return str(lib)
 
 
 def check_raw_p2p(prof: Path, n: int, size: int) -> None:

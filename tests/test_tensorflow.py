@@ -316,16 +316,24 @@ def test_custom_loop_steps_from_the_gradient_tape(mode: str, tmp_path: Path) -> 
         assert a["equal"] + a["ambiguous_ok"] == a["calls"], a
         plain, _ = _run("tf_loop_job.py", tmp_path / "off", args, profile=False)
         assert res["losses"] == plain["losses"]
-        # the kernel hooks off (not loaded): the same losses, steps and
-        # images all the same, no tensor records nor sync rows, and the
-        # lineage's reason says why
-        res0, prof0 = _run("tf_loop_job.py", tmp_path / "kernels-off", args,
-                           env={"HOROVOD_PROFILE_TF_KERNELS": "0"})
-        assert res0["losses"] == plain["losses"]
-        assert _steps(prof0)["count"].tolist() == [res["batch"]] * n_steps
-        assert len(_tensor_rows(prof0)) == 0
-        lin0 = _meta(prof0)["lineage"]
-        assert lin0["status"] != "ok" and "HOROVOD_PROFILE_TF_KERNELS=0" in lin0["reason"], lin0
+
+
+@pytest.mark.full
+@tf_job
+def test_kernel_hooks_off_keep_steps_and_say_why_there_is_no_lineage(tmp_path: Path) -> None:
+    """HOROVOD_PROFILE_TF_KERNELS=0 (the kernel hooks not loaded), in a
+    tf.function: the losses of an unprofiled run, the steps and images all
+    the same, no tensor records nor sync rows, and the lineage's reason says
+    why."""
+    args = ["--steps", "9", "--closure"]
+    plain, _ = _run("tf_loop_job.py", tmp_path / "off", args, profile=False)
+    res0, prof0 = _run("tf_loop_job.py", tmp_path / "kernels-off", args,
+                       env={"HOROVOD_PROFILE_TF_KERNELS": "0"})
+    assert res0["losses"] == plain["losses"]
+    assert _steps(prof0)["count"].tolist() == [res0["batch"]] * 9
+    assert len(_tensor_rows(prof0)) == 0
+    lin0 = _meta(prof0)["lineage"]
+    assert lin0["status"] != "ok" and "HOROVOD_PROFILE_TF_KERNELS=0" in lin0["reason"], lin0
 
 
 GRAPH_BATCH = """
@@ -545,7 +553,8 @@ TF_HANG_JOB = """
 """
 
 
-@pytest.mark.parametrize("skip", [2, -1], ids=["rank1-skips", "clean"])
+@pytest.mark.parametrize("skip", [2, pytest.param(-1, marks=pytest.mark.full)],
+                         ids=["rank1-skips", "clean"])  # clean: test_hang's covers the path
 @tf_job
 def test_hang_names_the_tensorflow_tensor_one_rank_never_submits(tmp_path: Path,
                                                                   skip: int) -> None:
