@@ -88,7 +88,8 @@ def record_python(lib_dir: Path, python: str | None = None) -> Path:
 
 
 def build_fastrec(out_dir: Path) -> Path:
-    """profiler/_fastrec (profiler/_ext/fastrec.c): a CPython extension the
+    """profiler/_fastrec (profiler/_ext/fastrec*.c: the module, its Hook and
+    StepHook, fastrec.h between them): a CPython extension the
     Python hooks call instead of ctypes (3.8 us -> ~0.1 us per tensor record).
     Plain cc, the same strict flags; not linked to libhvprof.so (dlsym)."""
     import sysconfig
@@ -96,8 +97,8 @@ def build_fastrec(out_dir: Path) -> Path:
     target = out_dir / ("_fastrec" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
     cc = shlex.split(os.environ.get("CC") or "cc")
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    cmd = [*cc, *CFLAGS, "-I", sysconfig_include(),
-           str(HERE / "profiler" / "_ext" / "fastrec.c"), "-o", str(tmp), "-ldl"]
+    sources = sorted(str(p) for p in (HERE / "profiler" / "_ext").glob("fastrec*.c"))
+    cmd = [*cc, *CFLAGS, "-I", sysconfig_include(), *sources, "-o", str(tmp), "-ldl"]
     print("building _fastrec :", " ".join(cmd))
     subprocess.run(cmd, check=True)
     return replace(tmp, target)

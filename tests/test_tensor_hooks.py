@@ -132,7 +132,7 @@ for fname, (prefix, grouped, out_i, root_i, op_i, name_i, ps_i) in tensors.ENTRY
         calls.append({"fname": fname, "records": 1, "k": k})
         k += 1
 
-# more names than the C hook remembers (profiler/_ext/fastrec.c NAME_SLOTS),
+# more names than the C hook remembers (profiler/_ext/fastrec_hook.c NAME_SLOTS),
 # each twice: names that share a slot take it from each other
 c_hook, py_hook = hooks("_allreduce_async")
 many = ["".join(["many.", str(i)]) for i in range(600)]

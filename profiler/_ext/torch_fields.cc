@@ -1,7 +1,7 @@
 /*
  * torch_fields.cc -- libhvprof_torch.so: a tensor's element count, scalar
  * type and data address read through PyTorch's own inline accessors, for the
- * C tensor hook (profiler/_ext/fastrec.c).
+ * C tensor hook (profiler/_ext/fastrec_hook.c).
  *
  * Why: inside a training step the hook's three Python calls (numel(), dtype,
  * output.data_ptr()) cost about half of its time: each enters torch's
