@@ -431,6 +431,29 @@ def caused_wait(bd: pd.DataFrame, rank: int) -> np.ndarray:
     return per_step.to_numpy(dtype=np.float64)
 
 
+def _arrivals_ms(bd: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(last_ranks(bd), each of its steps' arrivals: rows step, columns rank,
+    ms after the step's first arrival)."""
+    lr = last_ranks(bd)
+    if lr.empty:
+        return lr, pd.DataFrame()
+    r = bd.loc[(bd["arrival_ns"] >= 0) & bd["step"].isin(lr["step"]),
+               ["step", "rank", "arrival_ns"]]
+    # relative to each step's first arrival: ns since the epoch lose precision in float64
+    rel = r["arrival_ns"] - r.groupby("step")["arrival_ns"].transform("min")
+    table = (r.assign(t=rel.astype(np.float64) / 1e6)
+             .pivot_table(index="step", columns="rank", values="t", aggfunc="max")
+             .reindex(lr["step"].to_numpy()))
+    return lr, table
+
+
+def _gain(table: pd.DataFrame, moved: pd.DataFrame) -> np.ndarray:
+    """Per step: how much earlier the last arrival comes once the arrivals
+    are `moved` (the tail after it, the final transfers, unchanged)."""
+    return (table.max(axis=1) - moved.max(axis=1)).clip(lower=0.0).fillna(0.0).to_numpy(
+        dtype=np.float64)
+
+
 def counterfactual_gain(bd: pd.DataFrame, rank: int) -> tuple[np.ndarray, float]:
     """How much sooner each step (of last_ranks) would end if `rank` were not
     systematically late: (ms per step, the rank's systematic excess in ms).
@@ -444,27 +467,33 @@ def counterfactual_gain(bd: pd.DataFrame, rank: int) -> tuple[np.ndarray, float]
     common jitter stays as it was, so the gain is never the rank's whole lead
     (which also removes its part of the jitter), nor the others' waiting
     averaged over the ranks (which leaves out the rank's own late work)."""
-    lr = last_ranks(bd)
+    lr, table = _arrivals_ms(bd)
     if lr.empty:
         return np.zeros(0), 0.0
-    r = bd.loc[(bd["arrival_ns"] >= 0) & bd["step"].isin(lr["step"]),
-               ["step", "rank", "arrival_ns"]]
-    # relative to each step's first arrival: ns since the epoch lose precision in float64
-    rel = r["arrival_ns"] - r.groupby("step")["arrival_ns"].transform("min")
-    table = (r.assign(t=rel.astype(np.float64) / 1e6)
-             .pivot_table(index="step", columns="rank", values="t", aggfunc="max")
-             .reindex(lr["step"].to_numpy()))
     if rank not in table.columns or table.shape[1] < 2:
         return np.zeros(len(lr)), 0.0
-    mine = table[rank]
-    others = table.drop(columns=[rank])
-    diff = (mine - others.median(axis=1)).to_numpy(dtype=np.float64)
+    diff = (table[rank] - table.drop(columns=[rank]).median(axis=1)).to_numpy(dtype=np.float64)
     diff = diff[np.isfinite(diff)]
     excess = max(float(np.median(diff)), 0.0) if diff.size else 0.0
-    last = table.max(axis=1)
-    moved = np.maximum(mine - excess, others.max(axis=1))
-    gain = (last - moved).clip(lower=0.0).fillna(0.0)
-    return gain.to_numpy(dtype=np.float64), excess
+    moved = table.copy()
+    moved[rank] = table[rank] - excess
+    return _gain(table, moved), excess
+
+
+def shifted_gain(bd: pd.DataFrame, earlier_ms: pd.DataFrame) -> pd.Series:
+    """How much sooner each step (of last_ranks, index) would end if each rank
+    arrived `earlier_ms` sooner in it (rows step, columns rank; missing: 0):
+    time a cause added before the ranks' arrivals, taken out where it was
+    spent.  Each step's last arrival is recomputed, so only the ranks that
+    end up last count: a cause on one rank of many gains the step at most
+    that rank's lead, one on every rank about its wait on the last."""
+    lr, table = _arrivals_ms(bd)
+    if lr.empty or table.shape[1] < 2:
+        return pd.Series(np.zeros(len(lr)), index=lr["step"].to_numpy() if len(lr) else None,
+                         dtype=np.float64)
+    shift = earlier_ms.reindex(index=table.index, columns=table.columns).fillna(0.0)
+    moved = table - shift.clip(lower=0.0)
+    return pd.Series(_gain(table, moved), index=table.index, dtype=np.float64)
 
 
 def breakdown_summary(bd: pd.DataFrame, steps: pd.Series | None = None) -> pd.DataFrame:

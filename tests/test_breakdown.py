@@ -17,6 +17,7 @@ from profiler.analysis.breakdown import (
     counterfactual_gain,
     last_ranks,
     rank_breakdown,
+    shifted_gain,
 )
 from profiler.analysis.findings import advise_frame
 from profiler.analysis.stats import binom_sf, effective_n, most_often
@@ -452,3 +453,19 @@ def test_a_long_cycles_cost_holds_the_negotiations_wait_for_the_other_ranks() ->
                                                  negotiation_wait_ms=8.0)).findings
             if f.key in ("cycle_time", "horovod_wait")]
     assert d.key == "horovod_wait" and d.cost_ms is None and not d.significant
+
+
+def test_a_shift_gains_the_step_only_where_it_moves_the_last_arrival() -> None:
+    # rank 1 arrives 30 ms after rank 0 in every step
+    bd = rank_breakdown(*horovod_job([[50.0, 80.0]] * 6))
+    steps = sorted(bd["step"].unique())
+
+    def shift(**by_rank: float) -> pd.DataFrame:
+        return pd.DataFrame({int(r[1:]): [v] * len(steps) for r, v in by_rank.items()},
+                            index=steps)
+
+    assert np.allclose(shifted_gain(bd, shift(r1=20.0)), 20.0)  # still last: all of it
+    assert np.allclose(shifted_gain(bd, shift(r1=45.0)), 30.0)  # now rank 0 ends the wait
+    assert np.allclose(shifted_gain(bd, shift(r0=10.0)), 0.0)  # the early rank: nothing
+    assert np.allclose(shifted_gain(bd, shift(r0=10.0, r1=10.0)), 10.0)  # every rank
+    assert np.allclose(shifted_gain(bd, shift(r1=-5.0)), 0.0)  # never later than it was

@@ -374,6 +374,11 @@ def test_a_busy_loop_on_rank_1s_cpu_is_named(tmp_path: Path) -> None:
     (late,) = [g for g in advice.findings if g.key == "late_ranks"]
     assert late.numbers["rank"] == 1
     assert any(f"pid {pid} (nn-busyloop)" in d for d in late.details), late.details
+    # one wait, one cause: its lateness is the neighbour's wait, claimed once
+    assert any("claimed by noisy_neighbour" in d for d in late.details), late.details
+    assert late.cost_ms < late.numbers["cost_with_neighbour_ms"]
+    claimed = [g for g in advice.findings if g.significant and g.cost_ms is not None]
+    assert sum(g.cost_ms for g in claimed) <= advice.header["step_ms"] + 1e-9
 
 
 @requires_mpi
@@ -389,3 +394,32 @@ def test_no_neighbour_no_finding(tmp_path: Path) -> None:
     found = [f for f in advice.findings if f.key == "noisy_neighbour"]
     assert found == [], [f.headline for f in found]
     assert all("noisy_neighbour" not in d for f in advice.findings for d in f.details)
+
+
+def test_a_neighbour_on_one_ranks_core_costs_the_step_the_lead_it_gives_that_rank() -> None:
+    """Rank 1's compute thread waits ~8 ms a step for its core, held by the
+    neighbour, and arrives that much after rank 0.  The step would end ~8 ms
+    sooner without it (the counterfactual: rank 1's arrivals moved earlier
+    by its wait, the last arrival recomputed), not the wait averaged over
+    the ranks (4 ms); rank 0 waits meanwhile and costs nothing more."""
+    from test_breakdown import MS, _row, horovod_job
+
+    waits = [{0: 0.1, 1: 8.0 + (0.3 if s % 2 else 0.0)} for s in range(12)]
+    df, _ = horovod_job([[10.0, 10.0 + w[1]] for w in waits])
+    steps = df.loc[df["op"] == "step"]
+    cpu = [_row(rank=int(st["rank"]), op="cpu", seq=int(st["seq"]), step=int(st["step"]),
+                t_start_ns=int(st["t_start_ns"]), t_end_ns=int(st["t_end_ns"]),
+                count=int(waits[int(st["step"])][int(st["rank"])] * MS),
+                bytes=int(st["dur_ns"]) - int(waits[int(st["step"])][int(st["rank"])] * MS))
+           for _, st in steps.iterrows()]
+    df = pd.concat([df, pd.DataFrame(cpu)], ignore_index=True).sort_values(
+        ["rank", "t_start_ns"], kind="stable").reset_index(drop=True)
+    for c in ("op", "backend", "thread_kind", "kind"):
+        df[c] = df[c].astype("category")
+    (f,) = _findings(df, _meta(_two_ranks()), "noisy_neighbour")
+    steady = [w[1] for w in waits[1:]]  # the steady steps: from the second on
+    assert f.cost_ms == pytest.approx(sum(steady) / len(steady), abs=0.01)
+    assert f.significant and any("would end" in d for d in f.details)
+    # the same wait on both ranks' cores: every arrival moves, the step by the wait
+    both = _findings(_frame(wait_ms={0: 0.1, 1: 8.0}), _meta(_two_ranks()), "noisy_neighbour")
+    assert [x.numbers["ranks"] for x in both] == [[1]]

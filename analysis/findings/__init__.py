@@ -204,6 +204,32 @@ def _residual(found: list[Finding], ctx: Context) -> None:
         f.significant = ctx.significant(f.cost_interval_ms[0])
 
 
+def _late_beyond_its_neighbour(found: list[Finding], ctx: Context) -> None:
+    """One wait, one cause: a rank that arrives last because a noisy
+    neighbour holds its core is late by the neighbour's wait, which
+    noisy_neighbour already claims (its cost: the step without that wait).
+    The late-rank claim keeps only the rest, and is claimed only if the
+    rest clears the noise floor."""
+    from profiler.units import fmt_ms
+
+    for nb in (f for f in found if f.key == "noisy_neighbour" and f.significant
+               and f.cost_ms is not None):
+        for f in found:
+            if not (f.key == "late_ranks" and f.significant and f.cost_ms is not None
+                    and f.numbers.get("rank") in (nb.numbers.get("ranks") or [])):
+                continue
+            taken = float(nb.cost_ms or 0.0)
+            lo, hi = f.cost_interval_ms or (f.cost_ms, f.cost_ms)
+            f.numbers["cost_with_neighbour_ms"] = float(f.cost_ms)
+            f.cost_ms = max(float(f.cost_ms) - taken, 0.0)
+            f.cost_interval_ms = (max(lo - taken, 0.0), max(hi - taken, 0.0))
+            f.cost_img_s = ctx.cost_img_s(f.cost_ms)
+            f.details.append(
+                f"{fmt_ms(taken)} of its lateness is the neighbour's wait, claimed by "
+                f"noisy_neighbour; the cost above is the rest, {fmt_ms(f.cost_ms)} per step.")
+            f.significant = ctx.significant(f.cost_interval_ms[0])
+
+
 def _at_the_cycle_edge(found: list[Finding]) -> None:
     """A job whose steps sit at Horovod's cycle edge (second_cycles passed
     its test) answers a change in its step by whole cycles: what another
@@ -308,6 +334,7 @@ def advise_frame(df: Any, meta: dict[str, Any] | None = None, *, path: str = "",
             continue
         found.extend(fn(ctx))
     _residual(found, ctx)
+    _late_beyond_its_neighbour(found, ctx)
     _at_the_cycle_edge(found)
     found.sort(key=_rank_key)
     _within_the_step(found, ctx)

@@ -37,7 +37,12 @@ compute threads waited NEIGHBOUR_WAIT_SHARE of their time because of them (a
 neighbour that only takes the time the job leaves idle costs it nothing).
 The finding names the CPUs, the ranks on them and the busiest foreign
 processes there; that wait is left out of cpu_contention, which keeps what
-the job's own threads cause: one wait, one cause each.
+the job's own threads cause: one wait, one cause each.  Its cost is a
+counterfactual: each step with the ranks' arrivals moved earlier by that
+wait, its last arrival recomputed (breakdown.shifted_gain).  A neighbour on
+one rank's core costs the step that rank's lead, not its wait averaged over
+the ranks; the late-rank claim on that rank keeps only what the wait leaves
+(findings._late_beyond_its_neighbour).
 """
 
 from __future__ import annotations
@@ -329,6 +334,20 @@ def neighbour_wait(ctx: Context) -> tuple[pd.DataFrame, list[Neighbour]]:
     return out, claimed
 
 
+def _neighbour_gain(ctx: Context, wait: pd.DataFrame) -> np.ndarray | None:
+    """Per steady step, how much sooner it would end without the neighbour's
+    wait (breakdown.shifted_gain: the ranks' arrivals moved earlier by it);
+    None where fewer than MIN_STEPS steps have every rank's arrival."""
+    from ..breakdown import shifted_gain
+
+    bd = ctx.breakdown
+    if bd.empty:
+        return None
+    gain = shifted_gain(bd, wait)
+    gain = gain.loc[gain.index.isin(wait.index)]
+    return gain.to_numpy() if len(gain) >= MIN_STEPS else None
+
+
 def analyze_neighbour(ctx: Context) -> list[Finding]:
     """noisy_neighbour: one finding per CPU set with a noisy neighbour (module doc)."""
     att, found = neighbour_wait(ctx)
@@ -357,17 +376,25 @@ def analyze_neighbour(ctx: Context) -> list[Finding]:
         ranks = [r for r in n.ranks if not att.empty and r in att.columns]
         cost = lo = hi = None
         if ranks and len(att) >= MIN_STEPS:
-            # these ranks' part, averaged over all ranks like the breakdown
-            per_step = att[ranks].sum(axis=1) / att.shape[1]
-            cost, lo, hi = bootstrap_mean(per_step.to_numpy())
             own = float(np.nanmean(att[ranks].to_numpy()))
-            details.append(
-                f"rank{'s' if len(ranks) > 1 else ''} {format_ranges(ranks)}'s compute thread "
-                f"waited {fmt_ms(own)} per step for a core because of them (outside "
-                "synchronize; its wait shared out by who else ran on the CPU, at most their "
-                f"CPU time in the step): {fmt_ms(cost)} per step averaged over the ranks, the "
-                "cost above; the other ranks then wait for "
-                + ("it" if len(ranks) == 1 else "them") + " (late_ranks).")
+            waited = (f"rank{'s' if len(ranks) > 1 else ''} {format_ranges(ranks)}'s compute "
+                      f"thread waited {fmt_ms(own)} per step for a core because of them "
+                      "(outside synchronize; its wait shared out by who else ran on the CPU, "
+                      "at most their CPU time in the step)")
+            gain = _neighbour_gain(ctx, att[ranks])
+            if gain is not None:
+                cost, lo, hi = bootstrap_mean(gain)
+                details.append(
+                    f"{waited}: without that wait each step would end {fmt_ms(cost)} sooner "
+                    "(their arrivals moved earlier by it, each step's last arrival "
+                    "recomputed), the cost above"
+                    + ("; the other ranks wait for it meanwhile (late_ranks)."
+                       if len(ranks) < att.shape[1] else "."))
+            else:  # no arrivals to move: their part, averaged over the ranks
+                per_step = att[ranks].sum(axis=1) / att.shape[1]
+                cost, lo, hi = bootstrap_mean(per_step.to_numpy())
+                details.append(f"{waited}: {fmt_ms(cost)} per step averaged over the ranks, "
+                               "the cost above (no arrivals to price the step by).")
         significant = cost is not None and lo is not None and ctx.significant(lo)
         rank_txt = format_ranges(n.ranks)
         rec = ""
