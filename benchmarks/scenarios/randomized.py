@@ -167,14 +167,24 @@ def draw(seed: int) -> Drawn:
             **common)
     elif cause == "busy":
         k = int(rng.integers(1, 3))
-        params.update(busy=k)
-        sc = suite.Scenario(name, f"{k} busy-looping process(es) beside the job",
-                            "noisy_neighbour", "runqueue_twin", base + jit, competitors=k,
-                            also={**waiting, "transfer_bound": "contention slows transfers",
-                                  "compute_bound": "compute slowed by the wait for cores",
-                                  "cpu_contention": "the job's threads wait for the cores "
-                                                    "the loops hold"},
-                            **common)
+        # where: wherever the kernel puts the loops, or one loop on the core of
+        # one rank of 2 bound a core each (the step waits for that rank)
+        where = str(rng.choice(["anywhere", "one core"]))
+        busy_also = {**waiting, "transfer_bound": "contention slows transfers",
+                     "compute_bound": "compute slowed by the wait for cores",
+                     "cpu_contention": "the job's threads wait for the cores the loops hold"}
+        if where == "anywhere":
+            params.update(busy=k, busy_where=where)
+            sc = suite.Scenario(name, f"{k} busy-looping process(es) beside the job",
+                                "noisy_neighbour", "runqueue_twin", base + jit, competitors=k,
+                                also=busy_also, **common)
+        else:
+            rank = int(rng.integers(0, 2))
+            params.update(np=2, busy=1, busy_where=where, busy_rank=rank)
+            sc = suite.Scenario(name, f"ranks bound a core each, a busy loop on rank {rank}'s",
+                                "noisy_neighbour", "twin", base + jit, competitors=1,
+                                competitor_cpu=rank, bind=True, twin_env={}, also=busy_also,
+                                np=2, above=above)
     elif cause == "cycle":
         cyc = int(rng.integers(10, 31))
         params.update(cycle_ms=cyc)

@@ -80,6 +80,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -155,6 +156,11 @@ class Scenario:
     value: Callable[[int], float] | None = None
     #: CPUs every rank is pinned to (taskset -c), twin included (None: not pinned)
     pin: str | None = None
+    #: each rank bound to a CPU of its own (rank r on the r-th CPU, modulo
+    #: their number), twin included
+    bind: bool = False
+    #: the CPU the competitors are pinned to (None: wherever the kernel puts them)
+    competitor_cpu: int | None = None
     #: measure the fabric (the allreduce sweep on the same simulated hosts and
     #: link rates) and advise with it as the bench
     bench: bool = False
@@ -192,6 +198,12 @@ SCENARIOS: list[Scenario] = [
              "noisy_neighbour", "runqueue_twin", BASE, competitors=2,
              also={"rank_waiting": WAITING, "transfer_bound": "contention slows transfers",
                    "cpu_contention": "the job's threads wait for cores the loops hold"}),
+    Scenario("competitor-1core", "ranks bound a CPU each, a busy loop on rank 1's",
+             "noisy_neighbour", "twin", BASE, competitors=1, competitor_cpu=1, bind=True,
+             twin_env={},
+             also={"rank_waiting": WAITING, "transfer_bound": "contention slows transfers",
+                   "compute_bound": "compute slowed by the wait for the core",
+                   "cpu_contention": "rank 1's threads wait for the core the loop holds"}),
     Scenario("slow-link", "2 simulated hosts, one link limited to 200 Mbit/s",
              "transfer_bound", "twin", [*BASE, "--model", "wide", "--steps", "20"],
              hosts=2, host_rates={1: "200mbit"}, twin_env={}, bench=True,
@@ -370,11 +382,17 @@ def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
     argv = [_python(), str(JOB), *(job or sc.job)]
     if sc.pin is not None:
         argv = ["taskset", "-c", sc.pin, *argv]
+    if sc.bind:  # rank r on the r-th CPU this runner may use
+        cpus = " ".join(map(str, sorted(os.sched_getaffinity(0))))
+        argv = ["sh", "-c", f'set -- {cpus}; shift $(( OMPI_COMM_WORLD_RANK % $# )); '
+                f'exec taskset -c "$1" {shlex.join(argv)}']
+    loop = [_python(), "-c", "while True: pass"]
+    if sc.competitor_cpu is not None:
+        loop = ["taskset", "-c", str(sorted(os.sched_getaffinity(0))[sc.competitor_cpu]), *loop]
     competitors: list[subprocess.Popen[bytes]] = []
     try:
         for _ in range(0 if twin else sc.competitors):  # a twin runs without them
-            competitors.append(subprocess.Popen(
-                [_python(), "-c", "while True: pass"], stdout=subprocess.DEVNULL))
+            competitors.append(subprocess.Popen(loop, stdout=subprocess.DEVNULL))
         # what else used the CPUs while the job ran (the competitors included):
         # the truth of a noisy neighbour, measured by the runner, not the profiler
         cpu0, t0 = _cpu_by_pid(), time.monotonic()
