@@ -29,7 +29,9 @@ What a seed draws (draw()):
   - a latency cliff (Open MPI's tuned rules force a 64-byte-segment ring on
     one band of sizes) at the job's smallest, a middle or its largest
     message, fusion off so that each gradient is its own message;
-  - busy processes beside the job (1 or 2), unpinned: noisy_neighbour;
+  - busy processes beside the job: 1 or 2 wherever the kernel puts them,
+    or (since 2026-12-06) one on the core of one of 2 ranks bound a core
+    each (the step then waits for that rank): noisy_neighbour;
   - HOROVOD_CYCLE_TIME of 10-30 ms;
   - fusion off on a model of many small tensors.
 
@@ -38,7 +40,8 @@ same job (same seed, same jitter) without the cause, unprofiled, alternating
 with the cause (suite.TWIN_ROUNDS pairs); its 95% interval says when the
 cause made no measurable difference, and such a run leaves recall. The busy
 neighbours are priced on the run-queue wait of the profiled run less that of
-twins without the busy processes (suite.py, "runqueue_twin"); jitter on the
+twins without the busy processes (suite.py, "runqueue_twin"), the one on a
+rank's core on the step twin (the step without it); jitter on the
 pauses the run drew (at 2 ranks and 30 steps, the exponential pauses' sample
 mean is off its expectation by a fifth at one sigma).
 """
