@@ -543,6 +543,29 @@ def trace_counts(trace: Path) -> dict[int, dict[str, int]]:
 @pytest.mark.mpi
 @pytest.mark.horovod
 @pytest.mark.slow
+def assert_the_guides_frame_has_the_shape_of(snap: dict[str, Any]) -> None:
+    """The frame pasted in docs/guide/watch.md, line by line (the rank rows
+    aside: their hosts differ), has the shape of the view of a live job's
+    snapshot: the same words and figures in the same places."""
+    from docshape import doc_block, mask
+
+    from profiler.cli.watch import render
+
+    frame = doc_block(ROOT / "docs" / "guide" / "watch.md", "profiler watch  ")
+    view = render(snap)
+    firsts = ("ranks", "steps", "slowest", "rank", "where", "top", "dropped", "compute",
+              "waiting", "transfer", "profiler")
+    flying = False  # the calls in flight: none in a healthy job's view
+    for line in frame:
+        word = line.split()[0] if line.split() else ""
+        flying = line.startswith("in flight") or (flying and bool(word))
+        if word not in firsts or flying:
+            continue
+        same = [v for v in view if v.split()[:1] == [word]]
+        assert same, (line, view)
+        assert mask(line) in {mask(v) for v in same}, (line, same)
+
+
 def test_watch_a_training_job(tmp_path: Path) -> None:
     """A real 2-rank Horovod job for ~20 s: snapshots at its first steps and 4 s later grow,
     a live exporter answers, and after the job the counts equal trace.json's."""
@@ -584,6 +607,7 @@ def test_watch_a_training_job(tmp_path: Path) -> None:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
             job.communicate(timeout=30)
+    assert_the_guides_frame_has_the_shape_of(b)
     wait_for(lambda: (prof / "trace.json").is_file(), 180, "trace.json")
     final = watch_json(prof)
     assert final["finished"] and {r["status"] for r in final["ranks"]} == {"closed"}
