@@ -11,8 +11,11 @@ top 20 chosen in SQL (select(top=20), what `profiler jobs rank --top 20`
 runs) before and after `compact` (whose time it prints too), and prints
 the peak memory (--skip-full leaves out reading every record).
 With --postgres URL the same records go into that PostgreSQL store first
-(PgStore.put, one connection each: slow; use a few thousand).  Figures go to
-docs/validation.md with this command; never timed in a test.
+(PgStore.put_many in batches of BATCH, as `profiler jobs ingest`
+loads a folder; its time is printed), and the same queries run there;
+--postgres auto starts a throwaway server of Debian's PostgreSQL 15 (fsync
+off) for the run.  Figures go to docs/validation.md with this command;
+never timed in a test.
 """
 
 from __future__ import annotations
@@ -28,11 +31,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from site_fixtures import base_record, varied  # noqa: E402
+from site_fixtures import Postgres, base_record, varied  # noqa: E402
 
 from profiler.site import query  # noqa: E402
 from profiler.site.schema import dumps  # noqa: E402
-from profiler.site.store import DirStore, Filters, PgStore  # noqa: E402
+from profiler.site.store import BATCH, DirStore, Filters, PgStore  # noqa: E402
 
 
 def main() -> int:
@@ -55,14 +58,31 @@ def main() -> int:
     for r in recs:
         (mine / f"{r['job']['id']}.json").write_bytes(dumps(r))
     stores: list[tuple[str, DirStore | PgStore]] = [("directory", DirStore(a.store))]
-    if a.postgres:
-        pg = PgStore(a.postgres)
-        pg.init()
-        t = time.perf_counter()
-        for r in recs:
-            pg.put(r)
-        print(f"postgres: {a.records} puts in {time.perf_counter() - t:.1f} s")
-        stores.append(("postgres", pg))
+    server = None
+    if a.postgres == "auto":
+        server = Postgres()
+        server.start()
+        a.postgres = server.url("postgres")
+    try:
+        if a.postgres:
+            pg = PgStore(a.postgres)
+            pg.init()
+            t = time.perf_counter()
+            for i in range(0, len(recs), BATCH):
+                pg.put_many(recs[i:i + BATCH])
+            print(f"postgres: {a.records} records in batches of {BATCH}: "
+                  f"{time.perf_counter() - t:.1f} s")
+            stores.append(("postgres", pg))
+        _queries(a, stores)
+    finally:
+        if server is not None:
+            server.stop()
+    print(f"peak memory {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB "
+          f"(pid {os.getpid()})")
+    return 0
+
+
+def _queries(a: argparse.Namespace, stores: list[tuple[str, DirStore | PgStore]]) -> None:
     def top20(st: DirStore | PgStore) -> str:
         t = time.perf_counter()
         rows = query.ranking(st.select(top=20).records, 20)
@@ -87,9 +107,6 @@ def main() -> int:
             n, _ = st.compact()
             print(f"{label}: compact {n} records: {time.perf_counter() - t:.2f} s")
             print(f"{label}: rank --top 20 over the catalog: {top20(st)}, again {top20(st)}")
-    print(f"peak memory {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB "
-          f"(pid {os.getpid()})")
-    return 0
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import contextlib
 import copy
 import functools
 import os
+import pwd
 import shutil
 import subprocess
 import tempfile
@@ -99,3 +100,49 @@ def chown_tree(top: Path, uid: int, gid: int) -> None:
         os.chown(dirpath, uid, gid)
         for f in files:
             os.chown(os.path.join(dirpath, f), uid, gid)
+
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+class Postgres:
+    """A real server (Debian's PostgreSQL 15) in a temporary folder, on a unix
+    socket only, fsync off: for tests/test_site_store.py and
+    benchmarks/site_store.py."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="hvprof-pg-"))
+        self.data = self.dir / "data"
+        self.sock = self.dir / "sock"
+        self.sock.mkdir()
+        self.owner: tuple[int, int] | None = None
+        if os.geteuid() == 0:  # the server refuses root: run it as postgres
+            pw = pwd.getpwnam("postgres")
+            self.owner = (pw.pw_uid, pw.pw_gid)
+            os.chmod(self.dir, 0o755)
+            for p in (self.dir, self.sock):
+                os.chown(p, *self.owner)
+
+    def run(self, *argv: str) -> None:
+        cmd = [str(PG_BIN / argv[0]), *argv[1:]]
+        if self.owner:
+            cmd = ["setpriv", f"--reuid={self.owner[0]}", f"--regid={self.owner[1]}",
+                   "--clear-groups", *cmd]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=self.dir)
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)}: {p.stdout}{p.stderr}")
+
+    def start(self) -> None:
+        self.run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync")
+        self.run("pg_ctl", "-D", str(self.data), "-w", "-l", str(self.dir / "log"), "-o",
+                 f"-k {self.sock} -c listen_addresses='' -c fsync=off", "start")
+
+    def stop(self) -> None:
+        try:
+            if (self.data / "postmaster.pid").exists():
+                self.run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def url(self, user: str) -> str:
+        return f"postgresql://{user}@/postgres?host={self.sock}"

@@ -10,22 +10,18 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pwd
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from site_fixtures import as_user, base_record, shared_tmp, varied
+from site_fixtures import PG_BIN, Postgres, as_user, base_record, shared_tmp, varied
 
 from profiler.site.record import SCHEMA_VERSION, dumps
 from profiler.site.store import DirStore, Filters, PgStore, StoreError, open_store
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 HOSTILE = "x'); DROP TABLE hvprof_job_records; --<script>alert(1)</script>"
 
 
@@ -182,46 +178,6 @@ def test_directory_store_users_read_their_own_the_group_reads_all() -> None:
 
 # ---------------------------------------------------------------- PostgreSQL
 
-class Postgres:
-    """A real server in a temporary folder, on a unix socket only."""
-
-    def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="hvprof-pg-"))
-        self.data = self.dir / "data"
-        self.sock = self.dir / "sock"
-        self.sock.mkdir()
-        self.owner: tuple[int, int] | None = None
-        if os.geteuid() == 0:  # the server refuses root: run it as postgres
-            pw = pwd.getpwnam("postgres")
-            self.owner = (pw.pw_uid, pw.pw_gid)
-            os.chmod(self.dir, 0o755)
-            for p in (self.dir, self.sock):
-                os.chown(p, *self.owner)
-
-    def run(self, *argv: str) -> None:
-        cmd = [str(PG_BIN / argv[0]), *argv[1:]]
-        if self.owner:
-            cmd = ["setpriv", f"--reuid={self.owner[0]}", f"--regid={self.owner[1]}",
-                   "--clear-groups", *cmd]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=self.dir)
-        assert p.returncode == 0, p.stdout + p.stderr
-
-    def start(self) -> None:
-        self.run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync")
-        self.run("pg_ctl", "-D", str(self.data), "-w", "-l", str(self.dir / "log"), "-o",
-                 f"-k {self.sock} -c listen_addresses='' -c fsync=off", "start")
-
-    def stop(self) -> None:
-        try:
-            if (self.data / "postmaster.pid").exists():
-                self.run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
-        finally:
-            shutil.rmtree(self.dir, ignore_errors=True)
-
-    def url(self, user: str) -> str:
-        return f"postgresql://{user}@/postgres?host={self.sock}"
-
-
 @pytest.fixture(scope="session")
 def pg() -> Iterator[Postgres]:
     if not (PG_BIN / "initdb").exists():
@@ -281,6 +237,13 @@ def test_postgres_round_trip_concurrent_writers_and_row_level_security(pg: Postg
     with pytest.raises(StoreError, match="row-level security"):
         PgStore(pg.url("bob")).put(alice[0])
     assert len(PgStore(pg.url("carol")).select().records) == 32
+    # a batch (jobs ingest) is one transaction: all of it or none
+    more = [varied(base, 200 + i, user="bob", name="bert") for i in range(3)]
+    with pytest.raises(StoreError, match="row-level security"):
+        PgStore(pg.url("bob")).put_many([*more, alice[0]])
+    assert len(PgStore(pg.url("carol")).select().records) == 32
+    assert PgStore(pg.url("bob")).put_many(more) == 3
+    assert len(PgStore(pg.url("carol")).select(Filters(user="bob")).records) == 11
 
 
 def test_postgres_unreachable_is_one_line_and_quick(

@@ -29,6 +29,7 @@ from typing import Any
 QUERIES = ("list", "rank", "regressions", "interconnects", "html")
 
 
+
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
         "jobs", help="every job's record across a site's store: list, rank by node-hours "
@@ -84,7 +85,7 @@ def _store(args: argparse.Namespace) -> Any:
 def _ingest(args: argparse.Namespace) -> int:
     from profiler.errors import UsageError
     from profiler.site.record import RECORD_NAME, RecordError, record_of
-    from profiler.site.store import StoreError
+    from profiler.site.store import BATCH, StoreError
 
     if not args.paths:
         raise UsageError(None, "jobs ingest: name at least one DIR")
@@ -104,18 +105,49 @@ def _ingest(args: argparse.Namespace) -> int:
             if RECORD_NAME in filenames or "trace.json" in filenames:
                 found.append(Path(dirpath))
     loaded = failed = 0
-    for d in found:
+
+    def warn(d: Path, what: str) -> None:
+        nonlocal failed
+        print(f"profiler: warning: {d}: {what}", file=sys.stderr)
+        failed += 1
+
+    # records read one by one, written in batches (a database: one connection
+    # and transaction a batch); a batch the store refuses is written one by
+    # one, so that one bad record names itself and costs only itself
+    batch: list[tuple[Path, Any]] = []
+
+    def flush() -> None:
+        nonlocal loaded
         try:
-            store.put(record_of(d))
-            loaded += 1
-        except (RecordError, StoreError, OSError) as exc:
-            print(f"profiler: warning: {d}: {' '.join(str(exc).split())}: not loaded",
-                  file=sys.stderr)
-            failed += 1
-        except Exception as exc:  # a trace the analysis cannot read: one line, go on
-            print(f"profiler: warning: {d}: no record: {' '.join(str(exc).split())[:200]}",
-                  file=sys.stderr)
-            failed += 1
+            loaded += store.put_many([r for _, r in batch])
+        except (RecordError, StoreError, OSError):
+            for d, rec in batch:
+                try:
+                    store.put(rec)
+                    loaded += 1
+                except (RecordError, StoreError, OSError) as exc:
+                    warn(d, f"{' '.join(str(exc).split())}: not loaded")
+        batch.clear()
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    bar = Progress(TextColumn("profiler jobs ingest"), BarColumn(), MofNCompleteColumn(),
+                   console=Console(stderr=True), transient=True,
+                   disable=not sys.stderr.isatty() or len(found) < 50)
+    with bar:
+        task = bar.add_task("ingest", total=len(found))
+        for d in found:
+            try:
+                batch.append((d, record_of(d)))
+            except (RecordError, OSError) as exc:
+                warn(d, f"{' '.join(str(exc).split())}: not loaded")
+            except Exception as exc:  # a trace the analysis cannot read: one line, go on
+                warn(d, f"no record: {' '.join(str(exc).split())[:200]}")
+            if len(batch) >= BATCH:
+                flush()
+            bar.advance(task)
+        flush()
     print(f"{loaded} job record(s) loaded into {store}" + (f", {failed} not" if failed else ""))
     return 0 if failed == 0 and loaded > 0 else 2
 

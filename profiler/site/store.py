@@ -30,7 +30,7 @@ import os
 import pwd
 import re
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,11 @@ from .schema import RecordError, check, dumps, loads, lost_node_hours, write_ato
 TABLE = "hvprof_job_records"
 ADMIN_ROLE = "hvprof_admin"
 CONNECT_TIMEOUT_S = 5
+
+
+#: records a database store takes in one connection and transaction (put_many's
+#: batches in `profiler jobs ingest`)
+BATCH = 500
 
 
 CATALOG = ".catalog.parquet"
@@ -121,6 +126,12 @@ class DirStore:
         finally:
             os.umask(old)
         return path
+
+    def put_many(self, recs: Sequence[Mapping[str, Any]]) -> int:
+        """put() each record (a file each: atomic one by one); how many."""
+        for rec in recs:
+            self.put(rec)
+        return len(recs)
 
     def files(self) -> list[str]:
         """The record files this user may read (another user's folder is simply
@@ -402,25 +413,38 @@ class PgStore:
                 raise StoreError(f"store {self}: {_pg_line(exc)}") from None
 
     def put(self, rec: Mapping[str, Any]) -> None:
+        self.put_many([rec])
+
+    def put_many(self, recs: Sequence[Mapping[str, Any]]) -> int:
+        """Insert or replace the records in one connection and one
+        transaction (all or none: a batch that fails leaves the table as it
+        was); how many.  `profiler jobs ingest` loads a folder of records
+        this way: a connection each costs more than the row."""
         import psycopg
 
-        check(dict(rec))
-        job, v = rec["job"], rec["versions"]
+        rows = []
+        for rec in recs:
+            check(dict(rec))
+            job, v = rec["job"], rec["versions"]
+            rows.append((job["id"], job["user"], job["name"], job.get("partition", ""),
+                         v.get("framework", ""), rec["start"], rec["schema_version"],
+                         dumps(rec).decode()))
+        if not rows:
+            return 0
         with self.connect() as con:
             try:
-                con.execute(
-                    f"INSERT INTO {TABLE} (id, job_user, name, partition, framework, start, "
-                    "schema_version, record) VALUES (%s, %s, %s, %s, %s, %s, %s, %s::jsonb) "
-                    "ON CONFLICT (id) DO UPDATE SET job_user = EXCLUDED.job_user, "
-                    "name = EXCLUDED.name, partition = EXCLUDED.partition, "
-                    "framework = EXCLUDED.framework, start = EXCLUDED.start, "
-                    "schema_version = EXCLUDED.schema_version, record = EXCLUDED.record, "
-                    "written = now()",
-                    (job["id"], job["user"], job["name"], job.get("partition", ""),
-                     v.get("framework", ""), rec["start"], rec["schema_version"],
-                     dumps(rec).decode()))
+                with con.cursor() as cur:
+                    cur.executemany(
+                        f"INSERT INTO {TABLE} (id, job_user, name, partition, framework, "
+                        "start, schema_version, record) VALUES (%s, %s, %s, %s, %s, %s, %s, "
+                        "%s::jsonb) ON CONFLICT (id) DO UPDATE SET job_user = "
+                        "EXCLUDED.job_user, name = EXCLUDED.name, partition = "
+                        "EXCLUDED.partition, framework = EXCLUDED.framework, start = "
+                        "EXCLUDED.start, schema_version = EXCLUDED.schema_version, record = "
+                        "EXCLUDED.record, written = now()", rows)
             except psycopg.Error as exc:
                 raise StoreError(f"store {self}: {_pg_line(exc)}") from None
+        return len(rows)
 
     def select(self, flt: Filters | None = None, top: int | None = None) -> Selection:
         """As DirStore.select: with `top`, the first `top` by node-hours lost."""
