@@ -7,6 +7,7 @@ whether they hold on jobs nobody here wrote.
     python benchmarks/scenarios/randomized.py --set dev --count 12
     python benchmarks/scenarios/randomized.py --set heldout --count 40 --json held.json
     python benchmarks/scenarios/randomized.py --show 1000003     # what a seed draws
+    python benchmarks/scenarios/randomized.py --rejudge held.json --work W   # new analysis
 
 Seeds.  DEV (0 to 999,999) is for developing the findings: look at them, tune
 on them.  HELDOUT (1,000,000 up) is never looked at while developing: its
@@ -382,6 +383,35 @@ def run(which: str, count: int, work: Path, start: int | None = None,
     return rows
 
 
+def rejudge(rows: Sequence[dict[str, Any]], work: Path) -> list[dict[str, Any]]:
+    """The runs of a --json file judged again with the installed profiler, from
+    their traces in `work` (suite.rejudge's rule: truths, twins and the job's
+    own measurements from the file, nothing rerun).  A seed the generator now
+    draws differently keeps its row, marked in its note."""
+    from profiler.analysis.findings import advise
+
+    out = []
+    for d in rows:
+        drawn = draw(int(d["seed"]))
+        folder = work / f"{drawn.scenario.name}-1"
+        if json.loads(json.dumps(drawn.params)) != d["params"] or not folder.is_dir():
+            out.append({**d, "note": (d.get("note") or "") + " (not rejudged: drawn "
+                                      "differently now, or no trace)"})
+            continue
+        replay = folder / "confirm" / "trace.json"
+        bench = folder / "bench" / "trace.json"
+        a = advise(folder / "trace.json", replay=replay if replay.is_file() else None,
+                   bench=bench if drawn.scenario.bench and bench.is_file() else None)
+        iv = d.get("truth_interval")
+        r = suite.judge(drawn.scenario, 1, a, truth=d.get("truth_ms"),
+                        truth_iv=tuple(iv) if iv else None, step_ms=d.get("step_ms"),
+                        truths=d.get("job") or {}, note=d.get("note", ""))
+        r.twin_ms = d.get("twin_ms")
+        out.append({**r.__dict__, "seed": d["seed"], "cause": d["cause"],
+                    "params": d["params"]})
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--set", choices=sorted(SETS), default="dev")
@@ -393,6 +423,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="skip the twins (causes priced on a twin are not judged)")
     p.add_argument("--show", type=int, nargs="*", metavar="SEED",
                    help="print what these seeds draw, run nothing")
+    p.add_argument("--rejudge", nargs="+", metavar="JSON",
+                   help="judge the runs of these --json files again with the installed "
+                        "profiler (their traces in --work), rerunning nothing; a later "
+                        "file's seed replaces an earlier one's")
     p.add_argument("--scale", action="store_true",
                    help="jobs of 64-1024 ranks from `profiler synth` (draw_scale) instead "
                         "of real 2-4 rank jobs")
@@ -407,6 +441,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps({"seed": s, "cause": d.cause, **d.params,
                               "job": d.scenario.job, "env": d.scenario.env}))
         return 0
+    if a.rejudge:
+        if not a.work:
+            raise SystemExit("randomized: --rejudge needs --work, the runs' folder")
+        by_seed: dict[int, dict[str, Any]] = {}
+        for f in a.rejudge:
+            for d in json.loads(Path(f).read_text()):
+                by_seed[int(d["seed"])] = d
+        rows = rejudge([by_seed[k] for k in sorted(by_seed)], Path(a.work))
+        print(report(rows))
+        if a.json:
+            Path(a.json).write_text(json.dumps(rows, indent=1, default=str))
+        return 0 if all(r["ok"] for r in rows) else 1
     work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="hvprof-random-"))
     work.mkdir(parents=True, exist_ok=True)
     rows = (run_scale(a.set, a.count, work, a.start) if a.scale else
