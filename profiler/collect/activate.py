@@ -93,7 +93,7 @@ def _finalize_mpi4py() -> None:
         mpi.Finalize()
 
 
-def _allow_late_imports() -> None:
+def allow_late_imports() -> None:
     """Let the exit work import pandas in a process that imported `threading`.
 
     Python's shutdown marks `threading` as shutting down before the atexit
@@ -134,7 +134,7 @@ def _at_exit() -> None:
     flag = _interrupt_flag()
     interrupted = flag.value if flag is not None else 0
     try:
-        _allow_late_imports()
+        allow_late_imports()
         finish()
     except KeyboardInterrupt:
         # Ctrl-C in the exit work: the library's own (its destructor, at the
@@ -190,7 +190,7 @@ def activate() -> None:
         _say(f"error: profiling disabled: {_one_line(exc)}")
         return
     # No import of concurrent.futures here (12 ms for every Python process
-    # started with HOROVOD_PROFILE=1): _allow_late_imports() lets the exit
+    # started with HOROVOD_PROFILE=1): allow_late_imports() lets the exit
     # work import it, and frame_to_table converts without a thread pool.
     native.set_python(True)  # this rank converts its own file at exit (finish)
     try:  # before anything imports TensorFlow: its tensors' hooks (built with it)

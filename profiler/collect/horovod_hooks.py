@@ -30,7 +30,9 @@ hooks that record TensorFlow's tensors are armed
 loads, the library's Gloo wrappers are armed in it (:func:`arm_gloo`,
 hooks/gloo.c), before ``hvd.init`` can run a Gloo collective.  In an elastic
 job, ``hvd.init`` and ``hvd.shutdown`` are wrapped too: each reset's epoch is
-one line of the process's epochs sidecar (profiler.formats.epochs).
+one line of the process's epochs sidecar (profiler.formats.epochs).  The
+import of ``horovod.ray`` or ``horovod.spark`` marks a driver, which merges
+its workers' profile at its exit (profiler.collect.driver).
 
 It imports neither torch nor Horovod (start-up cost: a list insert).  If the
 module is already imported, it is patched at once.
@@ -58,6 +60,8 @@ TF_MODULES = ("horovod.tensorflow", KERAS)  # patched by profiler.collect.tf_hoo
 #: loads Horovod's TensorFlow kernel library: the kernel hooks (loaded at
 #: activation) are armed first (profiler.collect.tf_kernels)
 TF_MPI_OPS = "horovod.tensorflow.mpi_ops"
+#: imported by a process that starts Horovod's workers (profiler.collect.driver)
+DRIVER_MODULES = ("horovod.ray", "horovod.spark")
 TEMPLATE_CLASSES = ("_DistributedOptimizer", "_DistributedAdasumOptimizer")
 _WRAPPED = "__hvprof_wrapped__"
 
@@ -227,6 +231,10 @@ class _PatchingLoader:
         return create(spec) if create is not None else None
 
     def exec_module(self, module: ModuleType) -> None:
+        if module.__name__ in DRIVER_MODULES:  # a Ray or Spark driver
+            _watch_driver()
+            self._inner.exec_module(module)
+            return
         if module.__name__ == TF_MPI_OPS:
             _load_tf_kernels()
             self._inner.exec_module(module)
@@ -266,7 +274,7 @@ class _HorovodFinder:
         target: ModuleType | None = None,
     ) -> ModuleSpec | None:
         if (fullname != TARGET and fullname != MPI_OPS and fullname != TF_MPI_OPS
-                and fullname not in TF_MODULES):
+                and fullname not in TF_MODULES and fullname not in DRIVER_MODULES):
             return None
         for finder in sys.meta_path:
             if finder is self or isinstance(finder, _HorovodFinder):
@@ -308,6 +316,19 @@ def install() -> None:
         tf_kernels.note_late_load()
     if ops is not None or TF_MPI_OPS in sys.modules:
         arm_gloo()
+    if any(name in sys.modules for name in DRIVER_MODULES):
+        _watch_driver()
+
+
+def _watch_driver() -> None:
+    """This process starts Horovod's workers through Ray or Spark: merge what
+    they leave at its exit (profiler.collect.driver)."""
+    try:
+        from profiler.collect import driver
+
+        driver.watch()
+    except Exception as exc:  # never let the hook stop the application's import
+        _warn_once(f"the driver will not merge its workers' profile: {exc}")
 
 
 def arm_gloo() -> int | None:
