@@ -16,7 +16,7 @@
  * or per chunk (4095 records with the default 256 KiB chunk:
  * HVPROF_DEFAULT_CHUNK_BYTES / HVPROF_RECORD_BYTES - 1 for the chunk header).
  *
- * The core names no backend: mpi.c, nccl.c, cuda_rt.c and the helpers
+ * The core names no backend: mpi.c, nccl*.c, cuda_rt*.c and the helpers
  * (cpu.c, exitmerge.c) register their lifecycle hooks
  * (hvprof_register_backend) and the core calls them; it calls no function
  * of theirs by name (tests/test_c_structure.py).

@@ -3,8 +3,9 @@
  * through dlopen (no link-time dependency), a fixed pool of CUDA event pairs
  * per device, collection of completed pairs without synchronizing the
  * application's streams, and the mapping of event times onto the host tick
- * axis through an anchor event.  Used by nccl.c; see cuda_rt.c for the method
- * and its error.
+ * axis through an anchor event.  Used by the NCCL wrappers (nccl.c,
+ * nccl_lookup.c, nccl_backend.c); see cuda_rt.c for the method and its error,
+ * and cuda_rt_internal.h for the files that implement it.
  */
 #ifndef HVPROF_CUDA_RT_H
 #define HVPROF_CUDA_RT_H
@@ -66,13 +67,13 @@ HVPROF_HIDDEN size_t hvprof_dev_json(char *buf, size_t n);
 /* Collect every pending pair, waiting for each by polling cudaEventQuery (no
  * synchronize call) up to timeout_ms in all (negative: the default,
  * HOROVOD_PROFILE_NCCL_FLUSH_MS or 1000).  Returns the number of pairs still
- * pending.  nccl.c exports it as hvprof_nccl_flush. */
+ * pending.  nccl_backend.c exports it as hvprof_nccl_flush. */
 HVPROF_HIDDEN int hvprof_dev_flush(int timeout_ms);
 
 /* The end of device timing (exit): stop the helper thread for good (no
  * further CUDA call from it), collect what is pending (hvprof_dev_flush), and
  * count the pairs left as `unfinished`.  Returns that number.
- * hvprof_nccl_finish (nccl.c) is the exit-time entry point. */
+ * hvprof_nccl_finish (nccl_backend.c) is the exit-time entry point. */
 HVPROF_HIDDEN int hvprof_dev_finish(int timeout_ms);
 
 #endif

@@ -1,5 +1,5 @@
 /*
- * hvprof_internal.h -- what the backend files (mpi.c, nccl.c, and cuda_rt.c,
+ * hvprof_internal.h -- what the backend files (mpi.c, nccl*.c, and cuda_rt*.c,
  * NCCL's device-time helper) share with the core (core.c: buffers, files,
  * tables, the backend registry; clock.h: the clock; settings.c: the
  * settings).  Not installed.  The core names no backend: each (cpu.c and

@@ -49,39 +49,23 @@
  * A process that never calls MPI_Init (torchrun) opens its raw file at its
  * first NCCL call when HOROVOD_PROFILE is on (rank, world size and local rank
  * from the launcher's environment: hvprof_open).
+ *
+ * Files: nccl_lookup.c finds the real NCCL and registers communicators;
+ * this file holds the wrappers and their recording path; nccl_backend.c the
+ * Python side's view (hvprof_nccl_visible, hvprof_nccl_json), the end of
+ * NCCL profiling (hvprof_nccl_finish) and the backend.  What they share:
+ * nccl_internal.h.
  */
 #define _GNU_SOURCE
-#include <dlfcn.h>
-#include <link.h>
-#include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cuda_rt.h"
 #include "hvprof_internal.h"
 #include "nccl_common.h"
-
-/* ------------------------------------------------------------------------ */
-/* NCCL's ABI, declared here.                                                */
-
-typedef struct hvprof_ncclComm *ncclComm_t;
-typedef struct {
-    char internal[128]; /* NCCL_UNIQUE_ID_BYTES */
-} ncclUniqueId;
-typedef struct hvprof_ncclConfig ncclConfig_t; /* only passed through */
-typedef int ncclResult_t;
-typedef int ncclDataType_t;
-typedef int ncclRedOp_t;
-typedef void *cudaStream_t;
-
-enum {
-    NCCL_SUCCESS = 0,
-    NCCL_SYSTEM_ERROR = 2,
-    NCCL_IN_PROGRESS = 7,
-    NCCL_SPLIT_NOCOLOR = -1,
-};
+#include "nccl_internal.h"
 
 /* ------------------------------------------------------------------------ */
 /* State.                                                                    */
@@ -102,96 +86,9 @@ static __thread nccl_tls nt __attribute__((tls_model("initial-exec")));
 
 static _Atomic uint32_t group_counter;
 static _Atomic uint32_t initall_counter;
-#define N_OPS HVPROF_NCCL_N_OPS
-static _Atomic uint64_t c_empty_groups, c_comms_late, c_nested, c_missing_real;
+_Atomic uint64_t c_empty_groups, c_nested;
 /* Records written by these wrappers (of hvprof_nccl_calls: both paths'). */
-static _Atomic uint64_t c_wrapper_records;
-
-static _Atomic int finished;
-
-/* ------------------------------------------------------------------------ */
-/* Finding the real NCCL.                                                    */
-
-struct find_arg {
-    const char *prefix;
-    char path[256];
-};
-
-static int find_loaded(struct dl_phdr_info *info, size_t size, void *data)
-{
-    (void)size;
-    struct find_arg *a = data;
-    const char *name = info->dlpi_name;
-    if (!name || !*name) return 0;
-    const char *base = strrchr(name, '/');
-    base = base ? base + 1 : name;
-    size_t n = strlen(a->prefix);
-    if (strncmp(base, a->prefix, n) != 0 || !strstr(base, ".so")) return 0;
-    snprintf(a->path, sizeof a->path, "%s", name);
-    return 1;
-}
-
-/* Path of a loaded object whose file name starts with prefix ("libnccl",
- * "libcuda."), or "" -- written into out. */
-static int loaded_object(const char *prefix, char *out, size_t n)
-{
-    struct find_arg a = {prefix, ""};
-    dl_iterate_phdr(find_loaded, &a);
-    snprintf(out, n, "%s", a.path);
-    return a.path[0] != 0;
-}
-
-static void *real_sym(const char *name, void *self)
-{
-    void *p = dlsym(RTLD_NEXT, name);
-    if (p && p != self) return p;
-    char path[256];
-    if (loaded_object("libnccl", path, sizeof path)) {
-        void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD | RTLD_LOCAL);
-        if (h) {
-            p = dlsym(h, name);
-            dlclose(h); /* only drops the reference NOLOAD took */
-            if (p && p != self) return p;
-        }
-    }
-    return NULL;
-}
-
-/* Resolve `fn`'s real pointer into the local `real` (cached per wrapper). */
-#define REAL(T, fn)                                                          \
-    static T cached_##fn;                                                    \
-    T real = __atomic_load_n(&cached_##fn, __ATOMIC_ACQUIRE);                \
-    if (HVPROF_UNLIKELY(!real)) {                                            \
-        void *p_ = real_sym(#fn, (void *)&fn);                               \
-        memcpy(&real, &p_, sizeof real);                                     \
-        if (real) __atomic_store_n(&cached_##fn, real, __ATOMIC_RELEASE);    \
-        else return missing_real(#fn);                                       \
-    }
-
-static ncclResult_t missing_real(const char *name)
-{
-    if (atomic_fetch_add(&c_missing_real, 1) == 0)
-        hvprof_warn("%s called but no NCCL library provides it", name);
-    return NCCL_SYSTEM_ERROR;
-}
-
-/* Optional NCCL queries, resolved on first use. */
-typedef ncclResult_t (*comm_int_fn)(ncclComm_t, int *);
-static comm_int_fn q_count, q_rank, q_device;
-static _Atomic int q_done;
-
-static void resolve_queries(void)
-{
-    if (atomic_load_explicit(&q_done, memory_order_acquire)) return;
-    void *p;
-    p = real_sym("ncclCommCount", NULL);
-    memcpy(&q_count, &p, sizeof p);
-    p = real_sym("ncclCommUserRank", NULL);
-    memcpy(&q_rank, &p, sizeof p);
-    p = real_sym("ncclCommCuDevice", NULL);
-    memcpy(&q_device, &p, sizeof p);
-    atomic_store_explicit(&q_done, 1, memory_order_release);
-}
+_Atomic uint64_t c_wrapper_records;
 
 /* ------------------------------------------------------------------------ */
 /* Activation.                                                               */
@@ -199,63 +96,6 @@ static void resolve_queries(void)
 /* Is recording on?  (The first NCCL call of a process without a file opens
  * one: nccl_common.h.) */
 static inline int recording(void) { return hvprof_nccl_recording(); }
-
-/* ------------------------------------------------------------------------ */
-/* Communicators.                                                            */
-
-static const hvprof_comm_entry *comm_entry_of(uint32_t idx)
-{
-    hvprof_file_header *h = hvprof_header();
-    if (!h || idx >= h->comm_table_capacity) return NULL;
-    return (const hvprof_comm_entry *)((const char *)h + h->comm_table_offset) + idx;
-}
-
-static uint32_t comm_register(ncclComm_t c, uint64_t id, int size, int rank, int device)
-{
-    if (!c) return UINT32_MAX;
-    resolve_queries();
-    if (size <= 0 && q_count && q_count(c, &size) != NCCL_SUCCESS) size = -1;
-    if (rank < 0 && q_rank && q_rank(c, &rank) != NCCL_SUCCESS) rank = -1;
-    if (device < 0 && q_device && q_device(c, &device) != NCCL_SUCCESS) device = -1;
-    if (device < 0) device = hvprof_cuda_current_device();
-    return hvprof_nccl_comm_register((uint64_t)(uintptr_t)c, id, size, rank, device);
-}
-
-static inline uint32_t comm_index(ncclComm_t c)
-{
-    uint32_t idx = hvprof_comm_lookup((uint64_t)(uintptr_t)c);
-    if (HVPROF_LIKELY(idx != UINT32_MAX)) return idx;
-    /* Created before the file was open, or by an unwrapped call: an id
-     * unique to this process (not matchable across ranks). */
-    atomic_fetch_add(&c_comms_late, 1);
-    uint64_t id = hvprof_mix(hvprof_mix(0x6e63636c6c617465ull, (uint64_t)getpid()),
-                             (uint64_t)(uintptr_t)c);
-    return comm_register(c, id, -1, -1, -1);
-}
-
-static inline int comm_device(uint32_t idx) { return hvprof_nccl_comm_device(idx); }
-
-static inline int comm_rank(uint32_t idx)
-{
-    const hvprof_comm_entry *e = comm_entry_of(idx);
-    return e ? e->rank : -1;
-}
-
-static inline int comm_size(uint32_t idx)
-{
-    const hvprof_comm_entry *e = comm_entry_of(idx);
-    return e ? e->size : -1;
-}
-
-static uint64_t uid_hash(const ncclUniqueId *u, uint64_t h)
-{
-    for (size_t i = 0; i < sizeof u->internal; i += 8) {
-        uint64_t w;
-        memcpy(&w, u->internal + i, 8);
-        h = hvprof_mix(h, w);
-    }
-    return h;
-}
 
 /* ------------------------------------------------------------------------ */
 /* The recording path.                                                       */
@@ -697,133 +537,10 @@ HVPROF_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm)
     return rc;
 }
 
-/* ------------------------------------------------------------------------ */
-/* Visibility and counters, for the Python side (profiler/gpu.py).           */
-
-/* Bits: 1 = an interposable ncclAllReduce exists behind this library (NCCL
- * calls reach the wrappers); 2 = a libnccl shared object is loaded; 4 = at
- * least one NCCL call was recorded.  Evaluated at each call (cheap: a dlsym
- * and a walk of the loaded objects). */
-HVPROF_EXPORT int hvprof_nccl_visible(void)
+/* A forked child: no group open on the thread that forked (nccl_backend.c's
+ * atfork handler). */
+void nccl_groups_forget(void)
 {
-    char path[256];
-    int v = 0;
-    if (real_sym("ncclAllReduce", (void *)&ncclAllReduce)) v |= 1;
-    if (loaded_object("libnccl", path, sizeof path)) v |= 2;
-    for (int i = 0; i < N_OPS; i++)
-        if (atomic_load(&hvprof_nccl_calls[i])) v |= 4;
-    return v;
-}
-
-static const char *const OP_NAMES[N_OPS] = {
-    "nccl_allreduce", "nccl_reducescatter", "nccl_allgather", "nccl_broadcast", "nccl_bcast",
-    "nccl_reduce",    "nccl_send",          "nccl_recv",      "nccl_group",
-};
-
-/* Everything the Python side puts in the rank metadata ("nccl"), as one JSON
- * object.  The buffer is overwritten by the next call. */
-HVPROF_EXPORT const char *hvprof_nccl_json(void)
-{
-    static char buf[8192];
-    static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
-    pthread_mutex_lock(&m);
-    size_t n = sizeof buf, k = 0;
-#define OUT(...) k += (size_t)snprintf(buf + (k < n ? k : n), k < n ? n - k : 0, __VA_ARGS__)
-    char nccl_path[256], driver[256];
-    int vis = hvprof_nccl_visible();
-    loaded_object("libnccl", nccl_path, sizeof nccl_path);
-    int version = 0;
-    void *gv = real_sym("ncclGetVersion", NULL);
-    if (gv) {
-        ncclResult_t (*fn)(int *);
-        memcpy(&fn, &gv, sizeof fn);
-        if (fn(&version) != NCCL_SUCCESS) version = 0;
-    }
-    OUT("{\"visible\": %d, \"interposable\": %s, \"nccl_loaded\": %s, \"nccl_library\": \"%s\", "
-        "\"nccl_version\": %d, \"cuda_driver_loaded\": %s, \"calls\": {",
-        vis, vis & 1 ? "true" : "false", vis & 2 ? "true" : "false", nccl_path, version,
-        loaded_object("libcuda.so", driver, sizeof driver) ? "true" : "false");
-    for (int i = 0; i < N_OPS; i++)
-        OUT("%s\"%s\": %llu", i ? ", " : "", OP_NAMES[i],
-            (unsigned long long)atomic_load(&hvprof_nccl_calls[i]));
-    OUT("}, \"empty_groups\": %llu, \"comms\": %llu, \"comms_first_seen_in_call\": %llu, "
-        "\"nested_calls\": %llu, \"missing_real\": %llu, \"finished\": %s, ",
-        (unsigned long long)atomic_load(&c_empty_groups), (unsigned long long)hvprof_nccl_comms(),
-        (unsigned long long)atomic_load(&c_comms_late), (unsigned long long)atomic_load(&c_nested),
-        (unsigned long long)atomic_load(&c_missing_real), atomic_load(&finished) ? "true" : "false");
-    if (k < n) k += hvprof_dev_json(buf + k, n - k);
-    {
-        /* Which path saw NCCL: "wrappers" (symbol interposition, shared
-         * NCCL), "plugin" (NCCL's profiler-plugin interface, any NCCL >= 2.23,
-         * static too); recorded_by: the paths that wrote records. */
-        uint64_t wr = atomic_load(&c_wrapper_records), all = 0;
-        for (int i = 0; i < N_OPS; i++) all += atomic_load(&hvprof_nccl_calls[i]);
-        uint64_t pr = all > wr ? all - wr : 0, ps = hvprof_nccl_plugin_silent();
-        int w_saw = wr > 0, p_saw = pr > 0 || ps > 0;
-        OUT(", \"seen_by\": [%s%s%s], \"recorded_by\": \"%s\", \"wrapper_records\": %llu, ",
-            w_saw ? "\"wrappers\"" : "", w_saw && p_saw ? ", " : "", p_saw ? "\"plugin\"" : "",
-            wr && pr ? "both" : wr ? "wrappers" : pr ? "plugin" : "none",
-            (unsigned long long)wr);
-        if (k < n) k += hvprof_nccl_plugin_json(buf + k, n - k, pr);
-    }
-    OUT("}");
-#undef OUT
-    if (k >= n) snprintf(buf, n, "{\"error\": \"nccl json too long\"}");
-    pthread_mutex_unlock(&m);
-    return buf;
-}
-
-/* Write the JSON document next to the raw file (rank-R.nccl.json), through a
- * temporary file and rename: a reader never sees half of it. */
-static void write_sidecar(void)
-{
-    char path[4096];
-    if (hvprof_sidecar_path(path, sizeof path, ".nccl.json") != 0) return;
-    if (hvprof_write_text(path, hvprof_nccl_json()) != 0)
-        hvprof_warn("cannot write %s: NCCL visibility is not recorded", path);
-}
-
-/* Collect every pending device time (see hvprof_dev_flush in cuda_rt.h).
- * Returns the number of pairs still pending. */
-HVPROF_EXPORT int hvprof_nccl_flush(int timeout_ms) { return hvprof_dev_flush(timeout_ms); }
-
-/* The end of NCCL profiling in this process: stop the device-time helper,
- * collect pending device times (polling, up to timeout_ms; negative: the
- * default), and write raw/rank-R.nccl.json (this process's hvprof_nccl_json)
- * when the process used NCCL or CUDA.  Returns the pairs left unfinished.
- * Called at exit (atexit), by the Python runtime before it converts the raw
- * file, and by hvprof_close (MPI_Finalize, exit) through this backend's finish
- * hook.  Runs once per process: later calls return 0 at once. */
-HVPROF_EXPORT int hvprof_nccl_finish(int timeout_ms)
-{
-    if (atomic_exchange(&finished, 1)) return 0; /* once: the first caller wins */
-    hvprof_nccl_plugin_flush();
-    int left = hvprof_dev_finish(timeout_ms);
-    char p1[256], p2[256], p3[256];
-    int used = hvprof_nccl_visible() != 0 || loaded_object("libcuda.so", p1, sizeof p1) ||
-               loaded_object("libcudart", p2, sizeof p2) || loaded_object("libnccl", p3, sizeof p3);
-    if (used) write_sidecar();
-    return left;
-}
-
-static void nccl_exit(void) { hvprof_nccl_finish(-1); }
-
-static void nccl_atfork_child(void)
-{
-    atomic_store(&finished, 1); /* a child writes no device times, no sidecar */
     nt.depth = 0;
     nt.group = 0;
-}
-
-static const hvprof_backend nccl_backend = {
-    .name = "nccl",
-    .library = "libnccl",
-    .finish = nccl_exit,
-    .atfork_child = nccl_atfork_child,
-};
-
-__attribute__((constructor)) static void nccl_ctor(void)
-{
-    hvprof_register_backend(&nccl_backend);
-    hvprof_nccl_set_exit(nccl_exit);
 }

@@ -4,8 +4,8 @@
  * same calls when NCCL is shared, and each call is recorded once: the plugin
  * path stays silent while a wrapper is inside the real call on the same
  * thread.  Each path calls this module and the core, never the other path;
- * what nccl.c needs of the plugin path (its part of hvprof_nccl_json, its
- * exit flush) the plugin registers here (hvprof_nccl_register_plugin).
+ * what the wrappers need of the plugin path (its part of hvprof_nccl_json, its
+ * exit flush; nccl_backend.c) the plugin registers here (hvprof_nccl_register_plugin).
  */
 #ifndef HVPROF_NCCL_COMMON_H
 #define HVPROF_NCCL_COMMON_H
@@ -58,7 +58,7 @@ HVPROF_HIDDEN uint32_t hvprof_nccl_comm_next_split(uint32_t idx);
 /* Communicators registered so far. */
 HVPROF_HIDDEN uint64_t hvprof_nccl_comms(void);
 
-/* The end of NCCL profiling (nccl.c: hvprof_nccl_finish): run at exit by an
+/* The end of NCCL profiling (nccl_backend.c: hvprof_nccl_finish): run at exit by an
  * atexit handler registered at the first communicator -- CUDA is initialised
  * by then, so the handler runs before the CUDA runtime's exit teardown. */
 HVPROF_HIDDEN void hvprof_nccl_set_exit(void (*fn)(void));

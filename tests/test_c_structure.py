@@ -103,7 +103,7 @@ def test_the_reader_sees_the_known_definitions() -> None:
     assert defs["hvprof_open"] == "core.c"
     assert defs["hvprof_active"] == "core.c"
     assert defs["hvprof_setting"] == "settings.c"
-    assert defs["hvprof_nccl_json"] == "nccl.c"
+    assert defs["hvprof_nccl_json"] == "nccl_backend.c"
     assert defs["hvprof_nccl_comm_register"] == "nccl_common.c"
     assert defs["hvprof_nccl_nest"] == "nccl_common.c"
     assert defs["hvprof_dev_begin"] == "cuda_rt.c"
@@ -126,8 +126,9 @@ def test_the_core_names_no_backend() -> None:
 
 def test_the_nccl_paths_share_a_module_and_not_each_other() -> None:
     deps = dependencies(sources())
-    assert "nccl_plugin.c" not in deps["nccl.c"]
-    assert "nccl.c" not in deps["nccl_plugin.c"]
+    for wrappers in ("nccl.c", "nccl_lookup.c", "nccl_backend.c"):  # the symbol wrappers' files
+        assert "nccl_plugin.c" not in deps[wrappers]
+        assert wrappers not in deps["nccl_plugin.c"]
     assert "nccl_common.c" in deps["nccl.c"] and "nccl_common.c" in deps["nccl_plugin.c"]
 
 
