@@ -194,7 +194,7 @@ else
     apt_install chromium
 fi
 
-# A real Prometheus server for the exporter's test (tests/test_watch.py):
+# A real Prometheus server for the exporter's test (tests/test_watch_jobs.py):
 # Debian's prometheus, started by the test on a loopback port with its data in
 # a temporary folder.  HVPROF_NO_PROMETHEUS=1 skips it (the test is then
 # skipped, saying so).
