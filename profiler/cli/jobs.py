@@ -29,7 +29,6 @@ from typing import Any
 QUERIES = ("list", "rank", "regressions", "interconnects", "html")
 
 
-
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
         "jobs", help="every job's record across a site's store: list, rank by node-hours "
