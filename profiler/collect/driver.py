@@ -91,5 +91,7 @@ def finish() -> None:
                     "its workers ended without theirs)")
             except Exception as exc:
                 say(f"warning: {d}: no trace built: {one_line(exc)}; profiler merge {d}")
+    except KeyboardInterrupt:  # Ctrl-C while merging: the raw files stay
+        say("interrupted: the workers' profile was not merged; profiler merge DIR builds it")
     except Exception as exc:  # never change the driver's exit
         say(f"warning: {one_line(exc)}")
