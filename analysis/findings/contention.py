@@ -388,8 +388,8 @@ def analyze_neighbour(ctx: Context) -> list[Finding]:
                     f"{waited}: without that wait each step would end {fmt_ms(cost)} sooner "
                     "(their arrivals moved earlier by it, each step's last arrival "
                     "recomputed), the cost above"
-                    + ("; the other ranks wait for it meanwhile (late_ranks)."
-                       if len(ranks) < att.shape[1] else "."))
+                    + (f"; the other ranks wait for {'it' if len(ranks) == 1 else 'them'} "
+                       "meanwhile (late_ranks)." if len(ranks) < att.shape[1] else "."))
             else:  # no arrivals to move: their part, averaged over the ranks
                 per_step = att[ranks].sum(axis=1) / att.shape[1]
                 cost, lo, hi = bootstrap_mean(per_step.to_numpy())
