@@ -16,7 +16,7 @@ def mask(line: str) -> str:
     line = re.sub(TIME, "T", line)
     line = re.sub(r"\u2190 [\d, ]+", "<- N", line)
     line = re.sub(r"\(\d+(?:, \d+)*\)", "(N)", line)
-    line = re.sub(r"\d+(?:\.\d+)?%", "P", line)
+    line = re.sub(r"(?:<\s*)?\d+(?:\.\d+)?%", "P", line)  # "<1%" is a share too
     line = re.sub(r"\d+(?:[.,]\d+)*", "N", line)
     return re.sub(r"[\u2588\s]+", " ", line).strip()
 

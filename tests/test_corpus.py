@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, requires_mpi
+from conftest import FULL, ROOT, requires_mpi
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import corpus as C  # noqa: E402
@@ -41,6 +41,8 @@ except Exception:  # pragma: no cover
 FAST = ["ops", "lstm-sparse"]
 SLOW = [w for w in C.RUNS if w not in FAST]
 ALL = os.environ.get("HVPROF_CORPUS") == "all"
+#: in the full tier (HVPROF_FULL=1): "ops" runs the same collectives' path
+FULL_TIER = {"lstm-sparse"}
 
 
 @pytest.mark.parametrize("workload", FAST + SLOW)
@@ -52,6 +54,8 @@ ALL = os.environ.get("HVPROF_CORPUS") == "all"
 def test_workload_end_to_end(workload: str, tmp_path: Path) -> None:
     if workload in SLOW and not ALL:
         pytest.skip("slow: HVPROF_CORPUS=all, or python benchmarks/corpus.py")
+    if workload in FULL_TIER and not (ALL or FULL):
+        pytest.skip("full tier: HVPROF_FULL=1 bash scripts/test.sh")
     r = C.check(workload, tmp_path / workload)
     assert C.problems(r) == [], C.problems(r)
     print("\n  " + C.line(r))

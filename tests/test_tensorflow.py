@@ -487,6 +487,7 @@ def test_keras_with_horovods_callbacks_load_model_and_elastic_state(tmp_path: Pa
     _assert_breakdown(prof, n)
 
 
+@pytest.mark.full  # the 2-rank fit runs the same path
 @tf_job
 def test_keras_fit_on_one_rank(tmp_path: Path) -> None:
     res, prof = _run("keras_cnn", tmp_path, ["--epochs", "1"], np=1)

@@ -37,7 +37,7 @@ import ctypes  # already loaded: profiler.collect.native uses it
 import os
 import sys
 
-from profiler.postjob.atexit import convert_rank
+from profiler.postjob.atexit import allow_late_imports, convert_rank
 from profiler.postjob.atexit import one_line as _one_line
 from profiler.postjob.atexit import say as _say
 
@@ -91,29 +91,6 @@ def _finalize_mpi4py() -> None:
         return  # the application keeps MPI's lifetime to itself
     if mpi.Is_initialized() and not mpi.Is_finalized():
         mpi.Finalize()
-
-
-def allow_late_imports() -> None:
-    """Let the exit work import pandas in a process that imported `threading`.
-
-    Python's shutdown marks `threading` as shutting down before the atexit
-    handlers run; from then on, importing concurrent.futures.thread (which
-    pandas does) raises "can't register atexit after shutdown".  A job that
-    imported threading or multiprocessing but not concurrent.futures would
-    lose its dataset and trace.  Import it now with the mark lifted for that
-    one import: its own exit hook would only join thread pools, and no pool
-    exists yet.
-    """
-    if "concurrent.futures.thread" in sys.modules:
-        return
-    th = sys.modules.get("threading")
-    if th is None or not getattr(th, "_SHUTTING_DOWN", False):
-        return
-    th._SHUTTING_DOWN = False  # type: ignore[attr-defined]
-    try:
-        import concurrent.futures.thread  # noqa: F401
-    finally:
-        th._SHUTTING_DOWN = True  # type: ignore[attr-defined]
 
 
 def _interrupt_flag() -> ctypes.c_int | None:

@@ -79,7 +79,7 @@ def finish() -> None:
             return
         found = written_since(_since, _cwd)
         if found:
-            from profiler.collect.activate import allow_late_imports
+            from profiler.postjob.atexit import allow_late_imports
 
             allow_late_imports()  # the merge imports pandas, after threading's shutdown
         for d in found:

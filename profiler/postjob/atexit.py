@@ -219,3 +219,26 @@ def main(argv: list[str]) -> int:
             f"kept: build it with: profiler merge {directory}")
         return 2
     return 0
+
+
+def allow_late_imports() -> None:
+    """Let the exit work import pandas in a process that imported `threading`.
+
+    Python's shutdown marks `threading` as shutting down before the atexit
+    handlers run; from then on, importing concurrent.futures.thread (which
+    pandas does) raises "can't register atexit after shutdown".  A job that
+    imported threading or multiprocessing but not concurrent.futures would
+    lose its dataset and trace.  Import it now with the mark lifted for that
+    one import: its own exit hook would only join thread pools, and no pool
+    exists yet.
+    """
+    if "concurrent.futures.thread" in sys.modules:
+        return
+    th = sys.modules.get("threading")
+    if th is None or not getattr(th, "_SHUTTING_DOWN", False):
+        return
+    th._SHUTTING_DOWN = False  # type: ignore[attr-defined]
+    try:
+        import concurrent.futures.thread  # noqa: F401
+    finally:
+        th._SHUTTING_DOWN = True  # type: ignore[attr-defined]
