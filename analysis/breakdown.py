@@ -489,8 +489,7 @@ def shifted_gain(bd: pd.DataFrame, earlier_ms: pd.DataFrame) -> pd.Series:
     that rank's lead, one on every rank about its wait on the last."""
     lr, table = _arrivals_ms(bd)
     if lr.empty or table.shape[1] < 2:
-        return pd.Series(np.zeros(len(lr)), index=lr["step"].to_numpy() if len(lr) else None,
-                         dtype=np.float64)
+        return pd.Series(0.0, index=lr["step"].to_numpy(), dtype=np.float64)
     shift = earlier_ms.reindex(index=table.index, columns=table.columns).fillna(0.0)
     moved = table - shift.clip(lower=0.0)
     return pd.Series(_gain(table, moved), index=table.index, dtype=np.float64)

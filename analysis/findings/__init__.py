@@ -184,6 +184,17 @@ class Advice:
 SYMPTOMS = {"transfer_bound": "transfer", "compute_bound": "compute"}
 
 
+def _less(f: Finding, taken: float, ctx: Context) -> None:
+    """The finding's cost and interval less `taken` ms (never below 0), its
+    img/s and its significance with them."""
+    cost = float(f.cost_ms or 0.0)
+    lo, hi = f.cost_interval_ms or (cost, cost)
+    f.cost_ms = max(cost - taken, 0.0)
+    f.cost_interval_ms = (max(lo - taken, 0.0), max(hi - taken, 0.0))
+    f.cost_img_s = ctx.cost_img_s(f.cost_ms)
+    f.significant = ctx.significant(f.cost_interval_ms[0])
+
+
 def _residual(found: list[Finding], ctx: Context) -> None:
     for f in found:
         part = SYMPTOMS.get(f.key)
@@ -194,14 +205,10 @@ def _residual(found: list[Finding], ctx: Context) -> None:
         taken = sum(float(c.cost_ms or 0.0) for c in causes)
         if taken <= 0:
             continue
-        lo, hi = f.cost_interval_ms or (f.cost_ms, f.cost_ms)
-        f.cost_ms = max(float(f.cost_ms) - taken, 0.0)
-        f.cost_interval_ms = (max(lo - taken, 0.0), max(hi - taken, 0.0))
-        f.cost_img_s = ctx.cost_img_s(f.cost_ms)
+        _less(f, taken, ctx)
         f.details.append("beyond what " + ", ".join(c.key for c in causes)
                          + " explains of this part.")
         f.headline += " (the rest, beyond the causes found)"
-        f.significant = ctx.significant(f.cost_interval_ms[0])
 
 
 def _late_beyond_its_neighbour(found: list[Finding], ctx: Context) -> None:
@@ -219,15 +226,11 @@ def _late_beyond_its_neighbour(found: list[Finding], ctx: Context) -> None:
                     and f.numbers.get("rank") in (nb.numbers.get("ranks") or [])):
                 continue
             taken = float(nb.cost_ms or 0.0)
-            lo, hi = f.cost_interval_ms or (f.cost_ms, f.cost_ms)
             f.numbers["cost_with_neighbour_ms"] = float(f.cost_ms)
-            f.cost_ms = max(float(f.cost_ms) - taken, 0.0)
-            f.cost_interval_ms = (max(lo - taken, 0.0), max(hi - taken, 0.0))
-            f.cost_img_s = ctx.cost_img_s(f.cost_ms)
+            _less(f, taken, ctx)
             f.details.append(
                 f"{fmt_ms(taken)} of its lateness is the neighbour's wait, claimed by "
                 f"noisy_neighbour; the cost above is the rest, {fmt_ms(f.cost_ms)} per step.")
-            f.significant = ctx.significant(f.cost_interval_ms[0])
 
 
 def _at_the_cycle_edge(found: list[Finding]) -> None:
