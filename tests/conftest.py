@@ -115,10 +115,11 @@ def hooks_cflags() -> list[str]:
 def mpich_library(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The profiler library built with MPICH's compiler wrapper and setup.py's
     flags, once per session (10 to 30 s on 2 cores), for every test module
-    that runs MPICH jobs."""
+    that runs MPICH jobs; the interpreter recorded beside it, as setup.py does."""
     lib = tmp_path_factory.getbasetemp() / "mpich-lib" / "libhvprof.so"
     if not lib.is_file():
         lib.parent.mkdir(exist_ok=True)
+        (lib.parent / "libhvprof.python").write_text(sys.executable + "\n")
         hooks = ROOT / "hooks"
         tmp = lib.with_suffix(f".{os.getpid()}.tmp")
         subprocess.run(["mpicc.mpich", *hooks_cflags(), "-I", str(hooks),

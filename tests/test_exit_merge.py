@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT, base_env, hooks_cflags, profiler_cli, requires_mpi
+from conftest import ROOT, base_env, mpich_library, profiler_cli, requires_mpi
 
 from profiler.collect import native
 from profiler.formats import record as F
@@ -158,18 +158,13 @@ def test_rank0_ended_just_before_its_merge_starts_still_says_so(
     assert_exact(prof / "trace.json")
 
 
-def test_mpich(tmp_path: Path) -> None:
+def test_mpich(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """MPICH's launcher (hydra), a library built against MPICH with the
     interpreter recorded beside it as setup.py does; exit status 3 kept."""
     cc, run = "mpicc.mpich", "mpirun.mpich"
     if shutil.which(cc) is None or shutil.which(run) is None:
         pytest.skip("MPICH is not installed")
-    lib = tmp_path / "libhvprof.so"
-    hooks = ROOT / "hooks"
-    flags = [f for f in hooks_cflags() if not f.startswith("-O") and f != "-g"] + ["-O0"]
-    subprocess.run([cc, *flags, "-I", str(hooks), *map(str, sorted(hooks.glob("*.c"))),
-                    "-o", str(lib), "-ldl"], check=True)
-    (tmp_path / "libhvprof.python").write_text(sys.executable + "\n")
+    lib = mpich_library(tmp_path_factory)
     exe = tmp_path / "exit_status"
     subprocess.run([cc, "-O1", str(ROOT / "tests" / "c" / "exit_status.c"), "-o", str(exe)],
                    check=True)

@@ -279,6 +279,7 @@ def test_records_lineage_equals_the_timeline(tmp_path: Path, case: str) -> None:
 @pytest.mark.horovod
 @requires_mpi
 @requires_horovod
+@pytest.mark.full  # test_lineage's fused job checks the same agreement
 def test_records_lineage_on_the_bundled_resnet8(tmp_path: Path) -> None:
     prof = _run(tmp_path, [sys.executable, "-m", "profiler.workloads.train_bench",
                            "--model", "resnet8", "--batch-size", "4", "--image-size", "16",

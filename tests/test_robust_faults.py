@@ -324,6 +324,7 @@ def test_disk_full_tmpfs(script: Path, reference: dict, tmp_path: Path) -> None:
 
 
 @pytest.mark.horovod
+@pytest.mark.full  # test_disk_full_tmpfs and _fsize_limit take the same write path
 def test_horovod_training_on_a_full_disk(tmp_path: Path) -> None:
     """A real Horovod job (the bundled benchmark, Horovod's timeline written into
     the profile directory too) whose profile directory fills up: it trains to

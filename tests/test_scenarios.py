@@ -189,6 +189,7 @@ def test_a_job_past_its_limit_is_stopped_whole_and_reported(tmp_path: Path) -> N
         pytest.fail(f"the job's child {child} outlived the job's limit")
 
 
+@pytest.mark.full  # the single-host limit test and test_watch_jobs' two hosts cover it
 def test_a_multihost_job_past_its_limit_is_diagnosed(tmp_path: Path, monkeypatch) -> None:
     # the same limit on the simulated cluster (2 hosts): the job is stopped,
     # no rank is left in the hosts, and the error carries the watchdog's

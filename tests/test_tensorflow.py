@@ -237,6 +237,7 @@ def test_keras_fit_gives_steps_images_and_gradient_bytes(tmp_path: Path) -> None
     assert cost["kernel_hook_records"] == len(t) and cost["kernel_hook_ns"] > 0, cost
 
 
+@pytest.mark.full  # the 2-rank fit runs the same step marks, one batch an execution
 @tf_job
 def test_keras_steps_per_execution_counts_its_batches(tmp_path: Path) -> None:
     """steps_per_execution=3, fusion off: one step per execution (3 batches,
@@ -266,7 +267,7 @@ def test_keras_steps_per_execution_counts_its_batches(tmp_path: Path) -> None:
     assert grads.groupby("step").size().tolist() == [3 * tensors, 3 * tensors, tensors] * 2
 
 
-@pytest.mark.parametrize("mode", ["function", "eager"])
+@pytest.mark.parametrize("mode", ["function", pytest.param("eager", marks=pytest.mark.full)])
 @tf_job
 def test_custom_loop_steps_from_the_gradient_tape(mode: str, tmp_path: Path) -> None:
     """DistributedGradientTape.  In a tf.function, as Horovod's synthetic
