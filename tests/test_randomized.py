@@ -6,6 +6,7 @@ benchmark (docs/validation.md)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -47,9 +48,8 @@ def test_the_space_covers_every_cause_rank_count_and_cliff_position() -> None:
     assert {d.params["late_rank"] for d in late} == {0, 1, 2, 3}
     for d in drawn:  # a twin truth has a twin that differs from the job by the cause alone
         sc = d.scenario
-        if d.cause == "late":
-            assert sc.truth == "twin" and sc.twin_job == [
-                x for i, x in enumerate(sc.job) if i < sc.job.index("--late-rank")]
+        if d.cause in ("late", "busy"):  # switched on and off between steps of one run
+            assert sc.truth == "alternate"
         if d.cause == "cliff":
             assert sc.rules and sc.confirm and str(d.params["cliff_bytes"]) in sc.rules_text
 
@@ -142,6 +142,60 @@ def test_the_report_counts_precision_recall_cost_and_nulls() -> None:
     assert "cost:      1/2 (50%" in first
     assert "nulls:     0/1 (0%" in first
     assert "cause late: 2 runs" in out and "4 ranks: 1 runs" in out
+
+
+@pytest.mark.parametrize("phase", [0, 1])
+def test_an_in_run_twin_prices_the_steps_with_the_cause_against_their_neighbours(
+        phase: int) -> None:
+    """alternate_pairs: the steps of one parity carry the cause; each is set
+    against the mean of its neighbours, from the first timed step whose both
+    neighbours are timed.  A drift shared by both halves cancels; no cause,
+    no difference."""
+    warm, n = 3, 20
+
+    def run(effect: float) -> dict:
+        ranks = [{"iter_ms": [100.0 + 0.5 * s + rank + (effect if s % 2 == phase else 0.0)
+                              for s in range(n)]} for rank in range(2)]
+        return {"ranks": ranks, "warmup": warm}
+
+    pairs = suite.alternate_pairs(run(7.0), phase)
+    first = 4 + phase  # step 3 is timed, but its neighbour 2 is warm-up
+    assert len(pairs) == len(range(first, n - 1, 2))
+    assert [round(a - b, 9) for a, b in pairs] == [7.0] * len(pairs)
+    assert pairs[0][0] == pytest.approx(100.0 + 0.5 * first + 0.5 + 7.0)
+    assert {round(a - b, 9) for a, b in suite.alternate_pairs(run(0.0), phase)} == {0.0}
+
+
+@pytest.mark.mpi
+@pytest.mark.horovod
+@pytest.mark.full  # the benchmark's own mechanism: the unit test above holds its arithmetic
+def test_the_job_switches_its_late_rank_and_its_neighbour_by_step(tmp_path: Path) -> None:
+    """job.py --alternate: a 30 ms sleep on rank 1 in even steps only adds about
+    30 ms to those steps; a busy loop named by --toggle-pids, stopped in the
+    odd steps, is left running at the end."""
+    import json
+    import signal
+    import subprocess
+
+    pytest.importorskip("horovod.torch")
+    loop = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        argv = ["mpirun", "-n", "2", sys.executable, str(suite.JOB), "--steps", "12",
+                "--late-rank", "1", "--late-ms", "30", "--alternate", "0",
+                "--toggle-pids", str(loop.pid)]
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")},
+               **suite.MPI_ENV}
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+        m = json.loads(next(x for x in p.stdout.splitlines()
+                            if x.startswith('{"scenario"')))["scenario"]
+        d = [a - b for a, b in suite.alternate_pairs(m, 0)]
+        assert 20.0 < sum(d) / len(d) < 45.0, d
+        state = open(f"/proc/{loop.pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        assert state in ("R", "S"), state  # continued at the end, not left stopped
+    finally:
+        loop.send_signal(signal.SIGKILL)
+        loop.wait()
 
 
 #: Dev seeds that run for real here: a late rank among 3 ranks (the first of

@@ -13,6 +13,8 @@ JOB = HERE / "job.py"
 TOLERANCE = 0.25
 #: Alternating unprofiled (cause, twin) pairs behind a "twin" truth.
 TWIN_ROUNDS = 3
+#: Unprofiled runs behind an "alternate" truth: even, odd, even, odd.
+ALT_ROUNDS = 4
 #: A scenario job's time limit (seconds; they take 5-60 s here)
 JOB_TIMEOUT_S = 600.0
 #: The job's clocks corroborate a late rank the profiler names when they make

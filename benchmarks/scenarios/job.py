@@ -15,6 +15,13 @@ background thread, intra-op workers).
     mpirun -n 2 python job.py --model mlp --steps 40 [--late-rank 1 --late-ms 30
         [--late-kind spin]]
         [--jitter-ms 60 [--jitter-shape exponential]] [--stall-ms 50] [--threads 2]
+        [--alternate {0,1} [--toggle-pids PID,...]]
+
+--alternate P is the runner's in-run twin: the cause is on only in the steps
+whose number is P modulo 2 (the late rank's delay; the processes named by
+--toggle-pids run, stopped in the other steps by rank 0), so that the two
+halves of one run share the machine's state and a step with the cause
+against its neighbours without prices it.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import time
 
 import horovod.torch as hvd
@@ -136,6 +144,10 @@ def main() -> None:
                         "mean J/2 (the same mean, a long tail)")
     p.add_argument("--stall-ms", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--alternate", type=int, choices=(0, 1), default=None,
+                   help="the cause only in steps of this parity (the runner's in-run twin)")
+    p.add_argument("--toggle-pids", default="",
+                   help="with --alternate: processes rank 0 lets run in even steps only")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     hvd.init()
@@ -154,34 +166,43 @@ def main() -> None:
     rq = run_queue_ns()
     threads0: dict[int, tuple[str, int, int]] = {}
     t_timed = 0
-    for step in range(a.steps + a.warmup):
-        # the "data loading" of this step: every injected sleep happens here
-        pause = a.stall_ms + next(jitter)
-        if rank == a.late_rank and a.late_kind == "spin":
-            until = time.thread_time_ns() + int(a.late_ms * 1e6)
-            while time.thread_time_ns() < until:
-                pass
-        elif rank == a.late_rank:
-            pause += a.late_ms
-        if pause:
-            time.sleep(pause / 1e3)
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(net(x), y)
-        loss.backward()
-        t_in = time.perf_counter()
-        rq_in = run_queue_ns()
-        arrivals.append(time.clock_gettime_ns(time.CLOCK_MONOTONIC))
-        if step == a.warmup:
-            threads0, t_timed = threads_schedstat(), time.monotonic_ns()
-        opt.step()
-        now = time.perf_counter()
-        rq_now = run_queue_ns()
-        if step >= a.warmup:
-            steps.append(now - last)
-            outside.append((now - last) - (now - t_in))
-            waits.append((rq_in - rq) / 1e6 if rq >= 0 and rq_in >= 0 else float("nan"))
-        iters.append(1e3 * (now - last))
-        last, rq = now, rq_now
+    # the processes rank 0 lets run in the cause's steps only (--alternate)
+    toggled = [int(x) for x in a.toggle_pids.split(",") if x] if rank == 0 else []
+    try:
+        for step in range(a.steps + a.warmup):
+            on = a.alternate is None or step % 2 == a.alternate  # the cause, this step
+            for pid in toggled:
+                _signal(pid, signal.SIGCONT if on else signal.SIGSTOP)
+            # the "data loading" of this step: every injected sleep happens here
+            pause = a.stall_ms + next(jitter)
+            if on and rank == a.late_rank and a.late_kind == "spin":
+                until = time.thread_time_ns() + int(a.late_ms * 1e6)
+                while time.thread_time_ns() < until:
+                    pass
+            elif on and rank == a.late_rank:
+                pause += a.late_ms
+            if pause:
+                time.sleep(pause / 1e3)
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(net(x), y)
+            loss.backward()
+            t_in = time.perf_counter()
+            rq_in = run_queue_ns()
+            arrivals.append(time.clock_gettime_ns(time.CLOCK_MONOTONIC))
+            if step == a.warmup:
+                threads0, t_timed = threads_schedstat(), time.monotonic_ns()
+            opt.step()
+            now = time.perf_counter()
+            rq_now = run_queue_ns()
+            if step >= a.warmup:
+                steps.append(now - last)
+                outside.append((now - last) - (now - t_in))
+                waits.append((rq_in - rq) / 1e6 if rq >= 0 and rq_in >= 0 else float("nan"))
+            iters.append(1e3 * (now - last))
+            last, rq = now, rq_now
+    finally:
+        for pid in toggled:  # as they came: running (the runner stops them)
+            _signal(pid, signal.SIGCONT)
     mine = {"rank": rank, "step_ms": 1e3 * sum(steps) / len(steps),
             "outside_ms": 1e3 * sum(outside) / len(outside),
             # the run-queue wait outside optimizer.step
@@ -199,6 +220,13 @@ def main() -> None:
         print(json.dumps({"scenario": {"ranks": every, "steps": a.steps, "warmup": a.warmup,
                                        "pid": os.getpid()}}), flush=True)
     hvd.shutdown()
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 if __name__ == "__main__":

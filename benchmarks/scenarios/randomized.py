@@ -39,10 +39,10 @@ What a seed draws (draw()):
 Truth. A cause whose effect is the step it adds is priced against twins: the
 same job (same seed, same jitter) without the cause, unprofiled, alternating
 with the cause (suite.TWIN_ROUNDS pairs); its 95% interval says when the
-cause made no measurable difference, and such a run leaves recall. The busy
-neighbours are priced on the run-queue wait of the profiled run less that of
-twins without the busy processes (suite.py, "runqueue_twin"), the one on a
-rank's core on the step twin (the step without it); jitter on the
+cause made no measurable difference, and such a run leaves recall. A late
+rank and busy neighbours (since late 2026-12-06: before, separate twin runs and
+the run-queue wait) are priced in-run (suite.py, "alternate"): the cause in
+even steps only, each against its odd neighbours; jitter on the
 pauses the run drew (at 2 ranks and 30 steps, the exponential pauses' sample
 mean is off its expectation by a fifth at one sigma).
 """
@@ -153,7 +153,7 @@ def draw(seed: int) -> Drawn:
         job = base + jit + ["--late-rank", str(rank), "--late-ms", f"{late:g}",
                             "--late-kind", kind]
         sc = suite.Scenario(name, f"rank {rank} {kind}s {late:g} ms a step", "late_ranks",
-                            "twin", job, twin_job=base + jit, twin_env={},
+                            "alternate", job,
                             also={**waiting, "compute_bound": suite.COMPUTE_BOUND}, **common)
     elif cause == "cliff":
         where = str(rng.choice(list(CLIFF_AT)))
@@ -180,14 +180,14 @@ def draw(seed: int) -> Drawn:
         if where == "anywhere":
             params.update(busy=k, busy_where=where)
             sc = suite.Scenario(name, f"{k} busy-looping process(es) beside the job",
-                                "noisy_neighbour", "runqueue_twin", base + jit, competitors=k,
+                                "noisy_neighbour", "alternate", base + jit, competitors=k,
                                 also=busy_also, **common)
         else:
             rank = int(rng.integers(0, 2))
             params.update(np=2, busy=1, busy_where=where, busy_rank=rank)
             sc = suite.Scenario(name, f"ranks bound a core each, a busy loop on rank {rank}'s",
-                                "noisy_neighbour", "twin", base + jit, competitors=1,
-                                competitor_cpu=rank, bind=True, twin_env={}, also=busy_also,
+                                "noisy_neighbour", "alternate", base + jit, competitors=1,
+                                competitor_cpu=rank, bind=True, also=busy_also,
                                 np=2, above=above)
     elif cause == "cycle":
         cyc = int(rng.integers(10, 31))

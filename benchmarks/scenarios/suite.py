@@ -37,6 +37,13 @@ How the truth is known, per scenario (Scenario.truth):
   limit, no busy processes beside it), both unprofiled, alternating (cause,
   twin) TWIN_ROUNDS times right after the profiled run: the profiler's own
   cost is in neither.
+* "alternate": the in-run twin, for a cause the job can switch between steps
+  (a late rank's delay, busy processes it stops and continues): ALT_ROUNDS
+  unprofiled runs with the cause in every other step (even steps, then odd
+  ones), each such step against the mean of its neighbours, pooled.  Twin runs on this
+  machine drift apart by more than the effect (a 2-rank job's steps run in
+  blocks at one or two times their length): the two halves of one run see
+  the same drift.
 
 Four findings can be true of any job on a small shared machine, injected or
 not, so each run also asks the job's own measurements (job_truths):
@@ -95,6 +102,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder's modules
 # the definitions (fixed.py), named suite.X by the generator and the tests too
 from fixed import (  # noqa: E402, F401
+    ALT_ROUNDS,
     BASE,
     BY_NAME,
     COMPUTE_BOUND,
@@ -210,10 +218,12 @@ def _foreign_share(before: dict[tuple[int, float], float],
 def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
             job: list[str] | None = None, profile: bool = True,
             rules_file: Path | None = None, timeout: float | None = None,
-            twin: bool = False) -> dict[str, Any]:
+            twin: bool = False, alternate: int | None = None) -> dict[str, Any]:
     """One run of the scenario's job (profiled into `out` when `profile`; its
     twin, without the link's rate limit and the busy competitors, when
-    `twin`); returns the job's own measurements (rank 0's JSON line)."""
+    `twin`; the cause, competitors included, only in the steps of parity
+    `alternate` when given); returns the job's own measurements (rank 0's
+    JSON line)."""
     timeout = JOB_TIMEOUT_S if timeout is None else timeout
     e = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
     e.update(MPI_ENV)
@@ -232,13 +242,6 @@ def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
         e.update({"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(out),
                   "HOROVOD_PROFILE_BATCH_SIZE": batch,
                   "HOROVOD_PROFILE_HANG_S": f"{max(10.0, timeout / 4):g}"})
-    argv = [_python(), str(JOB), *(job or sc.job)]
-    if sc.pin is not None:
-        argv = ["taskset", "-c", sc.pin, *argv]
-    if sc.bind:  # rank r on the r-th CPU this runner may use
-        cpus = " ".join(map(str, sorted(os.sched_getaffinity(0))))
-        argv = ["sh", "-c", f'set -- {cpus}; shift $(( OMPI_COMM_WORLD_RANK % $# )); '
-                f'exec taskset -c "$1" {shlex.join(argv)}']
     loop = [_python(), "-c", "while True: pass"]
     if sc.competitor_cpu is not None:
         loop = ["taskset", "-c", str(sorted(os.sched_getaffinity(0))[sc.competitor_cpu]), *loop]
@@ -246,6 +249,16 @@ def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
     try:
         for _ in range(0 if twin else sc.competitors):  # a twin runs without them
             competitors.append(subprocess.Popen(loop, stdout=subprocess.DEVNULL))
+        argv = [_python(), str(JOB), *(job or sc.job)]
+        if alternate is not None:
+            argv += ["--alternate", str(alternate),
+                     "--toggle-pids", ",".join(str(c.pid) for c in competitors)]
+        if sc.pin is not None:
+            argv = ["taskset", "-c", sc.pin, *argv]
+        if sc.bind:  # rank r on the r-th CPU this runner may use
+            cpus = " ".join(map(str, sorted(os.sched_getaffinity(0))))
+            argv = ["sh", "-c", f'set -- {cpus}; shift $(( OMPI_COMM_WORLD_RANK % $# )); '
+                    f'exec taskset -c "$1" {shlex.join(argv)}']
         # what else used the CPUs while the job ran (the competitors included):
         # the truth of a noisy neighbour, measured by the runner, not the profiler
         cpu0, t0 = _cpu_by_pid(), time.monotonic()
@@ -369,11 +382,29 @@ def _cycle_ms(env: dict[str, str]) -> float | None:
     return float(v) if v else None
 
 
+def alternate_pairs(measured: dict[str, Any], phase: int) -> list[tuple[float, float]]:
+    """A run with --alternate `phase`: each timed step with the cause (its
+    number `phase` modulo 2) and the mean of its two neighbours without, both
+    the mean over the ranks' iterations.  Either neighbour alone would carry
+    an order effect of the cause on the step after it."""
+    ranks = [r["iter_ms"] for r in measured["ranks"]]
+    n, first = min(map(len, ranks)), int(measured["warmup"]) + 1
+    out = []
+    for s in range(first + (first + phase) % 2, n - 1, 2):
+        out.append((sum(it[s] for it in ranks) / len(ranks),
+                    sum((it[s - 1] + it[s + 1]) / 2 for it in ranks) / len(ranks)))
+    return out
+
+
 def _paired(with_cause: Sequence[float], without: Sequence[float]
             ) -> tuple[float, tuple[float, float]]:
     """The mean of the paired differences (cause - twin, round by round) and
     its 95% t interval."""
-    d = [a - b for a, b in zip(with_cause, without, strict=True)]
+    return _t_interval([a - b for a, b in zip(with_cause, without, strict=True)])
+
+
+def _t_interval(d: Sequence[float]) -> tuple[float, tuple[float, float]]:
+    """The mean of `d` and its 95% t interval."""
     m = sum(d) / len(d)
     if len(d) < 2:
         return m, (float("-inf"), float("inf"))
@@ -468,6 +499,20 @@ def evaluate(sc: Scenario, run: int, work: Path, *, twin: bool = True) -> Result
         own = _mean(measured["ranks"], "run_queue_ms")
         truth, truth_iv = _paired([own] * len(without), without)
         twin_ms = [[own], without]
+    elif sc.truth == "alternate" and twin:
+        # one unprofiled run holds both twins: each step with the cause against
+        # its neighbours without, pooled over ALT_ROUNDS runs, the cause in the
+        # even steps, then the odd ones (the same seeded pauses on both sides)
+        on, off, d = [], [], []
+        for i in range(ALT_ROUNDS):
+            m = run_job(sc, work / f"{sc.name}-{run}-alt{i}", profile=False, rules_file=rules,
+                        alternate=i % 2)
+            pairs = alternate_pairs(m, i % 2)
+            on.append(sum(p[0] for p in pairs) / len(pairs))
+            off.append(sum(p[1] for p in pairs) / len(pairs))
+            d += [a - b for a, b in pairs]
+        truth, truth_iv = _t_interval(d)
+        twin_ms = [on, off]
     elif sc.truth == "twin" and twin:
         twin_env = dict(sc.twin_env or {})
         if sc.expect == "fusion" and first is not None and first.key == "fusion":
