@@ -412,6 +412,27 @@ def rejudge(rows: Sequence[dict[str, Any]], work: Path) -> list[dict[str, Any]]:
     return out
 
 
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    """The per-seed table of docs/validation.md (Markdown): what each seed
+    drew, what was ranked first, its cost against the truth, and the verdict."""
+    keys = ("late_rank", "late_ms", "late_kind", "cliff_at", "busy", "busy_where", "busy_rank",
+            "cycle_ms")
+    out = ["| seed | cause | ranks | drawn | ranked first | cost ms | twin/truth ms [95%] "
+           "| false | ok |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        p = r["params"]
+        drawn = ([f"jitter {p['jitter_shape']} {p['jitter_ms']:g}"] if p.get("jitter_ms")
+                 else []) + [f"{k.replace('_', ' ')} {p[k]}" for k in keys if k in p]
+        t, iv = r.get("truth_ms"), r.get("truth_interval")
+        truth = ("-" if t is None else f"{t:.1f}" + (f" [{iv[0]:.1f}, {iv[1]:.1f}]" if iv else "")
+                 + (" (no effect)" if r.get("no_effect") else ""))
+        cost = "-" if r.get("cost_ms") is None else f"{r['cost_ms']:.1f}"
+        out.append(f"| {r['seed']} | {r['cause']} | {p['np']} | {', '.join(drawn) or '-'} | "
+                   f"{r.get('first') or '-'} | {cost} | {truth} | "
+                   f"{', '.join(r.get('false') or []) or '-'} | {'yes' if r['ok'] else 'NO'} |")
+    return "\n".join(out)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--set", choices=sorted(SETS), default="dev")
@@ -427,6 +448,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="judge the runs of these --json files again with the installed "
                         "profiler (their traces in --work), rerunning nothing; a later "
                         "file's seed replaces an earlier one's")
+    p.add_argument("--table", nargs="+", metavar="JSON",
+                   help="print the report and the per-seed Markdown table of these --json "
+                        "files (docs/validation.md), judging nothing")
     p.add_argument("--scale", action="store_true",
                    help="jobs of 64-1024 ranks from `profiler synth` (draw_scale) instead "
                         "of real 2-4 rank jobs")
@@ -440,6 +464,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             d = draw(s)
             print(json.dumps({"seed": s, "cause": d.cause, **d.params,
                               "job": d.scenario.job, "env": d.scenario.env}))
+        return 0
+    if a.table:
+        rows = [d for f in a.table for d in json.loads(Path(f).read_text())]
+        print(report(rows) + "\n\n" + table(rows))
         return 0
     if a.rejudge:
         if not a.work:

@@ -251,8 +251,9 @@ def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
             competitors.append(subprocess.Popen(loop, stdout=subprocess.DEVNULL))
         argv = [_python(), str(JOB), *(job or sc.job)]
         if alternate is not None:
-            argv += ["--alternate", str(alternate),
-                     "--toggle-pids", ",".join(str(c.pid) for c in competitors)]
+            argv += ["--alternate", str(alternate)]
+            if competitors:
+                argv += ["--toggle-pids", ",".join(str(c.pid) for c in competitors)]
         if sc.pin is not None:
             argv = ["taskset", "-c", sc.pin, *argv]
         if sc.bind:  # rank r on the r-th CPU this runner may use
