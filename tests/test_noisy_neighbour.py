@@ -396,30 +396,78 @@ def test_no_neighbour_no_finding(tmp_path: Path) -> None:
     assert all("noisy_neighbour" not in d for f in advice.findings for d in f.details)
 
 
+WAITS = [{0: 0.1, 1: 8.0 + (0.3 if s % 2 else 0.0)} for s in range(12)]
+
+
+def _one_core_job(waits: list[dict[int, float]], horovod_wait_ms: float | None = None
+                  ) -> pd.DataFrame:
+    """A 2-rank job whose rank 1 arrives late by its compute thread's wait
+    for a core (each step's "cpu" row); with `horovod_wait_ms`, its Horovod
+    thread's row too, waiting that long in each step."""
+    from test_breakdown import MS, _row, horovod_job
+
+    df, _ = horovod_job([[10.0, 10.0 + w[1]] for w in waits])
+    steps = df.loc[df["op"] == "step"]
+    cpu = []
+    for _, st in steps.iterrows():
+        rank, step, dur = int(st["rank"]), int(st["step"]), int(st["dur_ns"])
+        wait = int(waits[step][rank] * MS)
+        at = {"rank": rank, "op": "cpu", "seq": int(st["seq"]), "step": step,
+              "t_start_ns": int(st["t_start_ns"]), "t_end_ns": int(st["t_end_ns"])}
+        cpu.append(_row(**at, count=wait, bytes=dur - wait))
+        if horovod_wait_ms is not None and rank == 1:
+            hw = int(horovod_wait_ms * MS)
+            cpu.append(_row(**at, count=hw, bytes=2 * MS, thread_kind="horovod", tid=101))
+    df = pd.concat([df, pd.DataFrame(cpu)], ignore_index=True).sort_values(
+        ["rank", "t_start_ns"], kind="stable").reset_index(drop=True)
+    for c in ("op", "backend", "thread_kind", "kind"):
+        df[c] = df[c].astype("category")
+    return df
+
+
+def test_a_neighbour_slowing_horovods_thread_costs_its_share_of_negotiation_and_transfer(
+        ) -> None:
+    """After the last arrival the step waits for Horovod's threads (the
+    breakdown's "horovod" and "transfer" parts).  Rank 1's waits 30 ms of
+    each step for a core; the share of the step the neighbour explains of
+    that wait is the share of that phase the step would save: the cost is the compute thread's
+    counterfactual plus that, and says so."""
+    from profiler.analysis.breakdown import rank_breakdown
+    from profiler.analysis.findings.base import Context
+    from profiler.analysis.findings.contention import _explained_share, neighbours
+
+    meta = _meta(_two_ranks())
+    base = _findings(_one_core_job(WAITS), meta, "noisy_neighbour")[0]
+    df = _one_core_job(WAITS, horovod_wait_ms=30.0)
+    (f,) = _findings(df, meta, "noisy_neighbour")
+    ctx = Context(df=df, meta=meta, path="")
+    (n,) = neighbours(meta)
+    share = _explained_share(ctx, n, "horovod")
+    bd = rank_breakdown(df)
+    post = bd.groupby("step")[["horovod_ms", "transfer_ms"]].mean().sum(axis=1)
+    steady = sorted(set(ctx.steady["step"]))
+    extra = float((post.reindex(steady) * share.reindex(steady)).mean())
+    assert 0.0 < share.max() < 1.0 and extra > 0.0
+    assert f.cost_ms == pytest.approx(base.cost_ms + extra, abs=0.01)
+    assert f.cost_ms < float(bd.groupby("step")["wall_ms"].mean().mean())
+    assert any("negotiation and transfer" in d for d in f.details)
+
+
 def test_a_neighbour_on_one_ranks_core_costs_the_step_the_lead_it_gives_that_rank() -> None:
     """Rank 1's compute thread waits ~8 ms a step for its core, held by the
     neighbour, and arrives that much after rank 0.  The step would end ~8 ms
     sooner without it (the counterfactual: rank 1's arrivals moved earlier
     by its wait, the last arrival recomputed), not the wait averaged over
     the ranks (4 ms); rank 0 waits meanwhile and costs nothing more."""
-    from test_breakdown import MS, _row, horovod_job
-
-    waits = [{0: 0.1, 1: 8.0 + (0.3 if s % 2 else 0.0)} for s in range(12)]
-    df, _ = horovod_job([[10.0, 10.0 + w[1]] for w in waits])
-    steps = df.loc[df["op"] == "step"]
-    cpu = [_row(rank=int(st["rank"]), op="cpu", seq=int(st["seq"]), step=int(st["step"]),
-                t_start_ns=int(st["t_start_ns"]), t_end_ns=int(st["t_end_ns"]),
-                count=int(waits[int(st["step"])][int(st["rank"])] * MS),
-                bytes=int(st["dur_ns"]) - int(waits[int(st["step"])][int(st["rank"])] * MS))
-           for _, st in steps.iterrows()]
-    df = pd.concat([df, pd.DataFrame(cpu)], ignore_index=True).sort_values(
-        ["rank", "t_start_ns"], kind="stable").reset_index(drop=True)
-    for c in ("op", "backend", "thread_kind", "kind"):
-        df[c] = df[c].astype("category")
+    df = _one_core_job(WAITS)
     (f,) = _findings(df, _meta(_two_ranks()), "noisy_neighbour")
-    steady = [w[1] for w in waits[1:]]  # the steady steps: from the second on
+    steady = [w[1] for w in WAITS[1:]]  # the steady steps: from the second on
     assert f.cost_ms == pytest.approx(sum(steady) / len(steady), abs=0.01)
     assert f.significant and any("would end" in d for d in f.details)
+    # Horovod's background thread there, never kept from a core: nothing more
+    (g,) = _findings(_one_core_job(WAITS, horovod_wait_ms=0.0), _meta(_two_ranks()),
+                     "noisy_neighbour")
+    assert g.cost_ms == pytest.approx(f.cost_ms, abs=1e-9)
     # the same wait on both ranks' cores: every arrival moves, the step by the wait
     both = _findings(_frame(wait_ms={0: 0.1, 1: 8.0}), _meta(_two_ranks()), "noisy_neighbour")
     assert [x.numbers["ranks"] for x in both] == [[1]]

@@ -334,9 +334,20 @@ def neighbour_wait(ctx: Context) -> tuple[pd.DataFrame, list[Neighbour]]:
     return out, claimed
 
 
-def _neighbour_gain(ctx: Context, wait: pd.DataFrame) -> np.ndarray | None:
-    """Per steady step, how much sooner it would end without the neighbour's
-    wait (breakdown.shifted_gain: the ranks' arrivals moved earlier by it);
+def _neighbour_gain(ctx: Context, wait: pd.DataFrame, n: Neighbour
+                    ) -> tuple[np.ndarray, float] | None:
+    """Per steady step, how much sooner it would end without the neighbour,
+    in two phases, and the second's mean:
+
+    * before the last arrival: the compute threads' wait it explains
+      (breakdown.shifted_gain: the ranks' arrivals moved earlier by it);
+    * after it, Horovod's negotiation and transfer (the breakdown's
+      "horovod" and "transfer" parts, the ranks' mean): every rank's
+      background thread takes part, so the step waits for the one the
+      neighbour slows most; that phase shortens by the share of that
+      thread's time it waited for a core because of the neighbour (its
+      wait shared out as the compute thread's, _explained_share).
+
     None where fewer than MIN_STEPS steps have every rank's arrival."""
     from ..breakdown import shifted_gain
 
@@ -345,7 +356,33 @@ def _neighbour_gain(ctx: Context, wait: pd.DataFrame) -> np.ndarray | None:
         return None
     gain = shifted_gain(bd, wait)
     gain = gain.loc[gain.index.isin(wait.index)]
-    return gain.to_numpy() if len(gain) >= MIN_STEPS else None
+    if len(gain) < MIN_STEPS:
+        return None
+    post = bd.groupby("step")[["horovod_ms", "transfer_ms"]].mean().sum(axis=1)
+    share = _explained_share(ctx, n, "horovod")
+    after = (post.reindex(gain.index).fillna(0.0)
+             * share.reindex(gain.index).fillna(0.0)).to_numpy()
+    return gain.to_numpy() + after, float(after.mean())
+
+
+def _explained_share(ctx: Context, n: Neighbour, kind: str) -> pd.Series:
+    """Per step, of the neighbour's ranks' `kind` threads (from their "cpu"
+    rows), the largest share of the step's interval the thread waited for a
+    core because of the neighbour: its wait x F / (F + J), J the job's own
+    CPU time there less this thread's (neighbour_wait's rule).  Empty without
+    such rows."""
+    rows = cpu_rows(ctx.df)
+    rows = rows.loc[(rows["kind"] == kind) & rows["rank"].isin(n.ranks)]
+    if rows.empty:
+        return pd.Series(dtype=np.float64)
+    t = rows.groupby(["step", "rank"])[["run_ns", "wait_ns", "interval_ns"]].sum()
+    totals = t.groupby("rank")[["run_ns", "interval_ns"]].sum()
+    own = (totals["run_ns"] / totals["interval_ns"].clip(lower=1.0)) / len(n.cpus)
+    f = (n.foreign_share / np.maximum(n.busy_share - own, n.foreign_share)).clip(upper=1.0)
+    ranks = t.index.get_level_values("rank")
+    share = (t["wait_ns"] * f.reindex(ranks).to_numpy()
+             / t["interval_ns"].clip(lower=1.0)).clip(0.0, 1.0)
+    return share.groupby("step").max()
 
 
 def analyze_neighbour(ctx: Context) -> list[Finding]:
@@ -381,13 +418,16 @@ def analyze_neighbour(ctx: Context) -> list[Finding]:
                       f"thread waited {fmt_ms(own)} per step for a core because of them "
                       "(outside synchronize; its wait shared out by who else ran on the CPU, "
                       "at most their CPU time in the step)")
-            gain = _neighbour_gain(ctx, att[ranks])
-            if gain is not None:
+            got = _neighbour_gain(ctx, att[ranks], n)
+            if got is not None:
+                gain, after = got
                 cost, lo, hi = bootstrap_mean(gain)
                 details.append(
-                    f"{waited}: without that wait each step would end {fmt_ms(cost)} sooner "
-                    "(their arrivals moved earlier by it, each step's last arrival "
-                    "recomputed), the cost above"
+                    f"{waited}: without that wait, and without what they cost Horovod's "
+                    f"background thread{'s' if len(ranks) > 1 else ''} there after the last "
+                    f"rank arrives ({fmt_ms(after)} of its negotiation and transfer), each "
+                    f"step would end {fmt_ms(cost)} sooner (arrivals moved earlier, each "
+                    "step's last arrival recomputed), the cost above"
                     + (f"; the other ranks wait for {'it' if len(ranks) == 1 else 'them'} "
                        "meanwhile (late_ranks)." if len(ranks) < att.shape[1] else "."))
             else:  # no arrivals to move: their part, averaged over the ranks
