@@ -48,6 +48,9 @@ static host_snap host_start, host_end;
 static cpu_proc procs[CPU_MAX_PROCS];
 static int n_procs, n_sorted;      /* procs[0, n_sorted) sorted by pid */
 static char host_reason[160];      /* why a host figure is missing */
+/* the kernel's boot id: "hosts" that share it (network namespaces, containers
+ * on one node) share the CPUs and see each other's processes */
+static char boot_id[40];
 static int host_ended;             /* the end reading was taken */
 
 /* /proc/stat's cpuN lines into h (busy, idle, steal ticks); 0 when read. */
@@ -145,6 +148,19 @@ static void scan_procs(host_snap *h, int at_start)
     n_sorted = n_procs;
 }
 
+/* boot_id: /proc/sys/kernel/random/boot_id's 36 characters, or "" */
+static void read_boot_id(void)
+{
+    boot_id[0] = 0;
+    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    ssize_t n = read(fd, boot_id, sizeof boot_id - 1);
+    close(fd);
+    boot_id[n > 0 ? n : 0] = 0;
+    for (char *c = boot_id; *c; c++)
+        if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f') || *c == '-')) *c = 0;
+}
+
 /* The host now: /proc/stat and the processes, timed (cpu_lock held). */
 void cpu_host_read(int at_start)
 {
@@ -152,6 +168,7 @@ void cpu_host_read(int at_start)
     int64_t t0 = hvprof_mono_ns(), c0 = thread_cpu_ns();
     h->ticks = hvprof_ticks();
     h->seen = h->unreadable = h->omitted = 0;
+    if (at_start) read_boot_id();
     h->have = read_proc_stat(h) == 0;
     if (!h->have)
         snprintf(host_reason, sizeof host_reason, "cannot read /proc/stat's cpuN lines (%s)",
@@ -232,12 +249,15 @@ static void jprocs(jbuf *j, int ended)
     jout(j, "]");
 }
 
-/* The sidecar's "host": {"reason", "procs_kept", "start", "end", "procs"}. */
+/* The sidecar's "host": {"reason", "boot_id", "procs_kept", "start", "end",
+ * "procs"}. */
 void cpu_host_json(jbuf *j)
 {
     int ended = host_ended;
     jout(j, "\"host\": {\"reason\": ");
     jstr(j, host_reason);
+    jout(j, ", \"boot_id\": ");
+    jstr(j, boot_id);
     jout(j, ", \"procs_kept\": %d, ", CPU_PROCS_KEPT);
     jhost(j, "start", &host_start, 1);
     jout(j, ", ");
@@ -249,7 +269,7 @@ void cpu_host_json(jbuf *j)
 
 size_t cpu_host_json_bytes(void)
 {
-    return sizeof host_reason * 6 + (size_t)CPU_PROCS_KEPT * 220
+    return sizeof host_reason * 6 + sizeof boot_id + 16 + (size_t)CPU_PROCS_KEPT * 220
            + (size_t)(host_start.n_cpus + host_end.n_cpus) * 90;
 }
 
@@ -261,6 +281,7 @@ void cpu_host_reset(void)
     host_start.have = host_end.have = 0;
     host_start.n_cpus = host_end.n_cpus = 0;
     host_reason[0] = 0;
+    boot_id[0] = 0;
     host_ended = 0;
 }
 

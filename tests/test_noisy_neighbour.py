@@ -100,6 +100,33 @@ def test_host_view_splits_each_cpu_into_the_job_and_the_others() -> None:
     assert {p["pid"] for p in h["foreign"]}.isdisjoint(h["job_pids"])
 
 
+@pytest.mark.parametrize("same_kernel", [True, False])
+def test_ranks_named_as_other_hosts_on_this_kernel_are_the_job(same_kernel: bool) -> None:
+    """Rank 1 named as host "h1", on the kernel of rank 0's "h0" (the same
+    boot id: simulated hosts, containers on one node): h0's view sees its
+    process on CPU 1 and counts it as the job, with its launcher.  On
+    another kernel, a process with its pid on h0 is another process: a
+    neighbour."""
+    ranks = _two_ranks(busy_ticks=0)
+    ranks[0]["host"], ranks[1]["host"] = "h0", "h1"
+    ranks[0]["cpu"]["affinity"] = [0, 1]  # unbound: CPU 1 is its too
+    for r, boot in zip(ranks, ("b0", "b0" if same_kernel else "b1"), strict=True):
+        r["cpu"]["host"]["boot_id"] = boot
+    ranks[0]["cpu"]["host"]["procs"] = [p for p in ranks[0]["cpu"]["host"]["procs"]
+                                        if p["pid"] != 50]  # rank 1's launcher: another
+    ranks[0]["cpu"]["host"]["procs"].append(_proc(60, 1, "orted", 1, 0, 3))
+    ranks[0]["cpu"]["host"]["procs"][1]["ppid"] = 60
+    h0 = next(h for h in cpu_format.host_view(ranks) if h["host"] == "h0")
+    foreign = {p["pid"] for p in h0["foreign"] if p["cpu_ns"] > 0}
+    cpu1 = next(c for c in h0["cpus"] if c["cpu"] == 1)
+    if same_kernel:  # and its CPU time is the job's
+        assert {200, 60} <= set(h0["job_pids"]) and foreign == set()
+        assert cpu1["foreign_share"] == pytest.approx(0.0, abs=1e-9)
+    else:
+        assert 200 not in h0["job_pids"] and foreign == {200, 60}
+        assert cpu1["foreign_share"] == pytest.approx(0.5)
+
+
 def test_host_view_without_end_readings_says_why() -> None:
     ranks = _two_ranks()
     for r in ranks:

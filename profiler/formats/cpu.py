@@ -31,7 +31,8 @@ keeps its last successful read).  :func:`rank_doc` turns it into the block:
      "slices", "nvcsw", "nivcsw", "t_ns"} | None (not alive at start),
      "end": {...} | None}],
      "clk_tck": int | None (the kernel's clock ticks per second),
-     "host": {"reason": str, "start": HOST | None, "end": HOST | None,
+     "host": {"reason": str, "boot_id": str (the kernel's; "" unknown),
+              "start": HOST | None, "end": HOST | None,
               "procs": [PROC]} | None (files from before the host was read)}
 
 cpu_ns / wait_ns / slices: the kernel's schedstat (ns on a CPU, ns waiting on
@@ -229,7 +230,9 @@ def _host(v: Any, header: Mapping[str, Any]) -> dict[str, Any] | None:
                       "cpu": (lambda c: c if c is not None and c >= 0 else None)(
                           _int(p.get("cpu"))),
                       "start": start, "end": end, "own": p.get("own") is True})
+    boot = v.get("boot_id")
     return {"reason": v.get("reason") if isinstance(v.get("reason"), str) else "",
+            "boot_id": boot if isinstance(boot, str) and len(boot) <= 64 else "",
             "start": _reading(v.get("start"), header), "end": _reading(v.get("end"), header),
             "procs": procs}
 
@@ -242,7 +245,7 @@ def trace_block(cpu: Mapping[str, Any] | None) -> dict[str, Any] | None:
     out = dict(cpu)
     host = cpu.get("host")
     if isinstance(host, Mapping):
-        out["host"] = {"reason": host.get("reason", ""), **{
+        out["host"] = {"reason": host.get("reason", ""), "boot_id": host.get("boot_id", ""), **{
             k: ({kk: vv for kk, vv in r.items() if kk != "cpus"}
                 if isinstance(r, Mapping) else None)
             for k, r in ((k, host.get(k)) for k in ("start", "end"))}}
@@ -270,7 +273,10 @@ def host_view(ranks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     thread that moved between CPUs counts on its last one: exact for ranks
     bound to their CPUs, an estimate otherwise (the sum over the job's CPUs
     stays right).  The foreign processes: the busiest processes outside the
-    job whose last CPU is one of the job's (FOREIGN_TOP).  Each host:
+    job whose last CPU is one of the job's (FOREIGN_TOP).  The job's ranks
+    named as other hosts on the same kernel (boot_id: simulated hosts,
+    containers on one node) and their children and launchers are the job
+    too, never foreign.  Each host:
 
         {"host", "ranks": [{"rank", "pid", "cpus": [its affinity]}],
          "window_ns", "clk_tck", "reference_rank", "reason": "" | why not,
@@ -283,21 +289,43 @@ def host_view(ranks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for r in ranks:
         if isinstance(r.get("cpu"), Mapping):
             by_host.setdefault(str(r.get("host", "")), []).append(r)
-    return [_safe_host(h, rs) for h, rs in sorted(by_host.items())]
+    return [_safe_host(h, rs, _same_kernel(rs, ranks)) for h, rs in sorted(by_host.items())]
 
 
-def _safe_host(host: str, ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _boot_id(r: Mapping[str, Any]) -> str:
+    h = r["cpu"].get("host") if isinstance(r.get("cpu"), Mapping) else None
+    b = h.get("boot_id") if isinstance(h, Mapping) else None
+    return b if isinstance(b, str) else ""
+
+
+def _same_kernel(mine: Sequence[Mapping[str, Any]],
+                 ranks: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The job's ranks named as other hosts that run on the same kernel as
+    these (the same boot id: network namespaces, containers on one node):
+    they share the CPUs and are the job, never a neighbour."""
+    boots = {_boot_id(r) for r in mine} - {""}
+    if not boots:
+        return []
+    ours = {id(r) for r in mine}
+    return [r for r in ranks if id(r) not in ours and _boot_id(r) in boots]
+
+
+def _safe_host(host: str, ranks: Sequence[Mapping[str, Any]],
+               also: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """_one_host, or a view that says why not: the sidecars are the ranks' own
     files, and a damaged one makes no view rather than a failed merge."""
     try:
-        return _one_host(host, ranks)
+        return _one_host(host, ranks, also)
     except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
         return {"host": host, "ranks": [], "window_ns": None, "clk_tck": None,
                 "reference_rank": None, "cpus": [], "foreign": [], "job_pids": [],
                 "reason": f"the host readings are malformed ({type(exc).__name__}: {exc})"}
 
 
-def _one_host(host: str, ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _one_host(host: str, ranks: Sequence[Mapping[str, Any]],
+              also: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One host's view (host_view); `also`: the job's ranks named as other
+    hosts on this kernel, whose processes and CPU time are the job's here."""
     view: dict[str, Any] = {
         "host": host, "ranks": [], "window_ns": None, "clk_tck": None,
         "reference_rank": None, "reason": "", "cpus": [], "foreign": [], "job_pids": []}
@@ -349,9 +377,10 @@ def _one_host(host: str, ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             return float(p["end"]) * tick_ns if complete_start else None
         return max(float(p["end"]) - float(p["start"]), 0.0) * tick_ns
 
-    # the job: the ranks, their children (recursively) and their launcher
-    job = set(pids)
-    launchers = {int(procs[p]["ppid"]) for p in pids
+    # the job: the ranks (with those of other host names on this kernel),
+    # their children (recursively) and their launchers
+    job = set(pids) | {q for r in also if (q := _int(r.get("pid"))) is not None}
+    launchers = {int(procs[p]["ppid"]) for p in job
                  if p in procs and (procs[p].get("ppid") or 0) > 1}
     grew = True
     while grew:
@@ -366,7 +395,7 @@ def _one_host(host: str, ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             own_ns[int(cpu)] = own_ns.get(int(cpu), 0.0) + ns
             used_cpus.add(int(cpu))
 
-    for r in ranks:
+    for r in [*ranks, *also]:
         threads_ns, main_cpu = 0.0, None
         for t in r["cpu"].get("threads") or []:
             end, start = t.get("end"), t.get("start")
