@@ -38,7 +38,7 @@ def test_a_seed_draws_the_same_scenario_and_the_sets_do_not_meet() -> None:
 
 def test_the_space_covers_every_cause_rank_count_and_cliff_position() -> None:
     drawn = [randomized.draw(s) for s in range(300)]
-    assert {d.cause for d in drawn} == set(randomized.CAUSES)
+    assert {d.cause for d in drawn} == set(randomized.CAUSES) | {"link"}
     assert {d.params["np"] for d in drawn} == {2, 3, 4}
     assert {d.params.get("cliff_at") for d in drawn if d.cause == "cliff"} == \
         {"smallest", "middle", "largest"}
@@ -52,6 +52,9 @@ def test_the_space_covers_every_cause_rank_count_and_cliff_position() -> None:
             assert sc.truth == "alternate"
         if d.cause == "cliff":
             assert sc.rules and sc.confirm and str(d.params["cliff_bytes"]) in sc.rules_text
+        if d.cause == "link":  # its twin: the same hosts without the rate limit
+            assert (sc.hosts, sc.np, sc.truth, sc.bench) == (2, 2, "twin", True)
+            assert sc.host_rates == {1: d.params["link_rate"]}
 
 
 def test_the_scale_space_covers_rank_counts_and_two_causes_at_once() -> None:

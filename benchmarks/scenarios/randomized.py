@@ -34,7 +34,12 @@ What a seed draws (draw()):
     or (since 2026-12-06) one on the core of one of 2 ranks bound a core
     each (the step then waits for that rank): noisy_neighbour;
   - HOROVOD_CYCLE_TIME of 10-30 ms;
-  - fusion off on a model of many small tensors.
+  - fusion off on a model of many small tensors;
+  - (since late 2026-12-06) a slow link: 2 ranks on 2 simulated hosts
+    (network namespaces, DESIGN.md), the link limited to 100-500 Mbit/s,
+    8 MiB of gradients, the fabric measured by a sweep on the same hosts
+    (the bench advise reads): transfer_bound.  Drawn from a stream of its
+    own (LINK_SHARE of the seeds), so the other seeds keep their draws.
 
 Truth. A cause whose effect is the step it adds is priced against twins: the
 same job (same seed, same jitter) without the cause, unprofiled, alternating
@@ -79,6 +84,9 @@ SETS = {"dev": DEV, "heldout": HELDOUT}
 
 #: causes and their weights in the draw
 CAUSES = {"none": 2, "jitter": 2, "late": 4, "cliff": 3, "busy": 1, "cycle": 1, "fusion": 1}
+#: the share of seeds drawn as a slow link instead, by their own stream
+LINK_SHARE = 0.1
+LINK_RATES = ("100mbit", "200mbit", "500mbit")
 #: the heads model's gradients (job.CLIFF_WIDTHS x 128 float32s), smallest first
 HEAD_BYTES = [128 * w * 4 for w in (32, 64, 128, 256, 320, 384, 448, 512, 1000, 2048)]
 CLIFF_AT = {"smallest": HEAD_BYTES[0], "middle": HEAD_BYTES[4], "largest": HEAD_BYTES[-1]}
@@ -133,9 +141,24 @@ def draw(seed: int) -> Drawn:
     # a second cause: the jitter's waiting may cost more than the first and rank above it
     above = ({"rank_waiting": "the injected jitter, a second cause"}
              if jitter and cause not in ("none", "jitter") else {})
+    link = np.random.default_rng([seed, 48])
+    if link.random() < LINK_SHARE:
+        cause, np_, rate = "link", 2, str(link.choice(LINK_RATES))
+        steps = int(link.integers(12, 21))
+        params.update(np=np_, steps=steps, link_rate=rate)
+        above = ({"rank_waiting": "the injected jitter, a second cause"} if jitter else {})
     name = f"r{seed}-{cause}"
     common: dict[str, Any] = {"np": np_, "above": above}
-    if cause == "none":
+    if cause == "link":
+        sc = suite.Scenario(
+            name, f"2 simulated hosts, the link limited to {rate}", "transfer_bound", "twin",
+            ["--model", "wide", "--steps", str(steps), "--batch", str(batch),
+             "--seed", str(seed), *jit],
+            hosts=2, host_rates={1: rate}, twin_env={}, bench=True,
+            also={**waiting, "compute_bound": suite.COMPUTE_BOUND,
+                  "cpu_contention": "the job's threads poll while the link is slow"},
+            **common)
+    elif cause == "none":
         sc = suite.Scenario(name, "nothing injected", None, "none", base + jit,
                             also={**waiting, "compute_bound": suite.COMPUTE_BOUND}, **common)
     elif cause == "jitter":
