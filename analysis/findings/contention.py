@@ -313,11 +313,10 @@ def neighbour_wait(ctx: Context) -> tuple[pd.DataFrame, list[Neighbour]]:
     claimed = []
     for n in found:
         span = n.window_ns * len(n.cpus)
-        foreign, busy = n.foreign_share * span, n.busy_share * span
         shares = []
         for r in n.ranks:
             run_ns, wait_ns = _main_run_wait_ns(ctx.meta, r)
-            f = min(foreign / max(busy - run_ns, foreign, 1.0), 1.0)
+            f = _theirs(n, run_ns / max(span, 1.0))
             if r in wait.columns and len(wait) >= MIN_STEPS:
                 cap = interval[r] * n.foreign_share * len(n.cpus)
                 out[r] = np.minimum(wait[r] * f, cap)
@@ -332,6 +331,15 @@ def neighbour_wait(ctx: Context) -> tuple[pd.DataFrame, list[Neighbour]]:
     if not claimed:
         return pd.DataFrame(), []
     return out, claimed
+
+
+def _theirs(n: Neighbour, own_share: float) -> float:
+    """Of a thread's wait for a core on the neighbour's CPUs, the part the
+    neighbour explains: F / (F + J), F its share of the CPUs' time, J the
+    job's own less this thread's (`own_share`, of the same time): a wait
+    shared out in proportion to who else ran."""
+    return float(min(n.foreign_share / max(n.busy_share - own_share, n.foreign_share, 1e-12),
+                     1.0))
 
 
 def _neighbour_gain(ctx: Context, wait: pd.DataFrame, n: Neighbour
@@ -368,19 +376,17 @@ def _neighbour_gain(ctx: Context, wait: pd.DataFrame, n: Neighbour
 def _explained_share(ctx: Context, n: Neighbour, kind: str) -> pd.Series:
     """Per step, of the neighbour's ranks' `kind` threads (from their "cpu"
     rows), the largest share of the step's interval the thread waited for a
-    core because of the neighbour: its wait x F / (F + J), J the job's own
-    CPU time there less this thread's (neighbour_wait's rule).  Empty without
-    such rows."""
+    core because of the neighbour (its wait x _theirs).  Empty without such
+    rows."""
     rows = cpu_rows(ctx.df)
     rows = rows.loc[(rows["kind"] == kind) & rows["rank"].isin(n.ranks)]
     if rows.empty:
         return pd.Series(dtype=np.float64)
     t = rows.groupby(["step", "rank"])[["run_ns", "wait_ns", "interval_ns"]].sum()
     totals = t.groupby("rank")[["run_ns", "interval_ns"]].sum()
-    own = (totals["run_ns"] / totals["interval_ns"].clip(lower=1.0)) / len(n.cpus)
-    f = (n.foreign_share / np.maximum(n.busy_share - own, n.foreign_share)).clip(upper=1.0)
-    ranks = t.index.get_level_values("rank")
-    share = (t["wait_ns"] * f.reindex(ranks).to_numpy()
+    f = {int(r): _theirs(n, float(v["run_ns"]) / max(float(v["interval_ns"]), 1.0) / len(n.cpus))
+         for r, v in totals.iterrows()}
+    share = (t["wait_ns"] * np.array([f[int(r)] for r in t.index.get_level_values("rank")])
              / t["interval_ns"].clip(lower=1.0)).clip(0.0, 1.0)
     return share.groupby("step").max()
 

@@ -147,7 +147,7 @@ def main() -> None:
     p.add_argument("--alternate", type=int, choices=(0, 1), default=None,
                    help="the cause only in steps of this parity (the runner's in-run twin)")
     p.add_argument("--toggle-pids", default="",
-                   help="with --alternate: processes rank 0 lets run in even steps only")
+                   help="with --alternate: processes rank 0 lets run in the cause's steps only")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     hvd.init()

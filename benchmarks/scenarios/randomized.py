@@ -132,6 +132,10 @@ def draw(seed: int) -> Drawn:
     jitter = 0.0 if cause == "none" else float(rng.choice([0.0, 10.0, 20.0, 40.0]))
     if cause == "jitter":
         jitter = float(rng.choice([10.0, 20.0, 40.0]))
+    link = np.random.default_rng([seed, 48])  # its own stream: the others keep their draws
+    if link.random() < LINK_SHARE:
+        cause, np_, rate = "link", 2, str(link.choice(LINK_RATES))
+        steps = int(link.integers(12, 21))
     base = ["--model", "mlp", "--steps", str(steps), "--batch", str(batch),
             "--seed", str(seed)]
     jit = ["--jitter-ms", f"{jitter:g}", "--jitter-shape", shape] if jitter else []
@@ -141,12 +145,8 @@ def draw(seed: int) -> Drawn:
     # a second cause: the jitter's waiting may cost more than the first and rank above it
     above = ({"rank_waiting": "the injected jitter, a second cause"}
              if jitter and cause not in ("none", "jitter") else {})
-    link = np.random.default_rng([seed, 48])
-    if link.random() < LINK_SHARE:
-        cause, np_, rate = "link", 2, str(link.choice(LINK_RATES))
-        steps = int(link.integers(12, 21))
-        params.update(np=np_, steps=steps, link_rate=rate)
-        above = ({"rank_waiting": "the injected jitter, a second cause"} if jitter else {})
+    if cause == "link":
+        params["link_rate"] = rate
     name = f"r{seed}-{cause}"
     common: dict[str, Any] = {"np": np_, "above": above}
     if cause == "link":
