@@ -498,3 +498,19 @@ def test_a_neighbour_on_one_ranks_core_costs_the_step_the_lead_it_gives_that_ran
     # the same wait on both ranks' cores: every arrival moves, the step by the wait
     both = _findings(_frame(wait_ms={0: 0.1, 1: 8.0}), _meta(_two_ranks()), "noisy_neighbour")
     assert [x.numbers["ranks"] for x in both] == [[1]]
+
+
+def test_a_neighbour_holding_up_only_horovods_thread_is_named() -> None:
+    """The claim's rule is cpu_contention's: the compute thread or Horovod's
+    background thread waits for a core because of the neighbour.  Rank 1's
+    compute thread waits 0.4 ms of each step (under the claim's share), its
+    Horovod thread half its step: named, and its cost is that thread's share
+    of negotiation and transfer.  A Horovod thread that waits 0.2 ms: not."""
+    small = [{0: 0.1, 1: 0.4} for _ in range(12)]
+    meta = _meta(_two_ranks())
+    assert _findings(_one_core_job(small, horovod_wait_ms=0.2), meta, "noisy_neighbour") == []
+    assert _findings(_one_core_job(small), meta, "noisy_neighbour") == []
+    (f,) = _findings(_one_core_job(small, horovod_wait_ms=8.0), meta, "noisy_neighbour")
+    assert f.numbers["wait_share"] < 0.10 <= f.numbers["horovod_share"] < 1.0, f.numbers
+    assert f.significant and f.cost_ms > 0.4
+    assert any("Horovod's background thread" in d for d in f.details), f.details

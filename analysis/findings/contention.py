@@ -33,8 +33,11 @@ else ran on the CPUs over the run (the foreign processes' CPU time against
 the job's other threads'), and never exceeds the foreign CPU time in the
 step's interval.  A rank's CPUs (its affinity) are named when both hold:
 processes outside the job took NEIGHBOUR_SHARE of their time, and the ranks'
-compute threads waited NEIGHBOUR_WAIT_SHARE of their time because of them (a
-neighbour that only takes the time the job leaves idle costs it nothing).
+compute threads, or their Horovod background threads, waited
+NEIGHBOUR_WAIT_SHARE of their time because of them (a neighbour that only
+takes the time the job leaves idle costs it nothing; one that holds up
+Horovod's thread costs the step its negotiation and transfer, as
+cpu_contention counts either thread).
 The finding names the CPUs, the ranks on them and the busiest foreign
 processes there; that wait is left out of cpu_contention, which keeps what
 the job's own threads cause: one wait, one cause each.  Its cost is a
@@ -79,8 +82,8 @@ NEIGHBOUR_WAIT_SHARE = 2 * UNCONTENDED_SHARE
 NAMED_SHARE = 0.02
 NEIGHBOUR_NULL = (f"CPUs free of other processes: processes outside the job take under "
                   f"{NEIGHBOUR_SHARE:.0%} of the time of each rank's CPUs, or its compute "
-                  f"threads wait under {NEIGHBOUR_WAIT_SHARE:.0%} of their time because of "
-                  "them")
+                  f"and Horovod threads wait under {NEIGHBOUR_WAIT_SHARE:.0%} of their time "
+                  "because of them")
 
 
 def cpu_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -214,6 +217,9 @@ class Neighbour:
     #: the ranks' compute-thread wait these processes explain, as a share of
     #: the threads' time (the most of the ranks; neighbour_wait)
     wait_share: float = float("nan")
+    #: the same for the ranks' Horovod background threads (the steps' mean of
+    #: the most of the ranks; _explained_share)
+    horovod_share: float = float("nan")
 
     def where(self) -> str:
         """"CPU 1, where rank 1 runs," (host named with several)."""
@@ -298,8 +304,9 @@ def neighbour_wait(ctx: Context) -> tuple[pd.DataFrame, list[Neighbour]]:
     taken more than their CPU time in the step.  Also the neighbours
     claimed (neighbours() whose ranks' wait so explained is
     NEIGHBOUR_WAIT_SHARE of their compute threads' time outside synchronize
-    in those steps; without CPU rows, of their whole run, from the sidecar's
-    figures), each with its wait_share.  The table holds their ranks (0 for
+    in those steps, without CPU rows of their whole run from the sidecar's
+    figures; or of their Horovod threads' time in those steps), each with
+    its wait_share and horovod_share.  The table holds their ranks (0 for
     the others); empty without CPU rows or claimed neighbours."""
     found = neighbours(ctx.meta)
     if not found:
@@ -324,7 +331,10 @@ def neighbour_wait(ctx: Context) -> tuple[pd.DataFrame, list[Neighbour]]:
             elif run_ns + wait_ns > 0:
                 shares.append(wait_ns * f / (run_ns + wait_ns))
         n.wait_share = max(shares) if shares else float("nan")
-        if n.wait_share >= NEIGHBOUR_WAIT_SHARE:
+        bg = _explained_share(ctx, n, "horovod")
+        bg = bg.loc[bg.index.isin(wait.index)]
+        n.horovod_share = float(bg.mean()) if len(bg) >= MIN_STEPS else float("nan")
+        if n.wait_share >= NEIGHBOUR_WAIT_SHARE or n.horovod_share >= NEIGHBOUR_WAIT_SHARE:
             claimed.append(n)
         else:
             out[[r for r in n.ranks if r in out.columns]] = 0.0
@@ -410,9 +420,13 @@ def analyze_neighbour(ctx: Context) -> list[Finding]:
             + (f"; the busiest of those: {named} of a CPU (last seen on the job's CPUs)."
                if named else "; no single process stands out (short-lived processes, "
                "or ones the scan could not read).")]
-        details.append(f"the compute thread{'s' if len(n.ranks) > 1 else ''} there waited "
-                       f"{fmt_share(n.wait_share)} of {'their' if len(n.ranks) > 1 else 'its'} "
-                       "time for a core because of them.")
+        pl = len(n.ranks) > 1
+        details.append(f"the compute thread{'s' if pl else ''} there waited "
+                       f"{fmt_share(n.wait_share)} of {'their' if pl else 'its'} time for a "
+                       "core because of them"
+                       + (f", Horovod's background thread{'s' if pl else ''} "
+                          f"{fmt_share(n.horovod_share)} of {'theirs' if pl else 'its'}"
+                          if np.isfinite(n.horovod_share) else "") + ".")
         if n.steal_share >= 0.05:
             details.append(f"the hypervisor also took {fmt_share(n.steal_share)} (steal time), "
                            "which no process of this host explains.")
@@ -468,6 +482,7 @@ def analyze_neighbour(ctx: Context) -> list[Finding]:
                      "busy_share": n.busy_share, "job_share": n.job_share,
                      "foreign_share": n.foreign_share, "steal_share": n.steal_share,
                      "window_s": n.window_ns / 1e9, "wait_share": n.wait_share,
+                     "horovod_share": n.horovod_share,
                      "processes": [{k: p.get(k) for k in ("pid", "name", "cpu", "share")}
                                    for p in n.procs[:5]]},
             significant=significant, part="compute" if cost is not None else "",
