@@ -48,8 +48,10 @@ def test_the_space_covers_every_cause_rank_count_and_cliff_position() -> None:
     assert {d.params["late_rank"] for d in late} == {0, 1, 2, 3}
     for d in drawn:  # a twin truth has a twin that differs from the job by the cause alone
         sc = d.scenario
-        if d.cause in ("late", "busy"):  # switched on and off between steps of one run
+        if d.cause == "late":  # switched on and off between steps of one run
             assert sc.truth == "alternate"
+        if d.cause == "busy":  # running throughout against none (toggle_check.py)
+            assert (sc.truth, sc.twin_env) == ("twin", {}) and sc.competitors >= 1
         if d.cause == "cliff":
             assert sc.rules and sc.confirm and str(d.params["cliff_bytes"]) in sc.rules_text
         if d.cause == "link":  # its twin: the same hosts without the rate limit

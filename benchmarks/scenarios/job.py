@@ -148,6 +148,10 @@ def main() -> None:
                    help="the cause only in steps of this parity (the runner's in-run twin)")
     p.add_argument("--toggle-pids", default="",
                    help="with --alternate: processes rank 0 lets run in the cause's steps only")
+    p.add_argument("--toggle-how", choices=("stop", "idle", "stopidle"), default="stop",
+                   help="how they are kept from the other steps: stopped (SIGSTOP), left "
+                        "running at SCHED_IDLE, or made SCHED_IDLE and stopped (continued "
+                        "at SCHED_IDLE, then made normal); toggle_check.py compares them")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     hvd.init()
@@ -172,7 +176,7 @@ def main() -> None:
         for step in range(a.steps + a.warmup):
             on = a.alternate is None or step % 2 == a.alternate  # the cause, this step
             for pid in toggled:
-                _signal(pid, signal.SIGCONT if on else signal.SIGSTOP)
+                _toggle(pid, on, a.toggle_how)
             # the "data loading" of this step: every injected sleep happens here
             pause = a.stall_ms + next(jitter)
             if on and rank == a.late_rank and a.late_kind == "spin":
@@ -202,7 +206,7 @@ def main() -> None:
             last, rq = now, rq_now
     finally:
         for pid in toggled:  # as they came: running (the runner stops them)
-            _signal(pid, signal.SIGCONT)
+            _toggle(pid, True, a.toggle_how)
     mine = {"rank": rank, "step_ms": 1e3 * sum(steps) / len(steps),
             "outside_ms": 1e3 * sum(outside) / len(outside),
             # the run-queue wait outside optimizer.step
@@ -222,9 +226,24 @@ def main() -> None:
     hvd.shutdown()
 
 
-def _signal(pid: int, sig: int) -> None:
+def _toggle(pid: int, on: bool, how: str) -> None:
+    """Let a process run as a normal one (`on`), or keep it from the job's
+    CPU time (`how`, --toggle-how): stopped; at SCHED_IDLE (it runs when no
+    other task wants the CPU, but takes what the job's yielding threads hand
+    it); or both, continued at SCHED_IDLE before it is made normal."""
     try:
-        os.kill(pid, sig)
+        if how == "stop":
+            os.kill(pid, signal.SIGCONT if on else signal.SIGSTOP)
+        elif how == "stopidle":
+            if on:
+                os.kill(pid, signal.SIGCONT)
+                os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
+            else:
+                os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+                os.kill(pid, signal.SIGSTOP)
+        else:
+            os.sched_setscheduler(pid, os.SCHED_OTHER if on else os.SCHED_IDLE,
+                                  os.sched_param(0))
     except ProcessLookupError:
         pass
 

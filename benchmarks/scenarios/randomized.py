@@ -45,11 +45,14 @@ Truth. A cause whose effect is the step it adds is priced against twins: the
 same job (same seed, same jitter) without the cause, unprofiled, alternating
 with the cause (suite.TWIN_ROUNDS pairs); its 95% interval says when the
 cause made no measurable difference, and such a run leaves recall. A late
-rank and busy neighbours (since late 2026-12-06: before, separate twin runs and
-the run-queue wait) are priced in-run (suite.py, "alternate"): the cause in
-even steps only, each against its odd neighbours; jitter on the
+rank (since late 2026-12-06) is priced in-run (suite.py, "alternate"): the
+cause in even steps only, each against its odd neighbours; jitter on the
 pauses the run drew (at 2 ranks and 30 steps, the exponential pauses' sample
-mean is off its expectation by a fifth at one sigma).
+mean is off its expectation by a fifth at one sigma).  Busy neighbours are
+priced by twins, the loops running throughout against none: a loop stopped
+and continued between steps costs its steps more than one that never stops
+(toggle_check.py; docs/validation.md), so the in-run twin, which they used
+from 09f6b1b to 9545994, overstated them.
 """
 
 from __future__ import annotations
@@ -203,15 +206,15 @@ def draw(seed: int) -> Drawn:
         if where == "anywhere":
             params.update(busy=k, busy_where=where)
             sc = suite.Scenario(name, f"{k} busy-looping process(es) beside the job",
-                                "noisy_neighbour", "alternate", base + jit, competitors=k,
-                                also=busy_also, **common)
+                                "noisy_neighbour", "twin", base + jit, competitors=k,
+                                twin_env={}, also=busy_also, **common)
         else:
             rank = int(rng.integers(0, 2))
             params.update(np=2, busy=1, busy_where=where, busy_rank=rank)
             sc = suite.Scenario(name, f"ranks bound a core each, a busy loop on rank {rank}'s",
-                                "noisy_neighbour", "alternate", base + jit, competitors=1,
-                                competitor_cpu=rank, bind=True, also=busy_also,
-                                np=2, above=above)
+                                "noisy_neighbour", "twin", base + jit, competitors=1,
+                                competitor_cpu=rank, bind=True, twin_env={},
+                                also=busy_also, np=2, above=above)
     elif cause == "cycle":
         cyc = int(rng.integers(10, 31))
         params.update(cycle_ms=cyc)

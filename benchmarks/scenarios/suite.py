@@ -215,6 +215,11 @@ def _foreign_share(before: dict[tuple[int, float], float],
     return used / (wall_s * (os.cpu_count() or 1)) if wall_s > 0 else 0.0
 
 
+#: how an in-run twin keeps busy processes from the job in the steps without
+#: the cause (job.py --toggle-how)
+TOGGLE_HOW = "stop"
+
+
 def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
             job: list[str] | None = None, profile: bool = True,
             rules_file: Path | None = None, timeout: float | None = None,
@@ -253,7 +258,8 @@ def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
         if alternate is not None:
             argv += ["--alternate", str(alternate)]
             if competitors:
-                argv += ["--toggle-pids", ",".join(str(c.pid) for c in competitors)]
+                argv += ["--toggle-pids", ",".join(str(c.pid) for c in competitors),
+                         "--toggle-how", TOGGLE_HOW]
         if sc.pin is not None:
             argv = ["taskset", "-c", sc.pin, *argv]
         if sc.bind:  # rank r on the r-th CPU this runner may use
