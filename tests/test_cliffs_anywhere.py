@@ -160,3 +160,63 @@ def test_the_run_reference_of_the_largest_size_is_on_the_curve() -> None:
     ref = cliffs.reference_us(st, SIZES[-1], {SIZES[-1]})
     assert ref == pytest.approx(_clean_ns(SIZES[-1]) / 1e3, rel=0.03)
     assert np.isfinite(ref)
+
+
+# a fused job: one buffer a step, 2,658,304 B (the heads model's gradients,
+# benchmarks/scenarios/job.py), and nothing beside it on the run's curve
+FUSED = 2_658_304
+#: the bench of the same fabric: the job's size and the powers of two around it
+BENCH_SIZES = sorted({FUSED} | {1 << k for k in range(10, 23)})
+
+
+def _fused_job(slow: float, steps: int = 40) -> pd.DataFrame:
+    return training(steps=steps, sizes=[FUSED], call_ns=[int(_clean_ns(FUSED) * slow)],
+                    step_ns=40_000_000, sync=True, control_per_step=0)
+
+
+def _with_bench(df: pd.DataFrame, bench: pd.DataFrame, replay: pd.DataFrame | None = None
+                ) -> list:  # type: ignore[type-arg]
+    rep = Context(df=replay, meta={}) if replay is not None else None
+    a = advise_frame(df, {}, only=["latency_cliffs"], bench=Context(df=bench, meta={}),
+                     replay=rep)
+    return [f for f in a.findings if f.key == "latency_cliffs"]
+
+
+def test_a_fused_buffer_alone_on_a_cliff_is_judged_against_the_bench() -> None:
+    """One size a step has no curve of its own: without a bench nothing can
+    be judged, and nothing is said.  Against the bench's curve it is
+    flagged; a replay with the cliff confirms it and prices every call above
+    the bench's curve there (the details say so); a replay without it
+    dismisses it."""
+    df = _fused_job(SLOW)
+    bench = sweep(BENCH_SIZES, alpha_us=ALPHA_US, bw_gbps=BW_GBPS, iters=9)
+    assert _cliffs(df) == []
+    (f,) = _with_bench(df, bench)
+    assert f.numbers["sizes"] == [FUSED] and not f.significant
+    assert f.numbers["ratios"] == [pytest.approx(SLOW, rel=0.05)]
+    sizes = f.numbers["replay_sizes"]
+    assert min(sizes) < FUSED < max(sizes)
+    replay = sweep(sizes, alpha_us=ALPHA_US, bw_gbps=BW_GBPS, iters=9, spikes={FUSED: SLOW})
+    (g,) = _with_bench(df, bench, replay)
+    assert g.numbers["confirmed"] == [FUSED] and g.significant
+    line = cliffs.reference_us(cliffs._per_size(sweep(BENCH_SIZES, alpha_us=ALPHA_US,
+                                                      bw_gbps=BW_GBPS, iters=9)
+                                                .pipe(_stats)), FUSED, {FUSED})
+    assert g.cost_ms == pytest.approx((SLOW * _clean_ns(FUSED) / 1e3 - line) / 1e3, rel=0.02)
+    assert any("bench's curve" in d for d in g.details), g.details
+    (h,) = _with_bench(df, bench, sweep(sizes, alpha_us=ALPHA_US, bw_gbps=BW_GBPS, iters=9))
+    assert h.numbers["confirmed"] == [] and not h.significant
+
+
+@pytest.mark.parametrize("slow", [1.0, 1.3])
+def test_a_fused_buffer_near_the_bench_flags_nothing(slow: float) -> None:
+    """The fused buffer at the bench's speed, or 1.3x slower (a run beside
+    compute is slower than a bench alone): below MIN_RATIO, nothing."""
+    bench = sweep(BENCH_SIZES, alpha_us=ALPHA_US, bw_gbps=BW_GBPS, iters=9)
+    assert _with_bench(_fused_job(slow), bench) == []
+
+
+def _stats(df: pd.DataFrame) -> pd.DataFrame:
+    from profiler.analysis.model import latency_by_size
+
+    return latency_by_size(df)

@@ -326,8 +326,8 @@ def advise_frame(df: Any, meta: dict[str, Any] | None = None, *, path: str = "",
         if name == "efficiency" and bench is not None:
             found.extend(efficiency.analyze(ctx, bench))
             continue
-        if name == "latency_cliffs" and replay is not None:
-            found.extend(cliffs.analyze(ctx, replay=replay))
+        if name == "latency_cliffs" and (replay is not None or bench is not None):
+            found.extend(cliffs.analyze(ctx, replay=replay, bench=bench))
             continue
         if name == "step_time" and bench is not None:
             found.extend(step_time.analyze(ctx, bench))

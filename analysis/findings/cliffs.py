@@ -22,7 +22,10 @@ time per byte: on one algorithm time per byte only falls with size (alpha/n
 + beta), so a size PER_BYTE_RATIO above the lowest of any smaller size's is
 suspect.  (3) cannot fire on the flat latency-bound part of a curve (time
 per byte falls there fastest) and is set above what a protocol switch
-costs.  Sizes in (2) and (3) need MIN_CALLS calls.
+costs; (4) with a bench (`advise --bench`), the fabric's own curve at the
+size, MIN_RATIO: the only reference a fused buffer alone has (a run of
+fewer than MIN_SIZES sizes is judged by (4) only, and without a bench not
+at all).  Sizes in (2), (3) and (4) need MIN_CALLS calls.
 
 A size's reference in a replay or in the run is the lower of the log-log
 line through its nearest sizes that are not flagged (from one side only: the
@@ -43,6 +46,7 @@ more).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -69,20 +73,32 @@ NULL = (f"the size's neighbours: a replay of the sizes alone, with the job's MPI
         "sizes on both sides that are not flagged, or than a larger size")
 
 
-def flagged_sizes(ctx: Context) -> tuple[pd.DataFrame, pd.DataFrame]:
+def flagged_sizes(ctx: Context, bench: Context | None = None
+                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(every size of the run's data calls with its reference, the flagged
-    ones); model_us of a flagged size is the lowest reference that flagged it."""
+    ones); model_us of a flagged size is the lowest reference that flagged it.
+    With a bench, a run of fewer than MIN_SIZES sizes (a fused buffer alone)
+    is judged against the bench's curve only."""
     from ..model import anomalies, fit_models, latency_by_size
 
     df = ctx.steady_df
     stats = latency_by_size(df)
-    if stats.empty or stats["bytes"].nunique() < MIN_SIZES:
+    few = stats.empty or stats["bytes"].nunique() < MIN_SIZES
+    if stats.empty or (few and bench is None):
         return stats.iloc[0:0], stats.iloc[0:0]
-    models = fit_models(df, stats=stats)
-    an = anomalies(df, models=models, stats=stats)
+    rules: list[Callable[[pd.DataFrame], tuple[pd.Series, pd.Series]]] = [
+        _inverted, _costlier_per_byte]
+    if few:
+        an = stats.drop(columns=["label"], errors="ignore").copy()
+        an["model_us"], an["ratio"], an["anomalous"] = np.nan, np.nan, False
+        rules = []
+    else:
+        an = anomalies(df, models=fit_models(df, stats=stats), stats=stats)
+    if bench is not None:
+        rules.append(lambda t: _above_bench(t, latency_by_size(bench.steady_df)))
     fit = an["anomalous"].astype(bool)
     ref = an["model_us"].where(fit)
-    for rule in (_inverted, _costlier_per_byte):
+    for rule in rules:
         hit, rule_ref = rule(an)
         ref = ref.where(~hit | (ref <= rule_ref), rule_ref)
         fit |= hit
@@ -124,6 +140,22 @@ def _costlier_per_byte(an: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
         best = per_byte.cummin().shift(1) * sub["bytes"]  # at the best smaller size's rate
         out.loc[sub.index] = (sub["median_us"] >= PER_BYTE_RATIO * best).fillna(False)
         ref.loc[sub.index] = best
+    return out.astype(bool), ref
+
+
+def _above_bench(an: pd.DataFrame, bench: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Sizes (with MIN_CALLS calls) at least MIN_RATIO slower in the run than
+    the bench's curve gives them, and that time (_bench_reference_us: a
+    bench with the same cliff flags it too).  What no rule of the run's own
+    curve can judge: a fused buffer alone, the largest size.  Measured alone,
+    the bench is faster than calls beside compute, so the replay decides."""
+    out = pd.Series(False, index=an.index)
+    ref = pd.Series(np.nan, index=an.index)
+    for sub in _groups(an):
+        op = str(sub["op"].iloc[0]) if "op" in sub.columns and len(sub) else None
+        r = sub["bytes"].map(_bench_reference_us(bench, op, [int(b) for b in sub["bytes"]]))
+        ref.loc[sub.index] = r.astype(np.float64)
+        out.loc[sub.index] = (sub["median_us"] >= MIN_RATIO * r).fillna(False)
     return out.astype(bool), ref
 
 
@@ -224,6 +256,25 @@ def _run_table(an: pd.DataFrame) -> tuple[pd.DataFrame, set[int]]:
     st = an.loc[(an["op"] == op) if op is not None else slice(None)]
     return (_per_size(st.loc[st["calls"] >= MIN_CALLS]),
             {int(b) for b in an.loc[an["anomalous"].astype(bool), "bytes"]})
+
+
+def _main_op(an: pd.DataFrame) -> str | None:
+    """The run's most frequent op (the one its table and references are of)."""
+    return str(an.groupby("op")["calls"].sum().idxmax()) if "op" in an.columns and len(an) \
+        else None
+
+
+def _bench_reference_us(bench: pd.DataFrame, op: str | None, sizes: list[int]
+                        ) -> dict[int, float]:
+    """Per size: the fabric's own curve there, from a `profiler bench` of the
+    same hosts and settings (reference_us over the bench's latency_by_size
+    table of `op`, the size itself left out)."""
+    if bench.empty or not sizes:
+        return {}
+    b = bench.loc[bench["op"].astype(str) == op] if op and "op" in bench.columns else bench
+    curve = _per_size(b) if len(b) else b
+    refs = {s: reference_us(curve, s, {s}) for s in sizes} if len(curve) else {}
+    return {s: r for s, r in refs.items() if np.isfinite(r) and r > 0}
 
 
 def _run_reference_us(an: pd.DataFrame, sizes: list[int]) -> dict[int, float]:
@@ -336,8 +387,9 @@ def _phase(ctx: Context, sizes: list[int]) -> str:
             f"(before the rank entered {remedies.sync_name(fw)})")
 
 
-def analyze(ctx: Context, replay: Context | None = None) -> list[Finding]:
-    an, flagged = flagged_sizes(ctx)
+def analyze(ctx: Context, replay: Context | None = None,
+            bench: Context | None = None) -> list[Finding]:
+    an, flagged = flagged_sizes(ctx, bench)
     if flagged.empty:
         return []
     steps = ctx.n_steps if ctx.n_steps else 0
@@ -352,7 +404,8 @@ def analyze(ctx: Context, replay: Context | None = None) -> list[Finding]:
     sizes = [int(b) for b in flagged["bytes"]]
     unit = "step" if steps else "run"
     head = (f"{len(flagged)} of {len(an)} message sizes sit above the curve through the "
-            f"other sizes, a larger size's time or smaller sizes' time per byte "
+            f"other sizes, a larger size's time{',' if bench is not None else ' or'} smaller "
+            f"sizes' time per byte{' or the bench curve' if bench is not None else ''} "
             f"({non_pow2} not powers of two)")
     numbers = {"sizes": sizes, "lost_ms": lost_ms, "non_pow2": non_pow2,
                "ratios": [float(r) for r in flagged["ratio"]], "per": unit,
@@ -390,9 +443,24 @@ def analyze(ctx: Context, replay: Context | None = None) -> list[Finding]:
     conf_sizes = [int(b) for b in ok["bytes"]]
     # the replay decides the cause; the run's own calls price it (module docstring)
     run_us = run_excess_us(an, conf_sizes)
-    excess_ms = {b: run_us.get(b, 0.0) / 1e3 for b in conf_sizes}
     tail = tail_factor(an, conf_sizes)
     ref_us = {b: tail * ref for b, ref in _run_reference_us(an, conf_sizes).items()}
+    # a size the run has no reference for (a fused buffer alone): the bench's
+    # curve there, measured alone, so without the run's stalls (tail 1)
+    on_bench = {}
+    if bench is not None:
+        from ..model import latency_by_size
+
+        st, _ = _run_table(an)
+        on_bench = {b: r for b, r in _bench_reference_us(
+            latency_by_size(bench.steady_df), _main_op(an),
+            [b for b in conf_sizes if b not in ref_us]).items()}
+        for b, r in on_bench.items():
+            hit = st.loc[st["bytes"] == b, "median_us"]
+            if len(hit):
+                run_us[b] = max(0.0, float(hit.iloc[0]) - r)
+        ref_us.update(on_bench)
+    excess_ms = {b: run_us.get(b, 0.0) / 1e3 for b in conf_sizes}
     exposed = ctx.part_ms("transfer") + ctx.part_ms("horovod") + _cpu_wait_ms(ctx)
     capped = False
     if steps:
@@ -428,6 +496,11 @@ def analyze(ctx: Context, replay: Context | None = None) -> list[Finding]:
             + " above the run's own reference; the cost is every call's time above it, "
             f"tails included, against the reference's own (its median x {tail:.2f}, the "
             "mean over median of the sizes without a cliff), summed per step.")
+        if on_bench:
+            details.append("the run has no size beside " + ", ".join(
+                fmt_bytes(b) for b in on_bench) + " to draw its curve from: its reference is "
+                "the bench's curve there, measured alone, so the cost also holds what the "
+                "run's calls lose beside the compute (an upper bound).")
     if capped:
         details.append(f"their excess, {fmt_ms(float(np.mean(per_step)))} per step, is more "
                        "than the step waits for transfers and Horovod plus its compute "
