@@ -220,3 +220,27 @@ def _stats(df: pd.DataFrame) -> pd.DataFrame:
     from profiler.analysis.model import latency_by_size
 
     return latency_by_size(df)
+
+
+def test_a_confirmed_cliffs_calls_are_not_inefficiency_too() -> None:
+    """One wait, one cause: the fused buffer 8x above the bench is slow by its
+    size (latency_cliffs, confirmed); the efficiency finding against the same
+    bench leaves those calls out, and says so.  Dismissed by the replay, the
+    same calls are the efficiency finding's."""
+    df = _fused_job(SLOW)
+    bench = sweep(BENCH_SIZES, alpha_us=ALPHA_US, bw_gbps=BW_GBPS, iters=9)
+    sizes = _with_bench(df, bench)[0].numbers["replay_sizes"]
+
+    def advice(replay: pd.DataFrame) -> dict:  # type: ignore[type-arg]
+        a = advise_frame(df, {}, only=["latency_cliffs", "efficiency"],
+                         bench=Context(df=bench, meta={}), replay=Context(df=replay, meta={}))
+        return {f.key: f for f in a.findings}
+
+    slow = advice(sweep(sizes, alpha_us=ALPHA_US, bw_gbps=BW_GBPS, iters=9,
+                        spikes={FUSED: SLOW}))
+    assert slow["latency_cliffs"].significant
+    eff = slow.get("efficiency")
+    assert eff is None or (eff.numbers["left_out_bytes"] == [FUSED] and not eff.significant)
+    clean = advice(sweep(sizes, alpha_us=ALPHA_US, bw_gbps=BW_GBPS, iters=9))
+    assert not clean["latency_cliffs"].significant
+    assert clean["efficiency"].significant and "left_out_bytes" not in clean["efficiency"].numbers

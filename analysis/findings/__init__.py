@@ -211,6 +211,26 @@ def _residual(found: list[Finding], ctx: Context) -> None:
         f.headline += " (the rest, beyond the causes found)"
 
 
+def _cliffs_not_inefficiency(found: list[Finding], ctx: Context, bench: Context | None
+                             ) -> None:
+    """One wait, one cause: the calls at the sizes a confirmed latency cliff
+    explains are slow by their size, which latency_cliffs claims (with its
+    remedy); the efficiency finding judges the other transfers only, and
+    says so."""
+    sizes = frozenset(int(b) for f in found if f.key == "latency_cliffs" and f.significant
+                      for b in f.numbers.get("confirmed") or [])
+    at = next((i for i, f in enumerate(found) if f.key == "efficiency"), None)
+    if not sizes or at is None:
+        return
+    again = efficiency.analyze(ctx, bench, exclude=sizes)
+    found[at:at + 1] = again
+    for f in again:
+        if f.key == "efficiency":
+            f.numbers["left_out_bytes"] = sorted(sizes)
+            f.details.append("the calls at the sizes on a latency cliff (latency_cliffs) are "
+                             "left out: slow by their size, which that finding claims.")
+
+
 def _late_beyond_its_neighbour(found: list[Finding], ctx: Context) -> None:
     """One wait, one cause: a rank that arrives last because a noisy
     neighbour holds its core is late by the neighbour's wait, which
@@ -336,6 +356,7 @@ def advise_frame(df: Any, meta: dict[str, Any] | None = None, *, path: str = "",
             found.extend(fusion.analyze(ctx, bench=bench))
             continue
         found.extend(fn(ctx))
+    _cliffs_not_inefficiency(found, ctx, bench)
     _residual(found, ctx)
     _late_beyond_its_neighbour(found, ctx)
     _at_the_cycle_edge(found)

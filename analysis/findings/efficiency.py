@@ -136,7 +136,10 @@ def _busbw_gbps(op: str, nbytes: float, n: int, ns: float) -> float:
     return nbytes * bus_factor(op, n) / ns if ns > 0 else float("nan")
 
 
-def analyze(ctx: Context, bench: Context | None = None) -> list[Finding]:
+def analyze(ctx: Context, bench: Context | None = None,
+            exclude: frozenset[int] = frozenset()) -> list[Finding]:
+    """The finding (module doc); `exclude`: message sizes another finding
+    explains (a confirmed latency cliff's), left out of the transfers."""
     if ctx.n_steps < MIN_STEPS:
         return []
     if bench is not None:
@@ -147,6 +150,8 @@ def analyze(ctx: Context, bench: Context | None = None) -> list[Finding]:
                             details=[f"{why}: run `profiler bench` with the job's ranks, "
                                      "hosts and transport."])]
     t = transfers(ctx.matched)
+    if exclude:
+        t = t.loc[~t["bytes"].isin(list(exclude))].reset_index(drop=True)
     if t.empty:
         return []
     source = "bench" if bench is not None else "own"
