@@ -41,7 +41,7 @@ def test_the_space_covers_every_cause_rank_count_and_cliff_position() -> None:
     assert {d.cause for d in drawn} == set(randomized.CAUSES) | {"link"}
     assert {d.params["np"] for d in drawn} == {2, 3, 4}
     assert {d.params.get("cliff_at") for d in drawn if d.cause == "cliff"} == \
-        {"smallest", "middle", "largest"}
+        {"smallest", "middle", "largest", "fused"}
     assert {d.params["jitter_shape"] for d in drawn if d.params["jitter_ms"]} == \
         {"uniform", "exponential"}
     late = [d for d in drawn if d.cause == "late"]
@@ -52,7 +52,12 @@ def test_the_space_covers_every_cause_rank_count_and_cliff_position() -> None:
             assert sc.truth == "alternate"
         if d.cause == "busy":  # running throughout against none (toggle_check.py)
             assert (sc.truth, sc.twin_env) == ("twin", {}) and sc.competitors >= 1
-        if d.cause == "cliff":
+        if d.cause == "cliff" and d.params["cliff_at"] == "fused":  # fusion on, a bench
+            lo, hi = randomized.FUSED_BAND
+            assert sc.rules and sc.confirm and sc.bench and "HOROVOD_FUSION_THRESHOLD" \
+                not in sc.env and f"\n{lo} 5 0 64\n{hi} 0 0 0\n" in sc.rules_text
+            assert lo == max(randomized.HEAD_BYTES) + 1 and hi == sum(randomized.HEAD_BYTES) + 1
+        elif d.cause == "cliff":
             assert sc.rules and sc.confirm and str(d.params["cliff_bytes"]) in sc.rules_text
         if d.cause == "link":  # its twin: the same hosts without the rate limit
             assert (sc.hosts, sc.np, sc.truth, sc.bench) == (2, 2, "twin", True)
@@ -138,15 +143,17 @@ def test_the_report_counts_precision_recall_cost_and_nulls() -> None:
             row("late", "late_ranks", "late_ranks", 10.0, 20.0, 3),  # cost off by half
             row("cliff", "latency_cliffs", None, None, 5.0, 2, sig=0, match=0, ok=False),
             row("none", None, None, None, None, 4, sig=1, match=0, ok=False),  # a false claim
-            row("cycle", "cycle_time", None, None, 0.1, 2, sig=0, match=0, no_effect=True)]
+            row("cycle", "cycle_time", None, None, 0.1, 2, sig=0, match=0, no_effect=True),
+            row("link", "transfer_bound", "transfer_bound", 100.0, 110.0, 2)]
     out = randomized.report(rows)
     first = out.split("\ncause")[0]
-    assert "all: 5 runs" in first
-    assert "precision: 2/3 (67%" in first
-    assert "recall:    2/3 (67%" in first  # the cycle run made no difference: left out
-    assert "cost:      1/2 (50%" in first
+    assert "all: 6 runs" in first
+    assert "precision: 3/4 (75%" in first
+    assert "recall:    3/4 (75%" in first  # the cycle run made no difference: left out
+    assert "cost:      2/3 (67%" in first
     assert "nulls:     0/1 (0%" in first
     assert "cause late: 2 runs" in out and "4 ranks: 1 runs" in out
+    assert "cause link: 1 runs" in out  # drawn by its own stream, reported as a cause
 
 
 @pytest.mark.parametrize("phase", [0, 1])

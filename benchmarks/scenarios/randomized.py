@@ -29,7 +29,10 @@ What a seed draws (draw()):
   - a late rank (which one, 10-50 ms, asleep or computing), over the jitter;
   - a latency cliff (Open MPI's tuned rules force a 64-byte-segment ring on
     one band of sizes) at the job's smallest, a middle or its largest
-    message, fusion off so that each gradient is its own message;
+    message, fusion off so that each gradient is its own message; or (a
+    quarter of cliff seeds, by their own stream) fusion on and the band over
+    every fused buffer larger than the largest gradient, judged with a bench
+    of the same host (the run alone has no curve beside the buffer);
   - busy processes beside the job: 1 or 2 wherever the kernel puts them,
     or (since 2026-12-06) one on the core of one of 2 ranks bound a core
     each (the step then waits for that rank): noisy_neighbour;
@@ -93,6 +96,11 @@ LINK_RATES = ("100mbit", "200mbit", "500mbit")
 #: the heads model's gradients (job.CLIFF_WIDTHS x 128 float32s), smallest first
 HEAD_BYTES = [128 * w * 4 for w in (32, 64, 128, 256, 320, 384, 448, 512, 1000, 2048)]
 CLIFF_AT = {"smallest": HEAD_BYTES[0], "middle": HEAD_BYTES[4], "largest": HEAD_BYTES[-1]}
+#: the share of cliff seeds drawn (by their own stream) with fusion on and the
+#: cliff on the fused buffer: every size above the largest gradient, up to
+#: all of them fused (FUSED_BAND), judged against a bench of the same host
+FUSED_SHARE = 0.25
+FUSED_BAND = (HEAD_BYTES[-1] + 1, sum(HEAD_BYTES) + 1)
 
 
 def rules_text(np_: int, lo: int, hi: int) -> str:
@@ -184,9 +192,21 @@ def draw(seed: int) -> Drawn:
     elif cause == "cliff":
         where = str(rng.choice(list(CLIFF_AT)))
         size = CLIFF_AT[where]
-        params.update(cliff_at=where, cliff_bytes=size)
         job = ["--model", "heads", "--steps", str(steps), "--batch", "16",
                "--seed", str(seed), *jit]
+        if np.random.default_rng([seed, 49]).random() < FUSED_SHARE:  # its own stream
+            params.update(cliff_at="fused", cliff_bytes=FUSED_BAND[1] - 1)
+            lo, hi = FUSED_BAND
+            sc = suite.Scenario(
+                name, f"a slow allreduce algorithm on the fused buffer ({lo}-{hi - 1} B), "
+                "fusion on", "latency_cliffs", "twin", job, rules=True,
+                rules_text=rules_text(np_, lo, hi), confirm=True, bench=True, twin_env={},
+                also={**waiting, "transfer_bound": "the cliff's slow transfers",
+                      "compute_bound": suite.COMPUTE_BOUND,
+                      "fusion": "a threshold under the band keeps the buffer off it"},
+                **common)
+            return Drawn(seed, cause, params, sc)
+        params.update(cliff_at=where, cliff_bytes=size)
         sc = suite.Scenario(
             name, f"a slow allreduce algorithm at {size} B (the job's {where} message)",
             "latency_cliffs", "twin", job, env={"HOROVOD_FUSION_THRESHOLD": "0"},
@@ -373,7 +393,7 @@ def report(rows: Sequence[dict[str, Any]]) -> str:
         lines.append(f"  nulls:     {proportion(len(clean), len(nulls))} name nothing false")
 
     block("all", rows)
-    for cause in [*CAUSES, "late", "two_late"]:
+    for cause in [*CAUSES, "link", "late", "two_late"]:
         sub = [r for r in rows if r["cause"] == cause]
         if sub and f"cause {cause}" not in "\n".join(lines):
             block(f"cause {cause}", sub)

@@ -473,18 +473,20 @@ def evaluate(sc: Scenario, run: int, work: Path, *, twin: bool = True) -> Result
     measured = run_job(sc, out, rules_file=rules)
     trace = out / "trace.json"
     replay = None
+    # the bench first: a size the run alone cannot judge (a fused buffer) is
+    # flagged against it, and then replayed
+    bench = run_bench(sc, trace, out / "bench") if sc.bench else None
     if sc.confirm:
         from profiler.analysis.facade import trace_meta
         from profiler.bench.confirm import job_mpi_env
         from profiler.bench.confirm import replay as do_replay
 
-        first = advise(trace, only=["latency_cliffs"])
+        first = advise(trace, only=["latency_cliffs"], bench=bench)
         sizes = next((f.numbers.get("replay_sizes") for f in first.findings
                       if f.key == "latency_cliffs"), None)
         if sizes:
             replay = do_replay(sizes, np=sc.np, out_dir=out / "confirm",
                                job_env=job_mpi_env(trace_meta(trace) or {}))
-    bench = run_bench(sc, trace, out / "bench") if sc.bench else None
     a = advise(trace, replay=replay, bench=bench)
     first = next((f for f in a.significant if f.key not in sc.above), None)
     truth: float | None = None
