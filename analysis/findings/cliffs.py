@@ -447,14 +447,13 @@ def analyze(ctx: Context, replay: Context | None = None,
     ref_us = {b: tail * ref for b, ref in _run_reference_us(an, conf_sizes).items()}
     # a size the run has no reference for (a fused buffer alone): the bench's
     # curve there, measured alone, so without the run's stalls (tail 1)
-    on_bench = {}
+    on_bench: dict[int, float] = {}
     if bench is not None:
         from ..model import latency_by_size
 
         st, _ = _run_table(an)
-        on_bench = {b: r for b, r in _bench_reference_us(
-            latency_by_size(bench.steady_df), _main_op(an),
-            [b for b in conf_sizes if b not in ref_us]).items()}
+        on_bench = _bench_reference_us(latency_by_size(bench.steady_df), _main_op(an),
+                                       [b for b in conf_sizes if b not in ref_us])
         for b, r in on_bench.items():
             hit = st.loc[st["bytes"] == b, "median_us"]
             if len(hit):
