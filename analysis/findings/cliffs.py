@@ -73,12 +73,12 @@ NULL = (f"the size's neighbours: a replay of the sizes alone, with the job's MPI
         "sizes on both sides that are not flagged, or than a larger size")
 
 
-def flagged_sizes(ctx: Context, bench: Context | None = None
+def flagged_sizes(ctx: Context, bench: pd.DataFrame | None = None
                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(every size of the run's data calls with its reference, the flagged
     ones); model_us of a flagged size is the lowest reference that flagged it.
-    With a bench, a run of fewer than MIN_SIZES sizes (a fused buffer alone)
-    is judged against the bench's curve only."""
+    `bench`: a bench's latency_by_size table; with one, a run of fewer than
+    MIN_SIZES sizes (a fused buffer alone) is judged against its curve only."""
     from ..model import anomalies, fit_models, latency_by_size
 
     df = ctx.steady_df
@@ -89,13 +89,13 @@ def flagged_sizes(ctx: Context, bench: Context | None = None
     rules: list[Callable[[pd.DataFrame], tuple[pd.Series, pd.Series]]] = [
         _inverted, _costlier_per_byte]
     if few:
-        an = stats.drop(columns=["label"], errors="ignore").copy()
+        an = stats.copy()
         an["model_us"], an["ratio"], an["anomalous"] = np.nan, np.nan, False
         rules = []
     else:
         an = anomalies(df, models=fit_models(df, stats=stats), stats=stats)
     if bench is not None:
-        rules.append(lambda t: _above_bench(t, latency_by_size(bench.steady_df)))
+        rules.append(lambda t: _above_bench(t, bench))
     fit = an["anomalous"].astype(bool)
     ref = an["model_us"].where(fit)
     for rule in rules:
@@ -249,19 +249,24 @@ def confirm(replay: pd.DataFrame, sizes: list[int]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-def _run_table(an: pd.DataFrame) -> tuple[pd.DataFrame, set[int]]:
-    """(the per-size table of the run's most frequent op, with MIN_CALLS calls;
-    the flagged sizes)."""
-    op = an.groupby("op")["calls"].sum().idxmax() if "op" in an.columns else None
-    st = an.loc[(an["op"] == op) if op is not None else slice(None)]
-    return (_per_size(st.loc[st["calls"] >= MIN_CALLS]),
-            {int(b) for b in an.loc[an["anomalous"].astype(bool), "bytes"]})
-
-
 def _main_op(an: pd.DataFrame) -> str | None:
     """The run's most frequent op (the one its table and references are of)."""
     return str(an.groupby("op")["calls"].sum().idxmax()) if "op" in an.columns and len(an) \
         else None
+
+
+def _main_rows(an: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the run's most frequent op."""
+    op = _main_op(an)
+    return an.loc[an["op"].astype(str) == op] if op is not None else an
+
+
+def _run_table(an: pd.DataFrame) -> tuple[pd.DataFrame, set[int]]:
+    """(the per-size table of the run's most frequent op, with MIN_CALLS calls;
+    the flagged sizes)."""
+    st = _main_rows(an)
+    return (_per_size(st.loc[st["calls"] >= MIN_CALLS]),
+            {int(b) for b in an.loc[an["anomalous"].astype(bool), "bytes"]})
 
 
 def _bench_reference_us(bench: pd.DataFrame, op: str | None, sizes: list[int]
@@ -308,8 +313,7 @@ def tail_factor(an: pd.DataFrame, sizes: list[int]) -> float:
     median leaves out."""
     if an.empty or "mean_us" not in an.columns:
         return 1.0
-    op = an.groupby("op")["calls"].sum().idxmax() if "op" in an.columns else None
-    st = an.loc[(an["op"] == op) if op is not None else slice(None)]
+    st = _main_rows(an)
     st = st.loc[(st["calls"] >= MIN_CALLS) & ~st["anomalous"].astype(bool)
                 & ~st["bytes"].isin(sizes) & (st["median_us"] > 0)]
     ratio = (st["mean_us"] / st["median_us"]).replace([np.inf, -np.inf], np.nan).dropna()
@@ -389,7 +393,10 @@ def _phase(ctx: Context, sizes: list[int]) -> str:
 
 def analyze(ctx: Context, replay: Context | None = None,
             bench: Context | None = None) -> list[Finding]:
-    an, flagged = flagged_sizes(ctx, bench)
+    from ..model import latency_by_size
+
+    bench_st = latency_by_size(bench.steady_df) if bench is not None else None
+    an, flagged = flagged_sizes(ctx, bench_st)
     if flagged.empty:
         return []
     steps = ctx.n_steps if ctx.n_steps else 0
@@ -448,11 +455,9 @@ def analyze(ctx: Context, replay: Context | None = None,
     # a size the run has no reference for (a fused buffer alone): the bench's
     # curve there, measured alone, so without the run's stalls (tail 1)
     on_bench: dict[int, float] = {}
-    if bench is not None:
-        from ..model import latency_by_size
-
+    if bench_st is not None:
         st, _ = _run_table(an)
-        on_bench = _bench_reference_us(latency_by_size(bench.steady_df), _main_op(an),
+        on_bench = _bench_reference_us(bench_st, _main_op(an),
                                        [b for b in conf_sizes if b not in ref_us])
         for b, r in on_bench.items():
             hit = st.loc[st["bytes"] == b, "median_us"]
