@@ -218,8 +218,9 @@ class Neighbour:
     #: the threads' time (the most of the ranks; neighbour_wait)
     wait_share: float = float("nan")
     #: the same for the ranks' Horovod background threads (the steps' mean of
-    #: the most of the ranks; _explained_share)
+    #: the most of the ranks), and that share per step (_explained_share)
     horovod_share: float = float("nan")
+    horovod_by_step: pd.Series = field(default_factory=lambda: pd.Series(dtype=np.float64))
 
     def where(self) -> str:
         """"CPU 1, where rank 1 runs," (host named with several)."""
@@ -331,8 +332,8 @@ def neighbour_wait(ctx: Context) -> tuple[pd.DataFrame, list[Neighbour]]:
             elif run_ns + wait_ns > 0:
                 shares.append(wait_ns * f / (run_ns + wait_ns))
         n.wait_share = max(shares) if shares else float("nan")
-        bg = _explained_share(ctx, n, "horovod")
-        bg = bg.loc[bg.index.isin(wait.index)]
+        n.horovod_by_step = _explained_share(ctx, n, "horovod")
+        bg = n.horovod_by_step.loc[n.horovod_by_step.index.isin(wait.index)]
         n.horovod_share = float(bg.mean()) if len(bg) >= MIN_STEPS else float("nan")
         if n.wait_share >= NEIGHBOUR_WAIT_SHARE or n.horovod_share >= NEIGHBOUR_WAIT_SHARE:
             claimed.append(n)
@@ -377,7 +378,7 @@ def _neighbour_gain(ctx: Context, wait: pd.DataFrame, n: Neighbour
     if len(gain) < MIN_STEPS:
         return None
     post = bd.groupby("step")[["horovod_ms", "transfer_ms"]].mean().sum(axis=1)
-    share = _explained_share(ctx, n, "horovod")
+    share = n.horovod_by_step
     after = (post.reindex(gain.index).fillna(0.0)
              * share.reindex(gain.index).fillna(0.0)).to_numpy()
     return gain.to_numpy() + after, float(after.mean())
