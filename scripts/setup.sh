@@ -28,6 +28,7 @@
 #   HVPROF_WHEEL_CACHE      wheel cache (default ~/.cache/horovod-profiler/wheels)
 #   HVPROF_PYTHON           interpreter for a new venv (default python3.11, python3)
 #   HVPROF_BUILD_JOBS       parallel compile jobs for the Horovod build (default 2)
+#   HVPROF_NO_UV            1: install the lock with pip instead of uv
 #   HVPROF_WITH_TENSORFLOW  1: install TensorFlow (requirements-tf.lock) and build
 #                           Horovod's TensorFlow/Keras support (about 3 more minutes once)
 set -euo pipefail
@@ -138,6 +139,45 @@ fi
 # pip, minus the machine-config noise about missing local index directories.
 pip_q() {
     "$PY" -m pip "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
+
+# The lock's pins installed by uv (a pinned release, put in the venv by pip):
+# the same hashes and no resolution, but about 50 s on a new venv where pip
+# takes about two.  uv does not read pip's configuration, so pip's indexes
+# and find-links (files, environment) are passed on, and every index is
+# searched as pip does (the hashes pin the artifacts).  pip's constraints
+# are not: uv's hash mode wants them pinned too, and exact pins need none.
+# Files are copied, not linked, so a venv never shares an inode with uv's
+# cache, and bytecode is compiled as pip would.  Fails (status 1) on any
+# error, and the caller falls back to pip.
+UV_VERSION=0.13.8
+lock_install_uv() {
+    [ "${HVPROF_NO_UV:-0}" = 1 ] && return 1
+    if [ "$("$PY" -c 'import importlib.metadata as m; print(m.version("uv"))' 2>/dev/null)" != "$UV_VERSION" ]; then
+        pip_q install -q "uv==$UV_VERSION" >/dev/null 2>&1 || return 1
+    fi
+    [ -x "$VENV/bin/uv" ] || return 1
+    local -a flags
+    mapfile -t flags < <("$PY" - <<'PYEOF'
+import subprocess, sys
+out = subprocess.run([sys.executable, "-m", "pip", "config", "list"],
+                     capture_output=True, text=True).stdout
+opt = {"index-url": "--index-url", "extra-index-url": "--extra-index-url",
+       "find-links": "--find-links"}
+seen = set()
+for line in out.splitlines():
+    key, _, val = line.partition("=")
+    name = key.rpartition(".")[2]
+    if name in opt:
+        for v in val.strip().strip("'\"").split():
+            if (name, v) not in seen:
+                seen.add((name, v))
+                print(opt[name]); print(v)
+PYEOF
+)
+    "$VENV/bin/uv" pip install -q --python "$PY" --require-hashes --no-deps \
+        --index-strategy unsafe-best-match --link-mode copy --compile-bytecode \
+        "${flags[@]}" -r "$LOCK"
 }
 
 as_root() {
@@ -266,9 +306,12 @@ if [ -z "$missing" ]; then
     say "  present: every pin of $(basename "$LOCK") is installed"
 else
     n_missing=$(wc -w <<<"$missing")
-    say "  installing $(basename "$LOCK") ($n_missing missing or at another version; minutes on a new venv)"
-    pip_q install -q --require-hashes --no-deps -r "$LOCK" \
-        || die "pip install -r $(basename "$LOCK") failed (above)"
+    say "  installing $(basename "$LOCK") ($n_missing missing or at another version)"
+    if ! lock_install_uv; then
+        say "  uv unavailable or failed: installing with pip (minutes on a new venv)"
+        pip_q install -q --require-hashes --no-deps -r "$LOCK" \
+            || die "pip install -r $(basename "$LOCK") failed (above)"
+    fi
 fi
 
 # --------------------------------------------------------------------------
