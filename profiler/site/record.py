@@ -116,7 +116,8 @@ def identity(environ: Mapping[str, str], meta: Mapping[str, Any]) -> dict[str, A
 
 
 def _versions(meta: Mapping[str, Any]) -> dict[str, Any]:
-    """The framework from what marked the steps; versions of the installed
+    """The framework as the analysis names it (what marked the steps, else the
+    ranks' torch threads; "" when unknown); versions of the installed
     distributions of this interpreter (the job's: the exit merge runs the
     interpreter the package was built with); MPI and NCCL from the trace."""
     from importlib.metadata import PackageNotFoundError, version
@@ -129,9 +130,10 @@ def _versions(meta: Mapping[str, Any]) -> dict[str, Any]:
                 continue
         return ""
 
-    marked = " ".join(meta.get("steps_marked_by") or []).lower()
-    framework = ("pytorch" if "pytorch" in marked or "torch" in marked else
-                 "tensorflow" if "tensorflow" in marked or "keras" in marked else "")
+    from profiler.analysis import remedies
+
+    framework = remedies.framework(meta)  # the analysis's one definition
+    framework = "" if framework == remedies.UNKNOWN else framework
     nccl = sorted({int((r.get("nccl") or {}).get("nccl_version") or 0)
                    for r in meta.get("ranks") or []} - {0})
     return {"framework": framework,
