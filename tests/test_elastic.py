@@ -19,6 +19,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -118,11 +119,15 @@ def printed(stdout: str) -> pd.DataFrame:
 
 
 def merged(prof: Path) -> dict[str, object]:
-    # the exit merge of file 0 may not have waited for a file numbered past
-    # the starting world size: merge again, as a user would after the job
-    out = profiler_cli("merge", str(prof))
-    assert out.returncode == 0, out.stderr
-    meta: dict[str, object] = json.loads((prof / "trace.json").read_text())["horovod_profiler"]
+    """The trace that file 0's process builds at exit (it waits for every
+    process's file, a worker added later's too); its merge child may end after
+    horovodrun returns."""
+    trace = prof / "trace.json"
+    deadline = time.monotonic() + 120
+    while not trace.is_file() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert trace.is_file(), sorted(p.name for p in prof.iterdir())
+    meta: dict[str, object] = json.loads(trace.read_text())["horovod_profiler"]
     return meta
 
 

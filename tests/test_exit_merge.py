@@ -270,6 +270,48 @@ def test_a_rank_that_converts_its_own_file_is_waited_for(tmp_path: Path) -> None
     assert res.ranks == [0, 1]  # and then merged what is there
 
 
+@pytest.mark.parametrize("elastic", [True, False], ids=["elastic", "not-elastic"])
+def test_a_worker_added_later_is_waited_for_in_an_elastic_job(tmp_path: Path,
+                                                               elastic: bool) -> None:
+    """An elastic job's files are per process: a worker added later holds a
+    number past the world size (file 2 of a job of 2).  Where its file has an
+    epochs sidecar, the exit merge waits for it (here it converts itself on
+    the merge's second poll) and merges it; a file past the world size
+    without one (not elastic) is not waited for: the merge converts it as
+    it finds it, as before."""
+    import rawgen
+
+    from profiler.formats import epochs as E
+    from profiler.postjob.convert import convert_raw
+    from profiler.postjob.merge import wait_and_merge
+
+    d = tmp_path / "job"
+    raws = [d / "raw" / f"rank-{n:05d}.hvprof" for n in range(3)]
+    for n, raw in enumerate(raws):
+        rawgen.simple_rank(n, 2, n=5, hostname=socket.gethostname(), pid=os.getpid(),
+                           state=0xF, self_converts=1).write(raw)
+        if elastic:
+            E.append(raw, {"event": "init", "t0_ns": 1, "t1_ns": 2, "rank": min(n, 1),
+                           "size": 2, "local_rank": min(n, 1), "pid": os.getpid()})
+    for raw in raws[:2]:
+        convert_raw(raw)
+    polls: list[float] = []
+
+    def sleep(s: float) -> None:  # file 2's worker finishes its own conversion
+        polls.append(s)
+        if len(polls) == 2:
+            convert_raw(raws[2])
+
+    t0 = time.monotonic()
+    res = wait_and_merge(d, world_size=2, own_rank=0, timeout=20, poll=0.01, sleep=sleep)
+    assert time.monotonic() - t0 < 10
+    if elastic:
+        assert len(polls) == 2 and res.converted == []  # waited, converted nothing itself
+        assert (d / "ranks" / "rank-00002.parquet").is_file()
+    else:
+        assert polls == [] and res.converted == [2]  # not waited for: converted at once
+
+
 def test_merge_at_exit_can_be_left_for_later(prog: Path, tmp_path: Path) -> None:
     """HOROVOD_PROFILE_MERGE=0: no trace.json at exit, one line that says where
     the files are and the command that builds it, the program's status kept;

@@ -315,6 +315,7 @@ def wait_and_merge(profile_dir: str | os.PathLike[str], *, world_size: int, own_
     a shared file system (NFS, Lustre, GPFS), whose changes from another client
     inotify does not report, and MPI is finalized by then, so no message can
     say that a rank is done."""
+    from profiler.formats.epochs import sidecar_of
     from profiler.formats.raw import _pid_alive, read_header, writer_state
     from profiler.postjob.convert import is_up_to_date
 
@@ -326,8 +327,14 @@ def wait_and_merge(profile_dir: str | os.PathLike[str], *, world_size: int, own_
     # (shared) file system, or never started; waiting longer would not help.
     grace = min(max(0.0, timeout), NO_FILE_GRACE_S)
     pending = set(range(world_size)) - {own_rank}
-    while pending:
+    done: set[int] = {own_rank}
+    while True:
         raws = rank_files(d, "raw", "hvprof")
+        # an elastic job's files are per process, numbered past the world size
+        # for a worker added later: each one with its epochs sidecar is waited for
+        pending |= {n for n, p in raws.items() if sidecar_of(p).is_file()} - done
+        if not pending:
+            break
         for r in sorted(pending):
             if r not in raws:
                 if time.monotonic() - start >= grace:
@@ -340,12 +347,14 @@ def wait_and_merge(profile_dir: str | os.PathLike[str], *, world_size: int, own_
             st = writer_state(header)
             if st == "closed" and is_up_to_date(raws[r], d):
                 pending.discard(r)
+                done.add(r)
             elif st == "dead" or (st == "closed" and (not header.get("self_converts")
                                                       or _pid_alive(header) is False)):
                 # Killed, or exited without leaving its dataset (its own
                 # conversion failed: disk full...): it will never convert itself.
                 convert_pending(d, ranks=[r])
                 pending.discard(r)
+                done.add(r)
         if not pending or time.monotonic() >= deadline:
             break
         sleep(poll)
