@@ -119,15 +119,17 @@ def test_four_real_jobs_finishing_together_leave_one_record_each(
         assert rec["job"]["scheduler"] == "slurm" and rec["job"]["user"] == "alice", rec["job"]
         assert rec["ranks"] == 2 and rec["steps"] > 0, (n, rec["ranks"], rec["steps"])
         assert rec["versions"]["framework"] == JOBS[n][2], (n, rec["versions"])
-        calls = {o["op"]: o["calls"] for o in rec["ops"]}
+        calls = {(o["kind"], o["op"]): o["calls"] for o in rec["ops"]}
         op = "gloo_allreduce" if n.endswith("-gloo") else "allreduce"  # the trace's names
-        assert calls.get(op, 0) > 0, (n, calls)
+        assert calls.get(("data", op), 0) > 0, (n, calls)
         assert rec["breakdown"], n
     # what ran is told apart: the controller and the fusion setting
     assert beside["torch-gloo"]["settings"].get("HOROVOD_CONTROLLER") == "gloo"
     assert "HOROVOD_CONTROLLER" not in beside["torch-mpi"]["settings"]
     assert beside["torch-unfused"]["settings"].get("HOROVOD_FUSION_THRESHOLD") == "0"
-    # fusion off: more allreduce calls per step than the same job fused
-    per_step = {n: sum(o["calls"] for o in beside[n]["ops"] if o["op"] == "allreduce")
-                / beside[n]["steps"] for n in ("torch-mpi", "torch-unfused")}
-    assert per_step["torch-unfused"] > per_step["torch-mpi"], per_step
+    # fusion off: a data allreduce per gradient instead of a few fused ones
+    # (the negotiation's allreduces, kind control, vary with timing: not these)
+    per_step = {n: sum(o["calls"] for o in beside[n]["ops"]
+                       if (o["kind"], o["op"]) == ("data", "allreduce")) / beside[n]["steps"]
+                for n in ("torch-mpi", "torch-unfused")}
+    assert per_step["torch-unfused"] >= 3 * per_step["torch-mpi"], per_step

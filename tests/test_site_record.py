@@ -40,12 +40,17 @@ def test_record_holds_the_facades_figures_and_stays_small() -> None:
     assert rec["images_per_s"] == pytest.approx(advice.header["images_per_s"], rel=1e-3)
     assert rec["ranks"] == 2 and rec["hosts"] == ["vm"]
     assert [f["key"] for f in rec["findings"]] == [f.key for f in advice.findings]
-    # bytes and calls per op are the summary's, every bucket kept
-    summ = ta.summary(("op", "bucket"))
-    ops = {o["op"]: o for o in rec["ops"]}
+    # bytes and calls per kind and op are the summary's, every bucket kept;
+    # Horovod's negotiation (control) apart from its data on the same op
+    summ = ta.summary(("kind", "op", "bucket"))
+    ops = {(o["kind"], o["op"]): o for o in rec["ops"]}
+    assert len(ops) == len(rec["ops"]) == summ.groupby(["kind", "op"], observed=True).ngroups
     assert sum(o["calls"] for o in ops.values()) == int(summ["calls"].sum())
     assert sum(o["bytes"] for o in ops.values()) == int(summ["total_bytes"].sum())
     assert sum(len(o["buckets"]) for o in ops.values()) == len(summ)
+    data = summ.loc[(summ["kind"] == "data") & (summ["op"] == "allreduce"), "calls"].sum()
+    assert ops[("data", "allreduce")]["calls"] == int(data) == 38
+    assert ops[("control", "allreduce")]["calls"] > ops[("data", "allreduce")]["calls"]
     assert rec["versions"]["mpi"].startswith("Open MPI")
     assert rec["dropped"] == 0
     size = len(dumps(rec))

@@ -9,7 +9,7 @@ Rules:
   (none yet), and refuses a newer one in one line (`check`).
 * Small: kilobytes.  Figures are rounded to 4 significant digits, findings
   keep their headline, cost, interval and remedy (not their details), ops
-  their size buckets.
+  (per kind: data, control) their size buckets.
 * Figures come from the analysis facade's public methods, never recomputed:
   step time, images/sec, the breakdown and the findings from advise(); the
   histograms from summary(); the interconnect and cost lines from notes().
@@ -147,17 +147,19 @@ def _versions(meta: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _ops(summary: Any) -> list[dict[str, Any]]:
-    """Per operation: calls, bytes, time and its size buckets (calls, bytes,
-    latency p50/p95/max), from the facade's summary table."""
+    """Per kind (data, control) and operation: calls, bytes, time and its size
+    buckets (calls, bytes, latency p50/p95/max), from the facade's summary
+    table.  Kept apart because Horovod's negotiation runs on the same
+    operations as its data (MPI_Allreduce of the response cache's bits)."""
     out: list[dict[str, Any]] = []
     if summary is None or len(summary) == 0:
         return out
-    for op, g in summary.groupby("op", sort=True, observed=True):
+    for (kind, op), g in summary.groupby(["kind", "op"], sort=True, observed=True):
         buckets = [{"bucket": str(b["bucket"]), "calls": int(b["calls"]),
                     "bytes": int(b["total_bytes"]), "p50_us": sig4(b["p50_us"]),
                     "p95_us": sig4(b["p95_us"]), "max_us": sig4(b["max_us"])}
                    for b in g.to_dict(orient="records")]
-        out.append({"op": str(op), "calls": int(g["calls"].sum()),
+        out.append({"op": str(op), "kind": str(kind), "calls": int(g["calls"].sum()),
                     "bytes": int(g["total_bytes"].sum()),
                     "time_ms": sig4(float(g["total_us"].sum()) / 1e3), "buckets": buckets})
     return out
@@ -238,7 +240,7 @@ def build_record(trace: str | os.PathLike[str],
         "node_hours": sig4(node_hours),
         "node_hours_comm": comm, "node_hours_wait": wait,
         "findings": _findings(advice),
-        "ops": _ops(ta.summary(("op", "bucket"))),
+        "ops": _ops(ta.summary(("kind", "op", "bucket"))),
         "interconnect": {"transports": transports, "line": _text(" ".join(
             n for n in ta.notes() if n.startswith("interconnect")))},
         "self_cost": {"total_ms": sig4((cost.get("total_ns") or 0) / 1e6),
