@@ -211,24 +211,21 @@ def _residual(found: list[Finding], ctx: Context) -> None:
         f.headline += " (the rest, beyond the causes found)"
 
 
-def _cliffs_not_inefficiency(found: list[Finding], ctx: Context, bench: Context | None
-                             ) -> None:
+def _efficiency(ctx: Context, bench: Context | None, found: list[Finding]) -> list[Finding]:
     """One wait, one cause: the calls at the sizes a confirmed latency cliff
-    explains are slow by their size, which latency_cliffs claims (with its
-    remedy); the efficiency finding judges the other transfers only, and
-    says so."""
+    explains (latency_cliffs runs first) are slow by their size, which that
+    finding claims with its remedy; the efficiency finding judges the other
+    transfers only, and says so."""
     sizes = frozenset(int(b) for f in found if f.key == "latency_cliffs" and f.significant
                       for b in f.numbers.get("confirmed") or [])
-    at = next((i for i, f in enumerate(found) if f.key == "efficiency"), None)
-    if not sizes or at is None:
-        return
-    again = efficiency.analyze(ctx, bench, exclude=sizes)
-    found[at:at + 1] = again
-    for f in again:
-        if f.key == "efficiency":
-            f.numbers["left_out_bytes"] = sorted(sizes)
-            f.details.append("the calls at the sizes on a latency cliff (latency_cliffs) are "
-                             "left out: slow by their size, which that finding claims.")
+    out = efficiency.analyze(ctx, bench, exclude=sizes)
+    if sizes:
+        for f in out:
+            if f.key == "efficiency":
+                f.numbers["left_out_bytes"] = sorted(sizes)
+                f.details.append("the calls at the sizes on a latency cliff (latency_cliffs) "
+                                 "are left out: slow by their size, which that finding claims.")
+    return out
 
 
 def _late_beyond_its_neighbour(found: list[Finding], ctx: Context) -> None:
@@ -343,8 +340,8 @@ def advise_frame(df: Any, meta: dict[str, Any] | None = None, *, path: str = "",
     for name, fn in ANALYZERS.items():
         if only is not None and name not in only:
             continue
-        if name == "efficiency" and bench is not None:
-            found.extend(efficiency.analyze(ctx, bench))
+        if name == "efficiency":
+            found.extend(_efficiency(ctx, bench, found))
             continue
         if name == "latency_cliffs" and (replay is not None or bench is not None):
             found.extend(cliffs.analyze(ctx, replay=replay, bench=bench))
@@ -356,7 +353,6 @@ def advise_frame(df: Any, meta: dict[str, Any] | None = None, *, path: str = "",
             found.extend(fusion.analyze(ctx, bench=bench))
             continue
         found.extend(fn(ctx))
-    _cliffs_not_inefficiency(found, ctx, bench)
     _residual(found, ctx)
     _late_beyond_its_neighbour(found, ctx)
     _at_the_cycle_edge(found)
