@@ -140,10 +140,11 @@ FAST_FUNCTIONS = ("now", "steps_mark", "steps_hook", "steps_hook_begin", "steps_
 
 def _fastrec() -> Any:
     """profiler._fastrec with the step functions, or None (not built, an
-    older build, the library's exports absent, HOROVOD_PROFILE_FASTREC=0)."""
-    import os
+    older build, the library's exports absent, HOROVOD_PROFILE_FASTREC off:
+    profiler.collect.tensors.fast_hooks_wanted, the switch's one reader)."""
+    from profiler.collect.tensors import fast_hooks_wanted
 
-    if os.environ.get("HOROVOD_PROFILE_FASTREC", "1") == "0":
+    if not fast_hooks_wanted():
         return None
     try:
         import importlib
