@@ -36,9 +36,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profiler._env import text
 from profiler.errors import CorruptError, NotATraceError, NotFoundError, UsageError
 from profiler.formats.filters import RowFilter, sql_strings
-from profiler.formats.record import LIFECYCLE_OPS
+from profiler.formats.record import LIFECYCLE_OPS, kind_key
 from profiler.formats.trace_dataset import Dataset, open_dataset
 
 from .metrics import bus_factor_sql, empty_summary, finish
@@ -59,8 +60,7 @@ def connect(memory_limit: str | None = None, threads: int | None = None) -> Any:
     import duckdb
 
     con = duckdb.connect(":memory:")
-    mem = memory_limit or os.environ.get("HOROVOD_PROFILE_ANALYSIS_MEMORY") or \
-        DEFAULT_MEMORY_LIMIT
+    mem = memory_limit or text("HOROVOD_PROFILE_ANALYSIS_MEMORY") or DEFAULT_MEMORY_LIMIT
     con.execute(f"SET memory_limit = '{mem}'")
     con.execute(f"SET temp_directory = '{tempfile.gettempdir()}/hvprof-duckdb'")
     con.execute("SET preserve_insertion_order = false")
@@ -387,8 +387,7 @@ def _order_key(key: str, values: pd.Series) -> pd.Series:
     if key == "dtype":
         return values.map(lambda v: (F.DTYPE_BY_NAME.get(str(v), 1 << 20), str(v)))
     if key == "kind":
-        order = {"data": 0, "control": 1, "app": 2}
-        return values.map(lambda v: (order.get(str(v), 3), str(v)))
+        return values.map(F.kind_key)
     if key == "backend":
         order = {"mpi": 0, "app": 1, "nccl": 2}
         return values.map(lambda v: (order.get(str(v), 3), str(v)))
@@ -476,8 +475,7 @@ class Overview:
         return sorted(int(r) for r in self.per_rank["rank"].unique())
 
     def kinds(self) -> list[str]:
-        return sorted({str(k) for k in self.per_rank["kind"].unique()},
-                      key=lambda k: ({"data": 0, "control": 1, "app": 2}.get(k, 3), k))
+        return sorted({str(k) for k in self.per_rank["kind"].unique()}, key=kind_key)
 
     def count(self, kind: str | None = None) -> int:
         f = self.per_rank if kind is None else self.per_rank.loc[self.per_rank["kind"] == kind]

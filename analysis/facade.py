@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from profiler.formats.buckets import STALE_S, STUCK_FACTOR, WINDOW_S
 from profiler.layout import format_ranges
 
 from .live import Watcher
@@ -442,8 +443,8 @@ class TraceAnalysis:
         is read until asked (hang)."""
         return cls(path=os.fspath(directory), meta=None, engine="pandas")
 
-    def watch(self, *, window_s: float = 10.0, stuck_factor: float = 10.0,
-              stale_s: float = 5.0) -> Watcher:
+    def watch(self, *, window_s: float = WINDOW_S, stuck_factor: float = STUCK_FACTOR,
+              stale_s: float = STALE_S) -> Watcher:
         """The live view of a running (or ended) job's raw files, refreshed
         incrementally (analysis.live.Watcher; `profiler watch`)."""
         return Watcher(self.path, window_s=window_s, stuck_factor=stuck_factor,

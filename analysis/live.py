@@ -75,10 +75,12 @@ import pandas as pd
 from profiler import layout
 from profiler.errors import NotFoundError, ProfilerError
 from profiler.formats import record as F
+from profiler.formats.buckets import STALE_S, STUCK_FACTOR, WINDOW_S
 from profiler.formats.clock import ns_per_tick, ticks_to_job_ns
 from profiler.formats.raw import c_string, read_agg, writer_state
 from profiler.formats.rawtail import RawTail, TailRead
 from profiler.formats.rows import thread_kind_of
+from profiler.formats.steps import StepFold
 from profiler.postjob.classify import classify, horovod_tracks
 
 from .live_aggregates import (
@@ -134,12 +136,7 @@ class _Rank:
     agg_overflow: int = 0
     hvd_tracks: set[int] = field(default_factory=set)
     kind_cache: dict[int, int] = field(default_factory=dict)
-    steps: int = 0
-    timed_steps: int = 0
-    images: int = 0
-    timed_ns: int = 0
-    step_ns: int = 0
-    first_step: tuple[int, int, int] | None = None  # (number, ns, images) of the first
+    fold: StepFold = field(default_factory=StepFold)  # its steps, for the steady rule
     recent: deque[tuple[int, int, int]] = field(
         default_factory=lambda: deque(maxlen=MAX_RECENT_STEPS))  # (t_end job ns, dur, images)
     pending: list[dict[str, np.ndarray]] = field(default_factory=list)  # breakdown rows
@@ -156,8 +153,8 @@ class _Rank:
 class Watcher:
     """Aggregates of a profile directory's raw files, refreshed incrementally."""
 
-    def __init__(self, directory: str | os.PathLike[str], *, window_s: float = 10.0,
-                 stuck_factor: float = 10.0, stale_s: float = 5.0) -> None:
+    def __init__(self, directory: str | os.PathLike[str], *, window_s: float = WINDOW_S,
+                 stuck_factor: float = STUCK_FACTOR, stale_s: float = STALE_S) -> None:
         p = Path(directory)
         if not p.exists():
             raise NotFoundError(p, "no such directory")
@@ -244,16 +241,7 @@ class Watcher:
         if steps.any():
             imgs = rec["count"][steps].astype(np.int64)
             d = dur[steps]
-            st.steps += int(steps.sum())
-            st.step_ns += int(d.sum())
-            timed = imgs > 0
-            st.timed_steps += int(timed.sum())
-            st.images += int(imgs.sum())
-            st.timed_ns += int(d[timed].sum())
-            seq = rec["seq"][steps].astype(np.int64)
-            i = int(np.argmin(seq))
-            if st.first_step is None or int(seq[i]) < st.first_step[0]:
-                st.first_step = (int(seq[i]), int(d[i]), int(imgs[i]))
+            st.fold.add(rec["seq"][steps], d, imgs)
             order = np.argsort(t_end[steps], kind="stable")
             for e, dd, im in zip(t_end[steps][order].tolist(), d[order].tolist(),
                                  imgs[order].tolist()):
@@ -318,7 +306,7 @@ class Watcher:
         module docstring) and keep their parts for the window."""
         from profiler.analysis.breakdown import PARTS, rank_breakdown
 
-        ranks = [st for st in self.ranks.values() if st.steps > 0 and st.header]
+        ranks = [st for st in self.ranks.values() if st.fold.steps > 0 and st.header]
         if not ranks or any(not st.pending for st in ranks):
             return
         cols, final = {}, {}

@@ -78,10 +78,9 @@ def snapshot(w: Watcher) -> dict[str, Any]:
         flying = _in_flight(w, st, op_ns)
         in_flight.extend(flying)
         recent = list(st.recent)
-        r_timed = [(d, im) for _e, d, im in recent if im > 0]
-        steady, r_steady = _steady(st), StepTotals(
-            images=sum(im for _d, im in r_timed), rank_ns=sum(d for d, _im in r_timed),
-            rank_steps=len(r_timed), steps=len(r_timed))
+        steady = st.fold.totals()
+        r_steady = step_figures.window_totals(np.array([d for _e, d, _i in recent], np.int64),
+                                              np.array([i for _e, _d, i in recent], np.int64))
         job_steady.append(steady)
         job_recent.append(r_steady)
         recorded = st.tail.records_read + int(h.get("aggregated_calls") or 0)
@@ -96,7 +95,8 @@ def snapshot(w: Watcher) -> dict[str, Any]:
             "status": status, "stopped": status in ("dead", "stalled"),
             "heartbeat_age_s": beat_age,
             "mode": F.MODES.get(int(h.get("mode") or 0), "full"),
-            "steps": st.steps, "timed_steps": st.timed_steps, "images": st.images,
+            "steps": st.fold.steps, "timed_steps": st.fold.timed_steps,
+            "images": st.fold.images,
             "images_per_sec": _rate(steady),
             "images_per_sec_recent": _rate(r_steady),
             "step_time_s": _seconds(step_figures.step_ms(steady)),
@@ -203,20 +203,6 @@ def _collectives(coll: dict[str, np.ndarray], elapsed: float | None,
         })
     out.sort(key=lambda c: -float(c["time_s"]))
     return out
-
-
-def _steady(st: _Rank) -> StepTotals:
-    """The rank's steady steps (profiler.formats.steps.steady_mask, from the
-    totals kept): its steps with images when it marked a warm-up with 0
-    images, else all but its first."""
-    if 0 < st.timed_steps < st.steps:
-        return StepTotals(images=st.images, rank_ns=st.timed_ns, rank_steps=st.timed_steps,
-                          steps=st.timed_steps)
-    n, ns, images = st.steps, st.step_ns, st.images
-    # WARMUP_STEPS is 1: the first step's figures are all that is kept for it
-    if n > step_figures.WARMUP_STEPS and st.first_step is not None:
-        n, ns, images = n - 1, ns - st.first_step[1], images - st.first_step[2]
-    return StepTotals(images=images, rank_ns=ns, rank_steps=n, steps=n)
 
 
 def _rate(t: StepTotals) -> float | None:

@@ -50,6 +50,14 @@ fi
 export OMPI_MCA_rmaps_base_oversubscribe=${OMPI_MCA_rmaps_base_oversubscribe:-1}
 export OMPI_MCA_hwloc_base_binding_policy=${OMPI_MCA_hwloc_base_binding_policy:-none}
 
+# One figure for a run's images/sec, the profiler's (trace.json's metadata:
+# profiler.formats.steps, a step's images over the ranks' mean step time).
+RATE='import sys
+from profiler.formats.tracejson import read_trace_meta
+m = read_trace_meta(sys.argv[1])
+r, s = m.get("images_per_sec"), m.get("step_ms")
+print(f"{r:.1f} img/s, {s:.2f} ms/step (the profiler'"'"'s)" if r and s else "no images/sec in the trace")'
+
 run_profiled() {  # name, extra env...: one run, its output in $OUT/name.log
     local name=$1; shift
     local dir=$OUT/$name log=$OUT/$name.log
@@ -62,7 +70,7 @@ run_profiled() {  # name, extra env...: one run, its output in $OUT/name.log
         exit 1
     fi
     [ -f "$dir/trace.json" ] || { say "error: no trace at $dir/trace.json" >&2; exit 1; }
-    say "  $name: $(grep -m1 '^Total img/sec' "$log" || echo 'no throughput line') (output: $log)"
+    say "  $name: $("$PY" -c "$RATE" "$dir/trace.json") (output: $log)"
 }
 
 # Alternating runs: run i of each side ran next to the other's, under the same

@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 from profiler.errors import UsageError
+from profiler.formats import buckets as defaults
 
 #: Rank rows in the terminal view (stopped and slowest ranks first, then by rank).
 MAX_RANK_ROWS = 12
@@ -78,16 +79,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="text (the view), or json (one object per refresh)")
-    p.add_argument("--interval", type=_positive, default=1.0, metavar="S",
-                   help="seconds between refreshes (default 1)")
-    p.add_argument("--window", type=_positive, default=10.0, metavar="S",
-                   help="the recent window for rates, in seconds (default 10)")
-    p.add_argument("--stuck-factor", type=_positive, default=10.0, metavar="N",
+    p.add_argument("--interval", type=_positive, default=defaults.INTERVAL_S, metavar="S",
+                   help="seconds between refreshes (default %(default)g)")
+    p.add_argument("--window", type=_positive, default=defaults.WINDOW_S, metavar="S",
+                   help="the recent window for rates, in seconds (default %(default)g)")
+    p.add_argument("--stuck-factor", type=_positive, default=defaults.STUCK_FACTOR, metavar="N",
                    help="a call in flight N times its usual duration (and >= 1 s) is "
-                        "stuck (default 10)")
-    p.add_argument("--stale", type=_positive, default=5.0, metavar="S",
+                        "stuck (default %(default)g)")
+    p.add_argument("--stale", type=_positive, default=defaults.STALE_S, metavar="S",
                    help="a rank whose heartbeat did not move for S seconds has stopped "
-                        "writing (default 5)")
+                        "writing (default %(default)g)")
     p.add_argument("--follow", action="store_true",
                    help="keep watching after every rank has finished (until Ctrl-C)")
     p.add_argument("--top", type=_count, default=5, metavar="N",

@@ -361,6 +361,13 @@ NOT_CALL_RECORDS = frozenset({"cpu", "nccl_net"})
 CALL_KINDS: tuple[str, ...] = ("data", "control", "app", "p2p")
 
 
+def kind_key(kind: object) -> tuple[int, str]:
+    """Sort key of a kind: CALL_KINDS' order (every table that lists kinds
+    lists them so), an unknown kind after them by name."""
+    k = str(kind)
+    return (CALL_KINDS.index(k) if k in CALL_KINDS else len(CALL_KINDS), k)
+
+
 def is_comm_op(name: str, backend: str) -> bool:
     """A communication call: an MPI or NCCL op that is not MPI's set-up or
     tear-down, nor NCCL's network activity under a call."""

@@ -27,11 +27,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["StepTotals", "steady_mask", "rank_totals", "job_totals", "step_ms",
-           "images_per_s", "WARMUP_STEPS"]
+__all__ = ["StepTotals", "StepFold", "steady_mask", "warmup_marked", "rank_totals",
+           "window_totals", "job_totals", "step_ms", "images_per_s", "WARMUP_STEPS"]
 
 #: Steps left out at the start when the application did not mark its warm-up.
 WARMUP_STEPS = 1
+
+
+def warmup_marked(steps: int, with_images: int) -> bool:
+    """The rule's first half: the application marked its warm-up (some of its
+    steps carry images, the others none), so exactly the steps with images
+    count; otherwise the first `warmup` steps are left out."""
+    return 0 < with_images < steps
 
 
 def steady_mask(step: np.ndarray, images: np.ndarray, warmup: int = WARMUP_STEPS
@@ -40,7 +47,7 @@ def steady_mask(step: np.ndarray, images: np.ndarray, warmup: int = WARMUP_STEPS
     count: the rule of the module doc."""
     step = np.asarray(step)
     images = np.asarray(images)
-    if (images > 0).any() and (images == 0).any():
+    if warmup_marked(len(images), int((images > 0).sum())):
         return images > 0
     keep = np.ones(len(step), dtype=bool)
     if len(step) > warmup:
@@ -77,6 +84,59 @@ def rank_totals(step: np.ndarray, t_start_ns: np.ndarray, t_end_ns: np.ndarray,
     n = int(keep.sum())
     return StepTotals(images=int(imgs[keep].sum()), rank_ns=int(dur[keep].sum()),
                       rank_steps=n, steps=n)
+
+
+def window_totals(dur_ns: np.ndarray, images: np.ndarray) -> StepTotals:
+    """The steps of a window inside a run (the watcher's recent steps): the
+    rule with no warm-up to leave out, a window has none."""
+    dur = np.maximum(np.asarray(dur_ns, dtype=np.int64), 0)
+    return rank_totals(np.arange(len(dur)), np.zeros(len(dur), dtype=np.int64), dur,
+                       images, warmup=0)
+
+
+class StepFold:
+    """One rank's steps folded as they arrive (the watcher reads a running
+    job's records chunk by chunk), keeping only what the rule needs: the
+    totals of every step and of the steps with images, and the first
+    `warmup` steps by number.  totals() is rank_totals() of every step added,
+    to the last integer."""
+
+    def __init__(self, warmup: int = WARMUP_STEPS) -> None:
+        self.warmup = warmup
+        self.steps = 0
+        self.ns = 0
+        self.images = 0
+        self.timed_steps = 0  # steps with images
+        self.timed_ns = 0
+        self.first: list[tuple[int, int, int]] = []  # (step, ns, images), lowest numbers
+
+    def add(self, step: np.ndarray, dur_ns: np.ndarray, images: np.ndarray) -> None:
+        """Steps (their numbers, durations and images), in any order."""
+        step = np.asarray(step, dtype=np.int64)
+        dur = np.maximum(np.asarray(dur_ns, dtype=np.int64), 0)
+        imgs = np.asarray(images, dtype=np.int64)
+        timed = imgs > 0
+        self.steps += len(step)
+        self.ns += int(dur.sum())
+        self.images += int(imgs.sum())
+        self.timed_steps += int(timed.sum())
+        self.timed_ns += int(dur[timed].sum())
+        if self.warmup > 0 and len(step):
+            low = np.argsort(step, kind="stable")[:self.warmup]
+            self.first = sorted(self.first + [(int(step[i]), int(dur[i]), int(imgs[i]))
+                                              for i in low])[:self.warmup]
+
+    def totals(self) -> StepTotals:
+        """The steady steps' totals (the rule of the module doc)."""
+        if warmup_marked(self.steps, self.timed_steps):
+            return StepTotals(images=self.images, rank_ns=self.timed_ns,
+                              rank_steps=self.timed_steps, steps=self.timed_steps)
+        n, ns, images = self.steps, self.ns, self.images
+        if n > self.warmup:
+            n -= len(self.first)
+            ns -= sum(d for _s, d, _i in self.first)
+            images -= sum(i for _s, _d, i in self.first)
+        return StepTotals(images=images, rank_ns=ns, rank_steps=n, steps=n)
 
 
 def job_totals(ranks: list[StepTotals]) -> StepTotals:

@@ -9,9 +9,11 @@ reports images/sec, like Horovod's own synthetic benchmarks::
 
 Timeline: ``--num-warmup-batches`` optimizer steps (not timed), then
 ``--num-iters`` timed iterations of ``--num-batches-per-iter`` steps each.
-Rank 0 prints images/sec per rank and in total, each with a 95% confidence
+Rank 0 prints images/sec per rank and the job's, each with a 95% confidence
 interval of the mean over iterations (Student t), and one machine-readable
-line ``RESULT {json}``.
+line ``RESULT {json}``.  The job's images/sec of an iteration is the
+profiler's definition (profiler.formats.steps): the images of a step (every
+rank's) over the ranks' mean step time, never the ranks' own rates summed.
 
 Step marking for the profiler: by default (``--step-marking auto``) a Horovod
 run relies on the profiler's DistributedOptimizer hook (no code change) and a
@@ -294,13 +296,15 @@ def run(args: argparse.Namespace,
 
     if hvd is not None:
         all_rates: list[list[float]] = hvd.allgather_object(rates)
+        all_seconds: list[list[float]] = hvd.allgather_object(seconds)
     else:
-        all_rates = [rates]
+        all_rates, all_seconds = [rates], [seconds]
     per_rank: list[dict[str, Any]] = []
     for r, vals in enumerate(all_rates):
         m, ci = mean_ci95(vals)
         per_rank.append({"rank": r, "images_per_sec": m, "ci95": ci, "iterations": vals})
-    totals = [sum(vals[i] for vals in all_rates) for i in range(args.num_iters)]
+    totals = [job_images_per_sec([secs[i] for secs in all_seconds], args.batch_size,
+                                 args.num_batches_per_iter) for i in range(args.num_iters)]
     total_mean, total_ci = mean_ci95(totals)
     rank_mean, rank_ci = mean_ci95([v for vals in all_rates for v in vals])
 
@@ -344,9 +348,21 @@ def run(args: argparse.Namespace,
             for pr in per_rank:
                 print(f"Img/sec rank {pr['rank']}: {_fmt(pr['images_per_sec'], pr['ci95'])}")
             print(f"Img/sec per rank: {_fmt(rank_mean, rank_ci)}")
-            print(f"Total img/sec on {size} rank(s): {_fmt(total_mean, total_ci)} (95% CI)")
+            print(f"Job img/sec on {size} rank(s): {_fmt(total_mean, total_ci)} (95% CI; "
+                  "a step's images over the ranks' mean step time)")
         print("RESULT " + json.dumps(result, allow_nan=False, default=_json_default), flush=True)
     return result
+
+
+def job_images_per_sec(seconds: Sequence[float], batch_size: int, steps: int) -> float:
+    """The job's images/sec over one iteration (each rank's seconds for the
+    same `steps` steps of `batch_size` images): profiler.formats.steps'
+    definition, the figure the profiler gives the same steps."""
+    from profiler.formats.steps import StepTotals, images_per_s
+
+    return images_per_s(StepTotals(images=batch_size * steps * len(seconds),
+                                   rank_ns=round(sum(seconds) * 1e9),
+                                   rank_steps=steps * len(seconds), steps=steps))
 
 
 def _json_default(obj: object) -> object:
