@@ -3,7 +3,10 @@
     from profiler.analysis.report import write_report
     write_report(["fused/trace.json", "unfused/trace.json"], "report.html")
 
-Sections: the traces (command, hosts, ranks, transport, environment), summary
+The first screen is the step breakdown per rank (the chart) and the findings'
+headlines with their cost (the overview: what `profiler advise` opens with);
+the details follow: the findings in full, where each step goes, then the
+traces (command, hosts, ranks, transport, environment), summary
 tables per collective and size bucket, message sizes (fused vs unfused when
 several traces), latency vs size with the fitted model and anomalies, padding
 what-if, per-rank imbalance and stragglers, per-step timeline and images/sec,
@@ -196,28 +199,65 @@ _EVIDENCE = {"compute_bound": ("breakdown", "Where a step goes"),
              "latency_cliffs": ("latency", "Latency vs size")}
 
 
-def _findings_section(df: pd.DataFrame, labels: Sequence[str],
-                      metas: Mapping[str, Mapping[str, Any]], multi: bool) -> str:
-    """The findings of each trace (analysis.findings, as `profiler advise` ranks
-    them), each linked to the section that supports it."""
+def _anchor(lb: object) -> str:
+    """A label as an id fragment."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", str(lb)) or "trace"
+
+
+def _cost(f: Any) -> str:
+    """A finding's cost as the report writes it ("" when it has none)."""
     from profiler.units import fmt_ms
 
+    if f.cost_ms is None:
+        return ""
+    cost = (f" <span class=\"muted\">[{_e(f.cost_label)} "
+            f"{_e(fmt_ms(f.cost_ms))}/step")
+    if f.cost_interval_ms:
+        lo, hi = f.cost_interval_ms
+        cost += f", 95% interval {_e(fmt_ms(lo))} to {_e(fmt_ms(hi))}"
+    return cost + "]</span>"
+
+
+def _overview_section(labels: Sequence[str], multi: bool, advices: Mapping[str, Any],
+                      charts: Mapping[str, str]) -> str:
+    """The first screen: each trace's step breakdown per rank (the chart), the
+    line that sets the causes against the step, and the findings' headlines
+    with their cost, each linked to its details under Findings."""
+    out = []
+    for lb in labels:
+        advice = advices[lb]
+        head = f"<h3>{_e(str(lb))}</h3>" if multi else ""
+        line = advice.reconciliation()
+        items = [f'<li><a href="#finding-{_anchor(lb)}-{i}"><b>{_e(f.headline)}</b></a>'
+                 f"{_cost(f)}</li>" for i, f in enumerate(advice.significant, 1)]
+        if not items:
+            items = ["<li>no significant finding: nothing measured here costs more than "
+                     "the run-to-run noise</li>"]
+        rest = len(advice.minor) + len(advice.limits)
+        more = (f'<p class="muted">{rest} more below the noise floor or beyond what this '
+                'trace can support: <a href="#findings">Findings</a></p>' if rest else "")
+        out.append(head + charts.get(lb, "")
+                   + (f'<p class="reconcile">{_e(line)}</p>' if line else "")
+                   + '<ol class="headlines">' + "".join(items) + "</ol>" + more)
+    return "".join(out)
+
+
+def _findings_section(df: pd.DataFrame, labels: Sequence[str],
+                      metas: Mapping[str, Mapping[str, Any]], multi: bool,
+                      advices: Mapping[str, Any] | None = None) -> str:
+    """The findings of each trace (analysis.findings, as `profiler advise` ranks
+    them), each linked to the section that supports it; `advices`: each
+    label's, when already made (the overview's)."""
     from .findings import advise_frame
 
     out = []
     for lb in labels:
         sub = df.loc[isin(df["label"], [lb])] if multi else df
-        advice = advise_frame(sub, dict(metas.get(lb) or {}), path=str(lb))
+        advice = (advices or {}).get(lb) or advise_frame(sub, dict(metas.get(lb) or {}),
+                                                         path=str(lb))
         items = []
-        for f in advice.significant + advice.minor:
-            cost = ""
-            if f.cost_ms is not None:
-                cost = (f" <span class=\"muted\">[{_e(f.cost_label)} "
-                        f"{_e(fmt_ms(f.cost_ms))}/step")
-                if f.cost_interval_ms:
-                    lo, hi = f.cost_interval_ms
-                    cost += f", 95% interval {_e(fmt_ms(lo))} to {_e(fmt_ms(hi))}"
-                cost += "]</span>"
+        for n, f in enumerate(advice.significant + advice.minor, 1):
+            cost = _cost(f)
             link = ""
             if f.key in _EVIDENCE:
                 anchor, name = _EVIDENCE[f.key]
@@ -230,7 +270,8 @@ def _findings_section(df: pd.DataFrame, labels: Sequence[str],
             if f.recommendation:
                 body += f"<br><b>try:</b> {_e(f.recommendation)}"
             cls = "" if f.significant else ' class="muted"'
-            items.append(f"<li{cls}><b>{_e(f.headline)}</b>{cost}{link}{body}</li>")
+            items.append(f'<li id="finding-{_anchor(lb)}-{n}"{cls}><b>{_e(f.headline)}</b>'
+                         f"{cost}{link}{body}</li>")
         if not advice.significant:
             items.insert(0, "<li>no significant finding: nothing measured here costs more "
                             "than the run-to-run noise</li>")
@@ -352,11 +393,48 @@ def render_report(
     sections: list[tuple[str, str, Callable[[], str]]] = []
     multi = "label" in df.columns
 
+    advices: dict[str, Any] = {}  # label -> advise's Advice, made once
+    contexts: dict[str, Any] = {}  # label -> findings Context (its step breakdown)
+
+    def sub_of(lb: str) -> pd.DataFrame:
+        return df.loc[isin(df["label"], [lb])] if multi else df
+
+    def context_of(lb: str) -> Any:
+        from .findings.base import Context
+
+        if lb not in contexts:
+            sub = sub_of(lb)
+            contexts[lb] = Context(df=sub.drop(columns=["label"]) if "label" in sub.columns
+                                   else sub, meta=dict(metas.get(lb) or {}), path=str(lb))
+        return contexts[lb]
+
+    def breakdown_of(lb: str) -> pd.DataFrame:
+        from .breakdown import rank_breakdown
+
+        ctx = context_of(lb)
+        return ctx.breakdown if ctx.n_steps else rank_breakdown(sub_of(lb).iloc[0:0])
+
+    def no_breakdown(bd: pd.DataFrame) -> bool:
+        return bool(bd.empty or (bd["source"] == "none").all())
+
+    def sec_overview() -> str:
+        from .findings import advise_frame
+
+        charts = {}
+        for lb in labels:
+            advices[lb] = advise_frame(sub_of(lb), dict(metas.get(lb) or {}), path=str(lb))
+            bd = breakdown_of(lb)
+            charts[lb] = ('<p class="muted">no step breakdown: it needs steps and Horovod\'s '
+                          "synchronize (hvd.DistributedOptimizer) or blocking collectives on "
+                          "the thread that marks steps</p>" if no_breakdown(bd)
+                          else fig(f"breakdown-ranks-{_anchor(lb)}", F.breakdown_by_rank(bd)))
+        return _overview_section(labels, multi, advices, charts)
+
     def sec_traces() -> str:
         return _trace_table(metas, df)
 
     def sec_findings() -> str:
-        return _findings_section(df, labels, metas, multi)
+        return _findings_section(df, labels, metas, multi, advices)
 
     def sec_summary() -> str:
         out = ""
@@ -412,28 +490,21 @@ def render_report(
         return out + "<h3>Stragglers (arrived last in matched calls)</h3>" + _table(ranking)
 
     def sec_breakdown() -> str:
-        from .breakdown import rank_breakdown
-        from .findings.base import Context
-
         out = []
         for lb in labels:
-            sub = df.loc[isin(df["label"], [lb])] if multi else df
-            ctx = Context(df=sub.drop(columns=["label"]) if "label" in sub.columns else sub,
-                          meta=dict(metas.get(lb) or {}), path=str(lb))
-            bd = ctx.breakdown if ctx.n_steps else rank_breakdown(sub.iloc[0:0])
+            bd = breakdown_of(lb)
             head = f"<h3>{_e(str(lb))}</h3>" if multi else ""
-            if bd.empty or (bd["source"] == "none").all():
-                out.append(head + '<p class="muted">no step breakdown: it needs steps and '
-                                  "Horovod's synchronize (hvd.DistributedOptimizer) or "
-                                  "blocking collectives on the thread that marks steps</p>")
+            if no_breakdown(bd):
+                out.append(head + '<p class="muted">no step breakdown (see the first '
+                                  "section)</p>")
                 continue
-            key = re.sub(r"[^A-Za-z0-9_-]+", "-", str(lb)) or "trace"
             out.append(head + "<p>The parts of a rank's step sum to its step time "
                        "(analysis.breakdown): compute and the rest, waiting for other "
-                       "ranks, waiting for Horovod, transfer, the profiler, unexplained.</p>"
-                       + fig(f"breakdown-ranks-{key}", F.breakdown_by_rank(bd))
-                       + fig(f"breakdown-steps-{key}", F.breakdown_over_steps(bd))
-                       + _table(ctx.parts))
+                       "ranks, waiting for Horovod, transfer, the profiler, unexplained; "
+                       'per rank in the <a href="#overview">first section</a>, over the '
+                       "steps here.</p>"
+                       + fig(f"breakdown-steps-{_anchor(lb)}", F.breakdown_over_steps(bd))
+                       + _table(context_of(lb).parts))
         return "".join(out)
 
     def sec_steps() -> str:
@@ -476,6 +547,7 @@ def render_report(
     hang_text = sec_hang()
     sections = [("hang", "The job hangs", lambda: hang_text)] if hang_text else []
     sections += [
+        ("overview", "Where a step goes, and what to change", sec_overview),
         ("findings", "Findings", sec_findings),
         ("breakdown", "Where a step goes", sec_breakdown),
         ("traces", "Traces", sec_traces),

@@ -189,7 +189,8 @@ def test_report_of_a_trace_too_large_to_load_whole(tmp_path: Path) -> None:
 
 
 def test_report_opens_with_the_findings() -> None:
-    """The first section is the findings of each trace (the same analyzers as
+    """After the overview (the breakdown chart and the headlines: the browser
+    test checks it), the findings of each trace (the same analyzers as
     `profiler advise`), each linked to the section that supports it."""
     import re
 
@@ -200,7 +201,7 @@ def test_report_opens_with_the_findings() -> None:
     df = training(steps=14, late_rank=1, late_ns=2_000_000, step_ns=30_000_000)
     text = render_report(df, progress=False)
     sections = re.findall(r'<h2 id="([a-z]+)">', text)
-    assert sections[:3] == ["findings", "breakdown", "traces"]
+    assert sections[:3] == ["overview", "findings", "breakdown"]
     body = text.split('<h2 id="findings">', 1)[1].split("<h2 ", 1)[0]
     expected = advise_frame(df, {}).significant
     assert expected and all(f.headline in body for f in expected)

@@ -3,10 +3,13 @@ report's JavaScript (plotly, embedded: no network) and the test reads the
 resulting DOM and the browser's console.  Every figure the report declares is
 drawn, nothing on the page throws, the findings come first.
 
-The same browser takes the README's pictures: the report's first screen (PNG)
-and `profiler advise`'s (SVG, rich's terminal export), each checked.  They go to
-tmp_path, or to docs/img/ with HVPROF_SCREENSHOTS=1 (how the committed ones are
-made: `HVPROF_SCREENSHOTS=1 .venv/bin/pytest tests/test_report_browser.py -k
+The same browser draws the README's picture, the report's breakdown chart,
+into docs/img/breakdown.png on every run (tests/readme_picture.py says how,
+and how test_docs checks it is current), and takes the guide's pictures: the
+report's first screen (PNG) and `profiler advise`'s (SVG, rich's terminal
+export), each checked.  Those two go to tmp_path, or to docs/img/ with
+HVPROF_SCREENSHOTS=1 (how the committed ones are made:
+`HVPROF_SCREENSHOTS=1 .venv/bin/pytest tests/test_report_browser.py -k
 screenshots`)."""
 
 from __future__ import annotations
@@ -51,13 +54,13 @@ def render(page: Path, tmp: Path, fragment: str = "") -> tuple[str, list[str]]:
     return p.stdout, console
 
 
-def screenshot(page: Path, png: Path, tmp: Path) -> None:
-    """A PNG of the first screen (SCREEN, at scale 1) of `page` after its scripts ran."""
+def screenshot(page: Path, png: Path, tmp: Path, size: tuple[int, int] = SCREEN) -> None:
+    """A PNG of the first screen (`size`, at scale 1) of `page` after its scripts ran."""
     p = subprocess.run(
         [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
          f"--user-data-dir={tmp / 'chrome-profile'}", "--virtual-time-budget=15000",
          "--hide-scrollbars", "--force-device-scale-factor=1",
-         f"--window-size={SCREEN[0]},{SCREEN[1]}", f"--screenshot={png}",
+         f"--window-size={size[0]},{size[1]}", f"--screenshot={png}",
          page.resolve().as_uri()],
         capture_output=True, text=True, timeout=120, cwd=tmp)
     assert p.returncode == 0 and png.is_file(), p.stderr[-2000:]
@@ -134,9 +137,16 @@ def test_report_renders_every_figure(tmp_path: Path, traces: list[str]) -> None:
     assert len(re.findall(r'class="main-svg"', dom)) >= declared
     errors = [c for c in console if "Uncaught" in c or "Error" in c]
     assert errors == [], errors
-    # the findings section is the first section of the page
+    # the page opens with the breakdown chart and the findings' headlines, the
+    # details after them
     sections = re.findall(r'<h2 id="([^"]+)"', dom)
-    assert sections and sections[0] == "findings", sections[:3]
+    assert sections[:3] == ["overview", "findings", "breakdown"], sections[:3]
+    first = dom.split('<h2 id="overview"', 1)[1].split("<h2 ", 1)[0]
+    assert first.count('<ol class="headlines">') == len(traces)
+    # these traces have no step breakdown (no synchronize rows): the overview
+    # says so where the chart would be (the README's trace, below, has one)
+    assert first.count("no step breakdown") == len(traces)
+    assert first.index("no step breakdown") < first.index('<ol class="headlines">')
 
 
 def test_long_tables_fold_and_filter(tmp_path: Path) -> None:
@@ -171,22 +181,88 @@ def svg_lines(svg: str) -> list[str]:
             for _, parts in sorted(lines.items())]
 
 
+def _rgb(hex_colour: str) -> bytes:
+    return bytes.fromhex(hex_colour.lstrip("#"))
+
+
+# Where the first screen's parts lie once the page has drawn: appended to a copy
+# of the report, it writes the top and bottom of the chart and of the headlines
+# into the DOM that --dump-dom returns.
+LAYOUT_PROBE = """<script>window.addEventListener('load', function () {
+ var c = document.querySelector('#overview ~ section.figure .js-plotly-plot')
+   || document.querySelector('.js-plotly-plot');
+ var h = document.querySelector('ol.headlines');
+ var m = document.createElement('meta'); m.id = 'layout';
+ m.setAttribute('content', [c.getBoundingClientRect().top, c.getBoundingClientRect().bottom,
+   h.getBoundingClientRect().top, h.getBoundingClientRect().bottom].join(','));
+ document.head.appendChild(m); });</script>"""
+
+
+def test_the_readme_picture_is_the_reports_chart(tmp_path: Path) -> None:
+    """docs/img/breakdown.png, redrawn: the report's chart alone, as the browser
+    draws it, with the digest of the figure beside it (readme_picture)."""
+    import json
+
+    import readme_picture as rp
+
+    from profiler.analysis.figures import PART_COLORS
+
+    fig = rp.figure()
+    page = tmp_path / "chart.html"
+    page.write_text(rp.page(fig), encoding="utf-8")
+    drawn = tmp_path / "breakdown.png"
+    screenshot(page, drawn, tmp_path, size=rp.SIZE)
+    w, h, pixels = png_pixels(drawn)
+    assert (w, h) == rp.SIZE
+    colours = Counter(pixels)
+    # the bars: compute fills most of each, and at least one more part shows
+    assert colours[_rgb(PART_COLORS["compute"])] > 0.1 * len(pixels), colours.most_common(5)
+    others = [p for p in PART_COLORS if p != "compute" and colours[_rgb(PART_COLORS[p])] > 20]
+    assert others, colours.most_common(8)
+    rp.PICTURE.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(drawn, rp.PICTURE)
+    rp.SIDECAR.write_text(json.dumps({"digest": rp.digest(fig), "size": list(rp.SIZE),
+                                      "trace": rp.TRACE.relative_to(rp.ROOT).as_posix()},
+                                     indent=1) + "\n", encoding="utf-8")
+
+
 def test_screenshots_of_the_report_and_advise(tmp_path: Path) -> None:
-    """The README's pictures: the report's first screen as the browser draws it,
-    and the first screen of `profiler advise` (100 columns) as an SVG terminal."""
+    """The guide's pictures: the report's first screen as the browser draws it
+    (the README's run), and the first screen of `profiler advise` (100 columns)
+    as an SVG terminal.  At 1280x800 the report's first screen holds the
+    breakdown chart, then the findings' headlines."""
+    import readme_picture
+
+    from profiler.analysis.figures import PART_COLORS
+
     dest = IMG if os.environ.get("HVPROF_SCREENSHOTS") == "1" else tmp_path
     dest.mkdir(parents=True, exist_ok=True)
     report = tmp_path / "report.html"
-    p = profiler_cli("report", str(DATA / "fused/trace.json"), "-o", str(report), timeout=300)
+    p = profiler_cli("report", str(readme_picture.TRACE), "-o", str(report), timeout=300)
     assert p.returncode == 0, p.stderr
+    probe = tmp_path / "probe.html"
+    probe.write_text(report.read_text().replace("</body>", LAYOUT_PROBE + "</body>"))
+    p = subprocess.run(
+        [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         f"--user-data-dir={tmp_path / 'chrome-profile'}", "--virtual-time-budget=15000",
+         "--hide-scrollbars", "--force-device-scale-factor=1",
+         f"--window-size={SCREEN[0]},{SCREEN[1]}", "--dump-dom", probe.resolve().as_uri()],
+        capture_output=True, text=True, timeout=120)
+    m = re.search(r'<meta id="layout" content="([-\d.,]+)"', p.stdout)
+    assert m, p.stderr[-2000:]
+    chart_top, chart_bottom, head_top, head_bottom = map(float, m.group(1).split(","))
+    assert 0 <= chart_top < chart_bottom <= head_top < head_bottom <= SCREEN[1], m.group(1)
+    first = p.stdout.split('<h2 id="overview"', 1)[1].split("<h2 ", 1)[0]
+    assert re.search(r'id="fig-breakdown-ranks-[^"]+" class="[^"]*js-plotly-plot', first)
     png = dest / "report.png"
     screenshot(report, png, tmp_path)
     w, h, pixels = png_pixels(png)
     assert (w, h) == SCREEN
     colours = Counter(pixels)
-    # a drawn page, not a blank or an error page: text, links, tables
+    # a drawn page, not a blank or an error page: text, links, and the chart's bars
     assert len(colours) >= 64, len(colours)
     assert colours.most_common(1)[0][1] < 0.95 * len(pixels), colours.most_common(3)
+    assert colours[_rgb(PART_COLORS["compute"])] > 5000, colours.most_common(5)
 
     # advise, run where the trace's path is short, as a user would type it
     p = profiler_cli("advise", "fused/trace.json", cwd=DATA, env={"COLUMNS": "100"})
