@@ -83,7 +83,9 @@ def size_histogram(df: pd.DataFrame, *, value: str = "calls", bucket: str = "pow
                    kinds: str | Sequence[str] | None = ("data",),
                    ops: str | Sequence[str] | None = None) -> go.Figure:
     """Calls (or bytes) per power-of-two size bucket, one bar series per label
-    (fused vs unfused): the seed paper's central figure."""
+    (fused vs unfused): the central figure of Awan et al., "Communication
+    Profiling and Characterization of Deep Learning Workloads on Clusters with
+    High-Performance Interconnects"."""
     import plotly.graph_objects as go
     if value not in ("calls", "bytes"):
         from profiler.errors import UsageError

@@ -1,5 +1,7 @@
-"""Message-size distribution, with and without tensor fusion (the seed paper's
-central figure): how many calls, and how many bytes, reach each size.
+"""Message-size distribution, with and without tensor fusion (the central
+figure of Awan et al., "Communication Profiling and Characterization of Deep
+Learning Workloads on Clusters with High-Performance Interconnects"): how many
+calls, and how many bytes, reach each size.
 
 Counting convention: a collective call appears once per participating rank in
 the trace.  By default the distribution is taken from one rank per trace (the

@@ -1,6 +1,6 @@
 """`profiler bench --pattern ps`: parameter server push+pull through server ranks on
 simulated hosts of their own, beside MPI_Allreduce on the same rate-limited
-links; the seed's table must keep its shape (time falls with more servers,
+links; the MXNet proposal's table must keep its shape (time falls with more servers,
 allreduce at or below the best server count)."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def test_ps_table_has_the_seed_shape(tmp_path: Path) -> None:
                      timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     print("\n" + p.stdout)
-    assert "seed (MXNet proposal): 400 MB, 8 workers" in p.stdout
+    assert "MXNet proposal: 400 MB, 8 workers" in p.stdout
     doc = json.loads((out / "bench-ps.json").read_text())
     t = {r["servers"]: r["ps_median_s"] for r in doc["results"]}
     assert t[1] > 1.5 * t[2] > 1.5 * 1.5 * t[4], t  # halves (about) with each doubling

@@ -4,8 +4,8 @@
                    [--payload 8M] [--rate 200mbit] [--rounds 2]
                    [--allreduce-algorithm ring|default]
 
-The seed of this project (the MXNet proposal for MPI_Allreduce) measured a
-400 MB reduction on 8 workers: parameter server push+pull 6.5 s with 1 server,
+The MXNet design proposal "Extend MXNet Distributed Training by MPI
+AllReduce" measured a 400 MB reduction on 8 workers: parameter server push+pull 6.5 s with 1 server,
 3.4 s with 2, 2.0 s with 4, 1.2 s with 8; MPI_Allreduce 1.0 s.  This bench
 rebuilds that table on a cluster simulated on this machine
 (profiler.bench.simcluster): one rank per simulated host, every host's link
@@ -31,7 +31,7 @@ after one warm-up.  The defaults (8 MiB, 200 Mbit/s) keep the run to about
 half a minute on 2 cores while the transfers, not the shared CPUs, set the
 times; faster links make the CPUs that emulate them the bottleneck.
 Rank 0 prints one `PSRESULT {json}` line; the launcher
-prints the table beside the seed's, with what the link rate alone predicts:
+prints the table beside the proposal's, with what the link rate alone predicts:
 push then pull through S server links, 2 W P / (S R); a ring allreduce,
 2 (W - 1) P / (W R).  The job runs under HOROVOD_PROFILE=1: DIR/servers-S/
 holds each job's trace (its MPI_Allreduce calls).
@@ -55,7 +55,7 @@ from typing import Any
 # The MXNet proposal's table (400 MB, 8 workers), seconds.
 SEED_PS = {1: 6.5, 2: 3.4, 4: 2.0, 8: 1.2}
 SEED_ALLREDUCE = 1.0
-SEED_LABEL = "seed (MXNet proposal): 400 MB, 8 workers"
+SEED_LABEL = "MXNet proposal: 400 MB, 8 workers"
 
 POLL_S = 0.0002
 

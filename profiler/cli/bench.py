@@ -33,7 +33,9 @@ Already inside an MPI job (launched by mpirun), the sweep runs in this process.
 --pattern ps: parameter-server push+pull (sharded parameters, point-to-point
 messages) through server ranks on simulated hosts of their own, beside
 MPI_Allreduce of the same payload on the same rate-limited links; prints the
-seed's table for this cluster (profiler.bench.ps; needs root for namespaces).
+table of the MXNet design proposal "Extend MXNet Distributed Training by MPI
+AllReduce" for this cluster, the proposal's figures beside (profiler.bench.ps;
+needs root for namespaces).
 """
 
 from __future__ import annotations
@@ -90,7 +92,8 @@ def _add_ps_arguments(p: argparse.ArgumentParser) -> None:
                              "hosts; needs root)")
     g.add_argument("--pattern", choices=("sweep", "ps"), default="sweep",
                    help="sweep: the collective sweep (default); ps: push+pull through "
-                        "server ranks beside MPI_Allreduce, the seed's table")
+                        "server ranks beside MPI_Allreduce, the table of the MXNet "
+                        "proposal \"Extend MXNet Distributed Training by MPI AllReduce\"")
     g.add_argument("--servers", default="1,2,4", help="server counts (default 1,2,4)")
     g.add_argument("--workers", type=int, default=4, help="workers (default 4)")
     g.add_argument("--payload", default="8M", help="parameter bytes (default 8M)")

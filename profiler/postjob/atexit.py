@@ -128,7 +128,7 @@ def _merge(directory: str, world: int, *, timeout: float | None = None) -> str:
         return line
     line = f"trace written to {result.summary_line()}"
     say(line)
-    from profiler.postjob.site_record import record_at_exit  # the job record (issue 48)
+    from profiler.postjob.site_record import record_at_exit  # the job record
     record_at_exit(directory, say)
     return line
 

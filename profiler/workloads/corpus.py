@@ -1,5 +1,5 @@
 """The models and Horovod features people train with, as workloads to profile
-end to end (issue 25): repeated layers, ResNet-50, a BERT-style encoder, an
+end to end: repeated layers, ResNet-50, a BERT-style encoder, an
 LSTM language model with an embedding (dense, sparse_as_dense, sparse),
 fp16 compression, gradient accumulation, grouped and uneven collectives,
 process sets, uneven data with hvd.join and Adasum.
@@ -23,11 +23,13 @@ calls, and the losses rank 0 saw, step by step.
 
 Workloads (``WORKLOADS``; np=2 in the tests):
 
-* ``mlp6``: six nn.Linear(96, 96): 12 tensors, six of each shape (issue 25's
-  crash);
+* ``mlp6``: six nn.Linear(96, 96): 12 tensors, six of each shape (many
+  equal sizes: the hardest case for the fusion lineage);
 * ``resnet50``: ResNet-50 (bottleneck blocks [3, 4, 6, 3], ImageNet stem,
   1000 classes) at a small image size: 161 gradient tensors, 25,557,032
-  parameters (the seed paper's model; torchvision's parameter list);
+  parameters (the model of Awan et al., "Communication Profiling and
+  Characterization of Deep Learning Workloads on Clusters with
+  High-Performance Interconnects"; torchvision's parameter list);
 * ``bert``: a BERT-style encoder (word, position and token-type embeddings
   with LayerNorm, ``--layers`` identical layers of attention and
   feed-forward with two LayerNorms each, a pooler and a classifier):
