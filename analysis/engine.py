@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profiler._env import text
 from profiler.errors import CorruptError, NotATraceError, NotFoundError, UsageError
 from profiler.formats.filters import RowFilter, sql_strings
 from profiler.formats.record import LIFECYCLE_OPS, kind_key
@@ -59,8 +60,7 @@ def connect(memory_limit: str | None = None, threads: int | None = None) -> Any:
     import duckdb
 
     con = duckdb.connect(":memory:")
-    mem = memory_limit or os.environ.get("HOROVOD_PROFILE_ANALYSIS_MEMORY") or \
-        DEFAULT_MEMORY_LIMIT
+    mem = memory_limit or text("HOROVOD_PROFILE_ANALYSIS_MEMORY") or DEFAULT_MEMORY_LIMIT
     con.execute(f"SET memory_limit = '{mem}'")
     con.execute(f"SET temp_directory = '{tempfile.gettempdir()}/hvprof-duckdb'")
     con.execute("SET preserve_insertion_order = false")

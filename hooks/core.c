@@ -103,15 +103,6 @@ const hvprof_backend *backend_at(uint32_t i)
     return i < n && i < MAX_BACKENDS ? atomic_load(&backends[i]) : NULL;
 }
 
-void hvprof_warn(const char *fmt, ...)
-{
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "horovod-profiler: %s\n", buf);
-}
 
 /* ------------------------------------------------------------------------ */
 /* Clock.                                                                     */
@@ -146,8 +137,9 @@ static int tsc_invariant(void)
 
 static void clock_select(void)
 {
-    const char *want = hvprof_setting("HOROVOD_PROFILE_CLOCK");
-    int tsc = tsc_invariant() && !(want && strcmp(want, "monotonic") == 0);
+    /* HOROVOD_PROFILE_CLOCK: tsc, monotonic or auto (choices 0, 1, 2); the TSC
+     * only where it is invariant. */
+    int tsc = tsc_invariant() && hvprof_setting_int(HVS_CLOCK) != 1;
     hvprof_clock_kind = tsc ? HVPROF_CLOCK_TSC : HVPROF_CLOCK_MONOTONIC;
 }
 

@@ -68,7 +68,7 @@ static _Atomic int helper_run;
 static _Atomic uint32_t helper_futex;
 static pthread_t helper_thread;
 int helper_started;
-_Atomic int flush_ms = DEFAULT_FLUSH_MS; /* 0: no clock ticks (hvprof_set_flush_ms) */
+_Atomic int flush_ms = HVS_FLUSH_MS_DEFAULT; /* 0: no clock ticks (hvprof_set_flush_ms) */
 
 /* Flusher-private progress of a buffer: records already in the file. */
 #define FLUSHED(ch) ((ch)->reserved[0])
@@ -390,8 +390,7 @@ int hvprof_signal_ends_process(int sig)
 
 void signals_install(void)
 {
-    const char *v = hvprof_setting("HOROVOD_PROFILE_SIGNALS");
-    if (signals_installed || (v && strcmp(v, "0") == 0)) return;
+    if (signals_installed || !hvprof_setting_int(HVS_SIGNALS)) return;
     for (size_t i = 0; i < N_FATAL; i++) {
         struct sigaction sa, old;
         if (sigaction(fatal_signals[i], NULL, &old) != 0) continue;
@@ -409,11 +408,9 @@ void signals_install(void)
 
 void helper_start(void)
 {
-    const char *ms = hvprof_setting("HOROVOD_PROFILE_FLUSH_MS");
-    if (ms && int_in(ms, 1, 60000)) atomic_store(&flush_ms, atoi(ms));
+    atomic_store(&flush_ms, (int)hvprof_setting_int(HVS_FLUSH_MS));
     if (helper_started) return;
-    const char *v = hvprof_setting("HOROVOD_PROFILE_HELPER");
-    if (v && strcmp(v, "0") == 0) return; /* everything on the calling threads */
+    if (!hvprof_setting_int(HVS_HELPER)) return; /* everything on the calling threads */
     atomic_store(&helper_run, 1);
     pthread_attr_t attr;
     pthread_attr_init(&attr);

@@ -52,9 +52,6 @@ extern _Atomic uint64_t stream_keys[STREAM_HASH_SLOTS];
 extern _Atomic uint32_t stream_vals[STREAM_HASH_SLOTS];
 void calibrate_now(void);
 
-/* core_open.c */
-int int_in(const char *v, long lo, long hi);
-
 /* core_flush.c */
 /* The helper's flush period: the most a SIGKILL can lose.  Each wake-up
  * costs the job far more than the helper's own tens of microseconds of CPU
@@ -62,7 +59,6 @@ int int_in(const char *v, long lo, long hi);
  * its rate at 25 ms, under 1% at 100 or 250 ms, measured within runs:
  * benchmarks/overhead/ab_corpus.py), so the period trades loss on SIGKILL
  * against that (figures: docs/validation.md). */
-#define DEFAULT_FLUSH_MS 100
 extern _Atomic int flush_ms;      /* 0: no clock ticks (hvprof_set_flush_ms) */
 extern int helper_started;
 extern uint64_t reserved_chunks;
@@ -77,7 +73,6 @@ void thread_exit(void *arg);
 /* core_summary.c */
 extern pthread_mutex_t sampling_lock;
 void set_sampling(int on);
-int parse_window(const char *w, double *a, double *b);
 void window_init(void);
 void window_tick(int64_t now_mono);
 void agg_snapshot(void);

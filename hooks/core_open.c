@@ -58,21 +58,29 @@ static int env_int(const char *const *names, int fallback)
 /* A process without MPI_Init (NCCL only, horovodrun --gloo) takes its rank
  * from its launcher: MPI's and PMI's first, then Horovod's own (gloo_run.py
  * sets HOROVOD_RANK/SIZE/LOCAL_RANK), then torchrun's and Slurm's. */
-static const char *const RANK_VARS[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK",
-                                        "HOROVOD_RANK", "RANK", "SLURM_PROCID", NULL};
 static const char *const SIZE_VARS[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "HOROVOD_SIZE",
                                         "WORLD_SIZE", "SLURM_NTASKS", NULL};
 static const char *const LOCAL_VARS[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
                                          "HOROVOD_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID",
                                          NULL};
 
-/* The default directory name for a job that has no MPI to agree on one
- * (horovodrun --gloo: its rendezvous server's address and port, the same
- * for every rank of the job). */
-static void default_dir_from_env(char *out, size_t n)
+/* The default profile directory, one rule for every launcher:
+ * horovod-profile-<12 hex digits naming the job>, the same on every rank.
+ * An MPI job passes rank 0's id (broadcast at MPI_Init); a job without MPI
+ * (horovodrun --gloo, elastic, torchrun, NCCL only) passes 0, and the id is
+ * a hash of the launcher's job identity, which every rank computes alike
+ * (Gloo: the rendezvous server's address and port, the same for every
+ * worker the driver starts, replacements included). */
+void hvprof_default_dir(char *out, size_t n, uint64_t job_id)
 {
+    if (job_id) {
+        snprintf(out, n, "horovod-profile-%012llx",
+                 (unsigned long long)(job_id & 0xffffffffffffull));
+        return;
+    }
     static const char *const ids[] = {"TORCHELASTIC_RUN_ID", "PMIX_NAMESPACE", "PMI_KVSNAME",
-                                      "OMPI_MCA_orte_hnp_uri", "SLURM_JOB_ID", "MASTER_PORT",
+                                      "OMPI_MCA_orte_hnp_uri", "SLURM_JOB_ID", "SLURM_STEP_ID",
+                                      "MASTER_PORT",
                                       "HOROVOD_GLOO_RENDEZVOUS_ADDR",
                                       "HOROVOD_GLOO_RENDEZVOUS_PORT", NULL};
     uint64_t h = 0;
@@ -111,62 +119,6 @@ __attribute__((format(printf, 2, 3))) static int open_failed(int rank, const cha
     return -1;
 }
 
-/* The HOROVOD_PROFILE_* settings the library reads: a value it cannot use is
- * said once (rank 0), with what is done instead; the job never stops for it. */
-static int one_of(const char *v, const char *const *allowed)
-{
-    for (; *allowed; allowed++)
-        if (strcmp(v, *allowed) == 0) return 1;
-    return 0;
-}
-
-int int_in(const char *v, long lo, long hi)
-{
-    char *end = NULL;
-    long x = strtol(v, &end, 10);
-    return end != v && *end == 0 && x >= lo && x <= hi;
-}
-
-static void env_check(int rank)
-{
-    if (rank != 0) return;
-    static const char *const modes[] = {"1", "on", "true", "yes", "full", "summary", NULL};
-    static const char *const bools[] = {"0", "1", NULL};
-    static const char *const clocks[] = {"tsc", "monotonic", "auto", NULL};
-    static const char *const syncs[] = {"host", "rank", NULL};
-    static const char *const timeline[] = {"0", "off", "1", "on", NULL};
-    const char *v;
-    if ((v = hvprof_setting("HOROVOD_PROFILE")) && *v && !one_of(v, modes))
-        hvprof_warn("warning: HOROVOD_PROFILE=%.64s is not 1 or summary: recording every call",
-                    v);
-    if ((v = hvprof_setting("HOROVOD_PROFILE_CHUNK_KB")) && !int_in(v, 4, 1 << 20))
-        hvprof_warn("warning: ignoring HOROVOD_PROFILE_CHUNK_KB=%.64s (KiB, 4 to 1048576): "
-                    "using %u", v, HVPROF_DEFAULT_CHUNK_BYTES / 1024u);
-    if ((v = hvprof_setting("HOROVOD_PROFILE_FLUSH_MS")) && !int_in(v, 1, 60000))
-        hvprof_warn("warning: ignoring HOROVOD_PROFILE_FLUSH_MS=%.64s (1 to 60000): using %d",
-                    v, DEFAULT_FLUSH_MS);
-    if ((v = hvprof_setting("HOROVOD_PROFILE_CPU")) && !int_in(v, 0, HVPROF_CPU_MAX_EVERY))
-        hvprof_warn("warning: ignoring HOROVOD_PROFILE_CPU=%.64s (0 to %d: one step in how "
-                    "many is read after the first %d; 0: none): using %d", v,
-                    HVPROF_CPU_MAX_EVERY, HVPROF_CPU_FIRST_STEPS, HVPROF_CPU_DEFAULT_EVERY);
-    if ((v = hvprof_setting("HOROVOD_PROFILE_HELPER")) && !one_of(v, bools))
-        hvprof_warn("warning: ignoring HOROVOD_PROFILE_HELPER=%.64s (0 or 1)", v);
-    if ((v = hvprof_setting("HOROVOD_PROFILE_SIGNALS")) && !one_of(v, bools))
-        hvprof_warn("warning: ignoring HOROVOD_PROFILE_SIGNALS=%.64s (0 or 1)", v);
-    if ((v = hvprof_setting("HOROVOD_PROFILE_CLOCK")) && !one_of(v, clocks))
-        hvprof_warn("warning: ignoring HOROVOD_PROFILE_CLOCK=%.64s (tsc or monotonic)", v);
-    if ((v = hvprof_setting("HOROVOD_PROFILE_CLOCK_SYNC")) && !one_of(v, syncs))
-        hvprof_warn("warning: ignoring HOROVOD_PROFILE_CLOCK_SYNC=%.64s (host or rank)", v);
-    if ((v = hvprof_setting("HOROVOD_PROFILE_TIMELINE")) && !one_of(v, timeline))
-        hvprof_warn("warning: HOROVOD_PROFILE_TIMELINE=%.64s is not 0 or 1: Horovod's "
-                    "timeline is not written", v);
-    double a, b;
-    if ((v = hvprof_setting("HOROVOD_PROFILE_WINDOW")) && *v &&
-        parse_window(v, &a, &b) != 0)
-        hvprof_warn("warning: ignoring HOROVOD_PROFILE_WINDOW=%.64s (A:B seconds after start, "
-                    "0 <= A < B; A: to the end): recording the whole run", v);
-}
-
 const char *hvprof_open_error(void) { return hvprof_core.open_error; }
 int hvprof_write_errno(void) { return hvprof_core.write_errno; }
 void hvprof_set_quiet(int on) { hvprof_core.quiet = on; }
@@ -178,9 +130,9 @@ static void choose_dir(const char *dir)
     if (dir && *dir) {
         snprintf(hvprof_core.dir, sizeof hvprof_core.dir, "%s", dir);
     } else {
-        const char *d = hvprof_setting("HOROVOD_PROFILE_DIR");
-        if (d && *d) snprintf(hvprof_core.dir, sizeof hvprof_core.dir, "%s", d);
-        else default_dir_from_env(hvprof_core.dir, sizeof hvprof_core.dir);
+        const char *d = hvprof_setting_text(HVS_DIR);
+        if (d) snprintf(hvprof_core.dir, sizeof hvprof_core.dir, "%s", d);
+        else hvprof_default_dir(hvprof_core.dir, sizeof hvprof_core.dir, 0);
     }
 }
 
@@ -221,9 +173,7 @@ static hvprof_file_header *create_raw_file(int rank, size_t meta, int *fd_out)
  * usable, else the default; whole pages. */
 static uint32_t chunk_bytes_setting(void)
 {
-    uint32_t chunk = HVPROF_DEFAULT_CHUNK_BYTES;
-    const char *ck = hvprof_setting("HOROVOD_PROFILE_CHUNK_KB");
-    if (ck && int_in(ck, 4, 1 << 20)) chunk = (uint32_t)atol(ck) * 1024u;
+    uint32_t chunk = (uint32_t)hvprof_setting_int(HVS_CHUNK_KB) * 1024u;
     long page = sysconf(_SC_PAGESIZE);
     return (uint32_t)((chunk + page - 1) / page * page);
 }
@@ -234,8 +184,8 @@ static void header_init(hvprof_file_header *h, int rank, int world_size, int loc
                         uint32_t chunk, size_t meta)
 {
     memset(h, 0, HVPROF_HEADER_BYTES);
-    const char *mode = hvprof_setting("HOROVOD_PROFILE");
-    h->mode = (mode && strcmp(mode, "summary") == 0) ? HVPROF_MODE_SUMMARY : HVPROF_MODE_FULL;
+    h->mode = hvprof_profile_mode() == (int)HVPROF_MODE_SUMMARY ? HVPROF_MODE_SUMMARY
+                                                                 : HVPROF_MODE_FULL;
     h->sampling = 1;
     h->version = HVPROF_FORMAT_VERSION;
     h->header_bytes = HVPROF_HEADER_BYTES;
@@ -291,7 +241,7 @@ static void start_recording(int fd, hvprof_file_header *h, size_t meta, uint32_t
     FOR_EACH_BACKEND(b)
         if (b->reset) b->reset();
     window_init();
-    env_check(rank);
+    if (rank == 0) hvprof_settings_check();
     atomic_store(&hvprof_divert, !h->sampling ? HVPROF_DIVERT_PAUSED
                                  : h->mode == HVPROF_MODE_SUMMARY ? HVPROF_DIVERT_SUMMARY : 0);
     atomic_store(&hvprof_active, 1);
@@ -313,7 +263,7 @@ int hvprof_open(int rank, int world_size, int local_rank, const char *dir)
         pthread_mutex_unlock(&hvprof_core.lock);
         return 0;
     }
-    if (rank < 0) rank = env_int(RANK_VARS, -1);
+    if (rank < 0) rank = hvprof_launcher_rank();
     if (world_size < 0) world_size = env_int(SIZE_VARS, -1);
     if (local_rank < 0) local_rank = env_int(LOCAL_VARS, -1);
     if (rank < 0) rank = 0;

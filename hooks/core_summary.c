@@ -68,31 +68,16 @@ static int window_on(int64_t now)
 }
 
 /* HOROVOD_PROFILE_WINDOW="A:B": record from A to B seconds after the file
- * was opened (B empty: to the end); the helper thread switches.  Parses "A:B",
- * "A:" or "A" (seconds, 0 <= A < B): 0, else -1 (the window is ignored, with
- * a warning from env_check). */
-int parse_window(const char *w, double *a, double *b)
-{
-    char *end = NULL;
-    *a = strtod(w, &end);
-    *b = -1;
-    if (end == w || !(*a >= 0) || *a > 1e9) return -1;
-    if (*end == 0) return 0;
-    if (*end != ':') return -1;
-    const char *rest = end + 1;
-    if (*rest == 0) return 0;
-    *b = strtod(rest, &end);
-    return end != rest && *end == 0 && *b > *a && *b <= 1e9 ? 0 : -1;
-}
-
+ * was opened (B empty: to the end); the helper thread switches.  An unusable
+ * value is ignored (and said by hvprof_settings_check). */
 void window_init(void)
 {
-    const char *w = hvprof_setting("HOROVOD_PROFILE_WINDOW");
+    const char *w = hvprof_setting_text(HVS_WINDOW);
     double a = 0, b = -1;
     pthread_mutex_lock(&sampling_lock);
     window_start_ns = window_end_ns = -1;
     sampling_app = sampling_window = 1;
-    if (w && *w && parse_window(w, &a, &b) == 0) {
+    if (w && hvprof_parse_window(w, &a, &b) == 0) {
         int64_t t0 = hvprof_core.hdr->cal0_mono_ns;
         window_start_ns = t0 + (int64_t)(a * 1e9);
         window_end_ns = b >= 0 ? t0 + (int64_t)(b * 1e9) : -1;

@@ -109,7 +109,7 @@ static int available = 1;            /* schedstat readable (decided at open) */
  * (docs/validation.md): one step in 16 keeps the contention findings' samples
  * at a sixteenth of that cost. */
 static int step_reads = 1;
-static uint32_t step_every = HVPROF_CPU_DEFAULT_EVERY;
+static uint32_t step_every = HVS_CPU_DEFAULT;
 /* The open step (the one after the last step record) is read: the
  * synchronize hooks read their own thread only then. */
 static _Atomic int open_read = 1;
@@ -491,7 +491,7 @@ static void cpu_reset(void)
     n_fds = 0;
     available = 1;
     step_reads = 1;
-    step_every = HVPROF_CPU_DEFAULT_EVERY;
+    step_every = HVS_CPU_DEFAULT;
     atomic_store(&open_read, 1);
     reason[0] = 0;
     read_cost_ns = -1;
@@ -506,11 +506,7 @@ static void cpu_reset(void)
 static void cpu_open(void)
 {
     pthread_mutex_lock(&cpu_lock);
-    const char *setting = hvprof_setting("HOROVOD_PROFILE_CPU");
-    char *end = NULL;
-    long every = setting && *setting ? strtol(setting, &end, 10) : -1;
-    if (every < 0 || every > HVPROF_CPU_MAX_EVERY || (end && *end))
-        every = HVPROF_CPU_DEFAULT_EVERY;
+    long every = hvprof_setting_int(HVS_CPU);
     step_reads = every > 0;
     step_every = every > 0 ? (uint32_t)every : 1u;
     atomic_store(&open_read, step_reads);

@@ -48,7 +48,6 @@ typedef struct cuda_api {
 } cuda_api;
 
 #define MAX_DEVICES 64
-#define DEFAULT_PAIRS 1024
 
 struct hvprof_devpair {
     cudaEvent_t ev0, ev1;

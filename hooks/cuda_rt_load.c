@@ -24,21 +24,11 @@ int cuda_version;
 _Atomic int forked;
 
 /* settings, read once at load */
-int dev_on = 1;
-uint32_t pool_pairs = DEFAULT_PAIRS;
-int poll_ms = 5;
-int64_t anchor_ms = 1000;
-int dev_flush_ms = 1000;
-
-/* A setting's value (hvprof_setting) as a number in [lo, hi], else dflt. */
-static long env_long(const char *v, long dflt, long lo, long hi)
-{
-    if (!v || !*v) return dflt;
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (*end) return dflt;
-    return x < lo ? lo : x > hi ? hi : x;
-}
+int dev_on = HVS_NCCL_DEVICE_DEFAULT;
+uint32_t pool_pairs = HVS_NCCL_EVENTS_DEFAULT;
+int poll_ms = HVS_NCCL_POLL_MS_DEFAULT;
+int64_t anchor_ms = HVS_NCCL_ANCHOR_MS_DEFAULT;
+int dev_flush_ms = HVS_NCCL_FLUSH_MS_DEFAULT;
 
 /* ------------------------------------------------------------------------ */
 /* Loading the runtime.                                                      */
@@ -84,12 +74,11 @@ static int resolve_runtime(void *h)
 
 static void read_settings(void)
 {
-    dev_on = (int)env_long(hvprof_setting("HOROVOD_PROFILE_NCCL_DEVICE"), 1, 0, 1);
-    pool_pairs = (uint32_t)env_long(hvprof_setting("HOROVOD_PROFILE_NCCL_EVENTS"), DEFAULT_PAIRS,
-                                    2, 65536);
-    poll_ms = (int)env_long(hvprof_setting("HOROVOD_PROFILE_NCCL_POLL_MS"), 5, 0, 10000);
-    anchor_ms = env_long(hvprof_setting("HOROVOD_PROFILE_NCCL_ANCHOR_MS"), 1000, 1, 3600000);
-    dev_flush_ms = (int)env_long(hvprof_setting("HOROVOD_PROFILE_NCCL_FLUSH_MS"), 1000, 0, 600000);
+    dev_on = (int)hvprof_setting_int(HVS_NCCL_DEVICE);
+    pool_pairs = (uint32_t)hvprof_setting_int(HVS_NCCL_EVENTS);
+    poll_ms = (int)hvprof_setting_int(HVS_NCCL_POLL_MS);
+    anchor_ms = hvprof_setting_int(HVS_NCCL_ANCHOR_MS);
+    dev_flush_ms = (int)hvprof_setting_int(HVS_NCCL_FLUSH_MS);
 }
 
 /* The slow half of cuda_load (cuda_rt_internal.h): decided once per process,
@@ -101,9 +90,9 @@ int cuda_load_slow(void)
     if (s == 0) {
         read_settings();
         s = -1;
-        const char *forced = hvprof_setting("HOROVOD_PROFILE_CUDART");
+        const char *forced = hvprof_setting_text(HVS_CUDART);
         char found[sizeof cuda_path] = "";
-        if (forced && *forced) {
+        if (forced) {
             if (strcmp(forced, "none") != 0) snprintf(found, sizeof found, "%s", forced);
         } else {
             dl_iterate_phdr(find_loaded_cudart, found);

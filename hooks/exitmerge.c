@@ -51,7 +51,6 @@
 extern char **environ;
 
 #define EXIT_MERGE_GRACE_S 30.0     /* beyond the merge timeout: the merge itself */
-#define DEFAULT_MERGE_TIMEOUT_S 60.0 /* profiler.postjob.atexit's default too */
 #define OUTPUT_KEEP 16384           /* the child's output kept (its tail) */
 
 static const char BOOT[] =
@@ -67,16 +66,10 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* HOROVOD_PROFILE_MERGE_TIMEOUT as the child reads it (a value it cannot use
- * is said by the child, once; the default here). */
+/* HOROVOD_PROFILE_MERGE_TIMEOUT, as the child reads it too (one table). */
 static double merge_timeout_s(void)
 {
-    const char *v = hvprof_setting("HOROVOD_PROFILE_MERGE_TIMEOUT");
-    if (!v || !*v) return DEFAULT_MERGE_TIMEOUT_S;
-    char *end = NULL;
-    double t = strtod(v, &end);
-    while (end && (*end == ' ' || *end == '\t' || *end == '\n')) end++;
-    if (end == v || (end && *end) || !(t >= 0) || isinf(t)) return DEFAULT_MERGE_TIMEOUT_S;
+    double t = hvprof_setting_num(HVS_MERGE_TIMEOUT);
     return t > 1e6 ? 1e6 : t;
 }
 
@@ -282,8 +275,7 @@ static void exit_merge_run(const char *dir, const char *raw, int world)
 {
     char python[PATH_MAX], lib[PATH_MAX];
     const char *why = NULL;
-    const char *opt = hvprof_setting("HOROVOD_PROFILE_MERGE");
-    if (opt && strcmp(opt, "0") == 0) { /* the user merges later, elsewhere */
+    if (!hvprof_setting_int(HVS_MERGE)) { /* the user merges later, elsewhere */
         if (hvprof_python_attached()) /* each rank converted its own file */
             hvprof_warn("no trace at exit (HOROVOD_PROFILE_MERGE=0): each rank's dataset is "
                         "in %s/ranks; build it with: profiler merge %s", dir, dir);
@@ -427,8 +419,7 @@ static void exit_merge(const char *dir, const char *raw, int world)
  * signals that end it from here (a merge left to later needs none). */
 static int merges_at_exit(int rank)
 {
-    const char *opt = hvprof_setting("HOROVOD_PROFILE_MERGE");
-    return rank == 0 && !(opt && strcmp(opt, "0") == 0);
+    return rank == 0 && hvprof_setting_int(HVS_MERGE);
 }
 
 /* A Python rank's exit work starts: a signal that ends rank 0 before its

@@ -92,11 +92,6 @@ static _Atomic uint64_t c_records;
 /* The process set of the Execute this thread is in, + 1 (0: none). */
 static __thread int32_t cur_ps __attribute__((tls_model("initial-exec")));
 
-static int profile_requested(void)
-{
-    const char *v = hvprof_setting("HOROVOD_PROFILE");
-    return v && *v && strcmp(v, "0") != 0 && strcmp(v, "off") != 0;
-}
 
 /* ------------------------------------------------------------------------ */
 /* Elastic Horovod (HOROVOD_ELASTIC=1, set by horovodrun for elastic jobs).
@@ -109,8 +104,8 @@ static int profile_requested(void)
  * so two starting workers never get the same).  A file is a process, not a
  * rank: the ranks it held, epoch by epoch, are in its epochs sidecar
  * (profiler.formats.epochs, written by profiler.collect.horovod_hooks).  The
- * directory: HOROVOD_PROFILE_DIR, else horovod-profile-elastic-<the
- * rendezvous port>, the same for every worker the driver starts. */
+ * directory: HOROVOD_PROFILE_DIR, else the default (hvprof_default_dir), the
+ * same for every worker the driver starts. */
 #define ELASTIC_MAX_FILES 100000
 
 static int elastic_job(void)
@@ -160,12 +155,11 @@ static int elastic_claim(const char *dir)
 static void open_elastic(void)
 {
     char dir[1024];
-    const char *d = hvprof_setting("HOROVOD_PROFILE_DIR");
-    if (d && *d) {
+    const char *d = hvprof_setting_text(HVS_DIR);
+    if (d) {
         snprintf(dir, sizeof dir, "%s", d);
     } else {
-        const char *port = getenv("HOROVOD_GLOO_RENDEZVOUS_PORT");
-        snprintf(dir, sizeof dir, "horovod-profile-elastic-%s", port && *port ? port : "0");
+        hvprof_default_dir(dir, sizeof dir, 0);
     }
     int n = elastic_claim(dir);
     if (n < 0) {
@@ -183,7 +177,7 @@ static inline int recording(void)
     if (HVPROF_LIKELY(atomic_load_explicit(&hvprof_active, memory_order_relaxed))) return 1;
     if (atomic_load_explicit(&open_tried, memory_order_relaxed) || atomic_exchange(&open_tried, 1))
         return 0;
-    if (!hvprof_header() && profile_requested()) {
+    if (!hvprof_header() && hvprof_profile_mode() != HVPROF_PROFILE_OFF) {
         if (elastic_job()) open_elastic();
         else hvprof_open(-1, -1, -1, NULL);
     }

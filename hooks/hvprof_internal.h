@@ -16,6 +16,7 @@
 
 #include "hvprof_format.h"
 #include "clock.h"
+#include "hvprof_settings.h"
 
 #define HVPROF_EXPORT __attribute__((visibility("default")))
 #define HVPROF_HIDDEN __attribute__((visibility("hidden")))
@@ -278,12 +279,9 @@ HVPROF_EXPORT int hvprof_record_app(int op, uint64_t t_start, uint64_t t_end, ui
 HVPROF_EXPORT int hvprof_record_app_cpu(int op, uint64_t t_start, uint64_t t_end,
                                         uint64_t cpu_ns, uint64_t wait_ns, uint32_t seq);
 HVPROF_EXPORT int hvprof_cpu_baseline(void);
-/* Which steps read every thread's CPU (cpu.c; checked by core.c's
- * env_check): all of the first HVPROF_CPU_FIRST_STEPS, then one in
- * HOROVOD_PROFILE_CPU (0 to HVPROF_CPU_MAX_EVERY; default below). */
+/* Which steps read every thread's CPU (cpu.c): all of the first
+ * HVPROF_CPU_FIRST_STEPS, then one in HOROVOD_PROFILE_CPU. */
 #define HVPROF_CPU_FIRST_STEPS 64
-#define HVPROF_CPU_DEFAULT_EVERY 16
-#define HVPROF_CPU_MAX_EVERY 1000000
 HVPROF_EXPORT int hvprof_cpu_step_reads(void);
 
 /* 64-bit mixing used for stable communicator ids. */
@@ -300,9 +298,33 @@ extern _Atomic int hvprof_helper_tid;
 /* 1 while application records (steps) are taken. */
 HVPROF_HIDDEN int hvprof_app_active(void);
 
-/* The value of the HOROVOD_PROFILE_* variable `name` (getenv; NULL when
- * unset): the one way the library reads a setting (settings.c). */
-HVPROF_HIDDEN const char *hvprof_setting(const char *name);
+/* Settings (settings.c, the one reader; the table is hvprof_settings.h,
+ * generated from profiler._env.SETTINGS).  A number, a switch (0/1) or a
+ * choice (its index) as the table parses it, the default when unset or
+ * unusable; a text's value (NULL when unset or empty). */
+HVPROF_HIDDEN long hvprof_setting_int(hvprof_setting_id id);
+HVPROF_HIDDEN double hvprof_setting_num(hvprof_setting_id id);
+HVPROF_HIDDEN const char *hvprof_setting_text(hvprof_setting_id id);
+/* HOROVOD_PROFILE: HVPROF_MODE_FULL, HVPROF_MODE_SUMMARY or
+ * HVPROF_PROFILE_OFF (unset, empty, an off word, or a value that is none of
+ * its words, said once): the one decision, for every backend. */
+#define HVPROF_PROFILE_OFF (-1)
+HVPROF_HIDDEN int hvprof_profile_mode(void);
+/* The same, saying nothing: where no rank is known yet (a constructor runs
+ * in the launcher's processes too). */
+HVPROF_HIDDEN int hvprof_profile_mode_quiet(void);
+/* Say every unusable C-side setting once per process (rank 0's open). */
+HVPROF_HIDDEN void hvprof_settings_check(void);
+/* HOROVOD_PROFILE_WINDOW "A:B" / "A:" seconds: 0, or -1 when unusable. */
+HVPROF_HIDDEN int hvprof_parse_window(const char *w, double *a, double *b);
+/* The default profile directory's name (core_open.c): horovod-profile-<12
+ * hex digits>, from `job_id` (an MPI job: rank 0's, broadcast), else (0)
+ * from the launcher's job identity, which every rank computes alike. */
+HVPROF_HIDDEN void hvprof_default_dir(char *out, size_t n, uint64_t job_id);
+/* The process's rank as its launcher's variables say it (-1: none does). */
+HVPROF_HIDDEN int hvprof_launcher_rank(void);
+/* Every setting as the library reads it, as JSON (tests). */
+HVPROF_EXPORT size_t hvprof_settings_json(char *buf, size_t n);
 
 /* Diagnostics go to stderr, one line, prefixed; never from the hot path. */
 HVPROF_HIDDEN void hvprof_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -381,11 +381,7 @@ static MPI_Comm prof_comm = MPI_COMM_NULL; /* private: never the application's *
 
 static int profiling_wanted(void)
 {
-    /* Loaded by the start-up hook: HOROVOD_PROFILE is set.  Loaded with
-     * LD_PRELOAD: on unless HOROVOD_PROFILE says off. */
-    const char *v = hvprof_setting("HOROVOD_PROFILE");
-    if (!v) return 1;
-    return !(v[0] == 0 || strcmp(v, "0") == 0 || strcmp(v, "off") == 0 || strcmp(v, "false") == 0);
+    return hvprof_profile_mode() != HVPROF_PROFILE_OFF;
 }
 
 static int resync_at_finalize; /* several clock domains: measure again (every rank) */
@@ -540,16 +536,11 @@ static void mpi_started(uint64_t t0, int provided)
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         job.job_id = hvprof_mix(hvprof_mix((uint64_t)ts.tv_sec, (uint64_t)ts.tv_nsec), (uint64_t)getpid());
-        const char *d = hvprof_setting("HOROVOD_PROFILE_DIR");
-        if (d && *d) {
+        const char *d = hvprof_setting_text(HVS_DIR);
+        if (d) {
             snprintf(job.dir, sizeof job.dir, "%s", d);
         } else {
-            struct tm tm;
-            localtime_r(&ts.tv_sec, &tm);
-            char stamp[32];
-            strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
-            snprintf(job.dir, sizeof job.dir, "horovod-profile-%s-%06llx", stamp,
-                     (unsigned long long)(job.job_id & 0xffffff));
+            hvprof_default_dir(job.dir, sizeof job.dir, job.job_id | 1u);
         }
     }
     PMPI_Bcast(&job, (int)sizeof job, MPI_BYTE, 0, prof_comm);
@@ -596,8 +587,7 @@ static void mpi_started(uint64_t t0, int provided)
      * HOROVOD_PROFILE_TIMELINE=1 (rank 0 writes it; Horovod reads the variable
      * after MPI is initialized).  Off by default: it costs a quarter to a
      * third of the throughput, and the lineage comes from APP_TENSOR records. */
-    const char *tl = hvprof_setting("HOROVOD_PROFILE_TIMELINE");
-    if (!getenv("HOROVOD_TIMELINE") && tl && (strcmp(tl, "1") == 0 || strcmp(tl, "on") == 0)) {
+    if (!getenv("HOROVOD_TIMELINE") && hvprof_setting_int(HVS_TIMELINE)) {
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s/timeline.json", job.dir);
         setenv("HOROVOD_TIMELINE", path, 0);

@@ -170,8 +170,7 @@ static void ping_pong_leaders(MPI_Comm leaders, clock_sync *out)
  * one machine).  Read once at MPI_Init: the same value on every rank. */
 int mpi_sync_per_rank(void)
 {
-    const char *v = hvprof_setting("HOROVOD_PROFILE_CLOCK_SYNC");
-    return v && strcmp(v, "rank") == 0;
+    return hvprof_setting_int(HVS_CLOCK_SYNC) == 1; /* host|rank */
 }
 
 /* Returns the number of clock domains (leaders) that took part. */

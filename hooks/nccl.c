@@ -219,8 +219,7 @@ static inline int wrappers_off(void)
 {
     int v = atomic_load_explicit(&w_off, memory_order_relaxed);
     if (HVPROF_LIKELY(v >= 0)) return v;
-    const char *e = hvprof_setting("HOROVOD_PROFILE_NCCL_WRAPPERS");
-    v = e && strcmp(e, "0") == 0;
+    v = !hvprof_setting_int(HVS_NCCL_WRAPPERS);
     atomic_store_explicit(&w_off, v, memory_order_relaxed);
     return v;
 }

@@ -34,17 +34,11 @@ static _Atomic uint64_t c_comms;
 /* ------------------------------------------------------------------------ */
 /* Activation.                                                               */
 
-static int profile_requested(void)
-{
-    const char *v = hvprof_setting("HOROVOD_PROFILE");
-    return v && *v && strcmp(v, "0") != 0 && strcmp(v, "off") != 0;
-}
-
 int hvprof_nccl_open_once(void)
 {
     if (atomic_load_explicit(&open_tried, memory_order_relaxed)) return 0;
     if (atomic_exchange(&open_tried, 1)) return 0;
-    if (!hvprof_header() && profile_requested()) hvprof_open(-1, -1, -1, NULL);
+    if (!hvprof_header() && hvprof_profile_mode() != HVPROF_PROFILE_OFF) hvprof_open(-1, -1, -1, NULL);
     return atomic_load(&hvprof_active);
 }
 

@@ -200,8 +200,7 @@ static int proxy_wanted(void)
 {
     int v = atomic_load_explicit(&proxy_off, memory_order_relaxed);
     if (v < 0) {
-        const char *e = hvprof_setting("HOROVOD_PROFILE_NCCL_PROXY");
-        v = e && strcmp(e, "0") == 0;
+        v = !hvprof_setting_int(HVS_NCCL_PROXY);
         atomic_store(&proxy_off, v);
         my_pid = getpid();
     }
@@ -709,9 +708,7 @@ ncclResult_t finalize_ctx(void *context)
 __attribute__((constructor)) static void plugin_ctor(void)
 {
     const char *pre = getenv("LD_PRELOAD");
-    const char *on = hvprof_setting("HOROVOD_PROFILE");
-    if (!pre || !strstr(pre, "libhvprof") || !on || !*on || strcmp(on, "0") == 0 ||
-        strcmp(on, "off") == 0)
+    if (!pre || !strstr(pre, "libhvprof") || hvprof_profile_mode_quiet() == HVPROF_PROFILE_OFF)
         return;
     const char *cur = getenv("NCCL_PROFILER_PLUGIN");
     if (cur && *cur) return; /* the user's choice */

@@ -28,12 +28,28 @@ def py(code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.parametrize("value", [None, "0", "off", ""])
+@pytest.mark.parametrize("value", [None, "0", "false", "off", "no", "", " Off ", "NO"])
 def test_nothing_without_horovod_profile(tmp_path: Path, value: str | None) -> None:
     env = {} if value is None else {"HOROVOD_PROFILE": value}
     p = py(PROBE, tmp_path, **env)
     assert p.returncode == 0 and p.stderr == ""
     assert p.stdout.strip() == "[] False False False"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("rank", [None, "0", "1"])
+def test_an_unknown_value_is_said_once_and_profiles_nothing(tmp_path: Path,
+                                                            rank: str | None) -> None:
+    """The activation is imported (the value is not an off word), says one
+    line where the launcher ranks the process 0 or not at all, loads nothing."""
+    env = {"HOROVOD_PROFILE": "sure"} | ({} if rank is None else {"HOROVOD_RANK": rank})
+    p = py(PROBE + "; import ctypes; print(hasattr(ctypes.CDLL(None), 'hvprof_dir'))",
+           tmp_path, **env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split("\n")[1] == "False"  # the library was never loaded
+    assert p.stderr.splitlines() == ([] if rank == "1" else [
+        "horovod-profiler: warning: HOROVOD_PROFILE='sure' is none of 1/true/on/yes/full, "
+        "summary, 0/false/off/no: this job is not profiled"])
     assert list(tmp_path.iterdir()) == []
 
 

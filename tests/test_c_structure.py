@@ -102,7 +102,7 @@ def test_the_reader_sees_the_known_definitions() -> None:
     assert defs["hvprof_register_backend"] == "core.c"
     assert defs["hvprof_open"] == "core.c"
     assert defs["hvprof_active"] == "core.c"
-    assert defs["hvprof_setting"] == "settings.c"
+    assert defs["hvprof_setting_int"] == "settings.c"
     assert defs["hvprof_nccl_json"] == "nccl_backend.c"
     assert defs["hvprof_nccl_comm_register"] == "nccl_common.c"
     assert defs["hvprof_nccl_nest"] == "nccl_common.c"

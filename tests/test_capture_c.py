@@ -299,11 +299,50 @@ def test_sigkill_keeps_records_up_to_the_kill(impl: dict, tmp_path: Path) -> Non
     assert sorted(meta.get("partial_ranks", [])) == [0, 1]
 
 
-def test_profiling_off_with_horovod_profile_0(impl: dict, tmp_path: Path) -> None:
+def test_every_spelling_of_off_leaves_no_profile(impl: dict, tmp_path: Path) -> None:
+    """HOROVOD_PROFILE's off words (profiler._env.OFF_WORDS, any case, or empty)
+    turn off a preloaded program: no file, no line, the same results.  Every
+    word under Open MPI; MPICH, whose ranks read the same function, one."""
+    words = ["0", "false", "off", "no", "", "No"] if impl["name"] == "openmpi" else ["false"]
+    for word in words:
+        prof = tmp_path / f"prof-{word}"
+        proc = launch(impl, 2, "collectives", ["2"], prof, tmp_path, {"HOROVOD_PROFILE": word})
+        assert proc.stdout.count("RESULT OK") == 2, word
+        assert not prof.exists() and not list(tmp_path.glob("horovod-profile*")), word
+        assert "horovod-profiler" not in proc.stderr, word
+
+
+def test_an_unknown_switch_value_says_one_line_and_profiles_nothing(impl: dict,
+                                                                    tmp_path: Path) -> None:
     prof = tmp_path / "prof"
-    proc = launch(impl, 2, "collectives", ["2"], prof, tmp_path, {"HOROVOD_PROFILE": "0"})
+    proc = launch(impl, 2, "collectives", ["2"], prof, tmp_path, {"HOROVOD_PROFILE": "maybe"})
     assert proc.stdout.count("RESULT OK") == 2
     assert not prof.exists()
+    lines = [x for x in proc.stderr.splitlines() if "horovod-profiler" in x]
+    assert lines == ["horovod-profiler: warning: HOROVOD_PROFILE='maybe' is none of "
+                     "1/true/on/yes/full, summary, 0/false/off/no: this job is not profiled"]
+
+
+def test_unusable_settings_are_said_once_in_the_tables_words(impl: dict,
+                                                             tmp_path: Path) -> None:
+    """Every C-side setting is checked by one piece of code (hooks/settings.c),
+    once for the job (rank 0), NCCL's included; the defaults are used."""
+    prof = tmp_path / "prof"
+    proc = launch(impl, 2, "collectives", ["2"], prof, tmp_path, {
+        "HOROVOD_PROFILE": "ON", "HOROVOD_PROFILE_CHUNK_KB": "3",
+        "HOROVOD_PROFILE_NCCL_EVENTS": "1", "HOROVOD_PROFILE_HELPER": "sometimes",
+        "HOROVOD_PROFILE_CLOCK_SYNC": "Rank"})
+    assert proc.stdout.count("RESULT OK") == 2
+    lines = sorted(x for x in proc.stderr.splitlines() if "horovod-profiler: warning" in x)
+    assert lines == [
+        "horovod-profiler: warning: ignoring HOROVOD_PROFILE_CHUNK_KB='3' (KiB, 4 to 1048576): "
+        "using 256",
+        "horovod-profiler: warning: ignoring HOROVOD_PROFILE_HELPER='sometimes' "
+        "(on: 1/true/on/yes, off: 0/false/off/no): using on",
+        "horovod-profiler: warning: ignoring HOROVOD_PROFILE_NCCL_EVENTS='1' (2 to 65536): "
+        "using 1024"]
+    raw = read_raw(prof / "raw" / "rank-00000.hvprof")
+    assert raw.header["chunk_bytes"] == 256 * 1024
 
 
 

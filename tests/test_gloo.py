@@ -58,8 +58,9 @@ def _have_horovodrun() -> bool:
 needs_horovodrun = pytest.mark.skipif(not _have_horovodrun(), reason="horovodrun not installed")
 
 
-def horovodrun(tmp: Path, *, gloo: bool, profile: Path | None,
-               loop: int = 0) -> subprocess.CompletedProcess[str]:
+def horovodrun(tmp: Path, *, gloo: bool, profile: Path | None, loop: int = 0,
+               off: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The job; `profile` None: unprofiled, with HOROVOD_PROFILE unset or `off`."""
     job = tmp / "job.py"
     job.write_text(JOB)
     extra = {"HOROVOD_FUSION_THRESHOLD": "0", "PATH": os.path.dirname(PYTHON) + os.pathsep
@@ -69,6 +70,8 @@ def horovodrun(tmp: Path, *, gloo: bool, profile: Path | None,
     env = base_env(**extra)
     if profile is None:
         env.pop("HOROVOD_PROFILE", None)
+        if off is not None:
+            env["HOROVOD_PROFILE"] = off
     cmd = [os.path.join(os.path.dirname(PYTHON), "horovodrun"), *(["--gloo"] if gloo else []),
            "-np", "2", "-H", "localhost:2", PYTHON, str(job), str(loop)]
     return subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True, timeout=180)
@@ -93,8 +96,10 @@ def gloo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str],
         pytest.skip("horovodrun not installed")
     tmp = tmp_path_factory.mktemp("gloo")
     prof = tmp / "profile"
-    plain = horovodrun(tmp, gloo=True, profile=None)
+    # the unprofiled run says "off" in the word that once profiled Gloo jobs
+    plain = horovodrun(tmp, gloo=True, profile=None, off="false")
     assert plain.returncode == 0, plain.stderr[-3000:]
+    assert not list(tmp.glob("horovod-profile*")) and "horovod-profiler" not in plain.stderr
     run = horovodrun(tmp, gloo=True, profile=prof)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "no raw file open" not in run.stderr
@@ -146,6 +151,23 @@ def test_summarize_and_advise_on_a_gloo_trace(
     adv = profiler_cli("advise", str(prof / "trace.json"))
     assert adv.returncode == 0, adv.stderr
     assert adv.stdout.strip()
+
+
+@needs_horovodrun
+def test_an_unknown_value_leaves_a_gloo_job_unprofiled(tmp_path: Path) -> None:
+    """horovodrun --gloo with a value that is none of the switch's words: said
+    once, by rank 0 (not by horovodrun or its helpers), no profile, the same
+    results.  (An off word: the unprofiled run of gloo_run.)"""
+    word = "maybe"
+    run = horovodrun(tmp_path, gloo=True, profile=None, off=word)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert len(results(run.stdout)) == 2 * (K + 1)
+    assert not list(tmp_path.glob("horovod-profile*"))
+    said = [x.split(":", 1)[-1] if not x.startswith("horovod-profiler") else x
+            for x in run.stderr.splitlines() if "horovod-profiler" in x]
+    assert said == [
+        "horovod-profiler: warning: HOROVOD_PROFILE='maybe' is none of 1/true/on/yes/full, "
+        "summary, 0/false/off/no: this job is not profiled"]
 
 
 @needs_horovodrun

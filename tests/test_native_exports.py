@@ -23,6 +23,7 @@ C_TYPES: dict[str, object] = {
     "void": None,
     "int": ctypes.c_int,
     "const char *": ctypes.c_char_p,
+    "char *": ctypes.c_char_p,  # a caller's buffer (create_string_buffer)
     "uint64_t": ctypes.c_uint64,
     "int64_t": ctypes.c_int64,
     "uint32_t": ctypes.c_uint32,

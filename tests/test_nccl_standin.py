@@ -360,15 +360,24 @@ def test_runtime_search_without_a_driver(built: Built, tmp_path: Path) -> None:
     assert len(run.device()) == 0 and len(run.host()) == 3
 
 
-def test_profiling_off_passes_through(built: Built, tmp_path: Path) -> None:
-    env = base_env(LD_PRELOAD=str(library_path()))
+@pytest.mark.parametrize("word", [None, "0", "false", "off", "no", "", "FALSE", "maybe"])
+def test_profiling_off_passes_through(built: Built, tmp_path: Path, word: str | None) -> None:
+    """Unset, every off word (any case) and an unknown value: the preloaded
+    library records nothing and makes no directory; the unknown value says so
+    in one line."""
+    env = base_env(LD_PRELOAD=str(library_path()),
+                   **({} if word is None else {"HOROVOD_PROFILE": word}))
     proc = subprocess.run([str(built.app_nocuda), "steps", "2"], env=env, capture_output=True,
                           text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = orjson.loads(proc.stdout.strip().splitlines()[-1])
     assert out["profiler"]["visible"] == 3  # interposable and loaded, nothing recorded
     assert sum(out["profiler"]["calls"].values()) == 0
-    assert not list(tmp_path.glob("horovod-profile-*"))
+    assert not list(tmp_path.glob("horovod-profile*"))
+    said = [x for x in proc.stderr.splitlines() if x.startswith("horovod-profiler")]
+    assert said == ([] if word != "maybe" else [
+        "horovod-profiler: warning: HOROVOD_PROFILE='maybe' is none of 1/true/on/yes/full, "
+        "summary, 0/false/off/no: this job is not profiled"])
 
 
 _PY_CTYPES = textwrap.dedent("""

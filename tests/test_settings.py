@@ -1,47 +1,88 @@
-"""Settings are defined once (profiler._env.SETTINGS): every variable that the
-library (hooks/) or the package reads is in the table, the table holds nothing
-that nothing reads, and the documentation's environment page is the table."""
+"""Settings are defined once (profiler._env.SETTINGS), for both languages:
+
+* every variable that the library (hooks/) or the package reads is in the
+  table, the table holds nothing that nothing reads, and each side reads
+  them one way (C: the generated ids through hooks/settings.c; Python:
+  profiler._env);
+* the C header and the start-up hook are what scripts/gen_settings.py writes
+  from the table, and the two sides parse every value alike (the library's
+  own reading, hvprof_settings_json, against Python's);
+* an unusable value is said once, in the table's words, by the side that
+  reads it; the documentation's environment page is the table."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from conftest import base_env
 
 from profiler import _env
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = re.compile(r"\b(HOROVOD_PROFILE(?:_[A-Z0-9]+)*|HVPROF_LIB)\b")
-#: the C side reads a setting only through hvprof_setting (hooks/settings.c)
-C_READ = re.compile(r"\bhvprof_setting\(\s*\"([A-Z_0-9]+)\"\s*\)")
-#: getenv of one of ours, bypassing hvprof_setting
+#: a C read of a setting: the generated id, through settings.c's readers
+C_READ = re.compile(r"\bhvprof_setting_(?:int|num|text)\(\s*(HVS_[A-Z_0-9]+)\s*\)")
+#: getenv of one of ours, bypassing settings.c
 C_GETENV = re.compile(r"\bgetenv\(\s*\"((?:HOROVOD_PROFILE|HVPROF)[A-Z_0-9]*)\"")
-#: the C table of the settings the library reads: SETTINGS[] = {"...", ..., NULL}
-C_TABLE = re.compile(r"\bSETTINGS\[\]\s*=\s*\{(.*?)\};", re.S)
+#: a Python read of one of ours that bypasses profiler._env
+PY_READ = re.compile(r"(?:os\.environ\.get\(|os\.getenv\(|os\.environ\[)\s*[\"']"
+                     r"((?:HOROVOD_PROFILE|HVPROF_LIB)[A-Z_0-9]*)[\"']\s*[,)\]](?!\s*=[^=])")
+GEN = ROOT / "scripts" / "gen_settings.py"
 
 
-def _names_in(paths: list[Path]) -> set[str]:
-    found: set[str] = set()
-    for p in paths:
-        found |= set(NAME.findall(p.read_text(encoding="utf-8", errors="replace")))
-    return found
+def _c_sources() -> list[Path]:
+    return sorted((ROOT / "hooks").glob("*.[ch]"))
+
+
+def _py_sources() -> list[Path]:
+    return [p for p in sorted((ROOT / "profiler").rglob("*.py")) + sorted(
+        (ROOT / "analysis").rglob("*.py"))
+        if p.name != "_env.py" and "templates" not in p.parts]
 
 
 def test_every_variable_read_is_in_the_table_and_nothing_else() -> None:
-    c_src = sorted((ROOT / "hooks").glob("*.[ch]"))
-    py_src = [p for p in sorted((ROOT / "profiler").rglob("*.py")) + sorted(
-        (ROOT / "analysis").rglob("*.py")) if p.name != "_env.py"]
-    c_read = {n for p in c_src for n in C_READ.findall(p.read_text(errors="replace"))}
-    named = _names_in(c_src + py_src)
+    named: set[str] = set()
+    for p in _c_sources() + _py_sources():
+        named |= set(NAME.findall(p.read_text(encoding="utf-8", errors="replace")))
     table = set(_env.BY_NAME)
     assert len(table) == len(_env.SETTINGS), "a variable is listed twice"
-    # every name the code uses is defined (a misspelt or new one fails here)
-    assert named - table == set()
-    # every C read of ours is in the table with C as a reader
-    assert {n for n in c_read if _env.BY_NAME[n].side not in ("C", "both")} == set()
-    # and nothing in the table is read by nobody
-    assert table - named == set()
+    assert named - table == set()  # a misspelt or new name fails here
+    assert table - named == set()  # and nothing in the table is read by nobody
+
+
+def test_the_generated_header_and_start_up_hook_are_current() -> None:
+    p = subprocess.run([sys.executable, str(GEN), "--check"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+
+
+def test_the_c_side_reads_each_setting_through_settings_c() -> None:
+    direct = {f"{p.name}: {n}" for p in _c_sources()
+              for n in C_GETENV.findall(p.read_text(errors="replace"))}
+    assert direct == set(), "read with hvprof_setting_*, not getenv"
+    header = (ROOT / "hooks" / "hvprof_settings.h").read_text()
+    ids = dict(re.findall(r"X\((HVS_[A-Z_0-9]+), \"([A-Z_0-9]+)\"", header))
+    c_side = {s.name for s in _env.SETTINGS if s.side in ("C", "both")}
+    assert set(ids.values()) == c_side
+    read = {i for p in _c_sources() if p.name != "settings.c"
+            for i in C_READ.findall(p.read_text(errors="replace"))}
+    # every C-side setting is read, HOROVOD_PROFILE through hvprof_profile_mode
+    assert read | {"HVS_PROFILE"} == set(ids), set(ids) - read
+    modes = {p.name for p in _c_sources() if "hvprof_profile_mode" in p.read_text()}
+    assert {"mpi.c", "gloo.c", "nccl_common.c", "nccl_plugin.c"} <= modes
+    spelt = {f"{p.name}: {n}" for p in _c_sources() if p.name != "hvprof_settings.h"
+             for n in re.findall(r'"(HOROVOD_PROFILE[A-Z_0-9]*)"', p.read_text())}
+    assert spelt == set(), "a setting's name spelt in C: read it by its id"
+
+
+def test_python_reads_settings_only_through_the_table() -> None:
+    direct = {f"{p.relative_to(ROOT)}: {n}" for p in _py_sources()
+              for n in PY_READ.findall(p.read_text(encoding="utf-8"))}
+    assert direct == set(), "read through profiler._env (read, text, profile_mode)"
 
 
 def test_the_environment_page_is_the_table() -> None:
@@ -53,87 +94,86 @@ def test_the_environment_page_is_the_table() -> None:
     assert "| `HOROVOD_PROFILE" not in page
 
 
-
-def _c_table() -> set[str]:
-    src = (ROOT / "hooks" / "settings.c").read_text(encoding="utf-8")
-    match = C_TABLE.search(src)
-    assert match, "hooks/settings.c has no SETTINGS[] table"
-    return set(re.findall(r'"([A-Z_0-9]+)"', match.group(1)))
-
-
-def test_the_c_side_reads_settings_through_one_function() -> None:
-    c_src = sorted((ROOT / "hooks").glob("*.c"))
-    direct = {
-        f"{p.name}: {n}" for p in c_src for n in C_GETENV.findall(p.read_text(errors="replace"))
-    }
-    assert direct == set(), "read with hvprof_setting, not getenv"
-    c_read = {n for p in c_src for n in C_READ.findall(p.read_text(errors="replace"))}
-    c_side = {s.name for s in _env.SETTINGS if s.side in ("C", "both")}
-    # the C table is the C half of the Python table, and each entry is read
-    assert _c_table() == c_side
-    assert c_read == c_side
-
-
 # ---------------------------------------------------------------------------
-# the C side's ranges, choices and defaults against the table's
+# both sides parse alike
 # ---------------------------------------------------------------------------
-#: `if ((v = hvprof_setting("NAME")) && !int_in(v, LO, HI)) hvprof_warn(..., DEFAULT);`
-C_INT_IN = re.compile(r'hvprof_setting\("([A-Z_0-9]+)"\)\)\s*&&\s*!int_in\(v,\s*([^,]+),'
-                      r'\s*([^)]+?)\)\)\s*hvprof_warn\((.*?)\);', re.S)
-#: `env_long(hvprof_setting("NAME"), DEFAULT, LO, HI)`
-C_ENV_LONG = re.compile(r'env_long\(hvprof_setting\("([A-Z_0-9]+)"\),\s*([^,]+),\s*([^,]+),'
-                        r'\s*([^)]+)\)')
-#: `... hvprof_setting("NAME")) && !one_of(v, ARRAY)` and the arrays
-C_ONE_OF = re.compile(r'hvprof_setting\("([A-Z_0-9]+)"\)\)\s*&&\s*!one_of\(v,\s*([a-z_]+)\)')
-C_ARRAY = re.compile(r'static const char \*const ([a-z_]+)\[\] = \{([^}]*)\}')
-C_DEFINE = re.compile(r"^#define\s+([A-Z_0-9]+)\s+(.+?)\s*(?:/\*.*)?$", re.M)
-#: C-side settings read otherwise, each with how (checked by hand, and by
-#: the tests of their behaviour): their table entries still give the value.
-C_READ_OTHERWISE = {
-    "HOROVOD_PROFILE_MERGE": "exitmerge.c: \"0\" turns it off, anything else is the default",
-    "HOROVOD_PROFILE_MERGE_TIMEOUT": "exitmerge.c: strtod, >= 0 (DEFAULT_MERGE_TIMEOUT_S)",
+_C_READS = """
+import json, sys
+from profiler.collect import native
+native.load()
+print(native.settings_json())
+"""
+
+#: values to try per kind: (raw value, usable?)
+TRIES = {
+    "switch": [("1", True), ("0", True), ("TRUE", True), (" off ", True), ("No", True),
+               ("yes", True), ("2", False), ("maybe", False)],
+    "choice": [("rank", True), ("monotonic", True), ("TSC", True), ("sometimes", False)],
+    "int": [("7", True), ("-5", False), ("1e3", False), ("12x", False), ("99999999", False)],
+    "num": [("2.5", True), ("0", True), ("-1", False), ("inf", False), ("x", False)],
 }
 
 
-def _c_value(expr: str, defines: dict[str, str]) -> float:
-    """A C constant expression of the hooks (numbers, macros, <<, /, *) as a number."""
-    for _ in range(5):  # macros of macros
-        expr = re.sub(r"\b[A-Z_][A-Z_0-9]*\b", lambda m: f"({defines[m.group(0)]})", expr)
-    expr = re.sub(r"(\d)u\b", r"\1", expr)
-    assert re.fullmatch(r"[\d\s.()<>*/+-]+", expr), expr
-    return float(eval(expr))  # noqa: S307  (digits and operators only, checked above)
+def _c_reading(env: dict[str, str]) -> dict[str, object]:
+    p = subprocess.run([sys.executable, "-c", _C_READS], env=base_env(**env),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    parsed: dict[str, object] = json.loads(p.stdout.splitlines()[-1])
+    return parsed
 
 
-def test_the_c_sides_ranges_choices_and_defaults_are_the_tables() -> None:
-    src = "\n".join(p.read_text(errors="replace") for p in sorted((ROOT / "hooks").glob("*.[ch]")))
-    defines = {m.group(1): m.group(2) for m in C_DEFINE.finditer(src)}
-    arrays = {m.group(1): set(re.findall(r'"([^"]*)"', m.group(2)))
-              for m in C_ARRAY.finditer(src)}
-    found: dict[str, dict[str, object]] = {}
-    for name, lo, hi, warn in C_INT_IN.findall(src):
-        found.setdefault(name, {}).update(lo=_c_value(lo, defines), hi=_c_value(hi, defines),
-                                          value=_c_value(warn.rsplit(",", 1)[1], defines))
-    for name, default, lo, hi in C_ENV_LONG.findall(src):
-        found.setdefault(name, {}).update(lo=_c_value(lo, defines), hi=_c_value(hi, defines),
-                                          value=_c_value(default, defines))
-    for name, array in C_ONE_OF.findall(src):
-        found.setdefault(name, {})["choices"] = arrays[array]
-    typed = {s.name: s for s in _env.SETTINGS
-             if s.side in ("C", "both") and s.value is not None}
-    assert set(found) - {"HOROVOD_PROFILE"} == set(typed) - set(C_READ_OTHERWISE), \
-        "a C setting with a range or choices has no typed entry, or the reverse"
-    for name, c in found.items():
-        if name == "HOROVOD_PROFILE":  # its modes: "1" and its synonyms, and summary
-            assert {"1", "summary"} <= c["choices"]  # type: ignore[operator]
-            continue
-        s = typed[name]
-        if "choices" in c:
-            assert set(s.choices) == c["choices"], name
-            continue
-        assert s.value is not None
-        assert (s.lo, s.hi, float(s.value)) == (c["lo"], c["hi"], c["value"]), name
-    assert float(_c_value("DEFAULT_MERGE_TIMEOUT_S", defines)) == \
-        _env.BY_NAME["HOROVOD_PROFILE_MERGE_TIMEOUT"].value
+def _as_c(s: _env.Setting, value: object) -> object:
+    """Python's reading as the C side writes it (a switch 0/1, a choice its index)."""
+    if s.kind == "switch":
+        return int(bool(value))
+    if s.kind == "choice":
+        return s.choices.index(str(value))
+    return float(value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("attempt", range(max(len(v) for v in TRIES.values())))
+def test_c_and_python_read_every_value_alike(attempt: int,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    typed = [s for s in _env.SETTINGS if s.side in ("C", "both") and s.kind in TRIES]
+    env = {}
+    for s in typed:
+        tries = TRIES[s.kind]
+        raw, _ = tries[attempt % len(tries)]
+        if s.kind == "choice":  # a valid word of its own where the try is a valid one
+            raw = {"rank": s.choices[-1], "monotonic": s.choices[0],
+                   "TSC": s.choices[0].upper()}.get(raw, raw)
+        env[s.name] = raw
+    c = _c_reading(env)
+    for s in typed:
+        monkeypatch.setenv(s.name, env[s.name])
+        assert c[s.name] == _as_c(s, _env.read(s.name, speak=False)), (s.name, env[s.name])
+        monkeypatch.delenv(s.name)
+    unset = _c_reading({})
+    for s in typed:  # the defaults
+        assert unset[s.name] == _as_c(s, s.value), s.name
+
+
+@pytest.mark.parametrize("value,mode", [
+    *[(w, "full") for w in ("1", "true", "on", "yes", "full", "ON", " True ")],
+    ("summary", "summary"), ("Summary", "summary"),
+    *[(w, "off") for w in ("0", "false", "off", "no", "", "  ", "OFF")],
+    ("maybe", None), ("2", None), ("fulll", None)])
+def test_horovod_profile_is_one_decision(value: str, mode: str | None) -> None:
+    assert _env.profile_mode(value) == mode
+    c = _c_reading({"HOROVOD_PROFILE": value, "OMPI_COMM_WORLD_RANK": "3"})
+    assert c["HOROVOD_PROFILE"] == {"full": 0, "summary": 1, "off": -1, None: -1}[mode]
+
+
+def test_the_start_up_hook_lets_through_exactly_what_is_not_off() -> None:
+    line = (ROOT / "profiler" / "horovod_profiler.pth").read_text()
+    for word in ("", *_env.OFF_WORDS, " OFF", "No"):
+        assert str(eval(line.split(" and ")[0].split("; ", 1)[1]  # noqa: S307
+                        .replace("os.environ.get('HOROVOD_PROFILE', '')", repr(word)))) \
+            == "False", word
+    for word in (*_env.FULL_WORDS, _env.SUMMARY_WORD, "maybe"):
+        assert str(eval(line.split(" and ")[0].split("; ", 1)[1]  # noqa: S307
+                        .replace("os.environ.get('HOROVOD_PROFILE', '')", repr(word)))) \
+            == "True", word
 
 
 def test_python_reads_the_tables_defaults_and_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -142,12 +182,33 @@ def test_python_reads_the_tables_defaults_and_ranges(monkeypatch: pytest.MonkeyP
             continue
         monkeypatch.delenv(s.name, raising=False)
         assert _env.read(s.name, speak=False) == s.value
-        bad = "maybe" if s.choices else str((s.lo if s.lo is not None else 0) - 1)
+        bad = "maybe" if s.kind in ("switch", "choice") else str(
+            (s.lo if s.lo is not None else 0) - 1)
         monkeypatch.setenv(s.name, bad)
         assert _env.read(s.name, speak=False) == s.value, (s.name, bad)
-        good = s.choices[-1] if s.choices else str(int(s.hi if s.hi is not None else
-                                                       (s.lo or 0) + 3))
+        good = {"switch": "off" if s.value else "on"}.get(s.kind) or (
+            s.choices[-1] if s.choices else str(int(s.hi if s.hi is not None else
+                                                    (s.lo or 0) + 3)))
         monkeypatch.setenv(s.name, good)
-        want = (good == "1" if isinstance(s.value, bool) else good) if s.choices else \
+        want = (good == "on") if s.kind == "switch" else good if s.choices else \
             type(s.value)(good)
         assert _env.read(s.name, speak=False) == want, (s.name, good)
+
+
+def test_an_unusable_python_setting_is_said_once_in_the_tables_words(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_env, "_said", set())
+    monkeypatch.setenv("HOROVOD_PROFILE_TRACE_RANKS", "0")
+    monkeypatch.setenv("HOROVOD_PROFILE_FASTREC", "perhaps")
+    for _ in range(3):
+        assert _env.read("HOROVOD_PROFILE_TRACE_RANKS") == 8
+        assert _env.read("HOROVOD_PROFILE_FASTREC") is True
+    assert capsys.readouterr().err.splitlines() == [
+        "horovod-profiler: warning: ignoring HOROVOD_PROFILE_TRACE_RANKS='0' "
+        "(an integer >= 1): using 8",
+        "horovod-profiler: warning: ignoring HOROVOD_PROFILE_FASTREC='perhaps' "
+        "(on: 1/true/on/yes, off: 0/false/off/no): using on"]
+    # a setting the C library reads is the library's to say
+    monkeypatch.setenv("HOROVOD_PROFILE_MERGE_TIMEOUT", "soon")
+    assert _env.read("HOROVOD_PROFILE_MERGE_TIMEOUT") == 60.0
+    assert capsys.readouterr().err == ""

@@ -106,7 +106,9 @@ class Recorder:
 
     def __init__(self) -> None:
         self._lib: Any = None
-        if os.environ.get("HOROVOD_PROFILE", "0") not in ("", "0", "off"):
+        from profiler._env import profile_mode
+
+        if profile_mode() not in (None, "off"):
             try:
                 from profiler.collect import native
 

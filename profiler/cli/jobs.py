@@ -71,10 +71,11 @@ def _iso(text: str | None, what: str) -> str | None:
 
 
 def _store(args: argparse.Namespace) -> Any:
+    from profiler._env import text
     from profiler.errors import UsageError
     from profiler.site.store import StoreError, open_store
 
-    url = args.store if args.store is not None else os.environ.get("HOROVOD_PROFILE_STORE", "")
+    url = args.store if args.store is not None else (text("HOROVOD_PROFILE_STORE") or "")
     try:
         return open_store(url)
     except StoreError as exc:

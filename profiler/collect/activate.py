@@ -1,5 +1,5 @@
 """Zero-code activation, imported at interpreter start by horovod_profiler.pth
-when HOROVOD_PROFILE is set (and not 0/off).
+when HOROVOD_PROFILE is set to anything but an off word (profiler._env).
 
 At import: load libhvprof.so with RTLD_GLOBAL, before mpi4py or Horovod load
 MPI, so that its MPI_* wrappers interpose; install the Horovod hooks if that
@@ -37,6 +37,7 @@ import ctypes  # already loaded: profiler.collect.native uses it
 import os
 import sys
 
+from profiler._env import launcher_rank, profile_mode, unknown_mode_line
 from profiler.postjob.atexit import allow_late_imports, convert_rank
 from profiler.postjob.atexit import one_line as _one_line
 from profiler.postjob.atexit import say as _say
@@ -126,9 +127,6 @@ def _at_exit() -> None:
             flag.value = interrupted
 
 
-_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "RANK")
-
-
 def nccl_plugin() -> str | None:
     """Make NCCL (>= 2.23) load this library as its profiler plugin.
 
@@ -145,8 +143,7 @@ def nccl_plugin() -> str | None:
         return None
     if os.path.realpath(user) == os.path.realpath(own):
         return None
-    rank = next((os.environ[v] for v in _RANK_VARS if os.environ.get(v)), "0")
-    if rank.strip() != "0":
+    if (launcher_rank() or 0) != 0:
         return None
     line = (f"NCCL_PROFILER_PLUGIN={user} is set: the user's NCCL profiler plugin takes "
             "precedence; NCCL calls are seen only through the symbol wrappers (shared NCCL)")
@@ -154,10 +151,30 @@ def nccl_plugin() -> str | None:
     return "horovod-profiler: " + line
 
 
+#: Python launchers whose ranks say for themselves what the launcher would
+_LAUNCHERS = ("horovodrun", "torchrun")
+
+
+def _a_launcher() -> bool:
+    """This process is a launcher (its script, or `-m` module, is one) or a
+    helper that multiprocessing started: rank 0 of the job speaks instead."""
+    argv = getattr(sys, "orig_argv", [])[1:4]
+    return any(os.path.basename(a) in _LAUNCHERS or a in ("horovod.runner.launch",
+                                                          "torch.distributed.run")
+               or a.startswith("from multiprocessing.") for a in argv)
+
+
 def activate() -> None:
-    """Load the library, install the Horovod hooks, register the exit handler."""
+    """Load the library, install the Horovod hooks, register the exit handler;
+    nothing where HOROVOD_PROFILE is off, and one line (rank 0, or a process
+    no launcher ranked) where it is none of its words."""
     global _registered
     if _registered:
+        return
+    mode = profile_mode()
+    if mode is None and (launcher_rank() or 0) == 0 and not _a_launcher():
+        print(unknown_mode_line(), file=sys.stderr)
+    if mode in (None, "off"):
         return
     from profiler.collect import native
 

@@ -41,7 +41,9 @@ def watch() -> None:
 def written_since(since: float, cwd: str) -> list[Path]:
     """The profile directories a driver's workers wrote after `since` that
     have no trace.json as new as their raw files (module doc)."""
-    named = os.environ.get("HOROVOD_PROFILE_DIR")
+    from profiler._env import text
+
+    named = text("HOROVOD_PROFILE_DIR")
     if named:
         candidates = [Path(cwd, named)]
     else:

@@ -178,7 +178,9 @@ def timeline_on() -> bool:
     lineage comes from the profiler's own records)."""
     if os.environ.get("HOROVOD_TIMELINE"):
         return True
-    return os.environ.get("HOROVOD_PROFILE_TIMELINE", "0") in ("1", "on")
+    from profiler._env import read
+
+    return bool(read("HOROVOD_PROFILE_TIMELINE"))
 
 
 def _let_timeline_drain() -> None:

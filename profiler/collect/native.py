@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from profiler._env import text
 from profiler.errors import LibraryError
 
 LIB_NAME = "libhvprof.so"
@@ -29,7 +30,7 @@ def packaged(name: str) -> str:
 
 def library_path() -> str:
     """Path of the library: $HVPROF_LIB, else the copy inside the package."""
-    override = os.environ.get("HVPROF_LIB")
+    override = text("HVPROF_LIB")
     path = os.path.abspath(override) if override else packaged(LIB_NAME)
     if not os.path.isfile(path):
         raise LibraryError(
@@ -46,6 +47,8 @@ def library_path() -> str:
 _c = ctypes
 EXPORTS: dict[str, tuple[Any, tuple[Any, ...], str]] = {
     "hvprof_layout_json": (_c.c_char_p, (), "tests: the record layout, as the C side sees it"),
+    "hvprof_settings_json": (_c.c_size_t, (_c.c_char_p, _c.c_size_t),
+                             "tests: every setting as the C side reads it"),
     "hvprof_is_active": (_c.c_int, (), "is a raw file open"),
     "hvprof_dir": (_c.c_char_p, (), "activate: the profile directory"),
     "hvprof_raw_path": (_c.c_char_p, (), "activate: this rank's raw file"),
@@ -183,6 +186,13 @@ def _str(value: bytes | None) -> str:
 
 def layout_json() -> str:
     return _str(_fn("hvprof_layout_json")())
+
+
+def settings_json() -> str:
+    """Every setting as the library reads it (tests/test_settings.py)."""
+    buf = ctypes.create_string_buffer(1 << 16)
+    n = _fn("hvprof_settings_json")(buf, len(buf))
+    return buf.raw[:min(n, len(buf) - 1)].decode("utf-8", "replace")
 
 
 def is_active() -> bool:

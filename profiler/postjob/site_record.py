@@ -30,7 +30,9 @@ def record_at_exit(directory: str, say: object = None) -> None:
 
     try:
         timeout = record_timeout()
-        if timeout <= 0 or not os.environ.get("HOROVOD_PROFILE_STORE", "").strip():
+        from profiler._env import text
+
+        if timeout <= 0 or not text("HOROVOD_PROFILE_STORE"):
             return
         child = subprocess.Popen([sys.executable, "-m", "profiler.site.record", directory],
                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
