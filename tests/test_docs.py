@@ -45,6 +45,34 @@ def test_the_commands_page_is_the_clis_own_help() -> None:
         assert out.stdout.rstrip() in page
 
 
+def _site_hooks() -> object:
+    """docs/hooks.py, the site's generator, as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("site_hooks", ROOT / "docs" / "hooks.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_command_list_is_generated_from_the_parsers() -> None:
+    hooks: object = _site_hooks()
+    page = (ROOT / "docs" / "reference" / "commands.md").read_text(encoding="utf-8")
+    # the page holds the generators' markers, and no list written by hand
+    assert hooks.COMMAND_LIST in page and hooks.COMMANDS in page  # type: ignore[attr-defined]
+    assert not re.search(r"^\s+profiler \w+", page, re.M)
+    table = hooks.command_list()  # type: ignore[attr-defined]
+    rows = [r for r in table.splitlines() if r.startswith("| [`profiler ")]
+    # one row per command, in COMMANDS' order, linked to its options' section
+    assert [re.match(r"\| \[`profiler ([\w-]+)", r).group(1) for r in rows] == list(COMMANDS)
+    assert all(f"](#profiler-{n})" in r for n, r in zip(COMMANDS, rows))
+    # what a command must be given: bench's output directory (a line without it fails)
+    assert "| [`profiler bench -o DIR`](#profiler-bench) |" in table
+    rendered = hooks.on_page_markdown(page, None, {"docs_dir": str(ROOT / "docs")})  # type: ignore[attr-defined]
+    assert "<!--" not in rendered and "### profiler watch" in rendered
+
+
 # ---------------------------------------------------------------------------
 # the README's advise example: real output pasted from the main job, checked
 # here against what advise prints now, so a change of format shows
@@ -96,3 +124,70 @@ def test_the_docs_advise_example_has_the_shape_advise_prints(doc: str) -> None:
     shown = [x for x in block if re.match(r"\s*\[(?:cost|explains):", x)]
     assert shown and all(cost.fullmatch(x.strip()) for x in shown), shown
     assert any(cost.search(x) for x in got)
+
+
+# ---------------------------------------------------------------------------
+# the findings page documents exactly the keys the analyzers give
+# ---------------------------------------------------------------------------
+def _analyzer_keys() -> tuple[set[str], set[str]]:
+    """(finding keys, limit keys) that analysis/findings/ can give, read from
+    its source: every `Finding(key="...")` (a limit when kind="limit") and
+    every `_limit("...")` of limits.py."""
+    import ast
+
+    findings: set[str] = set()
+    limits: set[str] = set()
+    for path in sorted((ROOT / "analysis" / "findings").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+                continue
+            kw = {k.arg: k.value for k in node.keywords}
+            if node.func.id == "Finding" and isinstance(kw.get("key"), ast.Constant):
+                kind = kw.get("kind")
+                limit = isinstance(kind, ast.Constant) and kind.value == "limit"
+                (limits if limit else findings).add(str(kw["key"].value))  # type: ignore[union-attr]
+            elif (node.func.id == "_limit" and node.args
+                  and isinstance(node.args[0], ast.Constant)):
+                limits.add(str(node.args[0].value))
+    return findings, limits
+
+
+def _documented_keys(header: str) -> set[str]:
+    """The first column of findings.md's table whose header cell is `header`
+    ("a / b" cells name two keys)."""
+    lines = (ROOT / "docs" / "guide" / "findings.md").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith(f"| {header} |"))
+    keys: set[str] = set()
+    for row in lines[start + 2:]:
+        if not row.startswith("|"):
+            break
+        keys |= {k.strip() for k in row.split("|")[1].split("/")}
+    return keys
+
+
+def test_the_findings_page_documents_every_key_the_analyzers_give() -> None:
+    findings, limits = _analyzer_keys()
+    # the analyzers as they are: 16 finding keys, 9 limits (a new one must be documented)
+    assert len(findings) == 16 and len(limits) == 9, (sorted(findings), sorted(limits))
+    assert {"elastic", "late_ranks", "latency_cliffs"} <= findings
+    assert "efficiency_bench" in limits
+    assert _documented_keys("finding") == findings
+    assert _documented_keys("limit") == limits
+
+
+# ---------------------------------------------------------------------------
+# the README's picture: there, drawn, and of the chart as the code draws it now
+# ---------------------------------------------------------------------------
+def test_the_readme_picture_is_current() -> None:
+    import json
+
+    import readme_picture as rp
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "](docs/img/breakdown.png)" in readme
+    assert rp.png_size(rp.PICTURE) == rp.SIZE
+    drawn = json.loads(rp.SIDECAR.read_text(encoding="utf-8"))
+    assert drawn["trace"] == rp.TRACE.relative_to(ROOT).as_posix()
+    assert drawn["digest"] == rp.digest(rp.figure()), (
+        "docs/img/breakdown.png shows another chart than the code draws now: the test "
+        "command redraws it (tests/test_report_browser.py -k readme_picture); commit it")
