@@ -321,6 +321,8 @@ HVPROF_HIDDEN int hvprof_parse_window(const char *w, double *a, double *b);
  * hex digits>, from `job_id` (an MPI job: rank 0's, broadcast), else (0)
  * from the launcher's job identity, which every rank computes alike. */
 HVPROF_HIDDEN void hvprof_default_dir(char *out, size_t n, uint64_t job_id);
+/* A function of the caller's (Python's, through ctypes) the library calls. */
+typedef void (*hvprof_callback)(void);
 /* The process's rank as its launcher's variables say it (-1: none does). */
 HVPROF_HIDDEN int hvprof_launcher_rank(void);
 /* Every setting as the library reads it, as JSON (tests). */

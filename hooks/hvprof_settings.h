@@ -19,12 +19,14 @@ enum { HVS_MODE, HVS_SWITCH, HVS_INT, HVS_NUM, HVS_CHOICE, HVS_TEXT };
     X(HVS_CHUNK_KB, "HOROVOD_PROFILE_CHUNK_KB", HVS_INT, 256.0, 4.0, 1048576.0, "", "KiB, 4 to 1048576", "256") \
     X(HVS_FLUSH_MS, "HOROVOD_PROFILE_FLUSH_MS", HVS_INT, 100.0, 1.0, 60000.0, "", "ms, 1 to 60000", "100") \
     X(HVS_CPU, "HOROVOD_PROFILE_CPU", HVS_INT, 16.0, 0.0, 1000000.0, "", "K, 0 to 1000000", "16") \
+    X(HVS_NET_MS, "HOROVOD_PROFILE_NET_MS", HVS_INT, 10.0, 0.0, 60000.0, "", "ms, 0 to 60000", "10") \
     X(HVS_HELPER, "HOROVOD_PROFILE_HELPER", HVS_SWITCH, 1.0, -1e300, 1e300, "", "on: 1/true/on/yes, off: 0/false/off/no", "on") \
     X(HVS_SIGNALS, "HOROVOD_PROFILE_SIGNALS", HVS_SWITCH, 1.0, -1e300, 1e300, "", "on: 1/true/on/yes, off: 0/false/off/no", "on") \
     X(HVS_CLOCK, "HOROVOD_PROFILE_CLOCK", HVS_CHOICE, 2.0, -1e300, 1e300, "tsc|monotonic|auto", "tsc or monotonic or auto", "auto") \
     X(HVS_CLOCK_SYNC, "HOROVOD_PROFILE_CLOCK_SYNC", HVS_CHOICE, 0.0, -1e300, 1e300, "host|rank", "host or rank", "host") \
     X(HVS_TIMELINE, "HOROVOD_PROFILE_TIMELINE", HVS_SWITCH, 0.0, -1e300, 1e300, "", "on: 1/true/on/yes, off: 0/false/off/no", "off") \
     X(HVS_MERGE, "HOROVOD_PROFILE_MERGE", HVS_SWITCH, 1.0, -1e300, 1e300, "", "on: 1/true/on/yes, off: 0/false/off/no", "on") \
+    X(HVS_GATHER, "HOROVOD_PROFILE_GATHER", HVS_SWITCH, 1.0, -1e300, 1e300, "", "on: 1/true/on/yes, off: 0/false/off/no", "on") \
     X(HVS_MERGE_TIMEOUT, "HOROVOD_PROFILE_MERGE_TIMEOUT", HVS_NUM, 60.0, 0.0, 1e300, "", "seconds >= 0", "60") \
     X(HVS_NCCL_DEVICE, "HOROVOD_PROFILE_NCCL_DEVICE", HVS_SWITCH, 1.0, -1e300, 1e300, "", "on: 1/true/on/yes, off: 0/false/off/no", "on") \
     X(HVS_NCCL_EVENTS, "HOROVOD_PROFILE_NCCL_EVENTS", HVS_INT, 1024.0, 2.0, 65536.0, "", "2 to 65536", "1024") \
@@ -49,10 +51,14 @@ typedef enum { HVPROF_SETTINGS(HVS_ID_) HVS_COUNT } hvprof_setting_id;
 #define HVS_CPU_DEFAULT 16
 #define HVS_CPU_LO 0
 #define HVS_CPU_HI 1000000
+#define HVS_NET_MS_DEFAULT 10
+#define HVS_NET_MS_LO 0
+#define HVS_NET_MS_HI 60000
 #define HVS_HELPER_DEFAULT 1
 #define HVS_SIGNALS_DEFAULT 1
 #define HVS_TIMELINE_DEFAULT 0
 #define HVS_MERGE_DEFAULT 1
+#define HVS_GATHER_DEFAULT 1
 #define HVS_MERGE_TIMEOUT_DEFAULT 60.0
 #define HVS_MERGE_TIMEOUT_LO 0.0
 #define HVS_NCCL_DEVICE_DEFAULT 1

@@ -637,6 +637,8 @@ HVPROF_EXPORT int MPI_Finalize(void)
         int me = 0, size = 1;
         PMPI_Comm_rank(prof_comm, &me);
         PMPI_Comm_size(prof_comm, &size);
+        char dir[1024];
+        snprintf(dir, sizeof dir, "%s", h ? hvprof_dir() : "");
         if (resync_at_finalize) { /* the same decision on every rank (hosts) */
             clock_sync cs;
             mpi_estimate_offsets(prof_comm, me, sync_mode, &cs);
@@ -667,6 +669,8 @@ HVPROF_EXPORT int MPI_Finalize(void)
             /* trace.json: Python's exit handler, else the library's own
              * exit merge (exitmerge.c), at process exit. */
         }
+        /* The files of ranks whose disk rank 0 does not see, to rank 0. */
+        mpi_gather_files(prof_comm, me, size, h, dir);
         PMPI_Comm_free(&prof_comm);
         prof_comm = MPI_COMM_NULL;
     }

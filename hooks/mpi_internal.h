@@ -25,6 +25,11 @@ extern int mpi_remote_sizes[HVPROF_COMM_TABLE_CAPACITY];
 uint32_t mpi_comm_index_slow(MPI_Comm comm);
 void mpi_describe_slow(hvprof_desc *d, MPI_Comm comm, MPI_Datatype dt, MPI_Op op, uint32_t epoch);
 void mpi_from_status(hvprof_record *r, const MPI_Status *st);
+/* mpi_gather.c: at MPI_Finalize, after the raw file is closed, the files of
+ * the ranks whose disk rank 0 cannot see reach rank 0's directory; the
+ * number of such ranks (the same on every rank). */
+int mpi_gather_files(MPI_Comm comm, int me, int size, const hvprof_file_header *h,
+                     const char *dir);
 
 
 /* The communicator's table index: this thread's hvprof_desc when it holds

@@ -127,6 +127,11 @@ SETTINGS: tuple[Setting, ...] = (
             "read each thread's CPU and run-queue time at every step of the first 64, then "
             "at one step in K (4-5 system calls a step read); 1 reads every step, 0 none, "
             "and leaves out the CPU contention findings", "C", value=16, lo=0, hi=1_000_000),
+    Setting("HOROVOD_PROFILE_NET_MS", "ms", "10",
+            "how often a thread of the library reads the kernel's figures (tcp_info) of the "
+            "rank's TCP connections to other hosts, for the slow-link finding (one system "
+            "call per connection a read; the period grows where the reads would take more "
+            "than 0.5% of a core); 0: not read", "C", value=10, lo=0, hi=60000),
     Setting("HOROVOD_PROFILE_HELPER", "a switch", "on",
             "off: no helper thread; each thread writes its own full buffers", "C", value=True),
     Setting("HOROVOD_PROFILE_SIGNALS", "a switch", "on",
@@ -148,13 +153,20 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("HOROVOD_PROFILE_MERGE", "a switch", "on",
             "off: rank 0 builds no trace.json at exit, and one line says to run "
             "`profiler merge DIR`", "both", value=True),
+    Setting("HOROVOD_PROFILE_GATHER", "a switch", "on",
+            "off: ranks whose files rank 0 cannot see (no shared disk) keep them on their own "
+            "hosts, instead of sending them to rank 0 over the job's MPI at MPI_Finalize, or "
+            "over TCP to rank 0's exit merge in a Gloo job (rank 0's value decides for MPI)",
+            "both", value=True),
     Setting("HOROVOD_PROFILE_MERGE_TIMEOUT", "seconds >= 0", "60",
             "how long rank 0 waits at exit for the other ranks' files; a program without "
             "Python waits for its merge this long plus 30 s, then leaves it running", "both",
             value=60.0, lo=0.0),
     Setting("HOROVOD_PROFILE_STORE", "a directory or a postgresql:// URL", "none",
-            "where each job's record goes (docs/guide/site.md); without a store, no record "
-            "is made", "Python"),
+            "where each job's record goes (docs/guide/site.md): with a store named, rank 0's "
+            "exit writes job-record.json beside the profile and puts it into the store; "
+            "without one, no record is made at exit (`profiler jobs ingest DIR` makes it "
+            "later)", "Python"),
     Setting("HOROVOD_PROFILE_RECORD_TIMEOUT", "seconds >= 0", "20",
             "how long the exit merge waits for the job record (made where "
             "HOROVOD_PROFILE_STORE names a store); 0 makes none", "Python", value=20.0,

@@ -11,6 +11,10 @@ section 2:
     <dir>/raw/rank-00000.nccl.json    NCCL/CUDA state of the process
     <dir>/raw/rank-00000.mpit.json    the MPI library's transports (MPI_T), TCP peers
     <dir>/raw/rank-00000.cpu.json     CPUs, load, every thread's CPU/run-queue time
+    <dir>/raw/rank-00000.facts.json   what only the process knew, written before its
+                                      files left its host for rank 0's (gather)
+    <dir>/raw/rank-00000.gathered.json  at rank 0: where a gathered rank's files came from
+    <dir>/raw/gather.json             at rank 0: the gather (ranks, bytes, seconds)
     <dir>/ranks/rank-00000.parquet    rows (each rank at its exit, or merge)
     <dir>/ranks/rank-00000.json       that rank's metadata
     <dir>/ranks/rank-00000.agg.parquet  summary-mode aggregates as rows
@@ -32,6 +36,7 @@ __all__ = [
     "RAW_DIR", "RANKS_DIR", "TRACE_FILE", "TIMELINE_FILE", "LINEAGE_FILE",
     "rank_stem", "raw_path", "parquet_path", "meta_path", "agg_parquet_path",
     "agg_path_for", "sidecar_path", "tensor_names_path", "rank_files", "file_rank",
+    "facts_path", "gathered_path", "GATHER_FILE",
     "check_profile_dir",
     "resolve_trace", "format_ranges", "parse_ranges",
 ]
@@ -102,6 +107,22 @@ def cpu_path(raw: str | os.PathLike[str]) -> Path:
     """raw/rank-R.hvprof -> raw/rank-R.cpu.json: the rank's CPUs, load and every
     thread's CPU and run-queue time at start and at the end (hooks/cpu.c)."""
     return _beside_raw(raw, ".cpu.json")
+
+
+def facts_path(raw: str | os.PathLike[str]) -> Path:
+    """raw/rank-R.hvprof -> raw/rank-R.facts.json: the facts only the rank's
+    process knew (profiler.collect.facts), written before its files were sent
+    to rank 0's host (the gather)."""
+    return _beside_raw(raw, ".facts.json")
+
+
+def gathered_path(raw: str | os.PathLike[str]) -> Path:
+    """raw/rank-R.hvprof -> raw/rank-R.gathered.json: at rank 0, where a rank's
+    gathered files came from (its host, their count and bytes, the transport)."""
+    return _beside_raw(raw, ".gathered.json")
+
+
+GATHER_FILE = "gather.json"  # <dir>/raw/gather.json: the gather at rank 0, as a whole
 
 
 def file_rank(path: Path) -> int | None:

@@ -5,6 +5,7 @@ reason printed, where namespaces cannot be made (not root, no `ip`)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -33,8 +34,9 @@ def sim_cluster() -> Iterator[ClusterFactory]:
     made: list[simcluster.SimCluster] = []
 
     def make(hosts: int = 2, offsets: Sequence[int] | None = None, rate: str | None = None,
-             slots: int = 2) -> simcluster.SimCluster:
-        c = simcluster.SimCluster(hosts=hosts, offsets=offsets, rate=rate, slots=slots)
+             slots: int = 2, **more: Any) -> simcluster.SimCluster:
+        """more: SimCluster's other arguments (host_rates, private)."""
+        c = simcluster.SimCluster(hosts=hosts, offsets=offsets, rate=rate, slots=slots, **more)
         made.append(c)
         return c.__enter__()
 

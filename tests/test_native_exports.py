@@ -24,6 +24,7 @@ C_TYPES: dict[str, object] = {
     "int": ctypes.c_int,
     "const char *": ctypes.c_char_p,
     "char *": ctypes.c_char_p,  # a caller's buffer (create_string_buffer)
+    "hvprof_callback": ctypes.c_void_p,  # a CFUNCTYPE's address
     "uint64_t": ctypes.c_uint64,
     "int64_t": ctypes.c_int64,
     "uint32_t": ctypes.c_uint32,

@@ -127,6 +127,10 @@ class ClusterState:
     owner_pid: int | None = None
     owner_start: int | None = None
     created: float = field(default_factory=time.time)
+    #: a path every host sees as a folder of its own (a mount namespace per
+    #: host process tree, host_private(h) bound over it): hosts that share no
+    #: disk there, as node-local scratch or Kubernetes pods
+    private: str | None = None
 
     @property
     def dir(self) -> Path:
@@ -294,36 +298,70 @@ def _rate_bits(rate: str) -> float:
 AGENT = """#!/bin/sh
 # Open MPI's plm_rsh_agent for simulated cluster {name}: `agent.sh HOST CMD...`
 # runs CMD (a shell command, as ssh would) on HOST: its network namespace,
-# its hostname (UTS namespace), its clock offset (time namespace) and its
-# own TMPDIR.
+# its hostname (UTS namespace), its clock offset (time namespace), its own
+# TMPDIR and, with a private folder, its own mount namespace with the host's
+# folder bound over that path.
 host=$1; shift
 case "$host" in
 {cases}
   *) echo "simcluster agent: unknown host $host" >&2; exit 255 ;;
 esac
 mkdir -p "$tmp"
-exec ip netns exec "$ns" env TMPDIR="$tmp" unshare --uts --time --monotonic "$off" \\
-    --boottime "$off" /bin/sh -c 'hostname "$0" && eval "$1"' "$host" "$*"
+exec ip netns exec "$ns" env TMPDIR="$tmp" HVSIM_OWN="$own" unshare --uts --time \\
+    --monotonic "$off" --boottime "$off" {mount}/bin/sh \\
+    -c '{bind}hostname "$0" && eval "$1"' "$host" "$*"
+"""
+
+# horovodrun's remote shell for the same cluster: `ssh [-o OPT]... HOST [-p
+# PORT] [-i KEY] [-o OPT] CMD` becomes `agent.sh HOST CMD` (horovodrun --gloo
+# starts its workers on other hosts with ssh).
+SSH = """#!/bin/sh
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o|-p|-i) shift 2 ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+host=$1; shift
+while [ $# -gt 0 ]; do  # horovodrun puts -p, -i and -o after the host
+  case "$1" in
+    -o|-p|-i) shift 2 ;;
+    *) break ;;
+  esac
+done
+exec {agent} "$host" "$*"
 """
 
 
 def _write_agent(st: ClusterState) -> None:
     cases = "\n".join(
         f"  {h.name}|{h.ip}) ns={h.ns}; off={h.offset_s}; "
-        f"tmp={shlex.quote(str(host_tmp(st, h)))} ;;" for h in st.hosts)
+        f"tmp={shlex.quote(str(host_tmp(st, h)))}; "
+        f"own={shlex.quote(str(host_private(st, h)))} ;;" for h in st.hosts)
     st.dir.mkdir(parents=True, exist_ok=True)
-    st.agent.write_text(AGENT.format(name=st.name, cases=cases))
+    mount, bind = _private_mount(st, '"$HVSIM_OWN"')
+    st.agent.write_text(AGENT.format(name=st.name, cases=cases, mount=mount, bind=bind))
     st.agent.chmod(0o755)
+    shim = st.dir / "bin" / "ssh"
+    shim.parent.mkdir(parents=True, exist_ok=True)
+    shim.write_text(SSH.format(agent=shlex.quote(str(st.agent))))
+    shim.chmod(0o755)
     (st.dir / "hostfile").write_text(
         "".join(f"{h.name} slots={st.slots}\n" for h in st.hosts))
 
 
 def create(hosts: int = 2, offsets: Sequence[int] | None = None, rate: str | None = None,
            slots: int = 2, owner: bool = True, names: Sequence[str] | None = None,
-           host_rates: Mapping[int, str] | None = None) -> ClusterState:
+           host_rates: Mapping[int, str] | None = None,
+           private: str | os.PathLike[str] | None = None) -> ClusterState:
     """Make a cluster (stale ones are swept first).  offsets: seconds per host
     (CLOCK_MONOTONIC shift, >= 0), default 0 for all; host_rates: a rate for
-    some hosts' links (host index -> rate) instead of `rate`: one slow link."""
+    some hosts' links (host index -> rate) instead of `rate`: one slow link;
+    private: an absolute path each host sees as a folder of its own
+    (host_private), as hosts that share no disk there."""
+    if private is not None and not os.path.isabs(private):
+        raise SimClusterError(f"private path {private}: must be absolute")
     if not 1 <= hosts <= MAX_HOSTS:
         raise SimClusterError(f"--hosts {hosts}: 1 to {MAX_HOSTS}")
     offs = list(offsets) if offsets is not None else [0] * hosts
@@ -343,12 +381,14 @@ def create(hosts: int = 2, offsets: Sequence[int] | None = None, rate: str | Non
         raise SimClusterError(why)
     with _locked():
         _sweep_stale()
-        return _create(hosts, offs, rate, slots, owner, names, host_rates)
+        return _create(hosts, offs, rate, slots, owner, names, host_rates,
+                       str(private) if private is not None else None)
 
 
 def _create(hosts: int, offs: list[int], rate: str | None, slots: int, owner: bool,
             names: Sequence[str] | None,
-            host_rates: Mapping[int, str] | None = None) -> ClusterState:
+            host_rates: Mapping[int, str] | None = None,
+            private: str | None = None) -> ClusterState:
     token = secrets.token_hex(3)
     name = f"{PREFIX}{token}"
     hnames = list(names) if names else [f"h{i}" for i in range(hosts)]
@@ -358,7 +398,7 @@ def _create(hosts: int, offs: list[int], rate: str | None, slots: int, owner: bo
                for i in range(hosts)],
         rate=rate, slots=slots,
         owner_pid=os.getpid() if owner else None,
-        owner_start=_proc_start(os.getpid()) if owner else None)
+        owner_start=_proc_start(os.getpid()) if owner else None, private=private)
     st.save()  # first: a kill from here on leaves state the sweep can find
     try:
         _sh("ip", "netns", "add", st.switch_ns)
@@ -401,15 +441,33 @@ def host_tmp(st: ClusterState, h: Host) -> Path:
     return st.dir / "tmp" / h.name
 
 
+def host_private(st: ClusterState, h: Host | int) -> Path:
+    """What a host sees at the cluster's private path: a folder of its own in
+    the cluster's state folder (kept until the cluster is removed)."""
+    host = st.hosts[h] if isinstance(h, int) else h
+    return st.dir / "private" / host.name
+
+
+def _private_mount(st: ClusterState, own: str) -> tuple[str, str]:
+    """The unshare options and the shell command (before the host's own) that
+    bind a host's private folder over the private path; empty without one."""
+    if not st.private:
+        return "", ""
+    return ("--mount --propagation private ",
+            f"mkdir -p {own} {shlex.quote(st.private)} && "
+            f"mount --bind {own} {shlex.quote(st.private)} && ")
+
+
 def host_cmd(st: ClusterState, host: Host | int, argv: Sequence[str]) -> list[str]:
     """argv run on a host (its namespace, hostname, clock and TMPDIR)."""
     h = st.hosts[host] if isinstance(host, int) else host
     off = str(h.offset_s)
     tmp = host_tmp(st, h)
     tmp.mkdir(parents=True, exist_ok=True)
+    mount, bind = _private_mount(st, shlex.quote(str(host_private(st, h))))
     return ["ip", "netns", "exec", h.ns, "env", f"TMPDIR={tmp}", "unshare", "--uts", "--time",
-            "--monotonic", off, "--boottime", off, "/bin/sh", "-c",
-            'hostname "$0" && exec "$@"', h.name, *argv]
+            "--monotonic", off, "--boottime", off, *mount.split(), "/bin/sh", "-c",
+            bind + 'hostname "$0" && exec "$@"', h.name, *argv]
 
 
 def mpirun_cmd(st: ClusterState, np: int, argv: Sequence[str], *,
@@ -454,9 +512,10 @@ class SimCluster:
 
     def __init__(self, hosts: int = 2, offsets: Sequence[int] | None = None,
                  rate: str | None = None, slots: int = 2,
-                 host_rates: Mapping[int, str] | None = None) -> None:
+                 host_rates: Mapping[int, str] | None = None,
+                 private: str | os.PathLike[str] | None = None) -> None:
         self.args = dict(hosts=hosts, offsets=offsets, rate=rate, slots=slots,
-                         host_rates=host_rates)
+                         host_rates=host_rates, private=private)
         self.state: ClusterState | None = None
 
     def __enter__(self) -> SimCluster:
@@ -492,9 +551,55 @@ class SimCluster:
         return run(self.st, np, argv, env=env, timeout=timeout, per_host=per_host, cwd=cwd,
                    btl=btl, extra=extra)
 
+    def horovodrun(self, np: int, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                   timeout: float = 180, per_host: int | None = None,
+                   cwd: str | Path | None = None) -> subprocess.CompletedProcess[str]:
+        """`horovodrun --gloo -np np argv` from the first host across the
+        cluster (its workers reach the other hosts through the ssh shim)."""
+        return horovodrun(self.st, np, argv, env=env, timeout=timeout, per_host=per_host,
+                          cwd=cwd)
+
+    def private_dir(self, host: int) -> Path:
+        """What host `host` sees at the private path."""
+        return host_private(self.st, host)
+
     def exec_on(self, host: int, argv: Sequence[str], **kw: Any) -> subprocess.Popen[bytes]:
         """Start argv on a host (returns the process; teardown kills it if still running)."""
         return subprocess.Popen(host_cmd(self.st, host, argv), **kw)
+
+
+def horovodrun(st: ClusterState, np: int, argv: Sequence[str], *,
+               env: Mapping[str, str] | None = None, timeout: float = 180,
+               per_host: int | None = None, cwd: str | Path | None = None,
+               ) -> subprocess.CompletedProcess[str]:
+    """horovodrun --gloo on the first host, ranks filling hosts in order, over
+    eth0 (no interface discovery); remote workers start through the ssh shim,
+    which carries the environment along as horovodrun's own ssh would with
+    its exported variables."""
+    k = per_host or st.slots
+    hosts = ",".join(f"{h.name}:{k}" for h in st.hosts)
+    full = run_env(None)
+    full.update(env or {})
+    full["PATH"] = f"{st.dir / 'bin'}{os.pathsep}{full.get('PATH', '')}"
+    exe = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or "horovodrun"
+    cmd = host_cmd(st, 0, [exe, "--gloo", "-np", str(np), "-H", hosts,
+                           "--network-interfaces", "eth0", *argv])
+    return _communicate(st, cmd, full, cwd, timeout)
+
+
+def _communicate(st: ClusterState, cmd: list[str], env: Mapping[str, str],
+                 cwd: str | Path | None, timeout: float) -> subprocess.CompletedProcess[str]:
+    p = subprocess.Popen(cmd, env=dict(env), cwd=cwd, text=True, start_new_session=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        for h in st.hosts:
+            _kill_ns_processes(h.ns)
+        out, err = p.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
 def run(st: ClusterState, np: int, argv: Sequence[str], *, env: Mapping[str, str] | None = None,

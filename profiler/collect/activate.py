@@ -73,13 +73,49 @@ def finish() -> None:
     mask = os.umask(0o022)
     os.umask(mask | 0o022)
     try:
-        from profiler.collect.facts import rank_facts
+        if not native.gathered():  # else rank 0's exit merge converts its copy
+            from profiler.collect.facts import rank_facts
 
-        convert_rank(directory, raw, rank, rank_facts(raw))
+            convert_rank(directory, raw, rank, rank_facts(raw))
+            _offered(directory, raw, rank)
     finally:
         os.umask(mask)
     native.exit_work()
     return None
+
+
+def _facts_before_gather() -> None:
+    """At MPI_Finalize, before this rank's files leave for rank 0's host (no
+    shared disk): the facts only this process knows, beside its raw file."""
+    try:
+        from profiler.collect import native
+        from profiler.collect.facts import rank_facts
+        from profiler.formats import facts
+
+        raw = native.raw_path()
+        if raw:
+            facts.write(raw, rank_facts(raw))
+    except Exception as exc:  # noqa: BLE001 - never in the job's way
+        _say(f"warning: rank {native.rank()}: the rank's own "
+             f"facts were not written before its files were gathered: {_one_line(exc)}")
+
+
+def _offered(directory: str, raw: str, rank: int) -> str:
+    """A job without MPI whose launcher runs a rendezvous server (horovodrun
+    --gloo, elastic, Ray, Spark): this rank's files and the dataset it just
+    made, offered to rank 0's exit merge, which takes them when it cannot see
+    them (profiler.postjob.gather.offer).  "off" where there is no such path."""
+    from profiler.postjob import gather
+
+    if rank <= 0 or gather.rendezvous() is None:
+        return "off"
+    try:
+        from profiler.postjob.atexit import merge_timeout
+
+        return gather.offer(directory, raw, rank, timeout=merge_timeout())
+    except Exception as exc:  # noqa: BLE001 - the files stay here
+        _say(f"warning: rank {rank}: its files were not offered to rank 0: {_one_line(exc)}")
+        return "off"
 
 
 def _finalize_mpi4py() -> None:
@@ -187,6 +223,7 @@ def activate() -> None:
     # started with HOROVOD_PROFILE=1): allow_late_imports() lets the exit
     # work import it, and frame_to_table converts without a thread pool.
     native.set_python(True)  # this rank converts its own file at exit (finish)
+    native.set_gather_callback(_facts_before_gather)
     try:  # before anything imports TensorFlow: its tensors' hooks (built with it)
         from profiler.collect import tf_kernels
 

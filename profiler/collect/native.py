@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -50,6 +51,10 @@ EXPORTS: dict[str, tuple[Any, tuple[Any, ...], str]] = {
     "hvprof_settings_json": (_c.c_size_t, (_c.c_char_p, _c.c_size_t),
                              "tests: every setting as the C side reads it"),
     "hvprof_is_active": (_c.c_int, (), "is a raw file open"),
+    "hvprof_gathered": (_c.c_int, (), "activate: this rank's files went to rank 0 at "
+                                      "MPI_Finalize (it converts nothing itself)"),
+    "hvprof_set_gather_callback": (None, (_c.c_void_p,), "activate: the rank's facts, "
+                                                         "written before its files leave"),
     "hvprof_dir": (_c.c_char_p, (), "activate: the profile directory"),
     "hvprof_raw_path": (_c.c_char_p, (), "activate: this rank's raw file"),
     "hvprof_rank": (_c.c_int, (), "activate, steps: this process's rank"),
@@ -232,6 +237,28 @@ def set_python(on: bool) -> None:
     fn = function("hvprof_set_python")
     if fn is not None:
         fn(1 if on else 0)
+
+
+_GATHER_CALLBACK = ctypes.CFUNCTYPE(None)
+_gather_callback: Any = None  # kept alive: the library holds its address
+
+
+def set_gather_callback(fn: Callable[[], None]) -> None:
+    """Have the library call `fn` at MPI_Finalize, just before this rank's files
+    are sent to rank 0 (hooks/mpi_gather.c), on whatever thread finalizes MPI.
+    `fn` must not raise (an exception is printed and dropped by ctypes)."""
+    global _gather_callback
+    setter = function("hvprof_set_gather_callback")
+    if setter is not None:
+        _gather_callback = _GATHER_CALLBACK(fn)
+        setter(ctypes.cast(_gather_callback, ctypes.c_void_p))
+
+
+def gathered() -> bool:
+    """This rank's files went to rank 0's directory at MPI_Finalize: rank 0's
+    exit merge converts them, and this rank converts nothing itself."""
+    fn = function("hvprof_gathered")
+    return bool(fn()) if fn is not None else False
 
 
 def process_exit() -> None:

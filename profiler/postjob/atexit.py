@@ -112,14 +112,17 @@ def _interrupted(exc: BaseException) -> bool:
     return False
 
 
-def _merge(directory: str, world: int, *, timeout: float | None = None) -> str:
+def _merge(directory: str, world: int, *, timeout: float | None = None,
+           receiver: Any = None) -> str:
     """Rank 0's part: wait for the other ranks (bounded by `timeout`, else
-    HOROVOD_PROFILE_MERGE_TIMEOUT), merge, say the line."""
+    HOROVOD_PROFILE_MERGE_TIMEOUT; with a `receiver`, the files of the ranks
+    on other hosts too), merge, say the line."""
     from profiler.postjob.merge import wait_and_merge
 
     try:
         result = wait_and_merge(directory, world_size=max(world, 1), own_rank=0,
-                                timeout=merge_timeout() if timeout is None else timeout)
+                                timeout=merge_timeout() if timeout is None else timeout,
+                                receiver=receiver)
     except OSError as exc:
         if not no_space(exc):
             raise
@@ -194,6 +197,11 @@ def main(argv: list[str]) -> int:
     except (IndexError, ValueError):
         say(f"error: cannot build the trace at exit: bad arguments {argv!r}")
         return 2
+    receiver = None
+    if merge_at_exit():  # a job without MPI: the other hosts' files, over TCP
+        from profiler.postjob.gather import start_receiver
+
+        receiver = start_receiver(directory, world, say)
     try:
         # rank 0 converted its own file (Python) unless its header says
         # otherwise; a conversion that failed there is the merge's to retry
@@ -213,11 +221,14 @@ def main(argv: list[str]) -> int:
             say(f"no trace at exit (HOROVOD_PROFILE_MERGE=0): build it with: profiler merge "
                 f"{directory}")
             return 0
-        _merge(directory, world)
+        _merge(directory, world, receiver=receiver)
     except BaseException as exc:  # noqa: BLE001 - one line, the raw files kept
         say(f"error: cannot build the trace at exit: {one_line(exc)}; the raw files are "
             f"kept: build it with: profiler merge {directory}")
         return 2
+    finally:
+        if receiver is not None:
+            receiver.close()
     return 0
 
 

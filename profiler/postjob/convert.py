@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from profiler._version import __version__
 from profiler.formats import cpu as cpu_format
 from profiler.formats import fabric
+from profiler.formats import facts as facts_file
 from profiler.formats import record as F
 from profiler.formats import steps as step_figures
 from profiler.formats.dataset import frame_to_table, read_meta, write_parquet
@@ -35,21 +36,6 @@ from profiler.formats.raw import (
 from profiler.formats.rows import agg_to_frame, comm_table, raw_to_frame, track_table
 from profiler.layout import agg_parquet_path, agg_path_for, meta_path, parquet_path
 from profiler.postjob.classify import classify
-
-ENV_PREFIXES = ("HOROVOD_", "NCCL_", "OMPI_MCA_", "MPICH_", "UCX_")
-
-
-# Set by mpirun for its own plumbing (daemon URIs, job ids, session dirs,
-# transport keys): not communication knobs, and not worth leaking.
-ENV_LAUNCHER_INTERNAL = ("OMPI_MCA_orte_", "OMPI_MCA_ess", "OMPI_MCA_pmix",
-                         "OMPI_MCA_initial_wdir", "OMPI_MCA_shmem_RUNTIME_QUERY_hint")
-
-
-def env_whitelist(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Only the variables that shape communication; nothing else ever leaves."""
-    env = os.environ if environ is None else environ
-    return {k: v for k, v in sorted(env.items())
-            if k.startswith(ENV_PREFIXES) and not k.startswith(ENV_LAUNCHER_INTERNAL)}
 
 
 def comm_total_ns(df: pd.DataFrame) -> int:
@@ -157,7 +143,7 @@ def rank_metadata(raw: RawFile, df: pd.DataFrame, *,
         "nccl": read_sidecar(raw.path) or f.get("nccl"),
         "interconnect": fabric.rank_doc(raw.path, kinds=f.get("interface_kinds")),
         "cpu": cpu_doc(raw, df, tracks, facts),
-        "env": env_whitelist(f["environ"]) if "environ" in f else None,
+        "env": facts_file.env_whitelist(f["environ"]) if "environ" in f else None,
         "argv": list(f["argv"]) if "argv" in f else None,
         "executable": f.get("executable"),
         "parquet": parquet_path(".", raw.rank).name,
@@ -202,6 +188,8 @@ def convert_raw(path: str | os.PathLike[str], profile_dir: str | os.PathLike[str
     """raw/rank-R.hvprof -> ranks/rank-R.parquet + ranks/rank-R.json.
     facts: see rank_metadata."""
     raw = read_raw(path)
+    if facts is None:  # a rank whose files were gathered: what it wrote before they left
+        facts = facts_file.read(path)
     base = Path(profile_dir) if profile_dir is not None else Path(path).resolve().parent.parent
     df = raw_to_frame(raw, classify)
     agg_df, problems = None, []

@@ -45,6 +45,7 @@ class MergeResult:
     unsampled: int = 0
     dropped: int = 0
     dropped_ranks: list[int] = field(default_factory=list)
+    gathered: dict[str, Any] | None = None  # profiler.postjob.gather.job_block
 
     def summary_line(self) -> str:
         """`<dir>/trace.json (N ranks, M calls[; missing ranks: ...][; partial ranks: ...])`."""
@@ -56,6 +57,11 @@ class MergeResult:
         if self.dropped:
             extra += (f"; {self.dropped} records dropped (disk full or write error) on "
                       f"rank(s) {format_ranges(self.dropped_ranks)}")
+        if self.gathered:
+            g = self.gathered
+            over = "MPI" if g["over"] == "mpi" else "TCP"
+            extra += (f"; rank(s) {format_ranges(g['ranks'])} gathered from "
+                      f"{len(g['hosts'])} other host(s) over {over}")
         if self.missing_ranks:
             extra += f"; missing ranks: {format_ranges(self.missing_ranks)}"
         if self.partial_ranks:
@@ -171,12 +177,16 @@ def merge(profile_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | 
         m0 = next(m for m in rank_meta if int(m["rank"]) == 0)
         m0["rows"] = int(pq.ParquetFile(parquets[0]).metadata.num_rows)  # the event budget
     meta.update(elastic_epochs(d, parquets))  # elastic Horovod's membership epochs
+    from profiler.postjob.gather import job_block
+
+    meta["gathered"] = job_block(d, present)  # ranks whose files came from other hosts
     write_trace(trace_path, meta, frames, rank_meta, limit=limit)
     return MergeResult(trace=trace_path, ranks=present, world_size=world, calls=calls,
                        missing_ranks=missing, partial_ranks=partial, converted=converted,
                        problems=problems, mode=meta["mode"], unsampled=unsampled,
                        dropped=sum(dropped_by.values()),
-                       dropped_ranks=sorted(r for r, n in dropped_by.items() if n))
+                       dropped_ranks=sorted(r for r, n in dropped_by.items() if n),
+                       gathered=meta["gathered"])
 
 
 def job_metadata(d: Path, trace_path: Path, rank_meta: list[dict[str, Any]], world: int,
@@ -304,7 +314,8 @@ def _rank_step_totals(s: dict[str, Any]) -> step_figures.StepTotals:
 
 def wait_and_merge(profile_dir: str | os.PathLike[str], *, world_size: int, own_rank: int,
                    timeout: float, poll: float = 0.05,
-                   sleep: Callable[[float], None] = time.sleep) -> MergeResult:
+                   sleep: Callable[[float], None] = time.sleep,
+                   receiver: Any = None) -> MergeResult:
     """Rank 0 at exit: wait (bounded) for the other ranks' datasets, then merge.
     A raw file is converted here when its rank will not: it died, or it is
     closed and its header says its rank converts nothing itself (no Python:
@@ -314,7 +325,9 @@ def wait_and_merge(profile_dir: str | os.PathLike[str], *, world_size: int, own_
     It polls the directory (every `poll` s): ranks on other hosts write through
     a shared file system (NFS, Lustre, GPFS), whose changes from another client
     inotify does not report, and MPI is finalized by then, so no message can
-    say that a rank is done."""
+    say that a rank is done.  With a `receiver` (profiler.postjob.gather, a
+    job without MPI), a rank that has not offered its files yet, or is still
+    sending them, is waited for too."""
     from profiler.formats.epochs import sidecar_of
     from profiler.formats.raw import _pid_alive, read_header, writer_state
     from profiler.postjob.convert import is_up_to_date
@@ -336,8 +349,9 @@ def wait_and_merge(profile_dir: str | os.PathLike[str], *, world_size: int, own_
         if not pending:
             break
         for r in sorted(pending):
-            if r not in raws:
-                if time.monotonic() - start >= grace:
+            state = receiver.state(r) if receiver is not None else "visible"
+            if r not in raws or state == "receiving":
+                if state not in (None, "receiving") and time.monotonic() - start >= grace:
                     pending.discard(r)
                 continue
             try:
