@@ -37,6 +37,7 @@ COMMANDS: dict[str, str] = {
     "hang": "profiler.cli.hang",
     "watch": "profiler.cli.watch",
     "jobs": "profiler.cli.jobs",
+    "predict": "profiler.cli.predict",
 }
 
 EXIT_OK = 0

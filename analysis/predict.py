@@ -1,0 +1,1155 @@
+"""A profiled job at another scale, fabric or setting: `profiler predict`.
+
+From one profile (its rows, metadata and fusion lineage), the step time the
+same job would take with more or fewer hosts and ranks, another link, another
+fusion threshold or cycle time, another batch, or parameter servers instead
+of allreduce, with a 95% interval, its breakdown and every assumption made.
+
+The model is the profile's own, anchored on what it measured: each step's
+measured parts (analysis.breakdown: compute, waiting for other ranks, waiting
+for Horovod, transfer) plus what changes.
+
+* **Compute** is as profiled (each rank keeps its own cores), scaled with the
+  batch; the tensors' ready times within the backward pass scale with it.
+* **The last arrival.**  Each rank's arrival at synchronize, as a deviation
+  from the step's mean arrival, scaled by sqrt(n / (n - 1)) to stand for one
+  rank's own (the deviation from a mean of n understates it), pooled over
+  ranks and steps.  At P ranks the step waits for the slowest of P such
+  offsets: their expected maximum under resampling of the pool
+  (:func:`expected_max`; above the pool's size an exponential tail fitted to
+  its top fifth, up to REACH times the pool).  The change is E[max of P] -
+  E[max of the profiled n], added to the measured wait.
+* **Horovod's cycle and fusion**, replayed on the profiled tensors' ready
+  times (the lineage's, relative to each step's last arrival) with
+  analysis.fusion_whatif.simulate's packing, cycle by cycle: a cycle starts
+  every cycle time plus the profile's own overshoot; its tensors go out
+  after the negotiation (the control allreduce at P ranks), one call after
+  another; a cycle whose calls outlast it delays the next, which then starts
+  at once on every rank.  After an idle cycle each rank sleeps on its own
+  clock, so a tensor makes the job's cycle only when it was ready at its
+  last rank's own start, up to the spread of the ranks' phases earlier
+  (uniform phases: the latest of P less the last rank's own).  The replay
+  runs at the profile's settings and at the target's, each step at
+  PHASES cycle phases; the change of the tail after the last arrival, and
+  of its transfer part, is added to the measured parts.
+* **Transfers**: the time of one allreduce of S bytes at P ranks (K per
+  host) is the algorithm the library picks at that size and rank count
+  (Open MPI 4.1's fixed decision rules, coll_tuned_decision_fixed.c; Gloo's
+  ring; NCCL the cheaper of ring and tree), priced by its latency steps and
+  the bytes its busiest host link carries (:func:`algorithm_cost`), from a
+  curve: the profile's own calls (analysis.fusion_whatif.latency_model on
+  their transfer times, converted from the profiled rank count to P through
+  the two algorithms' costs), a `profiler bench` trace of the target fabric
+  (converted the same way), or a link RATE[,LATENCY] (TCP's payload share
+  of an Ethernet frame taken off the rate).  ``ps:S``: push then pull
+  through S parameter servers on hosts of their own, each holding 1/S of
+  every buffer, as the MXNet proposal laid them out.
+
+The interval: a bootstrap over the profile's steps (the measured parts, the
+replay's change and the arrival pool resampled together), widened by the
+model's error as the development set measured it (MODEL_ERROR of the
+predicted change, RUN_ERROR of the step).  Validation on held-out jobs:
+benchmarks/predict/, docs/guide/predict.md.
+
+Where the profile cannot carry a prediction (under MIN_STEPS steady steps, a
+rank count beyond the arrival pool's reach, another fusion threshold without
+a lineage, a network from a one-host profile with no link given) the
+Prediction says so in `refused` and carries no number.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profiler.errors import ProfilerError, UsageError
+from profiler.formats.horovod_env import settings as horovod_settings
+from profiler.units import fmt_bytes, fmt_ms
+
+from .fusion_whatif import fusion_threshold_bytes, simulate
+
+__all__ = ["Link", "Layout", "Curve", "Target", "Profile", "Prediction", "parse_link",
+           "parse_layout", "algorithm", "algorithm_cost", "expected_max", "arrival_offsets",
+           "profile_of", "fabric_curve", "predict", "scaling", "knob_gain", "MIN_STEPS",
+           "REACH", "PARTS"]
+
+#: steady steps a prediction needs
+MIN_STEPS = 5
+#: the slowest of up to REACH x (offsets measured) ranks is extrapolated
+REACH = 20
+#: cycle phases each step is replayed at
+PHASES = 8
+#: the interval's widening, from the development set of benchmarks/predict
+#: (docs/guide/predict.md): a share of the predicted change (the model's own
+#: error: three quarters of the development configurations erred by less)
+#: and a share of the step (twice the run-to-run deviation of a job's mean
+#: step there, measured over two runs a configuration)
+MODEL_ERROR = 0.5
+RUN_ERROR = 0.12
+#: TCP's payload in an Ethernet frame at MTU 1500: 1448 bytes of every 1538
+#: on the wire (1500 + header, preamble, frame check and gap; timestamps on)
+TCP_PAYLOAD = 1448 / 1538
+#: a network link's latency per message when neither the option nor the
+#: profile (one host) gives one: TCP over Ethernet
+DEFAULT_LATENCY_NS = 25_000.0
+#: the parts a prediction is broken into (analysis.breakdown's, the profiler
+#: and unexplained parts counted with compute)
+PARTS = ("compute", "wait_ranks", "horovod", "transfer")
+N_BOOT = 400
+SEED = 7
+
+
+# --------------------------------------------------------------------------- options
+
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]?)bit(?:/s)?$", re.IGNORECASE)
+_TIME = re.compile(r"^(\d+(?:\.\d+)?)\s*(ns|us|ms|s)$", re.IGNORECASE)
+_SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_SECONDS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
+
+
+@dataclass(frozen=True)
+class Link:
+    """A network link between hosts: its nominal rate (bits/s) and latency per
+    message (ns; None: the profile's own)."""
+
+    rate_bits: float
+    latency_ns: float | None = None
+    text: str = ""
+
+    @property
+    def ns_per_byte(self) -> float:
+        """Time per payload byte: the rate less TCP's framing (TCP_PAYLOAD)."""
+        return 8e9 / (self.rate_bits * TCP_PAYLOAD)
+
+    def describe(self) -> str:
+        r = self.rate_bits
+        rate = (f"{r / 1e9:g} Gbit/s" if r >= 1e9 else f"{r / 1e6:g} Mbit/s" if r >= 1e6
+                else f"{r / 1e3:g} kbit/s")
+        return rate
+
+
+def parse_link(text: str) -> Link:
+    """RATE[,LATENCY]: 10gbit, 100gbit,2us, 50mbit,0.1ms."""
+    parts = [p.strip() for p in str(text).split(",")]
+    m = _RATE.match(parts[0]) if parts and len(parts) <= 2 else None
+    lat = None
+    if m is not None and len(parts) == 2:
+        t = _TIME.match(parts[1])
+        lat = float(t.group(1)) * _SECONDS[t.group(2).lower()] if t else None
+        if t is None:
+            m = None
+    if m is None:
+        raise UsageError(None, f"--link {text!r}: give RATE[,LATENCY], e.g. 10gbit, 100gbit,2us "
+                               "or 50mbit,0.1ms")
+    rate = float(m.group(1)) * _SCALE[m.group(2).lower()]
+    if rate <= 0:
+        raise UsageError(None, f"--link {text!r}: the rate must be above 0")
+    return Link(rate, lat, str(text))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How gradients are reduced: Horovod's allreduce, or push and pull
+    through `servers` parameter servers (the MXNet proposal's layout)."""
+
+    kind: str = "allreduce"
+    servers: int = 0
+
+    def describe(self) -> str:
+        return ("allreduce" if self.kind == "allreduce" else
+                f"{self.servers} parameter server{'s' if self.servers != 1 else ''}")
+
+
+def parse_layout(text: str) -> Layout:
+    """allreduce, or ps:S (S parameter servers, 1 <= S <= 4096)."""
+    t = str(text).strip().lower()
+    if t == "allreduce":
+        return Layout()
+    m = re.fullmatch(r"ps:(\d+)", t)
+    if m is None or not 1 <= int(m.group(1)) <= 4096:
+        raise UsageError(None, f"--layout {text!r}: can model allreduce (Horovod's) or ps:S "
+                               "(S parameter servers on hosts of their own, 1 <= S <= 4096)")
+    return Layout("ps", int(m.group(1)))
+
+
+# --------------------------------------------------------------------------- algorithms
+
+#: Open MPI 4.1's allreduce for commutative operations (Horovod's sums), in
+#: ompi/mca/coll/tuned/coll_tuned_decision_fixed.c: per communicator size
+#: (below), message sizes (below) and the algorithm
+_OMPI: list[tuple[float, list[tuple[float, str]]]] = [
+    (4, [(8, "ring"), (4096, "recursive doubling"), (8192, "ring"),
+         (16384, "recursive doubling"), (65536, "ring"), (262144, "segmented ring"),
+         (math.inf, "Rabenseifner")]),
+    (8, [(16, "ring"), (8192, "recursive doubling"), (math.inf, "Rabenseifner")]),
+    (16, [(8192, "recursive doubling"), (math.inf, "Rabenseifner")]),
+    (32, [(64, "segmented ring"), (4096, "recursive doubling"), (math.inf, "Rabenseifner")]),
+    (64, [(128, "segmented ring"), (math.inf, "Rabenseifner")]),
+    (128, [(262144, "recursive doubling"), (math.inf, "Rabenseifner")]),
+    (256, [(131072, "nonoverlapping"), (262144, "recursive doubling"),
+           (math.inf, "Rabenseifner")]),
+    (512, [(4096, "nonoverlapping"), (math.inf, "Rabenseifner")]),
+    (2048, [(2048, "nonoverlapping"), (16384, "recursive doubling"),
+            (math.inf, "Rabenseifner")]),
+    (4096, [(2048, "nonoverlapping"), (4096, "segmented ring"), (16384, "recursive doubling"),
+            (math.inf, "Rabenseifner")]),
+    (math.inf, [(2048, "nonoverlapping"), (16384, "segmented ring"),
+                (32768, "recursive doubling"), (math.inf, "Rabenseifner")]),
+]
+LIBRARIES = {"mpi": "Open MPI", "gloo": "Gloo", "nccl": "NCCL"}
+
+
+def algorithm(library: str, nbytes: float, ranks: int) -> str:
+    """The allreduce algorithm `library` ("Open MPI", "Gloo", "NCCL") picks for
+    `nbytes` at `ranks` ranks; NCCL's depends on the link (its tuner weighs
+    ring against tree): "ring|tree" here, settled by the cost."""
+    if library == "Gloo":
+        return "ring"
+    if library == "NCCL":
+        return "ring|tree"
+    for below, rules in _OMPI:
+        if ranks < below:
+            return next(alg for limit, alg in rules if nbytes < limit)
+    return "Rabenseifner"  # pragma: no cover - the last row is unbounded
+
+
+def algorithm_cost(alg: str, ranks: int, per_host: int, servers: int = 0
+                   ) -> tuple[float, float]:
+    """(latency steps, bytes factor) of one allreduce of S bytes: it takes
+    steps x alpha + factor x S x beta, the factor counting the bytes the
+    busiest host link carries each way (ranks fill hosts in order, `per_host`
+    each; ranks of one host exchange through memory at no cost beside the
+    link; on one host the medium is the memory, per rank).  p2 is the largest
+    power of two <= ranks: the extra ranks first hand their data to a
+    partner and get the result back (recursive doubling, Rabenseifner)."""
+    p = int(ranks)
+    if p <= 1:
+        return 0.0, 0.0
+    hosts = max(1, -(-p // max(1, per_host)))
+    k = max(1, per_host) if hosts > 1 else 1
+    p2 = 1 << (p.bit_length() - 1)
+    extra = p > p2
+    lg = math.log2(p2)
+    kp = min(1 << (k.bit_length() - 1), p2)
+    if alg in ("ring", "segmented ring"):
+        return 2.0 * (p - 1), 2.0 * (p - 1) / p
+    if alg == "recursive doubling":
+        inter = max(lg - math.log2(kp), 0.0)
+        return lg + (2.0 if extra else 0.0), kp * inter + (2.0 if extra else 0.0)
+    if alg == "Rabenseifner":
+        return 2.0 * lg + (3.0 if extra else 0.0), 2.0 * kp * (1.0 - kp / p2) + (
+            2.0 if extra else 0.0)
+    if alg == "basic linear":
+        return 2.0 * (p - 1), 2.0 * (p - k)
+    if alg == "nonoverlapping":
+        lvl = math.ceil(math.log2(p))
+        return 2.0 * lvl, 2.0 * (math.ceil(math.log2(hosts)) if hosts > 1 else lvl)
+    if alg == "tree":
+        return 2.0 * ((math.ceil(math.log2(hosts)) if hosts > 1 else 0) + k - 1 or 1), 2.0
+    if alg == "ps":
+        return 2.0, 2.0 * max(p / max(servers, 1), k)
+    raise ValueError(f"unknown algorithm {alg!r}")
+
+
+# --------------------------------------------------------------------------- curves
+
+
+@dataclass(frozen=True)
+class Curve:
+    """The time of one allreduce of S bytes between the ranks: either a link
+    (alpha, beta) priced by the algorithms' costs, or a measured curve
+    (`measured(S) -> ns` at `ranks` ranks, `per_host` per host) converted to
+    other rank counts through them."""
+
+    library: str
+    alpha_ns: float
+    beta_ns_per_byte: float = 0.0
+    measured: Callable[[np.ndarray], np.ndarray] | None = None
+    ranks: int = 0
+    per_host: int = 1
+    source: str = ""
+    #: the measured curve's per-byte part divided by this (a faster link)
+    speedup: float = 1.0
+
+    def _one(self, alg: str, s: np.ndarray, p: int, k: int, servers: int) -> np.ndarray:
+        steps, f = algorithm_cost(alg, p, k, servers)
+        if self.measured is None:
+            return steps * self.alpha_ns + f * s * self.beta_ns_per_byte
+        base = np.asarray(self.measured(s), dtype=float)
+        out = np.full(s.shape, steps * self.alpha_ns)
+        for a0 in np.unique(self._algs(s, self.ranks)):
+            m = self._algs(s, self.ranks) == a0
+            st0, f0 = algorithm_cost(str(a0), self.ranks, self.per_host)
+            per_byte = np.maximum(base[m] - st0 * self.alpha_ns, 0.0) / max(f0, 1e-12)
+            out[m] += f * per_byte / self.speedup
+        return out
+
+    def _algs(self, s: np.ndarray, p: int) -> np.ndarray:
+        return np.array([algorithm(self.library, float(x), p) for x in s], dtype=object)
+
+    def allreduce(self, nbytes: Any, ranks: int, per_host: int, layout: Layout = Layout()
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        """(ns, algorithm name) per size, at `ranks` ranks, `per_host` per host."""
+        s = np.atleast_1d(np.asarray(nbytes, dtype=float))
+        if layout.kind == "ps":
+            return (self._one("ps", s, ranks, per_host, layout.servers),
+                    np.full(s.shape, "push+pull", dtype=object))
+        algs = self._algs(s, ranks)
+        out = np.zeros(s.shape)
+        for a in np.unique(algs):
+            m = algs == a
+            if a == "ring|tree":
+                ring = self._one("ring", s[m], ranks, per_host, 0)
+                tree = self._one("tree", s[m], ranks, per_host, 0)
+                out[m] = np.minimum(ring, tree)
+                algs[np.flatnonzero(m)] = np.where(tree < ring, "tree", "ring")
+            else:
+                out[m] = self._one(str(a), s[m], ranks, per_host, 0)
+        return out, algs
+
+    def describe(self) -> str:
+        return self.source
+
+
+def _measured_curve(fn: Callable[[np.ndarray], np.ndarray], library: str, ranks: int,
+                    per_host: int, smallest: float, source: str) -> Curve:
+    """A measured curve with its latency per message: the smallest fitted
+    size's time over its algorithm's latency steps."""
+    s0 = np.array([max(smallest, 1.0)])
+    steps, _ = algorithm_cost(algorithm(library, float(s0[0]), ranks) if library != "NCCL"
+                              else "ring", ranks, per_host)
+    alpha = float(fn(s0)[0]) / max(steps, 1.0)
+    return Curve(library, alpha, measured=fn, ranks=ranks, per_host=per_host, source=source)
+
+
+def fabric_curve(bench: pd.DataFrame, meta: Mapping[str, Any] | None, library: str = "Open MPI"
+                 ) -> Curve:
+    """The curve of a `profiler bench` trace of the target fabric: its
+    allreduce sweep (fusion_whatif.latency_model's "bench" fit) at the
+    bench's rank count and ranks per host."""
+    from .fusion_whatif import latency_model
+
+    lat = latency_model(pd.DataFrame(), bench)
+    if lat is None or lat.source != "bench":
+        raise UsageError(None, "--fabric: the bench trace has fewer than 2 allreduce sizes")
+    ranks = int(pd.unique(bench["rank"]).size) if "rank" in bench.columns else 2
+    hosts = _hosts(meta or {}, ranks)
+    per_host = max(1, ranks // max(hosts, 1))
+    sizes = pd.to_numeric(bench.loc[bench["op"].astype(str) == "allreduce", "bytes"])
+    return _measured_curve(lat.predict_ns, library, ranks, per_host,
+                           float(sizes[sizes > 0].min()),
+                           f"the bench's allreduce curve ({lat.sizes} sizes, {ranks} ranks on "
+                           f"{hosts} host{'s' if hosts != 1 else ''})")
+
+
+def _hosts(meta: Mapping[str, Any], ranks: int) -> int:
+    hs = meta.get("hosts")
+    if isinstance(hs, list) and hs:
+        return len(hs)
+    names = {str(r.get("host", "")) for r in meta.get("ranks") or [] if isinstance(r, dict)}
+    names.discard("")
+    return len(names) or 1
+
+
+# --------------------------------------------------------------------------- arrivals
+
+
+def arrival_offsets(bd: pd.DataFrame) -> list[np.ndarray]:
+    """Per step with every rank's arrival (analysis.breakdown's arrival_ns):
+    each rank's offset from the step's mean arrival in ms, scaled by
+    sqrt(n / (n - 1)) to stand for one rank's own variation."""
+    r = bd.loc[bd["arrival_ns"] >= 0, ["step", "rank", "arrival_ns"]]
+    if r.empty:
+        return []
+    n = int(bd["rank"].nunique())
+    out = []
+    for _, g in r.groupby("step", sort=True):
+        if len(g) < max(n, 2):
+            continue
+        a = g["arrival_ns"].to_numpy(dtype=np.float64)
+        d = (a - a.mean()) / 1e6 * math.sqrt(len(a) / (len(a) - 1))
+        out.append(d)
+    return out
+
+
+def expected_max(x: np.ndarray, p: int) -> float:
+    """E[max of p draws] from the values x: exact under resampling for p <=
+    len(x); beyond, the empirical body with an exponential tail fitted to the
+    top fifth (peaks over the 80th percentile), integrated over the maximum's
+    distribution.  NaN for an empty x."""
+    v = np.asarray(x, dtype=np.float64)
+    m = v.size
+    if m == 0:
+        return float("nan")
+    if p <= 1:
+        return float(v.mean())
+    v = np.sort(v)
+    if p <= m:
+        # only the top values weigh: (j/m)^p under 1e-12 below them
+        k = min(m, max(8, int(m * (1.0 - math.exp(-28.0 / p))) + 2))
+        j = np.arange(m - k + 1, m + 1, dtype=np.float64)
+        w = (j / m) ** p - ((j - 1) / m) ** p
+        return float(np.dot(w, v[m - k:]))
+    q0 = 0.8
+    u0 = float(np.quantile(v, q0))
+    top = v[v > u0]
+    beta = float(np.mean(top - u0)) if top.size else 0.0
+    # the maximum's quantiles: F_max(y) = F(y)^p on a grid in t = -ln(1 - F)
+    t = np.linspace(0.0, math.log(p) + 12.0, 4000)
+    f = -np.expm1(-t)
+    body = np.quantile(v, np.minimum(f, q0))
+    tail = u0 + beta * np.log((1.0 - q0) / np.maximum(1.0 - f, 1e-300))
+    y = np.where(f <= q0, body, tail)
+    with np.errstate(divide="ignore"):
+        fmax = np.exp(p * np.log1p(-np.exp(-t)))
+    mid = 0.5 * (y[1:] + y[:-1])
+    return float(np.dot(mid, np.diff(fmax)) + y[0] * fmax[0])
+
+
+def _reach(m: int) -> int:
+    """The most ranks whose slowest `m` offsets can tell: m when too few for a
+    tail (under 25), else REACH x m."""
+    return m if m < 25 else REACH * m
+
+
+def _lags(p: int, n: int = PHASES, seed: int = SEED) -> np.ndarray:
+    """`n` stratified draws (in cycles) of how much earlier than the job's
+    cycle start the last rank's own start comes: the latest of p uniform
+    phases less one of them taken at random."""
+    if p <= 1:
+        return np.zeros(n)
+    rng = np.random.default_rng(seed)
+    u = rng.random((4096, p))
+    lag = u.max(axis=1) - u[:, 0]
+    return np.quantile(lag, (np.arange(n) + 0.5) / n)
+
+
+# --------------------------------------------------------------------------- the profile
+
+
+@dataclass
+class StepTensors:
+    """One step's tensors: ready time on the last rank (ms after the step's
+    last arrival; negative: before), bytes, dtype."""
+
+    ready_ms: np.ndarray
+    nbytes: np.ndarray
+    dtype: list[str]
+
+
+@dataclass
+class Profile:
+    """What a prediction reads from one profile (profile_of)."""
+
+    ranks: int
+    hosts: int
+    per_host: int
+    library: str
+    steps: np.ndarray
+    parts: pd.DataFrame             # per step: wall, compute, wait_ranks, horovod, transfer (ms)
+    offsets: list[np.ndarray]       # per step, arrival offsets (arrival_offsets)
+    tensors: list[StepTensors]      # per step, aligned with `steps`
+    batch: float                    # images per rank and step
+    step_ms: float                  # the run's step time (the one definition)
+    images_per_s: float
+    cycle_ms: float
+    overshoot_ms: float
+    threshold: int
+    local_size: int | None
+    control_bytes: float
+    curve: Curve | None
+    lineage: bool
+    refused: str = ""
+    notes: list[str] = field(default_factory=list)
+    _base: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+
+def _library(df: pd.DataFrame, meta: Mapping[str, Any]) -> tuple[str, str]:
+    """(library, note): the collective library of the Horovod data calls."""
+    be = df["backend"].astype(str) if "backend" in df.columns else pd.Series(["mpi"])
+    kinds = set(be.unique()) - {"app"}
+    if "nccl" in kinds:
+        return "NCCL", ""
+    if "gloo" in kinds:
+        return "Gloo", ""
+    mpi = str(meta.get("mpi_version", ""))
+    if mpi and "Open MPI" not in mpi:
+        return "Open MPI", (f"the MPI library is not Open MPI ({mpi[:40]}): Open MPI 4.1's "
+                            "decision rules assumed")
+    return "Open MPI", ""
+
+
+def profile_of(df: pd.DataFrame, meta: Mapping[str, Any] | None,
+               lineage: pd.DataFrame | None = None, *, path: str = "",
+               arrivals: pd.DataFrame | None = None, ctx: Any = None) -> Profile:
+    """Read a prediction's inputs from a profile's rows (every column
+    findings.COLUMNS names), its metadata and its fusion lineage (None: the
+    data calls stand for the tensors; fusion cannot change then).
+    `arrivals`: every rank's application rows (step, sync, tensor) when `df`
+    is a window of a large job: the arrival pool then comes from every rank.
+    A profile without steps is bad input (ProfilerError); one that cannot
+    carry a prediction comes back with `refused` set.  `ctx`: the findings'
+    Context of the same rows, whose tables are then reused."""
+    from profiler.postjob.classify import is_horovod_row
+
+    from .breakdown import rank_breakdown
+    from .findings.base import Context
+    from .fusion_whatif import LATENCY_OPS, latency_model, ranks_per_host, transfer_times
+
+    meta = dict(meta or {})
+    if ctx is None:
+        ctx = Context(df=df, meta=meta, path=path)
+    if ctx.step_table.empty:
+        raise ProfilerError(path or None, "no steps in this profile: a prediction needs the "
+                                          "job's steps (hvd.DistributedOptimizer, or "
+                                          "profiler.step() in the training loop)")
+    world = meta.get("world_size")
+    ranks = int(world) if isinstance(world, int) and world > 0 else len(ctx.ranks)
+    hosts = _hosts(meta, ranks)
+    per_host = max(1, -(-ranks // hosts))
+    library, note = _library(df, meta)
+    env = meta.get("env") or {}
+    hs = horovod_settings(env)
+    host_names = [r.get("host", "") for r in meta.get("ranks") or [] if isinstance(r, dict)]
+    prof = Profile(ranks=ranks, hosts=hosts, per_host=per_host, library=library,
+                   steps=np.zeros(0, dtype=np.int64), parts=pd.DataFrame(), offsets=[],
+                   tensors=[], batch=float("nan"), step_ms=ctx.job_step_ms,
+                   images_per_s=ctx.job_images_per_s, cycle_ms=hs.cycle_time_ms,
+                   overshoot_ms=0.0, threshold=hs.fusion_threshold,
+                   local_size=ranks_per_host(host_names) if host_names else None,
+                   control_bytes=8.0, curve=None, lineage=lineage is not None,
+                   notes=[note] if note else [])
+    bd = ctx.breakdown
+    if bd.empty or not (bd["source"] == "sync").any():
+        prof.refused = ("the profile has no Horovod synchronize in its steps (no tensor and "
+                        "sync records): its steps cannot be split into compute, waits and "
+                        "transfers")
+        return prof
+    bd = bd.loc[bd["source"] == "sync"]
+    n_seen = int(bd["rank"].nunique())
+    full = bd.groupby("step")["rank"].transform("size") >= n_seen
+    bd = bd.loc[full]
+    cols = {"wall": "wall_ms", "wait_ranks": "wait_ranks_ms", "horovod": "horovod_ms",
+            "transfer": "transfer_ms", "completion": "completion_ms"}
+    per = bd.groupby("step").agg(**{k: (v, "mean") for k, v in cols.items()})
+    rest = bd["compute_ms"] + bd["profiler_ms"] + bd["unexplained_ms"]
+    per["compute"] = rest.groupby(bd["step"]).mean()
+    last = bd.groupby("step")["arrival_ns"].max()
+    st = ctx.steady.set_index("step")
+    images = (st["images"] / st["ranks"].clip(lower=1)) if "images" in st.columns else None
+    prof.steps = per.index.to_numpy(dtype=np.int64)
+    prof.parts = per.reset_index()
+    if images is not None and len(images):
+        prof.batch = float(images.reindex(prof.steps).mean())
+    arr_bd = bd if arrivals is None else rank_breakdown(arrivals, meta)
+    if arrivals is not None:
+        arr_bd = arr_bd.loc[arr_bd["step"].isin(prof.steps)]
+    prof.offsets = arrival_offsets(arr_bd)
+
+    # Horovod's thread: its cycles, its control calls, its data calls' curve
+    ops = df["op"].astype(str).to_numpy()
+    hvd = df.loc[is_horovod_row(df) & np.isin(ops, LATENCY_OPS)]
+    ar = hvd.loc[(hvd["op"].astype(str) == "allreduce").to_numpy(dtype=bool)]
+    kind = ar["kind"].astype(str).to_numpy() if "kind" in ar.columns else np.full(len(ar), "data")
+    ctl = ar.loc[kind == "control"]
+    if len(ctl):
+        prof.control_bytes = float(np.median(ctl["bytes"].to_numpy(dtype=float)))
+        r0 = ctl.loc[ctl["rank"] == ctl["rank"].min()]
+        gaps = np.diff(np.sort(r0["t_start_ns"].to_numpy(dtype=np.float64))) / 1e6
+        idle = gaps[gaps < 3.0 * max(prof.cycle_ms, 0.1)]
+        if idle.size:
+            prof.overshoot_ms = max(0.0, float(np.median(idle)) - prof.cycle_ms)
+    if ranks > 1 and len(ar) and "comm" in hvd.columns and hvd["rank"].nunique() > 1:
+        if ctx.is_window:  # a window of the job's ranks: its calls matched over those
+            hvd = hvd.assign(comm_size=int(hvd["rank"].nunique()))
+        try:
+            calls = transfer_times(hvd, ops=LATENCY_OPS)
+            lat = latency_model(calls)
+        except (KeyError, ValueError):
+            lat = None
+        if lat is not None:
+            regions = getattr(lat.model, "regions", ())
+            smallest = float(regions[0].lo_bytes) if regions else 8.0
+            prof.curve = _measured_curve(
+                lat.predict_ns, library, ranks, per_host, smallest,
+                f"the profile's own transfers: {lat.describe()}")
+            if lat.wide:
+                prof.notes.append("the profile's own transfer curve is wide ("
+                                  + lat.describe() + "): its transfers price the target "
+                                  "roughly")
+
+    # the tensors of each step, from the lineage (else the data calls)
+    win = ctx.steady.set_index("step")[["t_start_ns", "t_end_ns"]].reindex(prof.steps)
+    prof.tensors = _step_tensors(prof.steps, last, lineage, ar, kind, win)
+    if lineage is None:
+        prof.notes.append("no fusion lineage: the recorded data calls stand for the tensors")
+    return prof
+
+
+def _step_tensors(steps: np.ndarray, last: pd.Series, lineage: pd.DataFrame | None,
+                  ar: pd.DataFrame, kind: np.ndarray, win: pd.DataFrame) -> list[StepTensors]:
+    """Per step: the tensors' ready times on the last rank relative to the
+    step's last arrival (the lineage's ready_ns), or, with no lineage, the
+    data calls (each the earliest start over the ranks, in the step's window
+    `win`: t_start_ns, t_end_ns by step)."""
+    if lineage is not None and len(lineage) and "ready_ns" in lineage.columns:
+        lin = lineage.loc[(lineage["op"].astype(str) == "ALLREDUCE")
+                          & lineage["matched"].astype(bool) & lineage["step"].isin(steps)]
+        lin = lin.loc[np.isfinite(lin["ready_ns"].to_numpy(dtype=float))]
+        t = pd.DataFrame({"step": lin["step"].to_numpy(dtype=np.int64),
+                          "ready": lin["ready_ns"].to_numpy(dtype=float),
+                          "bytes": lin["tensor_bytes"].to_numpy(dtype=float),
+                          "dtype": lin["dtype"].astype(str).to_numpy()})
+    else:
+        d = ar.loc[kind == "data"]
+        if d.empty or "seq" not in d.columns or win.empty:
+            return [StepTensors(np.zeros(0), np.zeros(0), []) for _ in steps]
+        g = d.groupby(["comm", "seq"], observed=True)
+        t = pd.DataFrame({"ready": g["t_start_ns"].min().astype(float),
+                          "bytes": g["bytes"].first().astype(float),
+                          "dtype": (g["dtype"].first().astype(str) if "dtype" in d.columns
+                                    else "float32")}).reset_index(drop=True)
+        lo = win["t_start_ns"].to_numpy(dtype=float)
+        hi = win["t_end_ns"].to_numpy(dtype=float)
+        order = np.argsort(lo)
+        i = np.searchsorted(lo[order], t["ready"].to_numpy(), side="right") - 1
+        ok = i >= 0
+        i = np.where(ok, order[np.maximum(i, 0)], 0)
+        ok &= t["ready"].to_numpy() < hi[i]
+        t = t.loc[ok].assign(step=win.index.to_numpy()[i[ok]])
+    out = []
+    by = {int(s): g for s, g in t.groupby("step")}
+    for s in steps:
+        g = by.get(int(s))
+        a = float(last.get(s, np.nan))
+        if g is None or not np.isfinite(a):
+            out.append(StepTensors(np.zeros(0), np.zeros(0), []))
+            continue
+        g = g.sort_values("ready", kind="stable")
+        out.append(StepTensors((g["ready"].to_numpy() - a) / 1e6, g["bytes"].to_numpy(),
+                               g["dtype"].astype(str).tolist()))
+    return out
+
+
+# --------------------------------------------------------------------------- the target
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to predict (None: as profiled)."""
+
+    hosts: int | None = None
+    ranks_per_host: int | None = None
+    link: Link | None = None
+    fabric: Curve | None = None
+    fusion_threshold: int | None = None
+    cycle_ms: float | None = None
+    batch_size: int | None = None
+    layout: Layout = Layout()
+    #: the profile's own link that many times faster (a remedy's what-if)
+    link_speedup: float = 1.0
+
+
+@dataclass
+class Prediction:
+    """A predicted step (or, with `refused`, why there is none)."""
+
+    ranks: int
+    hosts: int
+    per_host: int
+    step_ms: float = float("nan")
+    interval: tuple[float, float] = (float("nan"), float("nan"))
+    images_per_s: float = float("nan")
+    images_interval: tuple[float, float] = (float("nan"), float("nan"))
+    breakdown: dict[str, float] = field(default_factory=dict)
+    measured: dict[str, Any] = field(default_factory=dict)
+    algorithms: list[dict[str, Any]] = field(default_factory=list)
+    assumptions: list[str] = field(default_factory=list)
+    refused: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        ok = not self.refused
+        return {
+            "ranks": self.ranks, "hosts": self.hosts, "ranks_per_host": self.per_host,
+            "step_ms": self.step_ms if ok else None,
+            "interval": list(self.interval) if ok else None,
+            "images_per_s": self.images_per_s if ok and math.isfinite(self.images_per_s)
+            else None,
+            "images_per_s_interval": list(self.images_interval) if ok else None,
+            "breakdown": self.breakdown if ok else None,
+            "algorithms": self.algorithms, "assumptions": self.assumptions,
+            "measured": self.measured, "no_prediction": self.refused or None,
+        }
+
+
+def _refuse(prof: Profile, p: int, hosts: int, k: int, why: str) -> Prediction:
+    return Prediction(p, hosts, k, refused=why, measured=_measured(prof))
+
+
+def _measured(prof: Profile) -> dict[str, Any]:
+    out: dict[str, Any] = {"ranks": prof.ranks, "hosts": prof.hosts,
+                           "step_ms": prof.step_ms, "images_per_s": prof.images_per_s,
+                           "steps": int(len(prof.steps))}
+    if len(prof.parts):
+        out["breakdown"] = {p: float(prof.parts[p].mean()) for p in PARTS}
+    return out
+
+
+def _curve_for(prof: Profile, t: Target, hosts: int) -> tuple[Curve | None, str]:
+    """The target's curve and what it is, in words ('' and None: none can be had)."""
+    if t.fabric is not None:
+        c = t.fabric
+        return replace(c, library=prof.library), "transfers: " + c.describe()
+    if t.link is not None:
+        alpha = t.link.latency_ns
+        said = "given"
+        if alpha is None:
+            if prof.curve is not None and prof.hosts > 1:
+                alpha, said = prof.curve.alpha_ns, "the profile's own, per message"
+            else:
+                alpha, said = DEFAULT_LATENCY_NS, "assumed for TCP over Ethernet"
+        return (Curve(prof.library, float(alpha), t.link.ns_per_byte,
+                      source=f"the link {t.link.text}"),
+                f"the link: {t.link.describe()} nominal, {t.link.rate_bits * TCP_PAYLOAD / 1e9:.3g}"
+                f" Gbit/s of TCP payload (1448 bytes of every 1538 on Ethernet), "
+                f"{alpha / 1e3:.3g} us per message ({said})")
+    if prof.curve is None:
+        return None, ""
+    if hosts > 1 and prof.hosts == 1:
+        return None, ""
+    c = replace(prof.curve, speedup=t.link_speedup) if t.link_speedup != 1.0 else prof.curve
+    said = f"transfers: {c.describe()}, at {prof.ranks} ranks"
+    if t.link_speedup != 1.0:
+        said += f", its per-byte cost / {t.link_speedup:g} (a faster link)"
+    return c, said
+
+
+def _tail(tensors: StepTensors, scale: float, cycle_ms: float, overshoot_ms: float,
+          threshold: int, call: Callable[[np.ndarray], np.ndarray], neg_ms: float,
+          lags: np.ndarray, sizes: list[np.ndarray] | None = None) -> tuple[float, float]:
+    """(tail, its transfer part) in ms after the step's last arrival, averaged
+    over len(lags) cycle phases: Horovod's cycles replayed on the tensors
+    (module docstring); `call(bytes) -> ns` prices a call; `sizes` collects
+    the calls' sizes (one phase's)."""
+    r = tensors.ready_ms * scale
+    if r.size == 0:
+        return 0.0, 0.0
+    period = max(cycle_ms + overshoot_ms, 1e-3)
+    order = np.argsort(r, kind="stable")
+    r, nb = r[order], tensors.nbytes[order]
+    dt = [tensors.dtype[i] for i in order]
+    tails, xfers = [], []
+    for j, lag_c in enumerate(lags):
+        lag = lag_c * cycle_ms
+        grid = r[0] + (j + 0.5) / len(lags) * period  # the first cycle at or after r[0]
+        s = grid
+        sent = 0
+        idle = True
+        end = xfer = 0.0
+        while sent < r.size:
+            cutoff = s - (lag if idle else 0.0)
+            hi = int(np.searchsorted(r, cutoff, side="right"))
+            if hi <= sent:  # nothing ready: sleep on to the cycle that will hold the next
+                need = r[sent] + lag
+                s += period * max(1.0, math.ceil((need - s) / period - 1e-12))
+                idle = True
+                continue
+            pr = r[sent:hi]
+            got: list[np.ndarray] = []
+
+            def priced(x: np.ndarray, got: list[np.ndarray] = got) -> np.ndarray:
+                got.append(np.asarray(x, dtype=float))
+                return call(x)
+
+            _, ns = simulate(pr, nb[sent:hi], dt[sent:hi], np.array([s]), priced,
+                             threshold=threshold, cycle=np.zeros(hi - sent, dtype=np.int64))
+            if sizes is not None and j == 0 and got:
+                sizes.append(got[0])
+            start = s + neg_ms
+            end = start + ns / 1e6
+            xfer += max(0.0, end - max(0.0, start))
+            sent = hi
+            busy = end > s + period
+            s = end if busy else s + period
+            idle = not busy
+        tails.append(end)
+        xfers.append(xfer)
+    return float(np.mean(tails)), float(np.mean(xfers))
+
+
+def _replay(prof: Profile, scale: float, cycle_ms: float, threshold: int, curve: Curve,
+            p: int, k: int, layout: Layout, sizes: list[np.ndarray] | None = None,
+            phases: int = PHASES) -> np.ndarray:
+    """Per step: (tail, transfer) ms after the last arrival at this setting."""
+    th = fusion_threshold_bytes(threshold, prof.local_size if p == prof.ranks else k)
+    neg = float(curve.allreduce([prof.control_bytes], p, k)[0][0]) / 1e6 if p > 1 else 0.0
+    lags = _lags(p, phases)
+
+    memo: dict[float, float] = {}
+
+    def call(x: np.ndarray) -> np.ndarray:  # the same sizes come back every step
+        xs = np.asarray(x, dtype=float).tolist()
+        new = sorted({v for v in xs if v not in memo})
+        if new:
+            ns = curve.allreduce(new, p, k, layout)[0] if p > 1 else np.zeros(len(new))
+            memo.update(zip(new, np.asarray(ns, dtype=float).tolist()))
+        return np.array([memo[v] for v in xs])
+
+    out = np.zeros((len(prof.steps), 2))
+    for i, st in enumerate(prof.tensors):
+        out[i] = _tail(st, scale, cycle_ms, prof.overshoot_ms, th, call, neg, lags,
+                       sizes if i == 0 else None)
+    return out
+
+
+def _algorithms(curve: Curve, sizes: np.ndarray, p: int, k: int, layout: Layout,
+                n_steps: int = 1) -> list[dict[str, Any]]:
+    """The algorithm per size range of the predicted calls (one step's)."""
+    if sizes.size == 0 or p <= 1:
+        return []
+    _, algs = curve.allreduce(sizes, p, k, layout)
+    rows = []
+    for a in sorted(set(algs.tolist()), key=lambda a: float(sizes[algs == a].min())):
+        m = algs == a
+        rows.append({"library": "parameter server" if layout.kind == "ps" else curve.library,
+                     "algorithm": str(a), "min_bytes": int(sizes[m].min()),
+                     "max_bytes": int(sizes[m].max()), "calls_per_step": int(m.sum())})
+    return rows
+
+
+def predict(prof: Profile, target: Target = Target(), *, n_boot: int = N_BOOT,
+            seed: int = SEED, phases: int = PHASES) -> Prediction:
+    """The predicted step of `prof`'s job at `target` (module docstring)."""
+    hosts = int(target.hosts or prof.hosts)
+    k = int(target.ranks_per_host or prof.per_host)
+    p = hosts * k
+    if hosts < 1 or k < 1:
+        raise UsageError(None, "hosts and ranks per host must be >= 1")
+    if prof.refused:
+        return _refuse(prof, p, hosts, k, prof.refused)
+    n = len(prof.steps)
+    if n < MIN_STEPS:
+        return _refuse(prof, p, hosts, k, f"{n} steady step{'s' if n != 1 else ''} with every "
+                                          f"rank's arrival: a prediction needs {MIN_STEPS}")
+    pool = np.concatenate(prof.offsets) if prof.offsets else np.zeros(0)
+    if prof.ranks > 1 and p > _reach(pool.size):
+        return _refuse(prof, p, hosts, k,
+                       f"the slowest of {p} ranks lies beyond what {pool.size} measured "
+                       f"arrivals tell (up to {_reach(pool.size)} ranks); profile more steps "
+                       "or ranks")
+    th = prof.threshold if target.fusion_threshold is None else int(target.fusion_threshold)
+    if th != prof.threshold and not prof.lineage:
+        return _refuse(prof, p, hosts, k, "another fusion threshold needs the fusion lineage "
+                                          "(lineage.parquet beside the trace)")
+    curve, said = _curve_for(prof, target, hosts)
+    if curve is None:
+        why = ("the profile ran on one host: its transfers say nothing of a network between "
+               "hosts; give --link RATE or --fabric BENCH" if prof.hosts == 1 and hosts > 1
+               else "the profile has no data calls to price transfers with; give --link or "
+                    "--fabric")
+        return _refuse(prof, p, hosts, k, why)
+    base_curve = prof.curve or curve
+    cyc = prof.cycle_ms if target.cycle_ms is None else float(target.cycle_ms)
+    batch = prof.batch if target.batch_size is None else float(target.batch_size)
+    scale = batch / prof.batch if np.isfinite(prof.batch) and prof.batch > 0 else 1.0
+
+    key = (phases, id(base_curve))
+    if key not in prof._base:
+        prof._base[key] = _replay(prof, 1.0, prof.cycle_ms, prof.threshold, base_curve,
+                                  prof.ranks, prof.per_host, Layout(), phases=phases)
+    base = prof._base[key]
+    sizes: list[np.ndarray] = []
+    new = _replay(prof, scale, cyc, th, curve, p, k, target.layout, sizes, phases)
+    d_tail = new[:, 0] - base[:, 0]
+    d_xfer = new[:, 1] - base[:, 1]
+    parts = prof.parts
+    compute = parts["compute"].to_numpy() * scale
+    wait = parts["wait_ranks"].to_numpy()
+    xfer = np.maximum(parts["transfer"].to_numpy() + d_xfer, 0.0)
+    hv = np.maximum(parts["horovod"].to_numpy() + (d_tail - d_xfer), 0.0)
+    per_step = compute + wait + xfer + hv
+
+    def d_max(offs: list[np.ndarray]) -> float:
+        if prof.ranks <= 1 or not offs or p == prof.ranks:
+            return 0.0
+        x = np.concatenate(offs)
+        return expected_max(x, p) - expected_max(x, prof.ranks)
+
+    dm = d_max(prof.offsets)
+    point = float(per_step.mean()) + dm
+    rng = np.random.default_rng(seed)
+    boots = np.empty(n_boot)
+    for b in range(n_boot):
+        idx = rng.integers(0, n, n)
+        boots[b] = per_step[idx].mean() + d_max([prof.offsets[i] for i in idx
+                                                 if i < len(prof.offsets)])
+    lo_b, hi_b = np.quantile(boots, [0.025, 0.975])
+    change = point - prof.parts["wall"].mean()
+    widen = math.hypot(MODEL_ERROR * abs(change), RUN_ERROR * point)
+    lo = max(min(lo_b, point) - widen, 1e-9)
+    hi = max(hi_b, point) + widen
+    bd = {"compute": float(compute.mean()), "wait_ranks": float(wait.mean() + dm),
+          "horovod": float(hv.mean()), "transfer": float(xfer.mean())}
+    ips = p * batch / point * 1e3 if np.isfinite(batch) and batch > 0 else float("nan")
+    pred = Prediction(
+        ranks=p, hosts=hosts, per_host=k, step_ms=point, interval=(float(lo), float(hi)),
+        images_per_s=ips,
+        images_interval=((p * batch / hi * 1e3, p * batch / lo * 1e3) if np.isfinite(ips)
+                         else (float("nan"), float("nan"))),
+        breakdown=bd, measured=_measured(prof),
+        algorithms=_algorithms(curve, np.concatenate(sizes) if sizes else np.zeros(0), p, k,
+                               target.layout))
+    pred.assumptions = _assumptions(prof, target, p, hosts, k, cyc, th, scale, said, pool.size)
+    return pred
+
+
+def _assumptions(prof: Profile, t: Target, p: int, hosts: int, k: int, cyc: float, th: int,
+                 scale: float, said: str, pool: int) -> list[str]:
+    out = [f"profiled: {prof.ranks} rank{'s' if prof.ranks != 1 else ''} on {prof.hosts} "
+           f"host{'s' if prof.hosts != 1 else ''}, {len(prof.steps)} steady steps; predicted: "
+           f"{p} on {hosts} ({k} per host, ranks fill hosts in order)",
+           "each rank keeps its own cores: communication does not slow the compute, and "
+           "compute per step is as profiled"
+           + (f", scaled with the batch ({scale:.3g}x)" if scale != 1.0 else ""),
+           f"ranks arrive independently, each offset like the {pool} measured arrivals "
+           "(deviations from the step's mean); the step waits for the slowest of "
+           f"{p}" + (" (an exponential tail beyond the measured ones)" if p > pool else ""),
+           said,
+           f"collectives: {_library_rule(prof.library, t.layout)}",
+           f"Horovod's cycle ({cyc:g} ms + the profile's {prof.overshoot_ms * 1e3:.0f} us "
+           f"overshoot) and fusion ({fmt_bytes(th) if th else 'off'}) replayed on the profiled "
+           "tensors' ready times; a busy cycle delays the next; idle ranks' cycle phases "
+           "uniform",
+           "what the replay does not hold (completion, waits inside the negotiation, the first "
+           "call after a cycle's sleep) stays as measured"]
+    if k > 1 and hosts > 1:
+        out.append("ranks of one host exchange through memory at no cost beside the link")
+    if t.layout.kind == "ps":
+        out.append(f"{t.layout.servers} parameter server(s) on hosts of their own, each "
+                   "holding 1/S of every buffer: push then pull, as in the MXNet proposal")
+    out.extend(prof.notes)
+    return out
+
+
+def _library_rule(library: str, layout: Layout) -> str:
+    if layout.kind == "ps":
+        return "push+pull through the servers (no allreduce)"
+    return {"Open MPI": "Open MPI 4.1's fixed decision rules for allreduce "
+                        "(coll_tuned_decision_fixed.c) at each size and rank count",
+            "Gloo": "Gloo's ring allreduce at every size",
+            "NCCL": "NCCL's ring or tree, whichever this model prices lower"}[library]
+
+
+# --------------------------------------------------------------------------- uses
+
+
+def scaling(prof: Profile, ranks: Sequence[int], links: Mapping[str, Link | None],
+            *, n_boot: int = 60, phases: int = 2) -> pd.DataFrame:
+    """Predicted images/sec against ranks, per fabric (label -> a Link, or
+    None: the profile's own), ranks filling hosts of the profile's ranks per
+    host (one host when the profile ran on one).  Columns: fabric, ranks,
+    hosts, images_per_s, lo, hi, step_ms, refused."""
+    rows = []
+    for label, link in links.items():
+        for r in ranks:
+            if link is None and prof.hosts == 1:
+                hosts, k = 1, int(r)
+            else:
+                k = min(prof.per_host, int(r))
+                hosts = max(1, int(r) // k)
+            pr = predict(prof, Target(hosts=hosts, ranks_per_host=k, link=link), n_boot=n_boot,
+                         phases=phases)
+            rows.append({"fabric": label, "ranks": hosts * k, "hosts": hosts,
+                         "images_per_s": pr.images_per_s, "lo": pr.images_interval[0],
+                         "hi": pr.images_interval[1], "step_ms": pr.step_ms,
+                         "refused": pr.refused})
+    return pd.DataFrame(rows, columns=["fabric", "ranks", "hosts", "images_per_s", "lo", "hi",
+                                       "step_ms", "refused"])
+
+
+def knob_gain(prof: Profile, target: Target) -> tuple[float, float, float] | None:
+    """What a remedy that changes a knob buys per step: (ms saved, lo, hi)
+    from the prediction at `target` against the profile's measured step
+    (None when the profile cannot carry it)."""
+    pr = predict(prof, target, n_boot=200)
+    if pr.refused or not np.isfinite(pr.step_ms):
+        return None
+    base = float(prof.parts["wall"].mean())
+    lo, hi = pr.interval
+    return base - pr.step_ms, base - hi, base - lo
+
+
+def describe(pr: Prediction) -> str:
+    """One line: the predicted step and rate, or why there is none."""
+    if pr.refused:
+        return f"no prediction: {pr.refused}"
+    lo, hi = pr.interval
+    return (f"{fmt_ms(pr.step_ms)} per step [{fmt_ms(lo)}, {fmt_ms(hi)}] at {pr.ranks} ranks")
+
+
+#: the columns a prediction reads (the findings' and the calls' dtype)
+MAX_ROWS = 2_000_000
+APP_COLUMNS = ["rank", "backend", "op", "t_start_ns", "t_end_ns", "seq", "step", "count"]
+
+
+def open_profile(path: str, *, lineage: pd.DataFrame | None = None,
+                 max_rows: int = MAX_ROWS, first_ranks: int = 16) -> Profile:
+    """Open a trace for predictions: its metadata, the rows the findings read
+    and `lineage` (the caller's: find_lineage).  A dataset of more than
+    `max_rows` rows is read as its first `first_ranks` ranks (every step),
+    with every rank's step, sync and tensor rows for the arrival pool."""
+    from profiler.formats.filters import RowFilter
+    from profiler.formats.trace_dataset import read_files
+    from profiler.layout import resolve_trace
+
+    from .findings import COLUMNS
+    from .load import load, trace_meta
+
+    meta = trace_meta(path) or {}
+    ds = meta.get("dataset") or {}
+    files = ds.get("files") or []
+    columns = [*COLUMNS, "dtype"]
+    arrivals = None
+    if int(ds.get("rows") or 0) > max_rows and files and not meta.get("window"):
+        base = resolve_trace(path).parent
+        paths = [base / f for f in files]
+        n = int(meta.get("world_size") or len(paths))
+        df = read_files(paths, RowFilter.of(ranks=range(min(first_ranks, n))), columns)
+        df.attrs["selection"] = {"": {"description": f"ranks 0-{min(first_ranks, n) - 1} of "
+                                                     f"{n}, every step"}}
+        arrivals = read_files(paths, RowFilter.of(ops=["step", "sync", "tensor", "join"]),
+                              APP_COLUMNS)
+    else:
+        df = load(path, columns=columns)
+    return profile_of(df, meta, lineage, path=str(path), arrivals=arrivals)
+
+
+def find_lineage(path: str) -> pd.DataFrame | None:
+    """The fusion lineage beside a trace (lineage.parquet), else one the
+    post-job stage builds from the profile's ranks' datasets (nothing
+    written), else None."""
+    from pathlib import Path
+
+    from profiler.formats import lineage as LF
+
+    try:
+        return LF.load(path)
+    except ProfilerError:
+        pass
+    p = Path(path)
+    d = p if p.is_dir() else p.parent
+    if not (d / "ranks").is_dir():
+        return None
+    try:
+        from profiler.postjob.lineage import build_lineage
+
+        out = build_lineage(d, write=False)
+    except (ProfilerError, OSError, ValueError, KeyError):
+        return None
+    return out.table if out is not None else None
+
+
+#: the report's "what if": the profiled fabric and these two, at these ranks
+REPORT_LINKS = {"10 GbE": "10gbit", "100 Gb/s, 2 us": "100gbit,2us"}
+REPORT_RANKS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def scaling_figure(table: pd.DataFrame, measured: tuple[int, float]) -> Any:
+    """Predicted images/sec against ranks, one line per fabric with its 95%
+    band, and the measured point."""
+    import plotly.graph_objects as go
+
+    from . import figures as F
+
+    fig = go.Figure()
+    for name, g in table.loc[table["refused"] == ""].groupby("fabric", sort=False):
+        x = g["ranks"].to_numpy()
+        fig.add_trace(go.Scatter(x=np.r_[x, x[::-1]], y=np.r_[g["hi"], g["lo"][::-1]],
+                                 fill="toself", line={"width": 0}, opacity=0.2,
+                                 hoverinfo="skip", showlegend=False, name=F.esc(str(name))))
+        fig.add_trace(go.Scatter(x=x, y=g["images_per_s"], mode="lines+markers",
+                                 name=F.esc(str(name))))
+    fig.add_trace(go.Scatter(x=[measured[0]], y=[measured[1]], mode="markers",
+                             marker={"size": 12, "symbol": "x", "color": "black"},
+                             name="measured"))
+    fig.update_layout(xaxis={"type": "log", "title": "ranks"},
+                      yaxis={"type": "log", "title": "images/sec (predicted)"},
+                      title="What if: images/sec against ranks", height=420)
+    return fig
+
+
+def report_section(paths: Mapping[str, str | None], fig: Callable[[str, Any], str],
+                   table: Callable[[pd.DataFrame], str]) -> str:
+    """The report's "what if" section: per trace, predicted images/sec
+    against ranks on the profiled fabric and REPORT_LINKS, with the
+    measured point (`fig(name, figure)` and `table(frame)` render)."""
+    import html
+
+    out = []
+    for label, path in paths.items():
+        if not path:
+            continue
+        head = f"<h3>{html.escape(str(label))}</h3>" if len(paths) > 1 else ""
+        try:
+            prof = open_profile(path, lineage=find_lineage(path))
+        except ProfilerError as exc:
+            out.append(head + f'<p class="muted">no prediction: {html.escape(exc.message)}</p>')
+            continue
+        if prof.refused:
+            out.append(head + f'<p class="muted">no prediction: {html.escape(prof.refused)}</p>')
+            continue
+        links: dict[str, Link | None] = {"profiled fabric": None}
+        links.update({k: parse_link(v) for k, v in REPORT_LINKS.items()})
+        ranks = sorted({*REPORT_RANKS, prof.ranks})
+        t = scaling(prof, ranks, links)
+        ok = t.loc[t["refused"] == ""]
+        key = re.sub(r"[^A-Za-z0-9_-]+", "-", str(label)) or "trace"
+        shown = ok.assign(images_per_s=ok["images_per_s"].round(1), lo=ok["lo"].round(1),
+                          hi=ok["hi"].round(1), step_ms=ok["step_ms"].round(2))[
+            ["fabric", "ranks", "hosts", "step_ms", "images_per_s", "lo", "hi"]]
+        refused = t.loc[t["refused"] != ""]
+        note = ""
+        if len(refused):
+            first = refused.iloc[0]
+            note = (f'<p class="muted">no prediction from {int(first["ranks"])} ranks on: '
+                    f'{html.escape(str(first["refused"]))}</p>')
+        one = predict(prof, Target(hosts=prof.hosts), n_boot=60, phases=2)
+        out.append(
+            head + "<p>The profiled job predicted at other rank counts (ranks fill hosts of "
+            f"{prof.per_host} as profiled) on its own fabric and two others "
+            "(profiler.analysis.predict; the same model as <code>profiler predict</code>), "
+            "with the 95% interval and the measured point.</p>"
+            + fig(f"whatif-{key}", scaling_figure(t, (prof.ranks, prof.images_per_s)))
+            + table(shown) + note
+            + "<details><summary>assumptions</summary><ul>"
+            + "".join(f"<li>{html.escape(a)}</li>" for a in one.assumptions)
+            + "</ul></details>")
+    return "".join(out) or '<p class="muted">no profile to predict from</p>'
+
+
+def remedy_line(ctx: Any, target: Target, what: str,
+                lineage: pd.DataFrame | None = None) -> tuple[str, dict[str, float]] | None:
+    """For a finding whose remedy changes a knob: one detail line with the
+    step this model predicts at `target` (`what`: the change in words) and
+    the numbers behind it; None when the profile cannot carry it."""
+    try:
+        prof = profile_of(ctx.df, ctx.meta, lineage, path=ctx.path, ctx=ctx)
+    except (ProfilerError, KeyError, ValueError):
+        return None
+    got = knob_gain(prof, target)
+    if got is None:
+        return None
+    saved, lo, hi = got
+    step = float(prof.parts["wall"].mean()) - saved
+    verb = "saves" if saved >= 0 else "costs"
+    return (f"predicted (profiler predict): with {what} a step takes {fmt_ms(step)}, which "
+            f"{verb} {fmt_ms(abs(saved))} per step (95% interval of the saving "
+            f"{fmt_ms(lo)} to {fmt_ms(hi)}).",
+            {"predicted_step_ms": step, "predicted_saving_ms": saved,
+             "predicted_saving_lo_ms": lo, "predicted_saving_hi_ms": hi})

@@ -1,0 +1,302 @@
+"""`profiler predict` against jobs it never saw, on simulated hosts.
+
+    python benchmarks/predict/validate.py measure OUT [--only dev|held-out|profile]
+    python benchmarks/predict/validate.py predict OUT [--set dev|held-out]
+    python benchmarks/predict/validate.py table OUT
+
+One profile, the job of benchmarks/predict/job.py at 2 simulated hosts (one
+rank each, the bridge's own speed, Horovod's defaults: fusion at 128 MiB, a
+1 ms cycle), is what `profiler predict` reads.  Every configuration below is
+then run and measured (`measure`, each twice) and predicted from that one
+profile (`predict`): hosts 2-6 (one rank per host: 3 to 1 ranks per core at 6
+hosts, this machine has 2 cores, which the job's device-like compute does not
+feel but Horovod's threads and TCP do), links of 50 Mbit/s to the bridge's
+speed (tbf on every link; `--link RATE` for a limited one, the profile's own
+curve at the bridge's speed), fusion on (default) and off
+(HOROVOD_FUSION_THRESHOLD=0), cycle times 1-30 ms.
+
+Two sets, drawn once from that grid with fixed seeds (DEV_SEED, HELD_SEED)
+before any prediction was made: the development set, on which the method
+and its interval were tuned, and the held-out set, never looked at while
+tuning.  `table` prints both, with the held-out set's median and worst
+absolute error of the step time and how many measured steps lay inside the
+predicted 95% interval.
+
+The measured step time of a configuration is the mean of its two runs'
+step times (each run's trace: the steady steps' mean, the definition of
+every door); its spread is reported beside it.  Needs root (namespaces).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+JOB = HERE / "job.py"
+ROOT = HERE.parent.parent
+
+HOSTS = (2, 3, 4, 5, 6)
+RATES = ("50mbit", "100mbit", "200mbit", "500mbit", "1gbit", "bridge")
+FUSION = ("on", "off")
+CYCLES = (1.0, 5.0, 10.0, 20.0, 30.0)
+#: the profile's configuration
+PROFILE = {"id": "profile", "hosts": 2, "rate": "bridge", "fusion": "on", "cycle_ms": 1.0}
+DEV_SEED, HELD_SEED = 11, 29
+N_DEV, N_HELD = 8, 16
+RUNS = 2
+STEPS, WARMUP = 30, 5
+
+
+def _cid(c: dict[str, Any]) -> str:
+    return f"h{c['hosts']}-{c['rate']}-f{c['fusion']}-c{c['cycle_ms']:g}"
+
+
+def configurations() -> dict[str, list[dict[str, Any]]]:
+    """The development and held-out sets: distinct draws from the grid
+    (the profile's own configuration left out), dev first, each half with
+    fusion on and half off."""
+    grid = [{"hosts": h, "rate": r, "fusion": f, "cycle_ms": c}
+            for h in HOSTS for r in RATES for f in FUSION for c in CYCLES]
+    taken = {_cid(PROFILE)}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, seed, n in (("dev", DEV_SEED, N_DEV), ("held-out", HELD_SEED, N_HELD)):
+        rng = np.random.default_rng(seed)
+        picked: list[dict[str, Any]] = []
+        for i in rng.permutation(len(grid)):
+            c = dict(grid[int(i)])
+            if _cid(c) in taken or sum(x["fusion"] == c["fusion"] for x in picked) >= n // 2:
+                continue
+            taken.add(_cid(c))
+            c["id"] = _cid(c)
+            picked.append(c)
+            if len(picked) == n:
+                break
+        out[name] = picked
+    return out
+
+
+def _env(c: dict[str, Any], prof_dir: Path) -> dict[str, str]:
+    env = {"HOROVOD_PROFILE": "1", "HOROVOD_PROFILE_DIR": str(prof_dir.resolve()),
+           "HOROVOD_PROFILE_MERGE_TIMEOUT": "60", "OMPI_MCA_mpi_yield_when_idle": "1",
+           "HOROVOD_CYCLE_TIME": f"{c['cycle_ms']:g}"}
+    if c["fusion"] == "off":
+        env["HOROVOD_FUSION_THRESHOLD"] = "0"
+    return env
+
+
+def run_one(c: dict[str, Any], dest: Path, seed: int) -> dict[str, Any]:
+    """One run of the job at configuration c into dest (a profile directory)."""
+    from profiler.bench.simcluster import SimCluster
+
+    rate = None if c["rate"] == "bridge" else c["rate"]
+    t0 = time.monotonic()
+    load0 = os.getloadavg()[0]
+    with SimCluster(hosts=c["hosts"], rate=rate, slots=1) as cl:
+        p = cl.mpirun(c["hosts"], [sys.executable, "-P", str(JOB), "--steps", str(STEPS),
+                                   "--warmup", str(WARMUP), "--seed", str(seed)],
+                      env=_env(c, dest), timeout=900, per_host=1)
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if p.returncode != 0 or line is None or not (dest / "trace.json").is_file():
+        raise RuntimeError(f"{c['id']}: job failed ({p.returncode}):\n{p.stdout[-1500:]}\n"
+                           f"{p.stderr[-3000:]}")
+    from profiler.analysis import load_meta
+
+    meta = load_meta(dest / "trace.json")
+    return {"step_ms": float(meta["step_ms"]), "job": json.loads(line.split(" ", 1)[1]),
+            "seconds": round(time.monotonic() - t0, 1), "load_before": round(load0, 2),
+            "load_after": round(os.getloadavg()[0], 2), "seed": seed}
+
+
+def measure(out: Path, only: str | None) -> None:
+    sets = configurations()
+    todo: list[tuple[str, dict[str, Any], int]] = []
+    if only in (None, "profile"):
+        todo.append(("profile", PROFILE, 1))
+    for name in ("dev", "held-out"):
+        if only in (None, name):
+            todo += [(name, c, RUNS) for c in sets[name]]
+    for name, c, runs in todo:
+        for k in range(runs):
+            dest = out / c["id"] / f"run-{k}"
+            done = dest / "measured.json"
+            if done.is_file():
+                continue
+            print(f"measure: {name} {c['id']} run {k}", file=sys.stderr, flush=True)
+            r = run_one(c, dest, seed=1000 * (k + 1) + sum(map(ord, c["id"])))
+            done.write_text(json.dumps({"config": c, "set": name, **r}, indent=1))
+            print(f"  step {r['step_ms']:.1f} ms ({r['seconds']} s, load {r['load_before']})",
+                  file=sys.stderr, flush=True)
+
+
+def _bench_dir(out: Path, hosts: int, rate: str) -> Path:
+    return out / "bench" / f"h{hosts}-{rate}"
+
+
+def bench_pairs() -> list[tuple[int, str]]:
+    """The fabrics the predictions price transfers with: every (hosts, rate)
+    of the two sets, and every rate at 2 hosts."""
+    pairs = {(c["hosts"], c["rate"]) for cs in configurations().values() for c in cs}
+    pairs |= {(2, r) for r in RATES}
+    return sorted(pairs, key=lambda x: (x[0], RATES.index(x[1])))
+
+
+def bench(out: Path) -> None:
+    """`profiler bench` of each fabric (an MPI_Allreduce sweep, one rank per
+    simulated host, the rate on every link), as `profiler bench --fabric`
+    runs it (profiler.bench.run_bench_on_hosts) at rates it has no name for."""
+    from profiler.analysis.interconnect import Fabric
+    from profiler.bench import run_bench_on_hosts, transport_env
+
+    for hosts, rate in bench_pairs():
+        d = _bench_dir(out, hosts, rate)
+        if (d / "trace.json").is_file():
+            continue
+        d.mkdir(parents=True, exist_ok=True)
+        print(f"bench: {hosts} hosts, {rate}", file=sys.stderr, flush=True)
+        fab = Fabric(f"tcp-{rate}", hosts, None if rate == "bridge" else rate, "tcp",
+                     f"TCP over veth, {rate}")
+        sweep = ["--collectives", "allreduce", "--sizes", ",".join(str(1 << i) for i in
+                                                                      range(3, 22)),
+                 "--iters", "8", "--warmup", "2", "--dtype", "float32", "--backend", "mpi",
+                 "--out", str(d.resolve()), "--transport", "tcp"]
+        rc = run_bench_on_hosts(fab, np=hosts, out_dir=d, sweep_args=sweep,
+                                extra_env=transport_env("tcp"), timeout=1200)
+        if rc != 0 or not (d / "trace.json").is_file():
+            raise RuntimeError(f"bench {hosts} hosts {rate} failed ({rc})")
+
+
+def _measured(out: Path, c: dict[str, Any]) -> list[float]:
+    return [json.loads((d / "measured.json").read_text())["step_ms"]
+            for d in sorted((out / c["id"]).glob("run-*")) if (d / "measured.json").is_file()]
+
+
+#: how a prediction prices the target's transfers: "bench", a `profiler
+#: bench` of the target fabric (its hosts and rate); "bench2", one of the
+#: target's rate at 2 hosts (the algorithms carry it to more); "link", the
+#: nominal rate (--link RATE; the profile's own transfers at the bridge's speed)
+METHODS = ("bench", "bench2", "link")
+
+
+def predict_args(c: dict[str, Any], method: str, out: Path) -> list[str]:
+    """The `profiler predict` options of configuration c."""
+    args = ["--hosts", str(c["hosts"]), "--ranks-per-host", "1",
+            "--cycle-time", f"{c['cycle_ms']:g}",
+            "--fusion-threshold", "0" if c["fusion"] == "off" else str(128 << 20)]
+    if method == "bench":
+        args += ["--fabric", str(_bench_dir(out, c["hosts"], c["rate"]))]
+    elif method == "bench2":
+        args += ["--fabric", str(_bench_dir(out, 2, c["rate"]))]
+    elif c["rate"] != "bridge":
+        args += ["--link", c["rate"]]
+    return args
+
+
+def predict(out: Path, which: str, method: str) -> list[dict[str, Any]]:
+    trace = out / "profile" / "run-0" / "trace.json"
+    rows = []
+    for c in configurations()[which]:
+        meas = _measured(out, c)
+        args = predict_args(c, method, out)
+        cmd = [sys.executable, "-P", "-m", "profiler.cli", "predict", str(trace), *args,
+               "--format", "json"]
+        t0 = time.monotonic()
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        doc = json.loads(p.stdout) if p.stdout.strip().startswith("{") else {}
+        row = {"id": c["id"], "set": which, "method": method, "measured_ms": meas,
+               "predicted_ms": doc.get("step_ms"), "interval": doc.get("interval"),
+               "breakdown": doc.get("breakdown"), "rc": p.returncode,
+               "seconds": round(time.monotonic() - t0, 2),
+               "error": p.stderr.strip()[-300:] or doc.get("no_prediction") or "",
+               "command": "profiler predict PROFILE " + " ".join(args).replace(str(out), "OUT")}
+        if meas and row["predicted_ms"]:
+            m = float(np.mean(meas))
+            row["rel_error"] = (row["predicted_ms"] - m) / m
+            lo, hi = row["interval"]
+            row["inside"] = bool(lo <= m <= hi)
+        rows.append(row)
+    (out / f"predicted-{which}-{method}.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    lines = [f"{'configuration':30}{'measured':>18}{'predicted':>11}{'95% interval':>20}"
+             f"{'error':>8}  in",
+             f"{'':30}{'(ms, 2 runs)':>18}{'(ms)':>11}{'(ms)':>20}"]
+    errs, inside = [], []
+    for r in rows:
+        meas = r["measured_ms"]
+        m = f"{np.mean(meas):.1f} ({'/'.join(f'{x:.0f}' for x in meas)})" if meas else "-"
+        if r.get("predicted_ms") is None:
+            lines.append(f"{r['id']:30}{m:>18}   no prediction: {r['error']}")
+            continue
+        lo, hi = r["interval"]
+        e = r.get("rel_error")
+        if e is not None:
+            errs.append(abs(e))
+            inside.append(r["inside"])
+        lines.append(f"{r['id']:30}{m:>18}{r['predicted_ms']:>11.1f}"
+                     f"{f'[{lo:.1f}, {hi:.1f}]':>20}"
+                     f"{(f'{100 * e:+.1f}%' if e is not None else '-'):>8}  "
+                     f"{'yes' if r.get('inside') else 'no'}")
+    if errs:
+        lines.append(f"{len(errs)} configurations: median |error| {100 * np.median(errs):.1f}%, "
+                     f"worst {100 * max(errs):.1f}%, measured inside the interval "
+                     f"{sum(inside)} of {len(inside)} ({100 * np.mean(inside):.0f}%)")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="benchmarks/predict/validate.py",
+                                 description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("measure")
+    m.add_argument("out")
+    m.add_argument("--only", choices=("profile", "dev", "held-out"))
+    b = sub.add_parser("bench")
+    b.add_argument("out")
+    pr = sub.add_parser("predict")
+    pr.add_argument("out")
+    pr.add_argument("--set", choices=("dev", "held-out"), default="dev")
+    pr.add_argument("--method", choices=METHODS, default="bench")
+    t = sub.add_parser("table")
+    t.add_argument("out")
+    sub.add_parser("list")
+    a = ap.parse_args(argv)
+    if a.cmd == "list":
+        for name, cs in configurations().items():
+            print(name)
+            for c in cs:
+                print("  " + c["id"])
+        return 0
+    out = Path(a.out)
+    if a.cmd == "measure":
+        out.mkdir(parents=True, exist_ok=True)
+        measure(out, a.only)
+        return 0
+    if a.cmd == "bench":
+        bench(out)
+        return 0
+    if a.cmd == "predict":
+        print(table(predict(out, a.set, a.method)))
+        return 0
+    for which in ("dev", "held-out"):
+        for method in METHODS:
+            f = out / f"predicted-{which}-{method}.json"
+            if f.is_file():
+                print(f"{which}, transfers priced by {method}:")
+                print(table(json.loads(f.read_text())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

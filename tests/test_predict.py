@@ -1,0 +1,296 @@
+"""`profiler predict` (analysis.predict): the model's parts on inputs whose
+answer is known exactly, the prediction on a constructed Horovod job, an end
+to end run on a real 2-host profile, and the CLI's one-line errors.
+Validation against jobs the model never saw: benchmarks/predict/."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import rawgen
+from conftest import profiler_cli
+from test_breakdown import horovod_job
+
+from profiler.analysis import predict as P
+from profiler.errors import ProfilerError, UsageError
+from profiler.postjob.merge import merge
+
+DATA = Path(__file__).resolve().parent / "data"
+PROFILE = DATA / "predict" / "h2" / "trace.json"   # 2 simulated hosts, benchmarks/predict/job.py
+FUSED = DATA / "analysis" / "fused" / "trace.json"  # no synchronize records
+
+
+# ----------------------------------------------------------------- options
+
+
+def test_links_parse_and_bad_ones_say_how() -> None:
+    assert P.parse_link("10gbit").rate_bits == 1e10
+    link = P.parse_link("100gbit,2us")
+    assert (link.rate_bits, link.latency_ns) == (1e11, 2000.0)
+    assert P.parse_link("50mbit,0.1ms").latency_ns == 100_000.0
+    assert P.parse_link("1.5Gbit").rate_bits == 1.5e9
+    # 1 Gbit/s of TCP payload: 1448 of every 1538 bytes
+    assert P.parse_link("1gbit").ns_per_byte == pytest.approx(8.0 * 1538 / 1448)
+    for bad in ("10", "fast", "10gbit,2", "10gbit,2us,3", "0gbit", "10 GB/s", ""):
+        with pytest.raises(UsageError, match="--link"):
+            P.parse_link(bad)
+
+
+def test_layouts_parse_and_unknown_ones_are_refused() -> None:
+    assert P.parse_layout("allreduce") == P.Layout()
+    assert P.parse_layout("ps:4") == P.Layout("ps", 4)
+    for bad in ("ps:0", "ps:x", "ring", "ps", "ps:5000", "tree:2"):
+        with pytest.raises(UsageError, match="can model allreduce"):
+            P.parse_layout(bad)
+
+
+# ----------------------------------------------------------------- algorithms
+
+
+def test_open_mpi_picks_by_size_and_ranks_as_its_fixed_rules() -> None:
+    a = P.algorithm
+    assert a("Open MPI", 4, 2) == "ring"
+    assert a("Open MPI", 1024, 2) == "recursive doubling"
+    assert a("Open MPI", 100_000, 2) == "segmented ring"
+    assert a("Open MPI", 1 << 20, 3) == "Rabenseifner"
+    assert a("Open MPI", 8, 6) == "ring"
+    assert a("Open MPI", 4096, 6) == "recursive doubling"
+    assert a("Open MPI", 8192, 6) == "Rabenseifner"
+    assert a("Open MPI", 100, 1024) == "nonoverlapping"
+    assert a("Open MPI", 1 << 20, 5000) == "Rabenseifner"
+    assert a("Gloo", 1 << 20, 6) == "ring"
+
+
+def test_costs_count_latency_steps_and_the_busiest_links_bytes() -> None:
+    c = P.algorithm_cost
+    assert c("ring", 4, 1) == (6.0, 1.5)
+    # 6 ranks: 4 do the power-of-two part, 2 hand their data in and get it back
+    assert c("Rabenseifner", 6, 1) == (7.0, 3.5)
+    assert c("Rabenseifner", 2, 1) == (2.0, 1.0)
+    # 8 ranks, 2 per host: the first exchange stays on the host, 2 flows share a link
+    assert c("recursive doubling", 8, 2) == (3.0, 4.0)
+    # one host: the medium is the memory, per rank
+    assert c("recursive doubling", 8, 8) == (3.0, 3.0)
+    assert c("ps", 8, 1, servers=2) == (2.0, 8.0)
+    assert c("ps", 8, 1, servers=8) == (2.0, 2.0)
+    assert c("ring", 1, 1) == (0.0, 0.0)
+
+
+def test_a_link_prices_calls_and_a_measured_curve_is_carried_to_more_ranks() -> None:
+    link = P.Curve("Open MPI", alpha_ns=1000.0, beta_ns_per_byte=1.0)
+    ns, algs = link.allreduce([1 << 20], 4, 1)
+    assert algs[0] == "Rabenseifner" and ns[0] == pytest.approx(4 * 1000 + 1.5 * (1 << 20))
+    # measured at 2 ranks: 2 alpha + S beta at 1 MiB (Rabenseifner there too)
+    measured = P.Curve("Open MPI", alpha_ns=1000.0, measured=lambda s: 2000.0 + 1.0 * s,
+                       ranks=2, per_host=1)
+    assert measured.allreduce([1 << 20], 4, 1)[0][0] == pytest.approx(ns[0])
+    assert measured.allreduce([1 << 20], 2, 1)[0][0] == pytest.approx(2000.0 + (1 << 20))
+    ps, what = link.allreduce([1 << 20], 8, 1, P.Layout("ps", 2))
+    assert what[0] == "push+pull" and ps[0] == pytest.approx(2000 + 8.0 * (1 << 20))
+
+
+# ----------------------------------------------------------------- arrivals
+
+
+def test_expected_max_is_exact_under_resampling_and_extrapolates_a_tail() -> None:
+    assert P.expected_max(np.array([0.0, 1.0]), 2) == pytest.approx(0.75)
+    assert P.expected_max(np.array([1.0, 2.0, 3.0]), 3) == pytest.approx(72 / 27)
+    assert P.expected_max(np.array([1.0, 2.0, 3.0]), 1) == pytest.approx(2.0)
+    # exponential offsets (quantiles of Exp(1)): E[max of p] is the p-th harmonic number
+    x = -np.log1p(-(np.arange(2000) + 0.5) / 2000)
+    h = float(np.sum(1.0 / np.arange(1, 20001)))
+    assert P.expected_max(x, 20000) == pytest.approx(h, rel=0.03)
+    assert math.isnan(P.expected_max(np.zeros(0), 3))
+
+
+def test_arrival_offsets_are_deviations_from_the_mean_scaled_to_one_rank() -> None:
+    bd = pd.DataFrame({"step": [0, 0, 1, 1, 2], "rank": [0, 1, 0, 1, 0],
+                       "arrival_ns": [0, 10_000_000, 5_000_000, 5_000_000, 7]})
+    offs = P.arrival_offsets(bd)
+    assert len(offs) == 2  # step 2 lacks rank 1
+    assert offs[0] == pytest.approx([-5 * math.sqrt(2), 5 * math.sqrt(2)])
+    assert offs[1] == pytest.approx([0.0, 0.0])
+
+
+# ----------------------------------------------------------------- the replay
+
+
+def _tensors(ready: list[float], nbytes: list[float]) -> P.StepTensors:
+    return P.StepTensors(np.array(ready), np.array(nbytes), ["float32"] * len(ready))
+
+
+def test_the_replay_runs_cycles_on_ready_times_and_a_busy_cycle_delays_the_next() -> None:
+    def call(x: np.ndarray) -> np.ndarray:  # 1 ms per 1000 bytes
+        return np.asarray(x, dtype=float) * 1e3
+
+    # cycle 1 ms, one phase: cycles at -9.5, -8.5, ...; the first tensor goes
+    # alone (1 ms), the second waits for the cycle at 0.5 and takes 2 ms
+    t, x = P._tail(_tensors([-10.0, 0.0], [1000, 2000]), 1.0, 1.0, 0.0, 1 << 30, call, 0.0,
+                   np.array([0.0]))
+    assert (t, x) == pytest.approx((2.5, 2.0))
+    # both ready before the first cycle: one fused call of 3000 bytes (3 ms),
+    # over before the last arrival at 0
+    t, x = P._tail(_tensors([-10.0, -9.8], [1000, 2000]), 1.0, 1.0, 0.0, 1 << 30, call, 0.0,
+                   np.array([0.0]))
+    assert (t, x) == pytest.approx((-6.5, 0.0))
+    # fusion off: two calls, back to back; a long first one (5 ms) holds the
+    # cycle, and the next starts at its end, not at the next 1 ms mark
+    t, x = P._tail(_tensors([-10.0, -6.0], [5000, 2000]), 1.0, 1.0, 0.0, 0, call, 0.5,
+                   np.array([0.0]))
+    assert (t, x) == pytest.approx((-1.5, 0.0))  # -9.5 + 0.5 + 5 = -4, then -4 + 0.5 + 2
+    # a batch twice as large spreads the ready times twice as wide
+    t, _ = P._tail(_tensors([-1.0, 0.0], [1000, 1000]), 2.0, 1.0, 0.0, 0, call, 0.0,
+                   np.array([0.0]))
+    assert t == pytest.approx(1.5)  # cycles at -1.5 (nothing), -0.5 (the first), 0.5
+
+
+# ----------------------------------------------------------------- a constructed job
+
+
+def _job(steps: int = 12, seed: int = 3) -> tuple[pd.DataFrame, dict[str, object]]:
+    rng = np.random.default_rng(seed)
+    arr = [[50 + float(rng.exponential(4)), 50 + float(rng.exponential(4))]
+           for _ in range(steps)]
+    df, meta = horovod_job(arr)
+    df["track"] = df["tid"]
+    meta["hosts"] = ["h0", "h1"]
+    meta["ranks"] = [{"rank": 0, "host": "h0"}, {"rank": 1, "host": "h1"}]
+    return df, meta
+
+
+def test_at_its_own_settings_the_prediction_is_the_measured_step() -> None:
+    df, meta = _job()
+    prof = P.profile_of(df, meta)
+    assert not prof.refused and len(prof.steps) == 11 and prof.batch == 32.0
+    pr = P.predict(prof)
+    assert pr.step_ms == pytest.approx(prof.parts["wall"].mean(), rel=1e-12)
+    lo, hi = pr.interval
+    assert lo < pr.step_ms < hi
+    assert pr.images_per_s == pytest.approx(2 * 32 / pr.step_ms * 1e3)
+    assert sum(pr.breakdown.values()) == pytest.approx(pr.step_ms)
+    assert pr.assumptions and all("\n" not in a for a in pr.assumptions)
+
+
+def test_more_ranks_wait_for_the_slowest_of_more_arrivals() -> None:
+    df, meta = _job()
+    prof = P.profile_of(df, meta)
+    pool = np.concatenate(prof.offsets)
+    base = P.predict(prof)
+    wider = P.predict(prof, P.Target(hosts=8))
+    want = P.expected_max(pool, 8) - P.expected_max(pool, 2)
+    assert want > 0
+    assert wider.breakdown["wait_ranks"] - base.breakdown["wait_ranks"] == pytest.approx(want)
+    assert wider.breakdown["compute"] == base.breakdown["compute"]
+    assert wider.step_ms > base.step_ms
+
+
+def test_a_slower_link_and_a_larger_batch_cost_what_they_should() -> None:
+    df, meta = _job()
+    prof = P.profile_of(df, meta)
+    fast = P.predict(prof, P.Target(link=P.parse_link("100gbit")))
+    slow = P.predict(prof, P.Target(link=P.parse_link("1gbit")))
+    # one 1 MiB call a step, after the last arrival: 1 Gbit/s adds its time at
+    # 2 ranks (8.9 ms) less 100 Gbit/s's
+    per_byte = P.parse_link("1gbit").ns_per_byte - P.parse_link("100gbit").ns_per_byte
+    assert slow.step_ms - fast.step_ms == pytest.approx((1 << 20) * per_byte / 1e6, rel=0.02)
+    big = P.predict(prof, P.Target(batch_size=64))
+    assert big.breakdown["compute"] == pytest.approx(2 * P.predict(prof).breakdown["compute"])
+    assert big.images_per_s == pytest.approx(2 * 64 / big.step_ms * 1e3)
+
+
+def test_what_the_profile_cannot_carry_is_said_not_guessed() -> None:
+    df, meta = _job(steps=4)
+    few = P.predict(P.profile_of(df, meta))
+    assert few.refused.startswith("3 steady steps") and math.isnan(few.step_ms)
+    assert few.to_dict()["step_ms"] is None and few.to_dict()["no_prediction"]
+    prof = P.profile_of(*_job())
+    far = P.predict(prof, P.Target(hosts=1000))
+    assert "beyond what 22 measured arrivals tell (up to 22 ranks)" in far.refused
+    nolin = P.predict(prof, P.Target(fusion_threshold=0))
+    assert "fusion lineage" in nolin.refused
+    one = dict(_job()[1], hosts=["h0"], ranks=[{"rank": 0, "host": "h0"},
+                                               {"rank": 1, "host": "h0"}])
+    net = P.predict(P.profile_of(_job()[0], one), P.Target(hosts=2, ranks_per_host=2))
+    assert "one host" in net.refused
+
+
+def test_a_profile_without_steps_is_bad_input() -> None:
+    df, meta = _job()
+    with pytest.raises(ProfilerError, match="no steps"):
+        P.profile_of(df.loc[df["op"] != "step"], meta)
+
+
+# ----------------------------------------------------------------- a real profile
+
+
+def test_a_real_two_host_profile_predicts_within_its_own_interval() -> None:
+    from profiler.formats import lineage as LF
+
+    prof = P.open_profile(str(PROFILE), lineage=LF.load(PROFILE))
+    assert (prof.ranks, prof.hosts, prof.library, prof.lineage) == (2, 2, "Open MPI", True)
+    assert len(prof.steps) >= P.MIN_STEPS and all(len(t.nbytes) == 16 for t in prof.tensors)
+    own = P.predict(prof)
+    assert own.step_ms == pytest.approx(prof.parts["wall"].mean())
+    slow = P.predict(prof, P.Target(hosts=4, link=P.parse_link("100mbit")))
+    algs = {a["algorithm"] for a in slow.algorithms}
+    assert "Rabenseifner" in algs and slow.step_ms > 2 * own.step_ms
+    assert sum(a["calls_per_step"] for a in slow.algorithms) >= 1
+
+
+# ----------------------------------------------------------------- the command
+
+
+def _one_line_error(p: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("profiler: error: "), p.stderr
+    assert "Traceback" not in p.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+
+
+def test_the_command_prints_a_prediction_and_its_json(tmp_path: Path) -> None:
+    p = profiler_cli("predict", str(PROFILE), "--hosts", "3", "--link", "1gbit",
+                     "--cycle-time", "5", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "predicted at 3 rank(s) on 3 host(s)" in p.stdout
+    for part in ("compute and the rest", "waiting for other ranks", "waiting for Horovod",
+                 "transfer", "Open MPI: ", "Assumptions:"):
+        assert part in p.stdout
+    j = profiler_cli("predict", str(PROFILE), "--hosts", "3", "--link", "1gbit",
+                     "--cycle-time", "5", "--format", "json", cwd=tmp_path)
+    doc = json.loads(j.stdout)
+    lo, hi = doc["interval"]
+    assert lo < doc["step_ms"] < hi and doc["images_per_s"] > 0
+    assert set(doc["breakdown"]) == {"compute", "wait_ranks", "horovod", "transfer"}
+    assert all(isinstance(a, str) for a in doc["assumptions"]) and doc["no_prediction"] is None
+
+
+def test_the_command_says_when_the_profile_cannot_carry_a_prediction(tmp_path: Path) -> None:
+    p = profiler_cli("predict", str(FUSED), "--hosts", "4", "--ranks-per-host", "1",
+                     cwd=tmp_path)
+    assert p.returncode == 1 and "no prediction at 4 ranks" in p.stdout
+    assert "synchronize" in p.stdout and p.stderr == ""
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    _one_line_error(profiler_cli("predict", str(PROFILE), "--link", "fast", cwd=tmp_path),
+                    "--link 'fast'")
+    _one_line_error(profiler_cli("predict", str(PROFILE), "--layout", "tree:3", cwd=tmp_path),
+                    "--layout 'tree:3'", "can model")
+    _one_line_error(profiler_cli("predict", str(PROFILE), "--hosts", "0", cwd=tmp_path),
+                    "--hosts must be >= 1")
+    _one_line_error(profiler_cli("predict", str(PROFILE), "--fabric", str(tmp_path),
+                                 cwd=tmp_path), "no bench trace")
+    d = tmp_path / "nosteps"
+    for r in range(2):
+        rawgen.simple_rank(r, 2, n=20).write(d / "raw" / f"rank-{r:05d}.hvprof")
+    merge(d)
+    _one_line_error(profiler_cli("predict", str(d / "trace.json"), cwd=tmp_path), "no steps")
+    _one_line_error(profiler_cli("predict", str(tmp_path / "missing.json"), cwd=tmp_path))
