@@ -246,6 +246,7 @@ int mpi_gather_files(MPI_Comm comm, int me, int size, const hvprof_file_header *
                      const char *dir)
 {
     if (size < 2) return 0;
+    double t_in = now_s();
     identity mine = {0, 0, 0};
     if (h) mine = (identity){h->pid, h->cal0_ticks, h->cal0_realtime_ns};
     identity *all = NULL;
@@ -291,7 +292,7 @@ int mpi_gather_files(MPI_Comm comm, int me, int size, const hvprof_file_header *
     } else if (me == 0) {
         recv_state rs;
         memset(&rs, 0, sizeof rs);
-        double t0 = now_s();
+        double t0 = now_s(); /* decided: the transfers start */
         int ranks = 0;
         for (int r = 1; r < size; r++) {
             if (!need[r]) continue;
@@ -307,9 +308,11 @@ int mpi_gather_files(MPI_Comm comm, int me, int size, const hvprof_file_header *
                         strerror(rs.failed_errno));
         char path[PATH_MAX], text[256];
         snprintf(path, sizeof path, "%s/raw/gather.json", dir);
+        double t1 = now_s();
         snprintf(text, sizeof text, "{\"over\": \"mpi\", \"ranks\": %d, \"files\": %d, "
-                 "\"bytes\": %lld, \"seconds\": %.6f, \"chunk_bytes\": %u}", ranks, rs.files,
-                 rs.bytes, now_s() - t0, GATHER_CHUNK);
+                 "\"bytes\": %lld, \"seconds\": %.6f, \"decide_seconds\": %.6f, "
+                 "\"chunk_bytes\": %u}", ranks, rs.files, rs.bytes, t1 - t_in, t0 - t_in,
+                 GATHER_CHUNK);
         hvprof_write_text(path, text);
     }
     free(buf);
