@@ -85,6 +85,7 @@ def test_mpi_job_without_a_shared_disk_ends_with_one_trace(
         assert rm["argv"] and rm["argv"][-1] == str(N)
         assert rm["executable"] and "HOROVOD_PROFILE" in rm["env"]
         assert rm["interconnect"] is not None  # the MPI library's sidecar came along
+        assert rm["source"]["converted_by"].endswith(" on h0")  # by rank 0's merge
     for h in (1, 2):  # the other hosts converted nothing
         assert not (c.private_dir(h) / "ranks").exists()
         assert not (c.private_dir(h) / "trace.json").exists()

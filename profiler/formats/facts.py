@@ -36,7 +36,7 @@ def env_whitelist(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def write(raw: str | os.PathLike[str], facts: Mapping[str, Any]) -> Path:
     """Write the facts beside the raw file (atomically), environment cut."""
-    doc = dict(facts)
+    doc = dict(facts, written_before_gather=True)
     if "environ" in doc:
         doc["environ"] = env_whitelist(doc["environ"])
     out = facts_path(raw)

@@ -155,8 +155,8 @@ def rank_metadata(raw: RawFile, df: pd.DataFrame, *,
             "n_chunks": int(raw.header["n_chunks"]),
             "agg_size": ast.st_size if ast else None,
             "agg_mtime_ns": ast.st_mtime_ns if ast else None,
-            "converted_by": "self" if f.get("own") else f"pid {os.getpid()} on "
-            f"{socket.gethostname()}",
+            "converted_by": ("self" if f.get("own") and not f.get("written_before_gather")
+                             else f"pid {os.getpid()} on {socket.gethostname()}"),
             "converted_at": time.time(),
         },
     }
