@@ -36,11 +36,27 @@ The model, in order:
   delay_k`` (a blocking collective ends after its last arrival).  The extra
   time accumulates: everything after call k (later calls, steps, the other
   threads) is shifted by it, so stragglers slow the steps down as they would.
-* **Stragglers.**  K ranks (``--stragglers``, drawn from the seed).  A share
+* **Stragglers.**  K ranks (``--stragglers``, drawn with ``--seed``).  A share
   ``straggler_share`` of the matched calls gets a straggler (one of the K, at
   random) that arrives ``straggler_delay_ns`` x lognormal(0, 0.5) late.  The
   ranks are recorded in trace.json (``horovod_profiler.synthetic.stragglers``)
-  and in their rank metadata (``synthetic.straggler``).
+  and in their rank metadata (``synthetic.straggler``); what they were given,
+  per straggler, in ``synthetic.injected`` (`injected`: its delays at the data
+  collectives of the steps, in all and per step: the truth a late rank's cost
+  is priced against).
+* **Arrivals.**  A template with synchronize marks (APP sync and tensor rows:
+  Horovod's DistributedOptimizer) tells where each rank arrives: the step
+  breakdown reads a rank's arrival as its last tensor handed to Horovod before
+  synchronize, else its entry into it.  A rank's marks move with its lateness
+  at the data collective they feed (the first of the step at or after them;
+  one in flight keeps its own): a straggler late at the collective its last
+  gradients ride in hands them over, and enters synchronize, that much later,
+  as a real late rank does.  A straggler is then late at a step: only those
+  collectives (one per step whose arrival feeds one) get stragglers, not
+  Horovod's cycle (control calls) nor the backward pass's earlier reductions,
+  so that the steps it slows are the steps it arrives late in.  Every rank is
+  checked before it is written (`check_arrivals`): one whose arrivals and
+  collectives disagree (late at one, on time at the other) is refused.
 * **Clocks.**  Every rank gets a clock offset to rank 0 (``offset_ns``, uniform
   within +-``offset_ns``, in its header, as the hooks measure it) and a bound
   ``offset_err_ns``; its rows carry a residual error uniform within that bound
@@ -75,12 +91,14 @@ from profiler.errors import (
     EmptyProfileError,
     NotATraceError,
     NotFoundError,
+    ProfilerError,
     UsageError,
 )
 from profiler.formats.dataset import schema_columns
 from profiler.formats.record import LIFECYCLE_OPS
 
-__all__ = ["SynthConfig", "SynthResult", "synthesize", "read_template"]
+__all__ = ["SynthConfig", "SynthResult", "synthesize", "read_template", "check_arrivals",
+           "DisagreementError", "calls_for_steps", "median_step_ns"]
 
 NON_MATCHED_OPS = tuple(sorted(LIFECYCLE_OPS))  # profiler.formats.record, defined once
 
@@ -234,6 +252,28 @@ def _data_delays(tmpl: Template, plan: Plan) -> dict[str, int]:
             for i, r in enumerate(plan.stragglers)}
 
 
+def injected(plan: Plan) -> dict[str, Any]:
+    """What the plan injects, per straggler (trace.json "synthetic.injected"): its
+    delays at the data collectives inside steps, in all and per step of the run
+    (the truth a late-rank finding's cost is priced against: each delay shifts all
+    that follows), the steps and calls they hit, and "model": "arrivals" where
+    its arrivals at synchronize move with them (the template has synchronize
+    marks), "collectives" where only its collectives do."""
+    steps = plan.steps_run
+    data = plan.arrivals.data
+    inside = plan.step[plan.coll] >= 0
+    model = "arrivals" if len(plan.arrivals.gate) else "collectives"
+    out: dict[str, Any] = {"steps": steps, "model": model, "by_straggler": {}}
+    for i, r in enumerate(plan.stragglers):
+        hit = (plan.straggler_of == i) & data & inside
+        total = int(plan.delay[hit].sum())
+        out["by_straggler"][str(r)] = {
+            "delay_ns": total, "delay_ns_per_step": total / steps if steps else None,
+            "delayed_calls": int(hit.sum()),
+            "late_steps": int(len(np.unique(plan.step[plan.coll][hit])))}
+    return out
+
+
 # ---------------------------------------------------------------------------
 # the shared plan: slots (template row x repetition), times, stragglers
 # ---------------------------------------------------------------------------
@@ -252,6 +292,40 @@ class Plan:
     jitter: int
     n_steps: int
     reps: int
+    steps_run: int  # steps with a step mark
+    arrivals: Arrivals
+
+
+@dataclass
+class Arrivals:
+    """The template's arrival marks (APP tensor and sync rows inside steps) and the
+    data collectives they feed (see `link_arrivals`).  Indices into the plan's
+    slots (``mark``) or into ``Plan.coll`` (``feed*``, ``fly*``, ``gate``; -1: none)."""
+
+    data: np.ndarray  # per collective slot: a data collective
+    mark: np.ndarray  # slots of the arrival marks
+    mark_sync: np.ndarray  # per mark: a sync row (only its start moves)
+    feed0: np.ndarray  # per mark: the data collective its start feeds
+    fly0: np.ndarray  # per mark: a data collective in flight at its start
+    feed1: np.ndarray  # the same for its end
+    fly1: np.ndarray
+    step: np.ndarray  # per step with a synchronize that feeds a collective: its number
+    gate: np.ndarray  # the collective the step's arrival feeds (index into Plan.coll)
+    time: np.ndarray  # the step's arrival on the plan's axis (after the warp)
+
+    @classmethod
+    def none(cls, data: np.ndarray | None = None) -> Arrivals:
+        e = np.zeros(0, np.int64)
+        return cls(data=np.zeros(0, bool) if data is None else data, mark=e,
+                   mark_sync=np.zeros(0, bool), feed0=e, fly0=e, feed1=e, fly1=e,
+                   step=e, gate=e, time=e)
+
+    @property
+    def gates(self) -> np.ndarray:
+        """Per collective slot: some step's arrival feeds it."""
+        out = np.zeros(len(self.data), bool)
+        out[self.gate] = True
+        return out
 
 
 def _split(tmpl: pa.Table) -> tuple[int, int]:
@@ -269,6 +343,96 @@ def _split(tmpl: pa.Table) -> tuple[int, int]:
     while hi > lo and ops[hi - 1] == "finalize":
         hi -= 1
     return (lo, hi) if hi > lo else (0, n)
+
+
+def _breakdown_arrival(sync_step: np.ndarray, sync_t: np.ndarray, tens_step: np.ndarray,
+                       tens_end: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """Per step of `steps`, the arrival the way analysis.breakdown reads it: the end
+    of the last tensor handed to Horovod before the step's (last) synchronize entry,
+    else that entry; -1 where the step has no synchronize."""
+    out = np.full(len(steps), -1, np.int64)
+    if not len(sync_step) or not len(steps):
+        return out
+    o = np.lexsort((sync_t, sync_step))
+    last = np.r_[sync_step[o][1:] != sync_step[o][:-1], True]
+    us, ut = sync_step[o][last], sync_t[o][last]
+    i = np.clip(np.searchsorted(us, steps), 0, len(us) - 1)
+    has = us[i] == steps
+    entry = np.where(has, ut[i], -1)
+    j = np.clip(np.searchsorted(steps, tens_step), 0, len(steps) - 1)
+    ok = (steps[j] == tens_step) & (entry[j] >= 0) & (tens_end <= entry[j])
+    tens_max = np.full(len(steps), -1, np.int64)
+    np.maximum.at(tens_max, j[ok], tens_end[ok])
+    return np.where(has, np.where(tens_max >= 0, tens_max, entry), -1)
+
+
+def link_arrivals(ops: np.ndarray, is_app: np.ndarray, tidx: np.ndarray, start: np.ndarray,
+                  end: np.ndarray, step: np.ndarray, coll: np.ndarray,
+                  data: np.ndarray) -> Arrivals:
+    """Which data collective each arrival mark feeds, on the plan's axis before the
+    warp: the first data collective of the mark's step that starts at or after it
+    (its gradients ride in it), and one in flight at it (a rank still late for that
+    one is late here too).  A step's arrival (analysis.breakdown's: the last tensor
+    handed over before synchronize, else the synchronize entry) feeds its *gate*:
+    the collective the other ranks wait for in synchronize."""
+    if not len(coll) or not data.any():
+        return Arrivals.none(data)
+    op = ops[tidx]
+    app = is_app[tidx]
+    is_sync = app & (op == "sync") & (step >= 0)
+    is_tens = app & (op == "tensor") & (step >= 0)
+    if not is_sync.any():
+        return Arrivals.none(data)
+    dpos = np.flatnonzero(data)
+    dpos = dpos[np.argsort(start[coll[dpos]], kind="stable")]
+    ds, de, dstep = start[coll[dpos]], end[coll[dpos]], step[coll[dpos]]
+
+    def feed(u: np.ndarray, s: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(ds, u, side="left")
+        k = np.minimum(i, len(ds) - 1)
+        return np.where((i < len(ds)) & (dstep[k] == s), dpos[k], -1)
+
+    def fly(u: np.ndarray) -> np.ndarray:
+        j = np.searchsorted(ds, u, side="right") - 1
+        k = np.maximum(j, 0)
+        return np.where((j >= 0) & (de[k] > u), dpos[k], -1)
+
+    mark = np.flatnonzero(is_sync | is_tens)
+    t0, t1, ms = start[mark], np.maximum(end[mark], start[mark]), step[mark]
+    steps = np.unique(step[is_sync])
+    sy, te = np.flatnonzero(is_sync), np.flatnonzero(is_tens)
+    arr = _breakdown_arrival(step[sy], start[sy], step[te], end[te], steps)
+    gate = feed(np.maximum(arr, 0), steps)
+    keep = (arr >= 0) & (gate >= 0)
+    return Arrivals(data=data, mark=mark, mark_sync=is_sync[mark], feed0=feed(t0, ms),
+                    fly0=fly(t0), feed1=feed(t1, ms), fly1=fly(t1), step=steps[keep],
+                    gate=gate[keep], time=np.zeros(int(keep.sum()), np.int64))
+
+
+def calls_for_steps(tmpl: Template, steps: int) -> int:
+    """The --calls-per-rank that gives about `steps` steps: the template's calls
+    before and after its steps, and its steps' calls repeated (a template whose
+    start-up is long, such as Horovod's idle cycles before the first step, needs
+    more calls than its steps alone)."""
+    t = tmpl.table
+    lo, hi = _split(t)
+    call = _strings(t["backend"]) != "app"
+    step = t["step"].to_numpy()[lo:hi]
+    n_steps = len(np.unique(step[step >= 0]))
+    body = int(call[lo:hi].sum())
+    reps = -(-max(int(steps), 1) // max(n_steps, 1))
+    return int(call[:lo].sum()) + int(call[hi:].sum()) + reps * max(body, 1)
+
+
+def median_step_ns(tmpl: Template) -> int:
+    """The template's median step (its APP step rows; 0 without steps): what a
+    straggler's delay is best sized against, since the template's machine sets it."""
+    t = tmpl.table
+    st = _strings(t["op"]) == "step"
+    if not st.any():
+        return 0
+    d = t["t_end_ns"].to_numpy()[st] - t["t_start_ns"].to_numpy()[st]
+    return int(np.median(d))
 
 
 def make_plan(tmpl: Template, cfg: SynthConfig) -> Plan:
@@ -347,6 +511,9 @@ def make_plan(tmpl: Template, cfg: SynthConfig) -> Plan:
     matched = ((~is_app[tidx]) & (~device[tidx]) & (sq >= 0) & (csize[tidx] > 1)
                & ~np.isin(ops[tidx], NON_MATCHED_OPS))
     coll = np.flatnonzero(matched)
+    kind = _strings(t["kind"]) if "kind" in t.schema.names else None
+    data = (kind[tidx[coll]] == "data") if kind is not None else np.ones(len(coll), bool)
+    arrivals = link_arrivals(ops, is_app, tidx, start, end, st, coll, data)
     rng = np.random.default_rng([cfg.seed, 0])
     speed = rng.uniform(0.5, 1.5, cfg.ranks)
     k = cfg.stragglers if cfg.ranks > 1 else 0
@@ -356,6 +523,8 @@ def make_plan(tmpl: Template, cfg: SynthConfig) -> Plan:
     noise = np.exp(rng.normal(0.0, cfg.duration_sigma, nc)) if cfg.duration_sigma else \
         np.ones(nc)
     has = (rng.random(nc) < cfg.straggler_share) if k else np.zeros(nc, bool)
+    if len(arrivals.gate):  # a late rank is late at a step: at the collective its
+        has &= arrivals.gates  # arrival feeds (not Horovod's cycle, not the backward pass)
     who = rng.integers(0, max(k, 1), nc)
     delay = np.where(has, np.rint(cfg.straggler_delay_ns * np.exp(rng.normal(0.0, 0.5, nc))),
                      0).astype(np.int64)
@@ -377,9 +546,15 @@ def make_plan(tmpl: Template, cfg: SynthConfig) -> Plan:
     end_key = end.copy()
     end_key[coll] = start[coll] + d
     new_end = np.maximum(warp(end_key), new_start)
+    if len(arrivals.step):  # the arrivals on the warped axis: what a rank's are checked against
+        a = arrivals
+        m = a.mark
+        sy, te = m[a.mark_sync], m[~a.mark_sync]
+        a.time = _breakdown_arrival(st[sy], new_start[sy], st[te], new_end[te], a.step)
     return Plan(tidx=tidx, start=new_start, end=new_end, seq=sq, step=st, coll=coll,
                 straggler_of=straggler_of, delay=delay, stragglers=stragglers, speed=speed,
-                jitter=cfg.jitter_ns, n_steps=n_steps, reps=reps)
+                jitter=cfg.jitter_ns, n_steps=n_steps, reps=reps,
+                steps_run=int(len(np.unique(st[step_rows & (st >= 0)]))), arrivals=arrivals)
 
 
 # ---------------------------------------------------------------------------
@@ -435,8 +610,33 @@ def rank_clock(cfg: SynthConfig, rank: int) -> RankClock:
     return RankClock(off, err, res)
 
 
-def rank_table(tmpl: Template, plan: Plan, cfg: SynthConfig, rank: int) -> pa.Table:
-    """Rank `rank`'s rows (sorted by start time)."""
+def _move_arrivals(a: Arrivals, late: np.ndarray, t_start: np.ndarray,
+                   t_end: np.ndarray) -> None:
+    """Move a rank's arrival marks with its lateness at the collectives they feed
+    (`late`: per collective slot, its arrival after the plan's start): a rank
+    whose gradients reach a collective late handed them over, and entered
+    synchronize, that much later.  The synchronize row's end stays: it returns
+    when the step's collectives complete, on every rank alike."""
+    if not len(a.mark) or not len(late):
+        return
+
+    def by(feed: np.ndarray, fly: np.ndarray) -> np.ndarray:
+        return np.maximum(np.where(feed >= 0, late[np.maximum(feed, 0)], 0),
+                          np.where(fly >= 0, late[np.maximum(fly, 0)], 0))
+
+    m = a.mark
+    t_start[m] += by(a.feed0, a.fly0)
+    tens = ~a.mark_sync
+    t_end[m[tens]] += by(a.feed1, a.fly1)[tens]
+    t_end[m] = np.maximum(t_end[m], t_start[m])
+
+
+def rank_table(tmpl: Template, plan: Plan, cfg: SynthConfig, rank: int, *,
+               arrivals: bool = True) -> pa.Table:
+    """Rank `rank`'s rows (sorted by start time).  arrivals=False leaves the
+    arrival marks where the template has them, whatever the rank's lateness at
+    the collectives: a job whose arrivals and collectives disagree, which
+    `check_arrivals` refuses."""
     base = tmpl.table.take(pa.array(plan.tidx))
     n = base.num_rows
     clock = rank_clock(cfg, rank)
@@ -452,6 +652,8 @@ def rank_table(tmpl: Template, plan: Plan, cfg: SynthConfig, rank: int) -> pa.Ta
         t_start[c] += arrive
         t_end[c] += rng.integers(0, 64, len(c))
         t_end[c] = np.maximum(t_end[c], t_start[c])
+        if arrivals:
+            _move_arrivals(plan.arrivals, arrive, t_start, t_end)
     ids, sizes, crank = _comm_map(tmpl, cfg.ranks, rank)(
         base["comm"].to_numpy().astype(np.uint64), base["comm_size"].to_numpy().astype(np.int64))
     cols: dict[str, np.ndarray] = {
@@ -474,6 +676,76 @@ def rank_table(tmpl: Template, plan: Plan, cfg: SynthConfig, rank: int) -> pa.Ta
     if not (order == np.arange(n)).all():
         base = base.take(pa.array(order))
     return base
+
+
+class DisagreementError(ProfilerError):
+    """A generated rank whose arrivals at synchronize and at the collectives they
+    feed tell two stories (synth refuses to write it)."""
+
+
+def arrival_tolerance_ns(cfg: SynthConfig) -> int:
+    """How far a rank's lateness at synchronize may differ from its lateness at the
+    step's collective: the arrival jitter (a mark in flight of an earlier
+    collective keeps that one's jitter), never a straggler's delay."""
+    return int(np.ceil(1.5 * cfg.jitter_ns)) + 1
+
+
+def check_arrivals(tmpl: Template, plan: Plan, cfg: SynthConfig, rank: int,
+                   table: pa.Table) -> None:
+    """Refuse a generated rank whose arrivals and collectives disagree.
+
+    Read from the rank's rows as analysis.breakdown reads them: per step whose
+    arrival feeds a collective, the rank's arrival (its last tensor handed to
+    Horovod before synchronize, else its synchronize entry) and its start of that
+    collective (by communicator and sequence number).  Each, less the rank's clock
+    residual, is compared with the plan's: the rank must be as late at one as at
+    the other (within `arrival_tolerance_ns`).  A straggler delayed at the
+    collective whose arrival stayed where it was fails this: the late-rank finding
+    would read an on-time rank, and the whole-job pass a late one."""
+    a = plan.arrivals
+    if not len(a.step):
+        return
+    residual = rank_clock(cfg, rank).residual_ns
+    ops = _strings(table["op"])
+    app = _strings(table["backend"]) == "app"
+    step = table["step"].to_numpy().astype(np.int64)
+    t0 = table["t_start_ns"].to_numpy().astype(np.int64)
+    t1 = table["t_end_ns"].to_numpy().astype(np.int64)
+    sy = app & (ops == "sync")
+    te = app & (ops == "tensor")
+    arrival = _breakdown_arrival(step[sy], t0[sy], step[te], t1[te], a.step)
+    # the gate collectives' rows, by (communicator, sequence number)
+    gslot = plan.coll[a.gate]
+    src = tmpl.table.take(pa.array(plan.tidx[gslot]))
+    gcomm, _, _ = _comm_map(tmpl, cfg.ranks, rank)(
+        src["comm"].to_numpy().astype(np.uint64), src["comm_size"].to_numpy().astype(np.int64))
+    gseq = plan.seq[gslot]
+    calls = np.flatnonzero(~app & (table["seq"].to_numpy() >= 0))
+    ccomm = table["comm"].to_numpy().astype(np.uint64)[calls]
+    cseq = table["seq"].to_numpy().astype(np.int64)[calls]
+    pos = np.full(len(gslot), -1, np.int64)
+    if len(calls):
+        ucomm = np.unique(ccomm)
+        gi = np.clip(np.searchsorted(ucomm, gcomm), 0, len(ucomm) - 1)
+        span = int(max(cseq.max(), gseq.max())) + 1
+        key = np.searchsorted(ucomm, ccomm).astype(np.int64) * span + cseq
+        order = np.argsort(key, kind="stable")
+        want = gi.astype(np.int64) * span + gseq
+        j = np.minimum(np.searchsorted(key[order], want), len(key) - 1)
+        hit = (ucomm[gi] == gcomm) & (key[order][j] == want)
+        pos[hit] = calls[order[j[hit]]]
+    gate_start = np.where(pos >= 0, t0[np.maximum(pos, 0)], -1)
+    late_arr = arrival - residual - a.time
+    late_gate = gate_start - residual - plan.start[gslot]
+    bad = (arrival < 0) | (gate_start < 0) | (np.abs(late_arr - late_gate)
+                                             > arrival_tolerance_ns(cfg))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise DisagreementError(
+            None, f"synthetic rank {rank}, step {int(a.step[i])}: it reaches synchronize "
+                  f"{int(late_arr[i])} ns after the plan but the collective its gradients "
+                  f"ride in {int(late_gate[i])} ns after it ({int(bad.sum())} such steps): "
+                  "its arrivals and collectives disagree")
 
 
 def _host(tmpl: Template, cfg: SynthConfig, rank: int) -> str:
@@ -595,6 +867,7 @@ def synthesize(src: str | os.PathLike[str], out: str | os.PathLike[str], cfg: Sy
     calls = 0
     for r in range(cfg.ranks):
         table = rank_table(tmpl, plan, cfg, r)
+        check_arrivals(tmpl, plan, cfg, r, table)
         pf = d / "ranks" / f"rank-{r:05d}.parquet"
         write_parquet(table, pf)
         total_bytes += pf.stat().st_size
@@ -622,6 +895,7 @@ def synthesize(src: str | os.PathLike[str], out: str | os.PathLike[str], cfg: Sy
         # the truth of a late rank's cost: its delays over the run (each shifts all
         # that follows), and the steps they spread over
         "data_delay_ns_by_straggler": _data_delays(tmpl, plan),
+        "injected": injected(plan),
         "steps": int(plan.n_steps) * int(plan.reps),
     }
     write_trace(trace, meta, files, metas, limit=trace_events)

@@ -8,8 +8,12 @@ DIR gets ranks/rank-RRRRR.parquet + .json for every rank and trace.json, as a
 real N-rank job would leave them: the source rank's calls (ops, message sizes,
 kinds, threads, steps) repeated to --calls-per-rank calls, with per-rank arrival
 jitter, clock offsets, and --stragglers ranks that arrive late at a share of
-the collectives (recorded in trace.json under "synthetic").  The model is
-described in profiler/synth.py.  The same arguments give the same dataset.
+the collectives (recorded in trace.json under "synthetic", with each one's
+delays per step under "synthetic.injected").  Where the source has
+synchronize marks (Horovod's DistributedOptimizer), a straggler's arrival at
+synchronize moves with its delay, as a real late rank's does; a rank whose
+arrivals and collectives would disagree is refused.  The model is described
+in profiler/synth.py.  The same arguments give the same dataset.
 """
 
 from __future__ import annotations
