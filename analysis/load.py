@@ -146,8 +146,9 @@ def window_for(path: str | os.PathLike[str], max_rows: int, *, first_ranks: int 
     so that a late rank of a thousand is in the window; without one, the least
     communication time of the rank metadata.  None when everything fits, or when the
     path has no parquet dataset.  Returns the filter and {"description", "rows",
-    "rows_total", "ranks", "steps", "t_start_ns", "stragglers"} ("stragglers": the
-    pass's ranking, worst first, at most 16 rows)."""
+    "rows_total", "ranks", "steps", "t_start_ns", "stragglers", "job_steps"}
+    ("stragglers": the pass's ranking, worst first, at most 16 rows; "job_steps":
+    the most steps a rank's metadata counts, 0 when none does)."""
     import orjson
 
     from profiler.postjob.window import select_events
@@ -175,7 +176,9 @@ def window_for(path: str | os.PathLike[str], max_rows: int, *, first_ranks: int 
                  "rows_total": sel.total, "ranks": sel.ranks,
                  "steps": list(sel.steps) if sel.steps else None,
                  "t_start_ns": list(sel.t_window_ns),
-                 "stragglers": ranking}
+                 "stragglers": ranking,
+                 "job_steps": max((int((m.get("steps") or {}).get("steps") or 0)
+                                   for m in metas), default=0)}
 
 
 def _whole_job_stragglers(ds: Dataset) -> tuple[list[dict[str, Any]], list[int]]:

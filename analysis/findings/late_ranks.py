@@ -7,13 +7,17 @@ blocking collective).  The rank that arrives last holds every other rank in
 synchronize.  Two findings come from the breakdown's ``wait_ranks`` part:
 
 * ``late_ranks``: a rank is named only when it is last significantly more often
-  than chance (1/n of the steps, binomial test, Bonferroni over the n ranks,
-  the steps' autocorrelation accounted for: analysis.stats).  Its cost is a
-  counterfactual (breakdown.counterfactual_gain): how much sooner each step
-  would end if the rank arrived without its systematic excess, the jitter
-  every rank shares left in place.  The others' waiting it causes (averaged
-  over the ranks like the breakdown) is given beside it, and is what the
-  rest of the waiting (below) is reckoned without.
+  than chance (1/n of the steps, binomial test, Bonferroni over the job's
+  ranks, the steps' autocorrelation accounted for: analysis.stats).  Up to
+  MAX_LATE ranks are tested (the most often last and the costliest), each a
+  finding of its own.  Its cost is a counterfactual: how much sooner each
+  step would end if the rank arrived without its systematic excess (the
+  median of its arrival beyond the others') and without what it adds beyond
+  the jitter every rank shows in the steps where it is late (a rank of many
+  that is late in some steps only), every rank's jitter left in place.  The
+  others' waiting it causes (averaged over the ranks like the breakdown) is
+  given beside it, and is what the rest of the waiting (below) is reckoned
+  without.
 * ``rank_waiting``: the rest of the waiting, which no rank causes
   consistently: step times that vary on every rank (contention, OS noise,
   data loading, uneven batches).  It names no rank.
@@ -21,10 +25,17 @@ synchronize.  Two findings come from the breakdown's ``wait_ranks`` part:
 Without steps, matched collectives (analysis.imbalance) stand in: the last
 arrival at each call, tested against chance the same way.
 
+In a window of a larger job (analysis.load: the first ranks and the ranks one
+pass over every call found late), chance is 1/n of the ranks in the window and
+the correction is over all the job's ranks: the window's late ranks were
+chosen among them.  That pass's ranking is given beside each late rank.
+
 A claim needs clocks aligned better than the lateness it reports.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -33,12 +44,13 @@ from profiler.layout import format_ranges
 from profiler.units import fmt_ms, fmt_share
 
 from .. import remedies
-from ..stats import ChanceTest, chance_test, most_often
+from ..stats import ALPHA, ChanceTest, chance_test, most_often
 from .base import MIN_STEPS, Context, Finding, bootstrap_mean
 from .contention import NAMED_SHARE, cpu_waits, main_split, rank_neighbour
 
 NULL = ("chance: with n ranks whose step times vary alike, each is last in 1/n of the steps "
-        "(binomial test, p < 0.01 after correcting for n ranks and for runs of steps)")
+        "(binomial test, p < 0.01 after correcting for the job's ranks and for runs of "
+        "steps)")
 
 
 def clock_error_ms(meta: dict) -> float:
@@ -104,8 +116,104 @@ def _more(ms: float) -> str:
     return f"{fmt_ms(ms)} more" if ms >= 0 else f"{fmt_ms(-ms)} less"
 
 
+def job_ranks(ctx: Context, n: int) -> int:
+    """The job's ranks (at least the n of the rows analysed): what a late rank
+    was chosen among, so what the test against chance corrects for."""
+    meta = ctx.meta or {}
+    listed = len(meta.get("ranks") or [])
+    world = meta.get("world_size")
+    return max(n, listed, int(world) if isinstance(world, (int, float)) else 0)
+
+
+def tested(winners: np.ndarray, rank: int, n: int, job_n: int) -> ChanceTest | None:
+    """`rank` last more often than 1/n of the trials (the n ranks in the rows),
+    Bonferroni-corrected over the job's `job_n` ranks (a window's late ranks
+    were chosen among all of them)."""
+    t = chance_test(winners, rank, n)
+    if t is None or job_n <= n:
+        return t
+    p = min(1.0, t.p_value * job_n / n)
+    return replace(t, p_value=p, significant=p < ALPHA)
+
+
+def _arrival_table(bd: pd.DataFrame, lr: pd.DataFrame) -> pd.DataFrame:
+    """The arrivals of last_ranks' steps: rows step, columns rank, ms after the
+    step's first arrival (relative: ns since the epoch lose precision as floats)."""
+    r = bd.loc[(bd["arrival_ns"] >= 0) & bd["step"].isin(lr["step"]),
+               ["step", "rank", "arrival_ns"]]
+    rel = r["arrival_ns"] - r.groupby("step")["arrival_ns"].transform("min")
+    return (r.assign(t=rel.astype(np.float64) / 1e6)
+            .pivot_table(index="step", columns="rank", values="t", aggfunc="max")
+            .reindex(lr["step"].to_numpy()))
+
+
+#: Above this many ranks, a rank's offset is taken against the median of all
+#: the ranks (itself included) rather than of the others: the same within one
+#: order statistic, without a median per rank.
+EXACT_OTHERS = 32
+
+
+def _offsets(table: pd.DataFrame) -> pd.DataFrame:
+    """Each rank's arrival minus the median of the others' in the same step (ms)."""
+    if table.shape[1] > EXACT_OTHERS:
+        return table.sub(table.median(axis=1), axis=0)
+    return pd.DataFrame({r: table[r] - table.drop(columns=[r]).median(axis=1)
+                         for r in table.columns}, index=table.index)
+
+
+@dataclass
+class Lateness:
+    """A rank's counterfactual (see `lateness`)."""
+
+    gains: np.ndarray  # ms per step (of last_ranks) sooner without its lateness
+    excess_ms: float  # its systematic excess: median arrival beyond the others'
+    beyond_ms: np.ndarray  # per step: what it adds beyond the others' jitter
+    jitter_ms: float  # the others' largest deviation from their own usual offset
+
+
+def lateness(table: pd.DataFrame, offsets: pd.DataFrame, rank: int) -> Lateness:
+    """How much sooner each step would end without `rank`'s lateness.
+
+    Its arrivals move earlier by its systematic excess E (the median over steps
+    of its offset beyond the others', at least 0: breakdown.counterfactual_gain's)
+    and, in each step, by what its deviation from its own usual offset exceeds
+    the jitter every rank shows (J: the median over the other ranks of each one's
+    largest deviation from its usual offset).  A rank late by the same amount
+    every step loses E; a rank of many late in some steps only (its median
+    offset is the others') loses those steps' lateness beyond J; the jitter is
+    left in place either way.  Each step's last arrival is recomputed; the tail
+    after it (the final transfers) is assumed unchanged."""
+    steps = len(table)
+    if rank not in table.columns or table.shape[1] < 2:
+        return Lateness(np.zeros(steps), 0.0, np.zeros(steps), 0.0)
+    dev = offsets - offsets.median(axis=0)
+    d = offsets[rank].to_numpy(dtype=np.float64)
+    mid = float(np.nanmedian(d)) if np.isfinite(d).any() else 0.0
+    excess = max(mid, 0.0)
+    spread = dev.drop(columns=[rank]).max(axis=0)
+    jitter = float(np.nanmedian(spread.to_numpy(dtype=np.float64))) if len(spread) else 0.0
+    jitter = max(jitter, 0.0) if np.isfinite(jitter) else 0.0
+    beyond = np.nan_to_num(np.maximum(d - mid - jitter, 0.0))
+    moved = table.copy()
+    moved[rank] = table[rank] - excess - beyond
+    gains = (table.max(axis=1) - moved.max(axis=1)).clip(lower=0.0).fillna(0.0)
+    return Lateness(gains.to_numpy(dtype=np.float64), excess, beyond, jitter)
+
+
+def _candidates(lr: pd.DataFrame, first: int) -> list[int]:
+    """The ranks to test: the most often last, then the costliest (the sum of
+    their leads when last), MAX_LATE of them at most besides the first."""
+    lead = lr.loc[~lr["tie"]].groupby("last_rank")["lead_ms"].sum()
+    lead = lead.sort_values(ascending=False, kind="stable")
+    out = [first]
+    for r in lead.index[:MAX_LATE]:
+        if int(r) not in out:
+            out.append(int(r))
+    return out
+
+
 def _from_breakdown(ctx: Context) -> list[Finding] | None:
-    from ..breakdown import caused_wait, counterfactual_gain, last_ranks
+    from ..breakdown import caused_wait, last_ranks
 
     bd = ctx.breakdown
     if bd.empty:
@@ -114,27 +222,41 @@ def _from_breakdown(ctx: Context) -> list[Finding] | None:
     if len(lr) < MIN_STEPS:
         return None
     n = int(lr["ranks"].max())
-    test = most_often(lr.loc[~lr["tie"], "last_rank"].to_numpy(), n)
-    if test is None:
+    job_n = job_ranks(ctx, n)
+    winners = lr.loc[~lr["tie"], "last_rank"].to_numpy()
+    first = most_often(winners, n)
+    if first is None:
         return None
     per_step_wait = bd.groupby("step")["wait_ranks_ms"].mean().reindex(lr["step"]).to_numpy()
-    found: list[Finding] = []
     caused = np.zeros(len(lr))
-    late = test.candidate
     err = clock_error_ms(ctx.meta)
-    if test.significant:
-        caused = caused_wait(bd, late)
-        gain, excess = counterfactual_gain(bd, late)
-        found.append(_late_finding(ctx, bd, lr, test, caused, gain, excess, err))
+    table = _arrival_table(bd, lr)
+    offsets = _offsets(table)
+    late: list[tuple[Finding, np.ndarray]] = []
+    tests: list[ChanceTest] = []
+    for rank in _candidates(lr, first.candidate):
+        test = tested(winners, rank, n, job_n)
+        if test is None:
+            continue
+        tests.append(test)
+        if test.significant:
+            mine = caused_wait(bd, rank)
+            late.append((_late_finding(ctx, bd, lr, test, mine,
+                                       lateness(table, offsets, rank), err), mine))
+    late = sorted(late, key=lambda fc: -(fc[0].cost_ms or 0.0))[:MAX_LATE]
+    for _, mine in late:
+        caused = caused + mine
     rest = np.maximum(per_step_wait - caused, 0.0)
-    found.append(_waiting_finding(ctx, bd, lr, test, rest, named=test.significant))
-    return found
+    named = [int(f.numbers["rank"]) for f, _ in late]
+    head = tests[0] if tests else first
+    return [*(f for f, _ in late), _waiting_finding(ctx, bd, lr, head, rest, named=named)]
 
 
 def _late_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: ChanceTest,
-                  caused: np.ndarray, gains: np.ndarray, excess_ms: float,
-                  err: float) -> Finding:
+                  caused: np.ndarray, cf: Lateness, err: float) -> Finding:
     late = test.candidate
+    gains, excess_ms = cf.gains, cf.excess_ms
+    beyond = float(np.mean(cf.beyond_ms)) if len(cf.beyond_ms) else 0.0
     mean, lo, hi = bootstrap_mean(gains)  # the headline: the counterfactual step
     waited = float(np.mean(caused)) if len(caused) else 0.0
     mine = lr.loc[(lr["last_rank"] == late) & ~lr["tie"], "lead_ms"]
@@ -150,8 +272,13 @@ def _late_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: Chance
                f"last in {test.describe()}; it trails the next rank by "
                f"{fmt_ms(lead)} on median when last, {fmt_ms(excess_ms)} beyond the "
                "others' arrivals on median over all steps.",
-               f"without that excess, its arrivals {fmt_ms(excess_ms)} earlier and every "
-               f"rank's jitter as it was, each step would end {fmt_ms(mean)} sooner on "
+               (f"without that excess, its arrivals {fmt_ms(excess_ms)} earlier and every "
+                "rank's jitter as it was," if beyond < 0.5 * max(excess_ms, 1e-12) else
+                f"without that excess and what it adds beyond the {fmt_ms(cf.jitter_ms)} "
+                f"every rank's arrival varies by ({fmt_ms(beyond)} per step on average, "
+                f"in the {int((cf.beyond_ms > 0).sum())} steps it was late), every rank's "
+                "jitter as it was,")
+               + f" each step would end {fmt_ms(mean)} sooner on "
                f"average (the cost above); the others wait {fmt_ms(waited)} per step for it, "
                "averaged over all ranks like the breakdown."]
     # where the late rank's extra time outside synchronize went, against the
@@ -213,6 +340,7 @@ def _late_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: Chance
         numbers={"rank": late, "last_share": test.share, "last_count": test.count,
                  "steps": test.trials, "p_value": test.p_value, "n_eff": test.n_eff,
                  "lateness_ms": lead, "excess_ms": excess_ms, "step_gain_ms": mean,
+                 "beyond_jitter_ms_per_step": beyond, "jitter_ms": cf.jitter_ms,
                  "whole_lead_ms_per_step": whole_lead, "others_wait_ms_per_step": waited,
                  "source": source, "clock_error_ms": err,
                  "cpu_excess_ms": excess, "late_by_cpu": by_cpu,
@@ -223,13 +351,14 @@ def _late_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: Chance
 
 
 def _waiting_finding(ctx: Context, bd: pd.DataFrame, lr: pd.DataFrame, test: ChanceTest,
-                     rest: np.ndarray, *, named: bool) -> Finding:
+                     rest: np.ndarray, *, named: list[int]) -> Finding:
     mean, lo, hi = bootstrap_mean(rest)
     sd, corr = _variation(bd)
     counts = lr.loc[~lr["tie"], "last_rank"].value_counts()
     n = int(lr["ranks"].max())
     if named:
-        order = f"besides rank {test.candidate}'s lateness (above)"
+        order = ("besides " + " and ".join(f"rank {r}'s" for r in named)
+                 + " lateness (above)")
     elif n == 2:
         order = ("; ".join(f"rank {int(r)} last in {int(c)} of {len(lr)} steps"
                            for r, c in counts.sort_index().items())
@@ -284,12 +413,15 @@ def _from_matched(ctx: Context) -> list[Finding]:
     has = m.loc[m["last_rank"] >= 0]
     if has.empty:
         return []
-    n = int(m["comm_size"].max())
+    # chance: 1/n of the ranks that took part (a window holds fewer than comm_size);
+    # the correction: over the job's ranks, which a window's were chosen among
+    n = int(has["n_ranks"].max()) if "n_ranks" in has.columns else int(m["comm_size"].max())
+    job_n = job_ranks(ctx, max(n, int(m["comm_size"].max())))
     winners = has["last_rank"].to_numpy()
     gains = has.groupby("last_rank")["lead_ns"].sum().sort_values(ascending=False, kind="stable")
     found: list[Finding] = []
     for rank in gains.index[:MAX_LATE]:
-        test = chance_test(winners, int(rank), n)
+        test = tested(winners, int(rank), n, job_n)
         if test is None:
             break
         f = _matched_finding(ctx, m, has, test, n)
@@ -384,7 +516,9 @@ def _whole_job(ctx: Context) -> dict | None:
     if not sel or not ctx.path:
         return None
     # the window's own pass over every rank (analysis.load.window_for), else one now
-    passed = [w.get("stragglers") for w in sel.values() if isinstance(w, dict)]
+    windows = [w for w in sel.values() if isinstance(w, dict)]
+    passed = [w.get("stragglers") for w in windows]
+    steps = int(windows[0].get("job_steps") or 0) if windows else 0
     if passed and passed[0]:
         ranking = pd.DataFrame(passed[0])
         n_ranks = len(ctx.meta.get("ranks") or []) or len(ranking)
@@ -400,10 +534,49 @@ def _whole_job(ctx: Context) -> dict | None:
     if ranking.empty or int(ranking["last_count"].max()) == 0:
         return None
     top = ranking.iloc[0]
+    rows = {int(r["rank"]): {"order": i + 1, "last_share": float(r["last_share"]),
+                             "gain_s": float(r.get("gain_s", 0.0))}
+            for i, r in enumerate(ranking.head(16).to_dict("records"))}
     return {"rank": int(top["rank"]), "last_share": float(top["last_share"]),
             "caused_wait_s": float(top["caused_wait_s"]),
             "gain_s": float(top.get("gain_s", 0.0)), "ranks": n_ranks,
-            "top": [int(r) for r in ranking["rank"].head(4)]}
+            "top": [int(r) for r in ranking["rank"].head(4)], "by_rank": rows,
+            "steps": steps}
+
+
+def _whole_job_details(f: Finding, job: dict) -> None:
+    """The whole-job pass beside a late rank of the window: where it ranks this
+    rank, and what its leads over every matched call come to per step."""
+    mine = job["by_rank"].get(int(f.numbers["rank"]))
+    f.numbers["whole_job"] = {k: v for k, v in job.items() if k != "by_rank"}
+    where = (f"rank {f.numbers['rank']} is {_waited_for(mine['order'])} (last in "
+             f"{fmt_share(mine['last_share'])} of them"
+             if mine is not None else
+             f"rank {job['rank']} arrives last most often ({fmt_share(job['last_share'])}")
+    per_step = ""
+    if mine is not None:
+        f.numbers["whole_job"]["rank_order"] = mine["order"]
+        f.numbers["whole_job"]["gain_s_of_rank"] = mine["gain_s"]
+        if job["steps"]:
+            ms = mine["gain_s"] * 1e3 / job["steps"]
+            f.numbers["whole_job"]["gain_ms_per_step"] = ms
+            per_step = f", {fmt_ms(ms)} per step of the run"
+        gain = mine["gain_s"]
+    else:
+        gain = job["gain_s"]
+    f.details.append(
+        f"over every matched call of the job ({job['ranks']} ranks, not only the "
+        f"window): {where}; without its lateness those calls would start "
+        f"{fmt_ms(gain * 1e3)} sooner in all{per_step})"
+        + ("; the most waited for: " + ", ".join(str(r) for r in job["top"])
+           if job["top"] else "") + ".")
+
+
+def _waited_for(k: int) -> str:
+    """'the rank the others wait for most', 'the second ...', 'number 5 of the ...'."""
+    if k <= 3:
+        return "the " + ("", "second ", "third ")[k - 1] + "rank the others wait for most"
+    return f"number {k} of the ranks the others wait for most"
 
 
 def analyze(ctx: Context) -> list[Finding]:
@@ -416,15 +589,7 @@ def analyze(ctx: Context) -> list[Finding]:
     for f in late:
         _name_the_neighbour(ctx, f)
     job = _whole_job(ctx)
-    if job is not None and late:
-        f = late[0]
-        f.numbers["whole_job"] = job
-        same = "the same rank" if job["rank"] == f.numbers["rank"] else f"rank {job['rank']}"
-        f.details.append(
-            f"over every matched call of the job ({job['ranks']} ranks, not only the "
-            f"window): {same} arrives last most often ({fmt_share(job['last_share'])}; "
-            f"without its lateness those calls would start {fmt_ms(job['gain_s'] * 1e3)} "
-            "sooner in all)"
-            + ("; next: " + ", ".join(str(r) for r in job["top"][1:]) if job["top"][1:] else "")
-            + ".")
+    if job is not None:
+        for f in late:
+            _whole_job_details(f, job)
     return found
