@@ -530,6 +530,11 @@ def render_report(
             out = _tensor_column_section(df)
         return out or '<p class="muted">no fusion lineage</p>'
 
+    def sec_whatif() -> str:
+        from .predict import report_section
+
+        return report_section(paths or {}, fig, _table)
+
     def sec_compare() -> str:
         from profiler.formats.horovod_env import settings as horovod_settings
 
@@ -558,6 +563,7 @@ def render_report(
         ("steps", "Steps and throughput", sec_steps),
         ("kinds", "Control vs data", sec_kinds),
         ("lineage", "Fusion lineage", sec_lineage),
+        ("whatif", "What if: other rank counts and fabrics", sec_whatif),
     ]
     if multi and len(labels) > 1:
         sections.append(("compare", "Comparison", sec_compare))

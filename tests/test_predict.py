@@ -294,3 +294,41 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     merge(d)
     _one_line_error(profiler_cli("predict", str(d / "trace.json"), cwd=tmp_path), "no steps")
     _one_line_error(profiler_cli("predict", str(tmp_path / "missing.json"), cwd=tmp_path))
+
+
+# ----------------------------------------------------------------- where people look
+
+
+def test_the_reports_what_if_shows_three_fabrics_and_the_measured_point() -> None:
+    made: dict[str, object] = {}
+
+    def fig(name: str, figure: object) -> str:
+        made[name] = figure
+        return f"<figure {name}>"
+
+    html = P.report_section({"": str(PROFILE)}, fig, lambda t: f"<table {len(t)} rows>")
+    assert list(made) == ["whatif-trace"] and "<figure whatif-trace>" in html
+    traces = made["whatif-trace"].data  # type: ignore[attr-defined]
+    lines = [t.name for t in traces if t.mode == "lines+markers"]
+    assert lines == ["profiled fabric", "10 GbE", "100 Gb/s, 2 us"]
+    point = next(t for t in traces if t.name == "measured")
+    prof = P.open_profile(str(PROFILE))
+    assert list(point.x) == [2] and point.y[0] == pytest.approx(prof.images_per_s)
+    assert "assumptions" in html
+
+
+def test_a_remedy_that_changes_a_knob_says_what_the_model_predicts() -> None:
+    from profiler.analysis.findings.base import Context
+
+    df, meta = _job()
+    ctx = Context(df=df, meta=meta)
+    line, numbers = P.remedy_line(ctx, P.Target(link_speedup=10.0), "a link 10 times faster")
+    prof = P.profile_of(df, meta)
+    want = P.predict(prof, P.Target(link_speedup=10.0), n_boot=200)
+    assert numbers["predicted_step_ms"] == pytest.approx(want.step_ms)
+    assert numbers["predicted_saving_ms"] == pytest.approx(prof.parts["wall"].mean()
+                                                           - want.step_ms)
+    assert numbers["predicted_saving_ms"] > 0 and line.startswith(
+        "predicted (profiler predict): with a link 10 times faster a step takes")
+    assert P.remedy_line(Context(df=df.loc[df["op"] != "sync"], meta=meta),
+                         P.Target(cycle_ms=5.0), "x") is None

@@ -164,6 +164,13 @@ def _cycle_wait(ctx: Context, bd: pd.DataFrame) -> list[Finding]:
                        "negotiation waits for the rank whose cycle comes last: both parts "
                        f"scale with the cycle time, and a {DEFAULT_CYCLE_MS:g} ms cycle would "
                        f"wait {fmt_ms(wait_m - mean)} instead of {fmt_ms(wait_m)}.")
+        from ..predict import Target, remedy_line
+        from .fusion import _lineage
+
+        predicted = remedy_line(ctx, Target(cycle_ms=DEFAULT_CYCLE_MS),
+                                f"HOROVOD_CYCLE_TIME={DEFAULT_CYCLE_MS:g}", _lineage(ctx))
+        if predicted is not None:
+            details.append(predicted[0])
         return [Finding(
             key="cycle_time",
             headline=(f"HOROVOD_CYCLE_TIME={cycle:g} ms holds every step {fmt_ms(wait_m)} "
@@ -177,7 +184,7 @@ def _cycle_wait(ctx: Context, bd: pd.DataFrame) -> list[Finding]:
                   "BEFORE AFTER",
             numbers={"cycle_time_ms": cycle, "idle_ms": idle_m, "negotiation_ms": neg_m,
                      "completion_ms": comp_m, "horovod_ms": hv, "cycle_wait_ms": wait_m,
-                     "saved_ms": mean},
+                     "saved_ms": mean, **(predicted[1] if predicted else {})},
             significant=significant, part="horovod", null=NULL)]
     return [Finding(
         key="horovod_wait",

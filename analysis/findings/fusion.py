@@ -123,6 +123,13 @@ def analyze(ctx: Context, lineage: pd.DataFrame | None = None,
     else:
         headline = (f"The fusion threshold ({_label(w.threshold)}) is as good as any tried "
                     "for this job")
+    predicted = None
+    if better:  # the step this model predicts at that threshold (analysis.predict)
+        from ..predict import Target, remedy_line
+
+        predicted = remedy_line(ctx, Target(fusion_threshold=int(best["threshold"])),
+                                f"HOROVOD_FUSION_THRESHOLD={_label(int(best['threshold']))}",
+                                lin)
     tried = ", ".join(f"{_label(int(r.threshold))}: {r.calls_per_step:.1f} calls, "
                       f"{fmt_ms(r.transfer_ms_per_step)}"
                       for r in t.sort_values("threshold").itertuples(index=False))
@@ -136,7 +143,7 @@ def analyze(ctx: Context, lineage: pd.DataFrame | None = None,
                  f"calls {fmt_ms(w.actual_comm_median_ms)} in the median step (predicted "
                  f"{fmt_ms(w.base_comm_ms)}), "
                  f"{fmt_ms(w.actual_wait_ms)}/step on rank 0 with its waits.",
-                 f"latency: {_source(w)}."],
+                 f"latency: {_source(w)}."] + ([predicted[0]] if predicted else []),
         cost_ms=gain if better else 0.0, cost_interval_ms=(lo, hi) if better else None,
         cost_img_s=ctx.cost_img_s(gain) if better else None,
         confidence=(f"replay of {w.steps} steps; error = the replay's own error on this run "
@@ -152,7 +159,7 @@ def analyze(ctx: Context, lineage: pd.DataFrame | None = None,
                  "error": w.error, "contention": w.contention,
                  "latency_source": w.latency.source if w.latency is not None else "",
                  "latency_wide": bool(w.latency is not None and w.latency.wide),
-                 "table": _records(t)},
+                 "table": _records(t), **(predicted[1] if predicted else {})},
         significant=significant, part="transfer",
         null="the replay's own error on this run: a threshold is recommended only when its "
              "gain exceeds what the replay gets wrong at the run's own setting",

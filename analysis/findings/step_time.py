@@ -56,6 +56,19 @@ TRANSFER_NULL = (f"transfers the step can ignore: the transfer part under {COMM_
                  "the step (lower end of its 95% interval)")
 
 
+#: how much faster a link the transfer_bound remedy is priced at
+LINK_SPEEDUP = 10.0
+
+
+def _faster_link(ctx: Context) -> tuple[str, dict[str, float]] | None:
+    """The step analysis.predict gives this job on a link LINK_SPEEDUP times
+    faster (its own transfers' per-byte cost divided by that), as a detail."""
+    from ..predict import Target, remedy_line
+
+    return remedy_line(ctx, Target(link_speedup=LINK_SPEEDUP),
+                       f"a link {LINK_SPEEDUP:g} times faster")
+
+
 def _fabric_ms(ctx: Context, bench: Context | None) -> tuple[float, float]:
     """With a bench of this fabric: the bench's time for the run's data calls
     that start after each step's last arrival (their sizes at its fitted
@@ -123,6 +136,12 @@ def _transfer_bound(ctx: Context, per: pd.DataFrame,
     elif np.isfinite(waited_ms):
         details.append(f"Horovod's background thread waited for a core {fmt_ms(waited_ms)} per "
                        "step: contention explains little of it.")
+    numbers = {"transfer_ms": mean, "bytes_per_step": nbytes, "data_calls": calls,
+               "algbw_gbps": rate, "fabric_ms": fabric_ms}
+    faster = _faster_link(ctx)
+    if faster is not None:
+        details.append(faster[0])
+        numbers.update(faster[1])
     return [Finding(
         key="transfer_bound",
         headline=f"Transfers hold every step {fmt_ms(mean)} after the last gradient is ready",
@@ -134,8 +153,7 @@ def _transfer_bound(ctx: Context, per: pd.DataFrame,
                         "(profiler bench on this fabric tells what it delivers)"),
         check="profiler bench -o BENCH --np N (on the job's hosts); profiler advise TRACE "
               "--bench BENCH/trace.json",
-        numbers={"transfer_ms": mean, "bytes_per_step": nbytes, "data_calls": calls,
-                 "algbw_gbps": rate, "fabric_ms": fabric_ms},
+        numbers=numbers,
         significant=ctx.significant(lo) and not not_claimed, part="transfer",
         null=TRANSFER_NULL, not_claimed=not_claimed)]
 
