@@ -1,31 +1,21 @@
 /*
  * core_flush.c -- the core's chunk supply, the helper thread ("hvprof-io"),
- * signals, thread exit (core.c's top comment has the whole; what its files
- * share: core_internal.h).
+ * signals, thread exit.  Above core_summary.c (core_internal.h has the
+ * stack).
  */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <errno.h>
-#include <execinfo.h>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <signal.h>
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
 
 #include "core_internal.h"
 
@@ -52,8 +42,8 @@
  * under 3, the thread mapped 11-29 itself; with 12 from the start, a wake
  * under 6 and a bounded top-up (helper_main), 1-3 when the helper gets a
  * core, more when other work keeps it off one. */
-uint64_t reserved_chunks; /* chunks with blocks reserved (reserve_chunks; helper only) */
-int reserve_refused;      /* the file system refused once: not asked again */
+static uint64_t reserved_chunks; /* chunks with blocks reserved (reserve_chunks; helper only) */
+static int reserve_refused;      /* the file system refused once: not asked again */
 #define FREE_SLOTS 32u
 #define FREE_TARGET 12u
 #define FREE_LOW 6u
@@ -67,13 +57,13 @@ static _Atomic int n_buffers;
 static _Atomic int helper_run;
 static _Atomic uint32_t helper_futex;
 static pthread_t helper_thread;
-int helper_started;
-_Atomic int flush_ms = HVS_FLUSH_MS_DEFAULT; /* 0: no clock ticks (hvprof_set_flush_ms) */
+static int helper_started;
+static _Atomic int flush_ms = HVS_FLUSH_MS_DEFAULT; /* 0: no clock ticks */
 
 /* Flusher-private progress of a buffer: records already in the file. */
 #define FLUSHED(ch) ((ch)->reserved[0])
 
-void helper_wake(void)
+static void helper_wake(void)
 {
     atomic_fetch_add(&helper_futex, 1);
     syscall(SYS_futex, &helper_futex, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
@@ -432,6 +422,19 @@ void helper_forget(void)
     for (uint32_t i = 0; i < FULL_SLOTS; i++) atomic_store(&fullq[i], 0);
     for (uint32_t i = 0; i < HVPROF_TRACK_TABLE_CAPACITY; i++) atomic_store(&live[i], 0);
     atomic_store(&n_buffers, 0);
+}
+
+int helper_set_period(int ms)
+{
+    int was = atomic_exchange(&flush_ms, ms);
+    if (ms != was && helper_started) helper_wake(); /* the new period at once */
+    return was;
+}
+
+void flush_reset(void)
+{
+    reserved_chunks = 0;
+    reserve_refused = 0;
 }
 
 /* Stop the helper after a last drain; without one, drain here. */

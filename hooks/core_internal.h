@@ -1,18 +1,36 @@
 /*
- * core_internal.h -- what the core's files share: core.c (state, tables,
- * tracks, clock, lifecycle, exports), core_open.c (the raw file: its
- * directory, settings check, header, open), core_flush.c (chunk supply, the
- * helper thread, signals, thread exit), core_summary.c (summary mode,
- * sampling, the time window) and core_layout.c (the layout JSON).  Not for
- * backends: they see hvprof_internal.h only.
+ * core_internal.h -- what the core's files share.  Not for backends: they see
+ * hvprof_internal.h only.
+ *
+ * The core is a stack of files; each calls only the files below it
+ * (tests/test_c_structure.py fails on a circle), bottom first:
+ *
+ *   core_state.c    the shared state: every variable below and the globals of
+ *                   hvprof_internal.h, defined there and nowhere else; the
+ *                   backend registry; the state's accessors.  Calls nothing.
+ *   core_clock.c    the clock: choice, calibration pairs.
+ *   core_tracks.c   threads' and streams' tracks, the communicator table.
+ *   core_summary.c  summary mode, sampling, the time window.
+ *   core_flush.c    chunk supply, the helper thread ("hvprof-io"), signals,
+ *                   thread exit.
+ *   core_open.c     the raw file: directory, header, open.
+ *   core.c          close, fork, exit, the functions Python calls.
+ *   core_layout.c   the layout JSON (calls nothing).
+ *
+ * State private to one file stays static in it; a file below hands a file
+ * above what it needs through a function, never a variable.
  */
 #ifndef HVPROF_CORE_INTERNAL_H
 #define HVPROF_CORE_INTERNAL_H
 
+#include <limits.h>
 #include <pthread.h>
 #include <sys/types.h>
 
 #include "hvprof_internal.h"
+
+/* ------------------------------------------------------------------------ */
+/* core_state.c: the state.                                                  */
 
 /* Process state: written under the open/close paths only. */
 typedef struct {
@@ -34,47 +52,64 @@ typedef struct {
 } hvprof_core_state;
 extern hvprof_core_state hvprof_core;
 
+/* Application records (steps, marks) are taken from open to process exit:
+ * MPI_Finalize may come first on another thread (Horovod's background thread
+ * finalizes when any rank shuts Horovod down, while this rank's main thread
+ * is still closing its last step). */
+extern _Atomic int app_active;
+/* Its destructor (core_flush.c thread_exit, set by core.c's constructor)
+ * hands an exiting thread's buffer over; core_tracks.c arms it per thread. */
+extern pthread_key_t exit_key;
+
 #define MAX_BACKENDS 16
-/* The registered backends (core.c), one by one: the core calls them only so. */
+/* The registered backends, one by one: the core calls them only so. */
 const hvprof_backend *backend_at(uint32_t i);
 #define FOR_EACH_BACKEND(b)                                                   \
     for (uint32_t bi_ = 0; bi_ < MAX_BACKENDS; bi_++)                         \
         for (const hvprof_backend *b = backend_at(bi_); b; b = NULL)
 
-/* core.c */
-extern _Atomic int app_active;     /* application records taken (open to exit) */
-extern pthread_key_t exit_key;     /* its destructor hands an exiting thread's buffer over */
-#define COMM_HASH_SLOTS 4096u      /* communicator lookup: handle -> table index + 1 */
-#define STREAM_HASH_SLOTS 1024u    /* stream tracks: the same scheme */
-extern _Atomic uint64_t comm_keys[COMM_HASH_SLOTS];
-extern _Atomic uint32_t comm_vals[COMM_HASH_SLOTS];
-extern _Atomic uint64_t stream_keys[STREAM_HASH_SLOTS];
-extern _Atomic uint32_t stream_vals[STREAM_HASH_SLOTS];
+/* ------------------------------------------------------------------------ */
+/* core_clock.c                                                              */
+
+/* HOROVOD_PROFILE_CLOCK: the TSC where it is invariant, else CLOCK_MONOTONIC
+ * (before any tick is read: the constructor). */
+void clock_select(void);
+/* A fresh calibration pair into the header (cal1_*). */
 void calibrate_now(void);
 
-/* core_flush.c */
+/* ------------------------------------------------------------------------ */
+/* core_tracks.c                                                             */
+
+/* A new file: forget the communicator and stream lookups of the previous one. */
+void tables_reset(void);
+
+/* ------------------------------------------------------------------------ */
+/* core_summary.c                                                            */
+
+void set_sampling(int on);
+void window_init(void);
+void window_tick(int64_t now_mono);
+void agg_snapshot(void);
+/* In a forked child: the helper may have held the sampling lock. */
+void summary_atfork_child(void);
+
+/* ------------------------------------------------------------------------ */
+/* core_flush.c                                                              */
+
 /* The helper's flush period: the most a SIGKILL can lose.  Each wake-up
  * costs the job far more than the helper's own tens of microseconds of CPU
- * where ranks share cores (a 2-rank job of 1.2 ms steps lost about 3% of
- * its rate at 25 ms, under 1% at 100 or 250 ms, measured within runs:
- * benchmarks/overhead/ab_corpus.py), so the period trades loss on SIGKILL
- * against that (figures: docs/validation.md). */
-extern _Atomic int flush_ms;      /* 0: no clock ticks (hvprof_set_flush_ms) */
-extern int helper_started;
-extern uint64_t reserved_chunks;
-extern int reserve_refused;
-void helper_wake(void);
+ * where ranks share cores, so the period trades loss on SIGKILL against
+ * that (figures: docs/validation.md, measured with
+ * benchmarks/overhead/ab_corpus.py).  helper_set_period: the period from
+ * now on (ms; 0: no clock ticks), the helper woken to take it; returns the
+ * previous one. */
+int helper_set_period(int ms);
+/* A new file: its block reservation starts over. */
+void flush_reset(void);
 void helper_start(void);
 void helper_stop(void);
 void helper_forget(void);
 void signals_install(void);
 void thread_exit(void *arg);
-
-/* core_summary.c */
-extern pthread_mutex_t sampling_lock;
-void set_sampling(int on);
-void window_init(void);
-void window_tick(int64_t now_mono);
-void agg_snapshot(void);
 
 #endif

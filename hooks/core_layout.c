@@ -1,31 +1,11 @@
 /*
  * core_layout.c -- the layout of the on-disk structs and enum tables, as
- * JSON, for the Python view's tests (core.c's top comment has the whole;
- * what its files share: core_internal.h).
+ * JSON, for the Python view's tests.  Calls nothing (core_internal.h has
+ * the core's stack).
  */
 #define _GNU_SOURCE
-#include <dlfcn.h>
-#include <errno.h>
-#include <execinfo.h>
-#include <fcntl.h>
-#include <linux/futex.h>
-#include <signal.h>
-#include <limits.h>
-#include <pthread.h>
-#include <sched.h>
-#include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/types.h>
-#include <time.h>
-#include <unistd.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
 
 #include "core_internal.h"
 

@@ -1,31 +1,21 @@
 /*
  * core_open.c -- the core's raw file: its directory, the settings check, the
- * header, the open (core.c's top comment has the whole; what its files
- * share: core_internal.h).
+ * header, the open.  Above core_flush.c (core_internal.h has the stack).
  */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <errno.h>
-#include <execinfo.h>
 #include <fcntl.h>
-#include <linux/futex.h>
-#include <signal.h>
 #include <limits.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
 
 #include "core_internal.h"
 
@@ -118,10 +108,6 @@ __attribute__((format(printf, 2, 3))) static int open_failed(int rank, const cha
     pthread_mutex_unlock(&hvprof_core.lock);
     return -1;
 }
-
-const char *hvprof_open_error(void) { return hvprof_core.open_error; }
-int hvprof_write_errno(void) { return hvprof_core.write_errno; }
-void hvprof_set_quiet(int on) { hvprof_core.quiet = on; }
 
 /* The profile directory: the caller's (MPI: rank 0's choice), else
  * HOROVOD_PROFILE_DIR, else a name derived from the launcher's environment. */
@@ -228,14 +214,10 @@ static void start_recording(int fd, hvprof_file_header *h, size_t meta, uint32_t
     hvprof_core.first_chunk_offset = meta;
     hvprof_core.broken = 0;
     hvprof_core.write_errno = 0;
-    reserved_chunks = 0;
-    reserve_refused = 0;
+    flush_reset();
     hvprof_core.pid = getpid();
     hvprof_core.open = 1;
-    memset(comm_keys, 0, sizeof comm_keys);
-    memset(comm_vals, 0, sizeof comm_vals);
-    memset(stream_keys, 0, sizeof stream_keys);
-    memset(stream_vals, 0, sizeof stream_vals);
+    tables_reset();
     atomic_fetch_add(&hvprof_handle_epoch, 1);
     atomic_fetch_add(&hvprof_generation, 1);
     FOR_EACH_BACKEND(b)
@@ -280,6 +262,3 @@ int hvprof_open(int rank, int world_size, int local_rank, const char *dir)
     pthread_mutex_unlock(&hvprof_core.lock);
     return 0;
 }
-
-hvprof_file_header *hvprof_header(void) { return hvprof_core.open ? hvprof_core.hdr : NULL; }
-

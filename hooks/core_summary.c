@@ -1,31 +1,17 @@
 /*
- * core_summary.c -- the core's summary mode, sampling and the time window
- * (core.c's top comment has the whole; what its files share:
- * core_internal.h).
+ * core_summary.c -- the core's summary mode (per-thread aggregates, the .agg
+ * snapshot), sampling (the application's switch and the time window) and
+ * the divert path of a call that is not written one record each.  Above
+ * core_tracks.c (core_internal.h has the stack).
  */
 #define _GNU_SOURCE
-#include <dlfcn.h>
-#include <errno.h>
-#include <execinfo.h>
 #include <fcntl.h>
-#include <linux/futex.h>
-#include <signal.h>
 #include <limits.h>
 #include <pthread.h>
-#include <sched.h>
-#include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/types.h>
-#include <time.h>
 #include <unistd.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
 
 #include "core_internal.h"
 
@@ -42,7 +28,7 @@ static int64_t window_start_ns = -1, window_end_ns = -1; /* CLOCK_MONOTONIC */
  * (profiler.sampling()/paused() and HOROVOD_PROFILE_SAMPLE_STEPS, combined in
  * Python, hvprof_set_sampling) and the time window (HOROVOD_PROFILE_WINDOW,
  * switched by the helper thread).  Neither overrides the other. */
-pthread_mutex_t sampling_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t sampling_lock = PTHREAD_MUTEX_INITIALIZER;
 static int sampling_app = 1, sampling_window = 1;
 
 static void sampling_apply(void) /* sampling_lock held */
@@ -53,6 +39,8 @@ static void sampling_apply(void) /* sampling_lock held */
     atomic_store(&hvprof_divert, !on ? HVPROF_DIVERT_PAUSED
                                  : hvprof_core.hdr->mode == HVPROF_MODE_SUMMARY ? HVPROF_DIVERT_SUMMARY : 0);
 }
+
+void summary_atfork_child(void) { pthread_mutex_init(&sampling_lock, NULL); }
 
 void set_sampling(int on)
 {
@@ -202,8 +190,3 @@ void agg_snapshot(void)
     }
     munmap(buf, bytes);
 }
-
-/* Close the calling thread's open call (hvprof_tls.open_rec) as it stands:
- * its record keeps what was known before the call, with t_end = t_start and
- * HVPROF_FLAG_NO_COMPLETION, and is published; its flight-recorder entry is
- * cleared. */

@@ -1,6 +1,7 @@
 /*
- * mpi_internal.h -- what the MPI wrappers' files share (mpi.c: tables,
- * communicators, set-up and tear-down; mpi_clock.c: clock sync; mpi_p2p.c:
+ * mpi_internal.h -- what the MPI wrappers' files share (mpi.c: set-up and
+ * tear-down; mpi_handles.c: tables, communicators; mpi_clock.c: clock sync;
+ * mpi_gather.c: the files' gather; mpi_p2p.c:
  * point-to-point and requests; mpi_wrappers.c and mpi_fortran.c: the
  * collectives and the Fortran bindings, generated from hooks/mpi_protos.py by
  * scripts/gen_mpi_wrappers.py): the handle key,
@@ -20,8 +21,11 @@
  * (kept unsigned, not sign-extended). */
 #define H(x) ((uint64_t)(uintptr_t)(x) & (sizeof(x) == 4 ? 0xffffffffull : ~0ull))
 
-/* Defined in mpi.c (communicators, descriptions) and mpi_p2p.c (statuses). */
+/* Defined in mpi_handles.c (tables, communicators, descriptions) and mpi_p2p.c
+ * (statuses). */
 extern int mpi_remote_sizes[HVPROF_COMM_TABLE_CAPACITY];
+/* The predefined datatypes' and ops' tables (MPI_Init). */
+void mpi_build_tables(void);
 uint32_t mpi_comm_index_slow(MPI_Comm comm);
 void mpi_describe_slow(hvprof_desc *d, MPI_Comm comm, MPI_Datatype dt, MPI_Op op, uint32_t epoch);
 void mpi_from_status(hvprof_record *r, const MPI_Status *st);
