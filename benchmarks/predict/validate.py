@@ -180,10 +180,12 @@ def _measured(out: Path, c: dict[str, Any]) -> list[float]:
             for d in sorted((out / c["id"]).glob("run-*")) if (d / "measured.json").is_file()]
 
 
-#: how a prediction prices the target's transfers: "bench", a `profiler
-#: bench` of the target fabric (its hosts and rate); "bench2", one of the
-#: target's rate at 2 hosts (the algorithms carry it to more); "link", the
-#: nominal rate (--link RATE; the profile's own transfers at the bridge's speed)
+#: how a prediction prices the target's transfers: "bench2", a `profiler
+#: bench` of the target's rate at 2 hosts (the algorithms carry it to more;
+#: the development set chose it); "bench", one of the target fabric itself
+#: (its hosts and rate); "link", the nominal rate (--link RATE; the
+#: profile's own transfers at the bridge's speed).  "oracle" (a diagnostic):
+#: each configuration's own run's transfers
 METHODS = ("bench", "bench2", "link")
 
 
@@ -201,7 +203,47 @@ def predict_args(c: dict[str, Any], method: str, out: Path) -> list[str]:
     return args
 
 
+def oracle(out: Path, which: str) -> list[dict[str, Any]]:
+    """A diagnostic, not a prediction: each configuration priced by its own
+    second run's per-size transfer medians (a curve no prediction has), so
+    that what is left is the rest of the model's error (the cycle and fusion
+    replay, the arrivals, the compute)."""
+    from profiler.analysis import load
+    from profiler.analysis import predict as P
+    from profiler.analysis.fusion_whatif import LATENCY_OPS, latency_model, transfer_times
+    from profiler.postjob.classify import is_horovod_row
+
+    trace = str(out / "profile" / "run-0" / "trace.json")
+    prof = P.open_profile(trace, lineage=P.find_lineage(trace))
+    rows = []
+    for c in configurations()[which]:
+        meas = _measured(out, c)
+        df = load(out / c["id"] / "run-1" / "trace.json")
+        hvd = df.loc[is_horovod_row(df) & np.isin(df["op"].astype(str), LATENCY_OPS)]
+        lat = latency_model(transfer_times(hvd, ops=LATENCY_OPS))
+        assert lat is not None
+        curve = P.Curve("Open MPI", 0.0, measured=lat.predict_ns, ranks=c["hosts"], per_host=1,
+                        source="the run's own transfers")
+        curve = P.Curve("Open MPI", float(lat.predict_ns(np.array([8.0]))[0])
+                        / max(P.algorithm_cost(P.algorithm("Open MPI", 8, c["hosts"]),
+                                               c["hosts"], 1)[0], 1.0),
+                        measured=lat.predict_ns, ranks=c["hosts"], per_host=1,
+                        source=curve.source)
+        pr = P.predict(prof, P.Target(hosts=c["hosts"], ranks_per_host=1, fabric=curve,
+                                      fusion_threshold=0 if c["fusion"] == "off" else 128 << 20,
+                                      cycle_ms=c["cycle_ms"]))
+        m = float(np.mean(meas))
+        rows.append({"id": c["id"], "set": which, "method": "oracle", "measured_ms": meas,
+                     "predicted_ms": pr.step_ms, "interval": list(pr.interval),
+                     "rel_error": (pr.step_ms - m) / m,
+                     "inside": bool(pr.interval[0] <= m <= pr.interval[1]), "error": ""})
+    (out / f"predicted-{which}-oracle.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
 def predict(out: Path, which: str, method: str) -> list[dict[str, Any]]:
+    if method == "oracle":
+        return oracle(out, which)
     trace = out / "profile" / "run-0" / "trace.json"
     rows = []
     for c in configurations()[which]:
@@ -267,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pr = sub.add_parser("predict")
     pr.add_argument("out")
     pr.add_argument("--set", choices=("dev", "held-out"), default="dev")
-    pr.add_argument("--method", choices=METHODS, default="bench")
+    pr.add_argument("--method", choices=(*METHODS, "oracle"), default="bench2")
     t = sub.add_parser("table")
     t.add_argument("out")
     sub.add_parser("list")
@@ -290,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(table(predict(out, a.set, a.method)))
         return 0
     for which in ("dev", "held-out"):
-        for method in METHODS:
+        for method in (*METHODS, "oracle"):
             f = out / f"predicted-{which}-{method}.json"
             if f.is_file():
                 print(f"{which}, transfers priced by {method}:")
