@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from profiler.formats.filters import RowFilter
 
-from . import figures
+from . import figures, predict
 from .compare import compare
 from .distributed import summarize_dask
 from .engine import open_dataset, overview, stragglers_dataset, summarize_dataset
@@ -58,6 +58,7 @@ __all__ = [
     "write_report",
     "render_report",
     "figures",
+    "predict",
     "summarize_dataset",
     "overview",
     "open_dataset",

@@ -470,6 +470,40 @@ class Profile:
     _base: dict[Any, Any] = field(default_factory=dict, repr=False)
 
 
+class _Steps:
+    """The steady steps and their breakdown, as the findings' Context
+    (analysis.findings.base) reads them from the same functions; the
+    findings hand their own Context in instead (profile_of's `ctx`), and
+    this module imports nothing of theirs (they import it)."""
+
+    def __init__(self, df: pd.DataFrame, meta: Mapping[str, Any]) -> None:
+        from .breakdown import rank_breakdown
+        from .throughput import (
+            rank_steps,
+            run_images_per_s,
+            run_step_ms,
+            steady_steps,
+            step_table,
+        )
+
+        self.df = df
+        self.step_table = (step_table(df, ranked=rank_steps(df)) if "op" in df.columns
+                           else pd.DataFrame())
+        self.steady = steady_steps(self.step_table) if len(self.step_table) else self.step_table
+        self.ranks = sorted(int(r) for r in pd.unique(df["rank"])) if len(df) else []
+        self.is_window = bool(df.attrs.get("selection"))
+        bd = rank_breakdown(df, meta) if len(self.steady) else rank_breakdown(df.iloc[0:0])
+        self.breakdown = bd.loc[bd["step"].isin(self.steady["step"])].reset_index(drop=True) \
+            if len(self.steady) else bd
+        own_ms = run_step_ms(self.steady) if len(self.steady) else float("nan")
+        own_ips = run_images_per_s(self.steady)
+        # a window of the job: the whole job's figures are trace.json's
+        ms, ips = meta.get("step_ms"), meta.get("images_per_sec")
+        whole = self.is_window and isinstance(ms, (int, float)) and isinstance(ips, (int, float))
+        self.job_step_ms = float(ms) if whole else own_ms  # type: ignore[arg-type]
+        self.job_images_per_s = float(ips) if whole else own_ips  # type: ignore[arg-type]
+
+
 def _library(df: pd.DataFrame, meta: Mapping[str, Any]) -> tuple[str, str]:
     """(library, note): the collective library of the Horovod data calls."""
     be = df["backend"].astype(str) if "backend" in df.columns else pd.Series(["mpi"])
@@ -489,7 +523,7 @@ def profile_of(df: pd.DataFrame, meta: Mapping[str, Any] | None,
                lineage: pd.DataFrame | None = None, *, path: str = "",
                arrivals: pd.DataFrame | None = None, ctx: Any = None) -> Profile:
     """Read a prediction's inputs from a profile's rows (every column
-    findings.COLUMNS names), its metadata and its fusion lineage (None: the
+    COLUMNS names), its metadata and its fusion lineage (None: the
     data calls stand for the tensors; fusion cannot change then).
     `arrivals`: every rank's application rows (step, sync, tensor) when `df`
     is a window of a large job: the arrival pool then comes from every rank.
@@ -499,12 +533,11 @@ def profile_of(df: pd.DataFrame, meta: Mapping[str, Any] | None,
     from profiler.postjob.classify import is_horovod_row
 
     from .breakdown import rank_breakdown
-    from .findings.base import Context
     from .fusion_whatif import LATENCY_OPS, latency_model, ranks_per_host, transfer_times
 
     meta = dict(meta or {})
     if ctx is None:
-        ctx = Context(df=df, meta=meta, path=path)
+        ctx = _Steps(df, meta)
     if ctx.step_table.empty:
         raise ProfilerError(path or None, "no steps in this profile: a prediction needs the "
                                           "job's steps (hvd.DistributedOptimizer, or "
@@ -993,7 +1026,10 @@ def describe(pr: Prediction) -> str:
     return (f"{fmt_ms(pr.step_ms)} per step [{fmt_ms(lo)}, {fmt_ms(hi)}] at {pr.ranks} ranks")
 
 
-#: the columns a prediction reads (the findings' and the calls' dtype)
+#: the columns a prediction reads
+COLUMNS = ["rank", "backend", "op", "t_start_ns", "t_end_ns", "dur_ns", "bytes", "count",
+           "dtype", "comm", "comm_size", "seq", "kind", "step", "device", "thread_kind",
+           "track"]
 MAX_ROWS = 2_000_000
 APP_COLUMNS = ["rank", "backend", "op", "t_start_ns", "t_end_ns", "seq", "step", "count"]
 
@@ -1008,13 +1044,12 @@ def open_profile(path: str, *, lineage: pd.DataFrame | None = None,
     from profiler.formats.trace_dataset import read_files
     from profiler.layout import resolve_trace
 
-    from .findings import COLUMNS
     from .load import load, trace_meta
 
     meta = trace_meta(path) or {}
     ds = meta.get("dataset") or {}
     files = ds.get("files") or []
-    columns = [*COLUMNS, "dtype"]
+    columns = COLUMNS
     arrivals = None
     if int(ds.get("rows") or 0) > max_rows and files and not meta.get("window"):
         base = resolve_trace(path).parent
