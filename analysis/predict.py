@@ -360,22 +360,23 @@ def _hosts(meta: Mapping[str, Any], ranks: int) -> int:
 # --------------------------------------------------------------------------- arrivals
 
 
-def arrival_offsets(bd: pd.DataFrame) -> list[np.ndarray]:
+def arrival_offsets(bd: pd.DataFrame, steps: Sequence[int] | None = None
+                    ) -> list[np.ndarray]:
     """Per step with every rank's arrival (analysis.breakdown's arrival_ns):
     each rank's offset from the step's mean arrival in ms, scaled by
-    sqrt(n / (n - 1)) to stand for one rank's own variation."""
+    sqrt(n / (n - 1)) to stand for one rank's own variation.  With `steps`:
+    one entry per step given, empty where a rank's arrival is missing."""
     r = bd.loc[bd["arrival_ns"] >= 0, ["step", "rank", "arrival_ns"]]
-    if r.empty:
-        return []
-    n = int(bd["rank"].nunique())
-    out = []
-    for _, g in r.groupby("step", sort=True):
+    n = int(bd["rank"].nunique()) if len(bd) else 0
+    by: dict[int, np.ndarray] = {}
+    for s, g in r.groupby("step", sort=True):
         if len(g) < max(n, 2):
             continue
         a = g["arrival_ns"].to_numpy(dtype=np.float64)
-        d = (a - a.mean()) / 1e6 * math.sqrt(len(a) / (len(a) - 1))
-        out.append(d)
-    return out
+        by[int(s)] = (a - a.mean()) / 1e6 * math.sqrt(len(a) / (len(a) - 1))
+    if steps is None:
+        return list(by.values())
+    return [by.get(int(s), np.zeros(0)) for s in steps]
 
 
 def expected_max(x: np.ndarray, p: int) -> float:
@@ -453,7 +454,7 @@ class Profile:
     library: str
     steps: np.ndarray
     parts: pd.DataFrame             # per step: wall, compute, wait_ranks, horovod, transfer (ms)
-    offsets: list[np.ndarray]       # per step, arrival offsets (arrival_offsets)
+    offsets: list[np.ndarray]       # per step (aligned with `steps`), arrival offsets
     tensors: list[StepTensors]      # per step, aligned with `steps`
     batch: float                    # images per rank and step
     step_ms: float                  # the run's step time (the one definition)
@@ -583,7 +584,7 @@ def profile_of(df: pd.DataFrame, meta: Mapping[str, Any] | None,
     arr_bd = bd if arrivals is None else rank_breakdown(arrivals, meta)
     if arrivals is not None:
         arr_bd = arr_bd.loc[arr_bd["step"].isin(prof.steps)]
-    prof.offsets = arrival_offsets(arr_bd)
+    prof.offsets = arrival_offsets(arr_bd, prof.steps)
 
     # Horovod's thread: its cycles, its control calls, its data calls' curve
     ops = df["op"].astype(str).to_numpy()
@@ -892,11 +893,12 @@ def predict(prof: Profile, target: Target = Target(), *, n_boot: int = N_BOOT,
     batch = prof.batch if target.batch_size is None else float(target.batch_size)
     scale = batch / prof.batch if np.isfinite(prof.batch) and prof.batch > 0 else 1.0
 
-    key = (phases, id(base_curve))
-    if key not in prof._base:
-        prof._base[key] = _replay(prof, 1.0, prof.cycle_ms, prof.threshold, base_curve,
-                                  prof.ranks, prof.per_host, Layout(), phases=phases)
-    base = prof._base[key]
+    base = prof._base.get(phases) if prof.curve is not None else None
+    if base is None:  # the replay at the profile's own settings, kept for its curve
+        base = _replay(prof, 1.0, prof.cycle_ms, prof.threshold, base_curve, prof.ranks,
+                       prof.per_host, Layout(), phases=phases)
+        if prof.curve is not None:
+            prof._base[phases] = base
     sizes: list[np.ndarray] = []
     new = _replay(prof, scale, cyc, th, curve, p, k, target.layout, sizes, phases)
     d_tail = new[:, 0] - base[:, 0]
@@ -909,9 +911,9 @@ def predict(prof: Profile, target: Target = Target(), *, n_boot: int = N_BOOT,
     per_step = compute + wait + xfer + hv
 
     def d_max(offs: list[np.ndarray]) -> float:
-        if prof.ranks <= 1 or not offs or p == prof.ranks:
+        x = np.concatenate(offs) if offs else np.zeros(0)
+        if prof.ranks <= 1 or not x.size or p == prof.ranks:
             return 0.0
-        x = np.concatenate(offs)
         return expected_max(x, p) - expected_max(x, prof.ranks)
 
     dm = d_max(prof.offsets)
@@ -920,8 +922,7 @@ def predict(prof: Profile, target: Target = Target(), *, n_boot: int = N_BOOT,
     boots = np.empty(n_boot)
     for b in range(n_boot):
         idx = rng.integers(0, n, n)
-        boots[b] = per_step[idx].mean() + d_max([prof.offsets[i] for i in idx
-                                                 if i < len(prof.offsets)])
+        boots[b] = per_step[idx].mean() + d_max([prof.offsets[i] for i in idx])
     lo_b, hi_b = np.quantile(boots, [0.025, 0.975])
     change = point - prof.parts["wall"].mean()
     widen = math.hypot(MODEL_ERROR * abs(change), RUN_ERROR * point)

@@ -116,6 +116,8 @@ def test_arrival_offsets_are_deviations_from_the_mean_scaled_to_one_rank() -> No
     assert len(offs) == 2  # step 2 lacks rank 1
     assert offs[0] == pytest.approx([-5 * math.sqrt(2), 5 * math.sqrt(2)])
     assert offs[1] == pytest.approx([0.0, 0.0])
+    aligned = P.arrival_offsets(bd, [0, 1, 2, 3])
+    assert [a.size for a in aligned] == [2, 2, 0, 0]
 
 
 # ----------------------------------------------------------------- the replay
