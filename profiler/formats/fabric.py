@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -192,3 +193,173 @@ def _job_doc(ranks: Sequence[Mapping[str, Any]], env: Mapping[str, Any] | None
         "ranks_reporting": len(have), "ranks": len(docs),
         "pairs": [pairs[k] for k in sorted(pairs)],
     }
+
+
+# ---------------------------------------------------------------------------
+# per peer: what the kernel measured on the job's own connections
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Edge:
+    """One direction between two hosts (``src`` sends to ``dst``), pooled over
+    the connections of every rank on ``src`` to addresses of ``dst``, as the
+    sending ranks' kernels measured them (hooks/mpit.c):
+
+    * ``rate``: the delivery-rate samples the sampler kept (new data ACKed,
+      not limited by the application), as a histogram of bytes/s
+      (``bins``: {bin: count}, bin b = [2^(log2_min + b/per_octave), ...));
+    * ``throughput``: the sampler's active intervals (at least
+      ``active_bytes_min`` sent in one read interval): bytes over the
+      interval, a histogram likewise;
+    * ``bytes``: bytes the receivers acknowledged over the connections' life;
+      ``busy_s``: the kernel's time with data in flight (tcpi_busy_time);
+      ``retrans``: segments retransmitted; ``rtt_ms``: the largest smoothed
+      RTT at the end; ``ranks``: the sending ranks."""
+
+    src: str
+    dst: str
+    ranks: list[int] = field(default_factory=list)
+    bytes: int = 0
+    busy_s: float = 0.0
+    retrans: int = 0
+    rtt_ms: float = 0.0
+    rate: dict[int, int] = field(default_factory=dict)
+    throughput: dict[int, int] = field(default_factory=dict)
+    log2_min: int = 10
+    per_octave: int = 4
+
+    @property
+    def samples(self) -> int:
+        return int(sum(self.rate.values()))
+
+    def rate_quantile(self, q: float) -> float | None:
+        """The q-quantile of the delivery-rate samples, bytes/s (the bin's
+        geometric middle), None without samples."""
+        return _hist_quantile(self.rate, q, self.log2_min, self.per_octave)
+
+    def throughput_quantile(self, q: float) -> float | None:
+        return _hist_quantile(self.throughput, q, self.log2_min, self.per_octave)
+
+
+def _hist_quantile(h: Mapping[int, int], q: float, log2_min: int, per_octave: int
+                   ) -> float | None:
+    tot = sum(h.values())
+    if tot <= 0:
+        return None
+    acc = 0
+    for b in sorted(h):
+        acc += h[b]
+        if acc >= q * tot:
+            return float(2.0 ** (log2_min + (b + 0.5) / per_octave))
+    return None
+
+
+def _num(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+
+
+def _hist(v: Any) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for pair in v if isinstance(v, list) else []:
+        if (isinstance(pair, list) and len(pair) == 2
+                and all(isinstance(x, int) and x >= 0 for x in pair)):
+            out[pair[0]] = out.get(pair[0], 0) + pair[1]
+    return out
+
+
+def peer_edges(ranks: Sequence[Mapping[str, Any]]) -> list[Edge]:
+    """Every direction between two of the job's hosts over which a rank held
+    a TCP connection, with the kernel's figures (Edge).  ranks: {"rank",
+    "host", "interconnect"} as job_doc takes them.  A peer address no rank
+    of the job owns (a launcher's, a file server's) is not a host of the
+    job and is left out.  Malformed documents give no edges."""
+    try:
+        return _peer_edges(ranks)
+    except (AttributeError, TypeError, ValueError, KeyError):
+        return []
+
+
+def _peer_edges(ranks: Sequence[Mapping[str, Any]]) -> list[Edge]:
+    docs = {int(r["rank"]): r.get("interconnect") for r in ranks}
+    host_of = {int(r["rank"]): str(r.get("host", "")) for r in ranks}
+    ip_host: dict[str, str] = {}
+    for rk, d in docs.items():
+        for a in (d or {}).get("addresses", []) if isinstance(d, dict) else []:
+            ip = str(a.get("ip", ""))
+            if ip and not ip.startswith("127."):
+                ip_host[ip] = host_of[rk]
+    edges: dict[tuple[str, str], Edge] = {}
+    for rk, d in sorted(docs.items()):
+        if not isinstance(d, dict):
+            continue
+        got = d.get("net_sampler")
+        sampler: dict[str, Any] = got if isinstance(got, dict) else {}
+        log2_min = int(sampler.get("bin_log2_min") or 10)
+        per_octave = int(sampler.get("bins_per_octave") or 4)
+        me = host_of[rk]
+        for c in d.get("tcp_connections", []):
+            other = ip_host.get(str(c.get("remote", "")))
+            if other is None or other == me:
+                continue
+            e = edges.setdefault((me, other), Edge(me, other, log2_min=log2_min,
+                                                   per_octave=per_octave))
+            if rk not in e.ranks:
+                e.ranks.append(rk)
+            t = c.get("tcp_info") if isinstance(c.get("tcp_info"), dict) else {}
+            e.bytes += int(_num(t.get("bytes_acked")))
+            e.busy_s += _num(t.get("busy_us")) / 1e6
+            e.retrans += int(_num(t.get("total_retrans")))
+            e.rtt_ms = max(e.rtt_ms, _num(t.get("rtt_us")) / 1e3)
+            s = c.get("sampled") if isinstance(c.get("sampled"), dict) else {}
+            for k, v in _hist(s.get("rate_hist")).items():
+                e.rate[k] = e.rate.get(k, 0) + v
+            for k, v in _hist(s.get("out_hist")).items():
+                e.throughput[k] = e.throughput.get(k, 0) + v
+    return [edges[k] for k in sorted(edges)]
+
+
+def link_active_ms(doc: Mapping[str, Any] | None) -> dict[int, float]:
+    """Per step (the step records' numbers), the ms a rank's connections to
+    other hosts carried bulk data in it, as its sampler measured (hooks/mpit.c:
+    the running total at each step record, less the one before; a gap in the
+    marks spreads its time evenly over the steps it covers).  {} without a
+    sampler."""
+    s = (doc or {}).get("net_sampler") if isinstance(doc, Mapping) else None
+    marks = s.get("steps") if isinstance(s, dict) else None
+    out: dict[int, float] = {}
+    if not isinstance(marks, list):
+        return out
+    prev: tuple[int, float] | None = None
+    for m in marks:
+        if not (isinstance(m, list) and len(m) >= 3 and isinstance(m[0], int)
+                and isinstance(m[2], int)):
+            continue
+        seq, active = int(m[0]), float(m[2]) / 1e6
+        if prev is not None and seq > prev[0]:
+            gap = seq - prev[0]
+            for k in range(prev[0] + 1, seq + 1):
+                out[k] = (active - prev[1]) / gap
+        prev = (seq, active)
+    return out
+
+
+def nic_bytes(doc: Mapping[str, Any] | None) -> dict[str, dict[str, int]]:
+    """Per network interface of the rank's host (InfiniBand ports as
+    "dev/port"): bytes received and sent between the raw file's open and
+    MPI_Finalize ({"rx", "tx"}; every process's traffic on that host), and its
+    speed in Mb/s where the kernel states one (-1 otherwise)."""
+    n = (doc or {}).get("nics") if isinstance(doc, Mapping) else None
+    if not isinstance(n, dict):
+        return {}
+    a = {str(x.get("name")): x for x in n.get("start") or [] if isinstance(x, dict)}
+    out: dict[str, dict[str, int]] = {}
+    for x in n.get("end") or []:
+        if not isinstance(x, dict) or str(x.get("name")) not in a:
+            continue
+        s = a[str(x["name"])]
+        out[str(x["name"])] = {
+            "rx": max(int(_num(x.get("rx_bytes")) - _num(s.get("rx_bytes"))), 0),
+            "tx": max(int(_num(x.get("tx_bytes")) - _num(s.get("tx_bytes"))), 0),
+            "speed_mbps": int(_num(x.get("speed_mbps")) or -1)}
+    return out
