@@ -42,6 +42,11 @@
  *   when there was none): the run's window, never on a call's path; each
  *   reading's cost is timed and written (scan_ns).
  *
+ * - The rank's cgroup (cpu_cgroup.c): its CPU quota and period, its cpuset,
+ *   and its cpu.stat throttling counters at open, at each close and at the
+ *   end of every step whose threads are read (one pread more, timed with
+ *   them): the sidecar's "cgroup" object.
+ *
  * Reading never fails the job: a kernel without the files makes no records,
  * and the sidecar says so ("schedstat": false, "reason").  Cost: one pread
  * and one record per thread per step read, never on a call's path; measured
@@ -310,6 +315,7 @@ static void cpu_step(uint32_t seq)
     int timed = reads < CPU_TIMED_FIRST || reads % CPU_TIMED_EVERY == 0;
     int64_t c0 = timed ? thread_cpu_ns() : 0;
     read_all(emit, seq);
+    cpu_cgroup_step(seq);
     if (timed) {
         int64_t c1 = thread_cpu_ns();
         if (c1 > c0) step_ns += (uint64_t)(c1 - c0) * (reads < CPU_TIMED_FIRST ? 1 : CPU_TIMED_EVERY);
@@ -419,7 +425,7 @@ static void write_sidecar(const char *state)
     char path[PATH_MAX];
     if (hvprof_sidecar_path(path, sizeof path, ".cpu.json") != 0) return;
     jbuf j = {NULL, 8192 + (size_t)n_threads * 640 + sizeof reason * 6
-                        + cpu_host_json_bytes(), 0};
+                        + cpu_host_json_bytes() + cpu_cgroup_json_bytes(), 0};
     j.buf = malloc(j.n);
     if (!j.buf) return;
     j.buf[0] = 0;
@@ -440,6 +446,8 @@ static void write_sidecar(const char *state)
     }
     jout(&j, "], \"clk_tck\": %ld, ", sysconf(_SC_CLK_TCK));
     cpu_host_json(&j);
+    jout(&j, ", ");
+    cpu_cgroup_json(&j);
     jout(&j, ", ");
     jload(&j, "loadavg_start", have_load_start, loadavg_start);
     jload(&j, "loadavg_end", have_load_end, loadavg_end);
@@ -500,6 +508,7 @@ static void cpu_reset(void)
     exit_written = 0;
     n_threads = 0;
     cpu_host_reset();
+    cpu_cgroup_reset();
     pthread_mutex_unlock(&cpu_lock);
 }
 
@@ -530,6 +539,7 @@ static void cpu_open(void)
     }
     snapshot(1);
     cpu_host_read(1);
+    cpu_cgroup_open();
     write_sidecar("start");
     pthread_mutex_unlock(&cpu_lock);
 }
@@ -544,6 +554,7 @@ static void cpu_close(int at_exit)
      * rank converts its file and waits for the others, idle time that other
      * processes take without slowing the job. */
     if (!cpu_host_ended()) cpu_host_read(0);
+    cpu_cgroup_close();
     write_sidecar(at_exit ? "exit" : "finalize");
     if (at_exit) exit_written = 1;
     pthread_mutex_unlock(&cpu_lock);
@@ -562,6 +573,7 @@ static void cpu_atfork_child(void)
     n_fds = 0;
     n_threads = 0;
     cpu_host_forget();
+    cpu_cgroup_forget();
     atomic_store(&hvprof_helper_tid, 0);
 }
 

@@ -118,4 +118,15 @@ size_t cpu_host_json_bytes(void);  /* at most what cpu_host_json writes */
 void cpu_host_reset(void);         /* a new file */
 void cpu_host_forget(void);        /* a forked child */
 
+/* The rank's cgroup (cpu_cgroup.c): its quota, period, cpuset and throttling
+ * counters, read at open, at the read steps' boundaries and at each close,
+ * under cpu_lock (cpu.c). */
+void cpu_cgroup_open(void);          /* find the cgroup and its limit; the counters at start */
+void cpu_cgroup_step(uint32_t seq);  /* the counters at a read step's boundary */
+void cpu_cgroup_close(void);         /* the counters at the end */
+void cpu_cgroup_json(jbuf *j);       /* the sidecar's "cgroup": {...} */
+size_t cpu_cgroup_json_bytes(void);  /* at most what cpu_cgroup_json writes */
+void cpu_cgroup_reset(void);         /* a new file */
+void cpu_cgroup_forget(void);        /* a forked child */
+
 #endif

@@ -33,7 +33,16 @@ keeps its last successful read).  :func:`rank_doc` turns it into the block:
      "clk_tck": int | None (the kernel's clock ticks per second),
      "host": {"reason": str, "boot_id": str (the kernel's; "" unknown),
               "start": HOST | None, "end": HOST | None,
-              "procs": [PROC]} | None (files from before the host was read)}
+              "procs": [PROC]} | None (files from before the host was read),
+     "cgroup": CGROUP | None (files from before cgroups were read)}
+
+CGROUP (hooks/cpu_cgroup.c; docs/CPU_CONTENTION.md): {"version": 1 | 2 | 0,
+"path", "limit_path" (the level whose quota is the tightest, "" without
+one), "quota_us", "period_us" (None without a quota), "quota_cpus" (quota /
+period), "cpuset" (the kernel's list), "cpuset_cpus" ([cpu, ...] or None),
+"reason", "start", "end": {"nr_periods", "nr_throttled", "throttled_ns",
+"t_ns"} | None, "steps": [[step, t_ns, nr_periods, nr_throttled,
+throttled_ns], ...] (running totals at the read steps' ends)}.
 
 cpu_ns / wait_ns / slices: the kernel's schedstat (ns on a CPU, ns waiting on
 a run queue, timeslices); nvcsw / nivcsw: voluntary and involuntary context
@@ -54,8 +63,9 @@ the merge writes as trace.json's ``cpu_hosts``.
 
 Thread kinds: "main" (tid = pid), "horovod" (the thread whose track Horovod's
 library opened: rows' thread_kind "horovod"), "helper" (the library's flush
-thread, hvprof-io), "watchdog" (the hang watchdog, hvprof-watchdog), "other"
-(torch's and OpenMP's workers, the application's).
+thread, hvprof-io, and its tcp_info sampler, hvprof-net), "watchdog" (the
+hang watchdog, hvprof-watchdog), "other" (torch's and OpenMP's workers, the
+application's).
 """
 
 from __future__ import annotations
@@ -71,6 +81,8 @@ from profiler.formats.clock import ticks_to_job_ns
 from profiler.layout import cpu_path
 
 HELPER_NAME = "hvprof-io"
+#: the library's tcp_info sampler (hooks/mpit.c): the profiler's own, as the helper
+NET_NAME = "hvprof-net"
 WATCHDOG_NAME = "hvprof-watchdog"
 THREAD_KINDS = ("main", "horovod", "helper", "watchdog", "other")
 _VALUE_KEYS = ("cpu_ns", "wait_ns", "slices", "nvcsw", "nivcsw")
@@ -126,7 +138,7 @@ def thread_kind(tid: int, name: str, pid: int | None, helper_tid: int | None,
     """One of THREAD_KINDS (module doc)."""
     if pid is not None and tid == pid:
         return "main"
-    if name == HELPER_NAME or (helper_tid and tid == helper_tid):
+    if name in (HELPER_NAME, NET_NAME) or (helper_tid and tid == helper_tid):
         return "helper"
     if name == WATCHDOG_NAME:
         return "watchdog"
@@ -194,6 +206,60 @@ def rank_doc(raw_path: str | os.PathLike[str], header: Mapping[str, Any],
         "threads": threads,
         "clk_tck": (lambda t: t if t is not None and t > 0 else None)(_int(doc.get("clk_tck"))),
         "host": _host(doc.get("host"), header),
+        "cgroup": _cgroup(doc.get("cgroup"), header),
+    }
+
+
+def cpu_list(text: str) -> list[int] | None:
+    """The kernel's CPU list ("0-3,8,10-11") as CPUs; None when malformed."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            return None
+        a, b = int(lo), int(hi or lo)
+        if b < a or b - a > 65536:
+            return None
+        out.update(range(a, b + 1))
+    return sorted(out)
+
+
+def _cg_stat(v: Any, header: Mapping[str, Any]) -> dict[str, int | None] | None:
+    if not isinstance(v, dict):
+        return None
+    vals = {k: _int(v.get(k)) for k in ("nr_periods", "nr_throttled", "throttled_ns")}
+    if any(x is None or x < 0 for x in vals.values()):
+        return None
+    return {**vals, "t_ns": _job_ns(_int(v.get("ticks")), header)}
+
+
+def _cgroup(v: Any, header: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The rank's cgroup (CGROUP in the module doc); None in files without it."""
+    if not isinstance(v, dict):
+        return None
+    quota, period = _int(v.get("quota_us")), _int(v.get("period_us"))
+    limited = quota is not None and period is not None and quota > 0 and period > 0
+    cpuset = v.get("cpuset") if isinstance(v.get("cpuset"), str) else ""
+    steps = []
+    listed = v.get("steps")
+    for m in listed if isinstance(listed, list) else []:
+        if (isinstance(m, list) and len(m) == 5 and all(_int(x) is not None for x in m)
+                and min(m) >= 0):
+            steps.append([int(m[0]), _job_ns(int(m[1]), header), int(m[2]), int(m[3]),
+                          int(m[4])])
+    return {
+        "version": _int(v.get("version")) or 0,
+        "path": v.get("path") if isinstance(v.get("path"), str) else "",
+        "limit_path": v.get("limit_path") if isinstance(v.get("limit_path"), str) else "",
+        "quota_us": quota if limited else None,
+        "period_us": period if limited else None,
+        "quota_cpus": (quota / period) if limited and quota and period else None,
+        "cpuset": cpuset, "cpuset_cpus": cpu_list(cpuset) if cpuset else None,
+        "reason": v.get("reason") if isinstance(v.get("reason"), str) else "",
+        "start": _cg_stat(v.get("start"), header), "end": _cg_stat(v.get("end"), header),
+        "steps": steps,
     }
 
 
