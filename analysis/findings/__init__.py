@@ -4,6 +4,9 @@ with `analyze(ctx) -> list[Finding]`:
 * step_time: whether communication limits the job at all (compute_bound);
 * late_ranks: which rank the others wait for (tested against chance), and the
   waiting no rank causes (rank_waiting);
+* slow_link: one host's link slower than the others' (3+ hosts), from the
+  kernel's tcp_info on the job's own connections, priced as the step with
+  that link as fast as the others;
 * horovod_cycle: the time tensors wait for Horovod's cycle (cycle_time when
   HOROVOD_CYCLE_TIME is longer than the default, else horovod_wait), and the
   steps that wait a whole cycle more than the fast ones (second_cycles:
@@ -11,6 +14,9 @@ with `analyze(ctx) -> list[Finding]`:
 * cpu_contention: threads of the job waiting for a CPU (schedstat), the job's
   own doing; noisy_neighbour: processes outside the job busy on its CPUs
   (/proc/stat and /proc/<pid>/stat, the merge's cpu_hosts), named;
+  cpu_quota: a rank throttled by its cgroup's CPU quota (cpu.stat), named
+  with the quota; cpuset: a rank whose cgroup cpuset holds fewer CPUs than
+  its busy threads;
 * uneven_data: ranks waiting in hvd.join for a rank with more batches (the
   time in join, apart from the steps the ranks share);
 * control_plane: Horovod's negotiation and response-cache traffic;
@@ -45,6 +51,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from . import (
     cliffs,
     contention,
@@ -56,6 +64,7 @@ from . import (
     join,
     late_ranks,
     limits,
+    links,
     settings,
     step_time,
 )
@@ -67,9 +76,12 @@ __all__ = ["Finding", "Context", "Advice", "ANALYZERS", "advise", "advise_frame"
 ANALYZERS = {
     "step_time": step_time.analyze,
     "late_ranks": late_ranks.analyze,
+    "slow_link": links.analyze,
     "horovod_cycle": cycle.analyze,
     "cpu_contention": contention.analyze,
     "noisy_neighbour": contention.analyze_neighbour,
+    "cpu_quota": contention.analyze_quota,
+    "cpuset": contention.analyze_cpuset,
     "uneven_data": join.analyze,
     "control_plane": control.analyze,
     "latency_cliffs": cliffs.analyze,
@@ -230,24 +242,86 @@ def _efficiency(ctx: Context, bench: Context | None, found: list[Finding]) -> li
 
 def _late_beyond_its_neighbour(found: list[Finding], ctx: Context) -> None:
     """One wait, one cause: a rank that arrives last because a noisy
-    neighbour holds its core is late by the neighbour's wait, which
-    noisy_neighbour already claims (its cost: the step without that wait).
+    neighbour holds its core, or its cgroup's CPU quota throttles it, or its
+    cpuset is narrower than its threads, is late by that wait, which the
+    cause's finding already claims (its cost: the step without that wait).
     The late-rank claim keeps only the rest, and is claimed only if the
     rest clears the noise floor."""
     from profiler.units import fmt_ms
 
-    for nb in (f for f in found if f.key == "noisy_neighbour" and f.significant
+    what = {"noisy_neighbour": "the neighbour's wait", "cpu_quota": "its CPU quota's throttling",
+            "cpuset": "its narrow cpuset's wait"}
+    for nb in (f for f in found if f.key in what and f.significant
                and f.cost_ms is not None):
         for f in found:
             if not (f.key == "late_ranks" and f.significant and f.cost_ms is not None
                     and f.numbers.get("rank") in (nb.numbers.get("ranks") or [])):
                 continue
             taken = float(nb.cost_ms or 0.0)
-            f.numbers["cost_with_neighbour_ms"] = float(f.cost_ms)
+            f.numbers[f"cost_with_{nb.key}_ms"] = float(f.cost_ms)
+            if nb.key == "noisy_neighbour":
+                f.numbers["cost_with_neighbour_ms"] = float(f.cost_ms)
             _less(f, taken, ctx)
             f.details.append(
-                f"{fmt_ms(taken)} of its lateness is the neighbour's wait, claimed by "
-                f"noisy_neighbour; the cost above is the rest, {fmt_ms(f.cost_ms)} per step.")
+                f"{fmt_ms(taken)} of its lateness is {what[nb.key]}, claimed by {nb.key}; the "
+                f"cost above is the rest, {fmt_ms(f.cost_ms)} per step.")
+
+
+def _carried_share(ctx: Context, rank: int) -> float:
+    """Of a rank's lateness at synchronize (its arrival against the others'
+    median, the median over steps), the share it carried in from the step
+    before: it began the step late by that much (it left the previous
+    synchronize last, its transfer ending after the others').  0 to 1."""
+    bd = ctx.breakdown
+    if bd.empty or "t_start_ns" not in bd.columns:
+        return 0.0
+    r = bd.loc[bd["arrival_ns"] >= 0, ["step", "rank", "t_start_ns", "arrival_ns"]]
+    late, carried = [], []
+    for _, g in r.groupby("step"):
+        if rank not in set(g["rank"]) or len(g) < 2:
+            continue
+        me = g.loc[g["rank"] == rank].iloc[0]
+        others = g.loc[g["rank"] != rank]
+        late.append(float(me["arrival_ns"] - others["arrival_ns"].median()))
+        carried.append(float(me["t_start_ns"] - others["t_start_ns"].median()))
+    if len(late) < 3:
+        return 0.0
+    lat = float(np.median(late))
+    if lat <= 0:
+        return 0.0
+    return float(min(max(float(np.median(carried)) / lat, 0.0), 1.0))
+
+
+def _late_beyond_the_link(found: list[Finding], ctx: Context) -> None:
+    """One wait, one cause: where a slow link is claimed, a rank that arrives
+    late because it began the step late (its previous transfer, over that
+    link, ended after the others') carries the link's time, which slow_link
+    prices (the step with the link as fast as the others).  The late-rank
+    claim keeps only the lateness the rank made itself (its compute and
+    start-up after the previous step: _carried_share's rest)."""
+    from profiler.units import fmt_ms
+
+    link = next((f for f in found if f.key == "slow_link" and f.significant
+                 and f.cost_ms is not None), None)
+    if link is None:
+        return
+    for f in found:
+        rank = f.numbers.get("rank")
+        if not (f.key == "late_ranks" and f.significant and f.cost_ms is not None
+                and isinstance(rank, (int, np.integer))):
+            continue
+        share = _carried_share(ctx, int(rank))
+        if share <= 0:
+            continue
+        taken = float(f.cost_ms) * share
+        f.numbers["cost_with_link_ms"] = float(f.cost_ms)
+        f.numbers["carried_share"] = share
+        _less(f, taken, ctx)
+        f.details.append(
+            f"it began its steps late: {share:.0%} of its lateness it carried in from the step "
+            f"before, whose transfer over {link.numbers.get('host')}'s slow link ended last on "
+            f"it (slow_link claims that time); the cost above is the rest, {fmt_ms(f.cost_ms)} "
+            "per step.")
 
 
 def _at_the_cycle_edge(found: list[Finding]) -> None:
@@ -355,6 +429,7 @@ def advise_frame(df: Any, meta: dict[str, Any] | None = None, *, path: str = "",
         found.extend(fn(ctx))
     _residual(found, ctx)
     _late_beyond_its_neighbour(found, ctx)
+    _late_beyond_the_link(found, ctx)
     _at_the_cycle_edge(found)
     found.sort(key=_rank_key)
     _within_the_step(found, ctx)

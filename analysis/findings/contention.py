@@ -46,6 +46,17 @@ wait, its last arrival recomputed (breakdown.shifted_gain).  A neighbour on
 one rank's core costs the step that rank's lead, not its wait averaged over
 the ranks; the late-rank claim on that rank keeps only what the wait leaves
 (findings._late_beyond_its_neighbour).
+
+CPU limits in the operating system's terms (the ranks' ``cpu.cgroup``
+blocks, hooks/cpu_cgroup.c): ``cpu_quota`` names the ranks a cgroup CPU quota
+throttles, with the quota, the periods throttled and the time throttled per
+step (cpu.stat at the read steps), and explains the compute thread's wait
+beyond the unthrottled ranks' (what it would wait without the quota), at most
+the time throttled; ``cpuset`` names the ranks whose cpuset holds fewer CPUs
+than their busy threads.  Both are priced like the neighbour (the arrivals
+moved earlier; quota: the throttled Horovod thread's share of the phase
+after them), and both waits are left out of cpu_contention: it keeps what
+the job's own threads cause on CPUs they may all use.
 """
 
 from __future__ import annotations
@@ -355,17 +366,25 @@ def _theirs(n: Neighbour, own_share: float) -> float:
 
 def _neighbour_gain(ctx: Context, wait: pd.DataFrame, n: Neighbour
                     ) -> tuple[np.ndarray, float] | None:
-    """Per steady step, how much sooner it would end without the neighbour,
-    in two phases, and the second's mean:
+    """Per steady step, how much sooner it would end without the neighbour
+    (_shifted_cost with its Horovod threads' share), and the second phase's
+    mean."""
+    return _shifted_cost(ctx, wait, n.horovod_by_step)
 
-    * before the last arrival: the compute threads' wait it explains
-      (breakdown.shifted_gain: the ranks' arrivals moved earlier by it);
+
+def _shifted_cost(ctx: Context, wait: pd.DataFrame, bg_share: pd.Series
+                  ) -> tuple[np.ndarray, float] | None:
+    """Per steady step, how much sooner it would end without a cause that
+    held some ranks' threads off a CPU, in two phases, and the second's mean:
+
+    * before the last arrival: the compute threads' wait it explains (`wait`:
+      rows step, columns rank, ms; breakdown.shifted_gain: the ranks'
+      arrivals moved earlier by it);
     * after it, Horovod's negotiation and transfer (the breakdown's
       "horovod" and "transfer" parts, the ranks' mean): every rank's
       background thread takes part, so the step waits for the one the
-      neighbour slows most; that phase shortens by the share of that
-      thread's time it waited for a core because of the neighbour (its
-      wait shared out as the compute thread's, _explained_share).
+      cause slows most; that phase shortens by `bg_share` (per step: the
+      largest share of its time such a thread lost to the cause).
 
     None where fewer than MIN_STEPS steps have every rank's arrival."""
     from ..breakdown import shifted_gain
@@ -378,9 +397,8 @@ def _neighbour_gain(ctx: Context, wait: pd.DataFrame, n: Neighbour
     if len(gain) < MIN_STEPS:
         return None
     post = bd.groupby("step")[["horovod_ms", "transfer_ms"]].mean().sum(axis=1)
-    share = n.horovod_by_step
     after = (post.reindex(gain.index).fillna(0.0)
-             * share.reindex(gain.index).fillna(0.0)).to_numpy()
+             * bg_share.reindex(gain.index).fillna(0.0)).to_numpy()
     return gain.to_numpy() + after, float(after.mean())
 
 
@@ -509,13 +527,17 @@ def analyze(ctx: Context) -> list[Finding]:
         m = m.join(sync, how="left").fillna(0.0)
         m["wait_ns"] = (m["wait_ns"] - m["sync_wait_ns"]).clip(lower=0.0)
         m["interval_ns"] = (m["interval_ns"] - m["sync_ns"]).clip(lower=0.0)
-    # the wait a noisy neighbour explains is its finding's, not the job's own
-    foreign_ms = 0.0
-    att, _ = neighbour_wait(ctx)
-    if not att.empty:
+    # the wait a noisy neighbour, a CPU quota or a narrow cpuset explains is
+    # its finding's, not the job's own threads' crowding
+    left_out: dict[str, float] = {}
+    for name, (att, _) in (("noisy_neighbour", neighbour_wait(ctx)),
+                           ("cpu_quota", quota_wait(ctx)), ("cpuset", cpuset_wait(ctx))):
+        if att.empty:
+            continue
         a = att.stack().rename_axis(["step", "rank"]).reindex(m.index).fillna(0.0) * 1e6
-        foreign_ms = float(a.groupby("step").mean().mean()) / 1e6
+        left_out[name] = float(a.groupby("step").mean().mean()) / 1e6
         m["wait_ns"] = (m["wait_ns"] - a).clip(lower=0.0)
+    foreign_ms = left_out.get("noisy_neighbour", 0.0)
     per_step = m["wait_ns"].groupby("step").mean() / 1e6
     mean, lo, hi = bootstrap_mean(per_step.to_numpy())
     main_share = float(m["wait_ns"].sum() / max(m["interval_ns"].sum(), 1.0))
@@ -565,6 +587,11 @@ def analyze(ctx: Context) -> list[Finding]:
         details.append(f"{fmt_ms(foreign_ms)} per step more of the compute threads' wait is "
                        "processes outside the job on their CPUs (noisy_neighbour), left out "
                        "here.")
+    for name, what in (("cpu_quota", "their cgroup's CPU quota throttling them"),
+                       ("cpuset", "their cgroup's cpuset, narrower than their threads")):
+        if left_out.get(name, 0.0) > 0:
+            details.append(f"{fmt_ms(left_out[name])} per step more of the compute threads' "
+                           f"wait is {what} ({name}), left out here.")
     contended = (main_run_share >= UNCONTENDED_SHARE
                  or (np.isfinite(bg_share) and bg_share >= 2 * UNCONTENDED_SHARE))
     significant = contended and ctx.significant(lo)
@@ -594,3 +621,384 @@ def analyze(ctx: Context) -> list[Finding]:
                  **info},
         significant=significant, part="compute", null=NULL,
     )]
+
+
+# ---------------------------------------------------------------------------
+# CPU limits in the operating system's terms: a cgroup's CPU quota, a cpuset
+# ---------------------------------------------------------------------------
+
+QUOTA_NULL = ("a rank without a CPU quota, or one its cgroup never throttled in the steps "
+              f"(cpu.stat nr_throttled 0), or throttled under {UNCONTENDED_SHARE:.0%} of "
+              "its compute thread's time")
+CPUSET_NULL = ("a cpuset with at least as many CPUs as the rank's busy threads, or the "
+               "host's every CPU")
+
+
+@dataclass
+class Quota:
+    """Ranks of one host under one cgroup CPU quota (the tightest level above
+    them: cpu.cfs_quota_us / cpu.max), and how it throttled them."""
+
+    host: str
+    limit_path: str
+    ranks: list[int]
+    quota_us: int
+    period_us: int
+    #: per steady step (rows) and rank (columns): ms the cgroup was throttled
+    #: in the step (cpu.stat's throttled time; on cgroup v1 summed over the
+    #: CPUs it was throttled on), and the periods throttled / elapsed
+    throttled: pd.DataFrame = field(default_factory=pd.DataFrame)
+    periods: float = float("nan")
+    periods_throttled: float = float("nan")
+    #: the compute threads' share of their time outside synchronize that the
+    #: throttling explains (the most of the ranks), the Horovod threads' too
+    wait_share: float = float("nan")
+    horovod_share: float = float("nan")
+    horovod_by_step: pd.Series = field(default_factory=lambda: pd.Series(dtype=np.float64))
+
+    @property
+    def cpus(self) -> float:
+        return self.quota_us / self.period_us
+
+
+def _cg(r: dict[str, Any]) -> dict[str, Any] | None:
+    cpu = r.get("cpu")
+    cg = cpu.get("cgroup") if isinstance(cpu, dict) else None
+    return cg if isinstance(cg, dict) else None
+
+
+def cgroup_steps(cg: dict[str, Any]) -> pd.DataFrame:
+    """Per step (index: the step records' numbers), the cgroup's counters over
+    that step from its marks (the running totals at the read steps' ends,
+    less the one before; a gap spread evenly over the steps it covers):
+    throttled_ms, nr_throttled, nr_periods."""
+    rows: dict[int, tuple[float, float, float]] = {}
+    prev = None
+    for m in cg.get("steps") or []:
+        seq, periods, thr, ns = int(m[0]), float(m[2]), float(m[3]), float(m[4])
+        if prev is not None and seq > prev[0]:
+            gap = seq - prev[0]
+            for k in range(prev[0] + 1, seq + 1):
+                rows[k] = ((ns - prev[3]) / 1e6 / gap, (thr - prev[2]) / gap,
+                           (periods - prev[1]) / gap)
+        prev = (seq, periods, thr, ns)
+    return pd.DataFrame.from_dict(rows, orient="index",
+                                  columns=["throttled_ms", "nr_throttled", "nr_periods"])
+
+
+def quotas(ctx: Context) -> list[Quota]:
+    """The ranks under a CPU quota (trace.json's ranks[].cpu.cgroup), one Quota
+    per (host, limiting cgroup), with its throttling per steady step."""
+    groups: dict[tuple[str, str], Quota] = {}
+    steady = set(int(s) for s in ctx.steady["step"]) if ctx.n_steps else set()
+    for r in ctx.meta.get("ranks") or []:
+        if not isinstance(r, dict) or not isinstance(r.get("rank"), int):
+            continue
+        cg = _cg(r)
+        if not cg or not cg.get("quota_us") or not cg.get("period_us"):
+            continue
+        key = (str(r.get("host", "")), str(cg.get("limit_path") or cg.get("path") or ""))
+        q = groups.setdefault(key, Quota(key[0], key[1], [], int(cg["quota_us"]),
+                                         int(cg["period_us"])))
+        q.ranks.append(int(r["rank"]))
+        t = cgroup_steps(cg)
+        t = t.loc[t.index.isin(steady)] if steady else t
+        if len(t):
+            q.throttled[int(r["rank"])] = t["throttled_ms"]
+            q.periods = float(t["nr_periods"].sum())
+            q.periods_throttled = float(t["nr_throttled"].sum())
+    for q in groups.values():
+        q.ranks.sort()
+    return list(groups.values())
+
+
+def quota_wait(ctx: Context) -> tuple[pd.DataFrame, list[Quota]]:
+    """Per steady step (rows) and rank (columns, every rank with CPU rows): the
+    compute thread's run-queue wait outside synchronize that its cgroup's
+    throttling explains, ms: its wait beyond the unthrottled ranks' in the
+    same step (what it would wait without the quota: on a host whose CPUs
+    are all busy, lifting the quota gives it only what the others get), at
+    most what the cgroup was throttled in the step (a throttled thread waits
+    on the run queue, and schedstat counts it as waiting for a CPU); and the
+    quotas claimed: throttled in MIN_STEPS steady steps or more, and
+    explaining UNCONTENDED_SHARE of their compute threads' time (or twice
+    that of their Horovod threads')."""
+    found = [q for q in quotas(ctx) if not q.throttled.empty]
+    if not found:
+        return pd.DataFrame(), []
+    split = main_split(ctx)
+    wait = split["wait"]
+    if ctx.n_steps and not wait.empty:
+        wait = wait.loc[wait.index.isin(ctx.steady["step"])]
+    if wait.empty:
+        return pd.DataFrame(), []
+    interval = (split["run"] + split["wait"] + split["blocked"]).reindex_like(wait)
+    out = pd.DataFrame(0.0, index=wait.index, columns=wait.columns)
+    # what a rank waits without a quota: the unthrottled ranks' wait in the
+    # same step (on a busy host, lifting the quota gives the rank only the
+    # CPU time the others get; none unthrottled: nothing to take off)
+    limited = {r for q in found for r in q.ranks}
+    free = [r for r in wait.columns if r not in limited]
+    ref = wait[free].mean(axis=1) if free else pd.Series(0.0, index=wait.index)
+    claimed = []
+    for q in found:
+        thr = q.throttled.reindex(wait.index).fillna(0.0)
+        shares = []
+        for r in q.ranks:
+            if r not in wait.columns or r not in thr.columns:
+                continue
+            # the share of its wait beyond the others', over the steps (not
+            # step by step: clipping each step's difference at 0 keeps the
+            # noise's positive half)
+            k = float(np.clip((wait[r] - ref).sum() / max(float(wait[r].sum()), 1e-9), 0.0, 1.0))
+            out[r] = np.minimum(wait[r] * k, thr[r])
+            shares.append(float(out[r].sum()) / max(float(interval[r].sum()), 1e-9))
+        q.wait_share = max(shares) if shares else float("nan")
+        q.horovod_by_step = _throttled_share(ctx, q, "horovod", free)
+        bg = q.horovod_by_step.loc[q.horovod_by_step.index.isin(wait.index)]
+        q.horovod_share = float(bg.mean()) if len(bg) >= MIN_STEPS else float("nan")
+        steps_throttled = int((thr[[r for r in q.ranks if r in thr.columns]].max(axis=1)
+                               > 0).sum()) if len(thr) else 0
+        if steps_throttled >= MIN_STEPS and (
+                q.wait_share >= UNCONTENDED_SHARE or q.horovod_share >= 2 * UNCONTENDED_SHARE):
+            claimed.append(q)
+        else:
+            out[[r for r in q.ranks if r in out.columns]] = 0.0
+    if not claimed:
+        return pd.DataFrame(), []
+    return out, claimed
+
+
+def _throttled_share(ctx: Context, q: Quota, kind: str, free: list[int]) -> pd.Series:
+    """Per step, of the quota's ranks' `kind` threads (their "cpu" rows), the
+    largest share of the step's interval the thread waited for a core beyond
+    what the same threads of the unthrottled ranks (`free`) waited, at most
+    the time its cgroup was throttled."""
+    rows = cpu_rows(ctx.df)
+    rows = rows.loc[rows["kind"] == kind]
+    mine = rows.loc[rows["rank"].isin(q.ranks)]
+    if mine.empty:
+        return pd.Series(dtype=np.float64)
+    t = mine.groupby(["step", "rank"])[["wait_ns", "interval_ns"]].sum()
+    others = rows.loc[rows["rank"].isin(free)].groupby(["step", "rank"])[
+        ["wait_ns", "interval_ns"]].sum()
+    ref = ((others["wait_ns"] / others["interval_ns"].clip(lower=1.0)).groupby("step").mean()
+           if len(others) else pd.Series(dtype=np.float64))
+    thr = q.throttled.stack().rename_axis(["step", "rank"]) * 1e6
+    t["thr_ns"] = thr.reindex(t.index).fillna(0.0)
+    steps = t.index.get_level_values("step")
+    t["ref_ns"] = ref.reindex(steps).fillna(0.0).to_numpy() * t["interval_ns"].to_numpy()
+    # each rank's share of its wait beyond the others', over the steps (as quota_wait)
+    sums = t.groupby("rank")[["wait_ns", "ref_ns"]].sum()
+    k = ((sums["wait_ns"] - sums["ref_ns"]) / sums["wait_ns"].clip(lower=1e-9)).clip(0.0, 1.0)
+    kk = k.reindex(t.index.get_level_values("rank")).to_numpy()
+    share = (np.minimum(t["wait_ns"] * kk, t["thr_ns"])
+             / t["interval_ns"].clip(lower=1.0)).clip(0.0, 1.0)
+    return share.groupby("step").max()
+
+
+def analyze_quota(ctx: Context) -> list[Finding]:
+    """cpu_quota: one finding per cgroup CPU quota that throttles ranks (module
+    doc of this section: quota_wait)."""
+    att, found = quota_wait(ctx)
+    out = []
+    for q in found:
+        ranks = [r for r in q.ranks if r in att.columns]
+        rank_txt = format_ranges(q.ranks)
+        pl = len(q.ranks) > 1
+        thr = q.throttled.reindex(att.index).fillna(0.0)
+        thr_ms = float(thr.max(axis=1).mean()) if len(thr) else 0.0
+        where = f"{q.limit_path or '/'}" + (f" on {q.host}" if q.host else "")
+        headline = (f"Rank{'s' if pl else ''} {rank_txt} {'are' if pl else 'is'} throttled by "
+                    f"{'their' if pl else 'its'} cgroup's CPU quota, {q.cpus:.2g} CPU "
+                    f"({q.quota_us / 1e3:g} ms every {q.period_us / 1e3:g} ms, {where}): "
+                    f"{fmt_ms(thr_ms)} throttled per step")
+        details = []
+        if np.isfinite(q.periods) and q.periods > 0:
+            details.append(f"in the steady steps read, the cgroup was throttled in "
+                           f"{q.periods_throttled:.0f} of {q.periods:.0f} quota periods "
+                           f"({q.periods_throttled / q.periods:.0%}), {fmt_ms(thr_ms)} per "
+                           "step (cpu.stat's throttled time"
+                           + ("; cgroup v1 sums it over the CPUs throttled)." if _version(
+                               ctx, q) == 1 else ")."))
+        details.append(
+            f"while throttled, the rank's threads are runnable but get no CPU: the compute "
+            f"thread{'s' if pl else ''} waited {fmt_share(q.wait_share)} of "
+            f"{'their' if pl else 'its'} time outside synchronize because of it"
+            + (f", Horovod's background thread{'s' if pl else ''} "
+               f"{fmt_share(q.horovod_share)}" if np.isfinite(q.horovod_share) else "")
+            + "; this is a limit the rank's own cgroup sets, not other processes on its "
+              "CPUs, so it is left out of cpu_contention.")
+        cost = lo = hi = None
+        if ranks and len(att) >= MIN_STEPS:
+            got = _shifted_cost(ctx, att[ranks], q.horovod_by_step)
+            if got is not None:
+                gain, after = got
+                cost, lo, hi = bootstrap_mean(gain)
+                details.append(
+                    f"without the throttling (the wait of the compute thread{'s' if pl else ''} it "
+                    f"explains taken out, the ranks' arrivals moved earlier, and "
+                    f"{fmt_ms(after)} of Horovod's negotiation and transfer after the last "
+                    f"arrival), each step would end {fmt_ms(cost)} sooner, the cost above.")
+        significant = cost is not None and lo is not None and ctx.significant(lo)
+        out.append(Finding(
+            key="cpu_quota", headline=headline, details=details, cost_ms=cost,
+            cost_interval_ms=(lo, hi) if cost is not None and lo is not None
+            and hi is not None else None,
+            cost_img_s=ctx.cost_img_s(cost) if cost is not None else None,
+            confidence=(f"95% interval over {len(att)} steady steps read (cgroup cpu.stat, "
+                        "schedstat)" if cost is not None else ""),
+            recommendation=(
+                f"raise or remove the CPU limit of {q.limit_path or 'the cgroup'} (Kubernetes: "
+                "the container's resources.limits.cpu; Slurm: --cpus-per-task with its "
+                "cgroup; systemd: CPUQuota=) to at least the rank's busy threads, or run "
+                "fewer threads per rank (torch.set_num_threads) so the quota suffices"
+                if significant else ""),
+            check="cat <cgroup>/cpu.stat before and after (nr_throttled); profiler compare",
+            numbers={"host": q.host, "cgroup": q.limit_path, "ranks": q.ranks,
+                     "quota_us": q.quota_us, "period_us": q.period_us, "quota_cpus": q.cpus,
+                     "throttled_ms_per_step": thr_ms, "periods": q.periods,
+                     "periods_throttled": q.periods_throttled, "wait_share": q.wait_share,
+                     "horovod_share": q.horovod_share},
+            significant=significant, part="compute" if cost is not None else "",
+            null=QUOTA_NULL,
+            not_claimed="" if cost is not None else "no CPU rows over enough steps to price it"))
+    return out
+
+
+def _version(ctx: Context, q: Quota) -> int:
+    for r in ctx.meta.get("ranks") or []:
+        if isinstance(r, dict) and r.get("rank") in q.ranks:
+            cg = _cg(r)
+            if cg:
+                return int(cg.get("version") or 0)
+    return 0
+
+
+@dataclass
+class Cpuset:
+    """A rank whose cpuset holds fewer CPUs than it runs busy threads, and
+    fewer than its host has."""
+
+    rank: int
+    host: str
+    cpus: list[int]
+    cpuset: str
+    path: str
+    busy: int
+    host_cpus: int
+
+
+def narrow_cpusets(meta: dict[str, Any]) -> list[Cpuset]:
+    """The ranks whose cgroup cpuset is narrower than their busy threads
+    (BUSY_SHARE of the run on a CPU, the sidecar's start and end figures)
+    and than their host's CPUs."""
+    out = []
+    for r in meta.get("ranks") or []:
+        if not isinstance(r, dict) or not isinstance(r.get("rank"), int):
+            continue
+        cg, cpu = _cg(r), r.get("cpu")
+        cpus = (cg or {}).get("cpuset_cpus")
+        if not cg or not isinstance(cpus, list) or not cpus or not isinstance(cpu, dict):
+            continue
+        hc = cpu.get("host_cpus")
+        host_cpus = int(hc) if isinstance(hc, int) else 0
+        runs = []
+        for t in cpu.get("threads") or []:
+            end, start = t.get("end"), t.get("start")
+            if isinstance(end, dict) and "cpu_ns" in end:
+                runs.append(max(float(end["cpu_ns"]) - float((start or {}).get("cpu_ns", 0)
+                                                             if isinstance(start, dict)
+                                                             else 0.0), 0.0))
+        life = max(runs, default=0.0)
+        busy = sum(1 for x in runs if life > 0 and x >= BUSY_SHARE * life)
+        if len(cpus) < busy and (not host_cpus or len(cpus) < host_cpus):
+            out.append(Cpuset(int(r["rank"]), str(r.get("host", "")), cpus,
+                              str(cg.get("cpuset") or ""), str(cg.get("path") or ""), busy,
+                              host_cpus))
+    return out
+
+
+def cpuset_wait(ctx: Context) -> tuple[pd.DataFrame, list[Cpuset]]:
+    """Per steady step and rank: the compute thread's run-queue wait outside
+    synchronize of the ranks in a narrow cpuset (narrow_cpusets), less what a
+    quota or a noisy neighbour explains (their findings'), ms; and those ranks
+    whose threads waited UNCONTENDED_SHARE of their time or more."""
+    found = narrow_cpusets(ctx.meta)
+    if not found:
+        return pd.DataFrame(), []
+    split = main_split(ctx)
+    wait = split["wait"]
+    if ctx.n_steps and not wait.empty:
+        wait = wait.loc[wait.index.isin(ctx.steady["step"])]
+    if wait.empty:
+        return pd.DataFrame(), []
+    interval = (split["run"] + split["wait"] + split["blocked"]).reindex_like(wait)
+    taken = pd.DataFrame(0.0, index=wait.index, columns=wait.columns)
+    for t in (quota_wait(ctx)[0], neighbour_wait(ctx)[0]):
+        if not t.empty:
+            taken = taken.add(t.reindex_like(taken).fillna(0.0), fill_value=0.0)
+    own = (wait - taken).clip(lower=0.0)
+    out = pd.DataFrame(0.0, index=wait.index, columns=wait.columns)
+    claimed = []
+    for c in found:
+        if c.rank not in own.columns:
+            continue
+        share = float(own[c.rank].sum()) / max(float(interval[c.rank].sum()), 1e-9)
+        if share >= UNCONTENDED_SHARE:
+            out[c.rank] = own[c.rank]
+            claimed.append(c)
+    if not claimed:
+        return pd.DataFrame(), []
+    return out, claimed
+
+
+def analyze_cpuset(ctx: Context) -> list[Finding]:
+    """cpuset: the ranks whose cgroup cpuset is narrower than their busy
+    threads, their threads' wait for a core priced as the step without it."""
+    att, found = cpuset_wait(ctx)
+    if not found:
+        return []
+    ranks = sorted(c.rank for c in found)
+    pl = len(ranks) > 1
+    c0 = found[0]
+    cost = lo = hi = None
+    details = [f"rank {c.rank}" + (f" on {c.host}" if c.host else "")
+               + f": cgroup {c.path or '/'} allows CPU{'s' if len(c.cpus) > 1 else ''} "
+               f"{c.cpuset} ({len(c.cpus)} of the host's {c.host_cpus}); it ran {c.busy} busy "
+               "threads (the compute thread, Horovod's background thread, intra-op workers)."
+               for c in found]
+    own = float(np.nanmean(att[ranks].to_numpy())) if len(att) else 0.0
+    details.append(f"the compute thread{'s' if pl else ''} waited {fmt_ms(own)} per step for a "
+                   "core outside synchronize: the cpuset's own threads crowding it, not other "
+                   "processes (left out of cpu_contention).")
+    if len(att) >= MIN_STEPS:
+        got = _shifted_cost(ctx, att[ranks], pd.Series(dtype=np.float64))
+        if got is not None:
+            gain, _ = got
+            cost, lo, hi = bootstrap_mean(gain)
+            details.append(f"without that wait (the ranks' arrivals moved earlier), each step "
+                           f"would end {fmt_ms(cost)} sooner, the cost above.")
+    significant = cost is not None and lo is not None and ctx.significant(lo)
+    return [Finding(
+        key="cpuset",
+        headline=(f"Rank{'s' if pl else ''} {format_ranges(ranks)}'s cpuset holds fewer CPUs "
+                  f"than {'their' if pl else 'its'} busy threads: {len(c0.cpus)} CPU"
+                  f"{'s' if len(c0.cpus) > 1 else ''} ({c0.cpuset}) for {c0.busy} threads"),
+        details=details, cost_ms=cost,
+        cost_interval_ms=(lo, hi) if cost is not None and lo is not None and hi is not None
+        else None,
+        cost_img_s=ctx.cost_img_s(cost) if cost is not None else None,
+        cost_label="explains",
+        confidence=(f"95% interval over {len(att)} steady steps read (cgroup cpuset, "
+                    "schedstat)" if cost is not None else ""),
+        recommendation=("give the rank's cgroup as many CPUs as it runs busy threads "
+                        "(Kubernetes: a CPU request/limit of that many with the static CPU "
+                        "manager; Slurm: --cpus-per-task; cpuset.cpus), or run fewer threads "
+                        "per rank (torch.set_num_threads, OMP_NUM_THREADS)"
+                        if significant else ""),
+        check="cat /proc/<pid>/cgroup and the cgroup's cpuset.cpus; profiler compare",
+        numbers={"ranks": ranks, "cpusets": {c.rank: c.cpuset for c in found},
+                 "busy_threads": {c.rank: c.busy for c in found}},
+        significant=significant, part="compute" if cost is not None else "",
+        null=CPUSET_NULL)]
