@@ -720,7 +720,9 @@ def check_arrivals(tmpl: Template, plan: Plan, cfg: SynthConfig, rank: int,
     gcomm, _, _ = _comm_map(tmpl, cfg.ranks, rank)(
         src["comm"].to_numpy().astype(np.uint64), src["comm_size"].to_numpy().astype(np.int64))
     gseq = plan.seq[gslot]
-    calls = np.flatnonzero(~app & (table["seq"].to_numpy() >= 0))
+    host = ~table["device"].to_numpy(zero_copy_only=False).astype(bool) \
+        if "device" in table.schema.names else np.ones(table.num_rows, bool)
+    calls = np.flatnonzero(~app & host & (table["seq"].to_numpy() >= 0))
     ccomm = table["comm"].to_numpy().astype(np.uint64)[calls]
     cseq = table["seq"].to_numpy().astype(np.int64)[calls]
     pos = np.full(len(gslot), -1, np.int64)
@@ -730,9 +732,10 @@ def check_arrivals(tmpl: Template, plan: Plan, cfg: SynthConfig, rank: int,
         span = int(max(cseq.max(), gseq.max())) + 1
         key = np.searchsorted(ucomm, ccomm).astype(np.int64) * span + cseq
         order = np.argsort(key, kind="stable")
+        sk = key[order]
         want = gi.astype(np.int64) * span + gseq
-        j = np.minimum(np.searchsorted(key[order], want), len(key) - 1)
-        hit = (ucomm[gi] == gcomm) & (key[order][j] == want)
+        j = np.minimum(np.searchsorted(sk, want), len(sk) - 1)
+        hit = (ucomm[gi] == gcomm) & (sk[j] == want)
         pos[hit] = calls[order[j[hit]]]
     gate_start = np.where(pos >= 0, t0[np.maximum(pos, 0)], -1)
     late_arr = arrival - residual - a.time
