@@ -79,13 +79,23 @@ def _source(ds: Dataset, flt: RowFilter | None = None) -> str:
     return f"read_parquet([{files}], union_by_name = true)"
 
 
+#: the column keyed() adds under the bucket key: 2 ** ceil(log2(bytes)) as the
+#: floating-point logarithm puts it (off by at most one octave: corrected below)
+_POW2_GUESS = "hvp2"
+
+
+def _pow2_guess_sql(x: str) -> str:
+    return (f"CASE WHEN {x} <= 1 THEN 1 ELSE "
+            f"(1::BIGINT << CAST(ceil(log2({x})) AS INTEGER)) END AS {_POW2_GUESS}")
+
+
 def _next_pow2_sql(x: str) -> str:
-    """Smallest power of two >= x (0 for x <= 0), exact for every BIGINT: the bits of
-    x - 1 smeared right, plus one."""
-    v = f"({x} - 1)"
-    for k in (1, 2, 4, 8, 16, 32):
-        v = f"({v} | ({v} >> {k}))"
-    return f"CASE WHEN {x} <= 0 THEN 0 ELSE {v} + 1 END"
+    """Smallest power of two >= x (0 for x <= 0), exact for every BIGINT below 2**62,
+    from the guess column (_pow2_guess_sql): a few integer operations a row (the bits
+    of x - 1 smeared right, written as one expression, grew to 64 copies of x)."""
+    g = _POW2_GUESS
+    return (f"CASE WHEN {x} <= 0 THEN 0 WHEN {g} < {x} THEN {g} << 1 "
+            f"WHEN ({g} >> 1) >= {x} THEN {g} >> 1 ELSE {g} END")
 
 
 def query(con: Any, ds: Dataset, sql: str) -> pd.DataFrame:
@@ -97,12 +107,45 @@ def query(con: Any, ds: Dataset, sql: str) -> pd.DataFrame:
         raise _dataset_error(ds, exc) from None
 
 
+# What one scan learned about a dataset, kept for the next question in the same
+# process (summarize's overview, then advise's whole-job pass): keyed by the
+# files, their sizes and modification times, and the question's filters.
+_MEMO: dict[tuple[Any, ...], Any] = {}
+_MEMO_MAX = 32
+
+
+def _files_key(ds: Dataset) -> tuple[Any, ...]:
+    out = []
+    for f in ds.files:
+        try:
+            st = os.stat(f)
+        except OSError:
+            return (object(),)  # never found again: not kept
+        out.append((str(f), st.st_size, st.st_mtime_ns))
+    return (tuple(out), repr(ds.window))
+
+
+def _memo_get(ds: Dataset, what: str, *key: Any) -> Any:
+    return _MEMO.get((_files_key(ds), what, *key))
+
+
+def _memo_put(ds: Dataset, what: str, value: Any, *key: Any) -> None:
+    if len(_MEMO) >= _MEMO_MAX:
+        _MEMO.pop(next(iter(_MEMO)))
+    _MEMO[(_files_key(ds), what, *key)] = value
+
+
 def has_device_rows(con: Any, ds: Dataset) -> bool:
     if "device" not in ds.columns:
         return False
+    known = _memo_get(ds, "device")
+    if known is not None:
+        return bool(known)
     got = query(con, ds, f"SELECT count(*) AS n FROM {_source(ds)} WHERE device")
     # a count, never a boolean: DuckDB 2 hands booleans back as numpy.bool_
-    return bool(len(got)) and int(got["n"].iloc[0]) > 0
+    found = bool(len(got)) and int(got["n"].iloc[0]) > 0
+    _memo_put(ds, "device", found)
+    return found
 
 
 def nccl_extras(ds: Dataset, con: Any = None) -> pd.DataFrame | None:
@@ -212,7 +255,12 @@ def _join_on(n_keys: int, left: str, right: str, extra: Sequence[str] = ()) -> s
 def partials(ds: Dataset, by: Sequence[str], filters: RowFilter | None = None, *,
              con: Any = None, qs: Sequence[float] = (0.5, 0.95, 0.99)) -> pd.DataFrame:
     """One row per group: keys, calls, total_bytes, total_ns, max_ns, bus, busok, pow2,
-    q_<q> (exact quantiles of dur_ns): the input of finish_summary."""
+    q_<q> (exact quantiles of dur_ns): the input of finish_summary.
+
+    The scan computes a few integer operations a row: the keys, the duration's log
+    bucket and the power-of-two test.  The bus bandwidth's factor (a function of the
+    op and the communicator size) is applied per (group, bucket, op, size) after the
+    scan's aggregation, not per row."""
     from .summary import BY_KEYS
 
     con = con or connect()
@@ -227,16 +275,18 @@ def partials(ds: Dataset, by: Sequence[str], filters: RowFilter | None = None, *
     inner = calls_sql(ds, filters, device_rows=has_device_rows(con, ds), columns=sorted(need))
     nk = len(by)
     kcols = [f"k_{i}" for i in range(nk)]
-    keyed = (f"SELECT {''.join(f'{_key_sql(k)[0]} AS k_{i}, ' for i, k in enumerate(by))}"
-             f"dur_ns, bytes, comm_size, op, {_hb_sql('dur_ns')} AS hb FROM ({inner})")
+    keyed = _keyed_sql(by, inner)
+    ks = "".join(c + ", " for c in kcols)
+    per = (f"SELECT {ks}hb, op, comm_size, count(*) AS n, sum(bytes)::HUGEINT AS tb, "
+           "sum(dur_ns)::HUGEINT AS tns, max(dur_ns) AS mx, min(dur_ns) AS mn, "
+           "bool_and(bytes = 0 OR (bytes > 0 AND (bytes & (bytes - 1)) = 0)) AS pow2 "
+           f"FROM ({keyed}) GROUP BY ALL")
+    factor = bus_factor_sql("comm_size")
     hist = query(con, ds, (
-        f"SELECT {''.join(c + ', ' for c in kcols)}hb, count(*) AS n, "
-        "sum(bytes)::HUGEINT AS tb, sum(dur_ns)::HUGEINT AS tns, max(dur_ns) AS mx, "
-        "min(dur_ns) AS mn, "
-        f"sum(bytes * coalesce({bus_factor_sql('comm_size')}, 0.0)) AS bus, "
-        f"bool_or({bus_factor_sql('comm_size')} IS NOT NULL) AS busok, "
-        "bool_and(bytes = 0 OR (bytes > 0 AND (bytes & (bytes - 1)) = 0)) AS pow2 "
-        f"FROM ({keyed}) GROUP BY ALL"))
+        f"SELECT {ks}hb, sum(n)::BIGINT AS n, sum(tb)::HUGEINT AS tb, "
+        "sum(tns)::HUGEINT AS tns, max(mx) AS mx, min(mn) AS mn, "
+        f"sum(tb * coalesce({factor}, 0.0)) AS bus, bool_or({factor} IS NOT NULL) AS busok, "
+        f"bool_and(pow2) AS pow2 FROM ({per}) GROUP BY ALL"))
     cols = [*by, "calls", "total_bytes", "total_ns", "max_ns", "bus", "busok", "pow2",
             *(f"q_{q:g}" for q in qs)]
     if hist.empty:
@@ -263,6 +313,16 @@ def partials(ds: Dataset, by: Sequence[str], filters: RowFilter | None = None, *
         v_hi = np.array([values[(g, int(k))] for g, k in zip(out.index, hi)], np.float64)
         out[f"q_{q:g}"] = v_lo + (v_hi - v_lo) * (pos - lo)
     return out.reset_index(drop=True)[cols]
+
+
+def _keyed_sql(by: Sequence[str], inner: str) -> str:
+    """The calls with their keys (k_0, ...), dur_ns, bytes, comm_size, op and the
+    duration's log bucket hb."""
+    src = f"({inner})"
+    if "bucket" in by:  # the guess column the bucket key corrects
+        src = f"(SELECT *, {_pow2_guess_sql('bytes')} FROM {src})"
+    keys = "".join(f"{_key_sql(k)[0]} AS k_{i}, " for i, k in enumerate(by))
+    return f"SELECT {keys}dur_ns, bytes, comm_size, op, {_hb_sql('dur_ns')} AS hb FROM {src}"
 
 
 def _order_statistics(con: Any, ds: Dataset, keyed: str, hist: pd.DataFrame,
@@ -313,12 +373,33 @@ def _target_table(hist: pd.DataFrame, kcols: list[str],
     return tt
 
 
+#: at most this many duration ranges in a collecting scan's filter (else one range)
+_MAX_RANGES = 256
+
+
+def _within(keyed: str, tt: pd.DataFrame) -> str:
+    """The calls of `keyed` whose duration lies in a target bucket's [mn, mx]: a
+    filter on the raw column, which the scan applies before computing any key."""
+    spans = sorted(zip(tt["mn"].astype(np.int64), tt["mx"].astype(np.int64)))
+    merged: list[list[int]] = []
+    for lo, hi in spans:
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], int(hi))
+        else:
+            merged.append([int(lo), int(hi)])
+    if len(merged) > _MAX_RANGES:
+        merged = [[merged[0][0], max(hi for _, hi in merged)]]
+    cond = " OR ".join(f"(dur_ns BETWEEN {lo} AND {hi})" for lo, hi in merged)
+    return f"SELECT * FROM ({keyed}) WHERE {cond}"
+
+
 def _collect(con: Any, ds: Dataset, keyed: str, hist: pd.DataFrame, kcols: list[str],
              targets: list[tuple[int, int, list[int]]], values: dict[tuple[int, int], int],
              *, sub: bool) -> None:
     """Fill `values` for the targets: list the durations of each target bucket (sub:
     first narrow each bucket to the 1/4096 of its range holding each k)."""
     tt = _target_table(hist, kcols, targets)
+    keyed = _within(keyed, tt)
     con.register("hvprof_targets", tt)
     try:
         on = _join_on(len(kcols), "c", "t", ["hb"])
@@ -512,12 +593,29 @@ def overview(path: str | os.PathLike[str] | Dataset, *, ranks: Sequence[int] | N
                         "GROUP BY ALL")
     for c in ("kind", "backend"):
         df[c] = df[c].astype(str)
+    _memo_put(ds, "overview", df.copy(), repr(flt))
     return Overview(df)
+
+
+def _ranks_with_calls(con: Any, ds: Dataset, inner: str, flt: RowFilter) -> pd.DataFrame:
+    """The ranks with a call of `inner` (its filter `flt` without kinds): from an
+    overview of the same filter already computed in this process, else one scan."""
+    base = RowFilter.of(ranks=flt.ranks, steps=flt.steps, ops=flt.ops)
+    per = _memo_get(ds, "overview", repr(base))
+    if per is not None:
+        if flt.kinds is not None:
+            per = per.loc[per["kind"].isin(list(flt.kinds))]
+        ranks = sorted({int(r) for r, n in zip(per["rank"], per["calls"]) if n > 0})
+        return pd.DataFrame({"rank": np.array(ranks, dtype=np.int64)})
+    return query(con, ds, f"SELECT DISTINCT rank FROM ({inner})")
 
 
 # ---------------------------------------------------------------------------
 # stragglers over every rank
 # ---------------------------------------------------------------------------
+_T_SHIFT = 1 << 63  # added to t_start_ns before it is packed with the rank
+
+
 def stragglers_dataset(path: str | os.PathLike[str] | Dataset, *,
                        kinds: Sequence[str] | None = None,
                        ops: Sequence[str] | None = None, ranks: Sequence[int] | None = None,
@@ -534,19 +632,23 @@ def stragglers_dataset(path: str | os.PathLike[str] | Dataset, *,
     flt = RowFilter.of(ranks=ranks, steps=steps, ops=ops, kinds=kinds)
     cols = ["rank", "comm", "seq", "comm_size", "t_start_ns"]
     inner = calls_sql(ds, flt, device_rows=False, columns=cols)
+    # Arrival and rank in one key, (t_start_ns + 2**63) * 2**32 + rank (nonnegative; a
+    # rank is below 2**32): ordered as (t_start_ns, rank), so that its two largest
+    # give the last arrival, its rank (the highest rank of a tie) and the arrival
+    # before it, in one aggregate.
     matched = (f"SELECT comm, seq, count(*) AS n, min(t_start_ns) AS first, "
-               "max(t_start_ns) AS last, sum(t_start_ns::HUGEINT) AS s, "
-               "arg_max(rank, (t_start_ns, rank)) AS last_rank, "
-               "max(t_start_ns, 2) AS top2 "
+               "sum(t_start_ns::HUGEINT) AS s, "
+               f"max((t_start_ns::HUGEINT + {_T_SHIFT}) * 4294967296 + rank, 2) AS top "
                f"FROM ({inner}) WHERE seq >= 0 AND comm_size > 1 GROUP BY comm, seq")
-    per = query(con, ds, "SELECT last_rank AS rank, count(*) AS last_count, "
-                         "sum(n * last - s)::DOUBLE / 1e9 AS caused_wait_s, "
-                         "avg(last - first) / 1e3 AS mean_lateness_us, "
-                         "sum(CASE WHEN n >= 2 THEN top2[1] - top2[2] ELSE 0 END)::DOUBLE "
-                         "/ 1e9 AS gain_s "
-                         f"FROM ({matched}) WHERE last - first > {int(min_spread_ns)} "
-                         "GROUP BY last_rank")
-    everyone = query(con, ds, f"SELECT DISTINCT rank FROM ({inner})")
+    last = f"((top[1] >> 32) - {_T_SHIFT})"
+    per = query(con, ds, "SELECT (top[1] & 4294967295)::BIGINT AS rank, count(*) AS last_count, "
+                         f"sum(n * {last} - s)::DOUBLE / 1e9 AS caused_wait_s, "
+                         f"avg({last} - first) / 1e3 AS mean_lateness_us, "
+                         f"sum(CASE WHEN n >= 2 THEN (top[1] >> 32) - (top[2] >> 32) ELSE 0 END)"
+                         "::DOUBLE / 1e9 AS gain_s "
+                         f"FROM ({matched}) WHERE {last} - first > {int(min_spread_ns)} "
+                         "GROUP BY ALL")
+    everyone = _ranks_with_calls(con, ds, inner, flt)
     cols_out = ["rank", "last_count", "last_share", "caused_wait_s", "mean_lateness_us",
                 "gain_s", "rank_order"]
     if everyone.empty:
