@@ -44,6 +44,7 @@ static char cg_limit_path[PATH_MAX];   /* the limiting level's, "" without a quo
 static char cg_limit_dir[PATH_MAX];    /* its folder */
 static long long cg_quota_us = -1, cg_period_us = -1;
 static char cg_cpuset[256];            /* the effective cpuset, as the kernel lists it */
+static char cg_cpuset_path[PATH_MAX];  /* its cgroup (v1: the cpuset controller's own) */
 static char cg_reason[160];
 static int cg_fd = -1;                 /* the limit's cpu.stat, kept open */
 static cg_stat cg_start, cg_end;
@@ -241,10 +242,12 @@ void cpu_cgroup_open(void)
     cg_cpuset[0] = 0;
     if (proc_cgroup("cpuset", cpath, sizeof cpath) == 0
         && cg_mount("cpuset", mnt, sizeof mnt, root, sizeof root) == 0) {
+        snprintf(cg_cpuset_path, sizeof cg_cpuset_path, "%s", cpath);
         cg_dir(mnt, root, cpath, cdir, sizeof cdir);
         if (read_file(cdir, "cpuset.effective_cpus", cg_cpuset, sizeof cg_cpuset) != 0)
             read_file(cdir, "cpuset.cpus", cg_cpuset, sizeof cg_cpuset);
     } else if (cg_version == 2) {
+        snprintf(cg_cpuset_path, sizeof cg_cpuset_path, "%s", cg_path);
         read_file(own, "cpuset.cpus.effective", cg_cpuset, sizeof cg_cpuset);
     }
     cg_cpuset[strcspn(cg_cpuset, "\n")] = 0;
@@ -270,7 +273,8 @@ void cpu_cgroup_step(uint32_t seq)
 
 void cpu_cgroup_close(void) { read_cg_stat(&cg_end); }
 
-size_t cpu_cgroup_json_bytes(void) { return 6 * PATH_MAX + 1024 + (size_t)n_cg_marks * 96; }
+/* five strings of up to PATH_MAX bytes, each at most 6x when escaped */
+size_t cpu_cgroup_json_bytes(void) { return 32 * PATH_MAX + 1024 + (size_t)n_cg_marks * 96; }
 
 static void jstat(jbuf *j, const char *key, const cg_stat *s)
 {
@@ -292,6 +296,8 @@ void cpu_cgroup_json(jbuf *j)
     jstr(j, cg_limit_path);
     jout(j, ", \"quota_us\": %lld, \"period_us\": %lld, \"cpuset\": ", cg_quota_us, cg_period_us);
     jstr(j, cg_cpuset);
+    jout(j, ", \"cpuset_path\": ");
+    jstr(j, cg_cpuset_path);
     jout(j, ", \"reason\": ");
     jstr(j, cg_reason);
     jout(j, ", ");
@@ -313,6 +319,7 @@ void cpu_cgroup_reset(void)
     cg_fd = -1;
     cg_version = 0;
     cg_path[0] = cg_limit_path[0] = cg_limit_dir[0] = cg_cpuset[0] = cg_reason[0] = 0;
+    cg_cpuset_path[0] = 0;
     cg_quota_us = cg_period_us = -1;
     memset(&cg_start, 0, sizeof cg_start);
     memset(&cg_end, 0, sizeof cg_end);

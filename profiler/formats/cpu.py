@@ -40,6 +40,7 @@ CGROUP (hooks/cpu_cgroup.c; docs/CPU_CONTENTION.md): {"version": 1 | 2 | 0,
 "path", "limit_path" (the level whose quota is the tightest, "" without
 one), "quota_us", "period_us" (None without a quota), "quota_cpus" (quota /
 period), "cpuset" (the kernel's list), "cpuset_cpus" ([cpu, ...] or None),
+"cpuset_path" (the cpuset's cgroup: on v1 the cpuset controller's own),
 "reason", "start", "end": {"nr_periods", "nr_throttled", "throttled_ns",
 "t_ns"} | None, "steps": [[step, t_ns, nr_periods, nr_throttled,
 throttled_ns], ...] (running totals at the read steps' ends)}.
@@ -257,6 +258,8 @@ def _cgroup(v: Any, header: Mapping[str, Any]) -> dict[str, Any] | None:
         "period_us": period if limited else None,
         "quota_cpus": (quota / period) if limited and quota and period else None,
         "cpuset": cpuset, "cpuset_cpus": cpu_list(cpuset) if cpuset else None,
+        "cpuset_path": (v.get("cpuset_path") if isinstance(v.get("cpuset_path"), str)
+                        else ""),
         "reason": v.get("reason") if isinstance(v.get("reason"), str) else "",
         "start": _cg_stat(v.get("start"), header), "end": _cg_stat(v.get("end"), header),
         "steps": steps,
