@@ -38,7 +38,8 @@ def test_a_seed_draws_the_same_scenario_and_the_sets_do_not_meet() -> None:
 
 def test_the_space_covers_every_cause_rank_count_and_cliff_position() -> None:
     drawn = [randomized.draw(s) for s in range(300)]
-    assert {d.cause for d in drawn} == set(randomized.CAUSES) | {"link"}
+    assert {d.cause for d in drawn} == set(randomized.CAUSES) | {"link", "slowhost", "alike",
+                                                                 "quota"}
     assert {d.params["np"] for d in drawn} == {2, 3, 4}
     assert {d.params.get("cliff_at") for d in drawn if d.cause == "cliff"} == \
         {"smallest", "middle", "largest", "fused"}
@@ -62,6 +63,18 @@ def test_the_space_covers_every_cause_rank_count_and_cliff_position() -> None:
         if d.cause == "link":  # its twin: the same hosts without the rate limit
             assert (sc.hosts, sc.np, sc.truth, sc.bench) == (2, 2, "twin", True)
             assert sc.host_rates == {1: d.params["link_rate"]}
+        if d.cause == "slowhost":  # one host of 3-4 limited, no bench; the twin unlimited
+            assert sc.hosts == sc.np == d.params["hosts"] in (3, 4) and not sc.bench
+            assert sc.host_rates == {d.params["slow_host"]: d.params["host_rate"]}
+            assert (sc.expect, sc.truth, sc.twin_env) == ("slow_link", "twin", {})
+        if d.cause == "alike":  # every link limited alike: a null
+            assert sc.host_rates == {i: d.params["host_rate"] for i in range(sc.hosts)}
+            assert sc.expect is None and sc.truth == "none"
+        if d.cause == "quota":  # one rank in a cgroup; the twin without it
+            assert sc.quota == (d.params["quota_rank"], d.params["quota_cpus"])
+            assert 0 <= sc.quota[0] < sc.np and 0.15 <= sc.quota[1] <= 0.5
+            assert (sc.expect, sc.truth, sc.twin_env) == ("cpu_quota", "twin", {})
+    assert {d.params["slow_host"] for d in drawn if d.cause == "slowhost"} >= {0, 1, 2}
 
 
 def test_the_scale_space_covers_rank_counts_and_two_causes_at_once() -> None:

@@ -33,7 +33,7 @@ MPI_ENV = {
 #: Findings that name a rank, a message size or a setting: a null scenario must
 #: not make any of them significant.
 NAMING = ("late_ranks", "latency_cliffs", "cycle_time", "fusion", "horovod_settings",
-          "control_plane", "uneven_data")
+          "control_plane", "uneven_data", "slow_link", "cpu_quota")
 
 RULES = """1
 2
@@ -85,6 +85,9 @@ class Scenario:
     above: dict[str, str] = field(default_factory=dict)
     #: the Open MPI rules file's text when `rules` (None: RULES)
     rules_text: str | None = None
+    #: (rank, CPUs): that rank runs in a cgroup of its own with this CPU quota
+    #: (benchmarks/scenarios/cgroups.py; the twin runs without it)
+    quota: tuple[int, float] | None = None
 
 
 BASE = ["--model", "mlp", "--steps", "40", "--batch", "64"]
@@ -124,6 +127,22 @@ SCENARIOS: list[Scenario] = [
              "transfer_bound", "twin", [*BASE, "--model", "wide", "--steps", "20"],
              hosts=2, host_rates={1: "200mbit"}, twin_env={}, bench=True,
              also={"rank_waiting": WAITING}),
+    Scenario("slow-host-3", "3 simulated hosts, one rank each, h2's link limited to 300 Mbit/s",
+             "slow_link", "twin", [*BASE, "--model", "mid", "--steps", "20"],
+             np=3, hosts=3, host_rates={2: "300mbit"}, twin_env={},
+             also={"rank_waiting": WAITING, "transfer_bound": "the slow link's transfers"}),
+    Scenario("slow-host-4", "4 simulated hosts, one rank each, h1's link limited to 300 Mbit/s",
+             "slow_link", "twin", [*BASE, "--model", "mid", "--steps", "16"],
+             np=4, hosts=4, host_rates={1: "300mbit"}, twin_env={},
+             also={"rank_waiting": WAITING, "transfer_bound": "the slow link's transfers"}),
+    Scenario("links-alike-3", "3 simulated hosts, every link limited to 300 Mbit/s", None,
+             "none", [*BASE, "--model", "mid", "--steps", "16"],
+             np=3, hosts=3, host_rates={0: "300mbit", 1: "300mbit", 2: "300mbit"},
+             also={"rank_waiting": WAITING, "transfer_bound": "every link is slow"}),
+    Scenario("quota", "rank 1 in a cgroup with a CPU quota of 0.25 CPU", "cpu_quota", "twin",
+             BASE, quota=(1, 0.25), twin_env={},
+             also={"rank_waiting": WAITING, "compute_bound": COMPUTE_BOUND,
+                   "transfer_bound": "the throttled rank's transfers"}),
     Scenario("fusion-off", "128 small tensors, fusion off, 2 simulated hosts (TCP)",
              "fusion", "twin", ["--model", "small", "--steps", "30", "--batch", "16"],
              env={"HOROVOD_FUSION_THRESHOLD": "0"}, twin_env={"HOROVOD_FUSION_THRESHOLD": ""},

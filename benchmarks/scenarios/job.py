@@ -74,6 +74,9 @@ def model(name: str) -> tuple[torch.nn.Module, int | tuple[int, ...], int]:
         for _ in range(256):
             layers += [torch.nn.Linear(8, 8), torch.nn.Tanh()]
         return torch.nn.Sequential(*layers), 8, 8
+    if name == "mid":  # about 4 MiB of gradients
+        return torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+                                   torch.nn.Linear(1024, 10)), 1024, 10
     if name == "wide":  # about 8 MiB of gradients
         return torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
                                    torch.nn.Linear(1024, 1024), torch.nn.ReLU(),

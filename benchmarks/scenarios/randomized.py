@@ -43,6 +43,15 @@ What a seed draws (draw()):
     8 MiB of gradients, the fabric measured by a sweep on the same hosts
     (the bench advise reads): transfer_bound.  Drawn from a stream of its
     own (LINK_SHARE of the seeds), so the other seeds keep their draws.
+  - (since 2026-12-07) one slow host among 3 or 4 simulated hosts, one rank
+    each, 4 MiB of gradients, that host's link limited to 200-500 Mbit/s,
+    no bench (slow_link, priced against twins without the limit); or
+    (ALIKE_SHARE of those) every link limited alike, a null where no host
+    may be named.  Its own stream (HOST_SHARE of the seeds not drawn as a
+    slow link).
+  - (since 2026-12-07) one rank of 2 or 3 in a cgroup with a CPU quota of
+    0.15-0.5 CPU (cgroups.py; cpu_quota, priced against twins without the
+    quota).  Its own stream (QUOTA_SHARE of the seeds drawn as neither).
 
 Truth. A cause whose effect is the step it adds is priced against twins: the
 same job (same seed, same jitter) without the cause, unprofiled, alternating
@@ -93,6 +102,16 @@ CAUSES = {"none": 2, "jitter": 2, "late": 4, "cliff": 3, "busy": 1, "cycle": 1, 
 #: the share of seeds drawn as a slow link instead, by their own stream
 LINK_SHARE = 0.1
 LINK_RATES = ("100mbit", "200mbit", "500mbit")
+#: the share of seeds drawn as one slow host among 3-4 simulated hosts
+#: instead (their own stream), and of those, the share whose every link is
+#: limited alike (a null: no host may be named)
+HOST_SHARE = 0.1
+HOST_RATES = ("200mbit", "300mbit", "500mbit")
+ALIKE_SHARE = 0.25
+#: the share of seeds drawn as one rank under a cgroup CPU quota instead
+#: (their own stream), and the quota's range in CPUs
+QUOTA_SHARE = 0.1
+QUOTA_CPUS = (0.15, 0.5)
 #: the heads model's gradients (job.CLIFF_WIDTHS x 128 float32s), smallest first
 HEAD_BYTES = [128 * w * 4 for w in (32, 64, 128, 256, 320, 384, 448, 512, 1000, 2048)]
 CLIFF_AT = {"smallest": HEAD_BYTES[0], "middle": HEAD_BYTES[4], "largest": HEAD_BYTES[-1]}
@@ -144,9 +163,24 @@ def draw(seed: int) -> Drawn:
     if cause == "jitter":
         jitter = float(rng.choice([10.0, 20.0, 40.0]))
     link = np.random.default_rng([seed, 48])  # its own stream: the others keep their draws
+    slowhost = np.random.default_rng([seed, 50])  # likewise
+    quota_rng = np.random.default_rng([seed, 51])  # likewise
     if link.random() < LINK_SHARE:
         cause, np_, rate = "link", 2, str(link.choice(LINK_RATES))
         steps = int(link.integers(12, 21))
+    elif slowhost.random() < HOST_SHARE:
+        np_ = int(slowhost.choice([3, 4]))
+        rate = str(slowhost.choice(HOST_RATES))
+        alike = bool(slowhost.random() < ALIKE_SHARE)
+        slow_at = -1 if alike else int(slowhost.integers(0, np_))
+        cause = "alike" if alike else "slowhost"
+        steps = int(slowhost.integers(12, 21))
+        jitter = 0.0 if alike else jitter
+    elif quota_rng.random() < QUOTA_SHARE:
+        cause = "quota"
+        np_ = int(quota_rng.choice([2, 3], p=[0.7, 0.3]))
+        q_rank = int(quota_rng.integers(0, np_))
+        q_cpus = float(np.round(quota_rng.uniform(*QUOTA_CPUS), 2))
     base = ["--model", "mlp", "--steps", str(steps), "--batch", str(batch),
             "--seed", str(seed)]
     jit = ["--jitter-ms", f"{jitter:g}", "--jitter-shape", shape] if jitter else []
@@ -158,6 +192,10 @@ def draw(seed: int) -> Drawn:
              if jitter and cause not in ("none", "jitter") else {})
     if cause == "link":
         params["link_rate"] = rate
+    if cause in ("slowhost", "alike"):
+        params.update(hosts=np_, host_rate=rate, slow_host=slow_at)
+    if cause == "quota":
+        params.update(quota_rank=q_rank, quota_cpus=q_cpus)
     name = f"r{seed}-{cause}"
     common: dict[str, Any] = {"np": np_, "above": above}
     if cause == "link":
@@ -169,6 +207,28 @@ def draw(seed: int) -> Drawn:
             also={**waiting, "compute_bound": suite.COMPUTE_BOUND,
                   "cpu_contention": "the job's threads poll while the link is slow"},
             **common)
+    elif cause in ("slowhost", "alike"):
+        mid = ["--model", "mid", "--steps", str(steps), "--batch", str(batch),
+               "--seed", str(seed), *jit]
+        rates = ({i: rate for i in range(np_)} if cause == "alike" else {slow_at: rate})
+        link_also = {**waiting, "compute_bound": suite.COMPUTE_BOUND,
+                     "transfer_bound": "the slow links' transfers",
+                     "cpu_contention": "the job's threads poll while the links are slow"}
+        if cause == "alike":
+            sc = suite.Scenario(name, f"{np_} simulated hosts, every link limited to {rate}",
+                                None, "none", mid, hosts=np_, host_rates=rates,
+                                also=link_also, **common)
+        else:
+            sc = suite.Scenario(name, f"{np_} simulated hosts, h{slow_at}'s link limited to "
+                                f"{rate}", "slow_link", "twin", mid, hosts=np_,
+                                host_rates=rates, twin_env={}, also=link_also, **common)
+    elif cause == "quota":
+        sc = suite.Scenario(name, f"rank {q_rank} under a CPU quota of {q_cpus:g} CPU",
+                            "cpu_quota", "twin", base + jit, quota=(q_rank, q_cpus),
+                            twin_env={},
+                            also={**waiting, "compute_bound": suite.COMPUTE_BOUND,
+                                  "transfer_bound": "the throttled rank's transfers"},
+                            **common)
     elif cause == "none":
         sc = suite.Scenario(name, "nothing injected", None, "none", base + jit,
                             also={**waiting, "compute_bound": suite.COMPUTE_BOUND}, **common)
@@ -393,7 +453,7 @@ def report(rows: Sequence[dict[str, Any]]) -> str:
         lines.append(f"  nulls:     {proportion(len(clean), len(nulls))} name nothing false")
 
     block("all", rows)
-    for cause in [*CAUSES, "link", "late", "two_late"]:
+    for cause in [*CAUSES, "link", "slowhost", "alike", "quota", "late", "two_late"]:
         sub = [r for r in rows if r["cause"] == cause]
         if sub and f"cause {cause}" not in "\n".join(lines):
             block(f"cause {cause}", sub)
@@ -462,7 +522,8 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     """The per-seed table of docs/validation.md (Markdown): what each seed
     drew, what was ranked first, its cost against the truth, and the verdict."""
     keys = ("late_rank", "late_ms", "late_kind", "cliff_at", "busy", "busy_where", "busy_rank",
-            "cycle_ms")
+            "cycle_ms", "link_rate", "hosts", "host_rate", "slow_host", "quota_rank",
+            "quota_cpus")
     out = ["| seed | cause | ranks | drawn | ranked first | cost ms | twin/truth ms [95%] "
            "| false | ok |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -187,32 +187,81 @@ def _mpirun_bounded(cmd: list[str], env: dict[str, str], timeout: float,
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
-def _cpu_by_pid() -> dict[tuple[int, float], float]:
-    """{(pid, start time): CPU seconds} of every process now."""
-    import psutil
-
-    out = {}
-    for p in psutil.process_iter(["pid", "create_time", "cpu_times"]):
-        t = p.info.get("cpu_times")
-        if t is not None:
-            out[(p.info["pid"], p.info["create_time"] or 0.0)] = t.user + t.system
-    return out
-
-
-def _foreign_share(before: dict[tuple[int, float], float],
-                   after: dict[tuple[int, float], float], wall_s: float) -> float:
+class ForeignMeter:
     """The share of the machine's CPUs that processes outside the job used
-    while it ran: those alive at both readings (the job's ranks, started after
-    the first and gone by the second, are not among them), less this runner
-    and its ancestors (pytest, the shell), which wait on the job."""
-    import psutil
+    while it ran (the truth of a noisy neighbour, read by the runner, not the
+    profiler): every process is read every PERIOD_S by a thread of the
+    runner (psutil), and the CPU time each used between its first and last
+    reading (from 0 when it started after the meter) counts, except this
+    runner, its ancestors (pytest, the shell: they wait on the job) and its
+    descendants (the job: mpirun, the ranks, their children, however
+    reparented later), the competitors it started excepted (they are the
+    neighbour a scenario injects).  Read throughout, so that other sessions'
+    short jobs on a shared machine count too, not only the processes alive
+    at both ends."""
 
-    mine = {os.getpid()}
-    with contextlib.suppress(psutil.Error):
-        mine |= {p.pid for p in psutil.Process().parents()}
-    used = sum(max(after[k] - before[k], 0.0) for k in before.keys() & after.keys()
-               if k[0] not in mine)
-    return used / (wall_s * (os.cpu_count() or 1)) if wall_s > 0 else 0.0
+    PERIOD_S = 0.25
+
+    def __init__(self, foreign_pids: Sequence[int] = ()) -> None:
+        import threading
+
+        import psutil
+
+        self.t0 = time.monotonic()
+        self.first: dict[tuple[int, float], float] = {}
+        self.last: dict[tuple[int, float], float] = {}
+        self.job: set[tuple[int, float]] = set()
+        self.foreign_pids = set(foreign_pids)  # the competitors
+        self.mine = {os.getpid()}
+        with contextlib.suppress(psutil.Error):
+            self.mine |= {p.pid for p in psutil.Process().parents()}
+        self.stop = threading.Event()
+        self.wall = 0.0
+        self.read(start=True)
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.thread.start()
+
+    def read(self, start: bool = False) -> None:
+        import psutil
+
+        procs = {}
+        for p in psutil.process_iter(["pid", "ppid", "create_time", "cpu_times"]):
+            t = p.info.get("cpu_times")
+            if t is not None:
+                procs[p.info["pid"]] = (p.info["ppid"], p.info["create_time"] or 0.0,
+                                        t.user + t.system)
+        me = os.getpid()
+        for pid, (ppid, created, cpu) in procs.items():
+            key = (pid, created)
+            if key not in self.first:
+                self.first[key] = cpu if start else 0.0
+            self.last[key] = cpu
+            if key in self.job or pid in self.mine or pid in self.foreign_pids:
+                continue
+            q, seen = ppid, 0
+            while q and seen < 64:  # a descendant of this runner: the job
+                if q == me:
+                    self.job.add(key)
+                    break
+                if q in self.foreign_pids:
+                    break
+                q = procs[q][0] if q in procs else 0
+                seen += 1
+
+    def loop(self) -> None:
+        while not self.stop.wait(self.PERIOD_S):
+            with contextlib.suppress(Exception):
+                self.read()
+
+    def share(self) -> float:
+        """Stop, read a last time, and the foreign share of the CPUs."""
+        self.stop.set()
+        self.thread.join()
+        self.read()
+        wall = time.monotonic() - self.t0
+        used = sum(max(self.last[k] - self.first[k], 0.0) for k in self.last
+                   if k not in self.job and k[0] not in self.mine)
+        return used / (wall * (os.cpu_count() or 1)) if wall > 0 else 0.0
 
 
 #: how an in-run twin keeps busy processes from the job in the steps without
@@ -225,8 +274,8 @@ def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
             rules_file: Path | None = None, timeout: float | None = None,
             twin: bool = False, alternate: int | None = None) -> dict[str, Any]:
     """One run of the scenario's job (profiled into `out` when `profile`; its
-    twin, without the link's rate limit and the busy competitors, when
-    `twin`; the cause, competitors included, only in the steps of parity
+    twin, without the link's rate limit, the busy competitors and the CPU
+    quota, when `twin`; the cause, competitors included, only in the steps of parity
     `alternate` when given); returns the job's own measurements (rank 0's
     JSON line)."""
     timeout = JOB_TIMEOUT_S if timeout is None else timeout
@@ -251,6 +300,8 @@ def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
     if sc.competitor_cpu is not None:
         loop = ["taskset", "-c", str(sorted(os.sched_getaffinity(0))[sc.competitor_cpu]), *loop]
     competitors: list[subprocess.Popen[bytes]] = []
+    limits = contextlib.ExitStack()
+    meter: ForeignMeter | None = None
     try:
         for _ in range(0 if twin else sc.competitors):  # a twin runs without them
             competitors.append(subprocess.Popen(loop, stdout=subprocess.DEVNULL))
@@ -260,6 +311,11 @@ def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
             if competitors:
                 argv += ["--toggle-pids", ",".join(str(c.pid) for c in competitors),
                          "--toggle-how", TOGGLE_HOW]
+        if sc.quota is not None and not twin:  # one rank under a CPU quota; the twin without
+            from cgroups import quota_cgroup
+
+            cg = limits.enter_context(quota_cgroup(sc.quota[1]))
+            argv = cg.wrap(argv, rank=sc.quota[0])
         if sc.pin is not None:
             argv = ["taskset", "-c", sc.pin, *argv]
         if sc.bind:  # rank r on the r-th CPU this runner may use
@@ -268,7 +324,7 @@ def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
                     f'exec taskset -c "$1" {shlex.join(argv)}']
         # what else used the CPUs while the job ran (the competitors included):
         # the truth of a noisy neighbour, measured by the runner, not the profiler
-        cpu0, t0 = _cpu_by_pid(), time.monotonic()
+        meter = ForeignMeter([c_.pid for c_ in competitors])
         if sc.hosts > 1:
             from profiler.bench import simcluster
 
@@ -284,11 +340,14 @@ def run_job(sc: Scenario, out: Path, *, env: dict[str, str] | None = None,
         else:
             proc = _mpirun_bounded(["mpirun", "-n", str(sc.np), *argv], e, timeout,
                                    out if profile else None)
-        foreign = _foreign_share(cpu0, _cpu_by_pid(), time.monotonic() - t0)
+        foreign = meter.share()
     finally:
+        if meter is not None:
+            meter.stop.set()
         for c_ in competitors:
             c_.kill()
             c_.wait()
+        limits.close()
     if proc.returncode != 0:
         raise RuntimeError(f"{sc.name}: the job failed ({proc.returncode}):\n"
                            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
