@@ -188,10 +188,17 @@ HVPROF_EXPORT int hvprof_record_app(int op, uint64_t t_start, uint64_t t_end, ui
         .comm = UINT32_MAX, .track = HVPROF_TRACK_SELF, .root = -1, .op = (uint16_t)op,
         .dtype = HVPROF_DT_UNKNOWN, .redop = HVPROF_REDOP_NONE, .flags = 0, .rc = 0,
         .dtype_size = 0, .aux = 0}, 0);
-    /* Each thread's CPU and run-queue time over the step: APP_CPU records. */
-    if (op == HVPROF_OP_APP_STEP)
-        FOR_EACH_BACKEND(b)
+    /* The backends' per-step work: what must be read at the boundary itself
+     * here (app_step: each thread's CPU and run-queue time over the step,
+     * cpu.c), the rest on the helper thread (helper_step). */
+    if (op == HVPROF_OP_APP_STEP) {
+        int later = 0;
+        FOR_EACH_BACKEND(b) {
             if (b->app_step) b->app_step(seq);
+            later |= b->helper_step != NULL;
+        }
+        if (later) helper_step_post(seq, t_end);
+    }
     return rc;
 }
 

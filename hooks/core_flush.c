@@ -260,6 +260,59 @@ static void helper_cpu_store(void)
                          __ATOMIC_RELAXED);
 }
 
+/* Step ends for the backends' helper_step hooks: a ring the stepping thread
+ * appends to (a slot claimed with one fetch-add, two stores, no system call,
+ * no wake: the helper finds them at its next pass) and the helper drains in
+ * order.  A slot holds seq + 1 (0: empty) and the step's end. */
+#define STEP_SLOTS 1024u
+static struct {
+    _Atomic uint64_t seq1;
+    uint64_t t_end;
+} step_ring[STEP_SLOTS];
+static _Atomic uint32_t step_head; /* next slot to claim */
+static uint32_t step_tail;         /* next slot to drain (the helper's, or under
+                                      drain_lock without a helper) */
+static _Atomic int drain_lock;
+
+static void steps_tell(uint32_t seq, uint64_t t_end)
+{
+    FOR_EACH_BACKEND(b)
+        if (b->helper_step) b->helper_step(seq, t_end);
+}
+
+/* Everything posted so far, in order (the helper; or a poster where none runs). */
+static void steps_drain(void)
+{
+    for (;;) {
+        uint64_t s1 = atomic_load_explicit(&step_ring[step_tail % STEP_SLOTS].seq1,
+                                           memory_order_acquire);
+        if (!s1) return;
+        uint64_t t = step_ring[step_tail % STEP_SLOTS].t_end;
+        atomic_store_explicit(&step_ring[step_tail % STEP_SLOTS].seq1, 0, memory_order_release);
+        step_tail++;
+        steps_tell((uint32_t)(s1 - 1), t);
+    }
+}
+
+void helper_step_post(uint32_t seq, uint64_t t_end)
+{
+    if (!helper_started) { /* no helper: here, now */
+        while (atomic_exchange_explicit(&drain_lock, 1, memory_order_acquire)) {
+        }
+        steps_drain();
+        steps_tell(seq, t_end);
+        atomic_store_explicit(&drain_lock, 0, memory_order_release);
+        return;
+    }
+    uint32_t i = atomic_fetch_add_explicit(&step_head, 1, memory_order_relaxed) % STEP_SLOTS;
+    if (HVPROF_UNLIKELY(atomic_load_explicit(&step_ring[i].seq1, memory_order_acquire))) {
+        steps_tell(seq, t_end); /* the helper is a whole ring behind: here, now */
+        return;
+    }
+    step_ring[i].t_end = t_end;
+    atomic_store_explicit(&step_ring[i].seq1, (uint64_t)seq + 1, memory_order_release);
+}
+
 static void *helper_main(void *arg)
 {
     (void)arg;
@@ -274,6 +327,7 @@ static void *helper_main(void *arg)
         uint32_t seen = atomic_load(&helper_futex);
         uint64_t chunks = __atomic_load_n(&hvprof_core.hdr->n_chunks, __ATOMIC_RELAXED);
         reserve_chunks(chunks);
+        steps_drain();
         flush_all();
         int target = free_target(chunks);
         /* at most the shortfall seen now: were it "until the queue is
@@ -422,6 +476,10 @@ void helper_forget(void)
     for (uint32_t i = 0; i < FULL_SLOTS; i++) atomic_store(&fullq[i], 0);
     for (uint32_t i = 0; i < HVPROF_TRACK_TABLE_CAPACITY; i++) atomic_store(&live[i], 0);
     atomic_store(&n_buffers, 0);
+    for (uint32_t i = 0; i < STEP_SLOTS; i++) atomic_store(&step_ring[i].seq1, 0);
+    atomic_store(&step_head, 0);
+    step_tail = 0;
+    atomic_store(&drain_lock, 0);
 }
 
 int helper_set_period(int ms)

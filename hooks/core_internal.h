@@ -106,6 +106,9 @@ void summary_atfork_child(void);
 int helper_set_period(int ms);
 /* A new file: its block reservation starts over. */
 void flush_reset(void);
+/* Step seq ended at t_end: the backends' helper_step hooks are told on the
+ * helper thread (hvprof_backend.helper_step). */
+void helper_step_post(uint32_t seq, uint64_t t_end);
 void helper_start(void);
 void helper_stop(void);
 void helper_forget(void);

@@ -213,6 +213,12 @@ typedef struct hvprof_backend {
     /* Process exit, after the raw file was closed: the profile directory,
      * the raw file, this process's rank and the world size. */
     void (*at_exit)(const char *dir, const char *raw, int rank, int world);
+    /* A step ended (seq; t_end: its end, ticks), told on the helper thread
+     * at its next pass, in step order (at once, on the stepping thread, where
+     * no helper runs or its queue is full): per-step work that need not run
+     * at the boundary itself belongs here, off the training thread (app_step
+     * is for what must).  core_flush.c: helper_step_post. */
+    void (*helper_step)(uint32_t seq, uint64_t t_end);
 } hvprof_backend;
 
 /* 1 when sig would end the process as its default action does: no handler

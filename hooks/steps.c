@@ -3,7 +3,7 @@
  * step's number, who marks steps (the application or a framework hook), the
  * last synchronize of the open step, and step sampling.
  *
- * One state per process, behind one lock, for every way steps are marked:
+ * One state per process, behind one flag, for every way steps are marked:
  * profiler.step() and step_context (profiler/collect/steps.py, through
  * ctypes or profiler._fastrec), the DistributedOptimizer's step and
  * synchronize hooks (profiler._fastrec's StepHook, straight from C: a Python
@@ -27,11 +27,23 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "hvprof_internal.h"
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+/* The state's guard: a flag taken with one atomic exchange, no mutex and no
+ * system call of its own.  One thread marks steps in practice, so it is not
+ * contended; another would spin while the holder writes the step's records. */
+static atomic_flag busy = ATOMIC_FLAG_INIT;
+
+static inline void lock_state(void)
+{
+    while (atomic_flag_test_and_set_explicit(&busy, memory_order_acquire)) {
+    }
+}
+
+static inline void unlock_state(void) { atomic_flag_clear_explicit(&busy, memory_order_release); }
 
 static struct {
     int has_last;       /* a step is open */
@@ -52,7 +64,7 @@ static struct {
 
 static void child_after_fork(void)
 {
-    pthread_mutex_init(&lock, NULL); /* a thread of the parent may have held it */
+    unlock_state(); /* a thread of the parent may have held it */
 }
 
 __attribute__((constructor)) static void steps_init(void)
@@ -97,27 +109,27 @@ static void boundary(uint64_t images)
 
 HVPROF_EXPORT void hvprof_steps_configure(uint32_t every, uint64_t batch)
 {
-    pthread_mutex_lock(&lock);
+    lock_state();
     st.every = every ? every : 1;
     st.batch = batch;
     if (st.every == 1 && !st.steps_on) {
         st.steps_on = 1;
         apply_sampling();
     }
-    pthread_mutex_unlock(&lock);
+    unlock_state();
 }
 
 HVPROF_EXPORT void hvprof_steps_set_batch(uint64_t batch)
 {
-    pthread_mutex_lock(&lock);
+    lock_state();
     st.batch = batch;
-    pthread_mutex_unlock(&lock);
+    unlock_state();
 }
 
 /* profiler.step(images). */
 HVPROF_EXPORT void hvprof_steps_mark(uint64_t images)
 {
-    pthread_mutex_lock(&lock);
+    lock_state();
     if (!st.explicit_) {
         st.explicit_ = 1;
         if (st.hooked) {
@@ -125,20 +137,20 @@ HVPROF_EXPORT void hvprof_steps_mark(uint64_t images)
             st.has_last = 1;
             hvprof_cpu_baseline();
             open_step();
-            pthread_mutex_unlock(&lock);
+            unlock_state();
             return;
         }
     }
     boundary(images);
-    pthread_mutex_unlock(&lock);
+    unlock_state();
 }
 
 /* step_context's entry: opens step next_seq; returns its start (ticks). */
 HVPROF_EXPORT uint64_t hvprof_steps_context_enter(void)
 {
-    pthread_mutex_lock(&lock);
+    lock_state();
     open_step();
-    pthread_mutex_unlock(&lock);
+    unlock_state();
     uint64_t t0 = hvprof_now();
     hvprof_cpu_baseline();
     return t0;
@@ -147,14 +159,14 @@ HVPROF_EXPORT uint64_t hvprof_steps_context_enter(void)
 /* step_context's exit: the body [t0, now) is one step. */
 HVPROF_EXPORT void hvprof_steps_context_exit(uint64_t t0, uint64_t images)
 {
-    pthread_mutex_lock(&lock);
+    lock_state();
     st.explicit_ = 1;
     uint64_t t1 = hvprof_now();
     record_step(t0, t1, images);
     st.last = t1;
     st.has_last = 1;
     open_step();
-    pthread_mutex_unlock(&lock);
+    unlock_state();
 }
 
 /* The open step's synchronize, as it returns: [t_in, t_out) and the calling
@@ -162,13 +174,13 @@ HVPROF_EXPORT void hvprof_steps_context_exit(uint64_t t0, uint64_t images)
 HVPROF_EXPORT void hvprof_steps_sync(uint64_t t_in, uint64_t t_out, int64_t cpu_ns,
                                      int64_t wait_ns)
 {
-    pthread_mutex_lock(&lock);
+    lock_state();
     st.has_sync = 1;
     st.sync_in = t_in;
     st.sync_out = t_out;
     st.sync_cpu = cpu_ns;
     st.sync_wait = wait_ns;
-    pthread_mutex_unlock(&lock);
+    unlock_state();
 }
 
 /* A framework hook's boundary (after optimizer.step, a step function, a
@@ -177,9 +189,9 @@ HVPROF_EXPORT void hvprof_steps_sync(uint64_t t_in, uint64_t t_out, int64_t cpu_
  * configured batch size. */
 HVPROF_EXPORT void hvprof_steps_hook(uint64_t entered, int64_t images)
 {
-    pthread_mutex_lock(&lock);
+    lock_state();
     if (st.explicit_) {
-        pthread_mutex_unlock(&lock);
+        unlock_state();
         return;
     }
     st.hooked = 1;
@@ -198,13 +210,13 @@ HVPROF_EXPORT void hvprof_steps_hook(uint64_t entered, int64_t images)
         }
     }
     boundary(images < 0 ? st.batch : (uint64_t)images);
-    pthread_mutex_unlock(&lock);
+    unlock_state();
 }
 
 /* A framework hook as a step begins (Keras's on_train_batch_begin). */
 HVPROF_EXPORT void hvprof_steps_hook_begin(void)
 {
-    pthread_mutex_lock(&lock);
+    lock_state();
     if (!st.explicit_) {
         st.hooked = 1;
         open_step();
@@ -212,13 +224,13 @@ HVPROF_EXPORT void hvprof_steps_hook_begin(void)
         st.has_begun = 1;
         hvprof_cpu_baseline();
     }
-    pthread_mutex_unlock(&lock);
+    unlock_state();
 }
 
 /* ... and as it ends: one step [begun, now). */
 HVPROF_EXPORT void hvprof_steps_hook_end(uint64_t images)
 {
-    pthread_mutex_lock(&lock);
+    lock_state();
     if (!st.explicit_ && st.has_begun) {
         uint64_t now = hvprof_now();
         record_step(st.begun, now, images);
@@ -227,42 +239,42 @@ HVPROF_EXPORT void hvprof_steps_hook_end(uint64_t images)
         st.has_begun = 0;
         open_step();
     }
-    pthread_mutex_unlock(&lock);
+    unlock_state();
 }
 
 /* hvd.join's wait: count = the rank join returned, seq = steps so far. */
 HVPROF_EXPORT void hvprof_steps_join(uint64_t t_in, uint64_t t_out, uint64_t last_rank)
 {
-    pthread_mutex_lock(&lock);
+    lock_state();
     uint32_t seq = (uint32_t)st.next_seq;
-    pthread_mutex_unlock(&lock);
+    unlock_state();
     hvprof_record_app(HVPROF_OP_APP_JOIN, t_in, t_out, last_rank, seq);
 }
 
 /* The user's switch; returns the previous setting. */
 HVPROF_EXPORT int hvprof_steps_user_sampling(int on)
 {
-    pthread_mutex_lock(&lock);
+    lock_state();
     int before = st.user_on;
     st.user_on = on != 0;
     apply_sampling();
-    pthread_mutex_unlock(&lock);
+    unlock_state();
     return before;
 }
 
 HVPROF_EXPORT uint64_t hvprof_steps_recorded(void)
 {
-    pthread_mutex_lock(&lock);
+    lock_state();
     uint64_t n = st.next_seq;
-    pthread_mutex_unlock(&lock);
+    unlock_state();
     return n;
 }
 
 /* 0: no step marked yet, 1: by a hook, 2: by the application. */
 HVPROF_EXPORT int hvprof_steps_mode(void)
 {
-    pthread_mutex_lock(&lock);
+    lock_state();
     int m = st.explicit_ ? 2 : st.hooked ? 1 : 0;
-    pthread_mutex_unlock(&lock);
+    unlock_state();
     return m;
 }

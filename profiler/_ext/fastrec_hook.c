@@ -21,18 +21,11 @@
 typedef struct {
     long long handle;
     PyObject *name;   /* NULL: free */
-    double t;         /* CLOCK_MONOTONIC seconds: time.monotonic() */
+    uint64_t t;       /* the library's clock (ticks) at the enqueue: the record's t_start */
 } pending_slot;
 static pending_slot pending[PENDING_SLOTS];
 
-static double monotonic_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void pending_put(PyObject *handle, PyObject *name)
+static void pending_put(PyObject *handle, PyObject *name, uint64_t t)
 {
     if (!PyLong_CheckExact(handle)) return;
     long long v = PyLong_AsLongLong(handle);
@@ -44,7 +37,7 @@ static void pending_put(PyObject *handle, PyObject *name)
     PyObject *old_n = s->name;
     s->handle = v;
     s->name = Py_NewRef(name);
-    s->t = monotonic_s();
+    s->t = t;
     Py_XDECREF(old_n);
 }
 
@@ -53,7 +46,8 @@ static void pending_put(PyObject *handle, PyObject *name)
 PyObject *fr_oldest_pending(PyObject *self, PyObject *live)
 {
     (void)self;
-    double now = monotonic_s(), age = -1.0;
+    double tpn = resolve() ? ticks_per_ns_p() : 0.0, age = -1.0;
+    uint64_t now = resolve() ? now_p() : 0;
     PyObject *name = NULL;
     for (size_t i = 0; i < PENDING_SLOTS; i++) {
         pending_slot *s = &pending[i];
@@ -66,9 +60,12 @@ PyObject *fr_oldest_pending(PyObject *self, PyObject *live)
             PyObject *n = s->name;
             s->name = NULL;
             Py_DECREF(n);
-        } else if (now - s->t > age) {
-            age = now - s->t;
-            name = s->name;
+        } else {
+            double a = now > s->t && tpn > 0 ? (double)(now - s->t) / tpn * 1e-9 : 0.0;
+            if (a > age) {
+                age = a;
+                name = s->name;
+            }
         }
     }
     if (!name) Py_RETURN_NONE;
@@ -216,9 +213,22 @@ address_read:
     return 0;
 }
 
-/* int(getattr(ps, "process_set_id", 0) or 0); 0 when that is no integer. */
+/* int(getattr(ps, "process_set_id", 0) or 0); 0 when that is no integer.  An
+ * exact int in the instance's own dictionary (Horovod's ProcessSet sets it
+ * there when the set is registered; no data descriptor of its type shadows
+ * it) is read from there: one probe. */
 static int32_t process_set_id(PyObject *ps)
 {
+    PyObject *td = _PyType_Lookup(Py_TYPE(ps), s_process_set_id); /* borrowed, cached */
+    PyObject **dp = td && PyDescr_IsData(td) ? NULL : _PyObject_GetDictPtr(ps);
+    if (dp && *dp && PyDict_CheckExact(*dp)) {
+        PyObject *v = PyDict_GetItemWithError(*dp, s_process_set_id); /* borrowed */
+        if (v && PyLong_CheckExact(v)) {
+            long r = PyLong_AsLong(v);
+            if (!(r == -1 && PyErr_Occurred())) return (int32_t)r;
+        }
+        if (PyErr_Occurred()) PyErr_Clear();
+    }
     PyObject *v = PyObject_GetAttr(ps, s_process_set_id);
     if (!v) {
         if (PyErr_ExceptionMatches(PyExc_AttributeError)) PyErr_Clear();
@@ -332,7 +342,7 @@ static int hook_record(HookObject *h, PyObject *const *args, Py_ssize_t na, PyOb
             slot->gen = g_gen;
         }
     }
-    pending_put(handle, base);
+    pending_put(handle, base, t0);
     int rc = 0;
     if (h->grouped && tensors && tensors != Py_None) {
         PyObject *ts_ = PySequence_Fast(tensors, "tensors is not a sequence");
