@@ -21,6 +21,10 @@ and the profiler's own cost.  When every rank has closed its file (or died) it
 shows the final state and exits, unless --follow.  Without a terminal it
 prints a frame per refresh.  Exit status of --once: 0, or 1 when a rank
 stopped or a call is stuck.
+
+The watcher runs at the scheduler's idle priority (Linux SCHED_IDLE, else
+nice 19; --priority normal keeps the one it was started with): where it shares
+cores with the ranks it takes only time they leave, and never preempts one.
 """
 
 from __future__ import annotations
@@ -98,6 +102,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--textfile", metavar="PATH",
                    help="rewrite PATH with the metrics at each refresh (node_exporter's "
                         "textfile collector)")
+    p.add_argument("--priority", choices=("idle", "normal"), default="idle",
+                   help="idle (default): run only on time the job leaves (SCHED_IDLE, else "
+                        "nice 19); normal: the priority it was started with")
     p.add_argument("--max-rank-labels", type=_count, default=64, metavar="N",
                    help="ranks with series of their own; the others are rank=\"other\" "
                         "(default 64)")
@@ -107,10 +114,31 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
+def lower_priority() -> str:
+    """This process (every thread it starts from now on) at the idle scheduling
+    class, else at nice 19: which one it got ("idle", "nice", or "" when
+    neither was allowed)."""
+    import os
+
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        return "idle"
+    except (AttributeError, OSError):
+        pass
+    try:
+        os.nice(19 - os.nice(0))
+        return "nice"
+    except OSError:
+        return ""
+
+
 def run(args: argparse.Namespace) -> int:
     import threading
 
     from profiler.analysis.facade import TraceAnalysis
+
+    if getattr(args, "priority", "idle") == "idle":
+        lower_priority()
 
     watcher = TraceAnalysis.open_raw(args.directory).watch(
         window_s=args.window, stuck_factor=args.stuck_factor, stale_s=args.stale)
