@@ -13,6 +13,7 @@
 #   PROG=callgrind_p2p (environment): point-to-point instead, two calls per
 #   iteration as well; CG_MODE=null (two MPI_Send to MPI_PROC_NULL) or
 #   CG_MODE=self (MPI_Send to self + MPI_Recv): see callgrind_p2p.c
+#   MPIP (environment): passed to the ranks (mpiP's options, for LIB=libmpiP.so)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 LIB=${1:-$("$HERE/../../.venv/bin/python" -I -c 'from profiler.collect import native; print(native.library_path())')}
@@ -27,7 +28,7 @@ main_ir() { # main_ir PRELOAD N -> the main thread's Ir
     local out="$TMP/cg.$1.$2"
     env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 HOROVOD_PROFILE=1 \
         HOROVOD_PROFILE_DIR="$TMP/prof.$1.$2" \
-        mpirun -n 1 -x HOROVOD_PROFILE -x HOROVOD_PROFILE_DIR ${CG_MODE:+-x CG_MODE} \
+        mpirun -n 1 -x HOROVOD_PROFILE -x HOROVOD_PROFILE_DIR ${CG_MODE:+-x CG_MODE} ${MPIP:+-x MPIP} \
         ${3:+-x LD_PRELOAD="$3"} \
         valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out" \
         "$TMP/cg" "$2" >"$TMP/log" 2>&1 || { cat "$TMP/log" >&2; exit 1; }
