@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +94,72 @@ def test_a_link_prices_calls_and_a_measured_curve_is_carried_to_more_ranks() -> 
     assert measured.allreduce([1 << 20], 2, 1)[0][0] == pytest.approx(2000.0 + (1 << 20))
     ps, what = link.allreduce([1 << 20], 8, 1, P.Layout("ps", 2))
     assert what[0] == "push+pull" and ps[0] == pytest.approx(2000 + 8.0 * (1 << 20))
+
+
+def test_algorithms_split_their_bytes_into_exchanges_and_one_way_parts() -> None:
+    parts = P.algorithm_parts
+    # 3 ranks: one pairwise exchange (halves each way, then back), the extra
+    # rank's data in and the result out (one way each)
+    assert parts("Rabenseifner", 3, 1) == (5.0, 1.0, 2.0)
+    assert parts("ring", 4, 1) == (6.0, 1.5, 0.0)
+    assert parts("recursive doubling", 6, 1) == (4.0, 2.0, 2.0)
+    assert parts("ps", 8, 1, servers=2) == (2.0, 0.0, 8.0)
+    for alg in ("ring", "segmented ring", "recursive doubling", "Rabenseifner", "basic linear",
+                "nonoverlapping", "tree"):
+        for p in (1, 2, 3, 6, 8, 12):
+            steps, both, one = parts(alg, p, 2 if p > 6 else 1)
+            assert P.algorithm_cost(alg, p, 2 if p > 6 else 1) == (steps, both + one)
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        parts("butterfly", 4, 1)
+
+
+def test_a_bench_prices_one_way_parts_by_its_broadcasts() -> None:
+    s = 1 << 20
+    # exchanges at 2 ns a byte, one way at 1 (a link whose two directions slow each other)
+    c = P.Curve("Open MPI", alpha_ns=1000.0, measured=lambda x: 2000.0 + 2.0 * x, ranks=2,
+                per_host=1, oneway=lambda x: 500.0 + 1.0 * x, oneway_alpha_ns=500.0)
+    ns, algs = c.allreduce([s], 3, 1)
+    assert algs[0] == "Rabenseifner" and ns[0] == pytest.approx(5 * 1000 + 2.0 * s + 2 * s)
+    assert c.allreduce([s], 2, 1)[0][0] == pytest.approx(2000.0 + 2.0 * s)
+    # a bench trace: 2 ranks on 2 hosts, allreduce and broadcast sweeps; a
+    # broadcast's root returns at once (its data buffered), its receiver later
+    rows = []
+    seq = 0
+    for op, fixed, per_byte in (("allreduce", 20_000, 2.0), ("bcast", 10_000, 1.0)):
+        for size in (8, 1024, 65536, 1 << 20, 1 << 21):
+            for _ in range(4):
+                seq += 1
+                for rank in (0, 1):
+                    took = 1000 if (op == "bcast" and rank == 0) else fixed + per_byte * size
+                    rows.append({"rank": rank, "op": op, "bytes": size, "comm": 1, "seq": seq,
+                                 "dur_ns": took, "t_start_ns": 10**9 * seq,
+                                 "t_end_ns": 10**9 * seq + took})
+    fab = P.fabric_curve(pd.DataFrame(rows), {"hosts": ["h0", "h1"]})
+    both, one = fab.unit(np.array([float(1 << 21)]))
+    assert both[0] == pytest.approx(2.0 * (1 << 21), rel=0.02)
+    assert one[0] == pytest.approx(1.0 * (1 << 21), rel=0.02)
+    assert "broadcast curve" in fab.source
+
+
+def test_ranks_sharing_cores_wait_for_partners_and_share_the_cpu_per_byte() -> None:
+    half = P.SCHED_SLICE_MS / 2
+    assert P.sched_delay_ms(2, 2) == 0.0 and P.sched_delay_ms(1, 4) == 0.0
+    assert P.sched_delay_ms(3, 2) == pytest.approx(half / 2)  # a core busy half the time
+    assert P.sched_delay_ms(4, 2) == pytest.approx(half) == P.sched_delay_ms(6, 2)
+    s = 1 << 20
+    link = P.Curve("Open MPI", alpha_ns=1000.0, beta_ns_per_byte=1.0)
+    # 6 ranks, Rabenseifner: 7 steps, 3.5 S on the busiest link.  The ends:
+    # the cores need 0.5 ns a byte, 3 times as long when 3 ranks share each,
+    # and a wait for a partner every PARTNER_BYTES; they take longer than
+    # the link here; every latency step waits once more
+    packed = replace(link, cpu=lambda x: 0.5 * x, cpu_scale=3.0, delay_ns=750_000.0)
+    ends = 3.5 * (1.5 * s + s / P.PARTNER_BYTES * 750_000)
+    assert ends > 3.5 * s
+    assert packed.allreduce([s], 6, 1)[0][0] == pytest.approx(7 * 751_000 + ends)
+    # where the link is slower than the ends, the link's time
+    fast_ends = replace(packed, cpu_scale=1.0, delay_ns=0.0)
+    assert fast_ends.allreduce([s], 6, 1)[0][0] == pytest.approx(
+        link.allreduce([s], 6, 1)[0][0]) == pytest.approx(7 * 1000 + 3.5 * s)
 
 
 # ----------------------------------------------------------------- arrivals
@@ -206,6 +273,34 @@ def test_a_slower_link_and_a_larger_batch_cost_what_they_should() -> None:
     assert big.images_per_s == pytest.approx(2 * 64 / big.step_ms * 1e3)
 
 
+def test_cores_shared_by_more_ranks_lengthen_the_step_and_say_so() -> None:
+    df, meta = _job()
+    prof = P.profile_of(df, meta)
+    assert prof.cores is None and math.isnan(prof.main_cpu_ms)  # no CPU figures
+    own = P.predict(prof)
+    # 2 cores for the profile's 2 ranks (one each, assumed): as profiled
+    same = P.predict(prof, P.Target(cores=2))
+    assert same.step_ms == pytest.approx(own.step_ms)
+    one = P.predict(prof, P.Target(cores=1))
+    assert one.breakdown["compute"] == pytest.approx(own.breakdown["compute"])
+    assert one.breakdown["transfer"] > own.breakdown["transfer"] and one.step_ms > own.step_ms
+    said = one.assumptions[1]
+    assert said.startswith("the 2 ranks share 1 core (2 ranks to a core where the profile's 2 "
+                           "had 2 (assumed: one each)")
+    assert "no CPU rows" in said
+    assert own.assumptions[1].startswith("each rank keeps its own cores")
+
+
+def test_the_interval_holds_two_runs_noise_and_grows_with_the_distance() -> None:
+    prof = P.profile_of(*_job())
+    own = P.predict(prof)
+    lo, hi = own.interval
+    assert lo * hi == pytest.approx(own.step_ms ** 2)  # log-normal
+    assert math.log(hi / own.step_ms) >= P.Z95 * math.sqrt(2) * P.RUN_SD
+    far = P.predict(prof, P.Target(link=P.parse_link("100mbit")))
+    assert math.log(far.interval[1] / far.step_ms) > math.log(hi / own.step_ms)
+
+
 def test_what_the_profile_cannot_carry_is_said_not_guessed() -> None:
     df, meta = _job(steps=4)
     few = P.predict(P.profile_of(df, meta))
@@ -243,6 +338,14 @@ def test_a_real_two_host_profile_predicts_within_its_own_interval() -> None:
     algs = {a["algorithm"] for a in slow.algorithms}
     assert "Rabenseifner" in algs and slow.step_ms > 2 * own.step_ms
     assert sum(a["calls_per_step"] for a in slow.algorithms) >= 1
+    # its 2 simulated hosts share one kernel and its 2 cores; 6 ranks on them
+    assert prof.cores == 2 and prof.main_cpu_ms > 0
+    wide = P.predict(prof, P.Target(hosts=6))
+    packed = P.predict(prof, P.Target(hosts=6, cores=2))
+    assert packed.breakdown["compute"] - wide.breakdown["compute"] == pytest.approx(
+        2 * prof.main_cpu_ms)
+    assert packed.breakdown["transfer"] > wide.breakdown["transfer"]
+    assert "the 6 ranks share 2 cores (3 ranks to a core" in packed.assumptions[1]
 
 
 # ----------------------------------------------------------------- the command
@@ -279,6 +382,18 @@ def test_the_command_says_when_the_profile_cannot_carry_a_prediction(tmp_path: P
                      cwd=tmp_path)
     assert p.returncode == 1 and "no prediction at 4 ranks" in p.stdout
     assert "synchronize" in p.stdout and p.stderr == ""
+
+
+def test_a_core_count_below_one_is_bad_input() -> None:
+    import argparse
+
+    from profiler.cli import predict as cli
+
+    ap = argparse.ArgumentParser()
+    cli.add_parser(ap.add_subparsers())
+    args = ap.parse_args(["predict", str(PROFILE), "--cores", "0"])
+    with pytest.raises(UsageError, match="--cores must be >= 1, not 0"):
+        cli.target_of(args, "Open MPI")
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:

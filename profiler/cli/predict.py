@@ -3,7 +3,7 @@
     profiler predict trace.json [--hosts N] [--ranks-per-host K]
                      [--link RATE[,LATENCY] | --fabric BENCH]
                      [--fusion-threshold BYTES] [--cycle-time MS] [--batch-size B]
-                     [--layout allreduce|ps:S] [--format table|json]
+                     [--cores N] [--layout allreduce|ps:S] [--format table|json]
 
 Prints the predicted step time with its 95% interval and images/sec, the
 predicted breakdown (compute, waiting for other ranks, waiting for Horovod,
@@ -15,6 +15,10 @@ assumption made, one line each.  Options left out stay as profiled.
 --fabric BENCH: a `profiler bench` result of the target fabric (its
 directory, trace.json or bench.json): its allreduce curve prices the
 transfers.  Without either, the profile's own transfers do.
+--cores N: the cores the whole job's ranks share (a job packed onto fewer
+cores than it has ranks, or simulated hosts on one machine): compute's CPU
+part, the transfers' CPU side and each collective step's wait for a partner
+grow with the ranks to a core.  Default: each rank keeps the cores it had.
 --layout ps:S: push and pull through S parameter servers on hosts of their
 own (the MXNet proposal's layout) instead of allreduce.
 
@@ -51,6 +55,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="HOROVOD_FUSION_THRESHOLD (bytes, or 64M; 0: fusion off)")
     p.add_argument("--cycle-time", type=float, metavar="MS", help="HOROVOD_CYCLE_TIME in ms")
     p.add_argument("--batch-size", type=int, metavar="B", help="images per rank and step")
+    p.add_argument("--cores", type=int, metavar="N",
+                   help="cores the whole job's ranks share (default: each rank keeps the "
+                        "cores it had in the profile)")
     p.add_argument("--layout", default="allreduce", metavar="allreduce|ps:S",
                    help="allreduce (default) or ps:S, S parameter servers")
     p.add_argument("--format", choices=("table", "json"), default="table")
@@ -77,7 +84,7 @@ def target_of(args: argparse.Namespace, library: str) -> Any:
     from profiler.bench import parse_size
     from profiler.errors import UsageError
 
-    for name in ("hosts", "ranks_per_host", "batch_size"):
+    for name in ("hosts", "ranks_per_host", "batch_size", "cores"):
         v = getattr(args, name)
         if v is not None and v < 1:
             raise UsageError(None, f"--{name.replace('_', '-')} must be >= 1, not {v}")
@@ -95,7 +102,8 @@ def target_of(args: argparse.Namespace, library: str) -> Any:
     return P.Target(hosts=args.hosts, ranks_per_host=args.ranks_per_host,
                     link=P.parse_link(args.link) if args.link else None, fabric=fabric,
                     fusion_threshold=threshold, cycle_ms=args.cycle_time,
-                    batch_size=args.batch_size, layout=P.parse_layout(args.layout))
+                    batch_size=args.batch_size, layout=P.parse_layout(args.layout),
+                    cores=args.cores)
 
 
 def run(args: argparse.Namespace) -> int:
