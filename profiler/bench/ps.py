@@ -153,11 +153,14 @@ def job(argv: Sequence[str]) -> int:
 
 def predicted(workers: int, servers: int | None, nbytes: int, rate_bits: float) -> float:
     """Seconds the link rate alone allows: push then pull through `servers`
-    links (None: a ring allreduce among the workers)."""
-    per_link = rate_bits / 8
-    if servers is None:
-        return 2 * (workers - 1) * nbytes / (workers * per_link)
-    return 2 * workers * nbytes / (servers * per_link)
+    links (None: a ring allreduce among the workers), one worker per host;
+    the bytes the busiest link carries are profiler.analysis.predict's
+    (algorithm_cost, the one definition)."""
+    from profiler.analysis.predict import algorithm_cost
+
+    alg = "ring" if servers is None else "ps"
+    _, factor = algorithm_cost(alg, workers, 1, servers or 0)
+    return factor * nbytes * 8 / rate_bits
 
 
 ALGORITHMS = {"ring": ["--mca", "coll_tuned_use_dynamic_rules", "1",
