@@ -6,7 +6,8 @@ piece (benchmarks/, not a test).
         python benchmarks/overhead/hook_cost.py [--steps 400] [--blocks 10]
 
 A real Horovod job (one rank unless mpirun says more; the corpus' mlp6: six
-nn.Linear(96, 96), 12 gradient tensors) with the library loaded.  Two parts:
+nn.Linear(96, 96), 12 gradient tensors, or --workload W [--workload-args ...])
+with the library loaded.  Two parts:
 
 * pieces: each piece of per-step hook work called in a loop on the main
   thread (the records' clock through ctypes, the schedstat read, the step
@@ -30,6 +31,7 @@ import argparse
 import math
 import os
 import random
+import shlex
 import statistics
 import sys
 import time
@@ -58,6 +60,10 @@ def geo_ci(ratios: list[float], seed: int, n: int = 4000) -> tuple[float, float,
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", default="mlp6",
+                   help="a corpus workload (default mlp6: 12 gradient tensors)")
+    p.add_argument("--workload-args", default="", metavar="ARGS",
+                   help="more arguments of the workload (\"--layers 6\": bert's 105 tensors)")
     p.add_argument("--steps", type=int, default=200, help="steps per block")
     p.add_argument("--blocks", type=int, default=10, help="pairs of blocks")
     p.add_argument("--seed", type=int, default=0, help="the pairs' order")
@@ -85,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         print("run with HOROVOD_PROFILE=1", file=sys.stderr)
         return 2
     hvd.init()
-    ns = corpus.parse_args(["mlp6"])
-    wl = corpus.build_model("mlp6", ns)
+    ns = corpus.parse_args([args.workload, *shlex.split(args.workload_args)])
+    wl = corpus.build_model(args.workload, ns)
     model = wl.model
     base = torch.optim.SGD(model.parameters(), lr=0.01)
     opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())

@@ -44,6 +44,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -112,6 +113,7 @@ def run_once(args: argparse.Namespace, arm: str, extra: dict[str, str] | None,
         cmd += ["--busy-us", str(busy_us)]
     if args.batch_size:
         cmd += ["--batch-size", str(args.batch_size)]
+    cmd += shlex.split(args.workload_args)
     t0 = time.monotonic()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout,
                        cwd=str(work))
@@ -240,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=0, metavar="N",
                    help="the workload's --batch-size (0: its default): a longer step "
                    "with the same tensors and calls")
+    p.add_argument("--workload-args", default="", metavar="ARGS",
+                   help="more arguments of the workload (\"--layers 6\": bert's 105 "
+                        "gradient tensors)")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--arm", type=parse_arm, action="append", default=[],
                    help="NAME=VAR=V,VAR=V: another profiled arm (unprofiled when it "
