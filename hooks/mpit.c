@@ -341,7 +341,9 @@ static net_conn net_conns[NET_MAX];
 static int n_net;
 static pthread_t net_thread;
 static int net_running;
-static pthread_mutex_t net_lock = PTHREAD_MUTEX_INITIALIZER; /* the table and marks */
+static pthread_mutex_t net_lock = PTHREAD_MUTEX_INITIALIZER; /* the table, the thread's wait */
+/* the marks: the stepping thread never waits for a read of the connections */
+static pthread_mutex_t mark_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t net_cond = PTHREAD_COND_INITIALIZER;
 static int net_stop;
 static long net_period_ms, net_setting_ms;
@@ -467,6 +469,10 @@ static void net_read(double tpn)
             c->live = 0;
             continue;
         }
+        if (ti.tcpi_bytes_acked < c->acked || ti.tcpi_bytes_received < c->recv) {
+            c->live = 0; /* the descriptor names another socket now: the next scan */
+            continue;
+        }
         uint64_t now = hvprof_ticks();
         double dt_ns = (double)(now - c->t) / tpn;
         uint64_t dout = ti.tcpi_bytes_acked - c->acked, din = ti.tcpi_bytes_received - c->recv;
@@ -573,9 +579,9 @@ static void net_end(void)
 static void net_step(uint32_t seq)
 {
     if (!net_running) return;
-    pthread_mutex_lock(&net_lock);
+    pthread_mutex_lock(&mark_lock);
     if (seq >= NET_STEPS_ALL && seq % net_stride != 0) {
-        pthread_mutex_unlock(&net_lock);
+        pthread_mutex_unlock(&mark_lock);
         return;
     }
     if (n_marks >= NET_STEPS) {
@@ -588,7 +594,7 @@ static void net_step(uint32_t seq)
     net_marks[n_marks++] = (net_mark){seq, hvprof_ticks(),
                                       __atomic_load_n(&net_active_ns, __ATOMIC_RELAXED),
                                       __atomic_load_n(&net_bytes, __ATOMIC_RELAXED)};
-    pthread_mutex_unlock(&net_lock);
+    pthread_mutex_unlock(&mark_lock);
 }
 
 static void hist_json(jbuf *j, const char *key, const uint32_t *h)
@@ -852,6 +858,7 @@ static void mpit_reset(void)
 static void mpit_atfork_child(void)
 {
     pthread_mutex_init(&net_lock, NULL);
+    pthread_mutex_init(&mark_lock, NULL);
     pthread_cond_init(&net_cond, NULL);
     net_running = 0;
     n_net = 0;
