@@ -327,10 +327,11 @@ class Curve:
 
     The ranks' cores (`--cores`): `cpu` is the time the ranks' cores need
     per unit of bytes factor (S -> ns, the profile's own calls'), times
-    `cpu_scale` (ranks to a core at the target over the profile's); a call's
-    bytes take the longer of the link's time and the cores' (TCP's copies
-    overlap the wire).  `delay_ns` is added to every latency step: the wait
-    for a partner that shares its core with others (SCHED_SLICE_MS)."""
+    `cpu_scale` (ranks to a core at the target over the profile's).  A
+    call's bytes take the longer of the link's time and the ends' (TCP's
+    copies overlap the wire): the cores' time plus a wait of `delay_ns` for
+    a partner sharing its core every PARTNER_BYTES; every latency step waits
+    `delay_ns` too (sched_delay_ms)."""
 
     library: str
     alpha_ns: float
@@ -428,11 +429,11 @@ class Curve:
 
 def _measured_curve(fit: Fit, library: str, ranks: int, per_host: int, source: str) -> Curve:
     """A measured curve (fit: its per-size medians and lower quartiles): its
-    latency per step the lower quartiles' at the smallest size over the
-    algorithm's latency steps (a busy machine's hold-ups of small calls left
-    out: the profile's measured parts keep them, --cores adds them for
-    ranks sharing cores); its bytes' time the medians' above their own
-    smallest size (a link's typical rate, not its best moments)."""
+    latency per step the small calls' lower quartile over the algorithm's
+    latency steps at the smallest size (a busy machine's hold-ups of small
+    calls left out: the profile's measured parts keep them, --cores adds
+    them for ranks sharing cores); its bytes' time the medians' above their
+    own smallest size (a link's typical rate, not its best moments)."""
     s0 = np.array([max(fit.smallest, 1.0)])
     steps, _ = algorithm_cost(algorithm(library, float(s0[0]), ranks) if library != "NCCL"
                               else "ring", ranks, per_host)

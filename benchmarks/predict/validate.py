@@ -1,30 +1,37 @@
 """`profiler predict` against jobs it never saw, on simulated hosts.
 
-    python benchmarks/predict/validate.py measure OUT [--only dev|held-out|profile]
-    python benchmarks/predict/validate.py predict OUT [--set dev|held-out]
+    python benchmarks/predict/validate.py measure OUT [--only profile|dev|held-out]
+    python benchmarks/predict/validate.py bench OUT [--target]
+    python benchmarks/predict/validate.py predict OUT [--set dev|held-out] [--method M]
     python benchmarks/predict/validate.py table OUT
 
 One profile, the job of benchmarks/predict/job.py at 2 simulated hosts (one
 rank each, the bridge's own speed, Horovod's defaults: fusion at 128 MiB, a
-1 ms cycle), is what `profiler predict` reads.  Every configuration below is
-then run and measured (`measure`, each twice) and predicted from that one
-profile (`predict`): hosts 2-6 (one rank per host: 3 to 1 ranks per core at 6
-hosts, this machine has 2 cores, which the job's device-like compute does not
-feel but Horovod's threads and TCP do), links of 50 Mbit/s to the bridge's
-speed (tbf on every link; `--link RATE` for a limited one, the profile's own
-curve at the bridge's speed), fusion on (default) and off
-(HOROVOD_FUSION_THRESHOLD=0), cycle times 1-30 ms.
+1 ms cycle; PROFILE_STEPS steps), is what `profiler predict` reads.  Every
+configuration below is then run and measured (`measure`, RUNS times, the
+runs alternated) and predicted from that one profile (`predict`): hosts 2-6
+(one rank per host: up to 3 ranks to a core at 6 hosts, this machine has 2
+cores, which every prediction says with `--cores 2`: the job's device-like
+compute does not feel them, Horovod's threads, Open MPI's polling and TCP
+do), links of 50 Mbit/s to the bridge's speed (tbf on every link), fusion
+on (default) and off (HOROVOD_FUSION_THRESHOLD=0), cycle times 1-30 ms.
+The transfers are priced by a `profiler bench` of the target's rate at 2
+hosts (`bench`: allreduce and broadcast sweeps; at the bridge's speed the
+profile's own fabric) and carried to more ranks by the algorithms' costs.
 
-Two sets, drawn once from that grid with fixed seeds (DEV_SEED, HELD_SEED)
-before any prediction was made: the development set, on which the method
-and its interval were tuned, and the held-out set, never looked at while
-tuning.  `table` prints both, with the held-out set's median and worst
-absolute error of the step time and how many measured steps lay inside the
-predicted 95% interval.
+Two sets (SETS), stratified by hosts and drawn once with fixed seeds before
+any prediction from configurations never run before (FIRST: the first
+validation's sets, looked at while this model was built): the development
+set, on which the method, its constants and its interval were chosen, and
+the held-out set, measured after the model was committed and predicted
+once.  `table` prints both, with the median and worst absolute error of
+the step time and how many measured steps lay inside the predicted 95%
+interval.
 
-The measured step time of a configuration is the mean of its two runs'
-step times (each run's trace: the steady steps' mean, the definition of
-every door); its spread is reported beside it.  Needs root (namespaces).
+A configuration's measured step is the median of its runs' step times
+(each run's trace: the steady steps' mean, the definition of every door):
+the mean of two, or of three where two disagreed (DISAGREE).  A run waits
+until the machine's load is at most LOAD_GATE.  Needs root (namespaces).
 """
 
 from __future__ import annotations
@@ -389,7 +396,7 @@ def predict(out: Path, which: str, method: str) -> list[dict[str, Any]]:
 def table(rows: Sequence[dict[str, Any]]) -> str:
     lines = [f"{'configuration':30}{'measured':>18}{'predicted':>11}{'95% interval':>20}"
              f"{'error':>8}  in",
-             f"{'':30}{'(ms, 2 runs)':>18}{'(ms)':>11}{'(ms)':>20}"]
+             f"{'':30}{'(ms, runs)':>18}{'(ms)':>11}{'(ms)':>20}"]
     errs, inside = [], []
     for r in rows:
         meas = r["measured_ms"]
