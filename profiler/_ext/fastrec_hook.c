@@ -94,21 +94,34 @@ typedef struct {
 /* A name's base ("<prefix>.<name>") and id, found by the address of the
  * name object Horovod's caller passes (the DistributedOptimizer passes the
  * same str each step): one cold line a tensor, the base formatted once.
- * Direct-mapped (a name whose slot another took is formatted again); a
- * slot holds its name, so an address is never mistaken for a freed
- * object's.  Only exact, non-empty str names; id -1: not known yet (a
+ * Open addressing over NAME_PROBES neighbouring slots (a model of a hundred
+ * tensors in a direct-mapped table of 512 had names evicting each other every
+ * step, each formatted and looked up again); past them the first slot is
+ * taken over.  A slot holds its name, so an address is never mistaken for a
+ * freed object's.  Only exact, non-empty str names; id -1: not known yet (a
  * grouped entry point's base has none: its tensors' names do). */
-#define NAME_SLOTS 512
+#define NAME_SLOTS 2048
+#define NAME_PROBES 4
 typedef struct name_slot {
     PyObject *name, *base; /* NULL: empty */
     long id;
     unsigned gen;          /* g_gen when filled */
 } name_slot;
 
+/* The slot holding `name` (this generation's), else the one to fill: an empty
+ * or stale one among the probes, else the first. */
 static inline name_slot *name_slot_of(HookObject *h, PyObject *name)
 {
     uintptr_t a = (uintptr_t)name;
-    return &h->names[((a >> 4) ^ (a >> 13)) & (NAME_SLOTS - 1)];
+    uint32_t i0 = (uint32_t)(((a >> 4) ^ (a >> 15)) & (NAME_SLOTS - 1));
+    name_slot *free_ = NULL;
+    for (uint32_t k = 0; k < NAME_PROBES; k++) {
+        name_slot *s = &h->names[(i0 + k) & (NAME_SLOTS - 1)];
+        if (s->name == name && s->gen == g_gen) return s;
+        if (!free_ && (!s->name || s->gen != g_gen)) free_ = s;
+        if (!s->name) break;
+    }
+    return free_ ? free_ : &h->names[i0];
 }
 
 /* The argument at position i or keyword key (borrowed), NULL when absent. */
