@@ -40,15 +40,19 @@ import pandas as pd
 from profiler.formats.buckets import STALE_S, STUCK_FACTOR, WINDOW_S
 from profiler.layout import format_ranges
 
+from .breakdown import LABELS as BREAKDOWN_LABELS
 from .live import Watcher
 from .load import default_label, trace_meta
+from .predict import Target, parse_layout, parse_link
 from .summary import BY_KEYS
 
-__all__ = ["BY_KEYS", "Calls", "TraceAnalysis", "Watcher", "default_label"]
+__all__ = ["BREAKDOWN_LABELS", "BY_KEYS", "Calls", "Target", "TraceAnalysis", "Watcher",
+           "default_label", "parse_layout", "parse_link"]
 
 if TYPE_CHECKING:
     from .fusion_whatif import WhatIf
     from .hang import Diagnosis
+    from .predict import Prediction
 
 # comm and seq: a device row (NCCL) times its host call through (rank, comm, seq, op)
 _BASE_COLUMNS = ["rank", "backend", "op", "bytes", "dur_ns", "comm_size", "kind", "device",
@@ -549,6 +553,24 @@ class TraceAnalysis:
         (profiler.postjob.lineage.build_lineage) where the merge wrote none:
         lineage(), tensors() and fusion_whatif() use it."""
         self._cache["lineage"] = table
+
+    def predict(self, target: Target, *, fabric: TraceAnalysis | None = None) -> Prediction:
+        """The profiled job at `target`'s scale, link or setting (analysis.predict);
+        `fabric`: a `profiler bench` result whose allreduce curve prices the
+        transfers (for this profile's library).  The profile is read once and kept."""
+        from dataclasses import replace
+
+        from . import predict as P
+        from .load import load
+
+        prof = self._cache.get("predict_profile")
+        if prof is None:
+            prof = P.open_profile(self.path, lineage=P.find_lineage(self.path))
+            self._cache["predict_profile"] = prof
+        if fabric is not None:
+            curve = P.fabric_curve(load(fabric.path), fabric.meta, prof.library)
+            target = replace(target, fabric=curve)
+        return P.predict(prof, target)
 
     def tensors(self) -> pd.DataFrame:
         """One row per (tensor, Horovod operation) of the lineage

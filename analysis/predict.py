@@ -1464,10 +1464,14 @@ def scaling_figure(table: pd.DataFrame, measured: tuple[int, float]) -> Any:
 
 
 def report_section(paths: Mapping[str, str | None], fig: Callable[[str, Any], str],
-                   table: Callable[[pd.DataFrame], str]) -> str:
+                   table: Callable[[pd.DataFrame], str], *,
+                   frames: Mapping[str, pd.DataFrame] | None = None,
+                   metas: Mapping[str, Mapping[str, Any]] | None = None) -> str:
     """The report's "what if" section: per trace, predicted images/sec
     against ranks on the profiled fabric and REPORT_LINKS, with the
-    measured point (`fig(name, figure)` and `table(frame)` render)."""
+    measured point (`fig(name, figure)` and `table(frame)` render).
+    `frames`: a trace's rows already loaded whole (every column COLUMNS
+    names), with its metadata in `metas`: read instead of its files."""
     import html
 
     out = []
@@ -1476,7 +1480,9 @@ def report_section(paths: Mapping[str, str | None], fig: Callable[[str, Any], st
             continue
         head = f"<h3>{html.escape(str(label))}</h3>" if len(paths) > 1 else ""
         try:
-            prof = open_profile(path, lineage=find_lineage(path))
+            frame = (frames or {}).get(label)
+            prof = (profile_of(frame, (metas or {}).get(label), find_lineage(path), path=path)
+                    if frame is not None else open_profile(path, lineage=find_lineage(path)))
         except ProfilerError as exc:
             out.append(head + f'<p class="muted">no prediction: {html.escape(exc.message)}</p>')
             continue

@@ -62,7 +62,7 @@ MAX_TABLE_ROWS = 80
 # what the sections read (loading only these keeps a 10M-call report in memory)
 REPORT_COLUMNS = ["rank", "backend", "op", "t_start_ns", "t_end_ns", "dur_ns", "bytes",
                   "count", "dtype", "comm", "comm_size", "seq", "kind", "device", "step",
-                  "thread_kind", "tensors", "n_tensors", "fill_ratio"]
+                  "thread_kind", "tensors", "n_tensors", "fill_ratio", "track"]
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;
 max-width:1200px;padding:1em 2em;color:#222}
@@ -533,7 +533,9 @@ def render_report(
     def sec_whatif() -> str:
         from .predict import report_section
 
-        return report_section(paths or {}, fig, _table)
+        # one profile loaded whole: the prediction reads these rows, not the files again
+        whole = {} if df.attrs.get("selection") or "label" in df.columns else {"": df}
+        return report_section(paths or {}, fig, _table, frames=whole, metas=metas)
 
     def sec_compare() -> str:
         from profiler.formats.horovod_env import settings as horovod_settings

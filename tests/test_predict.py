@@ -393,7 +393,7 @@ def test_a_core_count_below_one_is_bad_input() -> None:
     cli.add_parser(ap.add_subparsers())
     args = ap.parse_args(["predict", str(PROFILE), "--cores", "0"])
     with pytest.raises(UsageError, match="--cores must be >= 1, not 0"):
-        cli.target_of(args, "Open MPI")
+        cli.target_of(args)
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -112,9 +112,15 @@ def test_watch_a_training_job(tmp_path: Path) -> None:
         wait_for(lambda: snaps.append(watch_json(prof)) or snaps[-1]["job"]["steps"] > 0,
                  120, "the first steps in a snapshot")
         a = snaps[-1]
-        time.sleep(4.0)
-        b = watch_json(prof)
-        assert job.poll() is None, "the job ended before the second snapshot"
+        time.sleep(1.0)
+        # the second snapshot once every rank has moved on, while the job runs
+        later: list[dict[str, Any]] = []
+        wait_for(lambda: job.poll() is not None or (
+            later.append(watch_json(prof)) or all(
+                ra["steps"] < rb["steps"] for ra, rb in zip(a["ranks"], later[-1]["ranks"]))),
+            120, "a later snapshot with more steps on every rank")
+        assert job.poll() is None and later, "the job ended before the second snapshot"
+        b = later[-1]
         for s in (a, b):
             assert s["world_size"] == 2 and s["ranks_seen"] == 2 and not s["finished"]
             assert {r["status"] for r in s["ranks"]} == {"running"}, s["ranks"]

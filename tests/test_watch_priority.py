@@ -1,7 +1,8 @@
 """`profiler watch` runs at the scheduler's idle priority (SCHED_IDLE) so that,
 sharing cores with the ranks, it takes only time they leave; --priority normal
-keeps the priority it was started with.  Read from the running watcher's
-process (its scheduling policy as the kernel holds it)."""
+keeps the priority it was started with, and so does --once unless told idle.
+Read from the running watcher's process (its scheduling policy as the kernel
+holds it)."""
 
 from __future__ import annotations
 
@@ -48,3 +49,18 @@ def test_the_watcher_runs_at_idle_priority(running: Path) -> None:
 def test_priority_normal_keeps_the_callers(running: Path) -> None:
     mine = os.sched_getscheduler(0)
     assert policy_of_running_watcher(running, "--priority", "normal") == mine
+
+
+@pytest.mark.parametrize(("extra", "want"), [
+    ([], "idle"), (["--once"], "normal"), (["--once", "--priority", "idle"], "idle"),
+    (["--priority", "normal"], "normal")])
+def test_once_keeps_its_priority_unless_told(extra: list[str], want: str) -> None:
+    """One snapshot someone waits for is not left to the time that spinning
+    ranks leave (a hung job's ranks may leave none)."""
+    import argparse
+
+    from profiler.cli import watch
+
+    ap = argparse.ArgumentParser()
+    watch.add_parser(ap.add_subparsers())
+    assert watch.priority_of(ap.parse_args(["watch", "DIR", *extra])) == want

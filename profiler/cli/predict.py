@@ -79,8 +79,8 @@ def _bench_trace(arg: str) -> Path:
     return p
 
 
-def target_of(args: argparse.Namespace, library: str) -> Any:
-    from profiler.analysis import predict as P
+def target_of(args: argparse.Namespace) -> Any:
+    from profiler.analysis.facade import Target, parse_layout, parse_link
     from profiler.bench import parse_size
     from profiler.errors import UsageError
 
@@ -93,29 +93,22 @@ def target_of(args: argparse.Namespace, library: str) -> Any:
     threshold = None
     if args.fusion_threshold is not None:
         threshold = parse_size(str(args.fusion_threshold))
-    fabric = None
-    if args.fabric:
-        from profiler.analysis.load import load, trace_meta
-
-        bench = _bench_trace(args.fabric)
-        fabric = P.fabric_curve(load(bench), trace_meta(bench), library)
-    return P.Target(hosts=args.hosts, ranks_per_host=args.ranks_per_host,
-                    link=P.parse_link(args.link) if args.link else None, fabric=fabric,
-                    fusion_threshold=threshold, cycle_ms=args.cycle_time,
-                    batch_size=args.batch_size, layout=P.parse_layout(args.layout),
-                    cores=args.cores)
+    return Target(hosts=args.hosts, ranks_per_host=args.ranks_per_host,
+                  link=parse_link(args.link) if args.link else None,
+                  fusion_threshold=threshold, cycle_ms=args.cycle_time,
+                  batch_size=args.batch_size, layout=parse_layout(args.layout),
+                  cores=args.cores)
 
 
 def run(args: argparse.Namespace) -> int:
-    from profiler.analysis import predict as P
+    from profiler.analysis.facade import TraceAnalysis
     from profiler.layout import resolve_trace
 
-    P.parse_layout(args.layout)  # bad input first, before reading anything
-    if args.link:
-        P.parse_link(args.link)
+    target = target_of(args)  # bad input first, before reading anything
     trace = str(resolve_trace(args.trace))
-    prof = P.open_profile(trace, lineage=P.find_lineage(trace))
-    pred = P.predict(prof, target_of(args, prof.library))
+    fabric = TraceAnalysis.open(_bench_trace(args.fabric), engine="pandas") if args.fabric \
+        else None
+    pred = TraceAnalysis.open(trace, engine="pandas").predict(target, fabric=fabric)
     if args.format == "json":
         import orjson
 
@@ -127,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(name: str, pred: Any) -> str:
-    from profiler.analysis.breakdown import LABELS
+    from profiler.analysis.facade import BREAKDOWN_LABELS as LABELS
     from profiler.units import fmt_bytes, fmt_ms, fmt_number
 
     m = pred.measured

@@ -22,9 +22,12 @@ shows the final state and exits, unless --follow.  Without a terminal it
 prints a frame per refresh.  Exit status of --once: 0, or 1 when a rank
 stopped or a call is stuck.
 
-The watcher runs at the scheduler's idle priority (Linux SCHED_IDLE, else
-nice 19; --priority normal keeps the one it was started with): where it shares
-cores with the ranks it takes only time they leave, and never preempts one.
+A watcher that keeps refreshing runs at the scheduler's idle priority (Linux
+SCHED_IDLE, else nice 19; --priority normal keeps the one it was started
+with): where it shares cores with the ranks it takes only time they leave, and
+never preempts one.  --once keeps its priority (--priority idle to lower it):
+one snapshot that someone waits for, which at idle priority would wait for as
+long as ranks spinning in MPI keep every core busy.
 """
 
 from __future__ import annotations
@@ -102,9 +105,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--textfile", metavar="PATH",
                    help="rewrite PATH with the metrics at each refresh (node_exporter's "
                         "textfile collector)")
-    p.add_argument("--priority", choices=("idle", "normal"), default="idle",
-                   help="idle (default): run only on time the job leaves (SCHED_IDLE, else "
-                        "nice 19); normal: the priority it was started with")
+    p.add_argument("--priority", choices=("idle", "normal"), default=None,
+                   help="idle (default, but for --once): run only on time the job leaves "
+                        "(SCHED_IDLE, else nice 19); normal (--once's default): the "
+                        "priority it was started with")
     p.add_argument("--max-rank-labels", type=_count, default=64, metavar="N",
                    help="ranks with series of their own; the others are rank=\"other\" "
                         "(default 64)")
@@ -120,16 +124,26 @@ def lower_priority() -> str:
     neither was allowed)."""
     import os
 
+    def nice() -> str:
+        try:
+            os.nice(19 - os.nice(0))
+            return "nice"
+        except OSError:
+            return ""
+
+    if not hasattr(os, "sched_setscheduler"):  # not Linux
+        return nice()
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         return "idle"
-    except (AttributeError, OSError):
-        pass
-    try:
-        os.nice(19 - os.nice(0))
-        return "nice"
-    except OSError:
-        return ""
+    except OSError:  # a sandbox that refuses the idle class
+        return nice()
+
+
+def priority_of(args: argparse.Namespace) -> str:
+    """--priority as given; else normal for --once, idle for a watcher that keeps
+    refreshing (module doc)."""
+    return getattr(args, "priority", None) or ("normal" if args.once else "idle")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -137,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
 
     from profiler.analysis.facade import TraceAnalysis
 
-    if getattr(args, "priority", "idle") == "idle":
+    if priority_of(args) == "idle":
         lower_priority()
 
     watcher = TraceAnalysis.open_raw(args.directory).watch(

@@ -96,6 +96,9 @@ def _facts_before_gather() -> None:
         if raw:
             facts.write(raw, rank_facts(raw))
     except Exception as exc:  # noqa: BLE001 - never in the job's way
+        if isinstance(exc, FileNotFoundError) and not os.path.isdir(
+                os.path.dirname(native.raw_path() or "")):
+            return  # the profile directory is gone: the exit work says so, once
         _say(f"warning: rank {native.rank()}: the rank's own "
              f"facts were not written before its files were gathered: {_one_line(exc)}")
 
