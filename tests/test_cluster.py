@@ -137,6 +137,7 @@ def busy(cluster: Any, n: int = 2) -> Iterator[None]:
             p.wait()
 
 
+@pytest.mark.full  # offsets and bounds: test_ranks_on_hosts_merge_counts_and_clocks
 def test_clock_offsets_on_a_busy_machine(sim_cluster: ClusterFactory,  # noqa: F811
                                          tmp_path: Path) -> None:
     """Both cores busy with `yes` beside the job: the offsets stay within their

@@ -399,6 +399,7 @@ def test_python_job_aborted_by_mpirun_still_gets_its_trace(tmp_path: Path) -> No
     assert got[1][("allreduce", 8)] == calls + extra
 
 
+@pytest.mark.full  # the line, deterministically: test_rank0_ended_just_before_its_merge_starts
 def test_python_rank0_ended_while_it_converts_says_how_to_build_the_trace(
         tmp_path: Path) -> None:
     """Rank 0 records 1,000,000 calls (on MPI_COMM_SELF), so its own

@@ -42,7 +42,9 @@ JOBS: dict[str, tuple[list[str], dict[str, str], str]] = {
 }
 
 
-@pytest.fixture(params=["directory", "postgresql"])
+# the directory store's concurrent writers: tests/test_site_store.py (64 at once);
+# the real exit path into a store: the PostgreSQL server here
+@pytest.fixture(params=[pytest.param("directory", marks=pytest.mark.full), "postgresql"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "directory":
         (tmp_path / "store").mkdir()

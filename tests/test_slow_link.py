@@ -102,6 +102,20 @@ def test_two_hosts_and_thin_evidence_name_nothing() -> None:
     assert peer_edges([{"rank": 0, "host": "a", "interconnect": {"tcp_connections": 3}}]) == []
 
 
+def test_a_star_of_traffic_compares_no_links() -> None:
+    """Every direction through one host (Open MPI's allreduce at 3 ranks on
+    small messages goes through rank 0): slow or not, nothing to compare its
+    link with, and the same evidence as every link alike; the hub is known,
+    no host is named.  A ring has no hub."""
+    from profiler.analysis.findings.links import _hub, _weighed, slow_link
+
+    star = peer_edges(_ranks(3, {0: "both"}, [(0, 1), (0, 2)]))
+    assert slow_link(star) is None and _hub(_weighed(star)) == "h0"
+    alike = peer_edges(_ranks(3, {0: "both", 1: "both", 2: "both"}, [(0, 1), (0, 2)]))
+    assert slow_link(alike) is None and _hub(_weighed(alike)) == "h0"
+    assert _hub(_weighed(peer_edges(_ranks(3, {0: "both"}, RING3)))) is None
+
+
 def test_step_marks_and_nic_counters() -> None:
     """The sampler's running totals at step records -> ms per step (a gap
     spread evenly); the NICs' counters between open and MPI_Finalize."""
@@ -169,6 +183,7 @@ def test_one_slow_host_of_three_is_named(tmp_path: Path) -> None:
     assert f.significant and f.cost_ms is not None and f.part == "transfer", f.details
 
 
+@pytest.mark.full  # the rule at 4 hosts: the synthetic documents; a real job: 3 hosts
 @pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.horovod

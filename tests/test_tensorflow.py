@@ -562,8 +562,11 @@ TF_HANG_JOB = """
 """
 
 
-@pytest.mark.parametrize("skip", [2, pytest.param(-1, marks=pytest.mark.full)],
-                         ids=["rank1-skips", "clean"])  # clean: test_hang's covers the path
+# the hang's path: test_hang's (PyTorch); TensorFlow's tensor names in the
+# records: test_custom_loop_steps_from_the_gradient_tape
+@pytest.mark.parametrize("skip", [pytest.param(2, marks=pytest.mark.full),
+                                  pytest.param(-1, marks=pytest.mark.full)],
+                         ids=["rank1-skips", "clean"])
 @tf_job
 def test_hang_names_the_tensorflow_tensor_one_rank_never_submits(tmp_path: Path,
                                                                   skip: int) -> None:

@@ -98,7 +98,7 @@ def test_watch_a_training_job(tmp_path: Path) -> None:
     prof = tmp_path / "prof"
     env = base_env(HOROVOD_PROFILE="1", HOROVOD_PROFILE_DIR=str(prof))
     bench = ["--model", "resnet8", "--batch-size", "16", "--image-size", "32",
-             "--num-warmup-batches", "3", "--num-batches-per-iter", "10", "--num-iters", "30",
+             "--num-warmup-batches", "3", "--num-batches-per-iter", "10", "--num-iters", "18",
              "--quiet"]
     job = subprocess.Popen(["mpirun", "-n", "2", PYTHON, "-m", "profiler.workloads.train_bench",
                             *bench], cwd=tmp_path, env=env, stdout=subprocess.PIPE,

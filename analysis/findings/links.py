@@ -127,6 +127,14 @@ def slow_link(edges: list[Edge]) -> SlowLink | None:
     return min(found, key=lambda c: (c.side != "both", c.ratio))
 
 
+def _hub(weighed: list[Edge]) -> str | None:
+    """The one host every weighed direction touches (a star of traffic), or None."""
+    if not weighed:
+        return None
+    common = set.intersection(*({e.src, e.dst} for e in weighed))
+    return min(common) if len(common) == 1 else None
+
+
 def _ranks_on(ctx: Context, host: str) -> list[int]:
     return sorted(int(r["rank"]) for r in ctx.meta.get("ranks") or []
                   if isinstance(r, dict) and str(r.get("host", "")) == host
@@ -182,6 +190,25 @@ def analyze(ctx: Context) -> list[Finding]:
         return []
     found = slow_link(edges)
     rates = ", ".join(f"{e.src}->{e.dst} {_mbit(e.rate_quantile(0.5))}" for e in weighed)
+    hub = _hub(weighed)
+    if found is None and hub is not None:
+        # a star of traffic (Open MPI's allreduce at 3 ranks goes through rank 0):
+        # no direction avoids the hub, so nothing in the job says what its link
+        # should deliver; slow or not, links alike or not, the evidence is the same
+        return [Finding(
+            key="slow_link",
+            headline=(f"Links not compared: every direction that carried bulk data touches "
+                      f"{hub}"),
+            details=[f"median delivery rate per direction (tcp_info, {MIN_SAMPLES}+ samples "
+                     f"each): {rates}.",
+                     f"the job's collectives sent every transfer between hosts to or from "
+                     f"{hub}: no direction avoids it to compare its link with.  A bench of "
+                     "the fabric (profiler bench), or a run with more hosts or ranks, "
+                     "can tell."],
+            significant=False, null=NULL, part="transfer",
+            numbers={"hosts": hosts, "hub": hub, "edges": _edge_numbers(weighed)},
+            not_claimed=f"whether {hub}'s link is slower than the others: the job holds no "
+                        "direction without it")]
     if found is None:
         return [Finding(
             key="slow_link",
