@@ -185,8 +185,8 @@ def test_horovod_tensor_one_rank_never_submits(tmp_path: Path, skip: int) -> Non
     # the watchdog fired although no collective was in flight
     assert "allreduce.grad.x has waited in Horovod for" in out or \
         "allreduce.other has waited in Horovod for" in out, out
-    assert (prof / "hang" / "rank-00000.stacks.txt").is_file()
-    assert (prof / "hang" / "rank-00001.stacks.txt").is_file()
+    assert (prof / "hang" / "rank-00000.stacks.txt").is_file(), out
+    assert (prof / "hang" / "rank-00001.stacks.txt").is_file(), out
     assert rc == 1, text
     gaps = {(g["tensor"], g["occurrence"]): g for g in doc["tensors"]}
     assert set(gaps) == {("allreduce.grad.x", 2), ("allreduce.other", 0)}, gaps

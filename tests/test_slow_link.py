@@ -202,8 +202,9 @@ def test_one_slow_host_of_four_is_named(tmp_path: Path) -> None:
 @pytest.mark.mpi
 @pytest.mark.horovod
 def test_links_alike_name_no_host(tmp_path: Path) -> None:
-    """3 hosts, every link at 300 Mbit/s: the directions deliver alike and no
-    host is named (an insignificant slow_link finding that says so)."""
+    """3 hosts, every link at 300 Mbit/s: no host is named (an insignificant
+    slow_link finding that says the links deliver alike, or that the job's
+    traffic went through one host and left its link nothing to compare)."""
     _cluster_or_skip()
     from profiler.bench.simcluster import SimCluster
 
@@ -212,4 +213,8 @@ def test_links_alike_name_no_host(tmp_path: Path) -> None:
     f = found.get("slow_link")
     assert f is not None and not f.significant and "host" not in f.numbers, (
         f.headline if f else None)
-    assert f.headline.startswith("No host's link is slower than the others'")
+    # Open MPI's allreduce at 3 ranks may send everything through rank 0: then
+    # h0's link has nothing to be compared with (test_a_star_of_traffic_...)
+    assert f.headline.startswith(("No host's link is slower than the others'",
+                                  "Links not compared: every direction that carried bulk "
+                                  "data touches h0")), f.headline

@@ -104,7 +104,9 @@ def _loop(limit: float) -> None:
             elif (hang / MARKER).exists():
                 fired = True
                 snapshot(hang, native.rank(), age_s, "another rank is stuck")
-        except Exception:  # noqa: BLE001 - a watchdog never breaks the job
+        except Exception as exc:  # noqa: BLE001 - a watchdog never breaks the job
+            print(f"horovod-profiler: warning: rank {native.rank()}: the hang watchdog "
+                  f"stopped: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             return
 
 
