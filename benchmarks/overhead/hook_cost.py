@@ -37,6 +37,8 @@ import sys
 import time
 from typing import Any, Callable
 
+import horovod_job  # beside this script
+
 
 def per_call(fn: Callable[[], Any], n: int) -> float:
     """Thread CPU ns per call of fn over n calls (best of 3 loops)."""
@@ -77,27 +79,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --inside: time each invocation on the wall clock alone (no "
                         "thread-clock system call before it, which leaves its work colder)")
     args = p.parse_args(argv)
+    job = horovod_job.start(args.workload, shlex.split(args.workload_args))
+    if job is None:
+        return 2
     import torch
 
-    torch.set_num_threads(1)
-    import horovod.torch as hvd
-    import horovod.torch.mpi_ops as mpi_ops
-    import horovod.torch.optimizer as hopt
+    from profiler.collect import steps, tensors
 
-    from profiler.collect import horovod_hooks, native, steps, tensors
-    from profiler.workloads import corpus
-
-    if native.loaded() is None:
-        print("run with HOROVOD_PROFILE=1", file=sys.stderr)
-        return 2
-    hvd.init()
-    ns = corpus.parse_args([args.workload, *shlex.split(args.workload_args)])
-    wl = corpus.build_model(args.workload, ns)
-    model = wl.model
-    base = torch.optim.SGD(model.parameters(), lr=0.01)
-    opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    rank = hvd.rank()
+    hvd, model, wl, rank = job.hvd, job.model, job.wl, job.rank
+    opt = job.optimizer()
 
     def train(n: int, first: int) -> int:
         """n steps; returns the main thread's CPU ns in their forward and
@@ -131,12 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     t = torch.zeros(96)
     out["allreduce_async_ + synchronize, hooked (ns)"] = per_call(
         lambda: hvd.synchronize(hvd.allreduce_async_(t, name="hc.t")), 200)
-    horovod_hooks.unpatch_module(hopt)
-    tensors.unpatch_module(mpi_ops)
+    job.python_hooks(False)
     out["allreduce_async_ + synchronize, unhooked (ns)"] = per_call(
         lambda: hvd.synchronize(hvd.allreduce_async_(t, name="hc.t")), 200)
-    horovod_hooks.patch_module(hopt)
-    tensors.patch_module(mpi_ops)
+    job.python_hooks(True)
     if rank == 0:
         for k, v in out.items():
             print(f"  {k:48s} {v / 1e3:8.2f} us")
@@ -215,9 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     step = 30
     for arm in order:
         if arm == "off":
-            if args.toggle == "all":
-                horovod_hooks.unpatch_module(hopt)
-            tensors.unpatch_module(mpi_ops)
+            job.python_hooks(False, step_hooks=args.toggle == "all")
         train(5, step)
         step += 5
         c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
@@ -227,9 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         passes[arm].append(p_ns / args.steps)
         step += args.steps
         if arm == "off":
-            if args.toggle == "all":
-                horovod_hooks.patch_module(hopt)
-            tensors.patch_module(mpi_ops)
+            job.python_hooks(True, step_hooks=args.toggle == "all")
     if rank == 0 and args.blocks:
         which = "every Python-side hook" if args.toggle == "all" else "the tensor hooks"
         print(f"  switched: {which}")

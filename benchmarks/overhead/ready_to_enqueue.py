@@ -42,6 +42,8 @@ import sys
 import time
 from typing import Any
 
+import horovod_job  # beside this script
+
 PREFIX = "horovod_torch_allreduce_async_"
 
 
@@ -60,23 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="OUT")
     args = p.parse_args(argv)
-    import torch
-
-    torch.set_num_threads(1)
-    import horovod.torch as hvd
-    import horovod.torch.mpi_ops as mpi_ops
-    import horovod.torch.optimizer as hopt
-
-    from profiler.collect import horovod_hooks, native, tensors
-    from profiler.workloads import corpus
-
-    if native.loaded() is None:
-        print("run with HOROVOD_PROFILE=1", file=sys.stderr)
+    job = horovod_job.start(args.workload, ["--layers", str(args.layers)])
+    if job is None:
         return 2
-    hvd.init()
-    ns = corpus.parse_args([args.workload, "--layers", str(args.layers)])
-    wl = corpus.build_model(args.workload, ns)
-    model = wl.model
+    mpi_ops, model, wl, rank = job.mpi_ops, job.model, job.wl, job.rank
     clock = time.perf_counter_ns
     ready: dict[int, int] = {}  # parameter index -> its gradient's ready time, this step
     waits: dict[str, dict[int, list[int]]] = {"on": {}, "off": {}}
@@ -103,10 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                 waits[arm[0]].setdefault(i, []).append(t - ready.pop(i))
             return _orig(tensor, output, divisor, name, *rest)
         setattr(mpi_ops.mpi_lib, name, entered)
-    base = torch.optim.SGD(model.parameters(), lr=0.01)
-    opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    rank = hvd.rank()
+    opt = job.optimizer()  # its hooks after ours on each accumulator
 
     def train(n: int, first: int) -> None:
         for s in range(first, first + n):
@@ -114,14 +100,6 @@ def main(argv: list[str] | None = None) -> int:
             x, y = wl.batch(rank, s % 50)
             wl.loss(model(x), y).backward()
             opt.step()
-
-    def hooks(on: bool) -> None:
-        if on:
-            horovod_hooks.patch_module(hopt)
-            tensors.patch_module(mpi_ops)
-        else:
-            horovod_hooks.unpatch_module(hopt)
-            tensors.unpatch_module(mpi_ops)
 
     train(20, 0)  # warm
     waits = {"on": {}, "off": {}}
@@ -133,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         rng.shuffle(order)
         med: dict[str, float] = {}
         for a in order:
-            hooks(a == "on")
+            job.python_hooks(a == "on")
             arm[0] = a
             mark = {i: len(v) for i, v in waits[a].items()}
             train(args.steps, step)
@@ -142,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                    if len(v) > mark.get(i, 0)]
             med[a] = statistics.median(per) if per else float("nan")
         pairs.append(med)
-    hooks(True)
+    job.python_hooks(True)
     if rank != 0:
         return 0
     by_tensor = {a: {i: statistics.median(v) for i, v in waits[a].items() if v}
