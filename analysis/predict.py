@@ -858,13 +858,14 @@ def _job_cores(meta: Mapping[str, Any]) -> int | None:
     """The cores the profile's ranks shared: per kernel (the rank's boot id,
     else its host name), the union of its ranks' CPUs (affinity, else the
     host's CPU count), summed; None without the ranks' CPU blocks."""
+    from profiler.formats.cpu import boot_id
+
     groups: dict[str, set[int]] = {}
     for r in meta.get("ranks") or []:
         if not isinstance(r, dict) or not isinstance(r.get("cpu"), dict):
             continue
         cpu = r["cpu"]
-        host = cpu.get("host") if isinstance(cpu.get("host"), dict) else {}
-        key = str(host.get("boot_id") or "") or f"host:{r.get('host', '')}"
+        key = boot_id(r) or f"host:{r.get('host', '')}"
         aff = cpu.get("affinity")
         if isinstance(aff, list) and aff:
             groups.setdefault(key, set()).update(int(c) for c in aff if isinstance(c, int))

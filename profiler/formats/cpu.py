@@ -361,7 +361,9 @@ def host_view(ranks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [_safe_host(h, rs, _same_kernel(rs, ranks)) for h, rs in sorted(by_host.items())]
 
 
-def _boot_id(r: Mapping[str, Any]) -> str:
+def boot_id(r: Mapping[str, Any]) -> str:
+    """The kernel a rank ran on (its CPU block's host boot id), "" unknown:
+    ranks named as different hosts on one kernel share its CPUs."""
     h = r["cpu"].get("host") if isinstance(r.get("cpu"), Mapping) else None
     b = h.get("boot_id") if isinstance(h, Mapping) else None
     return b if isinstance(b, str) else ""
@@ -372,11 +374,11 @@ def _same_kernel(mine: Sequence[Mapping[str, Any]],
     """The job's ranks named as other hosts that run on the same kernel as
     these (the same boot id: network namespaces, containers on one node):
     they share the CPUs and are the job, never a neighbour."""
-    boots = {_boot_id(r) for r in mine} - {""}
+    boots = {boot_id(r) for r in mine} - {""}
     if not boots:
         return []
     ours = {id(r) for r in mine}
-    return [r for r in ranks if id(r) not in ours and _boot_id(r) in boots]
+    return [r for r in ranks if id(r) not in ours and boot_id(r) in boots]
 
 
 def _safe_host(host: str, ranks: Sequence[Mapping[str, Any]],
