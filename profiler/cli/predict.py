@@ -33,7 +33,9 @@ cannot model): one line, exit status 2.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -123,17 +125,24 @@ def render(name: str, pred: Any) -> str:
     from profiler.analysis.facade import BREAKDOWN_LABELS as LABELS
     from profiler.units import fmt_bytes, fmt_ms, fmt_number
 
+    # as advise wraps: to the terminal's width, a long line's rest indented
+    width = shutil.get_terminal_size((100, 24)).columns
+
+    def fit(text: str, first: str = "", rest: str = "  ") -> list[str]:
+        return textwrap.wrap(text, width=width, initial_indent=first, subsequent_indent=rest)
+
     m = pred.measured
-    head = (f"{name}: profiled {m.get('ranks')} rank(s) on {m.get('hosts')} host(s), "
-            f"{fmt_ms(m.get('step_ms'))}/step, {fmt_number(m.get('images_per_s'))} img/s")
+    head = fit(f"{name}: profiled {m.get('ranks')} rank(s) on {m.get('hosts')} host(s), "
+               f"{fmt_ms(m.get('step_ms'))}/step, {fmt_number(m.get('images_per_s'))} img/s")
     if pred.refused:
-        return head + f"\nno prediction at {pred.ranks} ranks: {pred.refused}"
+        return "\n".join(head + fit(f"no prediction at {pred.ranks} ranks: {pred.refused}"))
     lo, hi = pred.interval
     ilo, ihi = pred.images_interval
-    lines = [head,
-             f"predicted at {pred.ranks} rank(s) on {pred.hosts} host(s): "
-             f"{fmt_ms(pred.step_ms)}/step [{fmt_ms(lo)}, {fmt_ms(hi)}] (95%), "
-             f"{fmt_number(pred.images_per_s)} img/s [{fmt_number(ilo)}, {fmt_number(ihi)}]",
+    lines = [*head,
+             *fit(f"predicted at {pred.ranks} rank(s) on {pred.hosts} host(s): "
+                  f"{fmt_ms(pred.step_ms)}/step [{fmt_ms(lo)}, {fmt_ms(hi)}] (95%), "
+                  f"{fmt_number(pred.images_per_s)} img/s [{fmt_number(ilo)}, "
+                  f"{fmt_number(ihi)}]"),
              "", "Where a step would go:"]
     measured = m.get("breakdown") or {}
     for part, ms in pred.breakdown.items():
@@ -147,5 +156,5 @@ def render(name: str, pred: Any) -> str:
                    else f"{fmt_bytes(a['min_bytes'])}-{fmt_bytes(a['max_bytes'])}")
             lines.append(f"  {rng:>22}  {a['library']}: {a['algorithm']} "
                          f"({a['calls_per_step']} call(s) in a step)")
-    lines += ["", "Assumptions:"] + [f"  - {a}" for a in pred.assumptions]
+    lines += ["", "Assumptions:"] + [w for a in pred.assumptions for w in fit(a, "  - ", "    ")]
     return "\n".join(lines)
