@@ -206,3 +206,21 @@ def test_horovod_tensor_one_rank_never_submits(tmp_path: Path, skip: int) -> Non
     html = html_path.read_text()
     assert html.index('id="hang"') < html.index('id="findings"')
     assert "NEVER by rank(s) 1" in html
+
+
+def test_the_watchdog_reads_past_a_module_still_being_imported(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watchdog thread polls while the main thread may still be importing
+    profiler.collect.tensors: the module is in sys.modules without its
+    functions yet.  Seen in CI: the watchdog stopped on the AttributeError and
+    that rank left no snapshot.  Such a module has handed nothing to Horovod."""
+    import types
+
+    from profiler.collect import watchdog
+
+    half = types.ModuleType("profiler.collect.tensors")  # no oldest_pending yet
+    monkeypatch.setitem(sys.modules, "profiler.collect.tensors", half)
+    monkeypatch.delitem(sys.modules, "profiler.collect.tf_kernels", raising=False)
+    assert watchdog._oldest_tensor() is None
+    half.oldest_pending = lambda: (3.0, "allreduce.grad.x")  # type: ignore[attr-defined]
+    assert watchdog._oldest_tensor() == (3.0, "allreduce.grad.x")

@@ -130,8 +130,10 @@ def _oldest_tensor() -> tuple[float, str] | None:
     by horovod.torch's entry points or by Horovod's TensorFlow kernels."""
     found = []
     for name in ("profiler.collect.tensors", "profiler.collect.tf_kernels"):
-        mod = sys.modules.get(name)
-        got = mod.oldest_pending() if mod is not None else None  # type: ignore[attr-defined]
+        # a module the main thread is still importing is in sys.modules without
+        # its functions yet: nothing handed to Horovod through it so far
+        fn = getattr(sys.modules.get(name), "oldest_pending", None)
+        got = fn() if fn is not None else None
         if got is not None:
             found.append(got)
     return max(found, key=lambda f: f[0]) if found else None
