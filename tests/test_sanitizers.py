@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, hooks_cflags, requires_mpi
+from conftest import build_hooks, requires_mpi
 from test_capture_c import C_DIR, expected_collectives, launch, op_bytes
 
 from profiler.formats import record as F
@@ -54,11 +54,10 @@ def san(tmp_path_factory: pytest.TempPathFactory) -> dict:
         pytest.skip("the compiler has no libasan.so")
     out = tmp_path_factory.mktemp("sanitized")
     lib = out / "libhvprof.so"
-    hooks = ROOT / "hooks"
-    build = subprocess.run([cc, *hooks_cflags(), *SANITIZE, "-I", str(hooks),
-                            *map(str, sorted(hooks.glob("*.c"))), "-o", str(lib), "-ldl"],
-                           capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
+    try:
+        build_hooks(cc, SANITIZE, lib)
+    except subprocess.CalledProcessError as e:
+        raise AssertionError(e.stderr) from e
     # the interpreter beside the library, as setup.py records it: the exit
     # merge (hooks/exitmerge.c) runs under the sanitizers too
     (out / "libhvprof.python").write_text(sys.executable + "\n")

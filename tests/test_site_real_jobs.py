@@ -31,7 +31,10 @@ BENCH = [PYTHON, "-m", "profiler.workloads.train_bench", "--model", "resnet8",
          "--num-batches-per-iter", "4", "--num-iters", "3", "--quiet"]
 #: name -> (launcher and command, extra environment, framework in the record)
 JOBS: dict[str, tuple[list[str], dict[str, str], str]] = {
-    "torch-mpi": (["mpirun", "-n", "2", *BENCH], {}, "pytorch"),
+    # a cycle long enough for every gradient of a step to be fused, whatever
+    # the machine's load (at 1 ms, a loaded machine's slow backward pass hands
+    # Horovod one tensor a cycle: as many calls as fusion off)
+    "torch-mpi": (["mpirun", "-n", "2", *BENCH], {"HOROVOD_CYCLE_TIME": "20"}, "pytorch"),
     "torch-gloo": ([HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", *BENCH], {},
                    "pytorch"),
     "torch-unfused": (["mpirun", "-n", "2", *BENCH], {"HOROVOD_FUSION_THRESHOLD": "0"},
@@ -42,9 +45,12 @@ JOBS: dict[str, tuple[list[str], dict[str, str], str]] = {
 }
 
 
-# the directory store's concurrent writers: tests/test_site_store.py (64 at once);
-# the real exit path into a store: the PostgreSQL server here
-@pytest.fixture(params=[pytest.param("directory", marks=pytest.mark.full), "postgresql"])
+# Both in the full tier: the directory store's concurrent writers are
+# tests/test_site_store.py's (64 at once), the PostgreSQL store's its round trip
+# with concurrent writers, and a real job's exit into a store
+# tests/test_site_activation.py's; here four real jobs at once (40 s).
+@pytest.fixture(params=[pytest.param("directory", marks=pytest.mark.full),
+                        pytest.param("postgresql", marks=pytest.mark.full)])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "directory":
         (tmp_path / "store").mkdir()
