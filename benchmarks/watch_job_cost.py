@@ -212,18 +212,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
              "--num-iters", str(iters), "--quiet"]
     load0 = os.getloadavg()[0]
     t_start = time.monotonic()
-    job = subprocess.Popen(["mpirun", "-n", str(args.ranks), sys.executable, "-m",
-                            "profiler.workloads.train_bench", *bench],
-                           env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, start_new_session=True)
+    # the job's output into a file, read at its end: a pipe read only then
+    # fills (64 KiB) in a long run and blocks mpirun, which then never ends
+    out_path = work / "job.out"
+    with open(out_path, "w") as job_out:
+        job = subprocess.Popen(["mpirun", "-n", str(args.ranks), sys.executable, "-m",
+                                "profiler.workloads.train_bench", *bench],
+                               env=env, cwd=work, stdout=job_out, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
     watcher: subprocess.Popen[str] | None = None
     err_path = work / "watch.err"
     phases: list[dict[str, Any]] = []
     try:
         while len(list((prof / "raw").glob("rank-*.hvprof"))) < args.ranks:
             if job.poll() is not None:
-                out, _ = job.communicate()
-                raise SystemExit(f"watch_job_cost: the job ended early:\n{out[-3000:]}")
+                raise SystemExit("watch_job_cost: the job ended early:\n"
+                                 f"{out_path.read_text()[-3000:]}")
             time.sleep(0.1)
         with open(err_path, "w") as err:
             watcher = subprocess.Popen(
@@ -254,7 +258,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if job.poll() is not None:
                 break
         cpu1, frames1 = proc_cpu_s(watcher.pid), frames.count
-        out, _ = job.communicate(timeout=600)
+        job.wait(timeout=600)
+        out = out_path.read_text()
         if job.returncode != 0:
             raise SystemExit(f"watch_job_cost: the job failed ({job.returncode}):\n{out[-3000:]}")
         result = json.loads([ln for ln in out.splitlines() if ln.startswith("RESULT ")][-1][7:])
@@ -276,7 +281,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             watcher.wait()
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
-            job.communicate()
+            job.wait()
     load1 = os.getloadavg()[0]
     watch_err = err_path.read_text()
     shutil.rmtree(work, ignore_errors=True)
