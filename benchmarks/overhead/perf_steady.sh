@@ -1,6 +1,7 @@
 #!/bin/bash
 # Where a profiled step's time goes, by library: perf (cpu-clock, the only
-# event this VM has) on rank 0 of the corpus' mlp6 over a 4 s window in its
+# event this VM has) on rank 0 of the corpus' mlp6 (WORKLOAD=W, STEPS=N:
+# another workload, enough steps to outlast the window) over a 4 s window in its
 # steady state (6 s after launch: past start-up, before the exit), three
 # unprofiled and three profiled runs alternating, ranks bound to a core.
 # ARMS="off on busy40" adds an unprofiled arm whose main thread spins 40 us
@@ -25,11 +26,11 @@ for i in 1 2 3; do
    busy*) E="X=1"; B="--busy-us ${arm#busy}";;
    *) E="X=1";;
   esac
-  env $E mpirun -n 2 --bind-to core $PY -m profiler.workloads.corpus mlp6 --steps 8000 $B > /tmp/ps/$arm-$i.out 2>&1 &
+  env $E mpirun -n 2 --bind-to core $PY -m profiler.workloads.corpus ${WORKLOAD:-mlp6} --steps ${STEPS:-8000} $B > /tmp/ps/$arm-$i.out 2>&1 &
   M=$!
   sleep 6
   P=""
-  for p in $(pgrep -f "profiler.workloads.corpus mlp6"); do
+  for p in $(pgrep -f "profiler.workloads.corpus ${WORKLOAD:-mlp6}"); do
     if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=0"; then P=$p; fi
   done
   perf record -q -F 4999 -e cpu-clock -p $P -o /tmp/ps/$arm-$i.data -- sleep 4 2>/dev/null

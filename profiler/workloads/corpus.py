@@ -25,6 +25,9 @@ Workloads (``WORKLOADS``; np=2 in the tests):
 
 * ``mlp6``: six nn.Linear(96, 96): 12 tensors, six of each shape (many
   equal sizes: the hardest case for the fusion lineage);
+* ``mlp50``: fifty nn.Linear(16, 16): 100 tensors of 64 bytes to 1 KiB in
+  short steps (the profiler's cost where the tensors are many and the
+  step short);
 * ``resnet50``: ResNet-50 (bottleneck blocks [3, 4, 6, 3], ImageNet stem,
   1000 classes) at a small image size: 161 gradient tensors, 25,557,032
   parameters (the model of Awan et al., "Communication Profiling and
@@ -264,6 +267,9 @@ def build_model(name: str, args: argparse.Namespace) -> Workload:
         if name == "adasum":
             wl.optimizer["op"] = "adasum"
         return wl
+    if name == "mlp50":
+        return Workload(MLP6(width=16, layers=50), _regression(16, args.batch_size),
+                        F.mse_loss, images=args.batch_size)
     if name == "resnet50":
         s = args.image_size
 
@@ -288,6 +294,7 @@ def build_model(name: str, args: argparse.Namespace) -> Workload:
 #: workload -> one line (python -m profiler.workloads.corpus --list)
 WORKLOADS: dict[str, str] = {
     "mlp6": "six nn.Linear(96, 96): 12 tensors, six of each shape",
+    "mlp50": "fifty nn.Linear(16, 16): 100 small tensors, short steps",
     "resnet50": "ResNet-50 at a small image size: 161 tensors, 25.6M parameters",
     "bert": "BERT-style encoder: embeddings, --layers identical layers, LayerNorm",
     "lstm": "2-layer LSTM language model, dense embedding gradient",
