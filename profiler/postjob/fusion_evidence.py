@@ -327,14 +327,16 @@ def _families(subs: pd.DataFrame) -> list[Family | None]:
     red = subs["redop"].astype(str).to_numpy() if "redop" in subs.columns else \
         np.full(len(subs), "")
     return [ADASUM if f is _AR and r == "user" else f
-            for f, r in zip((FAMILIES.get(p) for p in subs["prefix"]), red)]
+            for f, r in zip((FAMILIES.get(p) for p in subs["prefix"].tolist()), red)]
 
 
 def _family_evidence(fam: Family, subs: pd.DataFrame, calls: pd.DataFrame,
                      subs_by_rank: Mapping[int, pd.DataFrame],
                      calls_by_rank: Mapping[int, pd.DataFrame], ranks: Sequence[int],
                      world: int, all_ranks: bool) -> _Evidence:
-    key = list(zip(subs["name"], subs["occurrence"]))
+    # columns as lists first: iterating an Arrow-backed Series makes a
+    # Python object per element the slow way (1 s a million at exit)
+    key = list(zip(subs["name"].tolist(), subs["occurrence"].tolist()))
     n, m, nr = len(subs), len(calls), len(ranks)
     sub_t = np.full((n, nr), np.nan)
     sub_te = np.full((n, nr), np.nan)
@@ -346,7 +348,7 @@ def _family_evidence(fam: Family, subs: pd.DataFrame, calls: pd.DataFrame,
     ckey = list(zip(calls["comm"].to_numpy().tolist(), calls["seq"].to_numpy().tolist()))
     for j, r in enumerate(ranks):
         sr = subs_by_rank[r]
-        idx = dict(zip(zip(sr["name"], sr["occurrence"]), range(len(sr))))
+        idx = dict(zip(zip(sr["name"].tolist(), sr["occurrence"].tolist()), range(len(sr))))
         pos = np.asarray([idx.get(kk, -1) for kk in key], dtype=np.int64)
         got = pos >= 0
         sub_t[got, j] = sr["t_start_ns"].to_numpy(dtype=np.float64)[pos[got]]

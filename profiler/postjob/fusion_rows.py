@@ -74,24 +74,32 @@ def _rows(fam: Family, ev: _Evidence, result: Mapping[int, _Call], stop: int, id
         return np.where(matched, calls[name].to_numpy()[safe], default).astype(dtype)
 
     tb = subs["bytes"].to_numpy(dtype=np.float64)
-    per_call_n = {k: len(c.tensors) for k, c in result.items()}
-    per_call_b = {k: float(tb[c.tensors].sum()) for k, c in result.items()}
-    n_tensors = np.asarray([per_call_n.get(int(k), 1) for k in call_of], dtype=np.int32)
-    call_tb = np.asarray([per_call_b.get(int(k), math.nan) if k >= 0 else math.nan
-                          for k in call_of])
+    names = subs["name"].to_numpy()
+    # each call's values once, looked up per tensor through call_of (a fused
+    # call carries many tensors); the table's last slot: no call
+    keys = np.fromiter(result.keys(), dtype=np.int64, count=len(result))
+    inferred = list(result.values())
+    size = int(keys.max()) + 1 if len(keys) else 0
+    slot = np.where(matched, call_of, size)
+
+    def per_call(values: list[Any], default: Any, dtype: Any) -> np.ndarray:
+        table = np.full(size + 1, default, dtype=dtype)
+        if len(keys):
+            table[keys] = np.asarray(values, dtype=dtype)
+        return table[slot]
+
+    n_tensors = per_call([len(c.tensors) for c in inferred], 1, np.int32)
+    call_tb = per_call([float(tb[c.tensors].sum()) for c in inferred], math.nan, np.float64)
     call_bytes = ccol("bytes", -1, np.int64)
     if threshold and fam.fused:
         fill = call_tb / threshold
     else:
         fill = np.full(n, math.nan)
-    conf = np.asarray([result[int(k)].confidence if k >= 0 else 0.0 for k in call_of])
-    names = subs["name"].to_numpy()
-    cands = [";".join(names[result[int(k)].candidates].tolist()) if k >= 0 else ""
-             for k in call_of]
-    method = [result[int(k)].method if k >= 0 else "" for k in call_of]
-    ways = np.asarray([result[int(k)].ways_log10 if k >= 0 else math.nan for k in call_of])
-    bound = np.asarray([bool(result[int(k)].ways_bound) if k >= 0 else False
-                        for k in call_of])
+    conf = per_call([c.confidence for c in inferred], 0.0, np.float64)
+    cands = per_call([";".join(names[c.candidates].tolist()) for c in inferred], "", object)
+    method = per_call([c.method for c in inferred], "", object)
+    ways = per_call([c.ways_log10 for c in inferred], math.nan, np.float64)
+    bound = per_call([bool(c.ways_bound) for c in inferred], False, bool)
     # a tensor left unmatched when the budget stopped the inference could
     # have been carried by a call not inferred
     late = np.zeros(n, dtype=bool)
