@@ -115,8 +115,8 @@ def hooks_cflags() -> list[str]:
 def build_hooks(cc: str, extra: list[str], lib: Path) -> None:
     """hooks/*.c into lib with `cc`, setup.py's flags and `extra`: one compiler
     per source, as many at once as there are cores (about half the time of one
-    command for all on 2 cores), then one link; raises CalledProcessError with
-    the compiler's message."""
+    command for all on 2 cores), then one link; a failure is an AssertionError
+    with the compiler's message."""
     from concurrent.futures import ThreadPoolExecutor
 
     hooks = ROOT / "hooks"
@@ -124,17 +124,19 @@ def build_hooks(cc: str, extra: list[str], lib: Path) -> None:
     objs = lib.parent / f"{lib.name}.{os.getpid()}.o"
     objs.mkdir(parents=True, exist_ok=True)
 
+    def run(cmd: list[str]) -> None:
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        assert p.returncode == 0, f"{' '.join(cmd)}\n{p.stderr}"
+
     def compile_one(src: Path) -> Path:
         obj = objs / f"{src.stem}.o"
-        subprocess.run([cc, *flags, "-I", str(hooks), "-c", str(src), "-o", str(obj)],
-                       check=True, capture_output=True, text=True)
+        run([cc, *flags, "-I", str(hooks), "-c", str(src), "-o", str(obj)])
         return obj
 
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         built = list(pool.map(compile_one, sorted(hooks.glob("*.c"))))
     tmp = lib.with_suffix(f".{os.getpid()}.tmp")
-    subprocess.run([cc, *flags, "-shared", *map(str, built), "-o", str(tmp), "-ldl"],
-                   check=True, capture_output=True, text=True)
+    run([cc, *flags, "-shared", *map(str, built), "-o", str(tmp), "-ldl"])
     tmp.replace(lib)
     shutil.rmtree(objs, ignore_errors=True)
 
