@@ -133,12 +133,14 @@ def build_hooks(cc: str, extra: list[str], lib: Path) -> None:
         run([cc, *flags, "-I", str(hooks), "-c", str(src), "-o", str(obj)])
         return obj
 
-    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        built = list(pool.map(compile_one, sorted(hooks.glob("*.c"))))
-    tmp = lib.with_suffix(f".{os.getpid()}.tmp")
-    run([cc, *flags, "-shared", *map(str, built), "-o", str(tmp), "-ldl"])
-    tmp.replace(lib)
-    shutil.rmtree(objs, ignore_errors=True)
+    try:
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            built = list(pool.map(compile_one, sorted(hooks.glob("*.c"))))
+        tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+        run([cc, *flags, "-shared", *map(str, built), "-o", str(tmp), "-ldl"])
+        tmp.replace(lib)
+    finally:
+        shutil.rmtree(objs, ignore_errors=True)
 
 
 def mpich_library(tmp_path_factory: pytest.TempPathFactory) -> str:
