@@ -114,9 +114,8 @@ def hooks_cflags() -> list[str]:
 
 def build_hooks(cc: str, extra: list[str], lib: Path) -> None:
     """hooks/*.c into lib with `cc`, setup.py's flags and `extra`: one compiler
-    per source, as many at once as there are cores (about half the time of one
-    command for all on 2 cores), then one link; a failure is an AssertionError
-    with the compiler's message."""
+    per source, as many at once as there are cores, then one link; a failure
+    is an AssertionError with the compiler's message."""
     from concurrent.futures import ThreadPoolExecutor
 
     hooks = ROOT / "hooks"

@@ -334,8 +334,8 @@ def _family_evidence(fam: Family, subs: pd.DataFrame, calls: pd.DataFrame,
                      subs_by_rank: Mapping[int, pd.DataFrame],
                      calls_by_rank: Mapping[int, pd.DataFrame], ranks: Sequence[int],
                      world: int, all_ranks: bool) -> _Evidence:
-    # columns as lists first: iterating an Arrow-backed Series makes a
-    # Python object per element the slow way (1 s a million at exit)
+    # columns as lists first: iterating an Arrow-backed Series builds each
+    # element's Python object one call at a time
     key = list(zip(subs["name"].tolist(), subs["occurrence"].tolist()))
     n, m, nr = len(subs), len(calls), len(ranks)
     sub_t = np.full((n, nr), np.nan)
